@@ -1,0 +1,38 @@
+"""Errors of the client library."""
+
+from __future__ import annotations
+
+from servo.wire import Rejection
+
+
+class ClientError(Exception):
+    """Base class of client errors."""
+
+
+class NoServerFound(ClientError):
+    """No replica answered the status query (or none matched the selectors)."""
+
+
+class SessionRejected(ClientError):
+    """The server refused the session; ``rejection.code`` says which rule failed."""
+
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(f"{rejection.code}: {rejection.reason}")
+        self.rejection = rejection
+
+
+class RequestTimeout(ClientError, TimeoutError):
+    """No chunk answered the request in time."""
+
+
+class ServerError(ClientError):
+    """The server answered a request with an error event (bad observation, policy failure)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class SessionLost(ClientError):
+    """The server drained or its liveliness token vanished; open a new session."""

@@ -1,0 +1,1 @@
+"""The edge runtime: control loop, inference engines, fail-safe, safety limits, recording."""

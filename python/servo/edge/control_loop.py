@@ -1,0 +1,149 @@
+"""The fixed-rate control loop: robot in, engine, safety, robot out — on its own thread.
+
+Per tick it reads the robot, hands the newest observation to the engine (a reference swap),
+pops one action (lock-free), clamps it, sends it and queues a recording entry. It never does
+network I/O, JPEG work or disk writes. Deadlines are absolute (``start + k * period``): a late
+tick is counted as missed and the schedule skips ahead instead of accumulating lag.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from array import array
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from servo.client.session import ObservationInput
+from servo.edge.engine import InferenceEngine
+from servo.edge.recorder import Recorder, Tick
+from servo.edge.safety import SafetyLimiter
+from servo.robots.protocol import Robot
+
+log = structlog.get_logger(__name__)
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class ControlLoop:
+    """Drives one robot at ``robot.spec.fps``.
+
+    Owns the robot between `start` and `stop` (the robot's methods are only called from the
+    loop thread then). `park` may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        robot: Robot,
+        engine: InferenceEngine,
+        limiter: SafetyLimiter,
+        *,
+        recorder: Recorder | None = None,
+        task: str = "",
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.robot = robot
+        self.engine = engine
+        self.limiter = limiter
+        self.recorder = recorder
+        self.task = task
+        self._clock = clock
+        self.period_ns = round(1e9 / robot.spec.fps)
+        self.ticks = 0
+        self.actions_executed = 0
+        self.missed_deadlines = 0
+        self.jitter_ms = array("d")
+        self.last_state: FloatArray | None = None
+        self.last_command: FloatArray | None = None
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._override: FloatArray | None = None
+        self._override_tolerance = 0.0
+        self._parked = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="servo-control", daemon=True)
+
+    def start(self) -> None:
+        """Anchor the slew limiter on the measured pose and start ticking."""
+        self.limiter.start_from(self.robot.read_state())
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop after the current tick."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop thread is alive."""
+        return self._thread.is_alive()
+
+    def park(self, pose: FloatArray, *, tolerance: float, timeout: float) -> bool:
+        """Replace policy actions with ``pose`` (still slew-limited) until the robot is within
+        ``tolerance`` of it; returns False if that took longer than ``timeout`` seconds.
+        """
+        self._override_tolerance = tolerance
+        self._parked.clear()
+        self._override = np.asarray(pose, dtype=np.float32)
+        return self._parked.wait(timeout)
+
+    def _run(self) -> None:
+        next_ns = self._clock()
+        try:
+            while not self._stop.is_set():
+                now = self._clock()
+                self.jitter_ms.append((now - next_ns) / 1e6)
+                self._tick(now)
+                next_ns += self.period_ns
+                after = self._clock()
+                if after > next_ns:
+                    late = (after - next_ns) // self.period_ns + 1
+                    self.missed_deadlines += int(late)
+                    next_ns += late * self.period_ns
+                self._stop.wait((next_ns - self._clock()) / 1e9)
+        except BaseException as exc:  # the runtime must learn that the loop died, then tear down
+            self.error = exc
+            log.exception("control loop failed")
+
+    def _tick(self, now: int) -> None:
+        robot = self.robot
+        state = robot.read_state()
+        self.last_state = state
+        images = robot.read_cameras()
+        self.engine.notify_observation(ObservationInput(state, images, now, self.task))
+        override = self._override
+        # While parking, policy actions are not executed: popping them would count fallback
+        # ticks (and starve the engine into STALLED) for a robot that is not using them.
+        action = self.engine.get_action(now) if override is None else None
+        command: FloatArray | None = None
+        if override is not None:
+            command = self.limiter.apply(override)
+            if float(np.max(np.abs(state - override))) <= self._override_tolerance:
+                self._parked.set()
+        elif action is not None:
+            command = self.limiter.apply(action.values)
+            self.actions_executed += 1
+        if command is not None:
+            robot.send_action(command)
+            self.last_command = command
+        if self.recorder is not None:
+            source = (
+                "park" if override is not None else ("none" if action is None else action.source)
+            )
+            self.recorder.record(
+                Tick(
+                    tick=self.ticks,
+                    mono_ns=now,
+                    state=state,
+                    action=command,
+                    source=source,  # type: ignore[arg-type]
+                    provenance=None
+                    if action is None or override is not None
+                    else action.provenance,
+                    images=images,
+                )
+            )
+        self.ticks += 1

@@ -1,0 +1,272 @@
+"""The inference-engine interface the control loop drives, and what all engines share."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from array import array
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+from anyio.abc import TaskStatus
+
+from servo.client.session import ObservationInput
+from servo.edge.config import EdgeConfig
+from servo.edge.failsafe import EngineState, FailSafe
+from servo.edge.pipeline import Action, ChunkPipeline, Request
+from servo.robots.protocol import RobotSpec
+from servo.transport import LoopBridge
+from servo.wire import CameraFeature, Features
+
+
+#: How often a waiting worker re-evaluates the fail-safe state and its stop conditions.
+TICK_S = 0.02
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of an engine's counters."""
+
+    state: str
+    chunks_received: int
+    chunks_dropped: int
+    requests: int
+    timeouts: int
+    errors: int
+    reconnects: int
+    fallback_ticks: int
+    stale_refusals: int
+    queue_depth: int
+    delay_steps: int
+    rtt_ms_p50: float | None
+    rtt_ms_p99: float | None
+
+
+@dataclass(frozen=True)
+class Produced:
+    """A chunk produced for one request, wherever it was computed."""
+
+    chunk_model: npt.NDArray[np.float32]
+    chunk_robot: npt.NDArray[np.float32]
+    session_id: int
+    seq_id: int
+    inference_ms: float
+
+
+class InferenceEngine(Protocol):
+    """What the edge runtime and the control loop need from an engine.
+
+    `run` belongs to the event loop; `notify_observation` and `get_action` are called by the
+    control-loop thread every tick and never block; the rest may be called from any thread.
+    """
+
+    failsafe: FailSafe
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Produce chunks until cancelled; ``started`` once ready to stream."""
+        ...
+
+    def notify_observation(self, obs: ObservationInput) -> None:
+        """Latest observation from the control loop (newest wins)."""
+        ...
+
+    def get_action(self, now_ns: int) -> Action | None:
+        """Action for this tick (policy or fallback); None = hold."""
+        ...
+
+    def reset(self) -> None:
+        """Episode boundary."""
+        ...
+
+    def pause(self) -> None:
+        """Stop requesting chunks; the queue keeps draining."""
+        ...
+
+    def resume(self) -> None:
+        """Request chunks again."""
+        ...
+
+    def statistics(self) -> EngineStats:
+        """Counters snapshot."""
+        ...
+
+
+def robot_features(spec: RobotSpec) -> Features:
+    """The feature contract a robot offers to a policy."""
+    names = list(spec.joint_names)
+    return Features(
+        state_names=names,
+        action_names=names,
+        cameras={name: CameraFeature(cam.height, cam.width) for name, cam in spec.cameras.items()},
+    )
+
+
+class Aborted(Exception):
+    """Waiting for the next request was aborted (session lost, engine dead)."""
+
+
+class EngineBase:
+    """Observation slot, pipeline, fail-safe and counters shared by every engine."""
+
+    def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
+        self.config = config
+        self.spec = spec
+        self.pipeline = ChunkPipeline(
+            spec.action_dim,
+            spec.fps,
+            rtc=config.rtc,
+            execution_horizon=config.execution_horizon,
+            buffer_time_s=config.buffer_time_s,
+            max_action_age_s=config.max_action_age_s,
+            fallback=config.fallback,
+        )
+        self.failsafe = FailSafe(
+            degraded_after_s=config.degraded_after_s,
+            timeout_streak=config.timeout_streak,
+            max_offline_s=config.max_offline_s,
+        )
+        self.paused = False
+        self.chunks_received = 0
+        self.chunks_dropped = 0
+        self.requests = 0
+        self.errors = 0
+        #: Requests that crossed the network (replay reports how few it needs).
+        self.network_requests = 0
+        #: Observation-to-merge latency of every merged chunk (ms), for the run summary.
+        self.rtt_ms = array("d")
+        #: Set by engines whose work has an end (trajectory replay); the runtime then stops.
+        self.finished = threading.Event()
+        self._slot_lock = threading.Lock()
+        self._latest: ObservationInput | None = None
+        self._episode_start = True
+        self._bridge: LoopBridge | None = None
+        self._wake: anyio.Event | None = None
+        self._waiting = False
+
+    # ------------------------------------------------------------------ control-loop side
+    def notify_observation(self, obs: ObservationInput) -> None:
+        """Control loop: replace the latest observation (a reference swap, no copy); wake the
+        worker if it is waiting for the queue to run low (once per request, non-blocking)."""
+        with self._slot_lock:
+            self._latest = obs
+        if self._waiting and self._bridge is not None and self.pipeline.needs_observation():
+            self._waiting = False
+            self._bridge.call(self._set_wake)
+
+    # ------------------------------------------------------------------ worker side (event loop)
+    def attach_loop(self) -> None:
+        """Bind to the running event loop (first thing `run` does)."""
+        self._bridge = LoopBridge()
+        self._wake = anyio.Event()
+
+    def detach_loop(self) -> None:
+        """Stop scheduling onto the loop (`run` is ending)."""
+        if self._bridge is not None:
+            self._bridge.closed = True
+
+    async def wait_until_needed(
+        self, abort: Callable[[], str | None] = lambda: None
+    ) -> ObservationInput:
+        """Wait until the queue holds less than ``buffer_time_s`` and an observation exists.
+
+        Raises:
+            Aborted: ``abort()`` returned a reason, or the engine is dead.
+        """
+        while True:
+            reason = abort() or (self.failsafe.reason if self.failsafe.dead.is_set() else None)
+            if reason:
+                raise Aborted(reason)
+            obs = self.latest_observation()
+            if obs is not None and not self.paused and self.pipeline.needs_observation():
+                return obs
+            assert self._wake is not None
+            self._waiting = True
+            with anyio.move_on_after(TICK_S):
+                await self._wake.wait()
+            self._waiting = False
+            self._wake = anyio.Event()
+
+    async def tick_failsafe(self) -> None:
+        """Evaluate the fail-safe state machine every `TICK_S` until cancelled."""
+        while True:
+            self.failsafe.tick(starved_since_ns=self.pipeline.last_starved_ns)
+            if self.failsafe.dead.is_set():
+                self._set_wake()
+            await anyio.sleep(TICK_S)
+
+    def _set_wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def latest_observation(self) -> ObservationInput | None:
+        """Worker: the newest observation, if any."""
+        with self._slot_lock:
+            return self._latest
+
+    def get_action(self, now_ns: int) -> Action | None:
+        """Control loop: next action, staleness-checked, or the fallback."""
+        return self.pipeline.next_action(now_ns)
+
+    def take_episode_start(self) -> bool:
+        """Worker: whether the next request opens an episode (cleared once read)."""
+        start, self._episode_start = self._episode_start, False
+        return start
+
+    def reset(self) -> None:
+        """Episode boundary: clear the queue, bump the episode, flag the next observation."""
+        self.pipeline.reset_episode()
+        self._episode_start = True
+
+    def pause(self) -> None:
+        """Stop requesting chunks (DAgger intervention); the queue stays intact."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Request chunks again."""
+        self.paused = False
+
+    def merge(self, request: Request, produced: Produced, now_ns: int) -> int | None:
+        """Merge a produced chunk (the same call for every engine); returns the steps trimmed,
+        or None when the chunk was dropped because the episode was reset meanwhile."""
+        trimmed = self.pipeline.complete(
+            request,
+            produced.chunk_model,
+            produced.chunk_robot,
+            now_ns,
+            session_id=produced.session_id,
+            seq_id=produced.seq_id,
+        )
+        if trimmed is None:
+            self.chunks_dropped += 1
+            return None
+        self.chunks_received += 1
+        self.rtt_ms.append((now_ns - request.obs.mono_ns) / 1e6)
+        self.failsafe.merged()
+        return trimmed
+
+    def statistics(self) -> EngineStats:
+        """Counters snapshot."""
+        p50, p99 = self.pipeline.latency.percentiles([0.5, 0.99]) or (None, None)
+        return EngineStats(
+            state=self.failsafe.state.value,
+            chunks_received=self.chunks_received,
+            chunks_dropped=self.chunks_dropped,
+            requests=self.requests,
+            timeouts=self.failsafe.timeouts,
+            errors=self.errors,
+            reconnects=self.failsafe.reconnects,
+            fallback_ticks=self.pipeline.fallback_ticks,
+            stale_refusals=self.pipeline.stale_refusals,
+            queue_depth=self.pipeline.queue.qsize(),
+            delay_steps=self.pipeline.last_delay_steps,
+            rtt_ms_p50=None if p50 is None else p50 / 1e6,
+            rtt_ms_p99=None if p99 is None else p99 / 1e6,
+        )
+
+    @property
+    def state(self) -> EngineState:
+        """Current fail-safe state."""
+        return self.failsafe.state

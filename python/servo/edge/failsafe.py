@@ -1,0 +1,145 @@
+"""The edge's fail-safe state machine (seeds/001 §9.2).
+
+::
+
+    CONNECTING ──first merge──► STREAMING ──request out > degraded_after_s──► DEGRADED
+         ▲                        ▲    │ control loop starved (queue empty / stale)  │
+         │ re-handshake           │    └──────────────► STALLED ◄──────────────────────┘
+         │                        └── merge ─────────────┘
+    RECONNECTING ◄── timeout streak / server liveliness lost / drain notice
+         │ offline > max_offline_s, or the server came back with another model
+         ▼
+        DEAD  (safe teardown)
+
+Watchdogs are layered: the per-request timeout catches a hung server, liveliness a dead
+server or router, and the staleness bound (enforced by the control loop itself) holds
+whatever the cause.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class EngineState(enum.Enum):
+    """Where the engine is in the fail-safe state machine."""
+
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    DEGRADED = "degraded"
+    STALLED = "stalled"
+    RECONNECTING = "reconnecting"
+    DEAD = "dead"
+
+
+_LIVE = (EngineState.STREAMING, EngineState.DEGRADED, EngineState.STALLED)
+
+
+class FailSafe:
+    """The state machine. Transitions are driven by the engine's worker; the control loop only
+    reads `state` and `dead`.
+
+    Args:
+        degraded_after_s: A request outstanding this long -> DEGRADED.
+        timeout_streak: Consecutive request timeouts that mean the server is gone.
+        max_offline_s: Time without a merged chunk after which a disconnected edge gives up.
+        clock: Monotonic clock in ns (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        degraded_after_s: float,
+        timeout_streak: int,
+        max_offline_s: float,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self._degraded_ns = round(degraded_after_s * 1e9)
+        self._streak = timeout_streak
+        self._max_offline_ns = round(max_offline_s * 1e9)
+        self._clock = clock
+        self.state = EngineState.CONNECTING
+        self.reason = ""
+        self.dead = threading.Event()
+        self.transitions: list[tuple[EngineState, str]] = [(EngineState.CONNECTING, "start")]
+        self.reconnects = 0
+        self.timeouts = 0
+        self._timeouts_in_row = 0
+        self._last_good_ns = clock()
+        self._request_out_ns: int | None = None
+
+    def _go(self, state: EngineState, reason: str) -> None:
+        if state is self.state or self.state is EngineState.DEAD:
+            return
+        log.info("engine state", state=state.value, previous=self.state.value, reason=reason)
+        self.state = state
+        self.reason = reason
+        self.transitions.append((state, reason))
+        if state is EngineState.DEAD:
+            self.dead.set()
+
+    # ------------------------------------------------------------------ events
+    def session_opened(self) -> None:
+        """Handshake done; streaming starts with the first merged chunk."""
+        self._go(EngineState.CONNECTING, "session open")
+
+    def request_sent(self) -> None:
+        """An observation left; the degraded watchdog starts."""
+        self._request_out_ns = self._clock()
+
+    def merged(self) -> None:
+        """A chunk was merged: the link is good."""
+        self._request_out_ns = None
+        self._timeouts_in_row = 0
+        self._last_good_ns = self._clock()
+        self._go(EngineState.STREAMING, "chunk merged")
+
+    def request_failed(self) -> None:
+        """The server answered with an error: not a link problem, but no fresh actions."""
+        self._request_out_ns = None
+
+    def request_timed_out(self) -> bool:
+        """A request got no answer; returns True when the streak says the server is gone."""
+        self._request_out_ns = None
+        self.timeouts += 1
+        self._timeouts_in_row += 1
+        return self._timeouts_in_row >= self._streak
+
+    def lost(self, reason: str) -> None:
+        """Server gone (timeouts, liveliness, drain): reconnect."""
+        if self.state in (*_LIVE, EngineState.CONNECTING):
+            self.reconnects += 1
+        self._request_out_ns = None
+        self._timeouts_in_row = 0
+        self._go(EngineState.RECONNECTING, reason)
+
+    def fatal(self, reason: str) -> None:
+        """A contract violation (e.g. the server came back with another model): never recover."""
+        self._go(EngineState.DEAD, reason)
+
+    def tick(self, *, starved_since_ns: int) -> EngineState:
+        """Periodic evaluation. ``starved_since_ns`` is when the control loop last had no fresh
+        action (0 = never).
+        """
+        now = self._clock()
+        if self.state in (EngineState.CONNECTING, EngineState.RECONNECTING):
+            if now - self._last_good_ns > self._max_offline_ns:
+                self._go(
+                    EngineState.DEAD, f"offline for more than {self._max_offline_ns / 1e9:g} s"
+                )
+            return self.state
+        if self.state not in _LIVE:
+            return self.state
+        if starved_since_ns > self._last_good_ns:
+            self._go(EngineState.STALLED, "no fresh action for the control loop")
+        elif self._request_out_ns is not None and now - self._request_out_ns > self._degraded_ns:
+            if self.state is EngineState.STREAMING:
+                self._go(EngineState.DEGRADED, "request outstanding too long")
+        return self.state

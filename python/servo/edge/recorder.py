@@ -1,0 +1,128 @@
+"""Records every control tick to an episode file without touching disk on the control loop."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from servo._core import Provenance
+from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, Source
+from servo.robots.protocol import RobotSpec
+from servo.wire import encode_image, encode_tensor
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Tick:
+    """One control tick as the loop saw it (arrays are owned by the recorder once queued)."""
+
+    tick: int
+    mono_ns: int
+    state: npt.NDArray[np.float32]
+    action: npt.NDArray[np.float32] | None
+    source: Source
+    provenance: Provenance | None
+    images: dict[str, npt.NDArray[np.uint8]] | None = None
+
+
+#: Ticks buffered before the recorder starts dropping (10 s at 30 Hz): the loop never waits.
+MAX_BACKLOG = 300
+
+
+class Recorder:
+    """Control loop appends (a deque append); a writer thread encodes and writes.
+
+    Args:
+        path: Recording file to create.
+        spec: The robot (names, fps, cameras).
+        image_every: Record camera frames every N ticks as JPEG (0 = no images).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        spec: RobotSpec,
+        *,
+        episode_id: int = 0,
+        client_id: str = "",
+        task: str = "",
+        image_every: int = 0,
+        jpeg_quality: int = 90,
+    ) -> None:
+        self.path = Path(path)
+        self._header = EpisodeHeader(
+            robot=spec.name,
+            fps=spec.fps,
+            joint_names=list(spec.joint_names),
+            episode_id=episode_id,
+            client_id=client_id,
+            task=task,
+            cameras={name: [cam.height, cam.width] for name, cam in spec.cameras.items()},
+        )
+        self._image_every = image_every
+        self._jpeg_quality = jpeg_quality
+        self._items: collections.deque[Tick] = collections.deque()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="servo-recorder", daemon=True)
+        self.dropped = 0
+        self.written = 0
+
+    def start(self) -> None:
+        """Create the file and start the writer thread."""
+        self._writer = RecordingWriter(self.path, self._header)
+        self._thread.start()
+
+    def record(self, tick: Tick) -> None:
+        """Control loop: queue one tick (never blocks; drops when the writer is far behind)."""
+        if len(self._items) >= MAX_BACKLOG:
+            self.dropped += 1
+            return
+        if not (self._image_every and tick.tick % self._image_every == 0):
+            tick.images = None
+        self._items.append(tick)
+        self._ready.set()
+
+    def close(self) -> None:
+        """Write what is queued, then close the file."""
+        self._stop.set()
+        self._ready.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._writer.close()
+
+    def _run(self) -> None:
+        while True:
+            self._ready.wait()
+            self._ready.clear()
+            while self._items:
+                self._write(self._items.popleft())
+            if self._stop.is_set() and not self._items:
+                return
+
+    def _write(self, tick: Tick) -> None:
+        prov = tick.provenance
+        images = tick.images or {}
+        self._writer.write(
+            FrameRecord(
+                tick=tick.tick,
+                mono_ns=tick.mono_ns,
+                state=encode_tensor(tick.state),
+                action=None if tick.action is None else encode_tensor(tick.action),
+                source=tick.source,
+                provenance=None
+                if prov is None
+                else (prov.session_id, prov.seq_id, prov.episode_id, prov.obs_mono_ns),
+                images={
+                    name: encode_image(frame, self._jpeg_quality) for name, frame in images.items()
+                },
+            )
+        )
+        self.written += 1

@@ -1,0 +1,303 @@
+"""The remote engine: chunks from a policy server over Zenoh. Never imports torch."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import anyio
+import structlog
+import zenoh
+from anyio.abc import TaskStatus
+
+from servo.client import (
+    NoServerFound,
+    ObservationInput,
+    PolicyClient,
+    RemoteSession,
+    RequestTimeout,
+    ServerError,
+    ServerInfo,
+    SessionLost,
+    SessionRejected,
+)
+from servo.edge.config import EdgeConfig
+from servo.edge.engine import Aborted, EngineBase, Produced, robot_features
+from servo.edge.pipeline import Request
+from servo.robots.protocol import RobotSpec
+from servo.wire import PolicyInfo
+
+log = structlog.get_logger(__name__)
+
+
+class EdgeStartError(RuntimeError):
+    """The edge could not start streaming; one clear message.
+
+    ``refused`` is True when a server answered and refused the robot (capabilities), False
+    when no usable server could be reached.
+    """
+
+    def __init__(self, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+class _Reconnect(Exception):
+    """Internal: leave the current session and reconnect."""
+
+
+class RemoteEngine(EngineBase):
+    """Streams observations to a policy server and merges the chunks it returns.
+
+    `run` (the network worker) belongs to the event loop and does all encoding and I/O; the
+    control loop only deposits observations and pops the queue. One request is in flight at a
+    time: the next observation leaves when the queue holds less than ``buffer_time_s``.
+    """
+
+    def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
+        super().__init__(config, spec)
+        self.client_id = config.client_id or f"{spec.name}-{uuid.uuid4().hex[:8]}"
+        self.features = robot_features(spec)
+        self.server: ServerInfo | None = None
+        self.session: RemoteSession | None = None
+        self._identity: PolicyInfo | None = None
+        self._epoch = 0
+        self._receive_scope: anyio.CancelScope | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # ------------------------------------------------------------------ control-loop side
+    def reset(self) -> None:
+        """Episode boundary: local reset at once, acked server reset in the background."""
+        super().reset()
+        if self._bridge is not None:
+            self._bridge.call(self._start_server_reset)
+
+    # ------------------------------------------------------------------ worker (event loop)
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Connect, stream, reconnect; ``started`` after the first session is open.
+
+        Raises:
+            EdgeStartError: no usable server within ``connect_timeout_s`` at start, or the
+                server refused the robot's capabilities.
+        """
+        self.attach_loop()
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self.tick_failsafe)
+            zsession = await self._open_zenoh()
+            try:
+                client = PolicyClient(
+                    zsession, self.client_id, jpeg_quality=self.config.jpeg_quality
+                )
+                await self._first_session(client)
+                task_status.started()
+                await self._connection_loop(client)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if self.session is not None:
+                        await self.session.close()
+                    self.detach_loop()
+                    await anyio.to_thread.run_sync(zsession.close)
+                tg.cancel_scope.cancel()
+
+    async def _open_zenoh(self) -> zenoh.Session:
+        # A Zenoh client's open() fails at once while nothing listens (ZENOH_FACTS §1).
+        settings = self.config.zenoh_settings()
+        deadline = time.monotonic() + self.config.connect_timeout_s
+        backoff = self.config.reconnect_initial_backoff_s
+        while True:
+            try:
+                return await anyio.to_thread.run_sync(zenoh.open, settings.to_config())
+            except zenoh.ZError as exc:
+                if time.monotonic() + backoff > deadline:
+                    raise EdgeStartError(
+                        f"cannot reach a servo server at {', '.join(self.config.connect)} ({exc}); "
+                        "is servo-serve running there?",
+                        refused=False,
+                    ) from None
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+
+    async def _first_session(self, client: PolicyClient) -> None:
+        deadline = time.monotonic() + self.config.connect_timeout_s
+        backoff = self.config.reconnect_initial_backoff_s
+        while True:
+            try:
+                await self._open(client)
+                return
+            except SessionRejected as exc:
+                if exc.rejection.code not in ("capacity", "draining"):
+                    raise EdgeStartError(
+                        f"server refused this robot: {exc.rejection.reason}", refused=True
+                    ) from None
+                problem = str(exc)
+            except (NoServerFound, RequestTimeout) as exc:
+                problem = str(exc)
+            if time.monotonic() + backoff > deadline:
+                raise EdgeStartError(
+                    f"no usable servo server within {self.config.connect_timeout_s:g} s: {problem}",
+                    refused=False,
+                )
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+
+    async def _open(self, client: PolicyClient) -> None:
+        cfg = self.config
+        self._epoch += 1
+        session = await client.connect_best(
+            features=self.features,
+            fps=self.spec.fps,
+            app=cfg.app or None,
+            model=cfg.model or None,
+            accept=(lambda s: s.keys.replica == cfg.replica) if cfg.replica else None,
+            task=cfg.task,
+            rtc=cfg.rtc,
+            epoch=self._epoch,
+            tags=dict(cfg.tags),
+            timeout=min(2.0, cfg.request_timeout_s),
+        )
+        assert session.ack is not None
+        ack = session.ack
+        if self._identity is not None and not _same_model(self._identity, ack.policy):
+            await session.close()
+            self.failsafe.fatal(
+                f"server came back with a different model ({ack.policy.model} rev {ack.policy.revision}, "
+                f"was {self._identity.model} rev {self._identity.revision})"
+            )
+            raise _Reconnect("different model")
+        self._identity = ack.policy
+        self.server, self.session = session.server, session
+        session.episode_id = self.pipeline.episode_id
+        if self.pipeline.queue.empty():
+            self.pipeline.set_rtc(ack.rtc)
+        self.failsafe.session_opened()
+        for warning in ack.warnings:
+            log.warning(
+                "server warning",
+                session_id=ack.session_id,
+                client_id=self.client_id,
+                warning=warning,
+            )
+
+    async def _connection_loop(self, client: PolicyClient) -> None:
+        backoff = self.config.reconnect_initial_backoff_s
+        while not self.failsafe.dead.is_set():
+            if self.session is not None:
+                try:
+                    await self._stream(self.session)
+                except _Reconnect as exc:
+                    self.failsafe.lost(str(exc))
+                with anyio.CancelScope(shield=True):
+                    await self.session.close()
+                self.session = None
+                backoff = self.config.reconnect_initial_backoff_s
+            if self.failsafe.dead.is_set():
+                return
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+            try:
+                await self._open(client)
+            except SessionRejected as exc:
+                if exc.rejection.code not in ("capacity", "draining"):
+                    self.failsafe.fatal(
+                        f"server refused this robot on reconnect: {exc.rejection.reason}"
+                    )
+            except (NoServerFound, RequestTimeout, _Reconnect) as exc:
+                log.info(
+                    "reconnect attempt failed",
+                    client_id=self.client_id,
+                    error=str(exc),
+                    retry_in_s=backoff,
+                )
+
+    async def produce(self, request: Request, *, episode_start: bool) -> Produced | None:
+        """Send the request's observation and wait for its chunk (None: abandoned by a reset).
+
+        Raises:
+            RequestTimeout, ServerError, SessionLost: from the session.
+        """
+        session = self.session
+        assert session is not None
+        seq = await session.send(
+            request.obs,
+            inference_delay_steps=request.delay_steps,
+            prefix_model=request.prefix_model,
+            prefix_robot=request.prefix_robot,
+            episode_start=episode_start,
+        )
+        self.requests += 1
+        self.network_requests += 1
+        self.failsafe.request_sent()
+        with anyio.CancelScope() as scope:
+            self._receive_scope = scope
+            result = await session.receive(seq, timeout=self.config.request_timeout_s)
+        self._receive_scope = None
+        if scope.cancel_called:
+            return None
+        return Produced(
+            result.chunk_model, result.chunk_robot, session.session_id, seq, result.inference_ms
+        )
+
+    async def _stream(self, session: RemoteSession) -> None:
+        bound = log.bind(session_id=session.session_id, client_id=self.client_id)
+        while True:
+            obs = await self._wait_until_needed(session)
+            request = self.pipeline.snapshot(obs)
+            try:
+                produced = await self.produce(request, episode_start=self.take_episode_start())
+            except RequestTimeout:
+                bound.warning("request timed out", timeout_s=self.config.request_timeout_s)
+                if self.failsafe.request_timed_out():
+                    raise _Reconnect(
+                        f"{self.config.timeout_streak} requests in a row timed out"
+                    ) from None
+                continue
+            except ServerError as exc:
+                self.errors += 1
+                self.failsafe.request_failed()
+                if exc.code == "unknown_session":
+                    raise _Reconnect("server no longer knows this session") from None
+                bound.warning("server refused request", code=exc.code, reason=exc.message)
+                continue
+            except SessionLost as exc:
+                raise _Reconnect(str(exc)) from None
+            if produced is None:
+                # An episode reset abandoned this request; its chunk would be dropped anyway.
+                self.failsafe.request_failed()
+                continue
+            trimmed = self.merge(request, produced, time.monotonic_ns())
+            bound.debug("chunk merged", seq_id=produced.seq_id, trimmed=trimmed)
+
+    async def _wait_until_needed(self, session: RemoteSession) -> ObservationInput:
+        def abort() -> str | None:
+            return session.lost_reason if session.lost.is_set() else None
+
+        try:
+            return await self.wait_until_needed(abort)
+        except Aborted as exc:
+            raise _Reconnect(str(exc)) from None
+
+    def _start_server_reset(self) -> None:
+        session, episode = self.session, self.pipeline.episode_id
+        if self._receive_scope is not None:
+            self._receive_scope.cancel()
+        if session is not None and self._tg is not None:
+            self._tg.start_soon(self._server_reset, session, episode)
+
+    async def _server_reset(self, session: RemoteSession, episode_id: int) -> None:
+        try:
+            await session.reset(episode_id, timeout=1.0)
+        except (RequestTimeout, ServerError, SessionLost) as exc:
+            # The server holds no state the edge depends on; the episode id in the header suffices.
+            log.warning(
+                "server reset not acknowledged", session_id=session.session_id, error=str(exc)
+            )
+
+
+def _same_model(a: PolicyInfo, b: PolicyInfo) -> bool:
+    return (a.model, a.revision, a.features, a.chunk_size) == (
+        b.model,
+        b.revision,
+        b.features,
+        b.chunk_size,
+    )

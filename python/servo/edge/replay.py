@@ -1,0 +1,179 @@
+"""Trajectory replay (seeds/002): load the whole trajectory once, drain it locally.
+
+A trajectory comes from a recording file or from a server's library in one control-plane
+request; either way nothing crosses the network per frame. At arm time a smooth bridge from
+the arm's current pose to the first frame is computed once and queued as ordinary frames; then
+the frames drain at the robot's fps through the same queue, control loop and safety limits as
+policy actions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+import structlog
+from anyio.abc import TaskStatus
+
+from servo.client import PolicyClient
+from servo.edge.config import EdgeConfig
+from servo.edge.engine import EngineBase
+from servo.edge.remote import EdgeStartError
+from servo.recording import read_recording
+from servo.robots.protocol import RobotSpec
+from servo.transport import open_session
+from servo.wire import WireError, decode_tensor
+
+log = structlog.get_logger(__name__)
+
+FloatArray = npt.NDArray[np.float32]
+
+#: Frames handed to the queue per refill (the queue is bounded; trajectories need not be).
+REFILL_FRAMES = 256
+#: The bridge moves no joint faster than this fraction of its velocity limit.
+BRIDGE_SPEED_FRACTION = 0.5
+MIN_BRIDGE_S = 0.3
+
+
+def resample(frames: FloatArray, src_fps: float, dst_fps: float) -> FloatArray:
+    """Linear resampling of a (T, D) trajectory to another rate (identity when equal)."""
+    if len(frames) < 2 or math.isclose(src_fps, dst_fps):
+        return frames.astype(np.float32)
+    duration = (len(frames) - 1) / src_fps
+    t_src = np.arange(len(frames)) / src_fps
+    t_dst = np.arange(int(round(duration * dst_fps)) + 1) / dst_fps
+    out = np.stack([np.interp(t_dst, t_src, frames[:, j]) for j in range(frames.shape[1])], axis=1)
+    return out.astype(np.float32)
+
+
+def bridge(start: FloatArray, end: FloatArray, spec: RobotSpec) -> FloatArray:
+    """Minimum-jerk frames from ``start`` to ``end`` (excluding ``start``), slow enough that no
+    joint exceeds half its velocity limit."""
+    vmax = np.asarray(spec.max_velocity, dtype=np.float64) * BRIDGE_SPEED_FRACTION
+    distance = np.abs(np.asarray(end, np.float64) - np.asarray(start, np.float64))
+    # Minimum-jerk peaks at 1.875x the average speed.
+    duration = max(MIN_BRIDGE_S, float(np.max(1.875 * distance / vmax)))
+    steps = max(1, math.ceil(duration * spec.fps))
+    s = np.arange(1, steps + 1) / steps
+    profile = 10 * s**3 - 15 * s**4 + 6 * s**5
+    return (start + (end - start) * profile[:, None]).astype(np.float32)
+
+
+class ReplayEngine(EngineBase):
+    """Drains a trajectory at the robot's fps. `run` belongs to the event loop.
+
+    Args:
+        config: Edge options (connection settings are used for ``server:NAME`` sources).
+        spec: The robot.
+        source: A recording path, or ``server:NAME`` for a server's trajectory library.
+        loop: Start over (through a bridge) when the end is reached.
+    """
+
+    def __init__(
+        self, config: EdgeConfig, spec: RobotSpec, source: str, *, loop: bool = False
+    ) -> None:
+        super().__init__(config, spec)
+        self.pipeline.set_rtc(False)
+        self.pipeline.source_label = "replay"
+        # Pre-recorded frames are not answers to observations: no staleness bound applies.
+        self.source = source
+        self.loop = loop
+        self.client_id = config.client_id or f"{spec.name}-replay"
+        self.trajectory: FloatArray | None = None
+        self._plan: FloatArray = np.zeros((0, spec.action_dim), dtype=np.float32)
+        self._cursor = 0
+        self.laps = 0
+
+    async def arm(self) -> FloatArray:
+        """Load the trajectory (one file read or one network request), without blocking the loop.
+
+        Raises:
+            EdgeStartError: unreadable source, unknown name, or joints that do not match the robot.
+        """
+        if self.source.startswith("server:"):
+            names, fps, frames = await self._fetch(self.source.removeprefix("server:"))
+        else:
+            try:
+                recording = await anyio.to_thread.run_sync(read_recording, self.source)
+            except (OSError, WireError) as exc:
+                raise EdgeStartError(
+                    f"cannot replay {self.source!r}: {exc}", refused=False
+                ) from None
+            names, fps, frames = (
+                recording.header.joint_names,
+                recording.header.fps,
+                recording.actions(),
+            )
+        if list(names) != list(self.spec.joint_names):
+            raise EdgeStartError(
+                f"trajectory joints {list(names)} do not match the robot's {list(self.spec.joint_names)}",
+                refused=True,
+            )
+        if len(frames) == 0:
+            raise EdgeStartError(f"trajectory {self.source!r} has no frames", refused=True)
+        self.trajectory = resample(frames, fps, self.spec.fps)
+        log.info(
+            "trajectory armed",
+            source=self.source,
+            frames=len(self.trajectory),
+            network_requests=self.network_requests,
+        )
+        return self.trajectory
+
+    async def _fetch(self, name: str) -> tuple[list[str], float, FloatArray]:
+        cfg = self.config
+        try:
+            async with open_session(cfg.zenoh_settings()) as zsession:
+                client = PolicyClient(zsession, self.client_id)
+                servers = await client.discover(app=cfg.app or None, model=cfg.model or None)
+                self.network_requests += 1
+                trajectory = await client.fetch_trajectory(servers[0], name)
+        except Exception as exc:
+            raise EdgeStartError(
+                f"cannot fetch trajectory {name!r}: {exc}", refused=False
+            ) from None
+        frames = np.array(
+            decode_tensor(
+                trajectory.positions, dtype="float32", shape=(None, len(trajectory.joint_names))
+            )
+        )
+        return trajectory.joint_names, trajectory.fps, frames
+
+    def stop(self) -> None:
+        """Stop draining: what is queued is dropped, the robot holds."""
+        self.pause()
+        self.pipeline.queue.clear()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Arm, then keep the queue topped up from the local plan until the end (or forever with loop)."""
+        trajectory = self.trajectory if self.trajectory is not None else await self.arm()
+        self.attach_loop()
+        try:
+            task_status.started()
+            obs = await self.wait_until_needed()
+            self._plan = np.concatenate([bridge(obs.state, trajectory[0], self.spec), trajectory])
+            self.failsafe.session_opened()
+            while True:
+                if self._cursor >= len(self._plan):
+                    if not self.loop:
+                        break
+                    self.laps += 1
+                    self._plan = np.concatenate(
+                        [bridge(trajectory[-1], trajectory[0], self.spec), trajectory]
+                    )
+                    self._cursor = 0
+                piece = self._plan[self._cursor : self._cursor + REFILL_FRAMES]
+                self._cursor += len(piece)
+                self.pipeline.queue.merge(piece, piece, 0)
+                self.chunks_received += 1
+                self.failsafe.merged()
+                await self.wait_until_needed()
+            while not self.pipeline.queue.empty():
+                await anyio.sleep(1 / self.spec.fps)
+            self.finished.set()
+            log.info("replay finished", frames=len(self._plan), laps=self.laps)
+            await anyio.sleep_forever()
+        finally:
+            self.detach_loop()

@@ -1,0 +1,239 @@
+"""The edge runtime: robot + engine + control loop, supervised until a stop condition, then a
+safe teardown (rest pose, disconnect) and a run summary.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import structlog
+
+from servo.edge.config import EdgeConfig
+from servo.edge.control_loop import ControlLoop
+from servo.edge.engine import EngineBase
+from servo.edge.failsafe import EngineState
+from servo.edge.recorder import Recorder
+from servo.edge.safety import SafetyLimiter
+from servo.robots.protocol import Robot
+
+log = structlog.get_logger(__name__)
+
+#: Supervision period: how quickly a stop condition is noticed.
+_SUPERVISE_S = 0.05
+
+
+@dataclass
+class RunOptions:
+    """How long to run and what to write."""
+
+    duration_s: float | None = None
+    summary_path: str | None = None
+    record_path: str | None = None
+    record_images_every: int = 0
+    status: bool = False
+    velocity_scale: float = 1.0
+    rest_tolerance: float = 2.0
+    park_timeout_s: float = 5.0
+
+
+@dataclass
+class RunSummary:
+    """What happened during a run (written as JSON with ``--summary``)."""
+
+    ticks: int
+    actions_executed: int
+    fallback_ticks: int
+    chunks_received: int
+    chunks_dropped: int
+    reconnects: int
+    rtt_ms: dict[str, float | None]
+    tick_jitter_ms: dict[str, float | None]
+    final_state: str
+    missed_deadlines: int = 0
+    requests: int = 0
+    timeouts: int = 0
+    errors: int = 0
+    stale_refusals: int = 0
+    network_requests: int = 0
+    duration_s: float = 0.0
+    stop_reason: str = ""
+    parked: bool = False
+    transitions: list[list[str]] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        """Pretty JSON."""
+        return json.dumps(self.__dict__, indent=2)
+
+
+class EdgeRuntime:
+    """Supervises one robot run. Owned by the event loop.
+
+    Args:
+        robot: The (not yet connected) robot.
+        engine: The inference engine (remote or local).
+        config: Edge options.
+        options: Run options.
+    """
+
+    def __init__(
+        self, robot: Robot, engine: EngineBase, config: EdgeConfig, options: RunOptions
+    ) -> None:
+        self.robot = robot
+        self.engine = engine
+        self.config = config
+        self.options = options
+        self.loop: ControlLoop | None = None
+        self._stop = anyio.Event()
+        self.stop_reason = ""
+
+    def request_stop(self, reason: str = "requested") -> None:
+        """Begin the safe teardown (event loop thread)."""
+        if not self._stop.is_set():
+            self.stop_reason = reason
+            self._stop.set()
+
+    async def run(self) -> RunSummary:
+        """Run until duration, signal, DEAD or a control-loop failure; always tears down safely.
+
+        Raises:
+            EdgeStartError: the engine could not start (nothing has moved).
+        """
+        opts = self.options
+        await anyio.to_thread.run_sync(self.robot.connect)
+        started = time.monotonic()
+        recorder = None
+        parked = False
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.engine.run)
+                if opts.record_path:
+                    recorder = Recorder(
+                        opts.record_path,
+                        self.robot.spec,
+                        client_id=getattr(self.engine, "client_id", ""),
+                        task=self.config.task,
+                        image_every=opts.record_images_every,
+                    )
+                    recorder.start()
+                self.loop = ControlLoop(
+                    self.robot,
+                    self.engine,
+                    SafetyLimiter(self.robot.spec, velocity_scale=opts.velocity_scale),
+                    recorder=recorder,
+                    task=self.config.task,
+                )
+                self.loop.start()
+                log.info(
+                    "control loop running", robot=self.robot.spec.name, fps=self.robot.spec.fps
+                )
+                if opts.status:
+                    tg.start_soon(self._status_line)
+                await self._supervise()
+                parked = await self._park()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                if self.loop is not None:
+                    await anyio.to_thread.run_sync(self.loop.stop)
+                if recorder is not None:
+                    await anyio.to_thread.run_sync(recorder.close)
+                await anyio.to_thread.run_sync(self.robot.disconnect)
+                if opts.status:
+                    print(file=sys.stderr)
+        summary = self.summary(time.monotonic() - started, parked)
+        if opts.summary_path:
+            Path(opts.summary_path).write_text(summary.to_json())
+        return summary
+
+    async def _supervise(self) -> None:
+        duration = self.options.duration_s
+        deadline = None if duration is None else time.monotonic() + duration
+        assert self.loop is not None
+        while not self._stop.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                self.request_stop("duration elapsed")
+            elif self.engine.finished.is_set():
+                self.request_stop("finished")
+            elif self.engine.failsafe.dead.is_set():
+                self.request_stop(f"engine dead: {self.engine.failsafe.reason}")
+            elif not self.loop.running:
+                self.request_stop(f"control loop stopped: {self.loop.error!r}")
+            with anyio.move_on_after(_SUPERVISE_S):
+                await self._stop.wait()
+        log.info("stopping", reason=self.stop_reason)
+
+    async def _park(self) -> bool:
+        assert self.loop is not None
+        if not self.loop.running:
+            return False
+        self.engine.pause()
+        rest = np.asarray(self.robot.spec.rest_pose, dtype=np.float32)
+        parked = await anyio.to_thread.run_sync(
+            lambda: self.loop.park(
+                rest, tolerance=self.options.rest_tolerance, timeout=self.options.park_timeout_s
+            )  # type: ignore[union-attr]
+        )
+        log.info(
+            "rest pose reached" if parked else "rest pose not reached in time",
+            timeout_s=self.options.park_timeout_s,
+        )
+        return bool(parked)
+
+    def summary(self, duration_s: float, parked: bool) -> RunSummary:
+        """Build the run summary from the loop and engine counters."""
+        loop, stats = self.loop, self.engine.statistics()
+        jitter = np.abs(np.asarray(loop.jitter_ms if loop else [], dtype=np.float64))
+        rtt = np.asarray(self.engine.rtt_ms, dtype=np.float64)
+        return RunSummary(
+            ticks=loop.ticks if loop else 0,
+            actions_executed=loop.actions_executed if loop else 0,
+            fallback_ticks=stats.fallback_ticks,
+            chunks_received=stats.chunks_received,
+            chunks_dropped=stats.chunks_dropped,
+            reconnects=stats.reconnects,
+            rtt_ms=_percentiles(rtt, ("p50", 50), ("p99", 99)),
+            tick_jitter_ms=_percentiles(jitter, ("p50", 50), ("p99", 99), ("max", 100)),
+            final_state=stats.state,
+            missed_deadlines=loop.missed_deadlines if loop else 0,
+            requests=stats.requests,
+            timeouts=stats.timeouts,
+            errors=stats.errors,
+            stale_refusals=stats.stale_refusals,
+            network_requests=self.engine.network_requests,
+            duration_s=round(duration_s, 3),
+            stop_reason=self.stop_reason,
+            parked=parked,
+            transitions=[
+                [state.value, reason] for state, reason in self.engine.failsafe.transitions
+            ],
+        )
+
+    async def _status_line(self) -> None:
+        while True:
+            stats = self.engine.statistics()
+            loop = self.loop
+            jitter = np.abs(np.asarray(loop.jitter_ms[-300:] if loop else [], dtype=np.float64))
+            p99 = f"{np.percentile(jitter, 99):.2f}" if jitter.size else "-"
+            rtt = f"{stats.rtt_ms_p50:.1f}" if stats.rtt_ms_p50 is not None else "-"
+            line = (
+                f"\r[{stats.state.upper():>12}] rtt p50 {rtt} ms | delay {stats.delay_steps} steps | "
+                f"queue {stats.queue_depth:3d} | fallback {stats.fallback_ticks} | "
+                f"jitter p99 {p99} ms | ticks {loop.ticks if loop else 0}   "
+            )
+            print(line, end="", file=sys.stderr, flush=True)
+            if self.engine.state is EngineState.DEAD:
+                return
+            await anyio.sleep(0.25)
+
+
+def _percentiles(values: np.ndarray, *points: tuple[str, float]) -> dict[str, Any]:
+    if values.size == 0:
+        return {name: None for name, _ in points}
+    return {name: round(float(np.percentile(values, q)), 3) for name, q in points}

@@ -1,0 +1,19 @@
+"""Policy adapters: the contract, the reference policy, the loader and the inference runner.
+
+Importing this package does not import torch; the reference policy and the runner import it
+when they are used.
+"""
+
+from servo.policy.loader import POLICIES, PolicyLoadError, load_policy
+from servo.policy.protocol import DecodedObservation, Policy, PolicySpec, Prepared, Processor
+
+__all__ = [
+    "POLICIES",
+    "DecodedObservation",
+    "Policy",
+    "PolicyLoadError",
+    "PolicySpec",
+    "Prepared",
+    "Processor",
+    "load_policy",
+]

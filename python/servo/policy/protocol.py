@@ -1,0 +1,121 @@
+"""The adapter contract every policy implements (server side and local engines alike).
+
+A policy instance is shared by every session of a server, so anything that holds per-client
+state lives in a `Processor`, of which each session gets its own. ``predict_chunk`` of a
+chunk-stateless policy touches no instance state; a chunk-stateful one is served in exclusive
+mode (one session, ``reset`` at every episode boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from servo.wire import Features
+
+FloatArray = npt.NDArray[np.float32]
+Frame = npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """Static description of a policy.
+
+    Attributes:
+        model: Model id (free text, e.g. ``lerobot/act_so100``).
+        revision: Checkpoint revision or hash.
+        features: Camera names/shapes, state names, ordered action names.
+        chunk_size: Actions per predicted chunk.
+        fps: Control rate the policy was trained at.
+        supports_rtc: ``predict_chunk`` honours ``inference_delay`` and ``prefix``.
+        chunk_stateless: ``predict_chunk`` reads and writes no instance state.
+    """
+
+    model: str
+    revision: str
+    features: Features
+    chunk_size: int
+    fps: float
+    supports_rtc: bool
+    chunk_stateless: bool
+
+
+@dataclass
+class DecodedObservation:
+    """An observation as policies see it: numpy arrays in robot space.
+
+    ``prefix_model`` / ``prefix_robot`` are the unexecuted rest of the client's current chunk,
+    in model and robot space (``None`` when the client runs without RTC or has nothing queued).
+    """
+
+    state: FloatArray
+    images: dict[str, Frame]
+    task: str = ""
+    prefix_model: FloatArray | None = None
+    prefix_robot: FloatArray | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Prepared:
+    """A preprocessed observation: the model input and the RTC prefix in model space."""
+
+    batch: Any
+    prefix: FloatArray | None
+
+
+@runtime_checkable
+class Processor(Protocol):
+    """Per-session pre/post-processing; may cache state between the two halves of a request.
+
+    Owned by whichever thread runs inference (the server's inference worker or a local engine's
+    thread); never shared between sessions.
+    """
+
+    def preprocess(self, obs: DecodedObservation) -> Prepared:
+        """Turn a robot-space observation into model input (and a model-space RTC prefix)."""
+        ...
+
+    def postprocess(self, chunk: FloatArray) -> FloatArray:
+        """Turn a model-space chunk (T, A) into robot-space targets (T, A)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget everything cached (episode boundary)."""
+        ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A chunking policy, loaded once and warmed before it serves.
+
+    Owned by the inference thread; only `spec` is read from other threads.
+    """
+
+    @property
+    def spec(self) -> PolicySpec:
+        """Static description (features, chunk size, fps, RTC support, statelessness)."""
+        ...
+
+    def make_processor(self) -> Processor:
+        """A fresh per-session processor."""
+        ...
+
+    def predict_chunk(
+        self, batch: Any, inference_delay: int, prefix: FloatArray | None
+    ) -> FloatArray:
+        """Predict one model-space chunk of shape (chunk_size, action_dim).
+
+        Args:
+            batch: Output of `Processor.preprocess`.
+            inference_delay: Steps that will have executed before the chunk arrives (RTC).
+            prefix: Model-space actions still queued on the robot, to continue smoothly (RTC).
+        """
+        ...
+
+    def reset(self) -> None:
+        """Forget episode state (only chunk-stateful policies have any)."""
+        ...

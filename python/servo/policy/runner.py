@@ -1,0 +1,98 @@
+"""Runs a policy for one request: preprocess, predict under torch's inference settings,
+validate, postprocess. Shared by the server's inference worker and the edge's local engines, so
+both paths produce identical chunks for identical inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Literal
+
+import numpy as np
+
+from servo.policy.protocol import DecodedObservation, FloatArray, Policy, Processor
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+class PolicyOutputError(RuntimeError):
+    """The policy returned something that must never reach a robot (wrong shape, NaN, inf)."""
+
+
+class InferenceRunner:
+    """Owns a policy and the torch settings it runs under.
+
+    Owned by exactly one thread (the server's inference worker or a local engine's thread);
+    torch modules are not thread-safe.
+    """
+
+    def __init__(self, policy: Policy, *, device: str = "cpu", dtype: DType = "float32") -> None:
+        import torch
+
+        self.policy = policy
+        self.device = device
+        self.dtype = dtype
+        if device.startswith("cuda"):
+            # Kernel selection once at warm-up, TF32 matmuls: the seeds/004 inference settings.
+            torch.backends.cudnn.benchmark = True
+            torch.set_float32_matmul_precision("high")
+        spec = policy.spec
+        self._expected = (spec.chunk_size, len(spec.features.action_names))
+
+    @contextlib.contextmanager
+    def _torch_mode(self) -> Iterator[None]:
+        import torch
+
+        with torch.inference_mode():
+            if self.dtype != "float32" and self.device.startswith("cuda"):
+                with torch.autocast("cuda", dtype=getattr(torch, self.dtype)):
+                    yield
+            else:
+                yield
+
+    def infer(
+        self, processor: Processor, obs: DecodedObservation, inference_delay: int
+    ) -> tuple[FloatArray, FloatArray]:
+        """One request: returns the (model-space, robot-space) chunks.
+
+        ``inference_delay`` is clamped to [0, chunk_size] here, so every caller (server worker,
+        local engines) hands the policy the same value for the same request.
+
+        Raises:
+            PolicyOutputError: the chunk has the wrong shape or non-finite values.
+        """
+        delay = max(0, min(int(inference_delay), self._expected[0]))
+        with self._torch_mode():
+            prepared = processor.preprocess(obs)
+            chunk = self.policy.predict_chunk(prepared.batch, delay, prepared.prefix)
+            model = self._checked(np.asarray(chunk, dtype=np.float32), "policy chunk")
+            robot = self._checked(
+                np.asarray(processor.postprocess(model), dtype=np.float32), "postprocessed chunk"
+            )
+        return model, robot
+
+    def warmup(self, count: int) -> None:
+        """Run ``count`` forwards on a synthetic observation built from the policy's spec."""
+        processor = self.policy.make_processor()
+        for _ in range(count):
+            self.infer(processor, synthetic_observation(self.policy), 0)
+
+    def _checked(self, chunk: FloatArray, what: str) -> FloatArray:
+        if chunk.shape != self._expected:
+            raise PolicyOutputError(f"{what} has shape {chunk.shape}, expected {self._expected}")
+        if not np.isfinite(chunk).all():
+            raise PolicyOutputError(f"{what} contains NaN or inf")
+        return np.ascontiguousarray(chunk)
+
+
+def synthetic_observation(policy: Policy) -> DecodedObservation:
+    """A zero observation with the policy's feature shapes (warm-up, smoke tests)."""
+    features = policy.spec.features
+    return DecodedObservation(
+        state=np.zeros(len(features.state_names), dtype=np.float32),
+        images={
+            name: np.zeros((cam.height, cam.width, 3), dtype=np.uint8)
+            for name, cam in features.cameras.items()
+        },
+    )

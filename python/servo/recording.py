@@ -1,0 +1,144 @@
+"""Episode recordings: what the edge executed, frame by frame, with provenance.
+
+File layout (``*.servo``): the 8-byte magic ``SERVOEP1``, then records, each a little-endian
+u32 length followed by a msgpack body. The first record is an `EpisodeHeader`, every further
+one a `FrameRecord`. Append-only and streamable, so a crash loses at most the record being
+written; readable without servo through any msgpack library.
+
+Each frame holds the measured state, the action sent to the robot (after the safety layer), where
+that action came from (``policy``, ``fallback``, ``replay``, ``park`` at teardown, ``none`` = hold) and, for policy actions,
+the (session_id, seq_id, episode_id, obs_mono_ns) of the chunk it belongs to — the join key with
+the server's audit log.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+import msgspec
+import numpy as np
+
+from servo.wire import EncodedImage, Tensor, WireError, decode_tensor
+
+MAGIC = b"SERVOEP1"
+_LEN = struct.Struct("<I")
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+
+Source = Literal["policy", "fallback", "replay", "park", "none"]
+
+
+class EpisodeHeader(msgspec.Struct, frozen=True):
+    """First record of a recording."""
+
+    robot: str
+    fps: float
+    joint_names: list[str]
+    episode_id: int = 0
+    client_id: str = ""
+    task: str = ""
+    cameras: dict[str, list[int]] = {}
+
+
+class FrameRecord(msgspec.Struct, frozen=True):
+    """One control tick."""
+
+    tick: int
+    mono_ns: int
+    state: Tensor
+    action: Tensor | None
+    source: Source
+    provenance: tuple[int, int, int, int] | None = None
+    images: dict[str, EncodedImage] = {}
+
+
+class RecordingWriter:
+    """Appends records to a file. Owned by the recorder's writer thread."""
+
+    def __init__(self, path: str | Path, header: EpisodeHeader) -> None:
+        self.path = Path(path)
+        self._file: IO[bytes] = self.path.open("wb")
+        self._file.write(MAGIC)
+        self.write(header)
+
+    def write(self, record: EpisodeHeader | FrameRecord) -> None:
+        """Append one record."""
+        body = msgspec.msgpack.encode(record)
+        self._file.write(_LEN.pack(len(body)))
+        self._file.write(body)
+
+    def close(self) -> None:
+        """Flush and close."""
+        self._file.close()
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A recording read back into memory."""
+
+    header: EpisodeHeader
+    frames: list[FrameRecord]
+
+    def actions(self) -> np.ndarray:
+        """Executed actions (T, D) float32; ticks without an action repeat the previous one."""
+        out = []
+        last = None
+        for frame in self.frames:
+            if frame.action is not None:
+                last = np.array(decode_tensor(frame.action, dtype="float32"), dtype=np.float32)
+            if last is not None:
+                out.append(last)
+        dim = len(self.header.joint_names)
+        return np.array(out, dtype=np.float32).reshape(-1, dim)
+
+    def states(self) -> np.ndarray:
+        """Measured states (T, D) float32."""
+        dim = len(self.header.joint_names)
+        rows = [decode_tensor(f.state, dtype="float32") for f in self.frames]
+        return np.array(rows, dtype=np.float32).reshape(-1, dim)
+
+
+def iter_records(path: str | Path) -> Iterator[EpisodeHeader | FrameRecord]:
+    """Stream the records of a recording; a truncated final record is ignored (crash tolerance).
+
+    Raises:
+        WireError: not a servo recording, or a corrupt record.
+    """
+    header_decoder = msgspec.msgpack.Decoder(EpisodeHeader)
+    frame_decoder = msgspec.msgpack.Decoder(FrameRecord)
+    with Path(path).open("rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise WireError(f"{path}: not a servo recording (bad magic)")
+        first = True
+        while True:
+            prefix = f.read(_LEN.size)
+            if len(prefix) < _LEN.size:
+                return
+            (size,) = _LEN.unpack(prefix)
+            if size > MAX_RECORD_BYTES:
+                raise WireError(f"{path}: record of {size} bytes exceeds {MAX_RECORD_BYTES}")
+            body = f.read(size)
+            if len(body) < size:
+                return
+            try:
+                yield header_decoder.decode(body) if first else frame_decoder.decode(body)
+            except msgspec.DecodeError as exc:
+                raise WireError(f"{path}: corrupt record: {exc}") from exc
+            first = False
+
+
+def read_recording(path: str | Path) -> Recording:
+    """Load a whole recording.
+
+    Raises:
+        WireError: not a recording, corrupt, or empty (no header).
+    """
+    records = iter_records(path)
+    header = next(records, None)
+    if not isinstance(header, EpisodeHeader):
+        raise WireError(f"{path}: recording has no header")
+    frames = [r for r in records if isinstance(r, FrameRecord)]
+    return Recording(header, frames)

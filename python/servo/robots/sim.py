@@ -1,0 +1,362 @@
+"""Simulated SO-100 follower arm: first-order joint dynamics and rendered cameras.
+
+Units and feature names are LeRobot's ``so100_follower`` with ``use_degrees=True`` (see
+`servo.robots.so100_joints`), so policies and recorded datasets line up with the real arm.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from . import so100_joints as joints
+from .capture import CaptureThread, LatestFrame
+from .protocol import CameraSpec, FloatArray, Frame, RobotSpec
+from .sim_render import ArmRenderer, view_for
+
+_log = structlog.get_logger(__name__)
+
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class SimCameraConfig:
+    """One simulated camera: name, frame size in pixels and frame rate. Immutable, shareable."""
+
+    name: str
+    height: int = 480
+    width: int = 640
+    fps: float = 30.0
+
+
+def _default_cameras() -> tuple[SimCameraConfig, ...]:
+    return (SimCameraConfig("front"), SimCameraConfig("wrist"))
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Knobs of the simulated arm; immutable, so any thread may read it.
+
+    Attributes:
+        fps: Control rate advertised in the spec.
+        cameras: Simulated cameras; empty for none.
+        time_constant_s: Time constant of each joint's first-order response to its target.
+        max_velocity: Per-joint speed limit of the simulated servos (units per second).
+        noise_std: Standard deviation of Gaussian noise added to every `read_state` (units).
+        seed: Seed of the sensor noise and of the rendered textures.
+        initial_pose: Joint positions (and target) at construction.
+        realtime: Advance the dynamics by the monotonic time elapsed since the last call; with
+            ``False`` only `SimSO100.step` moves the arm, for deterministic tests.
+        first_frame_timeout_s: How long `SimSO100.connect` waits for every camera's first frame.
+    """
+
+    fps: float = 30.0
+    cameras: tuple[SimCameraConfig, ...] = field(default_factory=_default_cameras)
+    time_constant_s: float = 0.075
+    max_velocity: tuple[float, ...] = joints.MAX_VELOCITY
+    noise_std: float = 0.0
+    seed: int = 0
+    initial_pose: tuple[float, ...] = joints.REST_POSE
+    realtime: bool = True
+    first_frame_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        n = len(joints.JOINT_NAMES)
+        _require(self.fps > 0, f"fps must be positive, got {self.fps}")
+        _require(
+            self.time_constant_s > 0,
+            f"time_constant_s must be positive, got {self.time_constant_s}",
+        )
+        _require(self.noise_std >= 0, f"noise_std must be >= 0, got {self.noise_std}")
+        _require(len(self.max_velocity) == n, f"max_velocity needs {n} values")
+        _require(all(v > 0 for v in self.max_velocity), "max_velocity values must be positive")
+        _require(len(self.initial_pose) == n, f"initial_pose needs {n} values")
+        outside = [
+            name
+            for name, q, lo, hi in zip(
+                joints.JOINT_NAMES, self.initial_pose, joints.LOWER, joints.UPPER, strict=True
+            )
+            if not lo <= q <= hi
+        ]
+        _require(not outside, f"initial_pose is outside the joint limits for {outside}")
+        names = [cam.name for cam in self.cameras]
+        _require(len(set(names)) == len(names), f"camera names must be unique, got {names}")
+        for cam in self.cameras:
+            _require(
+                cam.height > 0 and cam.width > 0 and cam.fps > 0,
+                f"camera {cam.name!r} needs a positive size and fps",
+            )
+
+
+def first_order_step(
+    position: F64, target: F64, dt: float, time_constant_s: float, max_velocity: F64
+) -> F64:
+    """Advance a rate-limited first-order lag by ``dt`` seconds, exactly.
+
+    Solves ``dx/dt = clip((target - x) / tau, -v_max, v_max)`` in closed form, so the result does
+    not depend on how the elapsed time is sliced: a loop at 5 Hz and one at 500 Hz see the same
+    trajectory.
+
+    Args:
+        position: Current positions.
+        target: Commanded positions (held constant over ``dt``).
+        dt: Elapsed time in seconds, >= 0.
+        time_constant_s: First-order time constant ``tau``.
+        max_velocity: Per-joint speed limit ``v_max``, > 0.
+
+    Returns:
+        Positions after ``dt``.
+    """
+    error = target - position
+    size = np.abs(error)
+    # Below this error the proportional speed error/tau is under the limit.
+    knee = max_velocity * time_constant_s
+    saturated_for = np.maximum(size - knee, 0.0) / max_velocity
+    still_saturated = size - max_velocity * dt
+    decayed = np.minimum(size, knee) * np.exp(
+        -np.maximum(dt - saturated_for, 0.0) / time_constant_s
+    )
+    remaining = np.where(dt < saturated_for, still_saturated, decayed)
+    result: F64 = target - np.sign(error) * remaining
+    return result
+
+
+class _PoseBoard:
+    """Newest simulated joint positions, published for the camera renderers.
+
+    Written by the control-loop thread, read by the capture threads. The pose array is replaced,
+    never mutated, so a reader always sees one consistent pose.
+    """
+
+    __slots__ = ("pose",)
+
+    def __init__(self, pose: F64) -> None:
+        self.pose = pose
+
+
+def _render(renderer: ArmRenderer, board: _PoseBoard) -> Frame:
+    return renderer.render(board.pose)
+
+
+class SimSO100:
+    """A simulated SO-100 follower arm implementing the `Robot` protocol.
+
+    Owned by the control-loop thread: `read_state`, `send_action` and `step` advance and command
+    the joint dynamics on that thread. Each camera renders on its own capture thread from the
+    newest published pose, at its own fps, into a latest-frame slot.
+    """
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        """Create the simulator (no threads start until `connect`).
+
+        Args:
+            config: Simulation knobs; defaults to `SimConfig()`.
+        """
+        self.config = config or SimConfig()
+        cfg = self.config
+        self._spec = RobotSpec(
+            name="sim",
+            fps=cfg.fps,
+            joint_names=joints.JOINT_NAMES,
+            cameras={
+                c.name: CameraSpec(height=c.height, width=c.width, fps=c.fps) for c in cfg.cameras
+            },
+            lower=joints.LOWER,
+            upper=joints.UPPER,
+            max_velocity=tuple(cfg.max_velocity),
+            rest_pose=joints.REST_POSE,
+            extra={"arm": "so100", "units": "degrees; gripper 0-100"},
+        )
+        self._lower = np.asarray(joints.LOWER, dtype=np.float64)
+        self._upper = np.asarray(joints.UPPER, dtype=np.float64)
+        self._vmax = np.asarray(cfg.max_velocity, dtype=np.float64)
+        self._position = np.asarray(cfg.initial_pose, dtype=np.float64)
+        self._target = self._position.copy()
+        self._rng = np.random.default_rng(cfg.seed)
+        self._board = _PoseBoard(self._frozen(self._position))
+        self._last_t = time.monotonic()
+        self._slots: dict[str, LatestFrame] = {}
+        self._threads: list[CaptureThread] = []
+        self._connected = False
+        self._log = _log.bind(robot="sim")
+
+    @property
+    def spec(self) -> RobotSpec:
+        """Static description of the simulated arm."""
+        return self._spec
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether `connect` has run and `disconnect` has not."""
+        return self._connected
+
+    @property
+    def position(self) -> F64:
+        """True (noise-free) joint positions, a copy."""
+        return self._position.copy()
+
+    @property
+    def target(self) -> F64:
+        """Current commanded target, a copy."""
+        return self._target.copy()
+
+    def connect(self) -> None:
+        """Start the camera threads and wait for each camera's first frame. Idempotent."""
+        if self._connected:
+            return
+        self._last_t = time.monotonic()
+        try:
+            for index, cam in enumerate(self.config.cameras):
+                renderer = ArmRenderer(
+                    cam.height, cam.width, view_for(cam.name, index), seed=self.config.seed + index
+                )
+                slot = LatestFrame()
+                thread = CaptureThread(
+                    cam.name,
+                    functools.partial(_render, renderer, self._board),
+                    slot,
+                    owner=self,
+                    period_s=1.0 / cam.fps,
+                )
+                self._slots[cam.name] = slot
+                self._threads.append(thread)
+                thread.start()
+            for name, slot in self._slots.items():
+                if slot.wait(0, self.config.first_frame_timeout_s) is None:
+                    raise RuntimeError(
+                        f"simulated camera {name!r} produced no frame within "
+                        f"{self.config.first_frame_timeout_s} s"
+                    )
+        except BaseException:
+            self._stop_cameras()
+            raise
+        self._connected = True
+        self._log.info("connected", cameras=list(self._slots))
+
+    def disconnect(self) -> None:
+        """Stop and join the camera threads. Idempotent."""
+        if not self._connected and not self._threads:
+            return
+        self._stop_cameras()
+        self._connected = False
+        self._log.info("disconnected")
+
+    def read_state(self) -> FloatArray:
+        """Joint positions (plus sensor noise if configured), float32 of shape (6,)."""
+        self._require_connected("read_state")
+        if self.config.realtime:
+            self._advance_to_now()
+        state = self._position
+        if self.config.noise_std > 0:
+            state = state + self._rng.normal(0.0, self.config.noise_std, size=state.shape)
+        return state.astype(np.float32)
+
+    def read_cameras(self) -> dict[str, Frame]:
+        """Newest rendered frame of every camera, without waiting."""
+        self._require_connected("read_cameras")
+        frames: dict[str, Frame] = {}
+        for name, slot in self._slots.items():
+            frame = slot.latest()
+            if frame is not None:
+                frames[name] = frame
+        return frames
+
+    def wait_for_frames(self, timeout_s: float = 1.0) -> dict[str, Frame]:
+        """One frame per camera, each rendered entirely after this call began.
+
+        For start-up and tests; the control loop uses `read_cameras`, which never waits.
+
+        Raises:
+            TimeoutError: A camera produced no such frame within ``timeout_s``.
+        """
+        self._require_connected("wait_for_frames")
+        seen = {name: slot.seq for name, slot in self._slots.items()}
+        deadline = time.monotonic() + timeout_s
+        frames: dict[str, Frame] = {}
+        for name, slot in self._slots.items():
+            # The frame being rendered at the call may still show the old pose; the next cannot.
+            frame = slot.wait(seen[name] + 1, max(deadline - time.monotonic(), 0.0))
+            if frame is None:
+                raise TimeoutError(f"simulated camera {name!r} produced no frame in {timeout_s} s")
+            frames[name] = frame
+        return frames
+
+    def send_action(self, target: FloatArray) -> None:
+        """Set the joint targets, clamped to the joint limits like a servo's position limits.
+
+        Raises:
+            ValueError: If ``target`` has the wrong shape or is not finite.
+        """
+        self._require_connected("send_action")
+        goal = np.asarray(target, dtype=np.float64)
+        if goal.shape != self._position.shape:
+            raise ValueError(f"target has shape {goal.shape}, expected {self._position.shape}")
+        if not np.all(np.isfinite(goal)):
+            raise ValueError(f"target has non-finite values: {goal.tolist()}")
+        if self.config.realtime:
+            # The old target governed the motion up to now; the new one applies from now on.
+            self._advance_to_now()
+        self._target = np.clip(goal, self._lower, self._upper)
+
+    def step(self, dt: float) -> None:
+        """Advance the dynamics by exactly ``dt`` seconds (deterministic; for tests).
+
+        Meant for ``realtime=False``; with ``realtime=True`` it adds ``dt`` on top of real time.
+        Works whether or not the simulator is connected.
+        """
+        if dt < 0 or not math.isfinite(dt):
+            raise ValueError(f"dt must be a finite non-negative number, got {dt}")
+        self._advance(dt)
+
+    def __enter__(self) -> Self:
+        self.connect()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.disconnect()
+
+    def _advance_to_now(self) -> None:
+        now = time.monotonic()
+        dt = now - self._last_t
+        self._last_t = now
+        self._advance(dt)
+
+    def _advance(self, dt: float) -> None:
+        self._position = first_order_step(
+            self._position, self._target, dt, self.config.time_constant_s, self._vmax
+        )
+        self._board.pose = self._frozen(self._position)
+
+    @staticmethod
+    def _frozen(pose: F64) -> F64:
+        snapshot = pose.copy()
+        snapshot.flags.writeable = False
+        return snapshot
+
+    def _stop_cameras(self) -> None:
+        for thread in self._threads:
+            thread.stop()
+        self._threads.clear()
+        self._slots.clear()
+
+    def _require_connected(self, what: str) -> None:
+        if not self._connected:
+            raise RuntimeError(f"SimSO100.{what} called before connect()")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"SimConfig: {message}")

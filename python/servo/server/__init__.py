@@ -1,0 +1,1 @@
+"""The policy server: one model on one device, serving many robots over Zenoh."""

@@ -1,0 +1,56 @@
+"""Prometheus metrics of one server process (its own registry, no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_MS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
+
+
+class ServerMetrics:
+    """Counters and histograms; updated from the worker thread and the event loop (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.active_sessions = Gauge("servo_active_sessions", "Open sessions", registry=r)
+        self.max_sessions = Gauge("servo_max_sessions", "Session capacity", registry=r)
+        self.warmed_up = Gauge("servo_warmed_up", "1 once the policy is warmed up", registry=r)
+        self.draining = Gauge("servo_draining", "1 while draining", registry=r)
+        self.requests = Counter(
+            "servo_requests", "Served inference requests", ["outcome"], registry=r
+        )
+        self.superseded = Counter(
+            "servo_superseded_observations", "Observations replaced before inference", registry=r
+        )
+        self.dropped = Counter(
+            "servo_dropped_observations",
+            "Observations dropped before the mailbox",
+            ["reason"],
+            registry=r,
+        )
+        self.sessions_opened = Counter(
+            "servo_sessions_opened", "Session opens accepted", registry=r
+        )
+        self.sessions_rejected = Counter(
+            "servo_sessions_rejected", "Session opens rejected", ["code"], registry=r
+        )
+        self.sessions_collected = Counter(
+            "servo_sessions_collected", "Sessions closed by the server", ["reason"], registry=r
+        )
+        self.queue_wait_ms = Histogram(
+            "servo_queue_wait_ms",
+            "Observation wait before inference (ms)",
+            buckets=_MS_BUCKETS,
+            registry=r,
+        )
+        self.inference_ms = Histogram(
+            "servo_inference_ms",
+            "Pre+predict+post time per request (ms)",
+            buckets=_MS_BUCKETS,
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        """Prometheus text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,540 @@
+"""The policy server: one model on one device, serving many robots over Zenoh.
+
+Threads: the event loop owns Zenoh declarations, control-plane handlers, liveliness and the
+ops endpoint; Zenoh callback threads only deposit (observations into mailboxes, queries and
+liveliness events onto the loop); the inference worker thread owns the policy.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import anyio
+import structlog
+import zenoh
+from anyio.abc import TaskGroup, TaskStatus
+
+from servo._core import (
+    MSG_DRAIN,
+    MSG_ERROR,
+    MSG_OBS,
+    Header,
+    HeaderError,
+    decode_header,
+    encode_header,
+)
+from servo.policy import Policy, PolicyLoadError, load_policy
+from servo.policy.runner import InferenceRunner
+from servo.server.audit import AuditLog
+from servo.server.manifest import Manifest
+from servo.server.metrics import ServerMetrics
+from servo.server.ops import OpsEndpoint
+from servo.server.scheduler import RoundRobin, Scheduler
+from servo.server.sessions import Pending, Rejected, Session, SessionRegistry
+from servo.server.trajectories import TrajectoryLibrary
+from servo.server.validation import Admission, validate_open
+from servo.server.worker import InferenceWorker
+from servo.transport import LoopBridge, declare_action_publisher, open_session
+from servo.wire import (
+    SUPPORTED_SCHEMA_VERSIONS,
+    CloseRequest,
+    ControlAck,
+    ControlRequest,
+    DrainNotice,
+    ErrorEvent,
+    PolicyInfo,
+    Rejection,
+    ResetRequest,
+    ServerKeys,
+    SessionAck,
+    SessionOpen,
+    StatusReply,
+    WireError,
+    decode,
+    encode,
+    slugify,
+)
+
+log = structlog.get_logger(__name__)
+
+#: How long a drain waits for the request in flight before giving up on it.
+DRAIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ServerReady:
+    """Handed to ``task_status.started``: where the server is and what it serves."""
+
+    keys: ServerKeys
+    info: PolicyInfo
+    health_port: int | None
+
+
+class PolicyServer:
+    """Loads, warms and serves one policy until `drain` is called or the task is cancelled.
+
+    Owned by the event loop that runs `run`.
+
+    Args:
+        manifest: The validated manifest.
+        policy: An already-built policy (tests, embedding); loaded from the manifest otherwise.
+        scheduler: Session scheduling (round-robin by default).
+    """
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        *,
+        policy: Policy | None = None,
+        scheduler: Scheduler | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self._policy = policy
+        self._scheduler = scheduler or RoundRobin()
+        self.metrics = ServerMetrics()
+        self.registry = SessionRegistry()
+        self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
+        self._state = "starting"
+        self._stop = anyio.Event()
+        self._keys: ServerKeys | None = None
+        self._info: PolicyInfo | None = None
+        self._zsession: zenoh.Session | None = None
+        self._tg: TaskGroup | None = None
+        self._bridge: LoopBridge | None = None
+        self._trajectories = TrajectoryLibrary(manifest.trajectories)
+        self.metrics.max_sessions.set(self._max_sessions)
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def _max_sessions(self) -> int:
+        exclusive = self.manifest.serving.mode == "exclusive" or (
+            self._policy is not None and not self._policy.spec.chunk_stateless
+        )
+        return 1 if exclusive else self.manifest.serving.max_sessions
+
+    def drain(self) -> None:
+        """Begin a graceful shutdown: refuse new sessions, finish the request in flight, tell
+        clients, exit `run`. Safe to call more than once, from the event loop."""
+        if self._state != "draining":
+            log.info("drain requested", sessions=len(self.registry))
+        self._state = "draining"
+        self.metrics.draining.set(1)
+        self._stop.set()
+
+    async def run(
+        self, *, task_status: TaskStatus[ServerReady] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until drained or cancelled; ``task_status.started`` fires once warmed and declared."""
+        m = self.manifest
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            health_port = None
+            if m.ops.health_port or m.ops.health_host:
+                ops = OpsEndpoint(self._health, self.metrics.render)
+                if m.ops.health_port:
+                    health_port = await tg.start(ops.run, m.ops.health_host, m.ops.health_port)
+            policy = await anyio.to_thread.run_sync(self._load_policy)
+            runner = InferenceRunner(policy, device=m.model.device, dtype=m.model.dtype)
+            started = time.perf_counter()
+            await anyio.to_thread.run_sync(runner.warmup, m.model.warmup)
+            log.info(
+                "policy warmed up",
+                warmup=m.model.warmup,
+                seconds=round(time.perf_counter() - started, 3),
+            )
+            self._info = self._policy_info(policy)
+            model_key = slugify(policy.spec.model, what="model")
+            replica = m.serving.replica or self.server_id
+            self._keys = ServerKeys(m.serving.app, model_key, replica)
+            audit = AuditLog(m.ops.audit_log)
+            try:
+                async with open_session(m.zenoh) as zsession:
+                    self._zsession = zsession
+                    await self._serve(zsession, runner, audit, task_status, health_port)
+            finally:
+                audit.close()
+                tg.cancel_scope.cancel()
+
+    async def _serve(
+        self,
+        zsession: zenoh.Session,
+        runner: InferenceRunner,
+        audit: AuditLog,
+        task_status: TaskStatus[ServerReady],
+        health_port: int | None,
+    ) -> None:
+        m, keys, info = self.manifest, self._keys, self._info
+        assert keys is not None and info is not None
+        self._bridge = bridge = LoopBridge()
+        worker = InferenceWorker(
+            runner,
+            self.registry,
+            self._scheduler,
+            self.metrics,
+            audit,
+            exclusive=info.serving_mode == "exclusive",
+            pin_task=info.pin_task,
+            max_observation_bytes=m.serving.max_observation_bytes,
+            load=self._load,
+        )
+        declared: list[zenoh.Subscriber | zenoh.Queryable | zenoh.LivelinessToken] = []
+        try:
+            declared += [
+                zsession.declare_subscriber(keys.all_obs, self._on_observation),
+                # Replies go out on our own concrete key: a discovery query's selector is a wildcard.
+                zsession.declare_queryable(
+                    keys.status, lambda q: bridge.call(self._answer, self._status, q, keys.status)
+                ),
+                zsession.declare_queryable(
+                    keys.session, lambda q: bridge.call(self._answer, self._open, q, keys.session)
+                ),
+                zsession.declare_queryable(
+                    keys.all_control, lambda q: bridge.call(self._answer, self._control, q, None)
+                ),
+                zsession.declare_queryable(
+                    keys.trajectory,
+                    lambda q: bridge.call(self._answer, self._trajectory, q, keys.trajectory),
+                ),
+                zsession.liveliness().declare_subscriber(
+                    keys.all_client_alive,
+                    lambda s: bridge.call(self._on_client_liveliness, s),
+                    history=True,
+                ),
+            ]
+            worker.start()
+            declared.append(zsession.liveliness().declare_token(keys.alive))
+            self._state = "serving"
+            self.metrics.warmed_up.set(1)
+            log.info(
+                "serving",
+                key=keys.prefix,
+                model=info.model,
+                listen=m.zenoh.listen,
+                connect=m.zenoh.connect,
+                mode=info.serving_mode,
+                max_sessions=self._max_sessions,
+            )
+            task_status.started(ServerReady(keys, info, health_port))
+            await self._stop.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                self._state = "draining"
+                self.metrics.draining.set(1)
+                finished = await anyio.to_thread.run_sync(worker.stop, DRAIN_TIMEOUT_S)
+                self._notify_drain()
+                bridge.closed = True
+                for entity in reversed(declared):
+                    entity.undeclare()
+                for session in self.registry.snapshot():
+                    self._collect(session, "shutdown")
+                log.info("drained", in_flight_finished=finished)
+
+    def _load_policy(self) -> Policy:
+        device = self.manifest.model.device
+        if device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise PolicyLoadError(
+                    f"model.device: {device!r} requested but torch sees no CUDA device"
+                )
+        if self._policy is None:
+            log.info("loading policy", source=self.manifest.model.source)
+            self._policy = load_policy(self.manifest.model.source, self.manifest.model.options)
+        self.metrics.max_sessions.set(self._max_sessions)
+        return self._policy
+
+    def _policy_info(self, policy: Policy) -> PolicyInfo:
+        spec, serving = policy.spec, self.manifest.serving
+        mode = serving.mode
+        if not spec.chunk_stateless and mode == "shared":
+            log.warning(
+                "policy is chunk-stateful: serving in exclusive mode (one session, policy reset per episode)",
+                model=spec.model,
+            )
+            mode = "exclusive"
+        return PolicyInfo(
+            model=spec.model,
+            revision=self.manifest.model.revision or spec.revision,
+            features=spec.features,
+            chunk_size=spec.chunk_size,
+            fps=spec.fps,
+            supports_rtc=spec.supports_rtc,
+            chunk_stateless=spec.chunk_stateless,
+            serving_mode=mode,
+            default_task=serving.default_task,
+            pin_task=serving.pin_task,
+            strict_fps=serving.strict_fps,
+        )
+
+    def _health(self) -> tuple[bool, str]:
+        return self._state == "serving", self._state
+
+    def _load(self) -> float:
+        return len(self.registry) / self._max_sessions
+
+    # ------------------------------------------------------------------ data plane
+    def _on_observation(self, sample: zenoh.Sample) -> None:
+        """Zenoh callback thread: route by key and header, deposit, return."""
+        now = time.monotonic_ns()
+        keys = self._keys
+        assert keys is not None
+        try:
+            client_id = keys.client_of(str(sample.key_expr))
+        except WireError:
+            self.metrics.dropped.labels("bad_key").inc()
+            return
+        attachment = sample.attachment
+        item: Pending | Rejected
+        try:
+            if attachment is None:
+                raise HeaderError("observation has no attachment header")
+            header = decode_header(attachment.to_bytes())
+        except HeaderError as exc:
+            item = Rejected(None, "bad_header", str(exc), now)
+        else:
+            size = len(sample.payload)
+            if header.msg_type != MSG_OBS:
+                item = Rejected(
+                    header, "bad_header", f"msg_type {header.msg_type} on an observation key", now
+                )
+            elif size > self.manifest.serving.max_observation_bytes:
+                limit = self.manifest.serving.max_observation_bytes
+                item = Rejected(
+                    header,
+                    "too_large",
+                    f"observation of {size} bytes exceeds the limit of {limit}",
+                    now,
+                )
+            else:
+                item = Pending(header, sample.payload.to_bytes(), now)
+        outcome = self.registry.deposit(client_id, item)
+        if outcome == "ok":
+            return
+        self.metrics.dropped.labels(outcome).inc()
+        if outcome == "no_session" and item.header is not None:
+            # Tell the client its session is gone (collected, or the server restarted) so it
+            # re-opens one at once instead of waiting out its request timeout.
+            self._tell_unknown_session(client_id, item.header)
+
+    # ------------------------------------------------------------------ control plane
+    def _answer(self, handler: object, query: zenoh.Query, reply_key: str | None) -> None:
+        """Event loop: run a control handler and reply; a bad request never escapes."""
+        try:
+            payload = b"" if query.payload is None else query.payload.to_bytes()
+            result = handler(query, payload)  # type: ignore[operator]
+            if isinstance(result, Rejection):
+                query.reply_err(encode(result))
+            elif result is not None:
+                query.reply(reply_key or query.key_expr, encode(result))
+        except zenoh.ZError as exc:
+            log.info("control reply failed", key=str(query.key_expr), error=str(exc))
+        except Exception as exc:  # a handler bug must cost one request, not the server
+            log.exception("control handler failed", key=str(query.key_expr))
+            query.reply_err(
+                encode(Rejection("bad_request", f"internal error: {type(exc).__name__}"))
+            )
+        finally:
+            query.drop()
+
+    def _status(self, query: zenoh.Query, payload: bytes) -> StatusReply:
+        keys, info = self._keys, self._info
+        assert keys is not None and info is not None
+        return StatusReply(
+            server_id=self.server_id,
+            app=keys.app,
+            model_key=keys.model,
+            replica=keys.replica,
+            schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
+            policy=info,
+            warmed_up=self._state != "starting",
+            draining=self._state == "draining",
+            active_sessions=len(self.registry),
+            max_sessions=self._max_sessions,
+            load=self._load(),
+        )
+
+    def _reject(self, code: str, reason: str, **context: object) -> Rejection:
+        self.metrics.sessions_rejected.labels(code).inc()
+        log.info("session refused", code=code, reason=reason, **context)
+        return Rejection(
+            code,  # type: ignore[arg-type]
+            reason,
+            active_sessions=len(self.registry),
+            max_sessions=self._max_sessions,
+            load=self._load(),
+        )
+
+    def _open(self, query: zenoh.Query, payload: bytes) -> SessionAck | Rejection:
+        keys, info = self._keys, self._info
+        assert keys is not None and info is not None and self._zsession is not None
+        try:
+            request = decode(payload, SessionOpen)
+            client_keys = keys.client(request.client_id)
+        except WireError as exc:
+            return self._reject("bad_request", str(exc))
+        if self._state != "serving":
+            return self._reject("draining", "server is draining; open a session on another replica")
+        verdict = validate_open(request, info)
+        if isinstance(verdict, Rejection):
+            return self._reject(verdict.code, verdict.reason, client_id=request.client_id)
+        previous = self.registry.by_client(request.client_id)
+        if previous is None and len(self.registry) >= self._max_sessions:
+            return self._reject(
+                "capacity",
+                f"server is full ({len(self.registry)}/{self._max_sessions} sessions)",
+                client_id=request.client_id,
+            )
+        session = self._create_session(request, verdict, client_keys.action)
+        log.info(
+            "session opened",
+            session_id=session.session_id,
+            client_id=session.client_id,
+            epoch=session.epoch,
+            rtc=session.rtc,
+            task=session.task,
+            warnings=verdict.warnings,
+            tags=request.tags,
+        )
+        return SessionAck(
+            session_id=session.session_id,
+            schema_version=verdict.schema_version,
+            server_id=self.server_id,
+            replica=keys.replica,
+            policy=info,
+            rtc=verdict.rtc,
+            task=verdict.task,
+            warnings=verdict.warnings,
+        )
+
+    def _create_session(self, request: SessionOpen, verdict: Admission, action_key: str) -> Session:
+        assert self._policy is not None and self._zsession is not None and self._tg is not None
+        session = Session(
+            session_id=self.registry.new_session_id(),
+            client_id=request.client_id,
+            epoch=request.session_epoch,
+            task=verdict.task,
+            rtc=verdict.rtc,
+            schema_version=verdict.schema_version,
+            processor=self._policy.make_processor(),
+            publisher=declare_action_publisher(self._zsession, action_key),
+        )
+        replaced = self.registry.add(session)
+        if replaced is not None:
+            replaced.publisher.undeclare()
+            self.metrics.sessions_collected.labels("replaced").inc()
+        self.metrics.sessions_opened.inc()
+        self.metrics.active_sessions.set(len(self.registry))
+        # A client whose liveliness token never shows up is collected like one that vanished.
+        self._tg.start_soon(self._collect_if_gone, session.session_id)
+        return session
+
+    def _control(self, query: zenoh.Query, payload: bytes) -> ControlAck | Rejection:
+        keys = self._keys
+        assert keys is not None
+        try:
+            client_id = keys.client_of(str(query.key_expr))
+            request: ControlRequest = decode(payload, ControlRequest)  # type: ignore[arg-type]
+        except WireError as exc:
+            return self._reject("bad_request", str(exc))
+        session = self.registry.get(request.session_id)
+        if session is None or session.client_id != client_id:
+            return self._reject(
+                "unknown_session", f"no session {request.session_id} for client {client_id!r}"
+            )
+        if isinstance(request, ResetRequest):
+            self.registry.reset(session.session_id, request.episode_id)
+            log.info(
+                "episode reset",
+                session_id=session.session_id,
+                client_id=client_id,
+                episode_id=request.episode_id,
+            )
+            return ControlAck(session.session_id, request.episode_id)
+        assert isinstance(request, CloseRequest)
+        self._collect(session, "closed")
+        return ControlAck(session.session_id)
+
+    def _trajectory(self, query: zenoh.Query, payload: bytes) -> object:
+        return self._trajectories.answer(payload)
+
+    # ------------------------------------------------------------------ liveliness & collection
+    def _on_client_liveliness(self, sample: zenoh.Sample) -> None:
+        keys, tg = self._keys, self._tg
+        assert keys is not None and tg is not None
+        try:
+            client_id = keys.client_of(str(sample.key_expr))
+        except WireError:
+            return
+        alive = sample.kind == zenoh.SampleKind.PUT
+        session = self.registry.set_alive(client_id, alive)
+        if session is not None and not alive:
+            log.info("client vanished", session_id=session.session_id, client_id=client_id)
+            tg.start_soon(self._collect_if_gone, session.session_id)
+
+    async def _collect_if_gone(self, session_id: int) -> None:
+        await anyio.sleep(self.manifest.serving.client_grace_s)
+        session = self.registry.get(session_id)
+        if session is not None and not session.alive:
+            self._collect(session, "vanished")
+
+    def _collect(self, session: Session, reason: str) -> None:
+        if self.registry.remove(session.session_id) is None:
+            return
+        try:
+            session.publisher.undeclare()
+        except zenoh.ZError:
+            pass
+        self.metrics.sessions_collected.labels(reason).inc()
+        self.metrics.active_sessions.set(len(self.registry))
+        log.info(
+            "session closed",
+            session_id=session.session_id,
+            client_id=session.client_id,
+            reason=reason,
+        )
+
+    def _tell_unknown_session(self, client_id: str, header: Header) -> None:
+        keys, zsession = self._keys, self._zsession
+        assert keys is not None and zsession is not None
+        reply = Header(
+            schema_version=header.schema_version,
+            msg_type=MSG_ERROR,
+            flags=0,
+            seq_id=header.seq_id,
+            episode_id=header.episode_id,
+            session_epoch=header.session_epoch,
+            client_mono_ns=header.client_mono_ns,
+        )
+        body = encode(
+            ErrorEvent("unknown_session", f"no session for client {client_id!r}; open a new one")
+        )
+        try:
+            zsession.put(
+                keys.client(client_id).action,
+                body,
+                attachment=encode_header(reply),
+                congestion_control=zenoh.CongestionControl.DROP,
+            )
+        except zenoh.ZError:
+            pass
+
+    def _notify_drain(self) -> None:
+        notice = encode(DrainNotice("server draining"))
+        for session in self.registry.snapshot():
+            header = Header(
+                schema_version=session.schema_version,
+                msg_type=MSG_DRAIN,
+                flags=0,
+                seq_id=0,
+                episode_id=session.episode_id,
+                session_epoch=session.epoch,
+                client_mono_ns=0,
+            )
+            try:
+                session.publisher.put(notice, attachment=encode_header(header))
+            except zenoh.ZError:
+                continue

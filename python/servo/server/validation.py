@@ -1,0 +1,104 @@
+"""Session-open capability validation: the sync-safety contract between robot and policy.
+
+Every rule of seeds/001 §8.4. A rejection names exactly what did not match; warnings are
+returned to the client in the ack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servo.wire import SUPPORTED_SCHEMA_VERSIONS, PolicyInfo, Rejection, SessionOpen
+
+#: Relative fps difference tolerated without a warning.
+FPS_TOLERANCE = 0.01
+#: Relative aspect-ratio difference tolerated without a warning (the server resizes anyway).
+ASPECT_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A successful validation: what the session will run with."""
+
+    schema_version: int
+    rtc: bool
+    task: str
+    warnings: list[str]
+
+
+def validate_open(request: SessionOpen, policy: PolicyInfo) -> Admission | Rejection:
+    """Check a client's session request against the served policy (capacity is checked elsewhere)."""
+    common = sorted(set(request.schema_versions) & set(SUPPORTED_SCHEMA_VERSIONS))
+    if not common:
+        return Rejection(
+            "schema_version",
+            f"client speaks schema versions {sorted(request.schema_versions)}, server speaks "
+            f"{list(SUPPORTED_SCHEMA_VERSIONS)}",
+        )
+    want, have = policy.features, request.features
+    if have.action_names != want.action_names:
+        return Rejection(
+            "action_names", _order_mismatch("action", have.action_names, want.action_names)
+        )
+    if len(have.state_names) != len(want.state_names):
+        return Rejection(
+            "state_names",
+            f"client state has {len(have.state_names)} values, policy expects {len(want.state_names)} "
+            f"({', '.join(want.state_names)})",
+        )
+    missing = sorted(set(want.cameras) - set(have.cameras))
+    if missing:
+        return Rejection(
+            "cameras",
+            f"policy needs camera(s) {', '.join(missing)}; client offers "
+            f"{', '.join(sorted(have.cameras)) or 'none'}",
+        )
+    warnings: list[str] = []
+    if have.state_names != want.state_names:
+        warnings.append(f"state names differ: client {have.state_names}, policy {want.state_names}")
+    for name in sorted(want.cameras):
+        theirs, ours = have.cameras[name], want.cameras[name]
+        if theirs.height <= 0 or theirs.width <= 0:
+            return Rejection(
+                "cameras", f"camera {name!r} declares size {theirs.height}x{theirs.width}"
+            )
+        if (
+            abs(theirs.width / theirs.height - ours.width / ours.height)
+            > ASPECT_TOLERANCE * ours.width / ours.height
+        ):
+            warnings.append(
+                f"camera {name!r} is {theirs.height}x{theirs.width}, the policy was trained on "
+                f"{ours.height}x{ours.width} (different aspect ratio)"
+            )
+    if abs(request.fps - policy.fps) > FPS_TOLERANCE * policy.fps:
+        message = f"client runs at {request.fps:g} fps, policy was trained at {policy.fps:g} fps"
+        if policy.strict_fps:
+            return Rejection("fps", message)
+        warnings.append(message)
+    task = request.task or policy.default_task
+    if policy.pin_task and task != policy.default_task:
+        return Rejection(
+            "task",
+            f"this server is pinned to task {policy.default_task!r}, client asked for {task!r}",
+        )
+    rtc = request.rtc and policy.supports_rtc
+    if request.rtc and not policy.supports_rtc:
+        warnings.append("policy does not support RTC; chunks will be appended instead")
+    return Admission(schema_version=common[-1], rtc=rtc, task=task, warnings=warnings)
+
+
+def _order_mismatch(what: str, have: list[str], want: list[str]) -> str:
+    if sorted(have) == sorted(want):
+        first = next(i for i, (a, b) in enumerate(zip(have, want, strict=True)) if a != b)
+        return (
+            f"{what} names are in a different order: position {first} is {have[first]!r} on the "
+            f"client, {want[first]!r} on the policy (expected order: {', '.join(want)})"
+        )
+    extra = [n for n in have if n not in want]
+    missing = [n for n in want if n not in have]
+    parts = []
+    if missing:
+        parts.append(f"missing {', '.join(missing)}")
+    if extra:
+        parts.append(f"unexpected {', '.join(extra)}")
+    return f"{what} names do not match the policy ({'; '.join(parts)}); expected {', '.join(want)}"

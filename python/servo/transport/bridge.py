@@ -1,0 +1,80 @@
+"""From Zenoh callback threads into the event loop, without ever blocking Zenoh.
+
+Zenoh runs every callback entity on its own Python thread fed by a 256-deep queue; a callback
+that blocks stalls every subscriber of the session (ZENOH_FACTS §2). Callbacks therefore only
+deposit: `LoopBridge.call` schedules a function on the loop with ``call_soon_threadsafe`` and
+returns at once. (anyio's ``from_thread.run_sync`` would block the callback thread until the loop
+ran the function, and measured slower.) servo runs anyio on the asyncio backend (uvloop when
+available), which is what makes the asyncio primitive available.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import zenoh
+from zenoh.handlers import Callback
+
+
+class LoopBridge:
+    """Schedules calls on the event loop that created it; safe to use from any thread.
+
+    Created on the event-loop thread; `call` is used from Zenoh callback threads.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.closed = False
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop soon; dropped silently once the bridge is closed."""
+        if self.closed:
+            return
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            # Zenoh keeps draining queued callbacks after session.close(); the loop may be gone.
+            self.closed = True
+
+
+async def query(
+    session: zenoh.Session,
+    selector: str,
+    *,
+    payload: bytes | None = None,
+    attachment: bytes | None = None,
+    timeout: float,
+    target: zenoh.QueryTarget = zenoh.QueryTarget.ALL,
+) -> list[zenoh.Reply]:
+    """Send a query and collect every reply without blocking the loop.
+
+    Consolidation is always off: replicas answering on the same key would otherwise be merged
+    into one reply (ZENOH_FACTS §3). Ends when every queryable has answered or ``timeout`` (s)
+    elapsed; a cancelled caller cancels the query.
+    """
+    bridge = LoopBridge()
+    replies: list[zenoh.Reply] = []
+    done = anyio.Event()
+    token = zenoh.CancellationToken()
+    session.get(
+        selector,
+        Callback(lambda reply: bridge.call(replies.append, reply), lambda: bridge.call(done.set)),
+        target=target,
+        consolidation=zenoh.ConsolidationMode.NONE,
+        timeout=timeout,
+        payload=payload,
+        attachment=attachment,
+        cancellation_token=token,
+    )
+    try:
+        # Zenoh's own timeout ends the query; the margin only guards against a lost drop.
+        with anyio.fail_after(timeout + 2.0):
+            await done.wait()
+    finally:
+        bridge.closed = True
+        if not done.is_set():
+            token.cancel()
+    return replies

@@ -1,0 +1,97 @@
+"""Zenoh settings shared by the server manifest and the edge configuration.
+
+Defaults follow what was verified on eclipse-zenoh 1.10.2 (see ZENOH_FACTS): explicit endpoints
+everywhere, multicast scouting off, a 1 s lease so a hung peer is noticed in about a second, and
+a fast connect retry so a restarted router is rejoined within milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import zenoh
+
+#: Where a server listens when the manifest names no endpoint: loopback only, so an out-of-the-box
+#: server never exposes itself on the network.
+DEFAULT_LOCAL_ENDPOINT = "tcp/127.0.0.1:7447"
+
+
+class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """TLS / mTLS files; paths are used as given (relative to the working directory)."""
+
+    root_ca_certificate: str | None = None
+    listen_certificate: str | None = None
+    listen_private_key: str | None = None
+    connect_certificate: str | None = None
+    connect_private_key: str | None = None
+    enable_mtls: bool = False
+    verify_name_on_connect: bool = True
+
+
+class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How one process joins the Zenoh network."""
+
+    mode: Literal["peer", "client", "router"] = "peer"
+    listen: list[str] = []
+    connect: list[str] = []
+    multicast_scouting: bool = False
+    lease_ms: int = 1000
+    retry_init_ms: int = 100
+    retry_max_ms: int = 1000
+    shared_memory: bool = True
+    tls: TlsSettings | None = None
+
+    def validate(self) -> None:
+        """Check endpoints and TLS files; raises ValueError naming the offending setting."""
+        for field in ("listen", "connect"):
+            for endpoint in getattr(self, field):
+                proto, sep, addr = endpoint.partition("/")
+                if (
+                    not sep
+                    or proto not in {"tcp", "udp", "tls", "quic", "unixsock-stream", "ws"}
+                    or not addr
+                ):
+                    raise ValueError(
+                        f"zenoh.{field}: {endpoint!r} is not an endpoint like 'tcp/127.0.0.1:7447'"
+                    )
+        if self.mode == "client" and not self.connect:
+            raise ValueError(
+                "zenoh.connect: a client must name at least one endpoint to connect to"
+            )
+        if self.lease_ms < 100:
+            raise ValueError(f"zenoh.lease_ms: {self.lease_ms} is below the minimum of 100")
+        if self.tls is not None:
+            for name in msgspec.structs.asdict(self.tls):
+                value = getattr(self.tls, name)
+                if isinstance(value, str) and not Path(value).is_file():
+                    raise ValueError(f"zenoh.tls.{name}: file {value!r} does not exist")
+
+    def to_config(self) -> zenoh.Config:
+        """Build the `zenoh.Config`; every key is set explicitly (zenoh's defaults listen on all
+        interfaces).
+        """
+        conf = zenoh.Config()
+        values: dict[str, Any] = {
+            "mode": self.mode,
+            "scouting/multicast/enabled": self.multicast_scouting,
+            "listen/endpoints": list(self.listen),
+            "connect/endpoints": list(self.connect),
+            "transport/link/tx/lease": self.lease_ms,
+            "transport/shared_memory/enabled": self.shared_memory,
+            # Sections whose default is null only accept whole objects (ZENOH_FACTS §0).
+            "connect/retry": {
+                "period_init_ms": self.retry_init_ms,
+                "period_max_ms": self.retry_max_ms,
+                "period_increase_factor": 2,
+            },
+        }
+        if self.tls is not None:
+            for name, value in msgspec.structs.asdict(self.tls).items():
+                if value is not None:
+                    values[f"transport/link/tls/{name}"] = value
+        for key, value in values.items():
+            conf.insert_json5(key, json.dumps(value))
+        return conf

@@ -1,0 +1,46 @@
+"""Opening and closing Zenoh sessions from async code.
+
+A Zenoh session whose callbacks are still declared keeps a non-daemon thread alive and hangs
+interpreter exit, and ``atexit`` runs too late to help (ZENOH_FACTS §9). Every session in servo is
+therefore opened through `open_session`, which closes it on every exit path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import structlog
+import zenoh
+
+from servo.transport.config import ZenohSettings
+
+log = structlog.get_logger(__name__)
+
+#: zenoh's own close gives up after 10 s (e.g. when a peer is wedged); we wait a little longer.
+CLOSE_TIMEOUT_S = 12.0
+
+
+@asynccontextmanager
+async def open_session(settings: ZenohSettings) -> AsyncIterator[zenoh.Session]:
+    """Open a session off the event loop and always close it.
+
+    Raises:
+        zenoh.ZError: the session could not be opened (a client with no reachable router).
+    """
+    session = await anyio.to_thread.run_sync(zenoh.open, settings.to_config())
+    log.debug("zenoh session open", zid=str(session.zid()), mode=settings.mode)
+    try:
+        yield session
+    finally:
+        with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+            await anyio.to_thread.run_sync(_close_quietly, session, abandon_on_cancel=True)
+
+
+def _close_quietly(session: zenoh.Session) -> None:
+    try:
+        session.close()
+    except zenoh.ZError as exc:
+        # A wedged peer makes close time out; the session is unusable either way.
+        log.warning("zenoh session close failed", error=str(exc))

@@ -1,0 +1,43 @@
+"""msgpack encode/decode of wire messages with size limits and readable errors."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from servo.wire.errors import WireError
+
+T = TypeVar("T")
+
+#: Default ceiling for one message body (a few uncompressed 1080p frames fit comfortably).
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    """Serialise a message body to msgpack."""
+    return _encoder.encode(message)
+
+
+def decode(buf: bytes | memoryview, kind: type[T], *, max_bytes: int = MAX_MESSAGE_BYTES) -> T:
+    """Deserialise ``buf`` as ``kind``; bytes fields become views into ``buf`` (no copy).
+
+    Raises:
+        WireError: oversized, not msgpack, or not a valid ``kind`` (the message names the path
+            of the offending field, e.g. ``$.state.shape[0]``).
+    """
+    name = getattr(kind, "__name__", str(kind))
+    if len(buf) > max_bytes:
+        raise WireError(f"{name} of {len(buf)} bytes exceeds the limit of {max_bytes}")
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
+    try:
+        return decoder.decode(buf)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as exc:
+        raise WireError(f"invalid {name}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise WireError(f"malformed {name}: {exc}") from exc

@@ -1,0 +1,9 @@
+"""The one error type of the wire layer."""
+
+
+class WireError(ValueError):
+    """A message, tensor, image or key expression that violates the protocol.
+
+    The message names what was wrong (field, expected and actual values) so it can be sent back to
+    the peer verbatim.
+    """

@@ -1,0 +1,22 @@
+//! Thin pyo3 wrappers around the pure-Rust cores, and the exceptions they raise.
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+
+pub mod header;
+pub mod latency;
+pub mod queue;
+
+create_exception!(
+    servo._core,
+    HeaderError,
+    PyValueError,
+    "An attachment header could not be encoded or decoded."
+);
+
+create_exception!(
+    servo._core,
+    QueueError,
+    PyValueError,
+    "A chunk was rejected by ActionQueue.merge (dtype, shape or capacity)."
+);

@@ -1,0 +1,393 @@
+//! Python wrapper of [`crate::queue::ActionQueue`].
+//!
+//! GIL policy. Methods that copy O(chunk) data (`merge`, `get_left_over`,
+//! `get_processed_left_over`, `clear`) release the GIL around the copy. The per-tick
+//! consumer methods (`get`, `get_with_provenance`, `qsize`, `empty`, `get_action_index`,
+//! `peek_provenance`) copy at most one row and never wait, so they keep it: releasing the
+//! GIL on the control-loop thread would let another Python thread take it, and the loop
+//! would then wait up to `sys.getswitchinterval()` (5 ms) to get it back.
+
+use std::borrow::Cow;
+
+use numpy::ndarray::ArrayView2;
+use numpy::{
+    PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray2, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use super::QueueError;
+use crate::queue::{self, ChunkRef, LeftOver};
+
+fn queue_err(err: queue::QueueError) -> PyErr {
+    match err {
+        queue::QueueError::Config(msg) => PyValueError::new_err(msg),
+        other => QueueError::new_err(other.to_string()),
+    }
+}
+
+/// Where a chunk comes from; a frozen, tuple-like record.
+#[pyclass(module = "servo._core", name = "Provenance", frozen, eq, hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PyProvenance(pub queue::Provenance);
+
+#[pymethods]
+impl PyProvenance {
+    #[new]
+    fn new(session_id: u64, seq_id: u64, episode_id: u64, obs_mono_ns: i64) -> Self {
+        Self(queue::Provenance {
+            session_id,
+            seq_id,
+            episode_id,
+            obs_mono_ns,
+        })
+    }
+
+    #[classattr]
+    fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str) {
+        ("session_id", "seq_id", "episode_id", "obs_mono_ns")
+    }
+
+    #[getter]
+    fn session_id(&self) -> u64 {
+        self.0.session_id
+    }
+
+    #[getter]
+    fn seq_id(&self) -> u64 {
+        self.0.seq_id
+    }
+
+    #[getter]
+    fn episode_id(&self) -> u64 {
+        self.0.episode_id
+    }
+
+    #[getter]
+    fn obs_mono_ns(&self) -> i64 {
+        self.0.obs_mono_ns
+    }
+
+    fn __repr__(&self) -> String {
+        let p = &self.0;
+        format!(
+            "Provenance(session_id={}, seq_id={}, episode_id={}, obs_mono_ns={})",
+            p.session_id, p.seq_id, p.episode_id, p.obs_mono_ns
+        )
+    }
+
+    fn __len__(&self) -> usize {
+        4
+    }
+
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.as_tuple(py)?.as_any().get_item(index)
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.as_tuple(py)?.as_any().try_iter()?.into_any())
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        Ok((slf.get_type().into_any(), slf.get().as_tuple(slf.py())?))
+    }
+}
+
+impl PyProvenance {
+    fn as_tuple<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let p = &self.0;
+        (p.session_id, p.seq_id, p.episode_id, p.obs_mono_ns).into_pyobject(py)
+    }
+}
+
+/// Frozen snapshot of an ActionQueue's counters.
+#[pyclass(module = "servo._core", name = "QueueStats", frozen, eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PyQueueStats(queue::QueueStats);
+
+#[pymethods]
+impl PyQueueStats {
+    #[getter]
+    fn merges(&self) -> u64 {
+        self.0.merges
+    }
+
+    #[getter]
+    fn rejected_merges(&self) -> u64 {
+        self.0.rejected_merges
+    }
+
+    #[getter]
+    fn delay_mismatches(&self) -> u64 {
+        self.0.delay_mismatches
+    }
+
+    #[getter]
+    fn actions_consumed(&self) -> u64 {
+        self.0.actions_consumed
+    }
+
+    #[getter]
+    fn qsize(&self) -> usize {
+        self.0.qsize
+    }
+
+    #[getter]
+    fn action_index(&self) -> u64 {
+        self.0.action_index
+    }
+
+    fn __repr__(&self) -> String {
+        let s = &self.0;
+        format!(
+            "QueueStats(merges={}, rejected_merges={}, delay_mismatches={}, \
+             actions_consumed={}, qsize={}, action_index={})",
+            s.merges,
+            s.rejected_merges,
+            s.delay_mismatches,
+            s.actions_consumed,
+            s.qsize,
+            s.action_index
+        )
+    }
+}
+
+/// The chunk buffer between the inference side and the control loop.
+#[pyclass(module = "servo._core", name = "ActionQueue", frozen)]
+pub struct PyActionQueue {
+    inner: queue::ActionQueue,
+}
+
+fn shape_repr(shape: &[usize]) -> String {
+    match shape {
+        [n] => format!("({n},)"),
+        dims => format!(
+            "({})",
+            dims.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// Accepts an ndarray or anything `numpy.asarray` takes; requires float32 and 2 dimensions.
+fn chunk_array<'py>(
+    name: &str,
+    obj: &Bound<'py, PyAny>,
+    dim: usize,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let py = obj.py();
+    let array = match obj.cast::<PyUntypedArray>() {
+        Ok(array) => array.clone(),
+        Err(_) => py
+            .import("numpy")?
+            .getattr("asarray")?
+            .call1((obj,))?
+            .cast_into::<PyUntypedArray>()?,
+    };
+    let dtype = array.dtype();
+    if !dtype.is_equiv_to(&numpy::dtype::<f32>(py)) {
+        return Err(QueueError::new_err(format!(
+            "{name} has dtype {}, expected float32",
+            dtype.str()?
+        )));
+    }
+    if array.ndim() != 2 {
+        return Err(QueueError::new_err(format!(
+            "{name} has shape {}, expected (T, {dim})",
+            shape_repr(array.shape())
+        )));
+    }
+    Ok(array.cast_into::<PyArray2<f32>>()?)
+}
+
+/// Borrows a validated chunk (`readonly` keeps numpy's borrow tracking honest).
+fn readonly_chunk<'py>(
+    name: &str,
+    obj: &Bound<'py, PyAny>,
+    dim: usize,
+) -> PyResult<PyReadonlyArray2<'py, f32>> {
+    chunk_array(name, obj, dim)?
+        .try_readonly()
+        .map_err(|e| QueueError::new_err(format!("{name}: {e}")))
+}
+
+/// A chunk's values in row-major order.
+struct ChunkData<'a> {
+    data: Cow<'a, [f32]>,
+    rows: usize,
+    cols: usize,
+}
+
+impl<'a> ChunkData<'a> {
+    /// Borrows a C-contiguous view (ndarray's `as_slice` requires standard layout, unlike
+    /// numpy's, which also accepts Fortran order); copies any other layout row by row.
+    fn new(array: &'a ArrayView2<'_, f32>) -> Self {
+        let data = match array.as_slice() {
+            Some(slice) => Cow::Borrowed(slice),
+            None => Cow::Owned(array.iter().copied().collect()),
+        };
+        Self {
+            data,
+            rows: array.nrows(),
+            cols: array.ncols(),
+        }
+    }
+
+    fn view(&self) -> ChunkRef<'_> {
+        ChunkRef {
+            data: &self.data,
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+}
+
+#[pymethods]
+impl PyActionQueue {
+    #[new]
+    #[pyo3(signature = (action_dim, *, rtc, capacity = 4096))]
+    fn new(action_dim: usize, rtc: bool, capacity: usize) -> PyResult<Self> {
+        Ok(Self {
+            inner: queue::ActionQueue::new(action_dim, rtc, capacity).map_err(queue_err)?,
+        })
+    }
+
+    #[getter]
+    fn action_dim(&self) -> usize {
+        self.inner.action_dim()
+    }
+
+    #[getter]
+    fn rtc(&self) -> bool {
+        self.inner.rtc()
+    }
+
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    #[pyo3(signature = (original, processed, real_delay, idx_before = None, *, provenance = None))]
+    fn merge(
+        &self,
+        py: Python<'_>,
+        original: &Bound<'_, PyAny>,
+        processed: &Bound<'_, PyAny>,
+        real_delay: i64,
+        idx_before: Option<i64>,
+        provenance: Option<PyProvenance>,
+    ) -> PyResult<usize> {
+        let dim = self.inner.action_dim();
+        let arrays = readonly_chunk("original", original, dim)
+            .and_then(|o| Ok((o, readonly_chunk("processed", processed, dim)?)));
+        let (original, processed) = arrays.inspect_err(|_| self.inner.note_rejected())?;
+        let (original, processed) = (original.as_array(), processed.as_array());
+        let provenance = provenance.map(|p| p.0);
+        // The arrays stay borrowed while the GIL is released: like numpy's own GIL-free
+        // copies, this assumes no other thread mutates them during the call.
+        py.detach(|| {
+            let (original, processed) = (ChunkData::new(&original), ChunkData::new(&processed));
+            self.inner.merge(
+                original.view(),
+                processed.view(),
+                real_delay,
+                idx_before,
+                provenance,
+            )
+        })
+        .map_err(queue_err)
+    }
+
+    fn get<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<f32>>> {
+        self.inner.pop_with(|row, _| PyArray1::from_slice(py, row))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn get_with_provenance<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> Option<(Bound<'py, PyArray1<f32>>, Option<PyProvenance>)> {
+        self.inner.pop_with(|row, provenance| {
+            (PyArray1::from_slice(py, row), provenance.map(PyProvenance))
+        })
+    }
+
+    fn peek_provenance(&self) -> Option<PyProvenance> {
+        self.inner.peek_provenance().map(PyProvenance)
+    }
+
+    fn qsize(&self) -> usize {
+        self.inner.qsize()
+    }
+
+    fn empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+
+    fn get_action_index(&self) -> u64 {
+        self.inner.action_index()
+    }
+
+    fn get_left_over<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        let left = py.detach(|| self.inner.left_over_original());
+        self.to_array(py, left)
+    }
+
+    fn get_processed_left_over<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        let left = py.detach(|| self.inner.left_over_processed());
+        self.to_array(py, left)
+    }
+
+    fn clear(&self, py: Python<'_>) {
+        py.detach(|| self.inner.clear());
+    }
+
+    fn statistics(&self) -> PyQueueStats {
+        PyQueueStats(self.inner.statistics())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ActionQueue(action_dim={}, rtc={}, capacity={}, qsize={})",
+            self.inner.action_dim(),
+            if self.inner.rtc() { "True" } else { "False" },
+            self.inner.capacity(),
+            self.inner.qsize()
+        )
+    }
+}
+
+impl PyActionQueue {
+    fn to_array<'py>(
+        &self,
+        py: Python<'py>,
+        left: Option<LeftOver>,
+    ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        left.map(|left| {
+            // `from_vec` hands the buffer to numpy without a copy.
+            PyArray1::from_vec(py, left.values).reshape([left.rows, self.inner.action_dim()])
+        })
+        .transpose()
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyActionQueue>()?;
+    m.add_class::<PyProvenance>()?;
+    m.add_class::<PyQueueStats>()?;
+    m.add("QueueError", m.py().get_type::<QueueError>())?;
+    Ok(())
+}

@@ -1,0 +1,103 @@
+"""Fakes and helpers shared by the edge tests (injected, never monkeypatched)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+
+from servo.client.session import ObservationInput
+from servo.edge.pipeline import Action
+from servo.robots.protocol import Frame, RobotSpec
+from servo.robots.sim import SimSO100
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class ScriptedEngine:
+    """An engine whose actions come from a function of the tick index; owned by the loop thread.
+
+    ``on_tick(index)`` runs inside `get_action` (use it to inject a slow tick); ``reached`` is set
+    once ``until`` ticks have run.
+    """
+
+    def __init__(
+        self,
+        action: Callable[[int], FloatArray | None],
+        *,
+        until: int = 0,
+        on_tick: Callable[[int], None] | None = None,
+    ) -> None:
+        self._action = action
+        self._until = until
+        self._on_tick = on_tick
+        self.calls: list[int] = []  # monotonic ns of every get_action
+        self.observations = 0
+        self.reached = threading.Event()
+
+    def notify_observation(self, obs: ObservationInput) -> None:
+        self.observations += 1
+
+    def get_action(self, now_ns: int) -> Action | None:
+        index = len(self.calls)
+        self.calls.append(now_ns)
+        if self._on_tick is not None:
+            self._on_tick(index)
+        if self._until and len(self.calls) >= self._until:
+            self.reached.set()
+        values = self._action(index)
+        return None if values is None else Action(values, "policy", None)
+
+
+class SpyRobot:
+    """Delegates to a SimSO100 and keeps every command sent (control-loop thread)."""
+
+    def __init__(self, sim: SimSO100) -> None:
+        self.sim = sim
+        self.commands: list[FloatArray] = []
+
+    @property
+    def spec(self) -> RobotSpec:
+        return self.sim.spec
+
+    def connect(self) -> None:
+        self.sim.connect()
+
+    def disconnect(self) -> None:
+        self.sim.disconnect()
+
+    def read_state(self) -> FloatArray:
+        return self.sim.read_state()
+
+    def read_cameras(self) -> dict[str, Frame]:
+        return self.sim.read_cameras()
+
+    def send_action(self, target: FloatArray) -> None:
+        self.commands.append(np.array(target, copy=True))
+        self.sim.send_action(target)
+
+
+async def eventually(
+    predicate: Callable[[], bool], timeout: float, what: str = "condition", poll: float = 0.005
+) -> None:
+    """Wait until ``predicate()`` holds (checked every ``poll`` s), or fail after ``timeout`` s."""
+    try:
+        with anyio.fail_after(timeout):
+            while not predicate():
+                await anyio.sleep(poll)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str = "condition") -> None:
+    """Blocking `eventually` for sync tests and threads."""
+    deadline = time.monotonic() + timeout
+    event = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        event.wait(0.005)

@@ -1,0 +1,280 @@
+"""Harness for the edge integration tests: configs, a merge-recording pipeline, a runtime runner
+and subprocesses (servo-serve / servo-edge) whose output can be waited on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+
+from servo.edge.config import EdgeConfig
+from servo.edge.engine import EngineBase
+from servo.edge.pipeline import ChunkPipeline, Request
+from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
+from servo.robots.protocol import Robot
+from servo.robots.sim import SimCameraConfig, SimConfig, SimSO100
+
+FloatArray = npt.NDArray[np.float32]
+
+#: The in-process test server's camera (see tests.support.make_manifest): 48x64.
+SMALL_CAMERA = SimCameraConfig("front", 48, 64)
+
+
+def edge_config(port: int, **overrides: Any) -> EdgeConfig:
+    """An edge that dials the test server on ``port``, with short test-friendly timeouts."""
+    values: dict[str, Any] = {
+        "connect": [f"tcp/127.0.0.1:{port}"],
+        "connect_timeout_s": 5.0,
+        "reconnect_initial_backoff_s": 0.1,
+        "reconnect_max_backoff_s": 0.5,
+    }
+    values.update(overrides)
+    return EdgeConfig(**values).validate()
+
+
+def small_sim(**overrides: Any) -> SimSO100:
+    """A simulated arm with one 48x64 camera (cheap to render and encode)."""
+    values: dict[str, Any] = {"cameras": (SMALL_CAMERA,)}
+    values.update(overrides)
+    return SimSO100(SimConfig(**values))
+
+
+@dataclass(frozen=True)
+class Merge:
+    """One merged chunk as the pipeline saw it."""
+
+    session_id: int
+    seq_id: int
+    episode_id: int
+    chunk_robot: FloatArray
+    trimmed: int
+
+
+class RecordingPipeline(ChunkPipeline):
+    """A ChunkPipeline that remembers every merge (injected in place of the engine's own)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.merges: list[Merge] = []
+
+    @classmethod
+    def replacing(cls, engine: EngineBase) -> RecordingPipeline:
+        old, config = engine.pipeline, engine.config
+        new = cls(
+            old.action_dim,
+            engine.spec.fps,
+            rtc=old.rtc,
+            execution_horizon=old.execution_horizon,
+            buffer_time_s=config.buffer_time_s,
+            max_action_age_s=config.max_action_age_s,
+            fallback=old.fallback,
+        )
+        engine.pipeline = new
+        return new
+
+    def complete(
+        self,
+        request: Request,
+        chunk_model: FloatArray,
+        chunk_robot: FloatArray,
+        now_ns: int,
+        *,
+        session_id: int,
+        seq_id: int,
+    ) -> int | None:
+        trimmed = super().complete(
+            request, chunk_model, chunk_robot, now_ns, session_id=session_id, seq_id=seq_id
+        )
+        if trimmed is not None:
+            merge = Merge(session_id, seq_id, request.episode_id, chunk_robot.copy(), trimmed)
+            self.merges.append(merge)
+        return trimmed
+
+
+@dataclass
+class RuntimeRun:
+    """A runtime running in a task; `stop` asks for the safe teardown and waits for it."""
+
+    runtime: EdgeRuntime
+    done: anyio.Event = field(default_factory=anyio.Event)
+    summary: RunSummary | None = None
+    error: BaseException | None = None
+
+    async def stop(self, timeout: float = 15.0) -> RunSummary:
+        self.runtime.request_stop("test done")
+        with anyio.fail_after(timeout):
+            await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.summary is not None
+        return self.summary
+
+
+@asynccontextmanager
+async def running_edge(
+    robot: Robot, engine: EngineBase, options: RunOptions | None = None
+) -> AsyncIterator[RuntimeRun]:
+    """Run an EdgeRuntime in the background until the block exits (then stop it safely)."""
+    run = RuntimeRun(EdgeRuntime(robot, engine, engine.config, options or RunOptions()))
+
+    async def go() -> None:
+        try:
+            run.summary = await run.runtime.run()
+        except BaseException as exc:  # surfaced by stop(); the test decides what it means
+            run.error = exc
+        finally:
+            run.done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(go)
+        try:
+            yield run
+        finally:
+            if not run.done.is_set():
+                run.runtime.request_stop("test teardown")
+            with anyio.fail_after(20), anyio.CancelScope(shield=True):
+                await run.done.wait()
+
+
+def write_manifest(
+    path: Path,
+    port: int,
+    *,
+    revision: str = "v1",
+    options: str = "cameras = {front = [48, 64]}\nchunk_size = 20",
+) -> Path:
+    """A servo-serve manifest for a subprocess server listening on ``port``."""
+    path.write_text(
+        f"""
+[model]
+source = "reference"
+revision = "{revision}"
+warmup = 1
+[model.options]
+{options}
+[zenoh]
+mode = "peer"
+listen = ["tcp/127.0.0.1:{port}"]
+lease_ms = 1000
+[ops]
+health_port = 0
+"""
+    )
+    return path
+
+
+class Proc:
+    """A child process whose merged stdout/stderr lines are collected by a reader thread.
+
+    Owned by the test; `wait_line` blocks (with a timeout) until a line containing a text shows up.
+    """
+
+    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None) -> None:
+        self.argv = argv
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.popen = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=full_env,
+        )
+        self._reader = threading.Thread(target=self._read, name="proc-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+        self.popen.stdout.close()
+
+    @property
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def wait_line(self, text: str, timeout: float) -> str:
+        """The first line containing ``text``; fails if the process exits or time runs out."""
+
+        def found() -> str | None:
+            return next((line for line in self.lines if text in line), None)
+
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: found() is not None or not self._reader.is_alive(), timeout
+            )
+            line = found()
+        if line is None:
+            state = "exited" if self.popen.poll() is not None else "still running"
+            raise AssertionError(
+                f"{text!r} not seen within {timeout} s ({state}, ok={ok}); output:\n{self.output}"
+            )
+        return line
+
+    def wait(self, timeout: float) -> int:
+        rc = self.popen.wait(timeout)
+        self._reader.join(5)
+        return rc
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: no drain, no goodbye) and reap."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+        self.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM (graceful), SIGKILL if it does not go."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.send_signal(signal.SIGKILL)
+        self.wait(10)
+
+
+def start_server(manifest: Path, timeout: float = 60.0) -> Proc:
+    """``servo-serve manifest`` as a child process, returned once it says it is ready."""
+    proc = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest), "--log-level", "warning"])
+    try:
+        proc.wait_line("ready", timeout)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+def edge_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "servo.cli.edge", "--no-status", *args]
+
+
+def first_error(exc: BaseException) -> BaseException:
+    """The single exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def ignore(*_: object) -> None:
+    """A do-nothing callback."""
+
+
+Callback = Callable[..., None]

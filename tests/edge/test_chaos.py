@@ -1,0 +1,103 @@
+"""The server dies mid-episode (SIGKILL) and comes back: the edge rides through, or refuses a
+different model. Real ``servo-serve`` subprocesses, real Zenoh on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servo.edge.failsafe import EngineState
+from servo.edge.remote import RemoteEngine
+from servo.edge.runtime import RunOptions
+from tests.edge.fakes import SpyRobot, eventually
+from tests.edge.harness import (
+    Proc,
+    edge_argv,
+    edge_config,
+    running_edge,
+    small_sim,
+    start_server,
+    write_manifest,
+)
+from tests.support import free_port
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+async def test_server_killed_mid_episode_then_back(tmp_path: Path) -> None:
+    port = free_port()
+    manifest = write_manifest(tmp_path / "manifest.toml", port)
+    server = start_server(manifest)
+    try:
+        robot = SpyRobot(small_sim())
+        engine = RemoteEngine(edge_config(port, max_offline_s=60.0), robot.spec)
+        async with running_edge(robot, engine, RunOptions()) as run:
+            await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
+            loop = run.runtime.loop
+            assert loop is not None
+            first = engine.session
+            assert first is not None
+            chunks, fallback = engine.chunks_received, engine.pipeline.fallback_ticks
+
+            server.kill()
+            await eventually(lambda: engine.state is EngineState.RECONNECTING, 5, "RECONNECTING")
+            # The queue rides on, then the fallback (hold: send nothing) takes over.
+            await eventually(
+                lambda: engine.pipeline.fallback_ticks >= fallback + 15, 5, "fallback ticks"
+            )
+            sent = len(robot.commands)
+            ticks = loop.ticks
+            await eventually(lambda: loop.ticks >= ticks + 10, 5)
+            assert len(robot.commands) == sent  # the robot holds
+            assert loop.running and loop.error is None
+            assert engine.chunks_received == chunks
+
+            server = start_server(manifest)
+            await eventually(lambda: engine.chunks_received >= chunks + 3, 20, "streaming again")
+            assert engine.state is EngineState.STREAMING
+            assert engine.session is not None and engine.session is not first
+            assert engine.session.session_id != first.session_id
+            assert engine.session.epoch > first.epoch
+            assert engine.failsafe.reconnects == 1
+            assert len(robot.commands) > sent
+            summary = await run.stop()
+    finally:
+        server.stop()
+    assert summary.reconnects == 1 and summary.final_state == "streaming" and summary.parked
+    states = [state for state, _ in summary.transitions]
+    assert states[:2] == ["connecting", "streaming"]
+    assert "reconnecting" in states and states[-1] == "streaming"
+
+
+def test_server_back_with_a_different_model_is_dead(tmp_path: Path) -> None:
+    port = free_port()
+    summary_path = tmp_path / "run.json"
+    server = start_server(write_manifest(tmp_path / "a.toml", port, revision="v1"))
+    edge = Proc(
+        edge_argv(
+            "--robot", "sim", "--robot-opt", "cameras=front:64x48",
+            "--connect", f"tcp/127.0.0.1:{port}", "--summary", str(summary_path),
+            "--reconnect-initial-backoff-s", "0.1", "--reconnect-max-backoff-s", "0.5",
+            "--duration", "120",
+        )  # fmt: skip
+    )
+    try:
+        edge.wait_line("state=streaming", 30)
+        server.kill()
+        edge.wait_line("state=reconnecting", 10)
+        server = start_server(write_manifest(tmp_path / "b.toml", port, revision="v2"))
+        rc = edge.wait(30)
+    finally:
+        edge.kill()
+        server.stop()
+    output = edge.output
+    assert rc == 3, output
+    assert "Traceback" not in output
+    summary = json.loads(summary_path.read_text())
+    assert summary["final_state"] == "dead"
+    assert summary["parked"] is True  # safe teardown: rest pose, then disconnect
+    assert "different model" in summary["stop_reason"] and "rev v2" in summary["stop_reason"]
+    assert "rest pose reached" in output and "disconnected" in output

@@ -1,0 +1,120 @@
+"""``servo-edge`` as a user runs it: exit codes, one-line errors, the run summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+
+from servo.recording import read_recording
+from tests.edge.harness import edge_argv, start_server, write_manifest
+from tests.support import free_port, make_manifest, running_server
+
+SUMMARY_KEYS = {
+    "ticks",
+    "actions_executed",
+    "fallback_ticks",
+    "chunks_received",
+    "chunks_dropped",
+    "reconnects",
+    "rtt_ms",
+    "tick_jitter_ms",
+    "final_state",
+}
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("servo-edge: error:")]
+
+
+@pytest.mark.anyio
+async def test_capability_mismatch_exits_2_with_the_reason(port: int) -> None:
+    async with running_server(make_manifest(port)):
+        result = await anyio.run_process(
+            edge_argv(
+                "--robot", "sim", "--robot-opt", "cameras=none",
+                "--connect", f"tcp/127.0.0.1:{port}", "--log-level", "warning",
+            ),  # fmt: skip
+            check=False,
+            stderr=subprocess.STDOUT,
+        )
+    output = result.stdout.decode()
+    assert result.returncode == 2, output
+    assert "Traceback" not in output
+    (line,) = error_lines(output)
+    assert "server refused this robot" in line and "camera(s) front" in line
+    assert output.strip() == line  # nothing else at warning level: one clear message
+
+
+def test_unreachable_server_exits_1() -> None:
+    port = free_port()
+    result = subprocess.run(
+        edge_argv(
+            "--robot", "sim", "--robot-opt", "cameras=none", "--connect",
+            f"tcp/127.0.0.1:{port}", "--connect-timeout-s", "1", "--log-level", "warning",
+        ),  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Traceback" not in output
+    (line,) = error_lines(output)
+    assert f"cannot reach a servo server at tcp/127.0.0.1:{port}" in line
+
+
+def test_bad_option_exits_2() -> None:
+    result = subprocess.run(
+        edge_argv("--robot", "sim", "--buffer-time-s", "0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    (line,) = error_lines(result.stderr)
+    assert "buffer_time_s" in line and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_summary_against_servo_serve(tmp_path: Path) -> None:
+    port = free_port()
+    server = start_server(write_manifest(tmp_path / "manifest.toml", port))
+    summary_path, record = tmp_path / "run.json", tmp_path / "ep.servo"
+    try:
+        result = subprocess.run(
+            edge_argv(
+                "--robot", "sim", "--robot-opt", "cameras=front:64x48",
+                "--connect", f"tcp/127.0.0.1:{port}", "--duration", "3",
+                "--summary", str(summary_path), "--record", str(record),
+            ),  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(summary_path.read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert set(summary["rtt_ms"]) == {"p50", "p99"}
+    assert set(summary["tick_jitter_ms"]) == {"p50", "p99", "max"}
+    assert summary["final_state"] == "streaming"
+    assert summary["chunks_received"] >= 3 and summary["reconnects"] == 0
+    assert 80 <= summary["ticks"] <= 3 * 30 * 1.5  # 3 s at 30 Hz, plus the park
+    assert summary["actions_executed"] > 60
+    assert summary["parked"] is True
+    assert 0 < summary["rtt_ms"]["p50"] <= summary["rtt_ms"]["p99"]
+    assert summary["tick_jitter_ms"]["p99"] <= summary["tick_jitter_ms"]["max"]
+    frames = read_recording(record).frames
+    assert len(frames) == summary["ticks"]
+    policy = [f for f in frames if f.source == "policy"]
+    assert len(policy) == summary["actions_executed"]
+    assert all(f.provenance is not None for f in policy)
+    assert "servo-edge: duration elapsed" in result.stderr

@@ -1,0 +1,128 @@
+"""EdgeConfig: defaults < TOML < flags, and every bad value names its option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servo.cli.edge import build_parser
+from servo.edge.config import EdgeConfig, EdgeConfigError, load_config
+
+
+def load(tmp_path: Path, toml: str | None, *flags: str) -> EdgeConfig:
+    path = None
+    if toml is not None:
+        file = tmp_path / "edge.toml"
+        file.write_text(toml)
+        path = str(file)
+    args = build_parser().parse_args(["--robot", "sim", *flags])
+    return load_config(path, args)
+
+
+def test_defaults_are_the_seeds_defaults(tmp_path: Path) -> None:
+    config = load(tmp_path, None)
+    assert config == EdgeConfig()
+    assert (config.jpeg_quality, config.buffer_time_s, config.max_action_age_s) == (90, 0.5, 3.0)
+    assert (config.degraded_after_s, config.request_timeout_s) == (1.0, 5.0)
+    assert (config.reconnect_initial_backoff_s, config.reconnect_max_backoff_s) == (0.5, 10.0)
+    assert (config.max_offline_s, config.fallback, config.rtc) == (60.0, "hold", True)
+
+
+def test_toml_then_flags(tmp_path: Path) -> None:
+    toml = """
+connect = ["tcp/10.0.0.1:7447"]
+buffer_time_s = 0.8
+max_action_age_s = 2
+fallback = "zero"
+rtc = false
+tags = {site = "lab"}
+"""
+    config = load(
+        tmp_path,
+        toml,
+        "--buffer-time-s",
+        "0.3",
+        "--rtc",
+        "--tags",
+        "fleet=a",
+        "--tags",
+        "n=7",
+        "--policy-options",
+        "chunk_size=20",
+    )
+    assert config.buffer_time_s == 0.3  # flag beats file
+    assert config.rtc is True
+    assert config.fallback == "zero"  # file beats default
+    assert config.max_action_age_s == 2.0
+    assert config.connect == ["tcp/10.0.0.1:7447"]
+    assert config.tags == {"fleet": "a", "n": "7"}  # flags replace the table; values stay text
+    assert config.policy_options == {"chunk_size": 20}  # JSON-decoded
+    assert config.request_timeout_s == 5.0  # untouched default
+
+
+def test_repeatable_connect_flag_replaces_the_file(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        'connect = ["tcp/10.0.0.1:7447"]',
+        "--connect",
+        "tcp/127.0.0.1:1",
+        "--connect",
+        "tcp/127.0.0.1:2",
+    )
+    assert config.connect == ["tcp/127.0.0.1:1", "tcp/127.0.0.1:2"]
+
+
+@pytest.mark.parametrize(
+    ("toml", "flags", "option"),
+    [
+        ("buffer_time_s = 0", (), "buffer_time_s"),
+        ("", ("--max-action-age-s", "-1"), "max_action_age_s"),
+        ("degraded_after_s = 0.0", (), "degraded_after_s"),
+        ("", ("--request-timeout-s", "0"), "request_timeout_s"),
+        ("connect_timeout_s = -2", (), "connect_timeout_s"),
+        ("max_offline_s = 0", (), "max_offline_s"),
+        ("jpeg_quality = 101", (), "jpeg_quality"),
+        ("", ("--jpeg-quality", "-1"), "jpeg_quality"),
+        ("timeout_streak = 0", (), "timeout_streak"),
+        ("reconnect_initial_backoff_s = 0", (), "reconnect_initial_backoff_s"),
+        (
+            "reconnect_initial_backoff_s = 5.0\nreconnect_max_backoff_s = 1.0",
+            (),
+            "reconnect_initial_backoff_s",
+        ),
+        ("execution_horizon = -1", (), "execution_horizon"),
+        ("connect = []", (), "connect"),
+        ('connect = ["localhost"]', (), "zenoh.connect"),
+        ("lease_ms = 10", (), "lease_ms"),
+        ('buffer_time_s = "fast"', (), "buffer_time_s"),
+        ('fallback = "coast"', (), "fallback"),
+        ("rtc = 3", (), "rtc"),
+        ('tags = {a = 1}', (), "tags"),
+        ("", ("--tags", "novalue"), "--tags"),
+    ],
+)
+def test_bad_values_name_the_option(
+    tmp_path: Path, toml: str, flags: tuple[str, ...], option: str
+) -> None:
+    with pytest.raises(EdgeConfigError, match=option):
+        load(tmp_path, toml, *flags)
+
+
+def test_unknown_option(tmp_path: Path) -> None:
+    with pytest.raises(EdgeConfigError) as info:
+        load(tmp_path, "buffer_time = 0.5")
+    assert str(info.value).endswith("buffer_time: unknown option")
+    assert "edge.toml" in str(info.value)
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(EdgeConfigError, match="cannot read config"):
+        load_config(str(tmp_path / "missing.toml"))
+    with pytest.raises(EdgeConfigError, match="invalid TOML"):
+        load(tmp_path, "buffer_time_s = = 1")
+
+
+def test_choices_are_checked_by_the_parser() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--robot", "sim", "--fallback", "coast"])

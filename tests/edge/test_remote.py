@@ -1,0 +1,269 @@
+"""The remote engine against a real in-process PolicyServer over real Zenoh on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from servo.edge.failsafe import EngineState
+from servo.edge.remote import EdgeStartError, RemoteEngine
+from servo.edge.runtime import RunOptions
+from servo.edge.safety import SafetyLimiter
+from servo.policy.protocol import FloatArray, PolicySpec, Processor
+from servo.policy.reference import make_reference_policy
+from servo.recording import read_recording
+from servo.robots.protocol import RobotSpec
+from servo.robots.sim import SimConfig, SimSO100
+from tests.edge.fakes import eventually
+from tests.edge.harness import (
+    RecordingPipeline,
+    edge_config,
+    first_error,
+    running_edge,
+    small_sim,
+)
+from tests.support import make_manifest, running_server
+
+pytestmark = pytest.mark.anyio
+
+CHUNK_20 = "cameras = {front = [48, 64]}\nchunk_size = 20"
+
+
+async def test_sim_arm_follows_the_policy(port: int, tmp_path: Path) -> None:
+    record = tmp_path / "ep.servo"
+    async with running_server(make_manifest(port, options=CHUNK_20)):
+        sim = small_sim()
+        engine = RemoteEngine(edge_config(port), sim.spec)
+        pipeline = RecordingPipeline.replacing(engine)
+        async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
+            await eventually(lambda: engine.chunks_received >= 4, 10, "four chunks")
+            await eventually(lambda: run.runtime.loop is not None and run.runtime.loop.ticks >= 45, 10)
+            assert engine.state is EngineState.STREAMING
+            summary = await run.stop()
+    assert summary.parked and summary.final_state == "streaming"
+    assert summary.chunks_received == engine.chunks_received >= 4
+
+    rec = read_recording(record)
+    frames = rec.frames
+    assert len(frames) == summary.ticks
+    merges = {(m.session_id, m.seq_id): m for m in pipeline.merges}
+    policy = [f for f in frames if f.source == "policy"]
+    assert len(policy) == summary.actions_executed > 30
+    assert all(f.provenance is not None for f in policy)  # provenance on every policy action
+    assert {f.source for f in frames} <= {"policy", "none", "park"}
+
+    # Replay the run through a fresh limiter: every executed command is the merged chunk's
+    # robot-space action (the first untrimmed step onwards), after joint and slew limits.
+    limiter = SafetyLimiter(sim.spec)
+    limiter.start_from(_f32(frames[0].state))
+    taken: Counter[tuple[int, int]] = Counter()
+    rest = np.asarray(sim.spec.rest_pose, np.float32)
+    for frame in frames:
+        if frame.source == "policy":
+            assert frame.provenance is not None
+            session_id, seq_id, episode_id, _ = frame.provenance
+            merge = merges[(session_id, seq_id)]
+            assert episode_id == merge.episode_id == 0
+            raw = merge.chunk_robot[merge.trimmed + taken[(session_id, seq_id)]]
+            taken[(session_id, seq_id)] += 1
+            expected = limiter.apply(raw)
+        elif frame.source == "park":
+            expected = limiter.apply(rest)
+        else:
+            assert frame.action is None
+            continue
+        assert frame.action is not None
+        np.testing.assert_allclose(_f32(frame.action), expected, atol=1e-5)
+
+    # The arm tracks its commands (a first-order lag of 75 ms): a few ticks later it is where
+    # it was told to be, and it really moved (the policy sweeps the pan joint).
+    states = rec.states()
+    acted = [i for i, f in enumerate(frames) if f.action is not None]
+    commands = np.vstack([_f32(frames[i].action) for i in acted])
+    later = states[[min(i + 4, len(states) - 1) for i in acted]]
+    error = np.abs(later - commands)
+    assert float(np.median(error)) < 2.0
+    assert np.ptp(states[:, 0]) > 5.0
+    assert np.max(np.abs(states[-1] - rest)) <= RunOptions().rest_tolerance + 0.5
+
+
+async def test_capability_mismatch_refuses_with_the_reason(port: int) -> None:
+    async with running_server(make_manifest(port)):
+        five = _spec(joints=5, cameras={})
+        with pytest.raises(BaseExceptionGroup) as info:
+            await RemoteEngine(edge_config(port), five).run()
+        error = first_error(info.value)
+        assert isinstance(error, EdgeStartError) and error.refused
+        assert "server refused this robot" in str(error) and "action names" in str(error)
+
+        no_camera = SimSO100(SimConfig(cameras=())).spec
+        with pytest.raises(BaseExceptionGroup) as info:
+            await RemoteEngine(edge_config(port), no_camera).run()
+        error = first_error(info.value)
+        assert isinstance(error, EdgeStartError) and error.refused
+        assert "camera(s) front" in str(error)
+
+
+async def test_unreachable_server_is_one_clear_error(port: int) -> None:
+    engine = RemoteEngine(edge_config(port, connect_timeout_s=0.5), small_sim().spec)
+    with pytest.raises(BaseExceptionGroup) as info:
+        await engine.run()
+    error = first_error(info.value)
+    assert isinstance(error, EdgeStartError) and not error.refused
+    assert f"tcp/127.0.0.1:{port}" in str(error)
+
+
+@pytest.mark.parametrize("jpeg_quality", [90, 0])
+async def test_reset_clears_the_queue_and_bumps_the_episode(
+    port: int, tmp_path: Path, jpeg_quality: int
+) -> None:
+    # jpeg_quality=0 sends raw frames: nothing yields between the reset and the next request,
+    # which must nevertheless carry the new episode (or the server drops it as stale).
+    record = tmp_path / "ep.servo"
+    async with running_server(make_manifest(port, options=CHUNK_20)) as (server, _):
+        sim = small_sim()
+        engine = RemoteEngine(edge_config(port, jpeg_quality=jpeg_quality), sim.spec)
+        pipeline = RecordingPipeline.replacing(engine)
+        async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
+            await eventually(lambda: engine.chunks_received >= 2, 10, "two chunks")
+            assert run.runtime.loop is not None
+            reset_tick = run.runtime.loop.ticks
+            merges_before = len(pipeline.merges)
+            engine.reset()
+            assert pipeline.queue.empty()  # at once, before any await
+            assert pipeline.episode_id == 1
+            await eventually(lambda: len(pipeline.merges) >= merges_before + 2, 3, "new chunks")
+            session = engine.session
+            assert session is not None
+            await eventually(
+                lambda: _server_episode(server, session.session_id) == 1, 5, "server reset"
+            )
+            await eventually(lambda: run.runtime.loop.ticks >= reset_tick + 20, 5)  # type: ignore[union-attr]
+            summary = await run.stop()
+    assert summary.final_state == "streaming"
+    assert all(m.episode_id == 1 for m in pipeline.merges[merges_before:])
+    after = [f for f in read_recording(record).frames if f.tick > reset_tick + 1]
+    policy_after = [f for f in after if f.source == "policy"]
+    assert policy_after
+    assert all(f.provenance is not None and f.provenance[2] == 1 for f in policy_after)
+
+
+async def test_pause_stops_requests_while_the_queue_drains(port: int) -> None:
+    async with running_server(make_manifest(port, options=CHUNK_20)):
+        sim = small_sim()
+        engine = RemoteEngine(edge_config(port), sim.spec)
+        async with running_edge(sim, engine) as run:
+            await eventually(lambda: engine.chunks_received >= 2, 10, "two chunks")
+            loop = run.runtime.loop
+            assert loop is not None
+            engine.pause()
+            requests, fallback = engine.requests, engine.pipeline.fallback_ticks
+            await eventually(
+                lambda: engine.pipeline.queue.empty()
+                and engine.pipeline.fallback_ticks > fallback + 5,
+                5,
+                "the queue to drain",
+            )
+            # A request already on its way when pause() came may finish; no new one leaves.
+            sent = engine.requests
+            assert sent <= requests + 1
+            drained_at = loop.ticks
+            await eventually(lambda: loop.ticks >= drained_at + 10, 5)
+            assert engine.requests == sent
+            assert engine.pipeline.queue.empty()
+            await eventually(lambda: engine.state is EngineState.STALLED, 2, "STALLED")
+            chunks = engine.chunks_received
+            engine.resume()
+            await eventually(lambda: engine.chunks_received >= chunks + 2, 10, "chunks again")
+            assert engine.requests > sent
+            await eventually(lambda: engine.state is EngineState.STREAMING, 2, "STREAMING")
+            await run.stop()
+    assert loop.error is None
+
+
+class GatedPolicy:
+    """The reference policy, except that after ``budget`` chunks it blocks until released."""
+
+    def __init__(self, **options: Any) -> None:
+        self._inner = make_reference_policy(**options)
+        self.budget: int | None = None  # unlimited during warm-up
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+
+    @property
+    def spec(self) -> PolicySpec:
+        return self._inner.spec
+
+    def make_processor(self) -> Processor:
+        return self._inner.make_processor()
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: FloatArray | None) -> Any:
+        if self.budget is not None:
+            if self.budget <= 0:
+                self.blocked.set()
+                self.release.wait(60)
+            self.budget -= 1
+        return self._inner.predict_chunk(batch, inference_delay, prefix)
+
+    def reset(self) -> None:
+        self._inner.reset()
+
+
+async def test_staleness_bound_trips_when_chunks_stop(port: int, tmp_path: Path) -> None:
+    record = tmp_path / "ep.servo"
+    policy = GatedPolicy(cameras={"front": (48, 64)})
+    max_age_s = 0.5
+    async with running_server(make_manifest(port), policy=policy):
+        policy.budget = 1  # one chunk (50 actions = 1.7 s), then the policy hangs
+        try:
+            sim = small_sim()
+            config = edge_config(port, max_action_age_s=max_age_s, request_timeout_s=30.0)
+            engine = RemoteEngine(config, sim.spec)
+            async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
+                await eventually(lambda: engine.chunks_received == 1, 10, "the only chunk")
+                await eventually(lambda: engine.pipeline.stale_refusals >= 1, 5, "staleness")
+                await eventually(lambda: engine.state is EngineState.STALLED, 2, "STALLED")
+                assert policy.blocked.is_set()  # a request is out and unanswered
+                fallback = engine.pipeline.fallback_ticks
+                await eventually(lambda: engine.pipeline.fallback_ticks >= fallback + 10, 5)
+                summary = await run.stop()
+        finally:
+            policy.release.set()
+    assert summary.stale_refusals >= 1 and summary.chunks_received == 1
+    # The queue held 1.7 s of actions; only those younger than the bound ran.
+    assert summary.actions_executed < 0.5 * 50
+    max_age_ns = round(max_age_s * 1e9)
+    policy_frames = [f for f in read_recording(record).frames if f.source == "policy"]
+    assert policy_frames
+    for frame in policy_frames:
+        assert frame.provenance is not None
+        assert frame.mono_ns - frame.provenance[3] <= max_age_ns
+
+
+def _f32(tensor: Any) -> np.ndarray:
+    from servo.wire import decode_tensor
+
+    return np.array(decode_tensor(tensor, dtype="float32"), dtype=np.float32)
+
+
+def _spec(*, joints: int, cameras: dict[str, Any]) -> RobotSpec:
+    return RobotSpec(
+        name="odd",
+        fps=30.0,
+        joint_names=tuple(f"j{i}.pos" for i in range(joints)),
+        cameras=cameras,
+        lower=(-1.0,) * joints,
+        upper=(1.0,) * joints,
+        max_velocity=(1.0,) * joints,
+        rest_pose=(0.0,) * joints,
+    )
+
+
+def _server_episode(server: Any, session_id: int) -> int | None:
+    session = server.registry.get(session_id)
+    return None if session is None else int(session.episode_id)

@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servo.robots import ROBOT_OPTIONS, ROBOTS, SO100, Robot, SimSO100, make_robot
+from servo.robots.calibration import CalibrationError
+from servo.robots.registry import CameraEntry, parse_cameras
+from tests.robots.calib_data import write_calibration
+
+
+def test_table_lists_both_robots() -> None:
+    assert set(ROBOTS) == {"sim", "so100"}
+    assert set(ROBOT_OPTIONS) == set(ROBOTS)
+    assert "port" in ROBOT_OPTIONS["so100"]
+
+
+def test_unknown_robot_lists_valid_types() -> None:
+    with pytest.raises(ValueError, match=r"unknown robot type 'so101'; valid types: sim, so100"):
+        make_robot("so101")
+
+
+def test_unknown_option_is_named_with_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['prot'\] for robot 'sim'") as info:
+        make_robot("sim", {"prot": "/dev/ttyACM0"})
+    assert "valid options: cameras, fps, initial_pose, noise_std" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "name"),
+    [
+        ({"fps": "fast"}, "fps"),
+        ({"fps": -3}, "fps"),
+        ({"seed": True}, "seed"),
+        ({"realtime": "maybe"}, "realtime"),
+        ({"cameras": "front:/dev/video0"}, "cameras"),
+        ({"initial_pose": "1,2,x"}, "initial_pose"),
+    ],
+)
+def test_invalid_values_name_the_option(options: dict[str, object], name: str) -> None:
+    with pytest.raises(ValueError, match=rf"invalid value .* for option '{name}' of robot 'sim'"):
+        make_robot("sim", options)
+
+
+def test_sim_from_cli_strings() -> None:
+    robot = make_robot(
+        "sim",
+        {
+            "fps": "50",
+            "cameras": "front:320x240@15,top",
+            "noise_std": "0.1",
+            "seed": "3",
+            "realtime": "false",
+            "time_constant_s": 0.05,
+        },
+    )
+    assert isinstance(robot, SimSO100)
+    assert isinstance(robot, Robot)
+    assert robot.spec.fps == 50.0
+    front, top = robot.spec.cameras["front"], robot.spec.cameras["top"]
+    assert (front.width, front.height, front.fps) == (320, 240, 15.0)
+    assert (top.width, top.height, top.fps) == (640, 480, 30.0)
+    assert robot.config.realtime is False
+    assert make_robot("sim", {"cameras": "none"}).spec.cameras == {}
+
+
+def test_sim_config_errors_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="robot 'sim': SimConfig: initial_pose needs 6 values"):
+        make_robot("sim", {"initial_pose": "1,2,3"})
+
+
+def test_so100_from_flat_options(tmp_path: Path) -> None:
+    calibration = write_calibration(tmp_path / "arm.json")
+    robot = make_robot(
+        "so100",
+        {
+            "port": "/dev/ttyACM0",
+            "calibration": str(calibration),
+            "cameras": "front:0:640x480@30,wrist:/dev/video2:320x240",
+            "max_relative_target": "10",
+            "use_degrees": "true",
+        },
+    )
+    assert isinstance(robot, SO100)
+    assert not robot.is_connected
+    assert robot.config.max_relative_target == 10.0
+    cams = robot.config.cameras
+    assert (cams["front"].index_or_path, cams["front"].width, cams["front"].fps) == (0, 640, 30.0)
+    assert (cams["wrist"].index_or_path, cams["wrist"].height) == ("/dev/video2", 240)
+    assert robot.spec.extra["calibration"] == str(calibration)
+
+
+def test_so100_needs_port_and_one_calibration_source(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"needs the option 'port'; valid options: baudrate"):
+        make_robot("so100", {"calibration": "x.json"})
+    with pytest.raises(ValueError, match="exactly one of the options 'calibration' or 'id'"):
+        make_robot("so100", {"port": "/dev/ttyACM0"})
+    with pytest.raises(CalibrationError, match=r"missing\.json does not exist"):
+        make_robot("so100", {"port": "/dev/ttyACM0", "calibration": str(tmp_path / "missing.json")})
+
+
+def test_so100_finds_lerobot_calibration_by_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path))
+    path = write_calibration(tmp_path / "robots" / "so100_follower" / "blue_arm.json")
+    robot = make_robot("so100", {"port": "/dev/ttyACM0", "id": "blue_arm"})
+    assert isinstance(robot, SO100)
+    assert robot.calibration_path == path
+
+
+def test_camera_strings() -> None:
+    path = "/dev/v4l/by-path/pci-0000:00:14.0-usb-0:1:1.0-video-index0"
+    assert parse_cameras(f"front:0:640x480@30, wrist:{path}:1280x720") == [
+        CameraEntry("front", 0, 640, 480, 30.0),
+        CameraEntry("wrist", path, 1280, 720, None),
+    ]
+    assert parse_cameras(["top"]) == [CameraEntry("top", None, None, None, None)]
+    assert parse_cameras("") == []
+    with pytest.raises(ValueError, match="repeat"):
+        parse_cameras("a,a")
+    with pytest.raises(ValueError, match="not a valid camera name"):
+        parse_cameras(":0")
+
+
+def test_import_has_no_side_effects() -> None:
+    code = (
+        "import sys, threading, servo.robots; "
+        "assert 'cv2' not in sys.modules, 'cv2 imported'; "
+        "assert threading.active_count() == 1, threading.enumerate()"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,125 @@
+"""Helpers for the server tests: observations, connected clients, a raw action-key tap."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+
+import anyio
+import numpy as np
+import zenoh
+
+from servo._core import MSG_OBS, Header, HeaderError, decode_header, encode_header
+from servo.client import ObservationInput, PolicyClient, RemoteSession
+from servo.server.service import PolicyServer, ServerReady
+from servo.transport import LoopBridge
+from tests.support import client_settings
+
+
+def observation(
+    state: float | np.ndarray,
+    cameras: Mapping[str, tuple[int, int]] | None = None,
+    *,
+    dim: int = 6,
+    task: str = "",
+) -> ObservationInput:
+    """An observation: ``state`` (a scalar fills every joint), black frames of the given sizes."""
+    cams = {"front": (24, 32)} if cameras is None else cameras
+    values = np.full(dim, state, np.float32) if np.isscalar(state) else np.asarray(state, np.float32)
+    frames = {name: np.zeros((h, w, 3), np.uint8) for name, (h, w) in cams.items()}
+    return ObservationInput(values, frames, time.monotonic_ns(), task=task)
+
+
+def cameras_of(ready: ServerReady) -> dict[str, tuple[int, int]]:
+    return {name: (c.height, c.width) for name, c in ready.info.features.cameras.items()}
+
+
+@asynccontextmanager
+async def connected(port: int, client_id: str, *, jpeg_quality: int = 0) -> AsyncIterator[PolicyClient]:
+    async with PolicyClient.connect(client_settings(port), client_id, jpeg_quality=jpeg_quality) as client:
+        yield client
+
+
+async def open_on(client: PolicyClient, ready: ServerReady, **options: object) -> RemoteSession:
+    """Discover the (single) server and open a session with its own features and fps."""
+    servers = [s for s in await client.discover() if s.keys == ready.keys]
+    assert servers, "the test server did not answer discovery"
+    options.setdefault("features", ready.info.features)
+    options.setdefault("fps", ready.info.fps)
+    return await client.open_session(servers[0], **options)  # type: ignore[arg-type]
+
+
+def metric(server: PolicyServer, name: str, **labels: str) -> float:
+    """Current value of one Prometheus sample of the server (0 when absent)."""
+    value = server.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def obs_header(session: RemoteSession, seq_id: int, **changes: int) -> bytes:
+    """A valid observation header for ``session``, with fields overridden."""
+    header = Header(
+        schema_version=1,
+        msg_type=MSG_OBS,
+        flags=0,
+        seq_id=seq_id,
+        episode_id=session.episode_id,
+        session_epoch=session.epoch,
+        client_mono_ns=time.monotonic_ns(),
+    )
+    return encode_header(header.replace(**changes) if changes else header)
+
+
+class ActionTap:
+    """Everything the server publishes on one client's action key, as (header, body) pairs.
+
+    The subscriber callback only hands samples to the event loop; `next` waits on the loop.
+    """
+
+    def __init__(self, zsession: zenoh.Session, key: str) -> None:
+        self._bridge = LoopBridge()
+        self._send, self._recv = anyio.create_memory_object_stream[tuple[Header | None, bytes]](1000)
+        self._sub = zsession.declare_subscriber(key, lambda s: self._bridge.call(self._on, s))
+        self.seen: list[tuple[Header | None, bytes]] = []
+
+    def _on(self, sample: zenoh.Sample) -> None:
+        header: Header | None
+        try:
+            header = None if sample.attachment is None else decode_header(sample.attachment.to_bytes())
+        except HeaderError:
+            header = None
+        self._send.send_nowait((header, sample.payload.to_bytes()))
+
+    async def next(
+        self, predicate: Callable[[Header | None], bool], *, timeout: float = 5.0
+    ) -> tuple[Header | None, bytes]:
+        """The next message whose header satisfies ``predicate`` (others are kept in `seen`)."""
+        with anyio.fail_after(timeout):
+            while True:
+                item = await self._recv.receive()
+                self.seen.append(item)
+                if predicate(item[0]):
+                    return item
+
+    def close(self) -> None:
+        self._bridge.closed = True
+        self._sub.undeclare()
+        self._send.close()
+        self._recv.close()
+
+
+@asynccontextmanager
+async def action_tap(zsession: zenoh.Session, key: str) -> AsyncIterator[ActionTap]:
+    tap = ActionTap(zsession, key)
+    try:
+        yield tap
+    finally:
+        tap.close()
+
+
+async def eventually(condition: Callable[[], bool], *, timeout: float = 5.0) -> None:
+    """Wait until ``condition()`` holds, checking at short checkpoints (for state that another
+    thread changes and that has no event of its own, e.g. a counter bumped by a Zenoh callback)."""
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.005)

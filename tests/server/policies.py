@@ -1,0 +1,181 @@
+"""Test policies implementing the `servo.policy.Policy` protocol, injected into servers.
+
+None of them imports torch. Each documents which thread touches what: the server calls
+``predict_chunk`` and the processors from its inference worker thread only; tests read the
+recorded fields from the event loop, so anything shared is guarded by a lock or an Event.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from servo.policy import DecodedObservation, PolicySpec, Prepared
+from servo.wire import CameraFeature, Features
+
+JOINTS = ("j0", "j1", "j2", "j3", "j4", "j5")
+CHUNK = 10
+FPS = 30.0
+
+
+def make_spec(
+    *,
+    cameras: dict[str, tuple[int, int]] | None = None,
+    joints: tuple[str, ...] = JOINTS,
+    chunk_size: int = CHUNK,
+    fps: float = FPS,
+    supports_rtc: bool = False,
+    chunk_stateless: bool = True,
+    model: str = "test/policy",
+) -> PolicySpec:
+    cams = {"front": (24, 32)} if cameras is None else cameras
+    return PolicySpec(
+        model=model,
+        revision="t1",
+        features=Features(
+            state_names=list(joints),
+            action_names=list(joints),
+            cameras={name: CameraFeature(h, w) for name, (h, w) in cams.items()},
+        ),
+        chunk_size=chunk_size,
+        fps=fps,
+        supports_rtc=supports_rtc,
+        chunk_stateless=chunk_stateless,
+    )
+
+
+class RelativeProcessor:
+    """Caches the state at preprocess and adds it at postprocess (within one request)."""
+
+    def __init__(self) -> None:
+        self.state: np.ndarray | None = None
+
+    def preprocess(self, obs: DecodedObservation) -> Prepared:
+        self.state = np.array(obs.state, dtype=np.float32)
+        return Prepared(batch={"state": self.state, "images": obs.images}, prefix=obs.prefix_model)
+
+    def postprocess(self, chunk: np.ndarray) -> np.ndarray:
+        assert self.state is not None
+        return chunk + self.state
+
+    def reset(self) -> None:
+        self.state = None
+
+
+class FixedComputePolicy:
+    """Every forward takes ``compute_ms`` (a sleep: releases the GIL like a GPU forward).
+
+    The model-space chunk is ``step * 0.01`` in every column, so ``chunk_robot[0] == state``.
+    ``served`` lists ``int(state[0])`` of every request in service order (worker thread writes,
+    tests read after the server drained).
+    """
+
+    def __init__(self, compute_ms: float = 0.0, **spec: Any) -> None:
+        self._spec = make_spec(**spec)
+        self.compute_s = compute_ms / 1e3
+        self.served: list[int] = []
+        self.resets = 0
+        steps = np.arange(self._spec.chunk_size, dtype=np.float32)[:, None] * np.float32(0.01)
+        self._chunk = np.repeat(steps, len(self._spec.features.action_names), axis=1)
+
+    @property
+    def spec(self) -> PolicySpec:
+        return self._spec
+
+    def make_processor(self) -> RelativeProcessor:
+        return RelativeProcessor()
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        self.served.append(int(batch["state"][0]))
+        if self.compute_s:
+            time.sleep(self.compute_s)
+        return self._chunk.copy()
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+class StickyProcessor:
+    """Deliberately holds state across requests: the episode's first state and a request count.
+
+    ``postprocess`` returns ``anchor + count`` in every cell, so a chunk tells which session's
+    history produced it. Shared between sessions it would mix two robots' anchors and counts.
+    """
+
+    def __init__(self) -> None:
+        self.anchor: np.ndarray | None = None
+        self.count = 0
+
+    def preprocess(self, obs: DecodedObservation) -> Prepared:
+        if self.anchor is None:
+            self.anchor = np.array(obs.state, dtype=np.float32)
+        self.count += 1
+        return Prepared(batch=None, prefix=None)
+
+    def postprocess(self, chunk: np.ndarray) -> np.ndarray:
+        assert self.anchor is not None
+        return chunk + self.anchor + np.float32(self.count)
+
+    def reset(self) -> None:
+        self.anchor = None
+        self.count = 0
+
+
+class StickyPolicy(FixedComputePolicy):
+    """A chunk-stateless policy whose per-session processor is a `StickyProcessor`."""
+
+    def make_processor(self) -> StickyProcessor:  # type: ignore[override]
+        return StickyProcessor()
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        if self.compute_s:
+            time.sleep(self.compute_s)
+        return np.zeros_like(self._chunk)
+
+
+class GatedPolicy(FixedComputePolicy):
+    """``predict_chunk`` sets ``entered`` and blocks until ``gate`` opens (cross-thread Events).
+
+    The gate is open during warm-up (``armed`` is False until a test arms it).
+    """
+
+    def __init__(self, **spec: Any) -> None:
+        super().__init__(**spec)
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.armed = False
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        if self.armed:
+            self.entered.set()
+            if not self.gate.wait(10):
+                raise TimeoutError("gate never opened")
+        return super().predict_chunk(batch, inference_delay, prefix)
+
+
+class WarmupGatedPolicy(FixedComputePolicy):
+    """Warm-up blocks until ``release`` is set; ``warming`` is set when it starts."""
+
+    def __init__(self, **spec: Any) -> None:
+        super().__init__(**spec)
+        self.warming = threading.Event()
+        self.release = threading.Event()
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        if not self.release.is_set():
+            self.warming.set()
+            if not self.release.wait(10):
+                raise TimeoutError("warm-up never released")
+        return super().predict_chunk(batch, inference_delay, prefix)
+
+
+class FailingPolicy(FixedComputePolicy):
+    """Raises for states whose first value is negative, serves the others."""
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        if batch["state"][0] < 0:
+            raise RuntimeError("policy bug on negative input")
+        return super().predict_chunk(batch, inference_delay, prefix)

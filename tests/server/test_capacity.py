@@ -1,0 +1,97 @@
+"""Capacity: max_sessions is enforced, with the load in the refusal; reconnects replace."""
+
+from __future__ import annotations
+
+import pytest
+
+from servo.client import SessionRejected
+from tests.server.helpers import connected, eventually, metric, observation, open_on
+from tests.server.policies import FixedComputePolicy
+from tests.support import make_manifest, running_server
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_third_client_is_refused_with_the_load(port: int) -> None:
+    manifest = make_manifest(port, extra="[serving]\nmax_sessions = 2\n")
+    async with running_server(manifest, policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "a") as ca, connected(port, "b") as cb, connected(port, "c") as cc:
+            sa, sb = await open_on(ca, ready), await open_on(cb, ready)
+            with pytest.raises(SessionRejected) as info:
+                await open_on(cc, ready)
+            rejection = info.value.rejection
+            assert rejection.code == "capacity"
+            assert "2/2" in rejection.reason
+            assert (rejection.active_sessions, rejection.max_sessions, rejection.load) == (2, 2, 1.0)
+            # discovery reports the same load, so a client can pick another replica
+            (status,) = await cc.discover()
+            assert (status.status.active_sessions, status.status.max_sessions, status.status.load) == (2, 2, 1.0)
+            # the admitted sessions are unaffected
+            await sa.infer(observation(1), timeout=5)
+            await sb.infer(observation(2), timeout=5)
+            # closing one frees its slot at once
+            await sb.close()
+            assert len(server.registry) == 1
+            sc = await open_on(cc, ready)
+            await sc.infer(observation(3), timeout=5)
+            await sa.close()
+            await sc.close()
+        assert metric(server, "servo_sessions_rejected_total", code="capacity") == 1
+        assert metric(server, "servo_sessions_opened_total") == 3
+        assert metric(server, "servo_active_sessions") == 0
+
+
+async def test_reconnecting_client_replaces_its_own_session(port: int) -> None:
+    """Same client_id, new epoch, new Zenoh session (the robot reconnected): the old session is
+    replaced, not added, so a full server still takes it back."""
+    manifest = make_manifest(port, extra="[serving]\nmax_sessions = 2\n")
+    async with running_server(manifest, policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "b") as cb:
+            sb = await open_on(cb, ready)
+            async with connected(port, "a") as old_client:
+                old = await open_on(old_client, ready, epoch=0)
+                await old.infer(observation(1), timeout=5)
+                async with connected(port, "a") as new_client:
+                    new = await open_on(new_client, ready, epoch=1)
+                    assert new.session_id != old.session_id
+                    assert len(server.registry) == 2
+                    assert server.registry.by_client("a") is not None
+                    assert server.registry.by_client("a").session_id == new.session_id  # type: ignore[union-attr]
+                    result = await new.infer(observation(5), timeout=5)
+                    assert result.chunk_robot[0][0] == 5
+                    # the old epoch's observations are dropped, not served into the new session
+                    await old.send(observation(6))
+                    await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="stale") >= 1)
+                    await new.infer(observation(8), timeout=5)
+                    assert old.stats.chunks == 1
+                    # the old Zenoh session goes away without a close: the new session survives
+                # (new_client closed here: nothing left of "a")
+            async with connected(port, "a") as again:
+                third = await open_on(again, ready, epoch=2)
+                await third.infer(observation(7), timeout=5)
+                assert len(server.registry) == 2
+                await third.close()
+            await sb.infer(observation(2), timeout=5)
+            await sb.close()
+        assert metric(server, "servo_sessions_collected_total", reason="replaced") == 2
+        assert metric(server, "servo_sessions_rejected_total", code="capacity") == 0
+
+
+async def test_exclusive_mode_serves_one_session(port: int) -> None:
+    policy = FixedComputePolicy(chunk_stateless=False)
+    async with running_server(make_manifest(port), policy=policy) as (server, ready):
+        assert ready.info.serving_mode == "exclusive"
+        async with connected(port, "a") as ca, connected(port, "b") as cb:
+            sa = await open_on(ca, ready)
+            with pytest.raises(SessionRejected) as info:
+                await open_on(cb, ready)
+            assert info.value.rejection.code == "capacity"
+            assert info.value.rejection.max_sessions == 1
+            await sa.infer(observation(1), timeout=5)
+            resets = policy.resets
+            await sa.reset(1)
+            await sa.infer(observation(1), timeout=5)
+            # exclusive mode also resets the (chunk-stateful) policy at the episode boundary
+            assert policy.resets == resets + 1
+            await sa.close()
+        assert len(server.registry) == 0

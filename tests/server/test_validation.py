@@ -1,0 +1,168 @@
+"""Session open: every capability mismatch is refused with a reason naming it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from servo.client import SessionRejected
+from servo.transport import query
+from servo.wire import (
+    SUPPORTED_SCHEMA_VERSIONS,
+    CameraFeature,
+    Features,
+    Rejection,
+    SessionAck,
+    SessionOpen,
+    decode,
+    encode,
+)
+from tests.server.helpers import connected, metric, open_on
+from tests.server.policies import JOINTS, FixedComputePolicy
+from tests.support import make_manifest, running_server
+
+pytestmark = pytest.mark.anyio
+
+FRONT = {"front": CameraFeature(24, 32)}
+
+
+def features(
+    *,
+    actions: list[str] | None = None,
+    states: list[str] | None = None,
+    cameras: dict[str, CameraFeature] | None = None,
+) -> Features:
+    return Features(
+        state_names=list(JOINTS) if states is None else states,
+        action_names=list(JOINTS) if actions is None else actions,
+        cameras=dict(FRONT) if cameras is None else cameras,
+    )
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    serving: str  # extra [serving] settings
+    open: dict[str, object]  # SessionOpen overrides
+    code: str
+    words: tuple[str, ...]  # all must appear in the reason
+
+
+SWAPPED = [JOINTS[1], JOINTS[0], *JOINTS[2:]]
+
+MISMATCHES = {
+    "action names in the wrong order": Mismatch(
+        "", {"features": features(actions=SWAPPED)}, "action_names", ("order", "position 0", "'j1'", "'j0'")
+    ),
+    "missing action": Mismatch(
+        "", {"features": features(actions=list(JOINTS[:-1]))}, "action_names", ("missing", "j5")
+    ),
+    "unexpected action": Mismatch(
+        "", {"features": features(actions=[*JOINTS, "j6"])}, "action_names", ("unexpected", "j6")
+    ),
+    "state dim": Mismatch(
+        "", {"features": features(states=list(JOINTS[:5]))}, "state_names", ("5 values", "expects 6")
+    ),
+    "missing camera": Mismatch(
+        "", {"features": features(cameras={"wrist": CameraFeature(24, 32)})}, "cameras", ("front", "wrist")
+    ),
+    "no cameras at all": Mismatch("", {"features": features(cameras={})}, "cameras", ("front", "none")),
+    "degenerate camera size": Mismatch(
+        "", {"features": features(cameras={"front": CameraFeature(0, 32)})}, "cameras", ("front", "0x32")
+    ),
+    "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[1]")),
+    "strict fps": Mismatch("strict_fps = true", {"fps": 15.0}, "fps", ("15 fps", "30 fps")),
+    "pinned task": Mismatch(
+        'default_task = "sweep"\npin_task = true', {"task": "fold"}, "task", ("'sweep'", "'fold'")
+    ),
+}
+
+
+def open_request(client_id: str, **overrides: object) -> SessionOpen:
+    fields: dict[str, object] = {
+        "client_id": client_id,
+        "schema_versions": list(SUPPORTED_SCHEMA_VERSIONS),
+        "features": features(),
+        "fps": 30.0,
+    }
+    fields.update(overrides)
+    return SessionOpen(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("case", MISMATCHES.values(), ids=MISMATCHES.keys())
+async def test_mismatch_is_rejected_with_its_reason(port: int, case: Mismatch) -> None:
+    manifest = make_manifest(port, extra=f"[serving]\n{case.serving}\n")
+    async with running_server(manifest, policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            if "schema_versions" in case.open:
+                # PolicyClient always offers what it speaks: send the request by hand.
+                replies = await query(
+                    client.zsession, ready.keys.session, payload=encode(open_request("robot", **case.open)), timeout=2
+                )
+                (reply,) = replies
+                assert reply.err is not None
+                rejection = decode(reply.err.payload.to_bytes(), Rejection)
+            else:
+                with pytest.raises(SessionRejected) as info:
+                    await open_on(client, ready, **case.open)
+                rejection = info.value.rejection
+        assert len(server.registry) == 0
+        assert metric(server, "servo_sessions_rejected_total", code=case.code) == 1
+    assert rejection.code == case.code
+    for word in case.words:
+        assert word in rejection.reason, (word, rejection.reason)
+
+
+@dataclass(frozen=True)
+class Warned:
+    serving: str
+    open: dict[str, object]
+    words: tuple[str, ...]
+    check: Callable[[SessionAck], bool] = lambda ack: True
+
+
+WARNINGS = {
+    "non-strict fps": Warned("", {"fps": 15.0}, ("15 fps", "30 fps")),
+    "rtc unsupported": Warned("", {"rtc": True}, ("does not support RTC",), lambda ack: not ack.rtc),
+    "aspect ratio": Warned(
+        "", {"features": features(cameras={"front": CameraFeature(24, 24)})}, ("front", "aspect ratio")
+    ),
+    "state names differ": Warned(
+        "", {"features": features(states=[f"s{i}" for i in range(6)])}, ("state names differ",)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WARNINGS.values(), ids=WARNINGS.keys())
+async def test_soft_mismatch_is_accepted_with_a_warning(port: int, case: Warned) -> None:
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            session = await open_on(client, ready, **case.open)
+            assert session.ack is not None
+            assert any(all(w in warning for w in case.words) for warning in session.ack.warnings), session.ack
+            assert case.check(session.ack)
+            assert len(server.registry) == 1
+            await session.close()
+
+
+async def test_clean_open_has_no_warnings_and_pins_default_task(port: int) -> None:
+    manifest = make_manifest(port, extra='[serving]\ndefault_task = "sweep"\npin_task = true\n')
+    async with running_server(manifest, policy=FixedComputePolicy()) as (_, ready):
+        async with connected(port, "robot") as client:
+            session = await open_on(client, ready, task="sweep")
+            assert session.ack is not None
+            assert session.ack.warnings == []
+            assert session.ack.task == "sweep"
+            assert session.ack.policy == ready.info
+            await session.close()
+
+
+async def test_garbage_session_request_is_a_bad_request(port: int) -> None:
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            for payload in (b"", b"\x93garbage", encode(open_request("bad/id"))):
+                (reply,) = await query(client.zsession, ready.keys.session, payload=payload, timeout=2)
+                assert reply.err is not None
+                assert decode(reply.err.payload.to_bytes(), Rejection).code == "bad_request"
+        assert len(server.registry) == 0

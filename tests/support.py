@@ -1,0 +1,60 @@
+"""Helpers shared by tests: free loopback ports, manifests, in-process servers."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+
+from servo.policy import Policy
+from servo.server.manifest import Manifest, parse_manifest
+from servo.server.service import PolicyServer, ServerReady
+from servo.transport import ZenohSettings
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (chosen by the kernel)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def client_settings(port: int) -> ZenohSettings:
+    """Zenoh settings of an edge connecting to a server listening on ``port``."""
+    return ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"])
+
+
+def make_manifest(
+    port: int, *, extra: str = "", options: str = "cameras = {front = [48, 64]}"
+) -> Manifest:
+    """A manifest for an in-process test server on ``port`` (no health port, fast warm-up)."""
+    return parse_manifest(
+        f"""
+[model]
+source = "reference"
+warmup = 1
+[model.options]
+{options}
+[zenoh]
+listen = ["tcp/127.0.0.1:{port}"]
+[ops]
+health_port = 0
+{extra}
+"""
+    )
+
+
+@asynccontextmanager
+async def running_server(
+    manifest: Manifest, policy: Policy | None = None
+) -> AsyncIterator[tuple[PolicyServer, ServerReady]]:
+    """Run a PolicyServer in-process until the block exits, then drain it."""
+    server = PolicyServer(manifest, policy=policy)
+    async with anyio.create_task_group() as tg:
+        ready: ServerReady = await tg.start(server.run)
+        try:
+            yield server, ready
+        finally:
+            server.drain()

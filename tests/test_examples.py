@@ -1,0 +1,57 @@
+"""Every example runs (as a user would run it) and exits 0."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.support import free_port, make_manifest, running_server
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_demo_runs_server_and_sim_arm() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "demo.py"),
+            "--duration",
+            "2",
+            "--port",
+            str(free_port()),
+            "--health-port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert '"final_state": "streaming"' in done.stdout
+    assert "servo-serve: stopped" in done.stderr
+
+
+@pytest.mark.anyio
+async def test_client_quickstart(port: int) -> None:
+    async with running_server(make_manifest(port)):
+        done = await anyio.run_process(
+            [sys.executable, str(EXAMPLES / "client_quickstart.py"), "--connect", f"tcp/127.0.0.1:{port}", "--requests", "3"],
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    out = done.stdout.decode()
+    assert "found 1 server(s)" in out
+    assert out.count("chunk (50, 6)") == 3
+
+
+def test_example_manifest_is_valid() -> None:
+    from servo.server.manifest import load_manifest
+
+    manifest = load_manifest(EXAMPLES / "manifest.toml")
+    assert manifest.model.device == "cpu"
+    assert manifest.zenoh.listen == ["tcp/127.0.0.1:7447"]

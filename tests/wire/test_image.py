@@ -1,0 +1,102 @@
+import threading
+
+import numpy as np
+import pytest
+
+from servo.wire import EncodedImage, WireError, decode, decode_image, encode, encode_image
+
+
+def solid(rgb: tuple[int, int, int], h: int = 48, w: int = 64) -> np.ndarray:
+    frame = np.zeros((h, w, 3), dtype=np.uint8)
+    frame[:] = rgb
+    return frame
+
+
+@pytest.mark.parametrize("quality", [0, 90])
+@pytest.mark.parametrize("rgb", [(255, 0, 0), (0, 255, 0), (0, 0, 255)])
+def test_rgb_channel_order_survives_round_trip(quality: int, rgb: tuple[int, int, int]) -> None:
+    # A silent BGR swap would poison every policy in the fleet: a red image must stay red.
+    wire = decode(encode(encode_image(solid(rgb), quality)), EncodedImage)
+    back = decode_image(wire).astype(int)
+    dominant = int(np.argmax(back.reshape(-1, 3).mean(axis=0)))
+    assert dominant == int(np.argmax(rgb))
+    assert np.abs(back - np.array(rgb)).max() <= 8
+
+
+def test_raw_is_exact_and_zero_copy() -> None:
+    rng = np.random.default_rng(0)
+    frame = rng.integers(0, 256, size=(30, 40, 3), dtype=np.uint8)
+    buf = encode(encode_image(frame, 0))
+    back = decode_image(decode(buf, EncodedImage))
+    np.testing.assert_array_equal(back, frame)
+    assert not back.flags.owndata
+
+
+def test_jpeg_quality_changes_size() -> None:
+    rng = np.random.default_rng(1)
+    frame = np.clip(rng.normal(128, 40, size=(120, 160, 3)), 0, 255).astype(np.uint8)
+    assert len(encode_image(frame, 30).data) < len(encode_image(frame, 95).data)
+
+
+@pytest.mark.parametrize(
+    ("image", "message"),
+    [
+        (EncodedImage("raw", 4, 4, memoryview(b"\0" * 10)), "raw frame has 10 bytes, expected 48"),
+        (EncodedImage("jpeg", 4, 4, memoryview(b"\xff\xd8not a jpeg")), "corrupt JPEG"),
+        (EncodedImage("raw", 0, 4, memoryview(b"")), "outside"),
+        (EncodedImage("raw", 100_000, 100_000, memoryview(b"")), "outside"),
+    ],
+)
+def test_bad_images_are_refused(image: EncodedImage, message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        decode_image(image)
+
+
+def test_jpeg_with_lying_header_is_refused_before_decoding() -> None:
+    real = encode_image(solid((1, 2, 3), 16, 16), 90)
+    liar = EncodedImage("jpeg", 8, 8, real.data)
+    with pytest.raises(WireError, match="JPEG is 16x16 but the message declares 8x8"):
+        decode_image(liar)
+
+
+def test_expected_shape_is_checked() -> None:
+    with pytest.raises(WireError, match="size is 48x64, expected 480x640"):
+        decode_image(encode_image(solid((0, 0, 0)), 0), shape=(480, 640))
+
+
+def test_bad_input_frames_are_refused() -> None:
+    with pytest.raises(WireError, match="uint8"):
+        encode_image(np.zeros((4, 4, 3), dtype=np.float32), 90)
+    with pytest.raises(WireError, match="quality"):
+        encode_image(solid((0, 0, 0)), 101)
+
+
+def test_jpeg_codec_releases_the_gil() -> None:
+    # A spinner thread counts while the main thread sits inside encode/decode. If the codec
+    # held the GIL the spinner could not advance during the call; taking the minimum over
+    # several calls removes the rare case where a thread switch lands just before the call.
+    frame = np.random.default_rng(2).integers(0, 256, size=(480, 640, 3), dtype=np.uint8)
+    jpeg = encode_image(frame, 90)
+    stop = threading.Event()
+    count = [0]
+
+    def spin() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        encode_advance, decode_advance = [], []
+        for _ in range(5):
+            before = count[0]
+            encode_image(frame, 90)
+            encode_advance.append(count[0] - before)
+            before = count[0]
+            decode_image(jpeg)
+            decode_advance.append(count[0] - before)
+    finally:
+        stop.set()
+        spinner.join(5)
+    assert min(encode_advance) > 0
+    assert min(decode_advance) > 0
