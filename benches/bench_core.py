@@ -123,9 +123,7 @@ def test_queue_get(benchmark: Any, impl: str) -> None:
     q.merge(big, big, 0)
     first = [q.get() for _ in range(3)]
     correct = all(a is not None and np.array_equal(a, big[i]) for i, a in enumerate(first))
-    action = benchmark.pedantic(
-        q.get, rounds=GET_ROUNDS, iterations=GET_ITERATIONS, warmup_rounds=GET_WARMUP
-    )
+    action = benchmark.pedantic(q.get, rounds=GET_ROUNDS, iterations=GET_ITERATIONS, warmup_rounds=GET_WARMUP)
     correct = correct and action is not None and action.shape == (ACTION_DIM,)
     correct = correct and action.dtype == np.float32 and bool(np.all(action == action[0]))
     benchmark.extra_info["correct"] = bool(correct)

@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import anyio
-from pytest_benchmark.fixture import BenchmarkFixture
-
 import numpy as np
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches.smoothness import ENGINES, RunResult, run_one, study, write_results
 

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import numpy as np
+from tests.support import free_port, make_manifest, running_server
 
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase
@@ -33,12 +35,13 @@ from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Pr
 from servo.recording import read_recording
 from servo.robots import SimConfig, SimSO100
 from servo.wire import Features
-from tests.support import free_port, make_manifest, running_server
 
 RESULTS = Path(__file__).parent / "results"
 ENGINES = ("sync", "rtc", "remote")
 LATENCIES_MS = (0, 50, 150, 300)
 PAN_START, PAN_END = -40.0, 40.0
+#: Nominal time to walk the reference path.
+DURATION_S = 6.0
 
 
 def reference(progress: np.ndarray) -> np.ndarray:
@@ -82,7 +85,15 @@ class PathPolicy:
     when it lands (``prefix[delay - 1]``) instead of from the (older) observed state.
     """
 
-    def __init__(self, joint_names: list[str], *, fps: float, duration_s: float, latency_ms: float, chunk_size: int = 50) -> None:
+    def __init__(
+        self,
+        joint_names: list[str],
+        *,
+        fps: float,
+        duration_s: float,
+        latency_ms: float,
+        chunk_size: int = 50,
+    ) -> None:
         self._spec = PolicySpec(
             model="bench/path",
             revision="1",
@@ -132,7 +143,9 @@ class RunResult:
     chunks: int
 
 
-async def run_one(engine_name: str, latency_ms: int, *, duration_s: float, cap_s: float) -> tuple[RunResult, np.ndarray]:
+async def run_one(
+    engine_name: str, latency_ms: int, *, duration_s: float, cap_s: float
+) -> tuple[RunResult, np.ndarray]:
     """One run on the sim arm; returns the metrics and the executed commands (T, 6)."""
     sim = SimSO100(SimConfig(cameras=(), initial_pose=tuple(reference(np.zeros(1))[0])))
     spec = sim.spec
@@ -144,7 +157,7 @@ async def run_one(engine_name: str, latency_ms: int, *, duration_s: float, cap_s
         if engine_name == "remote":
             port = free_port()
             async with running_server(make_manifest(port, options=""), policy=policy):
-                config = EdgeConfig(**{**asdict_config(base), "connect": [f"tcp/127.0.0.1:{port}"]})
+                config = msgspec.structs.replace(base, connect=[f"tcp/127.0.0.1:{port}"])
                 engine: EngineBase = RemoteEngine(config, spec)
                 summary = await EdgeRuntime(sim, engine, config, options).run()
         else:
@@ -173,13 +186,9 @@ async def run_one(engine_name: str, latency_ms: int, *, duration_s: float, cap_s
     return result, np.column_stack([times, commands])
 
 
-def asdict_config(config: EdgeConfig) -> dict[str, Any]:
-    import msgspec
-
-    return msgspec.structs.asdict(config)
-
-
-async def study(latencies: tuple[int, ...] = LATENCIES_MS, *, duration_s: float = 6.0) -> tuple[list[RunResult], dict[tuple[str, int], np.ndarray]]:
+async def study(
+    latencies: tuple[int, ...] = LATENCIES_MS, *, duration_s: float = DURATION_S
+) -> tuple[list[RunResult], dict[tuple[str, int], np.ndarray]]:
     """Every engine at every latency, one after the other (they share the 2 cores)."""
     results, traces = [], {}
     for latency in latencies:
@@ -190,12 +199,19 @@ async def study(latencies: tuple[int, ...] = LATENCIES_MS, *, duration_s: float 
     return results, traces
 
 
-def write_results(results: list[RunResult], traces: dict[tuple[str, int], np.ndarray], out: Path = RESULTS) -> None:
+def write_results(
+    results: list[RunResult],
+    traces: dict[tuple[str, int], np.ndarray],
+    out: Path = RESULTS,
+    *,
+    duration_s: float = DURATION_S,
+) -> None:
     """Markdown table, JSON and one PNG under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "smoothness.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
     lines = [
-        "| engine | latency ms | RMS tracking error (deg) | max tracking error (deg) | max jump (deg/tick) | no fresh action (s) | time to finish (s) | chunks |",
+        "| engine | latency ms | RMS tracking error (deg) | max tracking error (deg) | max jump (deg/tick) "
+        "| no fresh action (s) | time to finish (s) | chunks |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -205,10 +221,10 @@ def write_results(results: list[RunResult], traces: dict[tuple[str, int], np.nda
             f"{r.stalled_s:.2f} | {finish} | {r.chunks} |"
         )
     (out / "smoothness.md").write_text("\n".join(lines) + "\n")
-    _plot(traces, out / "smoothness.png")
+    _plot(traces, out / "smoothness.png", duration_s)
 
 
-def _plot(traces: dict[tuple[str, int], np.ndarray], path: Path) -> None:
+def _plot(traces: dict[tuple[str, int], np.ndarray], path: Path, duration_s: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,7 +233,15 @@ def _plot(traces: dict[tuple[str, int], np.ndarray], path: Path) -> None:
     latencies = sorted({lat for _, lat in traces})
     fig, axes = plt.subplots(len(latencies), 1, figsize=(9, 2.4 * len(latencies)), sharex=True, squeeze=False)
     colors = {"sync": "tab:red", "rtc": "tab:blue", "remote": "tab:green"}
+    end = max(float(trace[-1, 0]) for trace in traces.values() if len(trace))
+    finish = max(
+        (float(trace[np.argmax(trace[:, 1] >= PAN_END - 0.5), 0]) for trace in traces.values() if len(trace)),
+        default=end,
+    )
     for ax, latency in zip(axes[:, 0], latencies, strict=True):
+        t = np.linspace(0.0, duration_s, 400)
+        ax.plot(t, reference(t / duration_s)[:, 1], color="black", ls="--", lw=1.0, label="reference")
+        ax.set_xlim(0.0, min(end, finish + 0.5))
         for name in ENGINES:
             trace = traces.get((name, latency))
             if trace is not None and len(trace):
@@ -235,7 +259,7 @@ def _plot(traces: dict[tuple[str, int], np.ndarray], path: Path) -> None:
 if __name__ == "__main__":
     from servo.logs import configure_logging
 
-    configure_logging("warning")
+    configure_logging("info")
     res, tr = anyio.run(study, backend="asyncio", backend_options={"use_uvloop": True})
     write_results(res, tr)
     print((RESULTS / "smoothness.md").read_text())

@@ -1,7 +1,7 @@
 """Use servo's async client on its own: discover a server, open a session, request chunks.
 
-    servo-serve examples/manifest.toml &
-    .venv/bin/python examples/client_quickstart.py --connect tcp/127.0.0.1:7447
+servo-serve examples/manifest.toml &
+.venv/bin/python examples/client_quickstart.py --connect tcp/127.0.0.1:7447
 """
 
 from __future__ import annotations

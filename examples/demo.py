@@ -48,7 +48,16 @@ def main() -> int:
 
     endpoint = f"tcp/127.0.0.1:{args.port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "servo.cli.serve", args.manifest, "--listen", endpoint, "--health-port", str(args.health_port)]
+        [
+            sys.executable,
+            "-m",
+            "servo.cli.serve",
+            args.manifest,
+            "--listen",
+            endpoint,
+            "--health-port",
+            str(args.health_port),
+        ]
     )
     try:
         wait_healthy(f"http://127.0.0.1:{args.health_port}/healthz", server, timeout_s=120)

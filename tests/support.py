@@ -26,9 +26,7 @@ def client_settings(port: int) -> ZenohSettings:
     return ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"])
 
 
-def make_manifest(
-    port: int, *, extra: str = "", options: str = "cameras = {front = [48, 64]}"
-) -> Manifest:
+def make_manifest(port: int, *, extra: str = "", options: str = "cameras = {front = [48, 64]}") -> Manifest:
     """A manifest for an in-process test server on ``port`` (no health port, fast warm-up)."""
     return parse_manifest(
         f"""

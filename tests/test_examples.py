@@ -40,7 +40,14 @@ def test_demo_runs_server_and_sim_arm() -> None:
 async def test_client_quickstart(port: int) -> None:
     async with running_server(make_manifest(port)):
         done = await anyio.run_process(
-            [sys.executable, str(EXAMPLES / "client_quickstart.py"), "--connect", f"tcp/127.0.0.1:{port}", "--requests", "3"],
+            [
+                sys.executable,
+                str(EXAMPLES / "client_quickstart.py"),
+                "--connect",
+                f"tcp/127.0.0.1:{port}",
+                "--requests",
+                "3",
+            ],
             check=False,
         )
     assert done.returncode == 0, done.stderr.decode()[-3000:]

@@ -85,9 +85,7 @@ class Provenance:
 
     __match_args__: Final = ("session_id", "seq_id", "episode_id", "obs_mono_ns")
 
-    def __new__(
-        cls, session_id: int, seq_id: int, episode_id: int, obs_mono_ns: int
-    ) -> Provenance: ...
+    def __new__(cls, session_id: int, seq_id: int, episode_id: int, obs_mono_ns: int) -> Provenance: ...
     @property
     def session_id(self) -> int:
         """Session the chunk was produced for (u64)."""

@@ -138,9 +138,7 @@ def test_get_with_provenance_preserved_when_non_rtc_queue_drains(
     assert [item[1] for item in remaining if item is not None] == [prov(1), prov(2), prov(2)]
 
 
-def test_get_with_provenance_tracks_replacement_chunk(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_get_with_provenance_tracks_replacement_chunk(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     """RTC replacement changes provenance only when the new chunk enters the queue."""
     a = sample_actions["processed"][:2]
     b = sample_actions["processed"][2:4]
@@ -223,9 +221,7 @@ def test_empty_returns_true_when_empty(queue_rtc: ActionQueue) -> None:
     assert queue_rtc.empty() is True
 
 
-def test_empty_returns_false_when_not_empty(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_empty_returns_false_when_not_empty(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     assert queue_rtc.empty() is False
 
@@ -251,9 +247,7 @@ def test_get_action_index_initial_value(queue_rtc: ActionQueue) -> None:
     assert queue_rtc.get_action_index() == 0
 
 
-def test_get_action_index_after_consumption(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_get_action_index_after_consumption(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     assert queue_rtc.get_action_index() == 0
     queue_rtc.get()
@@ -270,9 +264,7 @@ def test_get_left_over_returns_none_when_empty(queue_rtc: ActionQueue) -> None:
     assert queue_rtc.get_left_over() is None
 
 
-def test_get_left_over_returns_all_when_unconsumed(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_get_left_over_returns_all_when_unconsumed(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     leftover = queue_rtc.get_left_over()
     assert leftover is not None
@@ -281,9 +273,7 @@ def test_get_left_over_returns_all_when_unconsumed(
     np.testing.assert_array_equal(leftover, sample_actions["short"])
 
 
-def test_get_left_over_returns_remaining_after_consumption(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_get_left_over_returns_remaining_after_consumption(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     for _ in range(3):
         queue_rtc.get()
@@ -293,9 +283,7 @@ def test_get_left_over_returns_remaining_after_consumption(
     np.testing.assert_array_equal(leftover, sample_actions["short"][3:])
 
 
-def test_get_left_over_returns_empty_after_exhaustion(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_get_left_over_returns_empty_after_exhaustion(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     for _ in range(10):
         queue_rtc.get()
@@ -304,23 +292,17 @@ def test_get_left_over_returns_empty_after_exhaustion(
     assert leftover.shape == (0, DIM)
 
 
-def test_left_overs_keep_original_and_processed_apart(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_left_overs_keep_original_and_processed_apart(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["original"], sample_actions["processed"], real_delay=2)
     queue_rtc.get()
     np.testing.assert_array_equal(queue_rtc.get_left_over(), sample_actions["original"][3:])
-    np.testing.assert_array_equal(
-        queue_rtc.get_processed_left_over(), sample_actions["processed"][3:]
-    )
+    np.testing.assert_array_equal(queue_rtc.get_processed_left_over(), sample_actions["processed"][3:])
 
 
 # -------------------------------------------------------------- LeRobot: merge with RTC
 
 
-def test_merge_replaces_queue_when_rtc_enabled(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_merge_replaces_queue_when_rtc_enabled(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     assert queue_rtc.qsize() == 10
     queue_rtc.get()
@@ -341,9 +323,7 @@ def test_merge_respects_real_delay(queue_rtc: ActionQueue, sample_actions: Actio
     np.testing.assert_array_equal(first, sample_actions["processed"][delay])
 
 
-def test_merge_resets_action_index_when_rtc_enabled(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_merge_resets_action_index_when_rtc_enabled(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     queue_rtc.get()
     queue_rtc.get()
@@ -366,18 +346,14 @@ def test_merge_with_large_delay(queue_rtc: ActionQueue, sample_actions: Actions)
 # ----------------------------------------------------------- LeRobot: merge without RTC
 
 
-def test_merge_appends_when_rtc_disabled(
-    queue_append: ActionQueue, sample_actions: Actions
-) -> None:
+def test_merge_appends_when_rtc_disabled(queue_append: ActionQueue, sample_actions: Actions) -> None:
     queue_append.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     assert queue_append.qsize() == 10
     queue_append.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     assert queue_append.qsize() == 20
 
 
-def test_merge_removes_consumed_actions_when_appending(
-    queue_append: ActionQueue, sample_actions: Actions
-) -> None:
+def test_merge_removes_consumed_actions_when_appending(queue_append: ActionQueue, sample_actions: Actions) -> None:
     queue_append.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     for _ in range(3):
         queue_append.get()
@@ -390,9 +366,7 @@ def test_merge_removes_consumed_actions_when_appending(
     )
 
 
-def test_merge_resets_action_index_after_append(
-    queue_append: ActionQueue, sample_actions: Actions
-) -> None:
+def test_merge_resets_action_index_after_append(queue_append: ActionQueue, sample_actions: Actions) -> None:
     queue_append.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     queue_append.get()
     queue_append.get()
@@ -401,19 +375,13 @@ def test_merge_resets_action_index_after_append(
     assert queue_append.get_action_index() == 0
 
 
-def test_merge_ignores_delay_when_rtc_disabled(
-    queue_append: ActionQueue, sample_actions: Actions
-) -> None:
-    trimmed = queue_append.merge(
-        sample_actions["original"], sample_actions["processed"], real_delay=10
-    )
+def test_merge_ignores_delay_when_rtc_disabled(queue_append: ActionQueue, sample_actions: Actions) -> None:
+    trimmed = queue_append.merge(sample_actions["original"], sample_actions["processed"], real_delay=10)
     assert trimmed == 0
     assert queue_append.qsize() == len(sample_actions["original"])
 
 
-def test_merge_first_call_with_rtc_disabled(
-    queue_append: ActionQueue, sample_actions: Actions
-) -> None:
+def test_merge_first_call_with_rtc_disabled(queue_append: ActionQueue, sample_actions: Actions) -> None:
     queue_append.merge(sample_actions["original"], sample_actions["processed"], real_delay=0)
     assert queue_append.qsize() == len(sample_actions["original"])
     assert queue_append.get_action_index() == 0
@@ -448,44 +416,32 @@ def test_merge_validates_delay_consistency(queue_rtc: ActionQueue, sample_action
         queue_rtc.get()
     # 5 consumed since index 0, latency says 3: a mismatch, counted (LeRobot logs it at
     # INFO); the delay used is min(3, 5).
-    trimmed = queue_rtc.merge(
-        sample_actions["original"], sample_actions["processed"], real_delay=3, idx_before=0
-    )
+    trimmed = queue_rtc.merge(sample_actions["original"], sample_actions["processed"], real_delay=3, idx_before=0)
     assert queue_rtc.statistics().delay_mismatches == 1
     assert trimmed == 3
     assert queue_rtc.qsize() == 47
 
 
-def test_merge_no_mismatch_when_delays_match(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_merge_no_mismatch_when_delays_match(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     for _ in range(5):
         queue_rtc.get()
-    trimmed = queue_rtc.merge(
-        sample_actions["original"], sample_actions["processed"], real_delay=5, idx_before=0
-    )
+    trimmed = queue_rtc.merge(sample_actions["original"], sample_actions["processed"], real_delay=5, idx_before=0)
     assert queue_rtc.statistics().delay_mismatches == 0
     assert trimmed == 5
 
 
-def test_merge_skips_validation_when_idx_before_none(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_merge_skips_validation_when_idx_before_none(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     for _ in range(5):
         queue_rtc.get()
-    trimmed = queue_rtc.merge(
-        sample_actions["original"], sample_actions["processed"], real_delay=999, idx_before=None
-    )
+    trimmed = queue_rtc.merge(sample_actions["original"], sample_actions["processed"], real_delay=999, idx_before=None)
     assert queue_rtc.statistics().delay_mismatches == 0
     assert trimmed == 50
     assert queue_rtc.qsize() == 0
 
 
-def test_merge_never_trims_more_than_consumed(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_merge_never_trims_more_than_consumed(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     """LeRobot PR #4454: the queue ran dry while the request was in flight (nothing was
     executed), so trimming real_delay steps would splice the chunk ahead of the arm."""
     queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
@@ -503,16 +459,12 @@ def test_merge_never_trims_more_than_consumed(
     np.testing.assert_array_equal(first, sample_actions["processed"][0])
 
 
-def test_negative_real_delay_counts_as_zero(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_negative_real_delay_counts_as_zero(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     assert queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=-4) == 0
     assert queue_rtc.qsize() == 10
 
 
-def test_mismatches_are_counted_in_append_mode_too(
-    queue_append: ActionQueue, sample_actions: Actions
-) -> None:
+def test_mismatches_are_counted_in_append_mode_too(queue_append: ActionQueue, sample_actions: Actions) -> None:
     queue_append.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
     queue_append.get()
     assert queue_append.merge(sample_actions["short"], sample_actions["short"], 4, 0) == 0
@@ -548,9 +500,7 @@ def test_get_is_thread_safe(queue_rtc: ActionQueue, fast_switching: None) -> Non
     assert queue_rtc.qsize() == 0
 
 
-def test_merge_is_thread_safe(
-    queue_append: ActionQueue, sample_actions: Actions, fast_switching: None
-) -> None:
+def test_merge_is_thread_safe(queue_append: ActionQueue, sample_actions: Actions, fast_switching: None) -> None:
     errors: list[BaseException] = []
     go = threading.Barrier(3)
 
@@ -658,9 +608,7 @@ def test_queue_with_single_action(queue_rtc: ActionQueue) -> None:
     assert queue_rtc.qsize() == 0
 
 
-def test_queue_behavior_after_multiple_merge_cycles(
-    queue_rtc: ActionQueue, sample_actions: Actions
-) -> None:
+def test_queue_behavior_after_multiple_merge_cycles(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
     for _ in range(5):
         queue_rtc.merge(sample_actions["short"], sample_actions["short"], real_delay=0)
         for _ in range(5):

@@ -94,9 +94,7 @@ class RecordingPipeline(ChunkPipeline):
         session_id: int,
         seq_id: int,
     ) -> int | None:
-        trimmed = super().complete(
-            request, chunk_model, chunk_robot, now_ns, session_id=session_id, seq_id=seq_id
-        )
+        trimmed = super().complete(request, chunk_model, chunk_robot, now_ns, session_id=session_id, seq_id=seq_id)
         if trimmed is not None:
             merge = Merge(session_id, seq_id, request.episode_id, chunk_robot.copy(), trimmed)
             self.merges.append(merge)
@@ -218,15 +216,11 @@ class Proc:
             return next((line for line in self.lines if text in line), None)
 
         with self._cond:
-            ok = self._cond.wait_for(
-                lambda: found() is not None or not self._reader.is_alive(), timeout
-            )
+            ok = self._cond.wait_for(lambda: found() is not None or not self._reader.is_alive(), timeout)
             line = found()
         if line is None:
             state = "exited" if self.popen.poll() is not None else "still running"
-            raise AssertionError(
-                f"{text!r} not seen within {timeout} s ({state}, ok={ok}); output:\n{self.output}"
-            )
+            raise AssertionError(f"{text!r} not seen within {timeout} s ({state}, ok={ok}); output:\n{self.output}")
         return line
 
     def wait(self, timeout: float) -> int:

@@ -45,9 +45,7 @@ async def test_server_killed_mid_episode_then_back(tmp_path: Path) -> None:
             server.kill()
             await eventually(lambda: engine.state is EngineState.RECONNECTING, 5, "RECONNECTING")
             # The queue rides on, then the fallback (hold: send nothing) takes over.
-            await eventually(
-                lambda: engine.pipeline.fallback_ticks >= fallback + 15, 5, "fallback ticks"
-            )
+            await eventually(lambda: engine.pipeline.fallback_ticks >= fallback + 15, 5, "fallback ticks")
             sent = len(robot.commands)
             ticks = loop.ticks
             await eventually(lambda: loop.ticks >= ticks + 10, 5)
@@ -78,10 +76,20 @@ def test_server_back_with_a_different_model_is_dead(tmp_path: Path) -> None:
     server = start_server(write_manifest(tmp_path / "a.toml", port, revision="v1"))
     edge = Proc(
         edge_argv(
-            "--robot", "sim", "--robot-opt", "cameras=front:64x48",
-            "--connect", f"tcp/127.0.0.1:{port}", "--summary", str(summary_path),
-            "--reconnect-initial-backoff-s", "0.1", "--reconnect-max-backoff-s", "0.5",
-            "--duration", "120",
+            "--robot",
+            "sim",
+            "--robot-opt",
+            "cameras=front:64x48",
+            "--connect",
+            f"tcp/127.0.0.1:{port}",
+            "--summary",
+            str(summary_path),
+            "--reconnect-initial-backoff-s",
+            "0.1",
+            "--reconnect-max-backoff-s",
+            "0.5",
+            "--duration",
+            "120",
         )  # fmt: skip
     )
     try:

@@ -35,8 +35,14 @@ async def test_capability_mismatch_exits_2_with_the_reason(port: int) -> None:
     async with running_server(make_manifest(port)):
         result = await anyio.run_process(
             edge_argv(
-                "--robot", "sim", "--robot-opt", "cameras=none",
-                "--connect", f"tcp/127.0.0.1:{port}", "--log-level", "warning",
+                "--robot",
+                "sim",
+                "--robot-opt",
+                "cameras=none",
+                "--connect",
+                f"tcp/127.0.0.1:{port}",
+                "--log-level",
+                "warning",
             ),  # fmt: skip
             check=False,
             stderr=subprocess.STDOUT,
@@ -53,8 +59,16 @@ def test_unreachable_server_exits_1() -> None:
     port = free_port()
     result = subprocess.run(
         edge_argv(
-            "--robot", "sim", "--robot-opt", "cameras=none", "--connect",
-            f"tcp/127.0.0.1:{port}", "--connect-timeout-s", "1", "--log-level", "warning",
+            "--robot",
+            "sim",
+            "--robot-opt",
+            "cameras=none",
+            "--connect",
+            f"tcp/127.0.0.1:{port}",
+            "--connect-timeout-s",
+            "1",
+            "--log-level",
+            "warning",
         ),  # fmt: skip
         capture_output=True,
         text=True,
@@ -89,9 +103,18 @@ def test_summary_against_servo_serve(tmp_path: Path) -> None:
     try:
         result = subprocess.run(
             edge_argv(
-                "--robot", "sim", "--robot-opt", "cameras=front:64x48",
-                "--connect", f"tcp/127.0.0.1:{port}", "--duration", "3",
-                "--summary", str(summary_path), "--record", str(record),
+                "--robot",
+                "sim",
+                "--robot-opt",
+                "cameras=front:64x48",
+                "--connect",
+                f"tcp/127.0.0.1:{port}",
+                "--duration",
+                "3",
+                "--summary",
+                str(summary_path),
+                "--record",
+                str(record),
             ),  # fmt: skip
             capture_output=True,
             text=True,

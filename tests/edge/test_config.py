@@ -98,13 +98,11 @@ def test_repeatable_connect_flag_replaces_the_file(tmp_path: Path) -> None:
         ('buffer_time_s = "fast"', (), "buffer_time_s"),
         ('fallback = "coast"', (), "fallback"),
         ("rtc = 3", (), "rtc"),
-        ('tags = {a = 1}', (), "tags"),
+        ("tags = {a = 1}", (), "tags"),
         ("", ("--tags", "novalue"), "--tags"),
     ],
 )
-def test_bad_values_name_the_option(
-    tmp_path: Path, toml: str, flags: tuple[str, ...], option: str
-) -> None:
+def test_bad_values_name_the_option(tmp_path: Path, toml: str, flags: tuple[str, ...], option: str) -> None:
     with pytest.raises(EdgeConfigError, match=option):
         load(tmp_path, toml, *flags)
 

@@ -119,9 +119,7 @@ async def test_unreachable_server_is_one_clear_error(port: int) -> None:
 
 
 @pytest.mark.parametrize("jpeg_quality", [90, 0])
-async def test_reset_clears_the_queue_and_bumps_the_episode(
-    port: int, tmp_path: Path, jpeg_quality: int
-) -> None:
+async def test_reset_clears_the_queue_and_bumps_the_episode(port: int, tmp_path: Path, jpeg_quality: int) -> None:
     # jpeg_quality=0 sends raw frames: nothing yields between the reset and the next request,
     # which must nevertheless carry the new episode (or the server drops it as stale).
     record = tmp_path / "ep.servo"
@@ -140,9 +138,7 @@ async def test_reset_clears_the_queue_and_bumps_the_episode(
             await eventually(lambda: len(pipeline.merges) >= merges_before + 2, 3, "new chunks")
             session = engine.session
             assert session is not None
-            await eventually(
-                lambda: _server_episode(server, session.session_id) == 1, 5, "server reset"
-            )
+            await eventually(lambda: _server_episode(server, session.session_id) == 1, 5, "server reset")
             await eventually(lambda: run.runtime.loop.ticks >= reset_tick + 20, 5)  # type: ignore[union-attr]
             summary = await run.stop()
     assert summary.final_state == "streaming"
@@ -164,8 +160,7 @@ async def test_pause_stops_requests_while_the_queue_drains(port: int) -> None:
             engine.pause()
             requests, fallback = engine.requests, engine.pipeline.fallback_ticks
             await eventually(
-                lambda: engine.pipeline.queue.empty()
-                and engine.pipeline.fallback_ticks > fallback + 5,
+                lambda: engine.pipeline.queue.empty() and engine.pipeline.fallback_ticks > fallback + 5,
                 5,
                 "the queue to drain",
             )

@@ -61,7 +61,13 @@ async def drive(engine: EngineBase, produce: Produce) -> tuple[list[bytes | None
             trimmed = engine.merge(pending[0], pending[1], now)
             assert trimmed is not None
             queue = engine.pipeline.queue
-            merges.append((queue.get_left_over().tobytes(), queue.get_processed_left_over().tobytes(), trimmed))
+            merges.append(
+                (
+                    queue.get_left_over().tobytes(),
+                    queue.get_processed_left_over().tobytes(),
+                    trimmed,
+                )
+            )
             pending = None
         if pending is None and engine.pipeline.needs_observation():
             request = engine.pipeline.snapshot(obs)
@@ -74,7 +80,13 @@ async def drive(engine: EngineBase, produce: Produce) -> tuple[list[bytes | None
 
 
 def config(**overrides: object) -> EdgeConfig:
-    base = {"rtc": True, "jpeg_quality": 0, "buffer_time_s": 0.3, "execution_horizon": 8, "max_action_age_s": 60.0}
+    base = {
+        "rtc": True,
+        "jpeg_quality": 0,
+        "buffer_time_s": 0.3,
+        "execution_horizon": 8,
+        "max_action_age_s": 60.0,
+    }
     return EdgeConfig(**{**base, **overrides})  # type: ignore[arg-type]
 
 
@@ -89,7 +101,7 @@ async def test_remote_rtc_and_local_rtc_are_byte_identical(port: int) -> None:
 
     local_executed, local_merges = await drive(local, local_produce)
 
-    manifest = make_manifest(port, options='cameras = {front = [48, 64]}')
+    manifest = make_manifest(port, options="cameras = {front = [48, 64]}")
     async with running_server(manifest, policy=policy()):
         remote = RemoteEngine(config(connect=[f"tcp/127.0.0.1:{port}"]), spec)
         remote.pause()  # the engine connects, but the scripted driver below makes every request

@@ -57,9 +57,7 @@ def test_missing_motor_is_named(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     del data["gripper"]
     path.write_text(json.dumps(data))
-    with pytest.raises(
-        CalibrationError, match=r"arm\.json has no entry for motor\(s\) \['gripper'\]"
-    ):
+    with pytest.raises(CalibrationError, match=r"arm\.json has no entry for motor\(s\) \['gripper'\]"):
         load_calibration(path, MOTOR_NAMES)
 
 
@@ -68,9 +66,7 @@ def test_missing_key_is_named(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     del data["elbow_flex"]["range_max"]
     path.write_text(json.dumps(data))
-    with pytest.raises(
-        CalibrationError, match=r"arm\.json: 'elbow_flex' lacks the key 'range_max'"
-    ):
+    with pytest.raises(CalibrationError, match=r"arm\.json: 'elbow_flex' lacks the key 'range_max'"):
         load_calibration(path)
 
 

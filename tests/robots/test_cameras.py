@@ -37,9 +37,7 @@ def test_capture_thread_publishes_and_stops() -> None:
     slot = LatestFrame()
     counter = iter(range(10**9))
     owner = Owner()
-    thread = CaptureThread(
-        "test", lambda: frame(next(counter) % 256), slot, owner=owner, period_s=0.001
-    )
+    thread = CaptureThread("test", lambda: frame(next(counter) % 256), slot, owner=owner, period_s=0.001)
     thread.start()
     assert slot.wait(3, timeout_s=1.0) is not None
     assert thread.stop()

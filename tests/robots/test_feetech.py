@@ -151,9 +151,7 @@ def test_dropped_reply_is_retried(emulator: FeetechEmulator, bus: FeetechBus) ->
     assert bus.read(1, STS3215.MODEL_NUMBER) == 777
 
 
-def test_corrupted_reply_is_retried_then_reported(
-    emulator: FeetechEmulator, bus: FeetechBus
-) -> None:
+def test_corrupted_reply_is_retried_then_reported(emulator: FeetechEmulator, bus: FeetechBus) -> None:
     emulator.configure(corrupt_replies=1)
     assert bus.read(1, STS3215.MODEL_NUMBER) == 777
     emulator.configure(corrupt_replies=3)
@@ -167,9 +165,7 @@ def test_sync_read_names_the_silent_motor(emulator: FeetechEmulator, bus: Feetec
         bus.sync_read(STS3215.PRESENT_POSITION, IDS)
 
 
-def test_sync_read_of_last_silent_motor_times_out(
-    emulator: FeetechEmulator, bus: FeetechBus
-) -> None:
+def test_sync_read_of_last_silent_motor_times_out(emulator: FeetechEmulator, bus: FeetechBus) -> None:
     emulator.configure(missing_ids={6})
     with pytest.raises(FeetechTimeoutError, match="motor 6"):
         bus.sync_read(STS3215.PRESENT_POSITION, IDS)
@@ -177,9 +173,7 @@ def test_sync_read_of_last_silent_motor_times_out(
 
 def test_servo_error_status(emulator: FeetechEmulator, bus: FeetechBus) -> None:
     emulator.configure(error_bits={2: 0x20})
-    with pytest.raises(
-        FeetechStatusError, match=r"motor 2 reported error 0x20 \(overload\)"
-    ) as info:
+    with pytest.raises(FeetechStatusError, match=r"motor 2 reported error 0x20 \(overload\)") as info:
         bus.read(2, STS3215.PRESENT_POSITION)
     assert (info.value.motor_id, info.value.error) == (2, 0x20)
     # The control loop can opt out and look at the bits instead.

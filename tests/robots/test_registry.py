@@ -102,9 +102,7 @@ def test_so100_needs_port_and_one_calibration_source(tmp_path: Path) -> None:
         make_robot("so100", {"port": "/dev/ttyACM0", "calibration": str(tmp_path / "missing.json")})
 
 
-def test_so100_finds_lerobot_calibration_by_id(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_so100_finds_lerobot_calibration_by_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path))
     path = write_calibration(tmp_path / "robots" / "so100_follower" / "blue_arm.json")
     robot = make_robot("so100", {"port": "/dev/ttyACM0", "id": "blue_arm"})

@@ -85,9 +85,7 @@ def test_far_target_moves_at_the_limit_then_decays(sim: SimSO100) -> None:
     st.floats(0.0, 2.0),
     st.integers(1, 40),
 )
-def test_dynamics_do_not_depend_on_the_loop_rate(
-    x0: float, goal: float, total: float, n: int
-) -> None:
+def test_dynamics_do_not_depend_on_the_loop_rate(x0: float, goal: float, total: float, n: int) -> None:
     pos, target, vmax = np.array([x0]), np.array([goal]), np.array([150.0])
     once = first_order_step(pos, target, total, 0.075, vmax)
     sliced = pos
@@ -147,9 +145,7 @@ def test_config_validation() -> None:
 
 
 def test_camera_frames_have_configured_shape_and_follow_the_arm() -> None:
-    config = SimConfig(
-        cameras=(SMALL, SimCameraConfig("wrist", height=90, width=200, fps=60.0)), realtime=False
-    )
+    config = SimConfig(cameras=(SMALL, SimCameraConfig("wrist", height=90, width=200, fps=60.0)), realtime=False)
     with SimSO100(config) as robot:
         frames = robot.read_cameras()
         assert set(frames) == {"front", "wrist"}
@@ -215,7 +211,5 @@ def test_forgotten_connected_robot_does_not_block_interpreter_exit() -> None:
         "robot.connect()\n"
         "print('connected', flush=True)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert "connected" in done.stdout

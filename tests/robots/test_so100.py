@@ -42,9 +42,7 @@ def calibration_file(tmp_path: Path) -> Path:
 
 
 def make_arm(emulator: FeetechEmulator, calibration_file: Path, **kw: Any) -> SO100:
-    return SO100(
-        SO100Config(port=emulator.port, calibration_path=calibration_file, timeout_s=0.03, **kw)
-    )
+    return SO100(SO100Config(port=emulator.port, calibration_path=calibration_file, timeout_s=0.03, **kw))
 
 
 @pytest.fixture
@@ -55,9 +53,7 @@ def arm(emulator: FeetechEmulator, calibration_file: Path) -> Iterator[SO100]:
     robot.disconnect()
 
 
-def test_spec_follows_lerobot_and_calibration(
-    emulator: FeetechEmulator, calibration_file: Path
-) -> None:
+def test_spec_follows_lerobot_and_calibration(emulator: FeetechEmulator, calibration_file: Path) -> None:
     robot = make_arm(emulator, calibration_file)
     assert isinstance(robot, Robot)
     spec = robot.spec
@@ -68,9 +64,7 @@ def test_spec_follows_lerobot_and_calibration(
     assert spec.lower[0] == pytest.approx(-half_range)
     assert spec.upper[0] == pytest.approx(half_range)
     assert (spec.lower[5], spec.upper[5]) == (0.0, 100.0)
-    assert all(
-        lo <= r <= hi for lo, r, hi in zip(spec.lower, spec.rest_pose, spec.upper, strict=True)
-    )
+    assert all(lo <= r <= hi for lo, r, hi in zip(spec.lower, spec.rest_pose, spec.upper, strict=True))
     assert not robot.is_connected  # building it touched no port
 
 
@@ -117,9 +111,9 @@ def test_send_action_writes_goal_ticks(emulator: FeetechEmulator, arm: SO100) ->
     arm.send_action(target)
     expected = [raw_for_degrees(float(target[m - 1]), m) for m in range(1, 6)]
     expected.append(int(25.0 / 100 * 1400 + 2010))
-    assert emulator.wait_for(
-        lambda: [emulator.get(m, ADDR_GOAL_POSITION) for m in IDS] == expected
-    ), [emulator.get(m, ADDR_GOAL_POSITION) for m in IDS]
+    assert emulator.wait_for(lambda: [emulator.get(m, ADDR_GOAL_POSITION) for m in IDS] == expected), [
+        emulator.get(m, ADDR_GOAL_POSITION) for m in IDS
+    ]
     # The emulated servos are instant, so the state now reads back the target.
     np.testing.assert_allclose(arm.read_state(), target, atol=0.1)
 
@@ -136,9 +130,7 @@ def test_out_of_range_targets_are_clamped(emulator: FeetechEmulator, arm: SO100)
     assert emulator.get(2, ADDR_GOAL_POSITION) == lift.range_min
 
 
-def test_max_relative_target_limits_each_step(
-    emulator: FeetechEmulator, calibration_file: Path
-) -> None:
+def test_max_relative_target_limits_each_step(emulator: FeetechEmulator, calibration_file: Path) -> None:
     for motor_id in IDS:
         emulator.set(motor_id, ADDR_PRESENT_POSITION, 2048)
     with make_arm(emulator, calibration_file, max_relative_target=5.0) as arm:
@@ -155,9 +147,7 @@ def test_send_action_rejects_bad_targets(arm: SO100) -> None:
         arm.send_action(np.array([0, 0, np.nan, 0, 0, 0], dtype=np.float32))
 
 
-def test_missing_motor_fails_connect_naming_it(
-    emulator: FeetechEmulator, calibration_file: Path
-) -> None:
+def test_missing_motor_fails_connect_naming_it(emulator: FeetechEmulator, calibration_file: Path) -> None:
     emulator.configure(missing_ids={3, 6})
     robot = make_arm(emulator, calibration_file)
     with pytest.raises(ConnectionError, match=r"motor id\(s\) \[3, 6\] \(elbow_flex, gripper\)"):
@@ -172,9 +162,7 @@ def test_wrong_model_fails_connect(emulator: FeetechEmulator, calibration_file: 
         make_arm(emulator, calibration_file).connect()
 
 
-def test_disconnect_disables_torque_and_is_idempotent(
-    emulator: FeetechEmulator, arm: SO100
-) -> None:
+def test_disconnect_disables_torque_and_is_idempotent(emulator: FeetechEmulator, arm: SO100) -> None:
     arm.disconnect()
     arm.disconnect()
     assert not arm.is_connected
@@ -182,9 +170,7 @@ def test_disconnect_disables_torque_and_is_idempotent(
     assert [emulator.get(m, ADDR_LOCK, 1) for m in IDS] == [0] * 6
 
 
-def test_torque_can_stay_on_at_disconnect(
-    emulator: FeetechEmulator, calibration_file: Path
-) -> None:
+def test_torque_can_stay_on_at_disconnect(emulator: FeetechEmulator, calibration_file: Path) -> None:
     robot = make_arm(emulator, calibration_file, disable_torque_on_disconnect=False)
     robot.connect()
     robot.connect()  # idempotent

@@ -12,6 +12,7 @@ import zenoh
 
 from servo._core import MSG_OBS, Header, HeaderError, decode_header, encode_header
 from servo.client import ObservationInput, PolicyClient, RemoteSession
+from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.transport import LoopBridge
 from tests.support import client_settings
@@ -29,6 +30,24 @@ def observation(
     values = np.full(dim, state, np.float32) if np.isscalar(state) else np.asarray(state, np.float32)
     frames = {name: np.zeros((h, w, 3), np.uint8) for name, (h, w) in cams.items()}
     return ObservationInput(values, frames, time.monotonic_ns(), task=task)
+
+
+def server_manifest(port: int, *, serving: str = "", ops: str = "health_port = 0", zenoh: str = "") -> Manifest:
+    """A manifest for an in-process server (the policy is injected, ``model.source`` unused)."""
+    return parse_manifest(
+        f"""
+[model]
+source = "injected"
+warmup = 1
+[serving]
+{serving}
+[zenoh]
+listen = ["tcp/127.0.0.1:{port}"]
+{zenoh}
+[ops]
+{ops}
+"""
+    )
 
 
 def cameras_of(ready: ServerReady) -> dict[str, tuple[int, int]]:

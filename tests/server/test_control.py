@@ -80,4 +80,3 @@ async def test_close_frees_capacity_and_unknown_sessions_are_refused(port: int) 
             result = await sb.infer(observation(3), timeout=5)
             assert result.episode_id == 0
             await sb.close()
-

@@ -73,9 +73,7 @@ MISMATCHES = {
     ),
     "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[1]")),
     "strict fps": Mismatch("strict_fps = true", {"fps": 15.0}, "fps", ("15 fps", "30 fps")),
-    "pinned task": Mismatch(
-        'default_task = "sweep"\npin_task = true', {"task": "fold"}, "task", ("'sweep'", "'fold'")
-    ),
+    "pinned task": Mismatch('default_task = "sweep"\npin_task = true', {"task": "fold"}, "task", ("'sweep'", "'fold'")),
 }
 
 

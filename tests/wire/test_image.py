@@ -72,10 +72,11 @@ def test_bad_input_frames_are_refused() -> None:
 
 
 def test_jpeg_codec_releases_the_gil() -> None:
-    # A spinner thread counts while the main thread sits inside encode/decode. If the codec
-    # held the GIL the spinner could not advance during the call; taking the minimum over
-    # several calls removes the rare case where a thread switch lands just before the call.
-    frame = np.random.default_rng(2).integers(0, 256, size=(480, 640, 3), dtype=np.uint8)
+    # A spinner thread counts while the main thread sits inside encode/decode. A codec holding
+    # the GIL would freeze the spinner for the whole call (advance 0); a releasing one lets it
+    # run whenever the OS schedules it. Large frames (tens of ms per call) and a majority vote
+    # keep a loaded CI machine, which may not schedule the spinner in some calls, from failing.
+    frame = np.random.default_rng(2).integers(0, 256, size=(1440, 1920, 3), dtype=np.uint8)
     jpeg = encode_image(frame, 90)
     stop = threading.Event()
     count = [0]
@@ -88,7 +89,7 @@ def test_jpeg_codec_releases_the_gil() -> None:
     spinner.start()
     try:
         encode_advance, decode_advance = [], []
-        for _ in range(5):
+        for _ in range(7):
             before = count[0]
             encode_image(frame, 90)
             encode_advance.append(count[0] - before)
@@ -98,5 +99,5 @@ def test_jpeg_codec_releases_the_gil() -> None:
     finally:
         stop.set()
         spinner.join(5)
-    assert min(encode_advance) > 0
-    assert min(decode_advance) > 0
+    assert sum(a > 0 for a in encode_advance) >= 4, encode_advance
+    assert sum(a > 0 for a in decode_advance) >= 4, decode_advance

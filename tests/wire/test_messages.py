@@ -66,9 +66,7 @@ def test_oversized_body_is_refused_before_decoding() -> None:
 
 
 def test_control_requests_are_a_tagged_union() -> None:
-    assert decode(encode(ResetRequest(session_id=5, episode_id=2)), ControlRequest) == ResetRequest(
-        5, 2
-    )
+    assert decode(encode(ResetRequest(session_id=5, episode_id=2)), ControlRequest) == ResetRequest(5, 2)
     assert decode(encode(CloseRequest(session_id=5)), ControlRequest) == CloseRequest(5)
     with pytest.raises(WireError, match="invalid"):
         decode(msgspec.msgpack.encode({"type": "reboot", "session_id": 1}), ControlRequest)
@@ -84,9 +82,7 @@ def test_session_open_defaults_and_round_trip() -> None:
 
 def test_chunk_round_trip_is_exact() -> None:
     chunk = np.random.default_rng(0).standard_normal((50, 6)).astype(np.float32)
-    msg = ActionChunk(
-        encode_tensor(chunk), encode_tensor(chunk * 2), queue_wait_ms=1.5, inference_ms=20.0
-    )
+    msg = ActionChunk(encode_tensor(chunk), encode_tensor(chunk * 2), queue_wait_ms=1.5, inference_ms=20.0)
     back = decode(encode(msg), ActionChunk)
     np.testing.assert_array_equal(decode_tensor(back.chunk_robot), chunk * 2)
     assert back.superseded == 0

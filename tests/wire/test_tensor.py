@@ -70,9 +70,7 @@ def test_non_contiguous_input_is_handled() -> None:
     ],
 )
 def test_bad_tensors_are_refused_with_a_reason(tensor: Tensor, kwargs: dict, message: str) -> None:
-    with pytest.raises(
-        WireError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")
-    ):
+    with pytest.raises(WireError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
         decode_tensor(tensor, **kwargs)
 
 

@@ -32,9 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="edge options from a TOML file (flags override it)")
     parser.add_argument("--duration", type=float, help="stop after this many seconds")
     parser.add_argument("--summary", help="write a JSON run summary here")
-    parser.add_argument(
-        "--record", help="record the episode (state, executed actions, provenance) to this file"
-    )
+    parser.add_argument("--record", help="record the episode (state, executed actions, provenance) to this file")
     parser.add_argument(
         "--record-images",
         type=int,

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 import anyio
+import zenoh
 from anyio.abc import TaskStatus
 
 from servo.logs import configure_logging
@@ -17,13 +18,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="servo-serve", description=__doc__)
     parser.add_argument("manifest", help="path of the server manifest (TOML)")
     parser.add_argument(
-        "--listen", action="append", metavar="ENDPOINT", help="override zenoh.listen (repeatable), e.g. tcp/0.0.0.0:7447"
+        "--listen",
+        action="append",
+        metavar="ENDPOINT",
+        help="override zenoh.listen (repeatable), e.g. tcp/0.0.0.0:7447",
     )
     parser.add_argument("--health-port", type=int, metavar="PORT", help="override ops.health_port (0 disables)")
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    parser.add_argument(
-        "--json-logs", action="store_true", help="log JSON lines instead of console text"
-    )
+    parser.add_argument("--json-logs", action="store_true", help="log JSON lines instead of console text")
     return parser
 
 
@@ -40,25 +42,17 @@ async def serve(manifest: Manifest) -> None:
             tg.cancel_scope.cancel()
 
         tg.start_soon(on_signal, server.drain)
-        _say(
-            f"loading {manifest.model.source} on {manifest.model.device}, {manifest.model.warmup} warm-up forward(s)…"
-        )
+        _say(f"loading {manifest.model.source} on {manifest.model.device}, {manifest.model.warmup} warm-up forward(s)…")
         ready: ServerReady = await tg.start(run_server)
         info, z = ready.info, manifest.zenoh
         _say(
             f"serving {info.model} rev {info.revision} ({info.serving_mode}, chunk {info.chunk_size} @ {info.fps:g} fps, "
             f"RTC {'yes' if info.supports_rtc else 'no'})"
         )
-        _say(
-            f"actions: {', '.join(info.features.action_names)}; cameras: {', '.join(info.features.cameras) or 'none'}"
-        )
-        _say(
-            f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}"
-        )
+        _say(f"actions: {', '.join(info.features.action_names)}; cameras: {', '.join(info.features.cameras) or 'none'}")
+        _say(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")
         if ready.health_port:
-            _say(
-                f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics"
-            )
+            _say(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
         _say("ready — Ctrl-C to drain and stop")
 
 
@@ -99,12 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BaseException as group:
-        exc = _first_error(group)
-        if isinstance(exc, PolicyLoadError | ManifestError):
-            _say(f"error: {exc}")
+        error = _first_error(group)
+        if isinstance(error, PolicyLoadError | ManifestError):
+            _say(f"error: {error}")
             return 2
-        if isinstance(exc, OSError):
-            _say(f"error: {exc}")
+        if isinstance(error, OSError | zenoh.ZError):
+            # zenoh appends source paths of its own build to messages; users need the first part.
+            _say(f"error: {str(error).split(' at /')[0]}")
             return 1
         raise
     _say("stopped")

@@ -53,9 +53,7 @@ class PolicyClient:
         jpeg_quality: JPEG quality for camera frames, 0 sends raw pixels.
     """
 
-    def __init__(
-        self, zsession: zenoh.Session, client_id: str | None = None, *, jpeg_quality: int = 90
-    ) -> None:
+    def __init__(self, zsession: zenoh.Session, client_id: str | None = None, *, jpeg_quality: int = 90) -> None:
         self.zsession = zsession
         self.client_id = segment(client_id or f"robot-{uuid.uuid4().hex[:12]}", what="client_id")
         self.jpeg_quality = jpeg_quality
@@ -154,9 +152,7 @@ class PolicyClient:
         )
         return session
 
-    async def fetch_trajectory(
-        self, server: ServerInfo, name: str, *, timeout: float = 5.0
-    ) -> Trajectory:
+    async def fetch_trajectory(self, server: ServerInfo, name: str, *, timeout: float = 5.0) -> Trajectory:
         """Fetch a whole named trajectory from a server's library in one request.
 
         Raises:
@@ -195,9 +191,7 @@ class PolicyClient:
         A replica that is full or draining is skipped; any other rejection is final (the next
         replica of the same model would refuse for the same reason).
         """
-        servers = [
-            s for s in await self.discover(app=app, model=model) if accept is None or accept(s)
-        ]
+        servers = [s for s in await self.discover(app=app, model=model) if accept is None or accept(s)]
         if not servers:
             raise NoServerFound("no discovered server matches the requested model")
         last: SessionRejected | None = None

@@ -101,15 +101,11 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if getattr(self, name) <= 0:
                 raise EdgeConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.jpeg_quality <= 100:
-            raise EdgeConfigError(
-                f"jpeg_quality must be 0 (raw) or 1..100, got {self.jpeg_quality}"
-            )
+            raise EdgeConfigError(f"jpeg_quality must be 0 (raw) or 1..100, got {self.jpeg_quality}")
         if self.timeout_streak < 1:
             raise EdgeConfigError(f"timeout_streak must be >= 1, got {self.timeout_streak}")
         if not 0 < self.reconnect_initial_backoff_s <= self.reconnect_max_backoff_s:
-            raise EdgeConfigError(
-                "reconnect_initial_backoff_s must be > 0 and <= reconnect_max_backoff_s"
-            )
+            raise EdgeConfigError("reconnect_initial_backoff_s must be > 0 and <= reconnect_max_backoff_s")
         if self.execution_horizon < 0:
             raise EdgeConfigError(f"execution_horizon must be >= 0, got {self.execution_horizon}")
         if self.inference == "remote" and not self.connect:
@@ -130,9 +126,7 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 connect_private_key=self.tls_key or None,
                 enable_mtls=bool(self.tls_cert),
             )
-        return ZenohSettings(
-            mode=self.zenoh_mode, connect=list(self.connect), lease_ms=self.lease_ms, tls=tls
-        )
+        return ZenohSettings(mode=self.zenoh_mode, connect=list(self.connect), lease_ms=self.lease_ms, tls=tls)
 
 
 _SCALARS = (int, float, str, bool)
@@ -144,11 +138,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for field in msgspec.structs.fields(EdgeConfig):
         flag = "--" + field.name.replace("_", "-")
         kind = field.type
-        default = (
-            field.default_factory()
-            if field.default_factory is not msgspec.NODEFAULT
-            else field.default
-        )
+        default = field.default_factory() if field.default_factory is not msgspec.NODEFAULT else field.default
         help_text = f"default: {default!r}"
         if kind is bool:
             group.add_argument(
@@ -159,9 +149,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                 help=help_text,
             )
         elif get_origin(kind) is Literal:
-            group.add_argument(
-                flag, dest=field.name, choices=get_args(kind), default=None, help=help_text
-            )
+            group.add_argument(flag, dest=field.name, choices=get_args(kind), default=None, help=help_text)
         elif kind in _SCALARS:
             group.add_argument(flag, dest=field.name, type=kind, default=None, help=help_text)
         elif get_origin(kind) is list:

@@ -137,8 +137,6 @@ class EngineBase:
         self.network_requests = 0
         #: Observation-to-merge latency of every merged chunk (ms), for the run summary.
         self.rtt_ms = array("d")
-        #: Set by engines whose work has an end (trajectory replay); the runtime then stops.
-        self.finished = threading.Event()
         self._slot_lock = threading.Lock()
         self._latest: ObservationInput | None = None
         self._episode_start = True
@@ -167,9 +165,7 @@ class EngineBase:
         if self._bridge is not None:
             self._bridge.closed = True
 
-    async def wait_until_needed(
-        self, abort: Callable[[], str | None] = lambda: None
-    ) -> ObservationInput:
+    async def wait_until_needed(self, abort: Callable[[], str | None] = lambda: None) -> ObservationInput:
         """Wait until the queue holds less than ``buffer_time_s`` and an observation exists.
 
         Raises:
@@ -209,6 +205,10 @@ class EngineBase:
     def get_action(self, now_ns: int) -> Action | None:
         """Control loop: next action, staleness-checked, or the fallback."""
         return self.pipeline.next_action(now_ns)
+
+    def is_finished(self) -> bool:
+        """Whether the engine's work has an end and reached it (trajectory replay)."""
+        return False
 
     def take_episode_start(self) -> bool:
         """Worker: whether the next request opens an episode (cleared once read)."""

@@ -131,9 +131,7 @@ class FailSafe:
         now = self._clock()
         if self.state in (EngineState.CONNECTING, EngineState.RECONNECTING):
             if now - self._last_good_ns > self._max_offline_ns:
-                self._go(
-                    EngineState.DEAD, f"offline for more than {self._max_offline_ns / 1e9:g} s"
-                )
+                self._go(EngineState.DEAD, f"offline for more than {self._max_offline_ns / 1e9:g} s")
             return self.state
         if self.state not in _LIVE:
             return self.state

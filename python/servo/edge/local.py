@@ -12,6 +12,7 @@ policy behaves the same wherever it runs.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING
 
@@ -48,9 +49,7 @@ class LocalEngine(EngineBase):
         policy: An already-built policy (tests, embedding); loaded from the config otherwise.
     """
 
-    def __init__(
-        self, config: EdgeConfig, spec: RobotSpec, *, policy: Policy | None = None
-    ) -> None:
+    def __init__(self, config: EdgeConfig, spec: RobotSpec, *, policy: Policy | None = None) -> None:
         super().__init__(config, spec)
         self.client_id = config.client_id or f"{spec.name}-local"
         self._policy = policy
@@ -98,9 +97,7 @@ class LocalEngine(EngineBase):
         runner = InferenceRunner(policy, device=self.config.device)
         runner.warmup(1)
         self._policy, self._runner, self._processor = policy, runner, policy.make_processor()
-        log.info(
-            "local policy ready", model=spec.model, device=self.config.device, rtc=self.pipeline.rtc
-        )
+        log.info("local policy ready", model=spec.model, device=self.config.device, rtc=self.pipeline.rtc)
 
     def infer(self, request: Request, *, episode_start: bool) -> Produced:
         """Run the policy for one request (blocking)."""
@@ -154,7 +151,7 @@ class RtcEngine(LocalEngine):
                     start = self.take_episode_start()
                     try:
                         produced = await anyio.to_thread.run_sync(
-                            lambda: self.infer(request, episode_start=start), limiter=limiter
+                            functools.partial(self.infer, request, episode_start=start), limiter=limiter
                         )
                     except Exception as exc:  # a policy bug degrades to the fallback, then DEAD
                         self._failed(exc)
@@ -173,9 +170,7 @@ class SyncEngine(LocalEngine):
     compensate; the price is that the robot stands still while the policy runs.
     """
 
-    def __init__(
-        self, config: EdgeConfig, spec: RobotSpec, *, policy: Policy | None = None
-    ) -> None:
+    def __init__(self, config: EdgeConfig, spec: RobotSpec, *, policy: Policy | None = None) -> None:
         super().__init__(config, spec, policy=policy)
         self.pipeline.set_rtc(False)
 

@@ -140,9 +140,7 @@ class ChunkPipeline:
             self.last_real_delay = real_delay
             provenance = Provenance(session_id, seq_id, request.episode_id, request.obs.mono_ns)
             return int(
-                self.queue.merge(
-                    chunk_model, chunk_robot, real_delay, request.idx_before, provenance=provenance
-                )
+                self.queue.merge(chunk_model, chunk_robot, real_delay, request.idx_before, provenance=provenance)
             )
 
     def reset_episode(self) -> int:

@@ -117,12 +117,8 @@ class Recorder:
                 state=encode_tensor(tick.state),
                 action=None if tick.action is None else encode_tensor(tick.action),
                 source=tick.source,
-                provenance=None
-                if prov is None
-                else (prov.session_id, prov.seq_id, prov.episode_id, prov.obs_mono_ns),
-                images={
-                    name: encode_image(frame, self._jpeg_quality) for name, frame in images.items()
-                },
+                provenance=None if prov is None else (prov.session_id, prov.seq_id, prov.episode_id, prov.obs_mono_ns),
+                images={name: encode_image(frame, self._jpeg_quality) for name, frame in images.items()},
             )
         )
         self.written += 1

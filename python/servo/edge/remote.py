@@ -86,9 +86,7 @@ class RemoteEngine(EngineBase):
             tg.start_soon(self.tick_failsafe)
             zsession = await self._open_zenoh()
             try:
-                client = PolicyClient(
-                    zsession, self.client_id, jpeg_quality=self.config.jpeg_quality
-                )
+                client = PolicyClient(zsession, self.client_id, jpeg_quality=self.config.jpeg_quality)
                 await self._first_session(client)
                 task_status.started()
                 await self._connection_loop(client)
@@ -127,9 +125,7 @@ class RemoteEngine(EngineBase):
                 return
             except SessionRejected as exc:
                 if exc.rejection.code not in ("capacity", "draining"):
-                    raise EdgeStartError(
-                        f"server refused this robot: {exc.rejection.reason}", refused=True
-                    ) from None
+                    raise EdgeStartError(f"server refused this robot: {exc.rejection.reason}", refused=True) from None
                 problem = str(exc)
             except (NoServerFound, RequestTimeout) as exc:
                 problem = str(exc)
@@ -199,9 +195,7 @@ class RemoteEngine(EngineBase):
                 await self._open(client)
             except SessionRejected as exc:
                 if exc.rejection.code not in ("capacity", "draining"):
-                    self.failsafe.fatal(
-                        f"server refused this robot on reconnect: {exc.rejection.reason}"
-                    )
+                    self.failsafe.fatal(f"server refused this robot on reconnect: {exc.rejection.reason}")
             except (NoServerFound, RequestTimeout, _Reconnect) as exc:
                 log.info(
                     "reconnect attempt failed",
@@ -234,9 +228,7 @@ class RemoteEngine(EngineBase):
         self._receive_scope = None
         if scope.cancel_called:
             return None
-        return Produced(
-            result.chunk_model, result.chunk_robot, session.session_id, seq, result.inference_ms
-        )
+        return Produced(result.chunk_model, result.chunk_robot, session.session_id, seq, result.inference_ms)
 
     async def _stream(self, session: RemoteSession) -> None:
         bound = log.bind(session_id=session.session_id, client_id=self.client_id)
@@ -248,9 +240,7 @@ class RemoteEngine(EngineBase):
             except RequestTimeout:
                 bound.warning("request timed out", timeout_s=self.config.request_timeout_s)
                 if self.failsafe.request_timed_out():
-                    raise _Reconnect(
-                        f"{self.config.timeout_streak} requests in a row timed out"
-                    ) from None
+                    raise _Reconnect(f"{self.config.timeout_streak} requests in a row timed out") from None
                 continue
             except ServerError as exc:
                 self.errors += 1
@@ -289,9 +279,7 @@ class RemoteEngine(EngineBase):
             await session.reset(episode_id, timeout=1.0)
         except (RequestTimeout, ServerError, SessionLost) as exc:
             # The server holds no state the edge depends on; the episode id in the header suffices.
-            log.warning(
-                "server reset not acknowledged", session_id=session.session_id, error=str(exc)
-            )
+            log.warning("server reset not acknowledged", session_id=session.session_id, error=str(exc))
 
 
 def _same_model(a: PolicyInfo, b: PolicyInfo) -> bool:

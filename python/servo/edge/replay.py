@@ -71,9 +71,7 @@ class ReplayEngine(EngineBase):
         loop: Start over (through a bridge) when the end is reached.
     """
 
-    def __init__(
-        self, config: EdgeConfig, spec: RobotSpec, source: str, *, loop: bool = False
-    ) -> None:
+    def __init__(self, config: EdgeConfig, spec: RobotSpec, source: str, *, loop: bool = False) -> None:
         super().__init__(config, spec)
         self.pipeline.set_rtc(False)
         self.pipeline.source_label = "replay"
@@ -84,7 +82,12 @@ class ReplayEngine(EngineBase):
         self.trajectory: FloatArray | None = None
         self._plan: FloatArray = np.zeros((0, spec.action_dim), dtype=np.float32)
         self._cursor = 0
+        self._all_queued = False
         self.laps = 0
+
+    def is_finished(self) -> bool:
+        """Every frame has been queued and executed."""
+        return self._all_queued and self.pipeline.queue.empty()
 
     async def arm(self) -> FloatArray:
         """Load the trajectory (one file read or one network request), without blocking the loop.
@@ -98,9 +101,7 @@ class ReplayEngine(EngineBase):
             try:
                 recording = await anyio.to_thread.run_sync(read_recording, self.source)
             except (OSError, WireError) as exc:
-                raise EdgeStartError(
-                    f"cannot replay {self.source!r}: {exc}", refused=False
-                ) from None
+                raise EdgeStartError(f"cannot replay {self.source!r}: {exc}", refused=False) from None
             names, fps, frames = (
                 recording.header.joint_names,
                 recording.header.fps,
@@ -131,13 +132,9 @@ class ReplayEngine(EngineBase):
                 self.network_requests += 1
                 trajectory = await client.fetch_trajectory(servers[0], name)
         except Exception as exc:
-            raise EdgeStartError(
-                f"cannot fetch trajectory {name!r}: {exc}", refused=False
-            ) from None
+            raise EdgeStartError(f"cannot fetch trajectory {name!r}: {exc}", refused=False) from None
         frames = np.array(
-            decode_tensor(
-                trajectory.positions, dtype="float32", shape=(None, len(trajectory.joint_names))
-            )
+            decode_tensor(trajectory.positions, dtype="float32", shape=(None, len(trajectory.joint_names)))
         )
         return trajectory.joint_names, trajectory.fps, frames
 
@@ -160,9 +157,7 @@ class ReplayEngine(EngineBase):
                     if not self.loop:
                         break
                     self.laps += 1
-                    self._plan = np.concatenate(
-                        [bridge(trajectory[-1], trajectory[0], self.spec), trajectory]
-                    )
+                    self._plan = np.concatenate([bridge(trajectory[-1], trajectory[0], self.spec), trajectory])
                     self._cursor = 0
                 piece = self._plan[self._cursor : self._cursor + REFILL_FRAMES]
                 self._cursor += len(piece)
@@ -170,10 +165,8 @@ class ReplayEngine(EngineBase):
                 self.chunks_received += 1
                 self.failsafe.merged()
                 await self.wait_until_needed()
-            while not self.pipeline.queue.empty():
-                await anyio.sleep(1 / self.spec.fps)
-            self.finished.set()
-            log.info("replay finished", frames=len(self._plan), laps=self.laps)
+            self._all_queued = True
+            log.info("replay fully queued", frames=len(self._plan), laps=self.laps)
             await anyio.sleep_forever()
         finally:
             self.detach_loop()

@@ -82,9 +82,7 @@ class EdgeRuntime:
         options: Run options.
     """
 
-    def __init__(
-        self, robot: Robot, engine: EngineBase, config: EdgeConfig, options: RunOptions
-    ) -> None:
+    def __init__(self, robot: Robot, engine: EngineBase, config: EdgeConfig, options: RunOptions) -> None:
         self.robot = robot
         self.engine = engine
         self.config = config
@@ -130,9 +128,7 @@ class EdgeRuntime:
                     task=self.config.task,
                 )
                 self.loop.start()
-                log.info(
-                    "control loop running", robot=self.robot.spec.name, fps=self.robot.spec.fps
-                )
+                log.info("control loop running", robot=self.robot.spec.name, fps=self.robot.spec.fps)
                 if opts.status:
                     tg.start_soon(self._status_line)
                 await self._supervise()
@@ -159,7 +155,7 @@ class EdgeRuntime:
         while not self._stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 self.request_stop("duration elapsed")
-            elif self.engine.finished.is_set():
+            elif self.engine.is_finished():
                 self.request_stop("finished")
             elif self.engine.failsafe.dead.is_set():
                 self.request_stop(f"engine dead: {self.engine.failsafe.reason}")
@@ -176,9 +172,7 @@ class EdgeRuntime:
         self.engine.pause()
         rest = np.asarray(self.robot.spec.rest_pose, dtype=np.float32)
         parked = await anyio.to_thread.run_sync(
-            lambda: self.loop.park(
-                rest, tolerance=self.options.rest_tolerance, timeout=self.options.park_timeout_s
-            )  # type: ignore[union-attr]
+            lambda: self.loop.park(rest, tolerance=self.options.rest_tolerance, timeout=self.options.park_timeout_s)  # type: ignore[union-attr]
         )
         log.info(
             "rest pose reached" if parked else "rest pose not reached in time",
@@ -210,9 +204,7 @@ class EdgeRuntime:
             duration_s=round(duration_s, 3),
             stop_reason=self.stop_reason,
             parked=parked,
-            transitions=[
-                [state.value, reason] for state, reason in self.engine.failsafe.transitions
-            ],
+            transitions=[[state.value, reason] for state, reason in self.engine.failsafe.transitions],
         )
 
     async def _status_line(self) -> None:

@@ -22,9 +22,7 @@ class SafetyLimiter:
             raise ValueError(f"velocity_scale must be > 0, got {velocity_scale}")
         self.lower = np.asarray(spec.lower, dtype=np.float32)
         self.upper = np.asarray(spec.upper, dtype=np.float32)
-        self.max_step = np.asarray(spec.max_velocity, dtype=np.float32) * np.float32(
-            velocity_scale / spec.fps
-        )
+        self.max_step = np.asarray(spec.max_velocity, dtype=np.float32) * np.float32(velocity_scale / spec.fps)
         self.last: FloatArray | None = None
         self.clamped_ticks = 0
         self.slewed_ticks = 0

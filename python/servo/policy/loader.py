@@ -37,19 +37,14 @@ def load_policy(source: str, options: Mapping[str, Any] | None = None) -> Policy
         module_name, sep, attr = source.partition(":")
         if not sep or not module_name or not attr:
             raise PolicyLoadError(
-                f"model.source {source!r} is neither a built-in ({', '.join(POLICIES)}) "
-                "nor 'package.module:factory'"
+                f"model.source {source!r} is neither a built-in ({', '.join(POLICIES)}) nor 'package.module:factory'"
             )
         try:
             factory = getattr(importlib.import_module(module_name), attr)
         except ImportError as exc:
-            raise PolicyLoadError(
-                f"model.source {source!r}: cannot import {module_name!r} ({exc})"
-            ) from exc
+            raise PolicyLoadError(f"model.source {source!r}: cannot import {module_name!r} ({exc})") from exc
         except AttributeError as exc:
-            raise PolicyLoadError(
-                f"model.source {source!r}: {module_name!r} has no {attr!r}"
-            ) from exc
+            raise PolicyLoadError(f"model.source {source!r}: {module_name!r} has no {attr!r}") from exc
     try:
         policy = factory(**dict(options or {}))
     except TypeError as exc:

@@ -104,9 +104,7 @@ class Policy(Protocol):
         """A fresh per-session processor."""
         ...
 
-    def predict_chunk(
-        self, batch: Any, inference_delay: int, prefix: FloatArray | None
-    ) -> FloatArray:
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: FloatArray | None) -> FloatArray:
         """Predict one model-space chunk of shape (chunk_size, action_dim).
 
         Args:

@@ -181,22 +181,25 @@ class ReferencePolicy:
         """Static description."""
         return self._spec
 
+    def compile(self) -> None:
+        """Wrap the networks in ``torch.compile`` (compiled during warm-up)."""
+        import torch
+
+        self._encoder = torch.compile(self._encoder)  # type: ignore[assignment]
+        self._head = torch.compile(self._head)  # type: ignore[assignment]
+
     def make_processor(self) -> RelativeProcessor:
         """A fresh per-session processor."""
         return RelativeProcessor(self._cameras, self._device)
 
-    def predict_chunk(
-        self, batch: Any, inference_delay: int, prefix: FloatArray | None
-    ) -> FloatArray:
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: FloatArray | None) -> FloatArray:
         """Motion prior + vision residual, continued from ``prefix`` over the delay (RTC)."""
         start = time.perf_counter()
         spec = self._spec
         dim = len(spec.features.action_names)
         state: FloatArray = batch["raw_state"]
         residual = self._residual(batch).reshape(spec.chunk_size, dim)
-        chunk = (
-            self._prior.deltas(state, spec.chunk_size, spec.fps) + residual * self._residual_scale
-        )
+        chunk = self._prior.deltas(state, spec.chunk_size, spec.fps) + residual * self._residual_scale
         if prefix is not None and len(prefix) > 0:
             chunk = self._continue_prefix(chunk, prefix, inference_delay)
         remaining = self._compute_s - (time.perf_counter() - start)

@@ -11,6 +11,7 @@ from typing import Literal
 
 import numpy as np
 
+from servo.policy.loader import PolicyLoadError
 from servo.policy.protocol import DecodedObservation, FloatArray, Policy, Processor
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -27,7 +28,7 @@ class InferenceRunner:
     torch modules are not thread-safe.
     """
 
-    def __init__(self, policy: Policy, *, device: str = "cpu", dtype: DType = "float32") -> None:
+    def __init__(self, policy: Policy, *, device: str = "cpu", dtype: DType = "float32", compile: bool = False) -> None:
         import torch
 
         self.policy = policy
@@ -37,6 +38,14 @@ class InferenceRunner:
             # Kernel selection once at warm-up, TF32 matmuls: the seeds/004 inference settings.
             torch.backends.cudnn.benchmark = True
             torch.set_float32_matmul_precision("high")
+        if compile:
+            compile_fn = getattr(policy, "compile", None)
+            if compile_fn is None:
+                raise PolicyLoadError(
+                    f"model.compile: {policy.spec.model} has no compile() method to apply torch.compile"
+                )
+            # Compilation happens lazily on the first forwards, i.e. during warm-up.
+            compile_fn()
         spec = policy.spec
         self._expected = (spec.chunk_size, len(spec.features.action_names))
 
@@ -67,9 +76,7 @@ class InferenceRunner:
             prepared = processor.preprocess(obs)
             chunk = self.policy.predict_chunk(prepared.batch, delay, prepared.prefix)
             model = self._checked(np.asarray(chunk, dtype=np.float32), "policy chunk")
-            robot = self._checked(
-                np.asarray(processor.postprocess(model), dtype=np.float32), "postprocessed chunk"
-            )
+            robot = self._checked(np.asarray(processor.postprocess(model), dtype=np.float32), "postprocessed chunk")
         return model, robot
 
     def warmup(self, count: int) -> None:
@@ -91,8 +98,5 @@ def synthetic_observation(policy: Policy) -> DecodedObservation:
     features = policy.spec.features
     return DecodedObservation(
         state=np.zeros(len(features.state_names), dtype=np.float32),
-        images={
-            name: np.zeros((cam.height, cam.width, 3), dtype=np.uint8)
-            for name, cam in features.cameras.items()
-        },
+        images={name: np.zeros((cam.height, cam.width, 3), dtype=np.uint8) for name, cam in features.cameras.items()},
     )

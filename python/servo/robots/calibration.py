@@ -92,9 +92,7 @@ def default_calibration_path(robot_id: str) -> Path:
     return candidates[0]
 
 
-def load_calibration(
-    path: str | os.PathLike[str], motors: Sequence[str] | None = None
-) -> dict[str, MotorCalibration]:
+def load_calibration(path: str | os.PathLike[str], motors: Sequence[str] | None = None) -> dict[str, MotorCalibration]:
     """Load a LeRobot calibration file.
 
     Args:
@@ -121,16 +119,13 @@ def load_calibration(
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CalibrationError(
-            f"calibration file {file} is not valid JSON (line {exc.lineno}, column {exc.colno}): "
-            f"{exc.msg}"
+            f"calibration file {file} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
         ) from exc
     if not isinstance(data, dict):
         raise CalibrationError(f"calibration file {file}: expected a JSON object of motors")
     missing = [name for name in motors or () if name not in data]
     if missing:
-        raise CalibrationError(
-            f"calibration file {file} has no entry for motor(s) {missing}; it has {list(data)}"
-        )
+        raise CalibrationError(f"calibration file {file} has no entry for motor(s) {missing}; it has {list(data)}")
     return {name: _parse_motor(file, name, entry) for name, entry in data.items()}
 
 
@@ -143,9 +138,7 @@ def _parse_motor(file: Path, name: str, entry: object) -> MotorCalibration:
             raise CalibrationError(f"calibration file {file}: {name!r} lacks the key {key!r}")
         value = entry[key]
         if isinstance(value, bool) or not isinstance(value, int):
-            raise CalibrationError(
-                f"calibration file {file}: {name}.{key} must be an integer, got {value!r}"
-            )
+            raise CalibrationError(f"calibration file {file}: {name}.{key} must be an integer, got {value!r}")
         values[key] = value
     cal = MotorCalibration(**values)
     if not 0 <= cal.range_min < cal.range_max:
@@ -154,15 +147,11 @@ def _parse_motor(file: Path, name: str, entry: object) -> MotorCalibration:
             f"range_min={cal.range_min}, range_max={cal.range_max}"
         )
     if cal.drive_mode not in (0, 1):
-        raise CalibrationError(
-            f"calibration file {file}: {name}.drive_mode must be 0 or 1, got {cal.drive_mode}"
-        )
+        raise CalibrationError(f"calibration file {file}: {name}.drive_mode must be 0 or 1, got {cal.drive_mode}")
     return cal
 
 
-def save_calibration(
-    path: str | os.PathLike[str], calibration: Mapping[str, MotorCalibration]
-) -> None:
+def save_calibration(path: str | os.PathLike[str], calibration: Mapping[str, MotorCalibration]) -> None:
     """Write a calibration file in LeRobot's layout (4-space indented JSON), atomically."""
     file = Path(path)
     file.parent.mkdir(parents=True, exist_ok=True)

@@ -35,9 +35,7 @@ def import_cv2() -> Any:
         # Through importlib so type checking does not depend on OpenCV being installed.
         return importlib.import_module("cv2")
     except ImportError as exc:
-        raise CameraError(
-            "OpenCV cameras need opencv-python-headless: pip install servo[cameras]"
-        ) from exc
+        raise CameraError("OpenCV cameras need opencv-python-headless: pip install servo[cameras]") from exc
 
 
 @dataclass(frozen=True)

@@ -221,9 +221,7 @@ def _run(
 # whose owner forgot `disconnect` would hang the exit. `threading._register_atexit` (what
 # concurrent.futures uses for its workers) runs before that join; where it is missing we fall back
 # to daemon threads, which the interpreter abandons instead of joining.
-_register_atexit: Callable[[Callable[[], None]], None] | None = getattr(
-    threading, "_register_atexit", None
-)
+_register_atexit: Callable[[Callable[[], None]], None] | None = getattr(threading, "_register_atexit", None)
 _DAEMON = _register_atexit is None
 _live_stops: weakref.WeakSet[threading.Event] = weakref.WeakSet()
 _hook_lock = threading.Lock()

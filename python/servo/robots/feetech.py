@@ -82,9 +82,7 @@ class FeetechBus:
     corrupted and mismatched replies are retried ``retries`` times, servo error bits are not.
     """
 
-    def __init__(
-        self, port: str, baudrate: int = 1_000_000, timeout_s: float = 0.05, retries: int = 2
-    ) -> None:
+    def __init__(self, port: str, baudrate: int = 1_000_000, timeout_s: float = 0.05, retries: int = 2) -> None:
         """Describe the bus; `open` opens the port.
 
         Args:
@@ -178,9 +176,7 @@ class FeetechBus:
         status = self._exchange(motor_id, Instruction.WRITE, params, 0, f"write {register.name}")
         self._check_status(status, f"write {register.name}")
 
-    def sync_read(
-        self, register: Register, motor_ids: Sequence[int], *, check_status: bool = True
-    ) -> dict[int, int]:
+    def sync_read(self, register: Register, motor_ids: Sequence[int], *, check_status: bool = True) -> dict[int, int]:
         """Read one register of several motors with a single request.
 
         Args:

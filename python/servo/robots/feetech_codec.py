@@ -147,9 +147,7 @@ def decode_status(packet: bytes) -> StatusPacket:
         raise FeetechProtocolError(f"status packet length byte disagrees: {packet.hex(' ')}")
     expected = checksum(packet[2:-1])
     if packet[-1] != expected:
-        raise FeetechChecksumError(
-            f"bad checksum 0x{packet[-1]:02x} (expected 0x{expected:02x}) in {packet.hex(' ')}"
-        )
+        raise FeetechChecksumError(f"bad checksum 0x{packet[-1]:02x} (expected 0x{expected:02x}) in {packet.hex(' ')}")
     return StatusPacket(motor_id=packet[2], error=packet[4], params=bytes(packet[5:-1]))
 
 

@@ -60,8 +60,7 @@ class RobotSpec:
         for name in ("lower", "upper", "max_velocity", "rest_pose"):
             if len(getattr(self, name)) != n:
                 raise ValueError(
-                    f"RobotSpec.{name} has {len(getattr(self, name))} values, "
-                    f"expected one per joint ({n})"
+                    f"RobotSpec.{name} has {len(getattr(self, name))} values, expected one per joint ({n})"
                 )
 
     @property

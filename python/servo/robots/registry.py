@@ -203,8 +203,7 @@ def _parse(robot: str, options: Mapping[str, object], schema: dict[str, _Option]
             parsed[name] = schema[name].parse(value)
         except (TypeError, ValueError) as exc:
             raise ValueError(
-                f"invalid value {value!r} for option {name!r} of robot {robot!r}: {exc} "
-                f"({schema[name].help})"
+                f"invalid value {value!r} for option {name!r} of robot {robot!r}: {exc} ({schema[name].help})"
             ) from exc
     return parsed
 
@@ -227,10 +226,7 @@ def make_so100(options: Mapping[str, object]) -> Robot:
     """
     parsed = _parse("so100", options, _SO100_OPTIONS)
     if "port" not in parsed:
-        raise ValueError(
-            "robot 'so100' needs the option 'port'; valid options: "
-            + ", ".join(sorted(_SO100_OPTIONS))
-        )
+        raise ValueError("robot 'so100' needs the option 'port'; valid options: " + ", ".join(sorted(_SO100_OPTIONS)))
     if ("calibration" in parsed) == ("id" in parsed):
         raise ValueError("robot 'so100' needs exactly one of the options 'calibration' or 'id'")
     parsed["calibration_path"] = parsed.pop("calibration", None)
@@ -268,7 +264,5 @@ def make_robot(robot_type: str, options: Mapping[str, object] | None = None) -> 
     """
     factory = ROBOTS.get(robot_type)
     if factory is None:
-        raise ValueError(
-            f"unknown robot type {robot_type!r}; valid types: {', '.join(sorted(ROBOTS))}"
-        )
+        raise ValueError(f"unknown robot type {robot_type!r}; valid types: {', '.join(sorted(ROBOTS))}")
     return factory(options or {})

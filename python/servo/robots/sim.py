@@ -81,9 +81,7 @@ class SimConfig:
         _require(len(self.initial_pose) == n, f"initial_pose needs {n} values")
         outside = [
             name
-            for name, q, lo, hi in zip(
-                joints.JOINT_NAMES, self.initial_pose, joints.LOWER, joints.UPPER, strict=True
-            )
+            for name, q, lo, hi in zip(joints.JOINT_NAMES, self.initial_pose, joints.LOWER, joints.UPPER, strict=True)
             if not lo <= q <= hi
         ]
         _require(not outside, f"initial_pose is outside the joint limits for {outside}")
@@ -96,9 +94,7 @@ class SimConfig:
             )
 
 
-def first_order_step(
-    position: F64, target: F64, dt: float, time_constant_s: float, max_velocity: F64
-) -> F64:
+def first_order_step(position: F64, target: F64, dt: float, time_constant_s: float, max_velocity: F64) -> F64:
     """Advance a rate-limited first-order lag by ``dt`` seconds, exactly.
 
     Solves ``dx/dt = clip((target - x) / tau, -v_max, v_max)`` in closed form, so the result does
@@ -121,9 +117,7 @@ def first_order_step(
     knee = max_velocity * time_constant_s
     saturated_for = np.maximum(size - knee, 0.0) / max_velocity
     still_saturated = size - max_velocity * dt
-    decayed = np.minimum(size, knee) * np.exp(
-        -np.maximum(dt - saturated_for, 0.0) / time_constant_s
-    )
+    decayed = np.minimum(size, knee) * np.exp(-np.maximum(dt - saturated_for, 0.0) / time_constant_s)
     remaining = np.where(dt < saturated_for, still_saturated, decayed)
     result: F64 = target - np.sign(error) * remaining
     return result
@@ -166,9 +160,7 @@ class SimSO100:
             name="sim",
             fps=cfg.fps,
             joint_names=joints.JOINT_NAMES,
-            cameras={
-                c.name: CameraSpec(height=c.height, width=c.width, fps=c.fps) for c in cfg.cameras
-            },
+            cameras={c.name: CameraSpec(height=c.height, width=c.width, fps=c.fps) for c in cfg.cameras},
             lower=joints.LOWER,
             upper=joints.UPPER,
             max_velocity=tuple(cfg.max_velocity),
@@ -215,9 +207,7 @@ class SimSO100:
         self._last_t = time.monotonic()
         try:
             for index, cam in enumerate(self.config.cameras):
-                renderer = ArmRenderer(
-                    cam.height, cam.width, view_for(cam.name, index), seed=self.config.seed + index
-                )
+                renderer = ArmRenderer(cam.height, cam.width, view_for(cam.name, index), seed=self.config.seed + index)
                 slot = LatestFrame()
                 thread = CaptureThread(
                     cam.name,
@@ -232,8 +222,7 @@ class SimSO100:
             for name, slot in self._slots.items():
                 if slot.wait(0, self.config.first_frame_timeout_s) is None:
                     raise RuntimeError(
-                        f"simulated camera {name!r} produced no frame within "
-                        f"{self.config.first_frame_timeout_s} s"
+                        f"simulated camera {name!r} produced no frame within {self.config.first_frame_timeout_s} s"
                     )
         except BaseException:
             self._stop_cameras()
@@ -335,9 +324,7 @@ class SimSO100:
         self._advance(dt)
 
     def _advance(self, dt: float) -> None:
-        self._position = first_order_step(
-            self._position, self._target, dt, self.config.time_constant_s, self._vmax
-        )
+        self._position = first_order_step(self._position, self._target, dt, self.config.time_constant_s, self._vmax)
         self._board.pose = self._frozen(self._position)
 
     @staticmethod

@@ -111,9 +111,7 @@ class SO100:
         modes = [body] * 5 + [NormMode.RANGE_0_100]
         self._norm = JointNormalizer(cals, modes, STS3215.RESOLUTION)
         self._spec = self._build_spec(cals, modes)
-        self._cameras = {
-            name: OpenCVCamera.from_config(cam, name) for name, cam in config.cameras.items()
-        }
+        self._cameras = {name: OpenCVCamera.from_config(cam, name) for name, cam in config.cameras.items()}
         self._bus = FeetechBus(config.port, config.baudrate, config.timeout_s, config.retries)
         self._last_state: FloatArray | None = None
         self._torque_may_be_on = False
@@ -200,9 +198,7 @@ class SO100:
             step = self.config.max_relative_target
             goal = np.clip(goal, present - step, present + step)
         ticks = self._norm.clamp_raw(self._norm.to_raw(goal))
-        self._bus.sync_write(
-            STS3215.GOAL_POSITION, dict(zip(joints.MOTOR_IDS, ticks.tolist(), strict=True))
-        )
+        self._bus.sync_write(STS3215.GOAL_POSITION, dict(zip(joints.MOTOR_IDS, ticks.tolist(), strict=True)))
 
     def __enter__(self) -> Self:
         self.connect()
@@ -319,21 +315,16 @@ class SO100:
             elif abs(cal.homing_offset) >= 1 << 11:
                 problem = f"homing_offset {cal.homing_offset} exceeds +-2047"
             if problem:
-                raise CalibrationError(
-                    f"calibration file {self.calibration_path}: {name}: {problem}"
-                )
+                raise CalibrationError(f"calibration file {self.calibration_path}: {name}: {problem}")
 
     def _build_spec(self, cals: list[MotorCalibration], modes: list[NormMode]) -> RobotSpec:
-        ends = self._norm.to_units(
-            np.array([[c.range_min for c in cals], [c.range_max for c in cals]])
-        )
+        ends = self._norm.to_units(np.array([[c.range_min for c in cals], [c.range_max for c in cals]]))
         lower, upper = ends.min(axis=0), ends.max(axis=0)
         # Speed limits are defined in degrees (percent for the gripper); rescale them for the
         # -100..100 mode by the units per tick of each joint.
         units_per_tick = (upper - lower) / np.array([c.range_max - c.range_min for c in cals])
         ticks_per_unit_nominal = np.array(
-            [(STS3215.RESOLUTION - 1) / 360.0] * 5
-            + [(cals[-1].range_max - cals[-1].range_min) / 100.0]
+            [(STS3215.RESOLUTION - 1) / 360.0] * 5 + [(cals[-1].range_max - cals[-1].range_min) / 100.0]
         )
         max_velocity = np.asarray(joints.MAX_VELOCITY) * ticks_per_unit_nominal * units_per_tick
         degrees = JointNormalizer(cals, [NormMode.DEGREES] * 5 + [NormMode.RANGE_0_100])

@@ -17,24 +17,16 @@ class ServerMetrics:
         self.max_sessions = Gauge("servo_max_sessions", "Session capacity", registry=r)
         self.warmed_up = Gauge("servo_warmed_up", "1 once the policy is warmed up", registry=r)
         self.draining = Gauge("servo_draining", "1 while draining", registry=r)
-        self.requests = Counter(
-            "servo_requests", "Served inference requests", ["outcome"], registry=r
-        )
-        self.superseded = Counter(
-            "servo_superseded_observations", "Observations replaced before inference", registry=r
-        )
+        self.requests = Counter("servo_requests", "Served inference requests", ["outcome"], registry=r)
+        self.superseded = Counter("servo_superseded_observations", "Observations replaced before inference", registry=r)
         self.dropped = Counter(
             "servo_dropped_observations",
             "Observations dropped before the mailbox",
             ["reason"],
             registry=r,
         )
-        self.sessions_opened = Counter(
-            "servo_sessions_opened", "Session opens accepted", registry=r
-        )
-        self.sessions_rejected = Counter(
-            "servo_sessions_rejected", "Session opens rejected", ["code"], registry=r
-        )
+        self.sessions_opened = Counter("servo_sessions_opened", "Session opens accepted", registry=r)
+        self.sessions_rejected = Counter("servo_sessions_rejected", "Session opens rejected", ["code"], registry=r)
         self.sessions_collected = Counter(
             "servo_sessions_collected", "Sessions closed by the server", ["reason"], registry=r
         )

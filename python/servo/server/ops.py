@@ -32,19 +32,13 @@ class OpsEndpoint:
         metrics: Returns the Prometheus exposition.
     """
 
-    def __init__(
-        self, health: Callable[[], tuple[bool, str]], metrics: Callable[[], bytes]
-    ) -> None:
+    def __init__(self, health: Callable[[], tuple[bool, str]], metrics: Callable[[], bytes]) -> None:
         self._health = health
         self._metrics = metrics
 
-    async def run(
-        self, host: str, port: int, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def run(self, host: str, port: int, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; reports the bound port through ``task_status``."""
-        listener = await anyio.create_tcp_listener(
-            local_host=host, local_port=port, reuse_port=False
-        )
+        listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
         async with listener:
             bound = listener.extra(anyio.abc.SocketAttribute.local_port)
             log.info("ops endpoint listening", url=f"http://{host}:{bound}/healthz")

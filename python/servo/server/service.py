@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -62,6 +63,8 @@ log = structlog.get_logger(__name__)
 
 #: How long a drain waits for the request in flight before giving up on it.
 DRAIN_TIMEOUT_S = 30.0
+#: How long drain notices travel alone before the server's liveliness token is withdrawn.
+DRAIN_NOTICE_HEAD_START_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,19 @@ class PolicyServer:
         self._tg: TaskGroup | None = None
         self._bridge: LoopBridge | None = None
         self._trajectories = TrajectoryLibrary(manifest.trajectories)
+        self._changed = anyio.Event()
         self.metrics.max_sessions.set(self._max_sessions)
+
+    async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
+        """Wait until ``predicate(sessions)`` holds; re-checked whenever a session opens or
+        closes. Call from the event loop that runs the server."""
+        while not predicate(sessions := self.registry.snapshot()):
+            await self._changed.wait()
+        return sessions
+
+    def _sessions_changed(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -124,9 +139,7 @@ class PolicyServer:
         self.metrics.draining.set(1)
         self._stop.set()
 
-    async def run(
-        self, *, task_status: TaskStatus[ServerReady] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def run(self, *, task_status: TaskStatus[ServerReady] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until drained or cancelled; ``task_status.started`` fires once warmed and declared."""
         m = self.manifest
         async with anyio.create_task_group() as tg:
@@ -137,7 +150,7 @@ class PolicyServer:
                 if m.ops.health_port:
                     health_port = await tg.start(ops.run, m.ops.health_host, m.ops.health_port)
             policy = await anyio.to_thread.run_sync(self._load_policy)
-            runner = InferenceRunner(policy, device=m.model.device, dtype=m.model.dtype)
+            runner = InferenceRunner(policy, device=m.model.device, dtype=m.model.dtype, compile=m.model.compile)
             started = time.perf_counter()
             await anyio.to_thread.run_sync(runner.warmup, m.model.warmup)
             log.info(
@@ -224,7 +237,11 @@ class PolicyServer:
                 self._state = "draining"
                 self.metrics.draining.set(1)
                 finished = await anyio.to_thread.run_sync(worker.stop, DRAIN_TIMEOUT_S)
-                self._notify_drain()
+                if self._notify_drain():
+                    # Withdrawing the liveliness token is a declaration: it travels at control
+                    # priority and may overtake the notices, and clients see it on another
+                    # callback thread. Give the notices a head start so clients learn why.
+                    await anyio.sleep(DRAIN_NOTICE_HEAD_START_S)
                 bridge.closed = True
                 for entity in reversed(declared):
                     entity.undeclare()
@@ -238,9 +255,7 @@ class PolicyServer:
             import torch
 
             if not torch.cuda.is_available():
-                raise PolicyLoadError(
-                    f"model.device: {device!r} requested but torch sees no CUDA device"
-                )
+                raise PolicyLoadError(f"model.device: {device!r} requested but torch sees no CUDA device")
         if self._policy is None:
             log.info("loading policy", source=self.manifest.model.source)
             self._policy = load_policy(self.manifest.model.source, self.manifest.model.options)
@@ -298,9 +313,7 @@ class PolicyServer:
         else:
             size = len(sample.payload)
             if header.msg_type != MSG_OBS:
-                item = Rejected(
-                    header, "bad_header", f"msg_type {header.msg_type} on an observation key", now
-                )
+                item = Rejected(header, "bad_header", f"msg_type {header.msg_type} on an observation key", now)
             elif size > self.manifest.serving.max_observation_bytes:
                 limit = self.manifest.serving.max_observation_bytes
                 item = Rejected(
@@ -310,7 +323,7 @@ class PolicyServer:
                     now,
                 )
             else:
-                item = Pending(header, sample.payload.to_bytes(), now)
+                item = Pending(header, sample.payload, now)  # copied out by the decoder thread
         outcome = self.registry.deposit(client_id, item)
         if outcome == "ok":
             return
@@ -334,9 +347,7 @@ class PolicyServer:
             log.info("control reply failed", key=str(query.key_expr), error=str(exc))
         except Exception as exc:  # a handler bug must cost one request, not the server
             log.exception("control handler failed", key=str(query.key_expr))
-            query.reply_err(
-                encode(Rejection("bad_request", f"internal error: {type(exc).__name__}"))
-            )
+            query.reply_err(encode(Rejection("bad_request", f"internal error: {type(exc).__name__}")))
         finally:
             query.drop()
 
@@ -376,6 +387,8 @@ class PolicyServer:
             client_keys = keys.client(request.client_id)
         except WireError as exc:
             return self._reject("bad_request", str(exc))
+        if self._state == "starting":
+            return self._reject("not_ready", "server is still starting; retry shortly")
         if self._state != "serving":
             return self._reject("draining", "server is draining; open a session on another replica")
         verdict = validate_open(request, info)
@@ -424,10 +437,11 @@ class PolicyServer:
         )
         replaced = self.registry.add(session)
         if replaced is not None:
-            replaced.publisher.undeclare()
+            replaced.close_publisher()
             self.metrics.sessions_collected.labels("replaced").inc()
         self.metrics.sessions_opened.inc()
         self.metrics.active_sessions.set(len(self.registry))
+        self._sessions_changed()
         # A client whose liveliness token never shows up is collected like one that vanished.
         self._tg.start_soon(self._collect_if_gone, session.session_id)
         return session
@@ -442,9 +456,7 @@ class PolicyServer:
             return self._reject("bad_request", str(exc))
         session = self.registry.get(request.session_id)
         if session is None or session.client_id != client_id:
-            return self._reject(
-                "unknown_session", f"no session {request.session_id} for client {client_id!r}"
-            )
+            return self._reject("unknown_session", f"no session {request.session_id} for client {client_id!r}")
         if isinstance(request, ResetRequest):
             self.registry.reset(session.session_id, request.episode_id)
             log.info(
@@ -484,10 +496,8 @@ class PolicyServer:
     def _collect(self, session: Session, reason: str) -> None:
         if self.registry.remove(session.session_id) is None:
             return
-        try:
-            session.publisher.undeclare()
-        except zenoh.ZError:
-            pass
+        session.close_publisher()
+        self._sessions_changed()
         self.metrics.sessions_collected.labels(reason).inc()
         self.metrics.active_sessions.set(len(self.registry))
         log.info(
@@ -509,9 +519,7 @@ class PolicyServer:
             session_epoch=header.session_epoch,
             client_mono_ns=header.client_mono_ns,
         )
-        body = encode(
-            ErrorEvent("unknown_session", f"no session for client {client_id!r}; open a new one")
-        )
+        body = encode(ErrorEvent("unknown_session", f"no session for client {client_id!r}; open a new one"))
         try:
             zsession.put(
                 keys.client(client_id).action,
@@ -522,9 +530,11 @@ class PolicyServer:
         except zenoh.ZError:
             pass
 
-    def _notify_drain(self) -> None:
+    def _notify_drain(self) -> bool:
+        """Tell every session's client the server is going away; False if there was nobody."""
         notice = encode(DrainNotice("server draining"))
-        for session in self.registry.snapshot():
+        sessions = self.registry.snapshot()
+        for session in sessions:
             header = Header(
                 schema_version=session.schema_version,
                 msg_type=MSG_DRAIN,
@@ -534,7 +544,5 @@ class PolicyServer:
                 session_epoch=session.epoch,
                 client_mono_ns=0,
             )
-            try:
-                session.publisher.put(notice, attachment=encode_header(header))
-            except zenoh.ZError:
-                continue
+            session.publish(notice, encode_header(header))
+        return bool(sessions)

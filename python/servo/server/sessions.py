@@ -1,8 +1,9 @@
 """Server-side sessions and their latest-only observation mailboxes.
 
 Zenoh's observation callback deposits into a session's mailbox (newest wins; what it replaces is
-counted as superseded) and the inference worker takes from it. Control handlers on the event
-loop open, reset and close sessions. One lock guards the registry; nothing slow ever runs under it.
+counted as superseded). A raw observation is decoded by the decoder thread, which puts it back as
+ready; the inference worker takes ready items. Control handlers on the event loop open, reset and
+close sessions. One lock guards the registry; nothing slow ever runs under it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import itertools
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,7 +20,7 @@ from typing import Literal
 import zenoh
 
 from servo._core import Header
-from servo.policy import Processor
+from servo.policy import DecodedObservation, Processor
 
 
 #: Outcome of a deposit: queued, no session for the client, or from another epoch/old episode.
@@ -27,11 +29,23 @@ Deposit = Literal["ok", "no_session", "stale"]
 
 @dataclass(frozen=True)
 class Pending:
-    """An observation waiting for inference: raw bytes, decoded only by the worker."""
+    """A raw observation waiting to be decoded. The payload stays Zenoh bytes until then: the
+    copy out of Zenoh happens on the decoder thread, not on the subscriber's callback thread."""
 
     header: Header
-    payload: bytes
+    payload: zenoh.ZBytes | bytes
     received_ns: int
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A decoded observation waiting for inference; ``decode_ns`` is what decoding took."""
+
+    header: Header
+    obs: DecodedObservation
+    delay: int
+    received_ns: int
+    decode_ns: int
 
 
 @dataclass(frozen=True)
@@ -49,7 +63,10 @@ class Session:
     """One client bound to this replica.
 
     Fields above the line are fixed at open; the mailbox fields are guarded by the registry
-    lock; ``processor`` and ``needs_reset`` belong to the inference worker.
+    lock; ``processor`` belongs to the inference worker. The publisher is shared by the worker
+    (chunks, errors) and the event loop (drain notice, undeclare): use `publish` and
+    `close_publisher`, which serialise the two (a Zenoh publisher used from two threads at
+    once raises ``RuntimeError: Already borrowed``).
     """
 
     session_id: int
@@ -63,12 +80,41 @@ class Session:
     opened_ns: int = field(default_factory=time.monotonic_ns)
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0
-    pending: Pending | Rejected | None = None
+    raw: Pending | None = None  # waiting for the decoder
+    pending: Decoded | Rejected | None = None  # waiting for the worker
+    decoding: bool = False
+    generation: int = 0  # bumped by every deposit: a decode of an older one is discarded
+    decode_generation: int = 0
     superseded: int = 0
     needs_reset: bool = False
     served: int = 0
     errors: int = 0
     alive: bool = False
+    # --- guarded by _publish_lock
+    _publish_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _publisher_closed: bool = False
+
+    def publish(self, body: bytes, attachment: bytes) -> bool:
+        """Put one message on the session's action key; False once the publisher is closed."""
+        with self._publish_lock:
+            if self._publisher_closed:
+                return False
+            try:
+                self.publisher.put(body, attachment=attachment)
+            except zenoh.ZError:
+                return False
+            return True
+
+    def close_publisher(self) -> None:
+        """Undeclare the publisher (idempotent); waits for a put in progress on another thread."""
+        with self._publish_lock:
+            if self._publisher_closed:
+                return
+            self._publisher_closed = True
+            try:
+                self.publisher.undeclare()
+            except zenoh.ZError:
+                pass
 
 
 @dataclass(frozen=True)
@@ -76,7 +122,7 @@ class Work:
     """What the worker takes from a mailbox, atomically."""
 
     session: Session
-    item: Pending | Rejected
+    item: Decoded | Rejected
     superseded: int
     reset: bool
     episode_id: int
@@ -85,13 +131,16 @@ class Work:
 class SessionRegistry:
     """All sessions of the replica, in ring order for the scheduler.
 
-    Shared by the Zenoh callback threads (deposit), the event loop (open/reset/close) and the
-    inference worker (take).
+    Shared by the Zenoh callback threads (deposit), the event loop (open/reset/close), the
+    decoder thread (wait_raw/finish_decode) and the inference worker (wait_work/take).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
+        self._raw_ready = threading.Condition(self._lock)
+        self._raw_queue: deque[Session] = deque()
+        self._worker_idle = False
         self._sessions: dict[int, Session] = {}
         self._by_client: dict[str, int] = {}
         self._ring_after = -1
@@ -163,11 +212,13 @@ class SessionRegistry:
             session = self._sessions.get(session_id)
             if session is None:
                 return False
-            # An observation of the new episode may overtake the reset request; keep it.
+            # An observation of the new episode may overtake the reset request; keep it. One of
+            # the old episode being decoded right now is discarded when the decode finishes.
+            raw = session.raw
+            if raw is not None and raw.header.episode_id < episode_id:
+                session.raw = None
             pending = session.pending
-            if pending is not None and (
-                pending.header is None or pending.header.episode_id < episode_id
-            ):
+            if pending is not None and (pending.header is None or pending.header.episode_id < episode_id):
                 session.pending = None
             session.episode_id = max(session.episode_id, episode_id)
             session.needs_reset = True
@@ -186,24 +237,92 @@ class SessionRegistry:
                 self.unknown_client_drops += 1
                 return "no_session"
             header = item.header
-            if header is not None and (
-                header.session_epoch != session.epoch or header.episode_id < session.episode_id
-            ):
+            if header is not None and (header.session_epoch != session.epoch or header.episode_id < session.episode_id):
                 self.stale_drops += 1
                 return "stale"
-            if session.pending is not None:
+            if session.raw is not None or session.pending is not None or session.decoding:
                 session.superseded += 1
-            session.pending = item
-            self._ready.notify()
+            session.generation += 1
+            if isinstance(item, Pending):
+                session.raw, session.pending = item, None
+                self._raw_queue.append(session)
+                # An idle worker decodes it itself; a busy one leaves it to the decoder thread.
+                (self._ready if self._worker_idle else self._raw_ready).notify()
+            else:
+                session.raw, session.pending = None, item
+                self._ready.notify()
             return "ok"
 
-    def wait_work(self, timeout: float) -> list[Session]:
-        """Worker: block until some session has a pending item (or timeout); ring-ordered."""
+    def wait_raw(self, timeout: float) -> tuple[Session, Pending] | None:
+        """Decoder: block until some session has a raw observation while the worker is busy (or
+        timeout), and take it. An idle worker decodes for itself: one thread hop less."""
         with self._lock:
-            if not self._ready.wait_for(lambda: self._closed or self._any_pending(), timeout):
+            while True:
+                if not self._worker_idle:
+                    taken = self._pop_raw()
+                    if taken is not None:
+                        return taken
+                if self._closed or not self._raw_ready.wait(timeout):
+                    return None
+
+    def take_raw(self) -> tuple[Session, Pending] | None:
+        """Worker, when it has nothing decoded to serve: take a raw observation to decode itself."""
+        with self._lock:
+            return self._pop_raw()
+
+    def _pop_raw(self) -> tuple[Session, Pending] | None:
+        while self._raw_queue:
+            session = self._raw_queue.popleft()
+            item = session.raw
+            if item is None or self._sessions.get(session.session_id) is not session:
+                continue  # superseded by a rejection, reset or closed meanwhile
+            session.raw = None
+            session.decoding = True
+            session.decode_generation = session.generation
+            return session, item
+        return None
+
+    def finish_decode(self, session: Session, item: Pending, result: Decoded | Rejected | None) -> None:
+        """Decoder: hand a decoded observation to the worker, unless it lost its place meanwhile
+        (a newer observation arrived, the episode was reset, the session was closed)."""
+        with self._lock:
+            session.decoding = False
+            if result is None or self._sessions.get(session.session_id) is not session:
+                return
+            if session.generation != session.decode_generation:
+                return  # superseded while decoding (counted when the newer one arrived)
+            if item.header.episode_id < session.episode_id:
+                self.stale_drops += 1
+                return
+            session.pending = result
+            self._ready.notify()
+
+    def has_work(self) -> bool:
+        """Whether some session has an observation waiting (decoded or not)."""
+        with self._lock:
+            return self._any_pending() or self._any_raw()
+
+    def wait_work(self, timeout: float) -> list[Session]:
+        """Worker: block until some session has a pending item (or timeout); ring-ordered.
+
+        Also returns (with an empty list) when a raw observation arrives while nothing is
+        decoded: the worker then decodes it itself with `take_raw`.
+        """
+        with self._lock:
+            self._worker_idle = True
+            try:
+                ready = self._ready.wait_for(
+                    lambda: self._closed or self._any_pending() or self._any_raw(), timeout
+                )
+            finally:
+                self._worker_idle = False
+            if not ready or self._closed:
                 return []
-            if self._closed:
+            if not self._any_pending():
                 return []
+            # Busy from here on: raw observations still queued are the decoder's.
+            if self._any_raw():
+                self._raw_ready.notify()
             return list(self._ring_order())
 
     def take(self, session: Session) -> Work | None:
@@ -224,6 +343,10 @@ class SessionRegistry:
         with self._lock:
             self._closed = True
             self._ready.notify_all()
+            self._raw_ready.notify_all()
+
+    def _any_raw(self) -> bool:
+        return any(s.raw is not None for s in self._raw_queue)
 
     def _any_pending(self) -> bool:
         return any(s.pending is not None for s in self._sessions.values())

@@ -37,9 +37,7 @@ def validate_open(request: SessionOpen, policy: PolicyInfo) -> Admission | Rejec
         )
     want, have = policy.features, request.features
     if have.action_names != want.action_names:
-        return Rejection(
-            "action_names", _order_mismatch("action", have.action_names, want.action_names)
-        )
+        return Rejection("action_names", _order_mismatch("action", have.action_names, want.action_names))
     if len(have.state_names) != len(want.state_names):
         return Rejection(
             "state_names",
@@ -50,8 +48,7 @@ def validate_open(request: SessionOpen, policy: PolicyInfo) -> Admission | Rejec
     if missing:
         return Rejection(
             "cameras",
-            f"policy needs camera(s) {', '.join(missing)}; client offers "
-            f"{', '.join(sorted(have.cameras)) or 'none'}",
+            f"policy needs camera(s) {', '.join(missing)}; client offers {', '.join(sorted(have.cameras)) or 'none'}",
         )
     warnings: list[str] = []
     if have.state_names != want.state_names:
@@ -59,13 +56,8 @@ def validate_open(request: SessionOpen, policy: PolicyInfo) -> Admission | Rejec
     for name in sorted(want.cameras):
         theirs, ours = have.cameras[name], want.cameras[name]
         if theirs.height <= 0 or theirs.width <= 0:
-            return Rejection(
-                "cameras", f"camera {name!r} declares size {theirs.height}x{theirs.width}"
-            )
-        if (
-            abs(theirs.width / theirs.height - ours.width / ours.height)
-            > ASPECT_TOLERANCE * ours.width / ours.height
-        ):
+            return Rejection("cameras", f"camera {name!r} declares size {theirs.height}x{theirs.width}")
+        if abs(theirs.width / theirs.height - ours.width / ours.height) > ASPECT_TOLERANCE * ours.width / ours.height:
             warnings.append(
                 f"camera {name!r} is {theirs.height}x{theirs.width}, the policy was trained on "
                 f"{ours.height}x{ours.width} (different aspect ratio)"

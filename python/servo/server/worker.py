@@ -2,41 +2,32 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
 
-import numpy as np
 import structlog
-import zenoh
 
 from servo._core import MSG_CHUNK, MSG_ERROR, Header, encode_header
-from servo.policy import DecodedObservation
+from servo.policy.protocol import FloatArray
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
+from servo.server.decoding import DecoderThread, ObservationDecoder
 from servo.server.metrics import ServerMetrics
 from servo.server.scheduler import Scheduler
-from servo.server.sessions import Pending, Rejected, Session, SessionRegistry, Work
-from servo.wire import (
-    ActionChunk,
-    ErrorEvent,
-    Observation,
-    WireError,
-    decode,
-    decode_image,
-    decode_tensor,
-    encode,
-    encode_tensor,
-)
+from servo.server.sessions import Decoded, Rejected, Session, SessionRegistry, Work
+from servo.wire import ActionChunk, ErrorEvent, encode, encode_tensor
 
 log = structlog.get_logger(__name__)
 
 
 class InferenceWorker:
-    """Serves pending observations one at a time, in the order the scheduler picks.
+    """Serves decoded observations one at a time, in the order the scheduler picks.
 
     Owns the `InferenceRunner` (policy, device) and every session's processor; runs on its own
-    thread so the event loop never waits on a forward pass.
+    thread so the event loop never waits on a forward pass. A `DecoderThread` it starts and stops
+    decodes observations ahead of it.
     """
 
     def __init__(
@@ -58,39 +49,57 @@ class InferenceWorker:
         self._metrics = metrics
         self._audit = audit
         self._exclusive = exclusive
-        self._pin_task = pin_task
-        self._max_bytes = max_observation_bytes
         self._load = load
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="servo-inference", daemon=True)
-        spec = runner.policy.spec
-        self._state_dim = len(spec.features.state_names)
-        self._action_dim = len(spec.features.action_names)
-        self._cameras = tuple(spec.features.cameras)
-        self._chunk_size = spec.chunk_size
+        self._decode = ObservationDecoder(
+            runner.policy.spec, max_observation_bytes=max_observation_bytes, pin_task=pin_task
+        )
+        self._decoder = DecoderThread(registry, self._decode)
+        self._replies = ReplyThread()
 
     def start(self) -> None:
-        """Start the worker thread."""
+        """Start the decoder, reply and worker threads."""
+        self._decoder.start()
+        self._replies.start()
         self._thread.start()
 
     def stop(self, timeout: float) -> bool:
-        """Finish the request in flight, then stop. Returns False if it did not stop in time."""
+        """Finish the request in flight and publish its reply, then stop. Returns False if the
+        request did not finish in time."""
         self._stop.set()
         self._registry.close()
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        finished = not self._thread.is_alive()
+        self._replies.stop(timeout)
+        self._decoder.stop(timeout)
+        return finished
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for session in self._scheduler.select(self._registry.wait_work(timeout=0.25)):
+            ready = self._registry.wait_work(timeout=0.25)
+            if not ready:
+                # Idle with a raw observation: decode it here rather than wait for a hand-off.
+                taken = self._registry.take_raw()
+                if taken is not None:
+                    session, item = taken
+                    self._registry.finish_decode(session, item, self._decode(item, session))
+                continue
+            for session in self._scheduler.select(ready):
                 work = self._registry.take(session)
-                if work is not None:
+                if work is None:
+                    continue
+                try:
                     self._serve(work)
+                except Exception:  # a bug here must cost one request, never the worker thread
+                    log.exception("request handling failed", session_id=session.session_id)
 
     def _serve(self, work: Work) -> None:
         session, item = work.session, work.item
         start_ns = time.monotonic_ns()
-        queue_wait_ms = (start_ns - item.received_ns) / 1e6
+        decode_ns = 0 if isinstance(item, Rejected) else item.decode_ns
+        # Time spent waiting, not decoding: decoding is neither queue wait nor inference.
+        queue_wait_ms = (start_ns - item.received_ns - decode_ns) / 1e6
         bound = log.bind(session_id=session.session_id, client_id=session.client_id)
         if work.reset:
             session.processor.reset()
@@ -99,16 +108,12 @@ class InferenceWorker:
         if isinstance(item, Rejected):
             self._fail(session, item.header, item.code, item.message, queue_wait_ms, 0.0, bound)
             return
-        header = item.header
+        header, delay = item.header, item.delay
         bound = bound.bind(seq_id=header.seq_id, episode_id=header.episode_id)
-        try:
-            obs, delay = self._decode(item, session)
-        except WireError as exc:
-            self._fail(session, header, "bad_observation", str(exc), queue_wait_ms, 0.0, bound)
-            return
+        bound.debug("inference started", queue_wait_ms=round(queue_wait_ms, 3))
         infer_start = time.monotonic_ns()
         try:
-            chunk_model, chunk_robot = self._runner.infer(session.processor, obs, delay)
+            chunk_model, chunk_robot = self._runner.infer(session.processor, item.obs, delay)
         except Exception as exc:  # a policy bug must cost one request, not the server
             inference_ms = (time.monotonic_ns() - infer_start) / 1e6
             bound.exception("inference failed")
@@ -123,6 +128,31 @@ class InferenceWorker:
             )
             return
         inference_ms = (time.monotonic_ns() - infer_start) / 1e6
+        session.served += 1
+
+        def reply() -> None:
+            self._reply(work, chunk_model, chunk_robot, queue_wait_ms, inference_ms, decode_ns, bound)
+
+        # With another observation waiting, the device goes straight to it and the reply is
+        # published by the reply thread; otherwise publishing here saves a thread hop.
+        if self._registry.has_work():
+            self._replies.submit(reply)
+        else:
+            reply()
+
+    def _reply(
+        self,
+        work: Work,
+        chunk_model: FloatArray,
+        chunk_robot: FloatArray,
+        queue_wait_ms: float,
+        inference_ms: float,
+        decode_ns: int,
+        bound: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        session, item = work.session, work.item
+        assert isinstance(item, Decoded)
+        header = item.header
         body = ActionChunk(
             chunk_model=encode_tensor(chunk_model),
             chunk_robot=encode_tensor(chunk_robot),
@@ -142,7 +172,6 @@ class InferenceWorker:
         )
         if not _publish(session, encode(body), reply, bound):
             return
-        session.served += 1
         self._metrics.requests.labels("ok").inc()
         self._metrics.superseded.inc(work.superseded)
         self._metrics.queue_wait_ms.observe(queue_wait_ms)
@@ -155,42 +184,10 @@ class InferenceWorker:
             queue_wait_ms=round(queue_wait_ms, 3),
             inference_ms=round(inference_ms, 3),
             superseded=work.superseded,
-            inference_delay=delay,
+            inference_delay=item.delay,
+            decode_ms=round(decode_ns / 1e6, 3),
             outcome="ok",
         )
-
-    def _decode(self, item: Pending, session: Session) -> tuple[DecodedObservation, int]:
-        msg = decode(item.payload, Observation, max_bytes=self._max_bytes)
-        state = decode_tensor(
-            msg.state, dtype="float32", shape=(self._state_dim,), what="observation.state"
-        )
-        images = {}
-        for name in self._cameras:
-            if name not in msg.images:
-                raise WireError(f"observation has no image for camera {name!r}")
-            images[name] = decode_image(msg.images[name], what=f"observation.images[{name!r}]")
-        prefix_model = prefix_robot = None
-        if session.rtc:
-            shape = (None, self._action_dim)
-            if msg.prefix_model is not None:
-                prefix_model = decode_tensor(
-                    msg.prefix_model, dtype="float32", shape=shape, what="observation.prefix_model"
-                )
-            if msg.prefix_robot is not None:
-                prefix_robot = decode_tensor(
-                    msg.prefix_robot, dtype="float32", shape=shape, what="observation.prefix_robot"
-                )
-        if not np.isfinite(state).all():
-            raise WireError("observation.state contains NaN or inf")
-        delay = max(0, min(msg.inference_delay_steps, self._chunk_size))
-        obs = DecodedObservation(
-            state=state,  # type: ignore[arg-type]
-            images=images,
-            task=session.task if self._pin_task or not msg.task else msg.task,
-            prefix_model=prefix_model,  # type: ignore[arg-type]
-            prefix_robot=prefix_robot,  # type: ignore[arg-type]
-        )
-        return obs, delay
 
     def _fail(
         self,
@@ -226,13 +223,40 @@ class InferenceWorker:
         )
 
 
-def _publish(
-    session: Session, body: bytes, header: Header, bound: structlog.typing.FilteringBoundLogger
-) -> bool:
-    try:
-        session.publisher.put(body, attachment=encode_header(header))
-    except zenoh.ZError as exc:
+def _publish(session: Session, body: bytes, header: Header, bound: structlog.typing.FilteringBoundLogger) -> bool:
+    if not session.publish(body, encode_header(header)):
         # The session was closed by the loop while this request was in flight.
-        bound.info("reply not sent: session closed", error=str(exc))
+        bound.info("reply not sent: session closed")
         return False
     return True
+
+
+class ReplyThread:
+    """Publishes replies (encode, put, metrics, audit) off the worker's critical path.
+
+    Jobs come from the inference worker; they run on this thread, in order.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="servo-replies", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the reply thread, after the jobs already submitted."""
+        self._jobs.put(job)
+
+    def stop(self, timeout: float) -> None:
+        """Run the jobs already submitted, then stop."""
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except Exception:  # a bug here must cost one reply, never the thread
+                log.exception("publishing a reply failed")

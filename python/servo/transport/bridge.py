@@ -59,9 +59,12 @@ async def query(
     replies: list[zenoh.Reply] = []
     done = anyio.Event()
     token = zenoh.CancellationToken()
+    handler: Callback[zenoh.Reply] = Callback(
+        lambda reply: bridge.call(replies.append, reply), lambda: bridge.call(done.set)
+    )
     session.get(
         selector,
-        Callback(lambda reply: bridge.call(replies.append, reply), lambda: bridge.call(done.set)),
+        handler,
         target=target,
         consolidation=zenoh.ConsolidationMode.NONE,
         timeout=timeout,

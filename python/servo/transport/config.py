@@ -49,18 +49,10 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         for field in ("listen", "connect"):
             for endpoint in getattr(self, field):
                 proto, sep, addr = endpoint.partition("/")
-                if (
-                    not sep
-                    or proto not in {"tcp", "udp", "tls", "quic", "unixsock-stream", "ws"}
-                    or not addr
-                ):
-                    raise ValueError(
-                        f"zenoh.{field}: {endpoint!r} is not an endpoint like 'tcp/127.0.0.1:7447'"
-                    )
+                if not sep or proto not in {"tcp", "udp", "tls", "quic", "unixsock-stream", "ws"} or not addr:
+                    raise ValueError(f"zenoh.{field}: {endpoint!r} is not an endpoint like 'tcp/127.0.0.1:7447'")
         if self.mode == "client" and not self.connect:
-            raise ValueError(
-                "zenoh.connect: a client must name at least one endpoint to connect to"
-            )
+            raise ValueError("zenoh.connect: a client must name at least one endpoint to connect to")
         if self.lease_ms < 100:
             raise ValueError(f"zenoh.lease_ms: {self.lease_ms} is below the minimum of 100")
         if self.tls is not None:

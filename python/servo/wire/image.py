@@ -44,7 +44,7 @@ def encode_image(frame: Frame, quality: int) -> EncodedImage:
     height, width = int(frame.shape[0]), int(frame.shape[1])
     if quality == 0:
         raw = np.ascontiguousarray(frame)
-        return EncodedImage("raw", height, width, memoryview(raw.reshape(-1)))
+        return EncodedImage("raw", height, width, raw.reshape(-1).data)
     jpeg = simplejpeg.encode_jpeg(
         np.ascontiguousarray(frame), quality=quality, colorspace="RGB", colorsubsampling="420"
     )

@@ -42,9 +42,7 @@ def segment(value: str, *, what: str = "key segment") -> str:
         raise WireError(f"{what} is {len(value)} characters, the limit is {MAX_SEGMENT_LEN}")
     bad = _FORBIDDEN.search(value)
     if bad:
-        raise WireError(
-            f"{what} {value!r} contains {bad.group()!r}; * $ ? # / and spaces are not allowed"
-        )
+        raise WireError(f"{what} {value!r} contains {bad.group()!r}; * $ ? # / and spaces are not allowed")
     if value.startswith("@"):
         raise WireError(f"{what} {value!r} must not start with '@' (reserved for verbatim chunks)")
     return value

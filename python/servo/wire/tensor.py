@@ -35,9 +35,7 @@ def encode_tensor(array: npt.ArrayLike) -> Tensor:
     if name not in DTYPES:
         raise WireError(f"unsupported tensor dtype {name!r} (supported: {', '.join(DTYPES)})")
     arr = np.require(arr, dtype=DTYPES[name], requirements="C")
-    return Tensor(
-        dtype=name, shape=tuple(arr.shape), data=memoryview(arr.reshape(-1).view(np.uint8))
-    )
+    return Tensor(dtype=name, shape=tuple(arr.shape), data=arr.reshape(-1).view(np.uint8).data)
 
 
 def decode_tensor(
@@ -62,18 +60,14 @@ def decode_tensor(
             match the shape, or a tensor over ``max_bytes``.
     """
     if tensor.dtype not in DTYPES:
-        raise WireError(
-            f"{what}: unsupported dtype {tensor.dtype!r} (supported: {', '.join(DTYPES)})"
-        )
+        raise WireError(f"{what}: unsupported dtype {tensor.dtype!r} (supported: {', '.join(DTYPES)})")
     if dtype is not None and tensor.dtype != dtype:
         raise WireError(f"{what}: dtype is {tensor.dtype}, expected {dtype}")
     if any(d < 0 for d in tensor.shape):
         raise WireError(f"{what}: negative dimension in shape {tensor.shape}")
     if shape is not None and (
         len(shape) != len(tensor.shape)
-        or any(
-            want is not None and want != got for want, got in zip(shape, tensor.shape, strict=True)
-        )
+        or any(want is not None and want != got for want, got in zip(shape, tensor.shape, strict=True))
     ):
         want = tuple("*" if d is None else d for d in shape)
         raise WireError(f"{what}: shape is {tensor.shape}, expected {want}")

@@ -1,0 +1,145 @@
+"""Observation decoding, ahead of the inference worker.
+
+The worker owns the device and should spend its time on forward passes only. Decoding an
+observation (msgpack, tensor checks, two 480x640 JPEGs: ~1 ms each) runs on a decoder thread
+while the worker is busy with another session's forward, so at N clients the device never idles
+waiting for JPEG. Only the newest observation of a session is decoded: one that is superseded
+while it waits is dropped undecoded, one superseded while it is being decoded is discarded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import structlog
+
+from servo.policy import DecodedObservation, PolicySpec
+from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
+from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, decode_tensor
+
+log = structlog.get_logger(__name__)
+
+
+class ObservationDecoder:
+    """Turns a session's raw observation into what its processor takes.
+
+    Stateless apart from the policy's feature shapes; safe to call from any thread.
+    """
+
+    def __init__(self, spec: PolicySpec, *, max_observation_bytes: int, pin_task: bool) -> None:
+        self._state_dim = len(spec.features.state_names)
+        self._action_dim = len(spec.features.action_names)
+        self._cameras = tuple(spec.features.cameras)
+        self._chunk_size = spec.chunk_size
+        self._max_bytes = max_observation_bytes
+        self._pin_task = pin_task
+        # libjpeg-turbo releases the GIL: several cameras of one observation decode in parallel.
+        self._pool = ThreadPoolExecutor(max(1, len(self._cameras) - 1), thread_name_prefix="servo-jpeg")
+
+    def close(self) -> None:
+        """Stop the camera pool."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __call__(self, item: Pending, session: Session) -> Decoded | Rejected:
+        """Decode ``item``; anything wrong becomes a `Rejected` naming the problem."""
+        started = time.monotonic_ns()
+        try:
+            obs, delay = self._decode(item, session)
+        except WireError as exc:
+            return Rejected(item.header, "bad_observation", str(exc), item.received_ns)
+        except Exception as exc:  # a codec bug must cost one request, not the decoder thread
+            log.exception("observation decoding failed", session_id=session.session_id)
+            return Rejected(item.header, "bad_observation", f"{type(exc).__name__}: {exc}", item.received_ns)
+        decode_ns = time.monotonic_ns() - started
+        return Decoded(item.header, obs, delay, item.received_ns, decode_ns)
+
+    def _decode(self, item: Pending, session: Session) -> tuple[DecodedObservation, int]:
+        header = item.header
+        if header.schema_version != session.schema_version:
+            raise WireError(
+                f"observation uses schema version {header.schema_version}, the session negotiated "
+                f"{session.schema_version}"
+            )
+        payload = item.payload if isinstance(item.payload, bytes) else item.payload.to_bytes()
+        msg = decode(payload, Observation, max_bytes=self._max_bytes)
+        state = decode_tensor(msg.state, dtype="float32", shape=(self._state_dim,), what="observation.state")
+        if not np.isfinite(state).all():
+            raise WireError("observation.state contains NaN or inf")
+        prefix_model = prefix_robot = None
+        if session.rtc:
+            shape = (None, self._action_dim)
+            if msg.prefix_model is not None:
+                prefix_model = decode_tensor(
+                    msg.prefix_model, dtype="float32", shape=shape, what="observation.prefix_model"
+                )
+            if msg.prefix_robot is not None:
+                prefix_robot = decode_tensor(
+                    msg.prefix_robot, dtype="float32", shape=shape, what="observation.prefix_robot"
+                )
+        delay = max(0, min(msg.inference_delay_steps, self._chunk_size))
+        obs = DecodedObservation(
+            state=state,  # type: ignore[arg-type]
+            images=self._images(msg.images),
+            task=session.task if self._pin_task or not msg.task else msg.task,
+            prefix_model=prefix_model,  # type: ignore[arg-type]
+            prefix_robot=prefix_robot,  # type: ignore[arg-type]
+        )
+        return obs, delay
+
+    def _images(self, images: dict[str, EncodedImage]) -> dict[str, np.ndarray]:
+        for name in self._cameras:
+            if name not in images:
+                raise WireError(f"observation has no image for camera {name!r}")
+        jpegs = [name for name in self._cameras if images[name].codec == "jpeg"]
+        futures = {
+            name: self._pool.submit(decode_image, images[name], what=f"observation.images[{name!r}]")
+            for name in jpegs[1:]
+        }
+        out = {}
+        try:
+            for name in self._cameras:
+                if name not in futures:
+                    out[name] = decode_image(images[name], what=f"observation.images[{name!r}]")
+        finally:
+            for name, future in futures.items():
+                out[name] = future.result()  # re-raises the camera's WireError
+        return {name: out[name] for name in self._cameras}
+
+
+class DecoderThread:
+    """Takes raw observations from the registry, decodes them, hands them back as ready.
+
+    Runs on its own thread; the registry arbitrates with deposits (newest wins) and resets.
+    """
+
+    def __init__(self, registry: SessionRegistry, decoder: ObservationDecoder) -> None:
+        self._registry = registry
+        self._decoder = decoder
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="servo-decode", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Stop after the observation being decoded (the registry must be closed first)."""
+        self._stop.set()
+        self._thread.join(timeout)
+        self._decoder.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            taken = self._registry.wait_raw(timeout=0.25)
+            if taken is None:
+                continue
+            session, item = taken
+            try:
+                result = self._decoder(item, session)
+            except BaseException:  # pragma: no cover - the decoder already catches Exception
+                self._registry.finish_decode(session, item, None)
+                raise
+            self._registry.finish_decode(session, item, result)

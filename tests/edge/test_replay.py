@@ -1,0 +1,152 @@
+"""Trajectory replay (seeds/002): loaded once, bridged smoothly, drained locally."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from servo.edge.config import EdgeConfig
+from servo.edge.remote import EdgeStartError
+from servo.edge.replay import ReplayEngine, bridge, resample
+from servo.edge.runtime import EdgeRuntime, RunOptions
+from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, read_recording
+from servo.robots import SimConfig, SimSO100
+from servo.wire import encode_tensor
+from tests.support import make_manifest, running_server
+
+pytestmark = pytest.mark.anyio
+
+
+def sim() -> SimSO100:
+    return SimSO100(SimConfig(cameras=()))
+
+
+def trajectory(spec_rest: np.ndarray, frames: int = 40) -> np.ndarray:
+    t = np.linspace(0.0, 1.0, frames)[:, None]
+    offset = np.array([10.0, 8.0, -6.0, -4.0, 0.0, 20.0], dtype=np.float32)  # stays inside the limits
+    return (spec_rest + offset * np.sin(np.pi * t)).astype(np.float32)
+
+
+def write_recording(path: Path, frames: np.ndarray, joint_names: list[str], fps: float = 30.0) -> None:
+    writer = RecordingWriter(path, EpisodeHeader(robot="sim", fps=fps, joint_names=joint_names))
+    for i, frame in enumerate(frames):
+        writer.write(FrameRecord(i, i, encode_tensor(frame), encode_tensor(frame), "policy"))
+    writer.close()
+
+
+def executed(path: Path) -> tuple[np.ndarray, list[str]]:
+    recording = read_recording(path)
+    rows = [f for f in recording.frames if f.action is not None and f.source == "replay"]
+    return np.array([np.frombuffer(f.action.data, "<f4") for f in rows if f.action]), [
+        f.source for f in recording.frames
+    ]
+
+
+def test_bridge_is_smooth_and_within_half_the_velocity_limit() -> None:
+    spec = sim().spec
+    start = np.asarray(spec.rest_pose, np.float32)
+    end = start + np.array([60, -40, 30, 20, 10, 50], np.float32)
+    frames = bridge(start, end, spec)
+    np.testing.assert_allclose(frames[-1], end, atol=1e-4)
+    steps = np.abs(np.diff(np.vstack([start, frames]), axis=0))
+    assert (steps <= np.asarray(spec.max_velocity) / spec.fps * 0.5 + 1e-4).all()
+    # Minimum-jerk: starts and ends slowly.
+    assert steps[0].max() < steps[len(steps) // 2].max() / 5
+    assert steps[-1].max() < steps[len(steps) // 2].max() / 5
+
+
+def test_resample_changes_rate_and_keeps_endpoints() -> None:
+    frames = np.stack([np.linspace(0, 10, 11)] * 2, axis=1).astype(np.float32)
+    out = resample(frames, 10.0, 30.0)
+    assert len(out) == 31
+    np.testing.assert_allclose(out[[0, -1]], frames[[0, -1]])
+    np.testing.assert_allclose(resample(frames, 30.0, 30.0), frames)
+
+
+async def run_replay(source: str, tmp_path: Path, config: EdgeConfig | None = None, **kwargs: object) -> tuple:
+    robot = sim()
+    engine = ReplayEngine(config or EdgeConfig(), robot.spec, source, **kwargs)  # type: ignore[arg-type]
+    record = tmp_path / "replayed.servo"
+    options = RunOptions(duration_s=20.0, record_path=str(record))
+    with anyio.fail_after(30):
+        summary = await EdgeRuntime(robot, engine, config or EdgeConfig(), options).run()
+    return summary, engine, record
+
+
+async def test_file_replay_drains_every_frame_locally(tmp_path: Path) -> None:
+    spec = sim().spec
+    frames = trajectory(np.asarray(spec.rest_pose, np.float32))
+    source = tmp_path / "episode.servo"
+    write_recording(source, frames, list(spec.joint_names))
+
+    summary, engine, record = await run_replay(str(source), tmp_path)
+
+    assert summary.stop_reason == "finished"
+    assert summary.network_requests == 0
+    assert summary.parked
+    commands, sources = executed(record)
+    # The trajectory's frames are executed exactly, after the bridge, in order.
+    np.testing.assert_allclose(commands[-len(frames) :], frames, atol=1e-4)
+    assert len(commands) >= len(frames)
+    assert "replay" in sources
+
+
+async def test_server_trajectory_is_fetched_in_one_request(tmp_path: Path, port: int) -> None:
+    spec = sim().spec
+    frames = trajectory(np.asarray(spec.rest_pose, np.float32), frames=60)
+    source = tmp_path / "wave.servo"
+    write_recording(source, frames, list(spec.joint_names))
+    manifest = make_manifest(port, extra=f'[[trajectories]]\nname = "wave"\npath = "{source}"\n')
+    async with running_server(manifest):
+        config = EdgeConfig(connect=[f"tcp/127.0.0.1:{port}"])
+        summary, _, record = await run_replay("server:wave", tmp_path, config)
+    assert summary.network_requests == 1
+    commands, _ = executed(record)
+    np.testing.assert_allclose(commands[-len(frames) :], frames, atol=1e-4)
+
+
+async def test_unknown_server_trajectory_is_refused_with_the_list(tmp_path: Path, port: int) -> None:
+    async with running_server(make_manifest(port)):
+        engine = ReplayEngine(EdgeConfig(connect=[f"tcp/127.0.0.1:{port}"]), sim().spec, "server:nope")
+        with pytest.raises(EdgeStartError, match="no trajectory 'nope'"):
+            await engine.arm()
+
+
+async def test_loop_starts_over(tmp_path: Path) -> None:
+    spec = sim().spec
+    frames = trajectory(np.asarray(spec.rest_pose, np.float32), frames=15)
+    source = tmp_path / "short.servo"
+    write_recording(source, frames, list(spec.joint_names))
+    robot = sim()
+    engine = ReplayEngine(EdgeConfig(), robot.spec, str(source), loop=True)
+    runtime = EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(duration_s=20.0))
+    async with anyio.create_task_group() as tg:
+
+        async def stop_after_two_laps() -> None:
+            with anyio.fail_after(20):
+                while engine.laps < 2:
+                    await anyio.sleep(0.02)
+            runtime.request_stop("two laps")
+
+        tg.start_soon(stop_after_two_laps)
+        summary = await runtime.run()
+    assert engine.laps >= 2
+    assert summary.stop_reason == "two laps"
+
+
+async def test_mismatched_joints_are_refused(tmp_path: Path) -> None:
+    source = tmp_path / "other.servo"
+    write_recording(source, np.zeros((5, 2), np.float32), ["a.pos", "b.pos"])
+    engine = ReplayEngine(EdgeConfig(), sim().spec, str(source))
+    with pytest.raises(EdgeStartError, match="do not match the robot"):
+        await engine.arm()
+
+
+async def test_unreadable_file_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "junk.servo").write_bytes(b"not a recording")
+    engine = ReplayEngine(EdgeConfig(), sim().spec, str(tmp_path / "junk.servo"))
+    with pytest.raises(EdgeStartError, match="not a servo recording"):
+        await engine.arm()

@@ -1,0 +1,139 @@
+"""The policy adapter layer: loader, runner checks, reference policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from servo.policy import DecodedObservation, PolicyLoadError, Prepared, load_policy
+from servo.policy.protocol import PolicySpec
+from servo.policy.reference import ReferencePolicy
+from servo.policy.runner import InferenceRunner, PolicyOutputError, synthetic_observation
+from servo.wire import Features
+
+SMALL = {"front": (48, 64)}
+
+
+class _Passthrough:
+    def preprocess(self, obs: DecodedObservation) -> Prepared:
+        return Prepared(obs.state, obs.prefix_model)
+
+    def postprocess(self, chunk: np.ndarray) -> np.ndarray:
+        return chunk
+
+    def reset(self) -> None:
+        pass
+
+
+class ScriptedPolicy:
+    """Returns whatever the test puts in ``output``; records the delay it was given."""
+
+    def __init__(self, output: np.ndarray) -> None:
+        self.output = output
+        self.delays: list[int] = []
+        self._spec = PolicySpec(
+            "t", "1", Features(["a"], ["a"], {}), chunk_size=4, fps=10, supports_rtc=True, chunk_stateless=True
+        )
+
+    @property
+    def spec(self) -> PolicySpec:
+        return self._spec
+
+    def make_processor(self) -> _Passthrough:
+        return _Passthrough()
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        self.delays.append(inference_delay)
+        return self.output
+
+    def reset(self) -> None:
+        pass
+
+
+def make_scripted(**_: Any) -> ScriptedPolicy:
+    return ScriptedPolicy(np.zeros((4, 1), np.float32))
+
+
+def make_not_a_policy(**_: Any) -> object:
+    return object()
+
+
+def test_runner_clamps_the_delay_to_the_chunk() -> None:
+    policy = ScriptedPolicy(np.zeros((4, 1), np.float32))
+    runner = InferenceRunner(policy)
+    obs = DecodedObservation(np.zeros(1, np.float32), {})
+    for delay in (-3, 2, 99):
+        runner.infer(policy.make_processor(), obs, delay)
+    assert policy.delays == [0, 2, 4]
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        (np.zeros((3, 1), np.float32), r"shape \(3, 1\), expected \(4, 1\)"),
+        (np.array([[0.0], [np.nan], [0.0], [0.0]], np.float32), "NaN or inf"),
+        (np.array([[0.0], [np.inf], [0.0], [0.0]], np.float32), "NaN or inf"),
+    ],
+)
+def test_runner_refuses_outputs_that_must_not_reach_a_robot(output: np.ndarray, message: str) -> None:
+    policy = ScriptedPolicy(output)
+    with pytest.raises(PolicyOutputError, match=message):
+        InferenceRunner(policy).infer(policy.make_processor(), DecodedObservation(np.zeros(1, np.float32), {}), 0)
+
+
+def test_loader_builtin_and_module_factory() -> None:
+    assert isinstance(load_policy("reference", {"cameras": SMALL}), ReferencePolicy)
+    assert isinstance(load_policy("tests.policy.test_policy:make_scripted"), ScriptedPolicy)
+
+
+@pytest.mark.parametrize(
+    ("source", "options", "message"),
+    [
+        ("nonsense", {}, "neither a built-in"),
+        ("no_such_module_xyz:factory", {}, "cannot import"),
+        ("tests.policy.test_policy:missing", {}, "has no 'missing'"),
+        ("reference", {"bogus_option": 1}, "model.options do not fit"),
+        ("tests.policy.test_policy:make_not_a_policy", {}, "no chunk API"),
+    ],
+)
+def test_loader_errors_are_specific(source: str, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(PolicyLoadError, match=message):
+        load_policy(source, options)
+
+
+def test_compile_needs_a_compile_method() -> None:
+    with pytest.raises(PolicyLoadError, match="no compile"):
+        InferenceRunner(ScriptedPolicy(np.zeros((4, 1), np.float32)), compile=True)
+
+
+@pytest.mark.slow
+def test_reference_policy_compiles_and_matches_eager() -> None:
+    eager, compiled = ReferencePolicy(cameras=SMALL), ReferencePolicy(cameras=SMALL)
+    obs = synthetic_observation(eager)
+    a = InferenceRunner(eager).infer(eager.make_processor(), obs, 0)[0]
+    b = InferenceRunner(compiled, compile=True).infer(compiled.make_processor(), obs, 0)[0]
+    np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_reference_policy_is_deterministic_and_anchored_on_the_state() -> None:
+    p1, p2 = ReferencePolicy(cameras=SMALL, seed=3), ReferencePolicy(cameras=SMALL, seed=3)
+    obs = synthetic_observation(p1)
+    obs.state = np.full(6, 12.0, np.float32)
+    r1 = InferenceRunner(p1).infer(p1.make_processor(), obs, 0)
+    r2 = InferenceRunner(p2).infer(p2.make_processor(), obs, 0)
+    np.testing.assert_array_equal(r1[0], r2[0])
+    # Robot-space = model-space deltas + the state cached at preprocess.
+    np.testing.assert_allclose(r1[1], r1[0] + 12.0, atol=1e-5)
+
+
+def test_reference_policy_continues_the_rtc_prefix() -> None:
+    policy = ReferencePolicy(cameras=SMALL)
+    obs = synthetic_observation(policy)
+    prefix = np.full((8, 6), 3.0, np.float32)
+    obs.prefix_robot = prefix
+    _, robot = InferenceRunner(policy).infer(policy.make_processor(), obs, 4)
+    # The steps that execute during inference equal the prefix exactly.
+    np.testing.assert_allclose(robot[:4], prefix[:4], atol=1e-5)
+    assert not np.allclose(robot[10:], 3.0)

@@ -1,0 +1,193 @@
+"""``servo-serve`` as a real process: SIGTERM drains, a bad manifest is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream
+
+from servo.client import SessionLost
+from tests.server.helpers import connected, observation
+from tests.support import free_port
+
+pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def serve_command(manifest: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "servo.cli.serve", str(manifest), *args]
+
+
+def reference_manifest(port: int, *, compute_ms: float) -> str:
+    return f"""
+[model]
+source = "reference"
+warmup = 0
+[model.options]
+cameras = {{front = [24, 32]}}
+compute_ms = {compute_ms}
+[serving]
+app = "cli"
+[zenoh]
+listen = ["tcp/127.0.0.1:{port}"]
+[ops]
+health_port = 0
+"""
+
+
+class Lines:
+    """Lines of a child's stderr, read as they come (the waits are on the pipe, not on sleeps)."""
+
+    def __init__(self, process: Process) -> None:
+        assert process.stderr is not None
+        self._stream = TextReceiveStream(process.stderr)
+        self._buffer = ""
+        self.seen: list[str] = []
+
+    async def until(self, predicate: object, *, timeout: float) -> str:
+        with anyio.fail_after(timeout):
+            while True:
+                while "\n" in self._buffer:
+                    line, self._buffer = self._buffer.split("\n", 1)
+                    self.seen.append(line)
+                    if predicate(line):  # type: ignore[operator]
+                        return line
+                try:
+                    self._buffer += await self._stream.receive()
+                except anyio.EndOfStream:
+                    raise AssertionError("servo-serve exited; stderr:\n" + "\n".join(self.seen)) from None
+
+    async def rest(self, *, timeout: float) -> list[str]:
+        with anyio.fail_after(timeout):
+            async for chunk in self._stream:
+                self._buffer += chunk
+        self.seen.extend(line for line in self._buffer.split("\n") if line)
+        self._buffer = ""
+        return self.seen
+
+
+@asynccontextmanager
+async def serve_process(manifest: Path, *args: str) -> AsyncIterator[tuple[Process, Lines]]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = await anyio.open_process(
+        serve_command(manifest, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO, env=env
+    )
+    try:
+        yield process, Lines(process)
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with anyio.move_on_after(10, shield=True):
+            await process.wait()
+        await process.aclose()
+
+
+def is_event(name: str) -> object:
+    def match(line: str) -> bool:
+        try:
+            return bool(json.loads(line).get("event") == name)
+        except ValueError:
+            return False
+
+    return match
+
+
+@pytest.mark.slow
+async def test_sigterm_drains_the_request_in_flight(tmp_path: Path) -> None:
+    port = free_port()
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(reference_manifest(port, compute_ms=1000))
+    async with serve_process(manifest, "--log-level", "debug", "--json-logs") as (process, lines):
+        await lines.until(lambda line: "servo-serve: ready" in line, timeout=60)
+        async with connected(port, "robot") as client:
+            (server,) = await client.discover(app="cli")
+            session = await client.open_session(
+                server, features=server.status.policy.features, fps=server.status.policy.fps
+            )
+            seq = await session.send(observation(5.0))
+            await lines.until(is_event("inference started"), timeout=10)  # the worker has it
+            process.send_signal(signal.SIGTERM)
+            result = await session.receive(seq, timeout=10)
+            assert result.seq_id == seq
+            assert result.inference_ms >= 900
+            assert result.chunk_robot.shape == (50, 6)
+            with anyio.fail_after(10):
+                await session.lost.wait()
+            assert session.lost_reason == "server draining"
+            with pytest.raises(SessionLost):
+                await session.send(observation(5.0))
+            await session.close()
+        with anyio.fail_after(15):
+            assert await process.wait() == 0
+        output = await lines.rest(timeout=5)
+    assert any(is_event("drained")(line) and json.loads(line)["in_flight_finished"] for line in output)
+    assert any("servo-serve: stopped" in line for line in output)
+
+
+BAD_MANIFESTS = {
+    "unknown key": (
+        '[model]\nsource = "reference"\n[serving]\nmax_session = 3\n',
+        "serving.max_session: unknown key",
+    ),
+    "wrong type": (
+        '[model]\nsource = "reference"\n[serving]\nmax_sessions = "eight"\n',
+        "serving.max_sessions: expected int, got str",
+    ),
+    "missing model": ('[serving]\napp = "x"\n', "model: required key is missing"),
+    "missing model source": ("[model]\nwarmup = 1\n", "model.source: required key is missing"),
+    "bad endpoint": (
+        '[model]\nsource = "reference"\n[zenoh]\nlisten = ["127.0.0.1:7447"]\n',
+        "zenoh.listen: '127.0.0.1:7447' is not an endpoint",
+    ),
+    "bad device": ('[model]\nsource = "reference"\ndevice = "tpu"\n', "model.device: 'tpu'"),
+    "invalid toml": ("[model\n", "invalid TOML"),
+}
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_MANIFESTS.values(), ids=BAD_MANIFESTS.keys())
+def test_bad_manifest_exits_2_with_one_line(tmp_path: Path, text: str, message: str) -> None:
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(text)
+    done = subprocess.run(serve_command(manifest), capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert message in lines[0]
+    assert str(manifest) in lines[0]
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_missing_manifest_file_exits_2(tmp_path: Path) -> None:
+    done = subprocess.run(
+        serve_command(tmp_path / "nope.toml"), capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"servo-serve: error: cannot read manifest {str(tmp_path / 'nope.toml')!r}: No such file or directory"
+    ]
+
+
+@pytest.mark.slow
+def test_unknown_policy_source_exits_2_without_traceback(tmp_path: Path) -> None:
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(
+        f'[model]\nsource = "no_such_module:factory"\n[zenoh]\nlisten = ["tcp/127.0.0.1:{free_port()}"]\n'
+        "[ops]\nhealth_port = 0\n"
+    )
+    done = subprocess.run(serve_command(manifest), capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("servo-serve: error: model.source 'no_such_module:factory'")

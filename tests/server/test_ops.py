@@ -1,0 +1,163 @@
+"""Operations: discovery across replicas, /healthz through the lifecycle, /metrics, audit log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from servo.client import SessionLost
+from servo.server.service import PolicyServer, ServerReady
+from tests.server.helpers import connected, observation, open_on, server_manifest
+from tests.server.policies import FixedComputePolicy, GatedPolicy
+from tests.support import free_port, running_server
+
+pytestmark = pytest.mark.anyio
+
+
+async def http_get(port: int, path: str, method: str = "GET") -> tuple[int, str]:
+    with anyio.fail_after(5):
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+            data = b""
+            try:
+                while True:
+                    data += await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
+async def test_every_replica_answers_discovery_sorted_by_load(port: int) -> None:
+    second = free_port()
+    first_manifest = server_manifest(port, serving='app = "fleet"\nreplica = "r1"')
+    second_manifest = server_manifest(
+        second, serving='app = "fleet"\nreplica = "r2"', zenoh=f'connect = ["tcp/127.0.0.1:{port}"]'
+    )
+    async with running_server(first_manifest, policy=FixedComputePolicy()) as (_, r1):
+        async with running_server(second_manifest, policy=FixedComputePolicy()) as (_, r2):
+            assert r1.keys.replica == "r1" and r2.keys.replica == "r2"
+            # the robot only knows the first replica's endpoint; the second is reached through it
+            async with connected(port, "a") as ca, connected(port, "b") as cb, connected(port, "c") as cc:
+                with anyio.fail_after(10):
+                    while len(servers := await ca.discover(app="fleet")) < 2:
+                        pass  # the peers' mesh may take a moment to form
+                assert [s.keys.replica for s in servers] == ["r1", "r2"]  # equal load: by name
+                assert all(s.status.warmed_up and not s.status.draining for s in servers)
+                on_r2 = await ca.open_session(servers[1], features=r2.info.features, fps=r2.info.fps)
+                assert [s.keys.replica for s in await cb.discover(app="fleet")] == ["r1", "r2"]
+                on_r1 = []
+                for c in (cb, cc):
+                    (target,) = [s for s in await c.discover(app="fleet") if s.keys.replica == "r1"]
+                    on_r1.append(await c.open_session(target, features=r1.info.features, fps=r1.info.fps))
+                servers = await ca.discover(app="fleet")
+                assert [s.keys.replica for s in servers] == ["r2", "r1"]  # least loaded first
+                assert [s.status.active_sessions for s in servers] == [1, 2]
+                # a session on the far replica works end to end through the mesh
+                result = await on_r2.infer(observation(4), timeout=5)
+                assert result.chunk_robot[0][0] == 4
+                for session in (on_r2, *on_r1):
+                    await session.close()
+
+
+async def test_health_is_503_until_warm_and_while_draining(port: int) -> None:
+    health = free_port()
+    policy = GatedPolicy()
+    policy.armed = True  # warm-up blocks at the gate
+    server = PolicyServer(server_manifest(port, ops=f"health_port = {health}"), policy=policy)
+    started = anyio.Event()
+    box: list[ServerReady] = []
+
+    async def run() -> None:
+        async with anyio.create_task_group() as inner:
+            box.append(await inner.start(server.run))
+            started.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        assert await anyio.to_thread.run_sync(policy.entered.wait, 10)
+        assert await http_get(health, "/healthz") == (503, "starting\n")
+        policy.entered.clear()
+        policy.gate.set()
+        with anyio.fail_after(10):
+            await started.wait()
+        policy.gate.clear()  # warm-up is over: from now on requests block at the gate
+        assert await http_get(health, "/healthz") == (200, "serving\n")
+        async with connected(port, "robot") as client:
+            session = await open_on(client, box[0])
+            seq = await session.send(observation(3))
+            assert await anyio.to_thread.run_sync(policy.entered.wait, 10)
+            server.drain()  # while a request is in flight
+            assert await http_get(health, "/healthz") == (503, "draining\n")
+            policy.gate.set()
+            result = await session.receive(seq, timeout=10)  # the in-flight request completes
+            assert result.chunk_robot[0][0] == 3
+            with anyio.fail_after(5):
+                await session.lost.wait()
+            assert session.lost_reason == "server draining"
+            with pytest.raises(SessionLost):
+                await session.send(observation(4))
+            await session.close()
+
+
+async def test_metrics_expose_the_documented_series(port: int) -> None:
+    health = free_port()
+    manifest = server_manifest(port, serving="max_sessions = 3", ops=f"health_port = {health}")
+    async with running_server(manifest, policy=FixedComputePolicy()) as (_, ready):
+        async with connected(port, "robot") as client:
+            session = await open_on(client, ready)
+            for i in range(3):
+                await session.infer(observation(i), timeout=5)
+            status, text = await http_get(health, "/metrics")
+            await session.close()
+        assert status == 200
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        assert samples["servo_active_sessions"] == 1
+        assert samples["servo_max_sessions"] == 3
+        assert samples["servo_warmed_up"] == 1
+        assert samples["servo_draining"] == 0
+        assert samples['servo_requests_total{outcome="ok"}'] == 3
+        assert samples["servo_superseded_observations_total"] == 0
+        assert samples["servo_sessions_opened_total"] == 1
+        assert samples["servo_queue_wait_ms_count"] == 3
+        assert samples["servo_inference_ms_count"] == 3
+        assert any(name.startswith("servo_queue_wait_ms_bucket") for name in samples)
+        assert any(name.startswith("servo_inference_ms_bucket") for name in samples)
+        for series in ("servo_dropped_observations", "servo_sessions_rejected", "servo_sessions_collected"):
+            assert f"# TYPE {series}_total counter" in text
+        assert (await http_get(health, "/nope"))[0] == 404
+        assert (await http_get(health, "/metrics", method="POST"))[0] == 405
+        assert (await http_get(health, "/healthz"))[0] == 200
+
+
+async def test_audit_log_has_one_json_line_per_request(port: int, tmp_path: Path) -> None:
+    audit = tmp_path / "audit.jsonl"
+    manifest = server_manifest(port, ops=f'health_port = 0\naudit_log = "{audit}"')
+    async with running_server(manifest, policy=FixedComputePolicy()) as (_, ready):
+        async with connected(port, "robot") as client:
+            session = await open_on(client, ready)
+            for i in range(4):
+                await session.infer(observation(i), timeout=5)
+            await session.reset(2)
+            await session.infer(observation(9), timeout=5)
+            with pytest.raises(Exception, match="bad_observation"):
+                await session.infer(observation(1, dim=3), timeout=5)
+            await session.close()
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert len(lines) == 6
+    for line in lines:
+        assert line["session_id"] == session.session_id
+        assert line["client_id"] == "robot"
+        for key in ("seq_id", "episode_id", "queue_wait_ms", "inference_ms", "outcome", "timestamp"):
+            assert key in line, key
+    assert [line["seq_id"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    assert [line["episode_id"] for line in lines] == [0, 0, 0, 0, 2, 2]
+    assert [line["outcome"] for line in lines] == ["ok"] * 5 + ["bad_observation"]
+    assert all(line["inference_ms"] >= 0 and line["queue_wait_ms"] >= 0 for line in lines)
