@@ -1,18 +1,26 @@
 """A fleet of servo clients against a policy server in another process (bench_server.py).
 
-Two halves:
+Server side (``python -m benches._fleet serve --port P``): a `PolicyServer` whose policy computes
+for exactly ``--compute-ms`` per forward — a sleep (releases the GIL like a GPU forward) topped
+up with GIL-releasing yields, so every forward takes the same time and "ideal" is well defined.
+It prints ``READY`` on stdout once it serves; SIGTERM drains it.
 
-* ``python benches/_fleet.py serve --port P ...`` runs a `PolicyServer` whose policy sleeps a
-  fixed time in ``predict_chunk`` (a sleep releases the GIL like a GPU forward does) and prints
-  ``READY`` on stdout once it serves; SIGTERM drains it.
-* `run_fleet` runs N clients in the calling process's event loop, each sending as fast as one
-  request in flight allows, and returns per-request samples.
+Baseline (``python -m benches._fleet echo --port P``): the same round trip with bare zenoh-python
+and no servo code — the subscriber hands the sample to a thread that copies it out of Zenoh,
+waits the same compute time and publishes a reply of the chunk's size. Its overhead is the
+floor any Python server on this transport pays.
+
+Client side: `run_fleet` / `run_echo_fleet` run N clients in the caller's event loop, each with
+its own Zenoh session (one robot = one session = one link), each sending as fast as one
+request in flight allows, and return per-request samples.
 """
 
 from __future__ import annotations
 
 import argparse
+import queue
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +34,18 @@ from servo.wire import CameraFeature, Features
 JOINTS = ("j0", "j1", "j2", "j3", "j4", "j5")
 CHUNK = 50
 FPS = 30.0
+HEIGHT, WIDTH = 480, 640
+CAMERAS = ("front", "wrist")
+
+
+def exact_wait(seconds: float) -> None:
+    """Wait ``seconds`` without holding the GIL: sleep most of it, then yield until the deadline
+    (``time.sleep`` alone overshoots by 0.1-0.2 ms on a VM)."""
+    deadline = time.perf_counter() + seconds
+    if seconds > 0.0005:
+        time.sleep(seconds - 0.0004)
+    while time.perf_counter() < deadline:
+        time.sleep(0)
 
 
 class _Relative:
@@ -37,9 +57,8 @@ class _Relative:
 
     def preprocess(self, obs: DecodedObservation) -> Prepared:
         for name, cam in self._cameras.items():
-            frame = obs.images[name]
-            if frame.shape != (cam.height, cam.width, 3):
-                raise ValueError(f"camera {name}: {frame.shape}")
+            if obs.images[name].shape != (cam.height, cam.width, 3):
+                raise ValueError(f"camera {name}: {obs.images[name].shape}")
         self._state = np.array(obs.state, dtype=np.float32)
         return Prepared(batch=None, prefix=None)
 
@@ -52,20 +71,19 @@ class _Relative:
 
 
 class FixedComputePolicy:
-    """Chunk-stateless policy whose forward takes exactly ``compute_ms`` (sleep, GIL released).
+    """Chunk-stateless policy whose forward takes exactly ``compute_ms``.
 
     The model-space chunk is ``0, 0.001, 0.002, …`` per step, so ``chunk_robot[0] == state``: a
-    client can check every chunk was anchored on its own observation.
+    client can check that every chunk was computed from its own observation.
     """
 
-    def __init__(self, compute_ms: float = 20.0, height: int = 480, width: int = 640) -> None:
+    def __init__(self, compute_ms: float = 20.0, height: int = HEIGHT, width: int = WIDTH) -> None:
         self.compute_s = compute_ms / 1e3
-        cameras = {"front": CameraFeature(height, width), "wrist": CameraFeature(height, width)}
-        self._cameras = cameras
+        self._cameras = {name: CameraFeature(height, width) for name in CAMERAS}
         self._spec = PolicySpec(
             model="bench/fixed",
             revision="v1",
-            features=Features(state_names=list(JOINTS), action_names=list(JOINTS), cameras=cameras),
+            features=Features(state_names=list(JOINTS), action_names=list(JOINTS), cameras=self._cameras),
             chunk_size=CHUNK,
             fps=FPS,
             supports_rtc=False,
@@ -82,18 +100,15 @@ class FixedComputePolicy:
         return _Relative(self._cameras)
 
     def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
-        deadline = time.perf_counter() + self.compute_s
-        time.sleep(self.compute_s)
-        while time.perf_counter() < deadline:  # sleep() may wake a hair early
-            pass
+        exact_wait(self.compute_s)
         return self._chunk
 
     def reset(self) -> None:
         pass
 
 
-# ---------------------------------------------------------------------------- server process
-def manifest_text(port: int, *, health_port: int = 0, max_sessions: int = 32) -> str:
+# ---------------------------------------------------------------------------- server processes
+def manifest_text(port: int, *, max_sessions: int = 32) -> str:
     return f"""
 [model]
 source = "bench"
@@ -105,7 +120,7 @@ client_grace_s = 2.0
 [zenoh]
 listen = ["tcp/127.0.0.1:{port}"]
 [ops]
-health_port = {health_port}
+health_port = 0
 """
 
 
@@ -114,9 +129,8 @@ async def _serve(args: argparse.Namespace) -> None:
     from servo.server.manifest import parse_manifest
     from servo.server.service import PolicyServer
 
-    manifest = parse_manifest(manifest_text(args.port))
     policy = FixedComputePolicy(args.compute_ms, args.height, args.width)
-    server = PolicyServer(manifest, policy=policy)
+    server = PolicyServer(parse_manifest(manifest_text(args.port)), policy=policy)
     async with anyio.create_task_group() as tg:
 
         async def run_server(*, task_status: Any) -> None:
@@ -128,24 +142,68 @@ async def _serve(args: argparse.Namespace) -> None:
         print("READY", flush=True)
 
 
-def serve_main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="_fleet.py serve")
+def _echo(args: argparse.Namespace) -> None:
+    import signal
+
+    import zenoh
+
+    from servo.transport import ZenohSettings
+
+    settings = ZenohSettings(listen=[f"tcp/127.0.0.1:{args.port}"])
+    reply = b"\x00" * (2 * CHUNK * len(JOINTS) * 4 + 64)
+    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with zenoh.open(settings.to_config()) as session:
+        publishers: dict[str, Any] = {}
+
+        def work() -> None:
+            while (sample := jobs.get()) is not None:
+                sample.payload.to_bytes()  # what any server must do to read the payload
+                exact_wait(args.compute_ms / 1e3)
+                key = str(sample.key_expr).rsplit("/", 1)[0] + "/action"
+                if key not in publishers:
+                    publishers[key] = session.declare_publisher(
+                        key,
+                        congestion_control=zenoh.CongestionControl.DROP,
+                        priority=zenoh.Priority.INTERACTIVE_HIGH,
+                        express=True,
+                    )
+                publishers[key].put(reply, attachment=sample.attachment)
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        sub = session.declare_subscriber("bench/echo/*/obs", jobs.put)
+        print("READY", flush=True)
+        while not stop.wait(0.5):
+            pass
+        sub.undeclare()
+        jobs.put(None)
+        worker.join()
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benches._fleet")
+    parser.add_argument("role", choices=("serve", "echo"))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--compute-ms", type=float, default=20.0)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=640)
+    parser.add_argument("--height", type=int, default=HEIGHT)
+    parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     from servo.logs import configure_logging
 
     configure_logging(args.log_level)
-    anyio.run(_serve, args, backend="asyncio", backend_options={"use_uvloop": True})
+    if args.role == "serve":
+        anyio.run(_serve, args, backend="asyncio", backend_options={"use_uvloop": True})
+    else:
+        _echo(args)
 
 
 # ---------------------------------------------------------------------------- client side
 @dataclass
 class Sample:
-    """One served request as the client saw it (all durations in ms)."""
+    """One served request as its client saw it (durations in ms, ``t_done`` monotonic s)."""
 
     client: int
     t_done: float
@@ -160,21 +218,43 @@ class Sample:
 class FleetResult:
     samples: list[Sample] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    n_clients: int = 0
     window_s: float = 0.0
 
 
-def _frames(height: int, width: int, seed: int) -> dict[str, np.ndarray]:
-    # Smooth content (gradients + a little noise) compresses like a camera frame, not like noise.
+def frames(height: int, width: int, seed: int) -> dict[str, np.ndarray]:
+    """Camera-like RGB frames: smooth gradients plus sensor noise (JPEG-compresses like a camera
+    image, ~55 kB at q90 for 480x640, unlike pure noise)."""
     rng = np.random.default_rng(seed)
-    y = np.linspace(0, 255, height, dtype=np.float32)[:, None]
-    x = np.linspace(0, 255, width, dtype=np.float32)[None, :]
-    frames = {}
-    for i, name in enumerate(("front", "wrist")):
-        r, g, b = (y + x * (i + 1)) % 256, (x * 0.5 + y * 0 + seed) % 256, (y * 0.7 + x * 0) % 256
-        base = np.stack([r, g, b], axis=-1)
-        noise = rng.normal(0, 4, size=base.shape)
-        frames[name] = np.clip(base + noise, 0, 255).astype(np.uint8)
-    return frames
+    y = np.linspace(0, 255, height, dtype=np.float32)[:, None] * np.ones((1, width), np.float32)
+    x = np.linspace(0, 255, width, dtype=np.float32)[None, :] * np.ones((height, 1), np.float32)
+    out = {}
+    for i, name in enumerate(CAMERAS):
+        base = np.stack([(y + x * (i + 1)) % 256, (x * 0.5 + seed) % 256, (y * 0.7) % 256], axis=-1)
+        out[name] = np.clip(base + rng.normal(0, 4, size=base.shape), 0, 255).astype(np.uint8)
+    return out
+
+
+class _Clock:
+    """Shared start line and measurement window of one run (event loop only)."""
+
+    def __init__(self, n_clients: int, warmup_s: float, measure_s: float | None) -> None:
+        self.n_clients = n_clients
+        self.ready = 0
+        self.go = anyio.Event()
+        self.warmup_s, self.measure_s = warmup_s, measure_s
+        self.start = self.end = 0.0
+
+    def arrived(self) -> None:
+        self.ready += 1
+        if self.ready == self.n_clients:
+            now = time.monotonic()
+            self.start = now + self.warmup_s
+            self.end = self.start + self.measure_s if self.measure_s is not None else float("inf")
+            self.go.set()
+
+    def measuring(self, now: float) -> bool:
+        return self.start <= now <= self.end
 
 
 async def run_fleet(
@@ -183,86 +263,129 @@ async def run_fleet(
     *,
     quality: int,
     warmup_s: float,
-    measure_s: float,
+    measure_s: float | None,
     max_requests: int | None = None,
-    height: int = 480,
-    width: int = 640,
+    height: int = HEIGHT,
+    width: int = WIDTH,
 ) -> FleetResult:
-    """N clients, each one request in flight; samples completed inside the measurement window.
-
-    Every client opens its own Zenoh session (one robot = one session = one link, as deployed).
-    With ``max_requests`` each client stops after that many requests (smoke mode).
-    """
+    """N servo clients against the server on ``port``; samples completed inside the window
+    (``measure_s=None``: every request, each client stopping after ``max_requests``)."""
     from servo.client import ObservationInput, PolicyClient
     from servo.transport import ZenohSettings
 
     settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"])
-    result = FleetResult()
-    window: list[float] = []
-    started = anyio.Event()
-    ready = 0
+    result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
+    clock = _Clock(n_clients, warmup_s, measure_s)
 
     async def one(index: int) -> None:
-        nonlocal ready
         async with PolicyClient.connect(settings, f"bench-{index}", jpeg_quality=quality) as client:
-            servers = await client.discover(app="bench")
-            session = await client.open_session(servers[0], features=servers[0].status.policy.features, fps=FPS)
-            frames = _frames(height, width, index)
+            (server, *_) = await client.discover(app="bench")
+            session = await client.open_session(server, features=server.status.policy.features, fps=FPS)
+            images = frames(height, width, index)
             state = np.full(len(JOINTS), float(index), dtype=np.float32)
-            ready += 1
-            if ready == n_clients:
-                started.set()
-            await started.wait()
+            clock.arrived()
+            await clock.go.wait()
             sent = 0
             try:
-                while max_requests is None or sent < max_requests:
-                    if window and time.monotonic() >= window[1]:
-                        break
+                while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
                     state[0] = float(sent)
-                    obs = ObservationInput(state, frames, time.monotonic_ns())
+                    sent += 1
                     try:
-                        chunk = await session.infer(obs, timeout=5.0)
-                    except Exception as exc:  # recorded, judged by the caller
+                        chunk = await session.infer(ObservationInput(state, images, time.monotonic_ns()), timeout=5)
+                    except Exception as exc:  # recorded; the benchmark's correctness flag fails
                         result.errors.append(f"client {index}: {type(exc).__name__}: {exc}")
+                        if len(result.errors) > 20:
+                            raise
                         continue
-                    finally:
-                        sent += 1
                     now = time.monotonic()
-                    ok = chunk.chunk_robot.shape == (CHUNK, len(JOINTS)) and bool(
-                        np.array_equal(chunk.chunk_robot[0], state)
-                    )
-                    if not window or window[0] <= now <= window[1]:
+                    encode_ms = session.stats.encode_ms.pop()
+                    session.stats.encode_ms.clear()
+                    if measure_s is None or clock.measuring(now):
+                        ok = chunk.chunk_robot.shape == (CHUNK, len(JOINTS)) and bool(
+                            np.array_equal(chunk.chunk_robot[0], state)
+                        )
                         result.samples.append(
                             Sample(
-                                index,
-                                now,
-                                chunk.rtt_ns / 1e6,
-                                session.stats.encode_ms[-1],
-                                chunk.inference_ms,
-                                chunk.queue_wait_ms,
-                                ok,
+                                index, now, chunk.rtt_ns / 1e6, encode_ms, chunk.inference_ms, chunk.queue_wait_ms, ok
                             )
                         )
-                    session.stats.encode_ms.clear()
             finally:
                 await session.close()
 
     async with anyio.create_task_group() as tg:
         for i in range(n_clients):
             tg.start_soon(one, i)
-        await started.wait()
-        if max_requests is None:
-            t0 = time.monotonic() + warmup_s
-            window.extend([t0, t0 + measure_s])
-            result.window_s = measure_s
-    if max_requests is not None:
-        times = [s.t_done for s in result.samples]
-        result.window_s = (max(times) - min(times)) if len(times) > 1 else 0.0
+    return result
+
+
+async def run_echo_fleet(
+    port: int,
+    n_clients: int,
+    *,
+    quality: int,
+    warmup_s: float,
+    measure_s: float | None,
+    max_requests: int | None = None,
+    compute_ms: float = 20.0,
+) -> FleetResult:
+    """The baseline: the same payload (an encoded servo observation) through bare Zenoh to the
+    echo process and back; ``inference_ms`` is the echo's fixed compute time."""
+    import zenoh
+
+    from servo.client.session import _encode_images
+    from servo.transport import LoopBridge, ZenohSettings, open_session
+    from servo.wire import Observation, encode, encode_tensor
+
+    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"])
+    result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
+    clock = _Clock(n_clients, warmup_s, measure_s)
+
+    async def one(index: int) -> None:
+        async with open_session(settings) as z:
+            bridge = LoopBridge()
+            arrived = anyio.Event()
+            stamps: list[int] = []
+
+            def on_reply(sample: zenoh.Sample) -> None:
+                stamps.append(time.monotonic_ns())
+                arrived.set()
+
+            sub = z.declare_subscriber(f"bench/echo/{index}/action", lambda s: bridge.call(on_reply, s))
+            pub = z.declare_publisher(f"bench/echo/{index}/obs", congestion_control=zenoh.CongestionControl.DROP)
+            matched = anyio.Event()
+            listener = pub.declare_matching_listener(lambda st: st.matching and bridge.call(matched.set))
+            await matched.wait()
+            images = frames(HEIGHT, WIDTH, index)
+            state = np.full(len(JOINTS), float(index), dtype=np.float32)
+            clock.arrived()
+            await clock.go.wait()
+            sent = 0
+            try:
+                while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
+                    sent += 1
+                    t0 = time.monotonic_ns()
+                    encoded = await _encode_images(images, quality)
+                    body = encode(Observation(state=encode_tensor(state), images=encoded))
+                    encode_ms = (time.monotonic_ns() - t0) / 1e6
+                    arrived = anyio.Event()
+                    pub.put(body, attachment=b"x" * 30)
+                    with anyio.fail_after(5):
+                        await arrived.wait()
+                    now = time.monotonic()
+                    if measure_s is None or clock.measuring(now):
+                        rtt_ms = (stamps[-1] - t0) / 1e6
+                        result.samples.append(Sample(index, now, rtt_ms, encode_ms, compute_ms, 0.0, True))
+            finally:
+                bridge.closed = True
+                listener.undeclare()
+                pub.undeclare()
+                sub.undeclare()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(n_clients):
+            tg.start_soon(one, i)
     return result
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "serve":
-        serve_main(sys.argv[2:])
-    else:
-        sys.exit("usage: _fleet.py serve --port P [--compute-ms 20]")
+    main(sys.argv[1:])

@@ -5,10 +5,10 @@ u32 length followed by a msgpack body. The first record is an `EpisodeHeader`, e
 one a `FrameRecord`. Append-only and streamable, so a crash loses at most the record being
 written; readable without servo through any msgpack library.
 
-Each frame holds the measured state, the action sent to the robot (after the safety layer), where
-that action came from (``policy``, ``fallback``, ``replay``, ``park`` at teardown, ``none`` = hold) and, for policy actions,
-the (session_id, seq_id, episode_id, obs_mono_ns) of the chunk it belongs to — the join key with
-the server's audit log.
+Each frame holds the measured state, the action sent to the robot (after the safety layer),
+where that action came from (``policy``, ``fallback``, ``replay``, ``park`` at teardown, ``none``
+= hold) and, for policy actions, the (session_id, seq_id, episode_id, obs_mono_ns) of the chunk
+it belongs to — the join key with the server's audit log.
 """
 
 from __future__ import annotations

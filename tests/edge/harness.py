@@ -5,11 +5,12 @@ and subprocesses (servo-serve / servo-edge) whose output can be waited on.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,8 +257,9 @@ def start_server(manifest: Path, timeout: float = 60.0) -> Proc:
     return proc
 
 
-def edge_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "servo.cli.edge", "--no-status", *args]
+def edge_argv(command_line: str) -> list[str]:
+    """``servo-edge --no-status <command_line>`` (split like a shell would) as a child argv."""
+    return [sys.executable, "-m", "servo.cli.edge", "--no-status", *shlex.split(command_line)]
 
 
 def first_error(exc: BaseException) -> BaseException:
@@ -265,10 +267,3 @@ def first_error(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-
-
-def ignore(*_: object) -> None:
-    """A do-nothing callback."""
-
-
-Callback = Callable[..., None]

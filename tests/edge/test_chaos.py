@@ -50,13 +50,15 @@ async def test_server_killed_mid_episode_then_back(tmp_path: Path) -> None:
             ticks = loop.ticks
             await eventually(lambda: loop.ticks >= ticks + 10, 5)
             assert len(robot.commands) == sent  # the robot holds
-            assert loop.running and loop.error is None
+            assert loop.running
+            assert loop.error is None
             assert engine.chunks_received == chunks
 
             server = start_server(manifest)
             await eventually(lambda: engine.chunks_received >= chunks + 3, 20, "streaming again")
             assert engine.state is EngineState.STREAMING
-            assert engine.session is not None and engine.session is not first
+            assert engine.session is not None
+            assert engine.session is not first
             assert engine.session.session_id != first.session_id
             assert engine.session.epoch > first.epoch
             assert engine.failsafe.reconnects == 1
@@ -64,10 +66,13 @@ async def test_server_killed_mid_episode_then_back(tmp_path: Path) -> None:
             summary = await run.stop()
     finally:
         server.stop()
-    assert summary.reconnects == 1 and summary.final_state == "streaming" and summary.parked
+    assert summary.reconnects == 1
+    assert summary.final_state == "streaming"
+    assert summary.parked
     states = [state for state, _ in summary.transitions]
     assert states[:2] == ["connecting", "streaming"]
-    assert "reconnecting" in states and states[-1] == "streaming"
+    assert "reconnecting" in states
+    assert states[-1] == "streaming"
 
 
 def test_server_back_with_a_different_model_is_dead(tmp_path: Path) -> None:
@@ -76,21 +81,9 @@ def test_server_back_with_a_different_model_is_dead(tmp_path: Path) -> None:
     server = start_server(write_manifest(tmp_path / "a.toml", port, revision="v1"))
     edge = Proc(
         edge_argv(
-            "--robot",
-            "sim",
-            "--robot-opt",
-            "cameras=front:64x48",
-            "--connect",
-            f"tcp/127.0.0.1:{port}",
-            "--summary",
-            str(summary_path),
-            "--reconnect-initial-backoff-s",
-            "0.1",
-            "--reconnect-max-backoff-s",
-            "0.5",
-            "--duration",
-            "120",
-        )  # fmt: skip
+            f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{port} --summary {summary_path} "
+            "--reconnect-initial-backoff-s 0.1 --reconnect-max-backoff-s 0.5 --duration 120"
+        )
     )
     try:
         edge.wait_line("state=streaming", 30)
@@ -107,5 +100,7 @@ def test_server_back_with_a_different_model_is_dead(tmp_path: Path) -> None:
     summary = json.loads(summary_path.read_text())
     assert summary["final_state"] == "dead"
     assert summary["parked"] is True  # safe teardown: rest pose, then disconnect
-    assert "different model" in summary["stop_reason"] and "rev v2" in summary["stop_reason"]
-    assert "rest pose reached" in output and "disconnected" in output
+    assert "different model" in summary["stop_reason"]
+    assert "rev v2" in summary["stop_reason"]
+    assert "rest pose reached" in output
+    assert "disconnected" in output

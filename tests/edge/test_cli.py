@@ -34,16 +34,7 @@ def error_lines(output: str) -> list[str]:
 async def test_capability_mismatch_exits_2_with_the_reason(port: int) -> None:
     async with running_server(make_manifest(port)):
         result = await anyio.run_process(
-            edge_argv(
-                "--robot",
-                "sim",
-                "--robot-opt",
-                "cameras=none",
-                "--connect",
-                f"tcp/127.0.0.1:{port}",
-                "--log-level",
-                "warning",
-            ),  # fmt: skip
+            edge_argv(f"--robot sim --robot-opt cameras=none --connect tcp/127.0.0.1:{port} --log-level warning"),
             check=False,
             stderr=subprocess.STDOUT,
         )
@@ -51,7 +42,8 @@ async def test_capability_mismatch_exits_2_with_the_reason(port: int) -> None:
     assert result.returncode == 2, output
     assert "Traceback" not in output
     (line,) = error_lines(output)
-    assert "server refused this robot" in line and "camera(s) front" in line
+    assert "server refused this robot" in line
+    assert "camera(s) front" in line
     assert output.strip() == line  # nothing else at warning level: one clear message
 
 
@@ -59,17 +51,9 @@ def test_unreachable_server_exits_1() -> None:
     port = free_port()
     result = subprocess.run(
         edge_argv(
-            "--robot",
-            "sim",
-            "--robot-opt",
-            "cameras=none",
-            "--connect",
-            f"tcp/127.0.0.1:{port}",
-            "--connect-timeout-s",
-            "1",
-            "--log-level",
-            "warning",
-        ),  # fmt: skip
+            f"--robot sim --robot-opt cameras=none --connect tcp/127.0.0.1:{port} --connect-timeout-s 1 "
+            "--log-level warning"
+        ),
         capture_output=True,
         text=True,
         timeout=60,
@@ -84,7 +68,7 @@ def test_unreachable_server_exits_1() -> None:
 
 def test_bad_option_exits_2() -> None:
     result = subprocess.run(
-        edge_argv("--robot", "sim", "--buffer-time-s", "0"),
+        edge_argv("--robot sim --buffer-time-s 0"),
         capture_output=True,
         text=True,
         timeout=60,
@@ -92,7 +76,8 @@ def test_bad_option_exits_2() -> None:
     )
     assert result.returncode == 2
     (line,) = error_lines(result.stderr)
-    assert "buffer_time_s" in line and "Traceback" not in result.stderr
+    assert "buffer_time_s" in line
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.slow
@@ -103,19 +88,9 @@ def test_summary_against_servo_serve(tmp_path: Path) -> None:
     try:
         result = subprocess.run(
             edge_argv(
-                "--robot",
-                "sim",
-                "--robot-opt",
-                "cameras=front:64x48",
-                "--connect",
-                f"tcp/127.0.0.1:{port}",
-                "--duration",
-                "3",
-                "--summary",
-                str(summary_path),
-                "--record",
-                str(record),
-            ),  # fmt: skip
+                f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{port} --duration 3 "
+                f"--summary {summary_path} --record {record}"
+            ),
             capture_output=True,
             text=True,
             timeout=60,
@@ -125,18 +100,20 @@ def test_summary_against_servo_serve(tmp_path: Path) -> None:
         server.stop()
     assert result.returncode == 0, result.stderr
     summary = json.loads(summary_path.read_text())
-    assert SUMMARY_KEYS <= set(summary)
+    assert set(summary) >= SUMMARY_KEYS
     assert set(summary["rtt_ms"]) == {"p50", "p99"}
     assert set(summary["tick_jitter_ms"]) == {"p50", "p99", "max"}
     assert summary["final_state"] == "streaming"
-    assert summary["chunks_received"] >= 3 and summary["reconnects"] == 0
-    assert 80 <= summary["ticks"] <= 3 * 30 * 1.5  # 3 s at 30 Hz, plus the park
+    assert summary["chunks_received"] >= 3
+    assert summary["reconnects"] == 0
     assert summary["actions_executed"] > 60
     assert summary["parked"] is True
     assert 0 < summary["rtt_ms"]["p50"] <= summary["rtt_ms"]["p99"]
     assert summary["tick_jitter_ms"]["p99"] <= summary["tick_jitter_ms"]["max"]
     frames = read_recording(record).frames
     assert len(frames) == summary["ticks"]
+    running = [f for f in frames if f.source != "park"]  # the park at the end adds its own ticks
+    assert 60 <= len(running) <= 100  # 3 s at 30 Hz
     policy = [f for f in frames if f.source == "policy"]
     assert len(policy) == summary["actions_executed"]
     assert all(f.provenance is not None for f in policy)

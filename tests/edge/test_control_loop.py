@@ -39,13 +39,15 @@ def test_fixed_rate(robot: SpyRobot) -> None:
         assert engine.reached.wait(5.0)
     finally:
         loop.stop()
-    assert loop.error is None and not loop.running
+    assert loop.error is None
+    assert not loop.running
     period = loop.period_ns
     span = engine.calls[39] - engine.calls[0]
     # Absolute deadlines: never faster than fps; ticks + skipped ticks account for the time.
     assert span >= 39 * period - 1_000_000
     assert abs(span / period - (39 + loop.missed_deadlines)) < 1.0
-    assert loop.ticks >= 40 and loop.actions_executed == loop.ticks
+    assert loop.ticks >= 40
+    assert loop.actions_executed == loop.ticks
     assert len(loop.jitter_ms) == loop.ticks
     assert engine.observations == loop.ticks
 
@@ -100,7 +102,9 @@ def test_hold_sends_nothing(robot: SpyRobot) -> None:
         assert engine.reached.wait(5.0)
     finally:
         loop.stop()
-    assert robot.commands == [] and loop.actions_executed == 0 and loop.last_command is None
+    assert robot.commands == []
+    assert loop.actions_executed == 0
+    assert loop.last_command is None
 
 
 def test_an_engine_error_stops_the_loop_without_escaping(robot: SpyRobot) -> None:
@@ -113,4 +117,5 @@ def test_an_engine_error_stops_the_loop_without_escaping(robot: SpyRobot) -> Non
     loop = run_loop(robot, engine)
     wait_for(lambda: not loop.running, 5.0, "the loop to stop")
     loop.stop()
-    assert isinstance(loop.error, RuntimeError) and loop.ticks == 3
+    assert isinstance(loop.error, RuntimeError)
+    assert loop.ticks == 3

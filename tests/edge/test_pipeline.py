@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
+from servo._core import ActionQueue
 from servo.client.session import ObservationInput
 from servo.edge.pipeline import ChunkPipeline
 
@@ -50,8 +53,10 @@ def test_snapshot_delay_comes_from_the_worst_tracked_latency() -> None:
         pipe.latency.add(ms * 1_000_000)
     request = pipe.snapshot(obs(0))
     assert request.delay_steps == 3 == pipe.last_delay_steps
-    assert request.idx_before == 0 and request.episode_id == 0
-    assert request.prefix_model is None and request.prefix_robot is None  # nothing queued
+    assert request.idx_before == 0
+    assert request.episode_id == 0
+    assert request.prefix_model is None
+    assert request.prefix_robot is None
 
 
 def test_snapshot_ships_the_unexecuted_prefix_capped_by_the_horizon() -> None:
@@ -62,7 +67,8 @@ def test_snapshot_ships_the_unexecuted_prefix_capped_by_the_horizon() -> None:
         assert pipe.next_action(0) is not None
     request = pipe.snapshot(obs(0))
     assert request.idx_before == 2
-    assert request.prefix_model is not None and request.prefix_robot is not None
+    assert request.prefix_model is not None
+    assert request.prefix_robot is not None
     np.testing.assert_array_equal(request.prefix_model, model[2:6])
     np.testing.assert_array_equal(request.prefix_robot, robot[2:6])
 
@@ -83,7 +89,8 @@ def test_complete_trims_by_real_delay_reconciled_with_actions_consumed_in_flight
     assert trimmed == 3
     assert pipe.latency.max() == 3 * DT_NS - DT_NS // 2
     action = pipe.next_action(arrived)
-    assert action is not None and action.source == "policy"
+    assert action is not None
+    assert action.source == "policy"
     np.testing.assert_array_equal(action.values, robot[3])  # robot space, first untrimmed step
     assert action.provenance is not None
     assert tuple(action.provenance) == (7, 2, 0, sent_ns)
@@ -108,9 +115,7 @@ def test_append_mode_keeps_the_rest_of_the_queue() -> None:
     request = pipe.snapshot(obs(0))
     pipe.complete(request, *chunk(4, 10.0), 5 * DT_NS, session_id=1, seq_id=2)
     got = [pipe.next_action(0) for _ in range(8)]
-    assert [float(a.values[0]) for a in got if a is not None] == [
-        0.5, 1.5, 2.5, 3.5, 10.5, 11.5, 12.5, 13.5,
-    ]  # fmt: skip
+    assert [float(a.values[0]) for a in got if a is not None] == [0.5, 1.5, 2.5, 3.5, 10.5, 11.5, 12.5, 13.5]
 
 
 def test_episode_reset_drops_a_late_chunk() -> None:
@@ -125,7 +130,8 @@ def test_episode_reset_drops_a_late_chunk() -> None:
     assert fresh.episode_id == 1
     assert pipe.complete(fresh, *chunk(10, 9.0), DT_NS, session_id=1, seq_id=3) is not None
     action = pipe.next_action(DT_NS)
-    assert action is not None and action.provenance is not None
+    assert action is not None
+    assert action.provenance is not None
     assert action.provenance.episode_id == 1
 
 
@@ -134,12 +140,16 @@ def test_staleness_bound_refuses_an_old_action_and_clears_the_rest() -> None:
     obs_ns = 5 * DT_NS
     pipe.complete(pipe.snapshot(obs(obs_ns)), *chunk(30, 0.0), obs_ns, session_id=1, seq_id=1)
     ok = pipe.next_action(obs_ns + 1_000_000_000)  # exactly max age: still allowed
-    assert ok is not None and ok.source == "policy"
+    assert ok is not None
+    assert ok.source == "policy"
 
     late = obs_ns + 1_000_000_001
     action = pipe.next_action(late)
-    assert action is not None and action.source == "fallback" and action.provenance is None
-    assert pipe.stale_refusals == 1 and pipe.fallback_ticks == 1
+    assert action is not None
+    assert action.source == "fallback"
+    assert action.provenance is None
+    assert pipe.stale_refusals == 1
+    assert pipe.fallback_ticks == 1
     assert pipe.last_starved_ns == late
     assert pipe.queue.empty()  # the rest of that chunk is at least as old
     assert pipe.needs_observation()
@@ -160,7 +170,8 @@ def test_fallback_ladder(fallback: str, expected: list[float] | None) -> None:
     if expected is None:
         assert starved is None
     else:
-        assert starved is not None and starved.source == "fallback"
+        assert starved is not None
+        assert starved.source == "fallback"
         assert starved.values.tolist() == expected
     assert pipe.fallback_ticks == 2
 
@@ -182,3 +193,40 @@ def test_needs_observation_follows_buffer_time() -> None:
     assert not pipe.needs_observation()  # 5 left
     pipe.next_action(0)
     assert pipe.needs_observation()  # 4 left < 5
+
+
+class RacingQueue:
+    """An ActionQueue whose pop lets a producer merge right after it (the worker racing in)."""
+
+    def __init__(self, inner: ActionQueue, after_pop: Callable[[], None]) -> None:
+        self._inner = inner
+        self._after_pop = after_pop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def get_with_provenance(self) -> Any:
+        item = self._inner.get_with_provenance()
+        self._after_pop()
+        return item
+
+
+def test_a_fresh_chunk_merged_during_a_stale_refusal_survives() -> None:
+    pipe = make_pipeline(max_age_s=1.0)
+    pipe.complete(pipe.snapshot(obs(0)), *chunk(10, 0.0), 0, session_id=1, seq_id=1)
+    late = 2_000_000_000
+    fresh = pipe.snapshot(obs(late))
+    inner = pipe.queue
+
+    def merge_fresh() -> None:
+        pipe.queue = inner  # once
+        pipe.complete(fresh, *chunk(10, 50.0), late, session_id=1, seq_id=2)
+
+    pipe.queue = RacingQueue(inner, merge_fresh)  # type: ignore[assignment]
+    refused = pipe.next_action(late)  # pops a stale action; the fresh chunk lands meanwhile
+    assert refused is None
+    assert pipe.stale_refusals == 1
+    action = pipe.next_action(late)
+    assert action is not None
+    assert action.provenance is not None
+    assert action.provenance.seq_id == 2  # not wiped by the stale refusal's clear

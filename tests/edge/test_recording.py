@@ -46,7 +46,8 @@ def write_episode(path: Path, *, image_every: int = 0) -> list[Tick]:
     for tick in ticks:
         recorder.record(tick)
     recorder.close()
-    assert recorder.written == len(ticks) and recorder.dropped == 0
+    assert recorder.written == len(ticks)
+    assert recorder.dropped == 0
     return ticks
 
 
@@ -55,7 +56,8 @@ def test_round_trip_with_provenance(tmp_path: Path) -> None:
     ticks = write_episode(path)
     assert path.read_bytes()[: len(MAGIC)] == MAGIC
     rec = read_recording(path)
-    assert rec.header.robot == "test" and rec.header.fps == 30.0
+    assert rec.header.robot == "test"
+    assert rec.header.fps == 30.0
     assert rec.header.joint_names == ["a.pos", "b.pos"]
     assert (rec.header.client_id, rec.header.task) == ("arm-1", "sweep")
     assert rec.header.cameras == {"front": [24, 32]}
@@ -83,7 +85,8 @@ def test_images_every_n_ticks(tmp_path: Path) -> None:
     assert with_images == [0, 3]  # tick 0 and 3 had frames and are multiples of 3
     image = decode_image(rec.frames[0].images["front"])
     assert image.shape == (24, 32, 3)
-    assert int(image[..., 0].mean()) > 180 and int(image[..., 2].mean()) < 40  # still red
+    assert int(image[..., 0].mean()) > 180
+    assert int(image[..., 2].mean()) < 40
 
 
 def test_truncated_file_is_tolerated(tmp_path: Path) -> None:

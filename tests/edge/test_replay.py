@@ -15,6 +15,7 @@ from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, read_recording
 from servo.robots import SimConfig, SimSO100
 from servo.wire import encode_tensor
+from tests.edge.fakes import eventually
 from tests.support import make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
@@ -82,7 +83,7 @@ async def test_file_replay_drains_every_frame_locally(tmp_path: Path) -> None:
     source = tmp_path / "episode.servo"
     write_recording(source, frames, list(spec.joint_names))
 
-    summary, engine, record = await run_replay(str(source), tmp_path)
+    summary, _, record = await run_replay(str(source), tmp_path)
 
     assert summary.stop_reason == "finished"
     assert summary.network_requests == 0
@@ -126,9 +127,7 @@ async def test_loop_starts_over(tmp_path: Path) -> None:
     async with anyio.create_task_group() as tg:
 
         async def stop_after_two_laps() -> None:
-            with anyio.fail_after(20):
-                while engine.laps < 2:
-                    await anyio.sleep(0.02)
+            await eventually(lambda: engine.laps >= 2, 20, "two laps")
             runtime.request_stop("two laps")
 
         tg.start_soon(stop_after_two_laps)

@@ -140,5 +140,5 @@ async def eventually(condition: Callable[[], bool], *, timeout: float = 5.0) -> 
     """Wait until ``condition()`` holds, checking at short checkpoints (for state that another
     thread changes and that has no event of its own, e.g. a counter bumped by a Zenoh callback)."""
     with anyio.fail_after(timeout):
-        while not condition():
+        while not condition():  # noqa: ASYNC110 - the condition has no event to wait on
             await anyio.sleep(0.005)

@@ -93,5 +93,12 @@ async def test_exclusive_mode_serves_one_session(port: int) -> None:
             await sa.infer(observation(1), timeout=5)
             # exclusive mode also resets the (chunk-stateful) policy at the episode boundary
             assert policy.resets == resets + 1
+            # An observation of a new episode that overtakes its reset request resets as well.
+            sa.episode_id = 2
+            await sa.infer(observation(1), timeout=5)
+            assert policy.resets == resets + 2
+            await sa.reset(2)
+            await sa.infer(observation(1), timeout=5)
+            assert policy.resets == resets + 2, "the late reset request must not reset mid-episode"
             await sa.close()
         assert len(server.registry) == 0

@@ -170,9 +170,7 @@ def test_bad_manifest_exits_2_with_one_line(tmp_path: Path, text: str, message: 
 
 
 def test_missing_manifest_file_exits_2(tmp_path: Path) -> None:
-    done = subprocess.run(
-        serve_command(tmp_path / "nope.toml"), capture_output=True, text=True, timeout=60, cwd=REPO
-    )
+    done = subprocess.run(serve_command(tmp_path / "nope.toml"), capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"servo-serve: error: cannot read manifest {str(tmp_path / 'nope.toml')!r}: No such file or directory"

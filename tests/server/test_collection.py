@@ -46,32 +46,36 @@ async def test_live_client_outlives_the_grace_period(port: int) -> None:
     """Regression: the client's liveliness token arrives before its session exists; the session
     must still count as alive and never be collected while the robot is there."""
     manifest = make_manifest(port, extra=f"[serving]\nclient_grace_s = {GRACE_S}\n")
-    async with running_server(manifest, policy=FixedComputePolicy()) as (server, ready):
-        async with connected(port, "robot") as client:
-            session = await open_on(client, ready)
-            started = time.monotonic()
-            while time.monotonic() - started < 3 * GRACE_S:
-                await session.infer(observation(1), timeout=5)
-            assert len(server.registry) == 1
-            assert metric(server, "servo_sessions_collected_total", reason="vanished") == 0
-            await session.close()
+    async with (
+        running_server(manifest, policy=FixedComputePolicy()) as (server, ready),
+        connected(port, "robot") as client,
+    ):
+        session = await open_on(client, ready)
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * GRACE_S:
+            await session.infer(observation(1), timeout=5)
+        assert len(server.registry) == 1
+        assert metric(server, "servo_sessions_collected_total", reason="vanished") == 0
+        await session.close()
 
 
 async def test_session_without_liveliness_token_is_collected(port: int) -> None:
     """A session opened by hand (no token ever declared) is collected like a vanished client."""
     manifest = make_manifest(port, extra=f"[serving]\nclient_grace_s = {GRACE_S}\n")
-    async with running_server(manifest, policy=FixedComputePolicy()) as (server, ready):
-        async with connected(port, "robot") as client:
-            request = SessionOpen(
-                client_id="tokenless",
-                schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
-                features=ready.info.features,
-                fps=ready.info.fps,
-            )
-            (reply,) = await query(client.zsession, ready.keys.session, payload=encode(request), timeout=2)
-            assert reply.ok is not None
-            decode(reply.ok.payload.to_bytes(), SessionAck)
-            assert len(server.registry) == 1
-            with anyio.fail_after(5):
-                await server.wait_sessions(lambda sessions: not sessions)
-            assert metric(server, "servo_sessions_collected_total", reason="vanished") == 1
+    async with (
+        running_server(manifest, policy=FixedComputePolicy()) as (server, ready),
+        connected(port, "robot") as client,
+    ):
+        request = SessionOpen(
+            client_id="tokenless",
+            schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
+            features=ready.info.features,
+            fps=ready.info.fps,
+        )
+        (reply,) = await query(client.zsession, ready.keys.session, payload=encode(request), timeout=2)
+        assert reply.ok is not None
+        decode(reply.ok.payload.to_bytes(), SessionAck)
+        assert len(server.registry) == 1
+        with anyio.fail_after(5):
+            await server.wait_sessions(lambda sessions: not sessions)
+        assert metric(server, "servo_sessions_collected_total", reason="vanished") == 1

@@ -6,8 +6,8 @@ from collections import Counter
 
 import anyio
 import numpy as np
-from anyio.abc import TaskStatus
 import pytest
+from anyio.abc import TaskStatus
 
 from servo.client import RemoteSession
 from tests.server.helpers import connected, metric, observation, open_on
@@ -93,16 +93,19 @@ async def test_greedy_client_cannot_starve_the_others(port: int) -> None:
 
     async with running_server(manifest, policy=policy) as (server, ready):
         policy.served.clear()
-        async with connected(port, "polite-0") as c0, connected(port, "polite-1") as c1:
-            async with connected(port, "greedy") as cg:
-                sessions = [await open_on(c, ready) for c in (c0, c1, cg)]
-                with anyio.fail_after(30):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(polite, sessions[0], 0)
-                        tg.start_soon(polite, sessions[1], 1)
-                        tg.start_soon(greedy, sessions[2])
-                for session in sessions:
-                    await session.close()
+        async with (
+            connected(port, "polite-0") as c0,
+            connected(port, "polite-1") as c1,
+            connected(port, "greedy") as cg,
+        ):
+            sessions = [await open_on(c, ready) for c in (c0, c1, cg)]
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(polite, sessions[0], 0)
+                    tg.start_soon(polite, sessions[1], 1)
+                    tg.start_soon(greedy, sessions[2])
+            for session in sessions:
+                await session.close()
     served = Counter(policy.served)
     assert greedy_superseded > 0
     # The greedy client got no more than its share: each polite client was served at least

@@ -64,15 +64,18 @@ async def test_processor_state_held_across_requests_stays_per_session(port: int)
             result = await session.infer(observation(state), timeout=5)
             results[name].append(result.chunk_robot)
 
-    async with running_server(manifest, policy=policy) as (_, ready):
-        async with connected(port, "a") as ca, connected(port, "b") as cb:
-            sa, sb = await open_on(ca, ready), await open_on(cb, ready)
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(robot, sa, "a")
-                    tg.start_soon(robot, sb, "b")
-            await sa.close()
-            await sb.close()
+    async with (
+        running_server(manifest, policy=policy) as (_, ready),
+        connected(port, "a") as ca,
+        connected(port, "b") as cb,
+    ):
+        sa, sb = await open_on(ca, ready), await open_on(cb, ready)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(robot, sa, "a")
+                tg.start_soon(robot, sb, "b")
+        await sa.close()
+        await sb.close()
     for i, chunk in enumerate(results["a"]):
         np.testing.assert_array_equal(chunk, np.full_like(chunk, anchors["a"] + i + 1))
     half = REQUESTS // 2

@@ -145,24 +145,27 @@ def manifest_for(port: int) -> str:
 
 async def test_malformed_observations_are_answered_and_do_not_disturb_others(port: int) -> None:
     manifest = make_manifest(port, extra=manifest_for(port))
-    async with running_server(manifest, policy=FixedComputePolicy(compute_ms=2)) as (server, ready):
-        async with connected(port, "victim") as victim, connected(port, "bystander") as bystander:
-            session = await open_on(victim, ready)
-            other = await open_on(bystander, ready)
-            async with action_tap(victim.zsession, session.keys.action) as tap, well_behaved(other) as served:
+    async with (
+        running_server(manifest, policy=FixedComputePolicy(compute_ms=2)) as (server, ready),
+        connected(port, "victim") as victim,
+        connected(port, "bystander") as bystander,
+    ):
+        session = await open_on(victim, ready)
+        other = await open_on(bystander, ready)
+        async with action_tap(victim.zsession, session.keys.action) as tap, well_behaved(other) as served:
+            await still_served(served)
+            for seq, (name, case) in enumerate(CASES.items(), start=100):
+                attachment = case.attachment(session, seq)
+                victim.zsession.put(session.keys.obs, case.payload(), attachment=attachment)
+                event = await expect_error(tap, seq if case.routed_seq else 0)
+                assert event.code == case.code, (name, event)
+                assert event.message, name
                 await still_served(served)
-                for seq, (name, case) in enumerate(CASES.items(), start=100):
-                    attachment = case.attachment(session, seq)
-                    victim.zsession.put(session.keys.obs, case.payload(), attachment=attachment)
-                    event = await expect_error(tap, seq if case.routed_seq else 0)
-                    assert event.code == case.code, (name, event)
-                    assert event.message, name
-                    await still_served(served)
-                # after all that, the victim's own session still works
-                result = await session.infer(observation(7), timeout=5)
-                assert result.chunk_robot[0][0] == 7
-            await session.close()
-            await other.close()
+            # after all that, the victim's own session still works
+            result = await session.infer(observation(7), timeout=5)
+            assert result.chunk_robot[0][0] == 7
+        await session.close()
+        await other.close()
     expected = Counter(case.code for case in CASES.values())
     for code, count in expected.items():
         assert metric(server, "servo_requests_total", outcome=code) == count, code
@@ -171,74 +174,81 @@ async def test_malformed_observations_are_answered_and_do_not_disturb_others(por
 
 async def test_client_api_surfaces_server_errors(port: int) -> None:
     """Through PolicyClient: the refused request raises ServerError; the next one is served."""
-    async with running_server(make_manifest(port), policy=FailingPolicy()) as (server, ready):
-        async with connected(port, "robot") as client:
-            session = await open_on(client, ready)
-            with pytest.raises(ServerError) as info:
-                await session.infer(observation(1.0, dim=5), timeout=5)
-            assert info.value.code == "bad_observation"
-            assert "observation.state" in info.value.message
-            with pytest.raises(ServerError) as info:
-                await session.infer(observation(np.array([1, np.nan, 0, 0, 0, 0])), timeout=5)
-            assert info.value.code == "bad_observation"
-            assert "NaN" in info.value.message
-            with pytest.raises(ServerError) as info:
-                await session.infer(observation(-1.0), timeout=5)  # the policy raises on this one
-            assert info.value.code == "inference_failed"
-            assert "policy bug" in info.value.message
-            result = await session.infer(observation(3.0), timeout=5)
-            assert result.chunk_robot[0][0] == 3
-            await session.close()
+    async with (
+        running_server(make_manifest(port), policy=FailingPolicy()) as (server, ready),
+        connected(port, "robot") as client,
+    ):
+        session = await open_on(client, ready)
+        with pytest.raises(ServerError) as info:
+            await session.infer(observation(1.0, dim=5), timeout=5)
+        assert info.value.code == "bad_observation"
+        assert "observation.state" in info.value.message
+        with pytest.raises(ServerError) as info:
+            await session.infer(observation(np.array([1, np.nan, 0, 0, 0, 0])), timeout=5)
+        assert info.value.code == "bad_observation"
+        assert "NaN" in info.value.message
+        with pytest.raises(ServerError) as info:
+            await session.infer(observation(-1.0), timeout=5)  # the policy raises on this one
+        assert info.value.code == "inference_failed"
+        assert "policy bug" in info.value.message
+        result = await session.infer(observation(3.0), timeout=5)
+        assert result.chunk_robot[0][0] == 3
+        await session.close()
     assert metric(server, "servo_requests_total", outcome="inference_failed") == 1
 
 
 async def test_hostile_keys_crash_nothing(port: int) -> None:
-    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
-        async with connected(port, "robot") as client, connected(port, "intruder") as intruder:
-            session = await open_on(client, ready)
-            prefix = ready.keys.prefix
-            z = intruder.zsession
-            header = obs_header(session, 1)
-            hostile = [
-                f"{prefix}/c/*/obs",
-                f"{prefix}/c/**/obs",
-                f"{prefix}/c/robot/extra/obs",
-                f"{prefix}/c/robot/obs/extra",
-                f"{prefix}/c/$*/obs",
-                f"{prefix}/*/*/obs",
-                f"{prefix}/**",
-            ]
-            delivered_possible = 0
-            for key in hostile:
-                try:
-                    z.put(key, body(), attachment=header)
-                    delivered_possible += 1
-                except zenoh.ZError:
-                    pass  # zenoh itself refused the key: fine
-            for selector in (f"{prefix}/c/*/control", f"{prefix}/c/**"):
-                replies = await query(z, selector, payload=encode(ResetRequest(session.session_id, 3)), timeout=2)
-                for reply in replies:
-                    assert reply.err is not None
-                    assert decode(reply.err.payload.to_bytes(), Rejection).code in ("bad_request", "unknown_session")
-            await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="bad_key") >= 1)
-            # nothing was served into the robot's session, and it still works
-            result = await session.infer(observation(5), timeout=5)
-            assert (result.seq_id, result.chunk_robot[0][0]) == (1, 5)
-            assert session.episode_id == 0
-            assert len(server.registry) == 1
-            await session.close()
+    async with (
+        running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready),
+        connected(port, "robot") as client,
+        connected(port, "intruder") as intruder,
+    ):
+        session = await open_on(client, ready)
+        prefix = ready.keys.prefix
+        z = intruder.zsession
+        header = obs_header(session, 1)
+        hostile = [
+            f"{prefix}/c/*/obs",
+            f"{prefix}/c/**/obs",
+            f"{prefix}/c/robot/extra/obs",
+            f"{prefix}/c/robot/obs/extra",
+            f"{prefix}/c/$*/obs",
+            f"{prefix}/*/*/obs",
+            f"{prefix}/**",
+        ]
+        delivered_possible = 0
+        for key in hostile:
+            try:
+                z.put(key, body(), attachment=header)
+                delivered_possible += 1
+            except zenoh.ZError:
+                pass  # zenoh itself refused the key: fine
+        for selector in (f"{prefix}/c/*/control", f"{prefix}/c/**"):
+            replies = await query(z, selector, payload=encode(ResetRequest(session.session_id, 3)), timeout=2)
+            for reply in replies:
+                assert reply.err is not None
+                assert decode(reply.err.payload.to_bytes(), Rejection).code in ("bad_request", "unknown_session")
+        await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="bad_key") >= 1)
+        # nothing was served into the robot's session, and it still works
+        result = await session.infer(observation(5), timeout=5)
+        assert (result.seq_id, result.chunk_robot[0][0]) == (1, 5)
+        assert session.episode_id == 0
+        assert len(server.registry) == 1
+        await session.close()
     assert delivered_possible >= 1
 
 
 async def test_observations_without_a_session_are_dropped(port: int) -> None:
-    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
-        async with connected(port, "robot") as client:
-            session = await open_on(client, ready)
-            await session.close()
-            key = ready.keys.client("ghost").obs
-            client.zsession.put(key, body(), attachment=obs_header(session, 1))
-            await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="no_session") >= 1)
-            assert _served(server) == 0
+    async with (
+        running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready),
+        connected(port, "robot") as client,
+    ):
+        session = await open_on(client, ready)
+        await session.close()
+        key = ready.keys.client("ghost").obs
+        client.zsession.put(key, body(), attachment=obs_header(session, 1))
+        await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="no_session") >= 1)
+        assert _served(server) == 0
 
 
 def _served(server: PolicyServer) -> float:

@@ -37,30 +37,33 @@ async def test_every_replica_answers_discovery_sorted_by_load(port: int) -> None
     second_manifest = server_manifest(
         second, serving='app = "fleet"\nreplica = "r2"', zenoh=f'connect = ["tcp/127.0.0.1:{port}"]'
     )
-    async with running_server(first_manifest, policy=FixedComputePolicy()) as (_, r1):
-        async with running_server(second_manifest, policy=FixedComputePolicy()) as (_, r2):
-            assert r1.keys.replica == "r1" and r2.keys.replica == "r2"
-            # the robot only knows the first replica's endpoint; the second is reached through it
-            async with connected(port, "a") as ca, connected(port, "b") as cb, connected(port, "c") as cc:
-                with anyio.fail_after(10):
-                    while len(servers := await ca.discover(app="fleet")) < 2:
-                        pass  # the peers' mesh may take a moment to form
-                assert [s.keys.replica for s in servers] == ["r1", "r2"]  # equal load: by name
-                assert all(s.status.warmed_up and not s.status.draining for s in servers)
-                on_r2 = await ca.open_session(servers[1], features=r2.info.features, fps=r2.info.fps)
-                assert [s.keys.replica for s in await cb.discover(app="fleet")] == ["r1", "r2"]
-                on_r1 = []
-                for c in (cb, cc):
-                    (target,) = [s for s in await c.discover(app="fleet") if s.keys.replica == "r1"]
-                    on_r1.append(await c.open_session(target, features=r1.info.features, fps=r1.info.fps))
-                servers = await ca.discover(app="fleet")
-                assert [s.keys.replica for s in servers] == ["r2", "r1"]  # least loaded first
-                assert [s.status.active_sessions for s in servers] == [1, 2]
-                # a session on the far replica works end to end through the mesh
-                result = await on_r2.infer(observation(4), timeout=5)
-                assert result.chunk_robot[0][0] == 4
-                for session in (on_r2, *on_r1):
-                    await session.close()
+    async with (
+        running_server(first_manifest, policy=FixedComputePolicy()) as (_, r1),
+        running_server(second_manifest, policy=FixedComputePolicy()) as (_, r2),
+    ):
+        assert r1.keys.replica == "r1"
+        assert r2.keys.replica == "r2"
+        # the robot only knows the first replica's endpoint; the second is reached through it
+        async with connected(port, "a") as ca, connected(port, "b") as cb, connected(port, "c") as cc:
+            with anyio.fail_after(10):
+                while len(servers := await ca.discover(app="fleet")) < 2:
+                    pass  # the peers' mesh may take a moment to form
+            assert [s.keys.replica for s in servers] == ["r1", "r2"]  # equal load: by name
+            assert all(s.status.warmed_up and not s.status.draining for s in servers)
+            on_r2 = await ca.open_session(servers[1], features=r2.info.features, fps=r2.info.fps)
+            assert [s.keys.replica for s in await cb.discover(app="fleet")] == ["r1", "r2"]
+            on_r1 = []
+            for c in (cb, cc):
+                (target,) = [s for s in await c.discover(app="fleet") if s.keys.replica == "r1"]
+                on_r1.append(await c.open_session(target, features=r1.info.features, fps=r1.info.fps))
+            servers = await ca.discover(app="fleet")
+            assert [s.keys.replica for s in servers] == ["r2", "r1"]  # least loaded first
+            assert [s.status.active_sessions for s in servers] == [1, 2]
+            # a session on the far replica works end to end through the mesh
+            result = await on_r2.infer(observation(4), timeout=5)
+            assert result.chunk_robot[0][0] == 4
+            for session in (on_r2, *on_r1):
+                await session.close()
 
 
 async def test_health_is_503_until_warm_and_while_draining(port: int) -> None:
@@ -111,9 +114,11 @@ async def test_metrics_expose_the_documented_series(port: int) -> None:
             session = await open_on(client, ready)
             for i in range(3):
                 await session.infer(observation(i), timeout=5)
-            status, text = await http_get(health, "/metrics")
+            # requests are counted just after their chunk is published: scrape until the third is in
+            with anyio.fail_after(5):
+                while 'servo_requests_total{outcome="ok"} 3.0' not in (text := (await http_get(health, "/metrics"))[1]):
+                    pass
             await session.close()
-        assert status == 200
         samples = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
@@ -132,6 +137,7 @@ async def test_metrics_expose_the_documented_series(port: int) -> None:
         assert any(name.startswith("servo_inference_ms_bucket") for name in samples)
         for series in ("servo_dropped_observations", "servo_sessions_rejected", "servo_sessions_collected"):
             assert f"# TYPE {series}_total counter" in text
+        assert (await http_get(health, "/metrics"))[0] == 200
         assert (await http_get(health, "/nope"))[0] == 404
         assert (await http_get(health, "/metrics", method="POST"))[0] == 405
         assert (await http_get(health, "/healthz"))[0] == 200
@@ -140,16 +146,15 @@ async def test_metrics_expose_the_documented_series(port: int) -> None:
 async def test_audit_log_has_one_json_line_per_request(port: int, tmp_path: Path) -> None:
     audit = tmp_path / "audit.jsonl"
     manifest = server_manifest(port, ops=f'health_port = 0\naudit_log = "{audit}"')
-    async with running_server(manifest, policy=FixedComputePolicy()) as (_, ready):
-        async with connected(port, "robot") as client:
-            session = await open_on(client, ready)
-            for i in range(4):
-                await session.infer(observation(i), timeout=5)
-            await session.reset(2)
-            await session.infer(observation(9), timeout=5)
-            with pytest.raises(Exception, match="bad_observation"):
-                await session.infer(observation(1, dim=3), timeout=5)
-            await session.close()
+    async with running_server(manifest, policy=FixedComputePolicy()) as (_, ready), connected(port, "robot") as client:
+        session = await open_on(client, ready)
+        for i in range(4):
+            await session.infer(observation(i), timeout=5)
+        await session.reset(2)
+        await session.infer(observation(9), timeout=5)
+        with pytest.raises(Exception, match="bad_observation"):
+            await session.infer(observation(1, dim=3), timeout=5)
+        await session.close()
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert len(lines) == 6
     for line in lines:

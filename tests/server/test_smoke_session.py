@@ -10,13 +10,13 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_one_round_trip(port: int) -> None:
-    async with running_server(make_manifest(port)) as (_, ready):
-        async with PolicyClient.connect(client_settings(port), "arm-1") as client:
-            (server,) = await client.discover()
-            session = await client.open_session(server, features=ready.info.features, fps=30)
-            obs = ObservationInput(
-                np.zeros(6, np.float32), {"front": np.zeros((48, 64, 3), np.uint8)}, time.monotonic_ns()
-            )
-            result = await session.infer(obs, timeout=5)
-            assert result.chunk_robot.shape == (50, 6)
-            await session.close()
+    async with (
+        running_server(make_manifest(port)) as (_, ready),
+        PolicyClient.connect(client_settings(port), "arm-1") as client,
+    ):
+        (server,) = await client.discover()
+        session = await client.open_session(server, features=ready.info.features, fps=30)
+        obs = ObservationInput(np.zeros(6, np.float32), {"front": np.zeros((48, 64, 3), np.uint8)}, time.monotonic_ns())
+        result = await session.infer(obs, timeout=5)
+        assert result.chunk_robot.shape == (50, 6)
+        await session.close()

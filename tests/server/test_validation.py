@@ -134,26 +134,27 @@ WARNINGS = {
 
 @pytest.mark.parametrize("case", WARNINGS.values(), ids=WARNINGS.keys())
 async def test_soft_mismatch_is_accepted_with_a_warning(port: int, case: Warned) -> None:
-    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
-        async with connected(port, "robot") as client:
-            session = await open_on(client, ready, **case.open)
-            assert session.ack is not None
-            assert any(all(w in warning for w in case.words) for warning in session.ack.warnings), session.ack
-            assert case.check(session.ack)
-            assert len(server.registry) == 1
-            await session.close()
+    async with (
+        running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready),
+        connected(port, "robot") as client,
+    ):
+        session = await open_on(client, ready, **case.open)
+        assert session.ack is not None
+        assert any(all(w in warning for w in case.words) for warning in session.ack.warnings), session.ack
+        assert case.check(session.ack)
+        assert len(server.registry) == 1
+        await session.close()
 
 
 async def test_clean_open_has_no_warnings_and_pins_default_task(port: int) -> None:
     manifest = make_manifest(port, extra='[serving]\ndefault_task = "sweep"\npin_task = true\n')
-    async with running_server(manifest, policy=FixedComputePolicy()) as (_, ready):
-        async with connected(port, "robot") as client:
-            session = await open_on(client, ready, task="sweep")
-            assert session.ack is not None
-            assert session.ack.warnings == []
-            assert session.ack.task == "sweep"
-            assert session.ack.policy == ready.info
-            await session.close()
+    async with running_server(manifest, policy=FixedComputePolicy()) as (_, ready), connected(port, "robot") as client:
+        session = await open_on(client, ready, task="sweep")
+        assert session.ack is not None
+        assert session.ack.warnings == []
+        assert session.ack.task == "sweep"
+        assert session.ack.policy == ready.info
+        await session.close()
 
 
 async def test_garbage_session_request_is_a_bad_request(port: int) -> None:

@@ -55,7 +55,8 @@ def test_segment_never_lets_key_syntax_through(text: str) -> None:
     except WireError:
         return
     assert not set(seg) & set("*$?#/")
-    assert seg and not seg.startswith("@")
+    assert seg
+    assert not seg.startswith("@")
 
 
 def test_slugify_model_ids() -> None:

@@ -77,7 +77,8 @@ def test_session_open_defaults_and_round_trip() -> None:
     msg = SessionOpen(client_id="arm", schema_versions=[1], features=features, fps=30.0)
     back = decode(encode(msg), SessionOpen)
     assert back == msg
-    assert back.tags == {} and back.rtc is False
+    assert back.tags == {}
+    assert back.rtc is False
 
 
 def test_chunk_round_trip_is_exact() -> None:

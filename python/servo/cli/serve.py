@@ -46,8 +46,8 @@ async def serve(manifest: Manifest) -> None:
         ready: ServerReady = await tg.start(run_server)
         info, z = ready.info, manifest.zenoh
         _say(
-            f"serving {info.model} rev {info.revision} ({info.serving_mode}, chunk {info.chunk_size} @ {info.fps:g} fps, "
-            f"RTC {'yes' if info.supports_rtc else 'no'})"
+            f"serving {info.model} rev {info.revision} ({info.serving_mode}, "
+            f"chunk {info.chunk_size} @ {info.fps:g} fps, RTC {'yes' if info.supports_rtc else 'no'})"
         )
         _say(f"actions: {', '.join(info.features.action_names)}; cameras: {', '.join(info.features.cameras) or 'none'}")
         _say(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")

@@ -12,8 +12,9 @@ log = structlog.get_logger(__name__)
 
 
 async def on_signal(action: Callable[[], None]) -> None:
-    """Call ``action`` on the first SIGINT/SIGTERM; a second one cancels the caller's scope by
-    raising KeyboardInterrupt (the user insisted).
+    """Call ``action`` on the first SIGINT/SIGTERM.
+
+    A second signal raises KeyboardInterrupt: the user insisted, teardown is abandoned.
     """
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         first = True

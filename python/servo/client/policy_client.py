@@ -1,5 +1,7 @@
-"""`PolicyClient`: discover servers and open sessions. The building block of the edge runtime,
-usable on its own from any anyio program. Never imports torch.
+"""`PolicyClient`: discover servers and open sessions.
+
+The building block of the edge runtime, usable on its own from any anyio program. Never imports
+torch.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -124,7 +125,7 @@ class RemoteSession:
         self._result_ready = anyio.Event()
         self._matching = anyio.Event()
         self._server_seen = False
-        self._entities: list[zenoh.Subscriber | zenoh.LivelinessToken | zenoh.MatchingListener] = []
+        self._entities: list[zenoh.Subscriber[None] | zenoh.LivelinessToken | zenoh.MatchingListener[None]] = []
         self._publisher: zenoh.Publisher | None = None
 
     # ------------------------------------------------------------------ set-up / tear-down
@@ -169,16 +170,12 @@ class RemoteSession:
                 )
         self._bridge.closed = True
         for entity in reversed(self._entities):
-            try:
-                entity.undeclare()
-            except zenoh.ZError:
-                pass
+            with contextlib.suppress(zenoh.ZError):
+                entity.undeclare()  # type: ignore[no-untyped-call]  # union defeats untyped_calls_exclude
         self._entities.clear()
         if self._publisher is not None:
-            try:
+            with contextlib.suppress(zenoh.ZError):
                 self._publisher.undeclare()
-            except zenoh.ZError:
-                pass
             self._publisher = None
         self._mark_lost("closed")
 

@@ -42,12 +42,14 @@ def request_realtime(priority: int = REALTIME_PRIORITY) -> bool:
     """Put the calling thread under ``SCHED_FIFO`` at ``priority``; False if not permitted.
 
     Linux applies the policy to the calling thread only (the pid argument 0 is the thread).
+    ``SCHED_RESET_ON_FORK`` keeps threads this one starts (e.g. a local policy's OpenMP workers
+    when inference runs on the loop) at normal priority instead of spinning at real-time priority.
     """
     setter = getattr(os, "sched_setscheduler", None)
     if setter is None:
         return False
     try:
-        setter(0, os.SCHED_FIFO, os.sched_param(priority))
+        setter(0, os.SCHED_FIFO | getattr(os, "SCHED_RESET_ON_FORK", 0), os.sched_param(priority))
     except OSError:
         return False
     return True
@@ -111,8 +113,10 @@ class ControlLoop:
         return self._thread.is_alive()
 
     def park(self, pose: FloatArray, *, tolerance: float, timeout: float) -> bool:
-        """Replace policy actions with ``pose`` (still slew-limited) until the robot is within
-        ``tolerance`` of it; returns False if that took longer than ``timeout`` seconds.
+        """Drive to ``pose`` instead of the policy, still slew-limited; False on timeout.
+
+        Returns once the robot is within ``tolerance`` of ``pose``, or False if that took longer
+        than ``timeout`` seconds.
         """
         self._override_tolerance = tolerance
         self._parked.clear()
@@ -169,7 +173,7 @@ class ControlLoop:
                     mono_ns=now,
                     state=state,
                     action=command,
-                    source=source,  # type: ignore[arg-type]
+                    source=source,
                     provenance=None if action is None or override is not None else action.provenance,
                     images=images,
                 )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,7 +20,6 @@ from servo.edge.pipeline import Action, ChunkPipeline, Request
 from servo.robots.protocol import RobotSpec
 from servo.transport import LoopBridge
 from servo.wire import CameraFeature, Features
-
 
 #: How often a waiting worker re-evaluates the fail-safe state and its stop conditions.
 TICK_S = 0.02
@@ -146,8 +145,10 @@ class EngineBase:
 
     # ------------------------------------------------------------------ control-loop side
     def notify_observation(self, obs: ObservationInput) -> None:
-        """Control loop: replace the latest observation (a reference swap, no copy); wake the
-        worker if it is waiting for the queue to run low (once per request, non-blocking)."""
+        """Control loop: replace the latest observation (a reference swap, no copy).
+
+        Wakes the worker if it is waiting for the queue to run low (once per request, non-blocking).
+        """
         with self._slot_lock:
             self._latest = obs
         if self._waiting and self._bridge is not None and self.pipeline.needs_observation():
@@ -155,6 +156,10 @@ class EngineBase:
             self._bridge.call(self._set_wake)
 
     # ------------------------------------------------------------------ worker side (event loop)
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Produce chunks until cancelled; ``started`` once ready (each engine implements it)."""
+        raise NotImplementedError
+
     def attach_loop(self) -> None:
         """Bind to the running event loop (first thing `run` does)."""
         self._bridge = LoopBridge()
@@ -229,8 +234,11 @@ class EngineBase:
         self.paused = False
 
     def merge(self, request: Request, produced: Produced, now_ns: int) -> int | None:
-        """Merge a produced chunk (the same call for every engine); returns the steps trimmed,
-        or None when the chunk was dropped because the episode was reset meanwhile."""
+        """Merge a produced chunk (the same call for every engine).
+
+        Returns the steps trimmed, or None when the chunk was dropped because the episode was
+        reset meanwhile.
+        """
         trimmed = self.pipeline.complete(
             request,
             produced.chunk_model,

@@ -43,8 +43,9 @@ _LIVE = (EngineState.STREAMING, EngineState.DEGRADED, EngineState.STALLED)
 
 
 class FailSafe:
-    """The state machine. Transitions are driven by the engine's worker; the control loop only
-    reads `state` and `dead`.
+    """The state machine.
+
+    Transitions are driven by the engine's worker; the control loop only reads `state` and `dead`.
 
     Args:
         degraded_after_s: A request outstanding this long -> DEGRADED.
@@ -125,8 +126,10 @@ class FailSafe:
         self._go(EngineState.DEAD, reason)
 
     def tick(self, *, starved_since_ns: int) -> EngineState:
-        """Periodic evaluation. ``starved_since_ns`` is when the control loop last had no fresh
-        action (0 = never).
+        """Periodic evaluation.
+
+        Args:
+            starved_since_ns: When the control loop last had no fresh action (0 = never).
         """
         now = self._clock()
         if self.state in (EngineState.CONNECTING, EngineState.RECONNECTING):
@@ -137,7 +140,10 @@ class FailSafe:
             return self.state
         if starved_since_ns > self._last_good_ns:
             self._go(EngineState.STALLED, "no fresh action for the control loop")
-        elif self._request_out_ns is not None and now - self._request_out_ns > self._degraded_ns:
-            if self.state is EngineState.STREAMING:
-                self._go(EngineState.DEGRADED, "request outstanding too long")
+        elif (
+            self.state is EngineState.STREAMING
+            and self._request_out_ns is not None
+            and now - self._request_out_ns > self._degraded_ns
+        ):
+            self._go(EngineState.DEGRADED, "request outstanding too long")
         return self.state

@@ -25,7 +25,7 @@ from servo.edge.engine import EngineBase, Produced, robot_features
 from servo.edge.pipeline import Action, Request
 from servo.policy import DecodedObservation, Policy, load_policy
 from servo.robots.protocol import RobotSpec
-from servo.wire import SUPPORTED_SCHEMA_VERSIONS, PolicyInfo, Rejection, SessionOpen
+from servo.wire import SUPPORTED_SCHEMA_VERSIONS, Rejection, SessionOpen
 
 if TYPE_CHECKING:
     from servo.policy.protocol import Processor
@@ -65,21 +65,12 @@ class LocalEngine(EngineBase):
             EdgeStartError: the policy's features do not match the robot.
         """
         from servo.edge.remote import EdgeStartError
+        from servo.policy.compatibility import describe, validate_open
         from servo.policy.runner import InferenceRunner
-        from servo.server.validation import validate_open
 
         policy = self._policy or load_policy(self.config.policy, self.config.policy_options)
         spec = policy.spec
-        info = PolicyInfo(
-            model=spec.model,
-            revision=spec.revision,
-            features=spec.features,
-            chunk_size=spec.chunk_size,
-            fps=spec.fps,
-            supports_rtc=spec.supports_rtc,
-            chunk_stateless=spec.chunk_stateless,
-            serving_mode="exclusive",
-        )
+        info = describe(spec, serving_mode="exclusive")
         request = SessionOpen(
             client_id=self.client_id,
             schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
@@ -102,7 +93,8 @@ class LocalEngine(EngineBase):
     def infer(self, request: Request, *, episode_start: bool) -> Produced:
         """Run the policy for one request (blocking)."""
         runner, processor, policy = self._runner, self._processor, self._policy
-        assert runner is not None and processor is not None and policy is not None
+        if runner is None or processor is None or policy is None:
+            raise RuntimeError("infer() called before load()")
         if episode_start:
             processor.reset()
             if not policy.spec.chunk_stateless:

@@ -1,5 +1,7 @@
-"""The RTC contract shared by every engine: request snapshots, latency-aware merges, and the
-control loop's side of the queue (staleness bound and fallback ladder).
+"""The RTC contract shared by every engine.
+
+Request snapshots, latency-aware merges, and the control loop's side of the queue (staleness
+bound and fallback ladder).
 
 Remote and local engines differ only in how a chunk is produced; both go through
 `ChunkPipeline.snapshot` before asking and `ChunkPipeline.complete` after, on the same
@@ -128,8 +130,10 @@ class ChunkPipeline:
         session_id: int,
         seq_id: int,
     ) -> int | None:
-        """Merge a chunk answering ``request``; returns the steps trimmed, or None if the chunk
-        belongs to an episode that has since been reset (dropped).
+        """Merge a chunk answering ``request``.
+
+        Returns the steps trimmed, or None if the chunk belongs to an episode that has since been
+        reset (dropped).
         """
         with self._lock:
             if request.episode_id != self.episode_id:
@@ -144,8 +148,9 @@ class ChunkPipeline:
             )
 
     def reset_episode(self) -> int:
-        """Episode boundary: drop queued actions; the latency estimate survives (it is
-        episode-invariant). Returns the new episode id.
+        """Episode boundary: drop queued actions and return the new episode id.
+
+        The latency estimate survives (it is episode-invariant).
         """
         with self._lock:
             self.episode_id += 1
@@ -166,8 +171,12 @@ class ChunkPipeline:
             if provenance is None or now_ns - provenance.obs_mono_ns <= self.max_age_ns:
                 self._last_action = values
                 return Action(values, self.source_label, provenance)
-            self.queue.clear()
             self.stale_refusals += 1
+            # The rest of a stale chunk is stale too; but a fresh chunk merged since the pop
+            # must survive (the lock orders this with `complete`, held for a merge's copy only).
+            with self._lock:
+                if self.queue.peek_provenance() in (None, provenance):
+                    self.queue.clear()
         self.fallback_ticks += 1
         self.last_starved_ns = now_ns
         if self.fallback == "zero":

@@ -43,14 +43,16 @@ def resample(frames: FloatArray, src_fps: float, dst_fps: float) -> FloatArray:
         return frames.astype(np.float32)
     duration = (len(frames) - 1) / src_fps
     t_src = np.arange(len(frames)) / src_fps
-    t_dst = np.arange(int(round(duration * dst_fps)) + 1) / dst_fps
+    t_dst = np.arange(round(duration * dst_fps) + 1) / dst_fps
     out = np.stack([np.interp(t_dst, t_src, frames[:, j]) for j in range(frames.shape[1])], axis=1)
     return out.astype(np.float32)
 
 
 def bridge(start: FloatArray, end: FloatArray, spec: RobotSpec) -> FloatArray:
-    """Minimum-jerk frames from ``start`` to ``end`` (excluding ``start``), slow enough that no
-    joint exceeds half its velocity limit."""
+    """Minimum-jerk frames from ``start`` to ``end`` (excluding ``start``).
+
+    Slow enough that no joint exceeds half its velocity limit.
+    """
     vmax = np.asarray(spec.max_velocity, dtype=np.float64) * BRIDGE_SPEED_FRACTION
     distance = np.abs(np.asarray(end, np.float64) - np.asarray(start, np.float64))
     # Minimum-jerk peaks at 1.875x the average speed.

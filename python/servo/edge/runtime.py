@@ -1,5 +1,6 @@
-"""The edge runtime: robot + engine + control loop, supervised until a stop condition, then a
-safe teardown (rest pose, disconnect) and a run summary.
+"""The edge runtime: robot + engine + control loop, supervised until a stop condition.
+
+Then a safe teardown (rest pose, disconnect) and a run summary.
 """
 
 from __future__ import annotations
@@ -8,12 +9,12 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
 import numpy as np
 import structlog
+from anyio.abc import TaskStatus
 
 from servo.edge.config import EdgeConfig
 from servo.edge.control_loop import ControlLoop
@@ -41,6 +42,11 @@ class RunOptions:
     velocity_scale: float = 1.0
     rest_tolerance: float = 2.0
     park_timeout_s: float = 5.0
+    #: Ask for real-time (SCHED_FIFO) scheduling of the control thread (best effort).
+    realtime: bool = True
+    #: Python's GIL switch interval while running (None keeps the default 5 ms): a control tick
+    #: that wakes while a camera or network thread holds the GIL waits up to this long.
+    switch_interval_s: float | None = 0.001
 
 
 @dataclass
@@ -108,9 +114,12 @@ class EdgeRuntime:
         started = time.monotonic()
         recorder = None
         parked = False
+        switch_interval = sys.getswitchinterval()
+        if opts.switch_interval_s is not None:
+            sys.setswitchinterval(opts.switch_interval_s)
         try:
             async with anyio.create_task_group() as tg:
-                await tg.start(self.engine.run)
+                await tg.start(self._run_engine)
                 if opts.record_path:
                     recorder = Recorder(
                         opts.record_path,
@@ -126,6 +135,7 @@ class EdgeRuntime:
                     SafetyLimiter(self.robot.spec, velocity_scale=opts.velocity_scale),
                     recorder=recorder,
                     task=self.config.task,
+                    realtime=opts.realtime,
                 )
                 self.loop.start()
                 log.info("control loop running", robot=self.robot.spec.name, fps=self.robot.spec.fps)
@@ -141,12 +151,27 @@ class EdgeRuntime:
                 if recorder is not None:
                     await anyio.to_thread.run_sync(recorder.close)
                 await anyio.to_thread.run_sync(self.robot.disconnect)
+                sys.setswitchinterval(switch_interval)
                 if opts.status:
                     print(file=sys.stderr)
         summary = self.summary(time.monotonic() - started, parked)
         if opts.summary_path:
-            Path(opts.summary_path).write_text(summary.to_json())
+            await anyio.Path(opts.summary_path).write_text(summary.to_json())
         return summary
+
+    async def _run_engine(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the engine, turning a crash after start-up into DEAD.
+
+        Once the control loop may have moved the arm, the supervisor must still park it; before
+        that the error propagates (nothing has moved).
+        """
+        try:
+            await self.engine.run(task_status=task_status)
+        except Exception as exc:
+            if self.loop is None:
+                raise
+            log.exception("engine crashed")
+            self.engine.failsafe.fatal(f"engine crashed: {exc!r}")
 
     async def _supervise(self) -> None:
         duration = self.options.duration_s

@@ -1,6 +1,7 @@
-"""Runs a policy for one request: preprocess, predict under torch's inference settings,
-validate, postprocess. Shared by the server's inference worker and the edge's local engines, so
-both paths produce identical chunks for identical inputs.
+"""Runs a policy for one request: preprocess, predict, validate, postprocess.
+
+Shared by the server's inference worker and the edge's local engines, so both paths produce
+identical chunks for identical inputs.
 """
 
 from __future__ import annotations

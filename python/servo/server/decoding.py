@@ -26,7 +26,8 @@ log = structlog.get_logger(__name__)
 class ObservationDecoder:
     """Turns a session's raw observation into what its processor takes.
 
-    Stateless apart from the policy's feature shapes; safe to call from any thread.
+    Stateless apart from the policy's feature shapes; called from the decoder thread and, when
+    it is idle, the inference worker (the camera pool is thread-safe).
     """
 
     def __init__(self, spec: PolicySpec, *, max_observation_bytes: int, pin_task: bool) -> None:
@@ -135,6 +136,8 @@ class DecoderThread:
         while not self._stop.is_set():
             taken = self._registry.wait_raw(timeout=0.25)
             if taken is None:
+                if self._registry.closed:
+                    return  # nothing more will be served: do not spin until stop()
                 continue
             session, item = taken
             try:

@@ -24,8 +24,11 @@ class Scheduler(Protocol):
 
 
 class RoundRobin:
-    """One session per step, in ring order: every ready session gets one inference per cycle,
-    so no client can starve another however fast it sends."""
+    """One session per step, in ring order.
+
+    Every ready session gets one inference per cycle, so no client can starve another however
+    fast it sends.
+    """
 
     def select(self, ready: Sequence[S]) -> Sequence[S]:
         """The first ready session after the one served last."""

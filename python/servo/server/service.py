@@ -2,11 +2,14 @@
 
 Threads: the event loop owns Zenoh declarations, control-plane handlers, liveliness and the
 ops endpoint; Zenoh callback threads only deposit (observations into mailboxes, queries and
-liveliness events onto the loop); the inference worker thread owns the policy.
+liveliness events onto the loop); the inference worker thread owns the policy, a decoder
+thread decodes observations ahead of it and a reply thread publishes chunks while it already
+runs the next forward (see `servo.server.worker`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -28,6 +31,7 @@ from servo._core import (
     encode_header,
 )
 from servo.policy import Policy, PolicyLoadError, load_policy
+from servo.policy.compatibility import Admission, describe, validate_open
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.manifest import Manifest
@@ -36,7 +40,6 @@ from servo.server.ops import OpsEndpoint
 from servo.server.scheduler import RoundRobin, Scheduler
 from servo.server.sessions import Pending, Rejected, Session, SessionRegistry
 from servo.server.trajectories import TrajectoryLibrary
-from servo.server.validation import Admission, validate_open
 from servo.server.worker import InferenceWorker
 from servo.transport import LoopBridge, declare_action_publisher, open_session
 from servo.wire import (
@@ -112,8 +115,11 @@ class PolicyServer:
         self.metrics.max_sessions.set(self._max_sessions)
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
-        """Wait until ``predicate(sessions)`` holds; re-checked whenever a session opens or
-        closes. Call from the event loop that runs the server."""
+        """Wait until ``predicate(sessions)`` holds.
+
+        Re-checked whenever a session opens or closes. Call from the event loop that runs the
+        server (tests and embedding applications use it to wait for collection).
+        """
         while not predicate(sessions := self.registry.snapshot()):
             await self._changed.wait()
         return sessions
@@ -131,8 +137,11 @@ class PolicyServer:
         return 1 if exclusive else self.manifest.serving.max_sessions
 
     def drain(self) -> None:
-        """Begin a graceful shutdown: refuse new sessions, finish the request in flight, tell
-        clients, exit `run`. Safe to call more than once, from the event loop."""
+        """Begin a graceful shutdown.
+
+        Refuses new sessions, finishes the request in flight, tells clients, exits `run`. Safe
+        to call more than once, from the event loop.
+        """
         if self._state != "draining":
             log.info("drain requested", sessions=len(self.registry))
         self._state = "draining"
@@ -180,7 +189,8 @@ class PolicyServer:
         health_port: int | None,
     ) -> None:
         m, keys, info = self.manifest, self._keys, self._info
-        assert keys is not None and info is not None
+        assert keys is not None
+        assert info is not None
         self._bridge = bridge = LoopBridge()
         worker = InferenceWorker(
             runner,
@@ -193,7 +203,7 @@ class PolicyServer:
             max_observation_bytes=m.serving.max_observation_bytes,
             load=self._load,
         )
-        declared: list[zenoh.Subscriber | zenoh.Queryable | zenoh.LivelinessToken] = []
+        declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None] | zenoh.LivelinessToken] = []
         try:
             declared += [
                 zsession.declare_subscriber(keys.all_obs, self._on_observation),
@@ -244,7 +254,7 @@ class PolicyServer:
                     await anyio.sleep(DRAIN_NOTICE_HEAD_START_S)
                 bridge.closed = True
                 for entity in reversed(declared):
-                    entity.undeclare()
+                    entity.undeclare()  # type: ignore[no-untyped-call]  # union defeats untyped_calls_exclude
                 for session in self.registry.snapshot():
                     self._collect(session, "shutdown")
                 log.info("drained", in_flight_finished=finished)
@@ -271,15 +281,10 @@ class PolicyServer:
                 model=spec.model,
             )
             mode = "exclusive"
-        return PolicyInfo(
-            model=spec.model,
-            revision=self.manifest.model.revision or spec.revision,
-            features=spec.features,
-            chunk_size=spec.chunk_size,
-            fps=spec.fps,
-            supports_rtc=spec.supports_rtc,
-            chunk_stateless=spec.chunk_stateless,
+        return describe(
+            spec,
             serving_mode=mode,
+            revision=self.manifest.model.revision,
             default_task=serving.default_task,
             pin_task=serving.pin_task,
             strict_fps=serving.strict_fps,
@@ -353,7 +358,8 @@ class PolicyServer:
 
     def _status(self, query: zenoh.Query, payload: bytes) -> StatusReply:
         keys, info = self._keys, self._info
-        assert keys is not None and info is not None
+        assert keys is not None
+        assert info is not None
         return StatusReply(
             server_id=self.server_id,
             app=keys.app,
@@ -381,14 +387,14 @@ class PolicyServer:
 
     def _open(self, query: zenoh.Query, payload: bytes) -> SessionAck | Rejection:
         keys, info = self._keys, self._info
-        assert keys is not None and info is not None and self._zsession is not None
+        assert keys is not None
+        assert info is not None
+        assert self._zsession is not None
         try:
             request = decode(payload, SessionOpen)
             client_keys = keys.client(request.client_id)
         except WireError as exc:
             return self._reject("bad_request", str(exc))
-        if self._state == "starting":
-            return self._reject("not_ready", "server is still starting; retry shortly")
         if self._state != "serving":
             return self._reject("draining", "server is draining; open a session on another replica")
         verdict = validate_open(request, info)
@@ -424,7 +430,9 @@ class PolicyServer:
         )
 
     def _create_session(self, request: SessionOpen, verdict: Admission, action_key: str) -> Session:
-        assert self._policy is not None and self._zsession is not None and self._tg is not None
+        assert self._policy is not None
+        assert self._zsession is not None
+        assert self._tg is not None
         session = Session(
             session_id=self.registry.new_session_id(),
             client_id=request.client_id,
@@ -476,7 +484,8 @@ class PolicyServer:
     # ------------------------------------------------------------------ liveliness & collection
     def _on_client_liveliness(self, sample: zenoh.Sample) -> None:
         keys, tg = self._keys, self._tg
-        assert keys is not None and tg is not None
+        assert keys is not None
+        assert tg is not None
         try:
             client_id = keys.client_of(str(sample.key_expr))
         except WireError:
@@ -509,7 +518,8 @@ class PolicyServer:
 
     def _tell_unknown_session(self, client_id: str, header: Header) -> None:
         keys, zsession = self._keys, self._zsession
-        assert keys is not None and zsession is not None
+        assert keys is not None
+        assert zsession is not None
         reply = Header(
             schema_version=header.schema_version,
             msg_type=MSG_ERROR,
@@ -520,15 +530,13 @@ class PolicyServer:
             client_mono_ns=header.client_mono_ns,
         )
         body = encode(ErrorEvent("unknown_session", f"no session for client {client_id!r}; open a new one"))
-        try:
+        with contextlib.suppress(zenoh.ZError):
             zsession.put(
                 keys.client(client_id).action,
                 body,
                 attachment=encode_header(reply),
                 congestion_control=zenoh.CongestionControl.DROP,
             )
-        except zenoh.ZError:
-            pass
 
     def _notify_drain(self) -> bool:
         """Tell every session's client the server is going away; False if there was nobody."""

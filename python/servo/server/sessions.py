@@ -8,6 +8,7 @@ close sessions. One lock guards the registry; nothing slow ever runs under it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import secrets
 import threading
@@ -22,15 +23,17 @@ import zenoh
 from servo._core import Header
 from servo.policy import DecodedObservation, Processor
 
-
 #: Outcome of a deposit: queued, no session for the client, or from another epoch/old episode.
 Deposit = Literal["ok", "no_session", "stale"]
 
 
 @dataclass(frozen=True)
 class Pending:
-    """A raw observation waiting to be decoded. The payload stays Zenoh bytes until then: the
-    copy out of Zenoh happens on the decoder thread, not on the subscriber's callback thread."""
+    """A raw observation waiting to be decoded.
+
+    The payload stays Zenoh bytes until then: the copy out of Zenoh happens on the decoder (or
+    worker) thread, not on the subscriber's callback thread.
+    """
 
     header: Header
     payload: zenoh.ZBytes | bytes
@@ -81,12 +84,14 @@ class Session:
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0
     raw: Pending | None = None  # waiting for the decoder
+    queued: bool = False  # in the registry's decode queue (at most once)
     pending: Decoded | Rejected | None = None  # waiting for the worker
     decoding: bool = False
     generation: int = 0  # bumped by every deposit: a decode of an older one is discarded
     decode_generation: int = 0
     superseded: int = 0
     needs_reset: bool = False
+    served_episode: int = 0  # worker-owned: the episode of the last observation served
     served: int = 0
     errors: int = 0
     alive: bool = False
@@ -111,10 +116,8 @@ class Session:
             if self._publisher_closed:
                 return
             self._publisher_closed = True
-            try:
+            with contextlib.suppress(zenoh.ZError):
                 self.publisher.undeclare()
-            except zenoh.ZError:
-                pass
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,8 @@ class SessionRegistry:
             if pending is not None and (pending.header is None or pending.header.episode_id < episode_id):
                 session.pending = None
             session.episode_id = max(session.episode_id, episode_id)
-            session.needs_reset = True
+            # If an observation of this episode was already served, the worker reset then.
+            session.needs_reset = session.needs_reset or episode_id > session.served_episode
             return True
 
     def deposit(self, client_id: str, item: Pending | Rejected) -> Deposit:
@@ -245,7 +249,9 @@ class SessionRegistry:
             session.generation += 1
             if isinstance(item, Pending):
                 session.raw, session.pending = item, None
-                self._raw_queue.append(session)
+                if not session.queued:
+                    session.queued = True
+                    self._raw_queue.append(session)
                 # An idle worker decodes it itself; a busy one leaves it to the decoder thread.
                 (self._ready if self._worker_idle else self._raw_ready).notify()
             else:
@@ -254,8 +260,11 @@ class SessionRegistry:
             return "ok"
 
     def wait_raw(self, timeout: float) -> tuple[Session, Pending] | None:
-        """Decoder: block until some session has a raw observation while the worker is busy (or
-        timeout), and take it. An idle worker decodes for itself: one thread hop less."""
+        """Decoder: take a raw observation, waiting for one while the worker is busy.
+
+        Returns None on timeout or close. An idle worker decodes for itself (`take_raw`): one
+        thread hop less on the request's path.
+        """
         with self._lock:
             while True:
                 if not self._worker_idle:
@@ -273,6 +282,7 @@ class SessionRegistry:
     def _pop_raw(self) -> tuple[Session, Pending] | None:
         while self._raw_queue:
             session = self._raw_queue.popleft()
+            session.queued = False
             item = session.raw
             if item is None or self._sessions.get(session.session_id) is not session:
                 continue  # superseded by a rejection, reset or closed meanwhile
@@ -283,8 +293,11 @@ class SessionRegistry:
         return None
 
     def finish_decode(self, session: Session, item: Pending, result: Decoded | Rejected | None) -> None:
-        """Decoder: hand a decoded observation to the worker, unless it lost its place meanwhile
-        (a newer observation arrived, the episode was reset, the session was closed)."""
+        """Decoder: hand a decoded observation to the worker.
+
+        Unless it lost its place meanwhile: a newer observation arrived, the episode was reset,
+        or the session was closed.
+        """
         with self._lock:
             session.decoding = False
             if result is None or self._sessions.get(session.session_id) is not session:
@@ -311,9 +324,7 @@ class SessionRegistry:
         with self._lock:
             self._worker_idle = True
             try:
-                ready = self._ready.wait_for(
-                    lambda: self._closed or self._any_pending() or self._any_raw(), timeout
-                )
+                ready = self._ready.wait_for(lambda: self._closed or self._any_pending() or self._any_raw(), timeout)
             finally:
                 self._worker_idle = False
             if not ready or self._closed:
@@ -338,8 +349,13 @@ class SessionRegistry:
             self._ring_after = session.session_id
             return work
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
     def close(self) -> None:
-        """Stop handing out work; wakes a waiting worker."""
+        """Stop handing out work; wakes a waiting worker and decoder."""
         with self._lock:
             self._closed = True
             self._ready.notify_all()

@@ -1,4 +1,17 @@
-"""The inference worker: the one thread that owns the policy and the device."""
+"""The inference worker: the one thread that owns the policy and the device.
+
+The worker's loop is the server's throughput: every microsecond it spends on something other
+than a forward pass is device time lost for every client. So, per request:
+
+* decoding happens before, on the decoder thread (`servo.server.decoding`) while the worker runs
+  another session's forward; an idle worker decodes for itself (one thread hop less);
+* the reply (encode, put, metrics, audit) is handed to the reply thread when another observation
+  is already waiting, so the next forward starts at once; an idle worker publishes inline.
+
+Measured with ``benches/bench_server.py`` (20 ms forwards, two 480x640 cameras): 97-98 % of the
+ideal rate at 2-16 clients, against 94-95 % (raw) and 73-79 % (JPEG q90) when the worker decoded
+and published itself.
+"""
 
 from __future__ import annotations
 
@@ -65,8 +78,10 @@ class InferenceWorker:
         self._thread.start()
 
     def stop(self, timeout: float) -> bool:
-        """Finish the request in flight and publish its reply, then stop. Returns False if the
-        request did not finish in time."""
+        """Finish the request in flight and publish its reply, then stop.
+
+        Returns False if the request did not finish in time.
+        """
         self._stop.set()
         self._registry.close()
         self._thread.join(timeout)
@@ -101,10 +116,14 @@ class InferenceWorker:
         # Time spent waiting, not decoding: decoding is neither queue wait nor inference.
         queue_wait_ms = (start_ns - item.received_ns - decode_ns) / 1e6
         bound = log.bind(session_id=session.session_id, client_id=session.client_id)
-        if work.reset:
+        # An observation of a new episode can overtake the reset request: either one resets.
+        new_episode = not isinstance(item, Rejected) and item.header.episode_id != session.served_episode
+        if work.reset or new_episode:
             session.processor.reset()
             if self._exclusive:
                 self._runner.policy.reset()
+        if not isinstance(item, Rejected):
+            session.served_episode = item.header.episode_id
         if isinstance(item, Rejected):
             self._fail(session, item.header, item.code, item.message, queue_wait_ms, 0.0, bound)
             return
@@ -170,9 +189,10 @@ class InferenceWorker:
             session_epoch=header.session_epoch,
             client_mono_ns=header.client_mono_ns,
         )
-        if not _publish(session, encode(body), reply, bound):
-            return
-        self._metrics.requests.labels("ok").inc()
+        # Publish first (the client is waiting), account after; an inference whose session was
+        # closed meanwhile is still audited, as undeliverable.
+        outcome = "ok" if _publish(session, encode(body), reply, bound) else "undeliverable"
+        self._metrics.requests.labels(outcome).inc()
         self._metrics.superseded.inc(work.superseded)
         self._metrics.queue_wait_ms.observe(queue_wait_ms)
         self._metrics.inference_ms.observe(inference_ms)
@@ -186,7 +206,7 @@ class InferenceWorker:
             superseded=work.superseded,
             inference_delay=item.delay,
             decode_ms=round(decode_ns / 1e6, 3),
-            outcome="ok",
+            outcome=outcome,
         )
 
     def _fail(

@@ -1,13 +1,16 @@
-"""Session-open capability validation: the sync-safety contract between robot and policy.
+"""Robot/policy compatibility: the sync-safety contract checked before any chunk is executed.
 
-Every rule of seeds/001 §8.4. A rejection names exactly what did not match; warnings are
-returned to the client in the ack.
+Every rule of seeds/001 §8.4. Used by the server at session open and by the edge's local engines
+at start, so a policy is accepted or refused for the same reasons wherever it runs. A rejection
+names exactly what did not match; warnings are returned to the client in the ack.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+from servo.policy.protocol import PolicySpec
 from servo.wire import SUPPORTED_SCHEMA_VERSIONS, PolicyInfo, Rejection, SessionOpen
 
 #: Relative fps difference tolerated without a warning.
@@ -24,6 +27,31 @@ class Admission:
     rtc: bool
     task: str
     warnings: list[str]
+
+
+def describe(
+    spec: PolicySpec,
+    *,
+    serving_mode: Literal["shared", "exclusive"],
+    revision: str = "",
+    default_task: str = "",
+    pin_task: bool = False,
+    strict_fps: bool = False,
+) -> PolicyInfo:
+    """The wire description of a policy (status replies, session acks, local checks)."""
+    return PolicyInfo(
+        model=spec.model,
+        revision=revision or spec.revision,
+        features=spec.features,
+        chunk_size=spec.chunk_size,
+        fps=spec.fps,
+        supports_rtc=spec.supports_rtc,
+        chunk_stateless=spec.chunk_stateless,
+        serving_mode=serving_mode,
+        default_task=default_task,
+        pin_task=pin_task,
+        strict_fps=strict_fps,
+    )
 
 
 def validate_open(request: SessionOpen, policy: PolicyInfo) -> Admission | Rejection:

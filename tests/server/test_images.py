@@ -1,0 +1,53 @@
+"""Camera frames through the server's decoder: JPEG and raw, several cameras, RGB order kept."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from servo.client import ObservationInput
+from tests.server.helpers import connected, open_on
+from tests.server.policies import FixedComputePolicy
+from tests.support import make_manifest, running_server
+
+pytestmark = pytest.mark.anyio
+
+CAMERAS = {"front": (48, 64), "wrist": (24, 32), "top": (30, 40)}
+COLORS = {"front": (200, 30, 30), "wrist": (30, 200, 30), "top": (30, 30, 200)}
+
+
+class ColorProbe(FixedComputePolicy):
+    """Records the mean RGB of every camera the processor was given (worker thread writes,
+    the test reads after the server drained)."""
+
+    def __init__(self) -> None:
+        super().__init__(cameras=CAMERAS)
+        self.seen: list[dict[str, tuple[np.ndarray, tuple[int, ...]]]] = []
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        images = batch["images"]
+        self.seen.append({name: (img.reshape(-1, 3).mean(axis=0), img.shape) for name, img in images.items()})
+        return super().predict_chunk(batch, inference_delay, prefix)
+
+
+@pytest.mark.parametrize("quality", [0, 90], ids=["raw", "jpeg90"])
+async def test_every_camera_arrives_decoded_in_rgb(port: int, quality: int) -> None:
+    policy = ColorProbe()
+    frames = {name: np.full((h, w, 3), COLORS[name], np.uint8) for name, (h, w) in CAMERAS.items()}
+    async with running_server(make_manifest(port), policy=policy) as (_, ready):
+        policy.seen.clear()
+        async with connected(port, "robot", jpeg_quality=quality) as client:
+            session = await open_on(client, ready)
+            for _ in range(3):
+                obs = ObservationInput(np.zeros(6, np.float32), frames, time.monotonic_ns())
+                await session.infer(obs, timeout=5)
+            await session.close()
+    assert len(policy.seen) == 3
+    for seen in policy.seen:
+        assert set(seen) == set(CAMERAS)
+        for name, (mean, shape) in seen.items():
+            assert shape == (*CAMERAS[name], 3)
+            np.testing.assert_allclose(mean, COLORS[name], atol=3 if quality else 0)

@@ -1,0 +1,173 @@
+"""The session registry on its own: newest-wins mailboxes through the decode stage."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from servo._core import MSG_OBS, Header
+from servo.policy import DecodedObservation
+from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
+from tests.server.policies import RelativeProcessor
+
+
+class FakePublisher:
+    """Records calls; ``put`` can be held open to race it against ``undeclare``."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.in_put = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+
+    def put(self, body: bytes, attachment: Any = None) -> None:
+        self.calls.append("put")
+        self.in_put.set()
+        assert self.release.wait(5)
+
+    def undeclare(self) -> None:
+        self.calls.append("undeclare")
+
+
+def make_session(registry: SessionRegistry, client: str = "c") -> Session:
+    session = Session(
+        session_id=registry.new_session_id(),
+        client_id=client,
+        epoch=0,
+        task="",
+        rtc=False,
+        schema_version=1,
+        processor=RelativeProcessor(),
+        publisher=FakePublisher(),  # type: ignore[arg-type]
+    )
+    registry.add(session)
+    return session
+
+
+def raw(seq: int, episode: int = 0) -> Pending:
+    return Pending(Header(1, MSG_OBS, 0, seq, episode, 0, 0), b"", seq)
+
+
+def decoded(item: Pending) -> Decoded:
+    obs = DecodedObservation(np.zeros(6, np.float32), {})
+    return Decoded(item.header, obs, 0, item.received_ns, 0)
+
+
+def test_idle_worker_decodes_itself_then_serves() -> None:
+    registry = SessionRegistry()
+    session = make_session(registry)
+    assert registry.deposit("c", raw(1)) == "ok"
+    assert registry.wait_work(timeout=1) == []  # woken by the raw observation: decode it yourself
+    taken = registry.take_raw()
+    assert taken is not None
+    assert taken[1].header.seq_id == 1
+    registry.finish_decode(session, taken[1], decoded(taken[1]))
+    assert registry.wait_work(timeout=1) == [session]
+    work = registry.take(session)
+    assert work is not None
+    assert (work.item.header.seq_id, work.superseded) == (1, 0)  # type: ignore[union-attr]
+
+
+def test_newer_observation_supersedes_one_being_decoded() -> None:
+    registry = SessionRegistry()
+    session = make_session(registry)
+    registry.deposit("c", raw(1))
+    taken = registry.take_raw()
+    assert taken is not None
+    registry.deposit("c", raw(2))  # arrives while seq 1 is being decoded
+    registry.finish_decode(session, taken[1], decoded(taken[1]))
+    assert session.pending is None  # seq 1 discarded
+    taken = registry.take_raw()
+    assert taken is not None
+    assert taken[1].header.seq_id == 2
+    registry.finish_decode(session, taken[1], decoded(taken[1]))
+    work = registry.take(session)
+    assert work is not None
+    assert (work.item.header.seq_id, work.superseded) == (2, 1)  # type: ignore[union-attr]
+
+
+def test_rejection_supersedes_a_decode_in_progress() -> None:
+    registry = SessionRegistry()
+    session = make_session(registry)
+    registry.deposit("c", raw(1))
+    taken = registry.take_raw()
+    assert taken is not None
+    registry.deposit("c", Rejected(Header(1, MSG_OBS, 0, 2, 0, 0, 0), "too_large", "big", 0))
+    registry.finish_decode(session, taken[1], decoded(taken[1]))
+    work = registry.take(session)
+    assert work is not None
+    assert isinstance(work.item, Rejected)
+    assert work.item.code == "too_large"
+
+
+def test_reset_discards_old_episode_in_every_stage() -> None:
+    registry = SessionRegistry()
+    session = make_session(registry)
+    registry.deposit("c", raw(1, episode=0))
+    taken = registry.take_raw()
+    assert taken is not None
+    registry.reset(session.session_id, 1)
+    registry.finish_decode(session, taken[1], decoded(taken[1]))  # decoded after the reset
+    assert session.pending is None
+    assert registry.stale_drops == 1
+    assert registry.deposit("c", raw(2, episode=0)) == "stale"
+    assert registry.deposit("c", raw(3, episode=1)) == "ok"
+    taken = registry.take_raw()
+    assert taken is not None
+    registry.finish_decode(session, taken[1], decoded(taken[1]))
+    work = registry.take(session)
+    assert work is not None
+    assert work.reset  # the worker resets the processor before serving the new episode
+    assert work.item.header.seq_id == 3  # type: ignore[union-attr]
+
+
+def test_busy_worker_leaves_decoding_to_the_decoder_thread() -> None:
+    registry = SessionRegistry()
+    a, b = make_session(registry, "a"), make_session(registry, "b")
+    registry.deposit("a", raw(1))
+    taken = registry.take_raw()
+    assert taken is not None
+    registry.finish_decode(a, taken[1], decoded(taken[1]))
+    assert registry.wait_work(timeout=1) == [a]  # the worker is busy from here on
+    registry.deposit("b", raw(1))
+    got = registry.wait_raw(timeout=1)
+    assert got is not None
+    assert got[0] is b
+
+
+def test_flooding_client_does_not_grow_the_decode_queue() -> None:
+    registry = SessionRegistry()
+    session = make_session(registry)
+    for seq in range(1, 1001):
+        registry.deposit("c", raw(seq))
+    assert len(registry._raw_queue) == 1
+    assert session.superseded == 999
+    taken = registry.take_raw()
+    assert taken is not None
+    assert taken[1].header.seq_id == 1000
+    assert registry.take_raw() is None
+
+
+def test_closed_publisher_waits_for_a_put_in_progress() -> None:
+    """The event loop undeclaring while the worker publishes must not race (pyo3 would raise
+    ``RuntimeError: Already borrowed`` and take the server down)."""
+    registry = SessionRegistry()
+    session = make_session(registry)
+    publisher: FakePublisher = session.publisher  # type: ignore[assignment]
+    publisher.release.clear()
+    putter = threading.Thread(target=session.publish, args=(b"x", b"h"))
+    putter.start()
+    assert publisher.in_put.wait(5)
+    closer = threading.Thread(target=session.close_publisher)
+    closer.start()
+    closer.join(0.05)
+    assert closer.is_alive()  # blocked behind the put
+    publisher.release.set()
+    putter.join(5)
+    closer.join(5)
+    assert publisher.calls == ["put", "undeclare"]
+    assert session.publish(b"y", b"h") is False
+    session.close_publisher()  # idempotent
+    assert publisher.calls == ["put", "undeclare"]
