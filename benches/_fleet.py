@@ -125,7 +125,7 @@ health_port = 0
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    from servo.cli.signals import on_signal
+    from servo.cli.lifecycle import on_signal
     from servo.server.manifest import parse_manifest
     from servo.server.service import PolicyServer
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 
+from servo.cli.lifecycle import first_error
 from servo.edge.config import EdgeConfigError, add_config_flags, load_config
 from servo.logs import configure_logging
 
@@ -65,7 +66,7 @@ def _robot_options(items: list[str]) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace) -> int:
     """Build everything and run; returns the exit code."""
-    from servo.cli.signals import on_signal
+    from servo.cli.lifecycle import on_signal
     from servo.edge.engine import EngineBase
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
@@ -100,12 +101,6 @@ async def run(args: argparse.Namespace) -> int:
     return 3 if summary.final_state == "dead" else 0
 
 
-def _first_error(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-edge``."""
     from servo.edge.remote import EdgeStartError
@@ -118,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BaseException as group:
-        exc = _first_error(group)
+        exc = first_error(group)
         if isinstance(exc, EdgeConfigError | ValueError | CalibrationError):
             print(f"servo-edge: error: {exc}", file=sys.stderr)
             return 2

@@ -9,6 +9,7 @@ import anyio
 import zenoh
 from anyio.abc import TaskStatus
 
+from servo.cli.lifecycle import first_error
 from servo.logs import configure_logging
 from servo.server.manifest import Manifest, ManifestError, load_manifest
 
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def serve(manifest: Manifest) -> None:
     """Run the server until drained by a signal."""
-    from servo.cli.signals import on_signal
+    from servo.cli.lifecycle import on_signal
     from servo.server.service import PolicyServer, ServerReady
 
     server = PolicyServer(manifest)
@@ -72,12 +73,6 @@ def _say(text: str) -> None:
     print(f"servo-serve: {text}", file=sys.stderr, flush=True)
 
 
-def _first_error(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-serve``: 0 after a clean drain, 2 for a bad manifest or policy."""
     from servo.policy import PolicyLoadError
@@ -93,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BaseException as group:
-        error = _first_error(group)
+        error = first_error(group)
         if isinstance(error, PolicyLoadError | ManifestError):
             _say(f"error: {error}")
             return 2

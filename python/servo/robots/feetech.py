@@ -60,6 +60,8 @@ _log = structlog.get_logger(__name__)
 
 # Bytes skipped while hunting for a header before the reply is declared garbage.
 _MAX_NOISE: Final = 64
+# Read size while draining a failed exchange (each read returns after one timeout of silence).
+_DRAIN_CHUNK: Final = 256
 
 
 class _Port(Protocol):
@@ -233,9 +235,18 @@ class FeetechBus:
     def _retry_or_raise(self, exc: FeetechError, attempt: int, what: str) -> None:
         if attempt < self.retries:
             self._log.debug("retrying", op=what, attempt=attempt + 1, error=str(exc))
+            self._drain()
             return
         attempts = self.retries + 1
         raise type(exc)(f"{exc} ({what}, {attempts} attempt(s), port {self.port})") from exc
+
+    def _drain(self) -> None:
+        # Replies of a failed exchange may still be arriving (a sync read fails at the first
+        # wrong id while later motors keep answering); wait until the line is quiet for one
+        # timeout so the retry cannot read them as its own.
+        port = self._port()
+        while port.read(_DRAIN_CHUNK):
+            pass
 
     def _send(self, packet: bytes) -> None:
         port = self._port()

@@ -31,9 +31,10 @@ from servo._core import (
     encode_header,
 )
 from servo.policy import Policy, PolicyLoadError, load_policy
-from servo.policy.compatibility import Admission, describe, validate_open
+from servo.policy.compatibility import describe
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
+from servo.server.control import ControlPlane, ServerState
 from servo.server.manifest import Manifest
 from servo.server.metrics import ServerMetrics
 from servo.server.ops import OpsEndpoint
@@ -41,23 +42,13 @@ from servo.server.scheduler import RoundRobin, Scheduler
 from servo.server.sessions import Pending, Rejected, Session, SessionRegistry
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
-from servo.transport import LoopBridge, declare_action_publisher, open_session
+from servo.transport import LoopBridge, open_session
 from servo.wire import (
-    SUPPORTED_SCHEMA_VERSIONS,
-    CloseRequest,
-    ControlAck,
-    ControlRequest,
     DrainNotice,
     ErrorEvent,
     PolicyInfo,
-    Rejection,
-    ResetRequest,
     ServerKeys,
-    SessionAck,
-    SessionOpen,
-    StatusReply,
     WireError,
-    decode,
     encode,
     slugify,
 )
@@ -103,7 +94,7 @@ class PolicyServer:
         self.metrics = ServerMetrics()
         self.registry = SessionRegistry()
         self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
-        self._state = "starting"
+        self._state: ServerState = "starting"
         self._stop = anyio.Event()
         self._keys: ServerKeys | None = None
         self._info: PolicyInfo | None = None
@@ -205,22 +196,23 @@ class PolicyServer:
         )
         declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None] | zenoh.LivelinessToken] = []
         try:
+            control = ControlPlane(
+                server_id=self.server_id,
+                keys=keys,
+                info=info,
+                policy=runner.policy,
+                zsession=zsession,
+                registry=self.registry,
+                metrics=self.metrics,
+                trajectories=self._trajectories,
+                state=lambda: self._state,
+                max_sessions=lambda: self._max_sessions,
+                on_opened=self._watch_new_session,
+                collect=self._collect,
+            )
             declared += [
                 zsession.declare_subscriber(keys.all_obs, self._on_observation),
-                # Replies go out on our own concrete key: a discovery query's selector is a wildcard.
-                zsession.declare_queryable(
-                    keys.status, lambda q: bridge.call(self._answer, self._status, q, keys.status)
-                ),
-                zsession.declare_queryable(
-                    keys.session, lambda q: bridge.call(self._answer, self._open, q, keys.session)
-                ),
-                zsession.declare_queryable(
-                    keys.all_control, lambda q: bridge.call(self._answer, self._control, q, None)
-                ),
-                zsession.declare_queryable(
-                    keys.trajectory,
-                    lambda q: bridge.call(self._answer, self._trajectory, q, keys.trajectory),
-                ),
+                *control.declare(bridge),
                 zsession.liveliness().declare_subscriber(
                     keys.all_client_alive,
                     lambda s: bridge.call(self._on_client_liveliness, s),
@@ -338,150 +330,13 @@ class PolicyServer:
             # re-opens one at once instead of waiting out its request timeout.
             self._tell_unknown_session(client_id, item.header)
 
-    # ------------------------------------------------------------------ control plane
-    def _answer(self, handler: object, query: zenoh.Query, reply_key: str | None) -> None:
-        """Event loop: run a control handler and reply; a bad request never escapes."""
-        try:
-            payload = b"" if query.payload is None else query.payload.to_bytes()
-            result = handler(query, payload)  # type: ignore[operator]
-            if isinstance(result, Rejection):
-                query.reply_err(encode(result))
-            elif result is not None:
-                query.reply(reply_key or query.key_expr, encode(result))
-        except zenoh.ZError as exc:
-            log.info("control reply failed", key=str(query.key_expr), error=str(exc))
-        except Exception as exc:  # a handler bug must cost one request, not the server
-            log.exception("control handler failed", key=str(query.key_expr))
-            query.reply_err(encode(Rejection("bad_request", f"internal error: {type(exc).__name__}")))
-        finally:
-            query.drop()
-
-    def _status(self, query: zenoh.Query, payload: bytes) -> StatusReply:
-        keys, info = self._keys, self._info
-        assert keys is not None
-        assert info is not None
-        return StatusReply(
-            server_id=self.server_id,
-            app=keys.app,
-            model_key=keys.model,
-            replica=keys.replica,
-            schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
-            policy=info,
-            warmed_up=self._state != "starting",
-            draining=self._state == "draining",
-            active_sessions=len(self.registry),
-            max_sessions=self._max_sessions,
-            load=self._load(),
-        )
-
-    def _reject(self, code: str, reason: str, **context: object) -> Rejection:
-        self.metrics.sessions_rejected.labels(code).inc()
-        log.info("session refused", code=code, reason=reason, **context)
-        return Rejection(
-            code,  # type: ignore[arg-type]
-            reason,
-            active_sessions=len(self.registry),
-            max_sessions=self._max_sessions,
-            load=self._load(),
-        )
-
-    def _open(self, query: zenoh.Query, payload: bytes) -> SessionAck | Rejection:
-        keys, info = self._keys, self._info
-        assert keys is not None
-        assert info is not None
-        assert self._zsession is not None
-        try:
-            request = decode(payload, SessionOpen)
-            client_keys = keys.client(request.client_id)
-        except WireError as exc:
-            return self._reject("bad_request", str(exc))
-        if self._state != "serving":
-            return self._reject("draining", "server is draining; open a session on another replica")
-        verdict = validate_open(request, info)
-        if isinstance(verdict, Rejection):
-            return self._reject(verdict.code, verdict.reason, client_id=request.client_id)
-        previous = self.registry.by_client(request.client_id)
-        if previous is None and len(self.registry) >= self._max_sessions:
-            return self._reject(
-                "capacity",
-                f"server is full ({len(self.registry)}/{self._max_sessions} sessions)",
-                client_id=request.client_id,
-            )
-        session = self._create_session(request, verdict, client_keys.action)
-        log.info(
-            "session opened",
-            session_id=session.session_id,
-            client_id=session.client_id,
-            epoch=session.epoch,
-            rtc=session.rtc,
-            task=session.task,
-            warnings=verdict.warnings,
-            tags=request.tags,
-        )
-        return SessionAck(
-            session_id=session.session_id,
-            schema_version=verdict.schema_version,
-            server_id=self.server_id,
-            replica=keys.replica,
-            policy=info,
-            rtc=verdict.rtc,
-            task=verdict.task,
-            warnings=verdict.warnings,
-        )
-
-    def _create_session(self, request: SessionOpen, verdict: Admission, action_key: str) -> Session:
-        assert self._policy is not None
-        assert self._zsession is not None
-        assert self._tg is not None
-        session = Session(
-            session_id=self.registry.new_session_id(),
-            client_id=request.client_id,
-            epoch=request.session_epoch,
-            task=verdict.task,
-            rtc=verdict.rtc,
-            schema_version=verdict.schema_version,
-            processor=self._policy.make_processor(),
-            publisher=declare_action_publisher(self._zsession, action_key),
-        )
-        replaced = self.registry.add(session)
-        if replaced is not None:
-            replaced.close_publisher()
-            self.metrics.sessions_collected.labels("replaced").inc()
-        self.metrics.sessions_opened.inc()
-        self.metrics.active_sessions.set(len(self.registry))
+    # ------------------------------------------------------------------ liveliness & collection
+    def _watch_new_session(self, session: Session) -> None:
         self._sessions_changed()
         # A client whose liveliness token never shows up is collected like one that vanished.
+        assert self._tg is not None
         self._tg.start_soon(self._collect_if_gone, session.session_id)
-        return session
 
-    def _control(self, query: zenoh.Query, payload: bytes) -> ControlAck | Rejection:
-        keys = self._keys
-        assert keys is not None
-        try:
-            client_id = keys.client_of(str(query.key_expr))
-            request: ControlRequest = decode(payload, ControlRequest)  # type: ignore[arg-type]
-        except WireError as exc:
-            return self._reject("bad_request", str(exc))
-        session = self.registry.get(request.session_id)
-        if session is None or session.client_id != client_id:
-            return self._reject("unknown_session", f"no session {request.session_id} for client {client_id!r}")
-        if isinstance(request, ResetRequest):
-            self.registry.reset(session.session_id, request.episode_id)
-            log.info(
-                "episode reset",
-                session_id=session.session_id,
-                client_id=client_id,
-                episode_id=request.episode_id,
-            )
-            return ControlAck(session.session_id, request.episode_id)
-        assert isinstance(request, CloseRequest)
-        self._collect(session, "closed")
-        return ControlAck(session.session_id)
-
-    def _trajectory(self, query: zenoh.Query, payload: bytes) -> object:
-        return self._trajectories.answer(payload)
-
-    # ------------------------------------------------------------------ liveliness & collection
     def _on_client_liveliness(self, sample: zenoh.Sample) -> None:
         keys, tg = self._keys, self._tg
         assert keys is not None

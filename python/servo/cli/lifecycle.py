@@ -1,4 +1,4 @@
-"""SIGINT/SIGTERM handling for the command-line tools."""
+"""Process lifecycle shared by the command-line tools: signals and the errors that end a run."""
 
 from __future__ import annotations
 
@@ -25,3 +25,10 @@ async def on_signal(action: Callable[[], None]) -> None:
                 first = False
             else:
                 raise KeyboardInterrupt
+
+
+def first_error(exc: BaseException) -> BaseException:
+    """The single error inside (possibly nested) task-group exception groups, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
