@@ -152,8 +152,9 @@ async def run_one(
     policy = PathPolicy(list(spec.joint_names), fps=spec.fps, duration_s=duration_s, latency_ms=latency_ms)
     with tempfile.TemporaryDirectory() as tmp:
         record = str(Path(tmp) / "run.servo")
-        options = RunOptions(duration_s=cap_s, record_path=record, velocity_scale=100.0)
-        base = EdgeConfig(rtc=True, buffer_time_s=0.5, max_action_age_s=5.0, execution_horizon=20)
+        options = RunOptions(duration_s=cap_s, record_path=record)
+        # The slew limiter would turn any jump into a ramp; lift it so the merge itself is measured.
+        base = EdgeConfig(rtc=True, buffer_time_s=0.5, max_action_age_s=5.0, execution_horizon=20, velocity_scale=100.0)
         if engine_name == "remote":
             port = free_port()
             async with running_server(make_manifest(port, options=""), policy=policy):

@@ -44,6 +44,8 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         reconnect_max_backoff_s: Ceiling of the reconnect delay.
         max_offline_s: Offline this long -> DEAD (safe teardown).
         fallback: What the robot does when no fresh action exists: hold, repeat_last, zero.
+        velocity_scale: Scales the robot's per-joint velocity limits used by the slew limiter
+            (below 1 slows every motion down, e.g. for a first run on new hardware).
         rtc: Real-time chunking (replace merge + prefix conditioning) instead of append.
         execution_horizon: Max steps of the leftover chunk shipped as RTC prefix.
         inference: ``remote`` (server), ``sync`` or ``rtc`` (local policy; imports torch).
@@ -75,6 +77,7 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     reconnect_max_backoff_s: float = 10.0
     max_offline_s: float = 60.0
     fallback: Fallback = "hold"
+    velocity_scale: float = 1.0
     rtc: bool = True
     execution_horizon: int = 10
     inference: InferenceMode = "remote"
@@ -96,6 +99,7 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "request_timeout_s",
             "connect_timeout_s",
             "max_offline_s",
+            "velocity_scale",
         )
         for name in positive:
             if getattr(self, name) <= 0:

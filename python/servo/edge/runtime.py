@@ -39,7 +39,6 @@ class RunOptions:
     record_path: str | None = None
     record_images_every: int = 0
     status: bool = False
-    velocity_scale: float = 1.0
     rest_tolerance: float = 2.0
     park_timeout_s: float = 5.0
     #: Ask for real-time (SCHED_FIFO) scheduling of the control thread (best effort).
@@ -132,7 +131,7 @@ class EdgeRuntime:
                 self.loop = ControlLoop(
                     self.robot,
                     self.engine,
-                    SafetyLimiter(self.robot.spec, velocity_scale=opts.velocity_scale),
+                    SafetyLimiter(self.robot.spec, velocity_scale=self.config.velocity_scale),
                     recorder=recorder,
                     task=self.config.task,
                     realtime=opts.realtime,
