@@ -3,8 +3,8 @@ inline loop it replaces, each driving a simulated SO-100 with two 480x640 camera
 
 * `ServerProcess` runs ``servo-serve`` (reference policy padded to ``compute_ms``) with an audit
   log, the server's own per-request durations (queue wait, inference) joined on (session, seq).
-* `run_servo` runs `EdgeRuntime` + `RemoteEngine` for a fixed time; a `TimedPipeline` times every
-  merge (the ActionQueue.merge call) and keeps the observation stamp of every chunk.
+* `run_servo` runs `EdgeRuntime` + `RemoteEngine` for a fixed time; `EngineBase.on_merge` reports
+  every merge with its duration (the ActionQueue.merge call) and the chunk's observation stamp.
 * `run_naive` is seeds/000 BUG-1 on purpose: the control thread reads the robot, JPEG-encodes
   both frames, publishes and *blocks* until the chunk is back, all inline, on the same
   absolute-deadline schedule as servo's loop, so the only difference is where the I/O happens.
@@ -34,8 +34,7 @@ from servo._core import MSG_CHUNK, MSG_OBS, ActionQueue, Header, decode_header, 
 from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig
 from servo.edge.control_loop import request_realtime
-from servo.edge.engine import robot_features
-from servo.edge.pipeline import ChunkPipeline, Request
+from servo.edge.engine import MergeEvent, robot_features
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.edge.safety import SafetyLimiter
@@ -253,30 +252,6 @@ def _pcts(values: np.ndarray, points: tuple[int, ...] = (50, 99, 100)) -> dict[s
 # ----------------------------------------------------------------------------- servo
 
 
-class TimedPipeline(ChunkPipeline):
-    """ChunkPipeline that times each merge and keeps (session, seq, obs stamp, arrival, merge ms)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.merges: list[tuple[int, int, int, int, float]] = []
-
-    def complete(
-        self,
-        request: Request,
-        chunk_model: FloatArray,
-        chunk_robot: FloatArray,
-        now_ns: int,
-        *,
-        session_id: int,
-        seq_id: int,
-    ) -> int | None:
-        started = time.perf_counter_ns()
-        trimmed = super().complete(request, chunk_model, chunk_robot, now_ns, session_id=session_id, seq_id=seq_id)
-        merge_ms = (time.perf_counter_ns() - started) / 1e6
-        self.merges.append((session_id, seq_id, request.obs.mono_ns, now_ns, merge_ms))
-        return trimmed
-
-
 class TimingRobot:
     """A SimSO100 (front + wrist, 480x640 at 30 fps) that timestamps every tick's read and send.
 
@@ -329,17 +304,8 @@ async def run_servo(
     sim = TimingRobot(fps)
     config = EdgeConfig(connect=[f"tcp/127.0.0.1:{server.port}"], jpeg_quality=JPEG_QUALITY).validate()
     engine = RemoteEngine(config, sim.spec)
-    old = engine.pipeline
-    pipeline = TimedPipeline(
-        old.action_dim,
-        fps,
-        rtc=old.rtc,
-        execution_horizon=old.execution_horizon,
-        buffer_time_s=config.buffer_time_s,
-        max_action_age_s=config.max_action_age_s,
-        fallback=old.fallback,
-    )
-    engine.pipeline = pipeline
+    merges: list[MergeEvent] = []
+    engine.on_merge = merges.append
     options = RunOptions(
         duration_s=duration_s, realtime=realtime, switch_interval_s=switch_interval_s, park_timeout_s=0.5
     )
@@ -351,7 +317,9 @@ async def run_servo(
     encode_ms = session.stats.encode_ms if session is not None else []
     audit = server.audit_records(session.session_id) if session is not None else {}
     requests = []
-    for session_id, seq, obs_ns, arrived_ns, merge_ms in pipeline.merges:
+    for event in merges:
+        session_id, seq = event.produced.session_id, event.produced.seq_id
+        obs_ns, arrived_ns, merge_ms = event.request.obs.mono_ns, event.now_ns, event.merge_ns / 1e6
         record = audit.get(seq)
         if record is None or session is None or session_id != session.session_id or seq > len(encode_ms):
             continue

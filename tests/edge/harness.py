@@ -21,8 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import EngineBase
-from servo.edge.pipeline import ChunkPipeline, Request
+from servo.edge.engine import EngineBase, MergeEvent
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.robots.protocol import Robot
 from servo.robots.sim import SimCameraConfig, SimConfig, SimSO100
@@ -63,43 +62,29 @@ class Merge:
     trimmed: int
 
 
-class RecordingPipeline(ChunkPipeline):
-    """A ChunkPipeline that remembers every merge (injected in place of the engine's own)."""
+class MergeLog:
+    """Every chunk an engine merged, seen through `EngineBase.on_merge`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self) -> None:
         self.merges: list[Merge] = []
 
     @classmethod
-    def replacing(cls, engine: EngineBase) -> RecordingPipeline:
-        old, config = engine.pipeline, engine.config
-        new = cls(
-            old.action_dim,
-            engine.spec.fps,
-            rtc=old.rtc,
-            execution_horizon=old.execution_horizon,
-            buffer_time_s=config.buffer_time_s,
-            max_action_age_s=config.max_action_age_s,
-            fallback=old.fallback,
-        )
-        engine.pipeline = new
-        return new
+    def attach(cls, engine: EngineBase) -> MergeLog:
+        log = cls()
+        engine.on_merge = log.record
+        return log
 
-    def complete(
-        self,
-        request: Request,
-        chunk_model: FloatArray,
-        chunk_robot: FloatArray,
-        now_ns: int,
-        *,
-        session_id: int,
-        seq_id: int,
-    ) -> int | None:
-        trimmed = super().complete(request, chunk_model, chunk_robot, now_ns, session_id=session_id, seq_id=seq_id)
-        if trimmed is not None:
-            merge = Merge(session_id, seq_id, request.episode_id, chunk_robot.copy(), trimmed)
+    def record(self, event: MergeEvent) -> None:
+        if event.trimmed is not None:
+            produced = event.produced
+            merge = Merge(
+                produced.session_id,
+                produced.seq_id,
+                event.request.episode_id,
+                produced.chunk_robot.copy(),
+                event.trimmed,
+            )
             self.merges.append(merge)
-        return trimmed
 
 
 @dataclass

@@ -21,7 +21,7 @@ from servo.robots.protocol import RobotSpec
 from servo.robots.sim import SimConfig, SimSO100
 from tests.edge.fakes import eventually
 from tests.edge.harness import (
-    RecordingPipeline,
+    MergeLog,
     edge_config,
     first_error,
     running_edge,
@@ -39,7 +39,7 @@ async def test_sim_arm_follows_the_policy(port: int, tmp_path: Path) -> None:
     async with running_server(make_manifest(port, options=CHUNK_20)):
         sim = small_sim()
         engine = RemoteEngine(edge_config(port), sim.spec)
-        pipeline = RecordingPipeline.replacing(engine)
+        log = MergeLog.attach(engine)
         async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
             await eventually(lambda: engine.chunks_received >= 4, 10, "four chunks")
             await eventually(lambda: run.runtime.loop is not None and run.runtime.loop.ticks >= 45, 10)
@@ -52,7 +52,7 @@ async def test_sim_arm_follows_the_policy(port: int, tmp_path: Path) -> None:
     rec = read_recording(record)
     frames = rec.frames
     assert len(frames) == summary.ticks
-    merges = {(m.session_id, m.seq_id): m for m in pipeline.merges}
+    merges = {(m.session_id, m.seq_id): m for m in log.merges}
     policy = [f for f in frames if f.source == "policy"]
     assert len(policy) == summary.actions_executed > 30
     assert all(f.provenance is not None for f in policy)  # provenance on every policy action
@@ -133,23 +133,23 @@ async def test_reset_clears_the_queue_and_bumps_the_episode(port: int, tmp_path:
         # A request lost across the reset would hang for request_timeout_s, far past the wait.
         config = edge_config(port, jpeg_quality=jpeg_quality, request_timeout_s=30.0)
         engine = RemoteEngine(config, sim.spec)
-        pipeline = RecordingPipeline.replacing(engine)
+        log = MergeLog.attach(engine)
         async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
             await eventually(lambda: engine.chunks_received >= 2, 10, "two chunks")
             assert run.runtime.loop is not None
             reset_tick = run.runtime.loop.ticks
-            merges_before = len(pipeline.merges)
+            merges_before = len(log.merges)
             engine.reset()
-            assert pipeline.queue.empty()  # at once, before any await
-            assert pipeline.episode_id == 1
-            await eventually(lambda: len(pipeline.merges) >= merges_before + 2, 10, "new chunks")
+            assert engine.pipeline.queue.empty()  # at once, before any await
+            assert engine.pipeline.episode_id == 1
+            await eventually(lambda: len(log.merges) >= merges_before + 2, 10, "new chunks")
             session = engine.session
             assert session is not None
             await eventually(lambda: _server_episode(server, session.session_id) == 1, 5, "server reset")
             await eventually(lambda: run.runtime.loop.ticks >= reset_tick + 20, 5)  # type: ignore[union-attr]
             summary = await run.stop()
     assert summary.final_state == "streaming"
-    assert all(m.episode_id == 1 for m in pipeline.merges[merges_before:])
+    assert all(m.episode_id == 1 for m in log.merges[merges_before:])
     after = [f for f in read_recording(record).frames if f.tick > reset_tick + 1]
     policy_after = [f for f in after if f.source == "policy"]
     assert policy_after

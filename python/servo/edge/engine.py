@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +54,21 @@ class Produced:
     session_id: int
     seq_id: int
     inference_ms: float
+
+
+@dataclass(frozen=True)
+class MergeEvent:
+    """One chunk an engine merged.
+
+    ``trimmed`` is None when the chunk was dropped (the episode was reset while it was in
+    flight); ``merge_ns`` is the time spent in the queue merge.
+    """
+
+    request: Request
+    produced: Produced
+    now_ns: int
+    trimmed: int | None
+    merge_ns: int
 
 
 class InferenceEngine(Protocol):
@@ -136,6 +152,8 @@ class EngineBase:
         self.network_requests = 0
         #: Observation-to-merge latency of every merged chunk (ms), for the run summary.
         self.rtt_ms = array("d")
+        #: Called on the worker after every merge: instrumentation (tests, benchmarks, tracing).
+        self.on_merge: Callable[[MergeEvent], None] | None = None
         self._slot_lock = threading.Lock()
         self._latest: ObservationInput | None = None
         self._episode_start = True
@@ -239,6 +257,7 @@ class EngineBase:
         Returns the steps trimmed, or None when the chunk was dropped because the episode was
         reset meanwhile.
         """
+        started = time.perf_counter_ns()
         trimmed = self.pipeline.complete(
             request,
             produced.chunk_model,
@@ -247,6 +266,8 @@ class EngineBase:
             session_id=produced.session_id,
             seq_id=produced.seq_id,
         )
+        if self.on_merge is not None:
+            self.on_merge(MergeEvent(request, produced, now_ns, trimmed, time.perf_counter_ns() - started))
         if trimmed is None:
             self.chunks_dropped += 1
             return None

@@ -72,7 +72,7 @@ class InferenceRunner:
         Raises:
             PolicyOutputError: the chunk has the wrong shape or non-finite values.
         """
-        delay = max(0, min(int(inference_delay), self._expected[0]))
+        delay = clamp_delay(inference_delay, self._expected[0])
         with self._torch_mode():
             prepared = processor.preprocess(obs)
             chunk = self.policy.predict_chunk(prepared.batch, delay, prepared.prefix)
@@ -92,6 +92,11 @@ class InferenceRunner:
         if not np.isfinite(chunk).all():
             raise PolicyOutputError(f"{what} contains NaN or inf")
         return np.ascontiguousarray(chunk)
+
+
+def clamp_delay(steps: int, chunk_size: int) -> int:
+    """The inference delay a policy is given: steps already executed, within [0, chunk_size]."""
+    return max(0, min(int(steps), chunk_size))
 
 
 def synthetic_observation(policy: Policy) -> DecodedObservation:

@@ -17,6 +17,7 @@ import numpy as np
 import structlog
 
 from servo.policy import DecodedObservation, PolicySpec
+from servo.policy.runner import clamp_delay
 from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, decode_tensor
 
@@ -80,7 +81,7 @@ class ObservationDecoder:
                 prefix_robot = decode_tensor(
                     msg.prefix_robot, dtype="float32", shape=shape, what="observation.prefix_robot"
                 )
-        delay = max(0, min(msg.inference_delay_steps, self._chunk_size))
+        delay = clamp_delay(msg.inference_delay_steps, self._chunk_size)
         obs = DecodedObservation(
             state=state,  # type: ignore[arg-type]
             images=self._images(msg.images),

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import structlog
 
 from servo.recording import read_recording
+from servo.server.manifest import TrajectoryEntry
 from servo.wire import (
     Rejection,
     Trajectory,
@@ -27,8 +28,8 @@ log = structlog.get_logger(__name__)
 class TrajectoryLibrary:
     """Named trajectories loaded lazily from recordings. Used from the event loop."""
 
-    def __init__(self, entries: Sequence[object]) -> None:
-        self._paths = {e.name: e.path for e in entries}  # type: ignore[attr-defined]
+    def __init__(self, entries: Sequence[TrajectoryEntry]) -> None:
+        self._paths = {e.name: e.path for e in entries}
         self._cache: dict[str, Trajectory] = {}
 
     def answer(self, payload: bytes) -> Trajectory | TrajectoryList | Rejection:
