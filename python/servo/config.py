@@ -1,0 +1,257 @@
+"""The one configuration layer: TOML files, command-line values and option tables as msgspec Structs.
+
+Every configuration surface of servo (server manifest, edge options, robot options, fleet file) is
+a frozen `msgspec.Struct` whose constraints are declared on the fields
+(``Annotated[int, msgspec.Meta(ge=1, description="…")]``). Values are converted with
+`msgspec.convert` and every error is reported the same way, naming the file and the dotted key::
+
+    manifest.toml: serving.max_sessions = -5: expected int >= 1
+    manifest.toml: serving.max_sesions: unknown key (valid: app, max_sessions, mode, …)
+
+Unknown and missing keys are found by walking the values against the Struct's fields here, so the
+message can list what is valid; type and range errors come from msgspec, whose documented
+``- at `$.path``` suffix locates the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar, Union, get_args, get_origin
+
+import msgspec
+import msgspec.inspect as mi
+
+T = TypeVar("T")
+
+#: Longest value quoted back in an error message (a value is user input: keep lines short).
+_MAX_QUOTED = 60
+
+
+class ConfigError(ValueError):
+    """A configuration value cannot be used; the message names the file and the dotted key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldDoc:
+    """One configurable field, for help texts: name, type, default and description."""
+
+    name: str
+    type_text: str
+    default: Any
+    required: bool
+    description: str
+    choices: tuple[Any, ...] = ()
+
+
+def parse_toml(text: str | bytes, kind: type[T], *, origin: str) -> T:
+    """Decode TOML text into ``kind``.
+
+    Raises:
+        ConfigError: invalid TOML, an unknown or missing key, a wrong type or a value out of range.
+    """
+    data = text.encode() if isinstance(text, str) else text
+    try:
+        values = msgspec.toml.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{origin}: invalid TOML: {exc}") from None
+    return convert(values, kind, origin=origin)
+
+
+def load_toml(path: str | Path, kind: type[T]) -> T:
+    """Read a TOML file into ``kind``.
+
+    Raises:
+        ConfigError: the file cannot be read, or `parse_toml` refuses it.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    return parse_toml(data, kind, origin=str(path))
+
+
+def convert(values: Mapping[str, Any], kind: type[T], *, origin: str = "", strict: bool = True) -> T:
+    """Convert plain values (from TOML, JSON or the command line) into ``kind``.
+
+    Args:
+        values: The raw values.
+        kind: A msgspec Struct type.
+        origin: File (or ``--flag`` source) named at the start of an error message.
+        strict: ``False`` accepts strings for numbers and booleans (command-line values).
+
+    Raises:
+        ConfigError: an unknown or missing key, a wrong type or a value out of range.
+    """
+    prefix = f"{origin}: " if origin else ""
+    problem = _key_problem(values, mi.type_info(kind), "")
+    if problem is not None:
+        raise ConfigError(prefix + problem)
+    try:
+        return msgspec.convert(values, kind, strict=strict)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(prefix + _type_problem(str(exc), values)) from None
+
+
+def fields_of(kind: type[Any]) -> list[FieldDoc]:
+    """The fields of a Struct with their type, default and ``Meta(description=…)``."""
+    info = mi.type_info(kind)
+    assert isinstance(info, mi.StructType)
+    out = []
+    for f in info.fields:
+        default = f.default_factory() if f.default_factory is not mi.NODEFAULT else f.default
+        out.append(
+            FieldDoc(
+                name=f.name,
+                type_text=_type_text(f.type),
+                default=None if default is mi.NODEFAULT else default,
+                required=f.required,
+                description=_description(f.type),
+                choices=_choices(f.type),
+            )
+        )
+    return out
+
+
+def quoted(value: Any) -> str:
+    """A value as it may appear in an error message: repr, shortened."""
+    text = repr(value)
+    return text if len(text) <= _MAX_QUOTED else text[: _MAX_QUOTED - 1] + "…"
+
+
+# ---------------------------------------------------------------------------- key walk
+def _key_problem(values: Any, info: mi.Type, path: str) -> str | None:
+    info = _unwrap(info)
+    if isinstance(info, mi.StructType) and isinstance(values, Mapping):
+        names = {f.encode_name: f for f in info.fields}
+        for key in values:
+            if key not in names:
+                valid = ", ".join(sorted(names))
+                return f"{_join(path, str(key))}: unknown key (valid: {valid})"
+        for f in info.fields:
+            if f.required and f.encode_name not in values:
+                return f"{_join(path, f.encode_name)}: required key is missing"
+        for key, value in values.items():
+            problem = _key_problem(value, names[key].type, _join(path, key))
+            if problem is not None:
+                return problem
+    elif isinstance(info, mi.ListType | mi.TupleType | mi.VarTupleType) and isinstance(values, list | tuple):
+        item_types = info.item_types if isinstance(info, mi.TupleType) else None
+        for i, value in enumerate(values):
+            if item_types is not None and i >= len(item_types):
+                break
+            item = item_types[i] if item_types is not None else info.item_type  # type: ignore[union-attr]
+            problem = _key_problem(value, item, f"{path}[{i}]")
+            if problem is not None:
+                return problem
+    elif isinstance(info, mi.DictType) and isinstance(values, Mapping):
+        for key, value in values.items():
+            problem = _key_problem(value, info.value_type, _join(path, str(key)))
+            if problem is not None:
+                return problem
+    return None
+
+
+def _unwrap(info: mi.Type) -> mi.Type:
+    while isinstance(info, mi.Metadata):
+        info = info.type
+    if isinstance(info, mi.UnionType):
+        # ``Section | None``: walk the section when the value is given.
+        structs = [t for t in info.types if isinstance(_unwrap(t), mi.StructType)]
+        if len(structs) == 1:
+            return _unwrap(structs[0])
+    return info
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# ---------------------------------------------------------------------------- type errors
+def _type_problem(text: str, values: Mapping[str, Any]) -> str:
+    message, sep, where = text.rpartition(" - at `")
+    if not sep:
+        return _plain(text)
+    path = where.rstrip("`").removeprefix("$").removeprefix(".")
+    found, value = _lookup(values, path)
+    shown = f" = {quoted(value)}" if found else ""
+    return f"{path or '<top>'}{shown}: {_plain(message)}"
+
+
+def _plain(message: str) -> str:
+    message = message.replace("`", "")
+    return message[:1].lower() + message[1:]
+
+
+def _lookup(values: Any, path: str) -> tuple[bool, Any]:
+    current = values
+    for part in _split_path(path):
+        try:
+            current = current[part]
+        except (KeyError, IndexError, TypeError):
+            return False, None
+    return bool(path), current
+
+
+def _split_path(path: str) -> list[str | int]:
+    parts: list[str | int] = []
+    for dotted in path.split(".") if path else []:
+        name, _, rest = dotted.partition("[")
+        if name:
+            parts.append(name)
+        while rest:
+            index, _, rest = rest.partition("]")
+            parts.append(int(index))
+            rest = rest.removeprefix("[")
+    return parts
+
+
+# ---------------------------------------------------------------------------- help texts
+def _description(info: mi.Type) -> str:
+    while isinstance(info, mi.Metadata):
+        extra = info.extra_json_schema or {}
+        if "description" in extra:
+            return str(extra["description"])
+        info = info.type
+    return ""
+
+
+def _choices(info: mi.Type) -> tuple[Any, ...]:
+    info = _unwrap(info)
+    if isinstance(info, mi.LiteralType):
+        return tuple(info.values)
+    return ()
+
+
+def _type_text(info: mi.Type) -> str:
+    info = _unwrap(info)
+    names = {
+        mi.IntType: "int",
+        mi.FloatType: "float",
+        mi.StrType: "str",
+        mi.BoolType: "bool",
+    }
+    for cls, name in names.items():
+        if isinstance(info, cls):
+            return name
+    if isinstance(info, mi.LiteralType):
+        return "|".join(str(v) for v in info.values)
+    if isinstance(info, mi.ListType | mi.VarTupleType):
+        return f"list of {_type_text(info.item_type)}"
+    if isinstance(info, mi.DictType):
+        return f"table of {_type_text(info.value_type)}"
+    if isinstance(info, mi.UnionType):
+        return " or ".join(_type_text(t) for t in info.types if not isinstance(t, mi.NoneType))
+    return "value"
+
+
+def is_sequence_type(annotation: Any) -> bool:
+    """Whether a field annotation is a list/tuple (command-line values are comma-separated)."""
+    origin = get_origin(annotation)
+    if origin is Union or origin is types.UnionType:
+        return any(is_sequence_type(a) for a in get_args(annotation) if a is not type(None))
+    if str(origin) == "typing.Annotated" or hasattr(annotation, "__metadata__"):
+        return is_sequence_type(get_args(annotation)[0])
+    return origin in (list, tuple)
