@@ -101,12 +101,12 @@ def fields_of(kind: type[Any]) -> list[FieldDoc]:
     assert isinstance(info, mi.StructType)
     out = []
     for f in info.fields:
-        default = f.default_factory() if f.default_factory is not mi.NODEFAULT else f.default
+        default = f.default_factory() if f.default_factory is not msgspec.NODEFAULT else f.default
         out.append(
             FieldDoc(
                 name=f.name,
                 type_text=_type_text(f.type),
-                default=None if default is mi.NODEFAULT else default,
+                default=None if default is msgspec.NODEFAULT else default,
                 required=f.required,
                 description=_description(f.type),
                 choices=_choices(f.type),
