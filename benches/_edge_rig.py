@@ -32,7 +32,7 @@ import zenoh
 
 from servo._core import MSG_CHUNK, MSG_OBS, ActionQueue, Header, decode_header, encode_header
 from servo.client import PolicyClient
-from servo.edge.config import EdgeConfig
+from servo.edge.config import EdgeConfig, load_config
 from servo.edge.control_loop import request_realtime
 from servo.edge.engine import MergeEvent, robot_features
 from servo.edge.remote import RemoteEngine
@@ -302,7 +302,7 @@ async def run_servo(
 ) -> LoopResult:
     """servo's edge: control thread + network worker on the event loop."""
     sim = TimingRobot(fps)
-    config = EdgeConfig(connect=[f"tcp/127.0.0.1:{server.port}"], jpeg_quality=JPEG_QUALITY).validate()
+    config = load_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": JPEG_QUALITY})
     engine = RemoteEngine(config, sim.spec)
     merges: list[MergeEvent] = []
     engine.on_merge = merges.append

@@ -46,8 +46,15 @@ class FieldDoc:
     choices: tuple[Any, ...] = ()
 
 
-def parse_toml(text: str | bytes, kind: type[T], *, origin: str) -> T:
+def parse_toml(text: str | bytes, kind: type[T], *, origin: str, overrides: Mapping[str, Any] | None = None) -> T:
     """Decode TOML text into ``kind``.
+
+    Args:
+        text: The TOML document.
+        kind: A msgspec Struct type.
+        origin: Named at the start of every error message (usually the file).
+        overrides: Values that replace the file's, by dotted key (``{"zenoh.listen": [...]}``):
+            command-line flags, checked by the same rules as the file.
 
     Raises:
         ConfigError: invalid TOML, an unknown or missing key, a wrong type or a value out of range.
@@ -57,11 +64,17 @@ def parse_toml(text: str | bytes, kind: type[T], *, origin: str) -> T:
         values = msgspec.toml.decode(data)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{origin}: invalid TOML: {exc}") from None
+    for key, value in (overrides or {}).items():
+        *sections, leaf = key.split(".")
+        table = values
+        for section in sections:
+            table = table.setdefault(section, {})
+        table[leaf] = value
     return convert(values, kind, origin=origin)
 
 
-def load_toml(path: str | Path, kind: type[T]) -> T:
-    """Read a TOML file into ``kind``.
+def load_toml(path: str | Path, kind: type[T], *, overrides: Mapping[str, Any] | None = None) -> T:
+    """Read a TOML file into ``kind`` (see `parse_toml`).
 
     Raises:
         ConfigError: the file cannot be read, or `parse_toml` refuses it.
@@ -70,7 +83,7 @@ def load_toml(path: str | Path, kind: type[T]) -> T:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    return parse_toml(data, kind, origin=str(path))
+    return parse_toml(data, kind, origin=str(path), overrides=overrides)
 
 
 def convert(values: Mapping[str, Any], kind: type[T], *, origin: str = "", strict: bool = True) -> T:
@@ -90,9 +103,16 @@ def convert(values: Mapping[str, Any], kind: type[T], *, origin: str = "", stric
     if problem is not None:
         raise ConfigError(prefix + problem)
     try:
-        return msgspec.convert(values, kind, strict=strict)
+        result = msgspec.convert(values, kind, strict=strict)
     except msgspec.ValidationError as exc:
         raise ConfigError(prefix + _type_problem(str(exc), values)) from None
+    try:
+        _check(result, "")
+    except _Located as exc:
+        found, value = _lookup(values, exc.path)
+        shown = f" = {quoted(value)}" if found else ""
+        raise ConfigError(f"{prefix}{exc.path}{shown}: {exc.message}") from None
+    return result
 
 
 def fields_of(kind: type[Any]) -> list[FieldDoc]:
@@ -113,6 +133,20 @@ def fields_of(kind: type[Any]) -> list[FieldDoc]:
             )
         )
     return out
+
+
+class FieldError(ValueError):
+    """What a Struct's ``check()`` raises about one of its own fields (``field`` relative to it).
+
+    `convert` calls ``check()`` on every Struct of the converted tree that defines it (rules that
+    span several fields, or need the file system) and turns a FieldError into a `ConfigError`
+    naming the full dotted key and its value.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
 
 
 def quoted(value: Any) -> str:
@@ -167,6 +201,31 @@ def _unwrap(info: mi.Type) -> mi.Type:
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+# ---------------------------------------------------------------------------- cross-field checks
+class _Located(Exception):
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+
+
+def _check(node: Any, path: str) -> None:
+    if isinstance(node, msgspec.Struct):
+        for name in node.__struct_fields__:
+            _check(getattr(node, name), _join(path, name))
+        check = getattr(node, "check", None)
+        if check is not None:
+            try:
+                check()
+            except FieldError as exc:
+                raise _Located(_join(path, exc.field), exc.message) from None
+    elif isinstance(node, list | tuple):
+        for i, item in enumerate(node):
+            _check(item, f"{path}[{i}]")
+    elif isinstance(node, dict):
+        for key, item in node.items():
+            _check(item, _join(path, str(key)))
 
 
 # ---------------------------------------------------------------------------- type errors

@@ -20,7 +20,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from servo.edge.config import EdgeConfig
+from servo.edge.config import EdgeConfig, load_config
 from servo.edge.engine import EngineBase, MergeEvent
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.robots.protocol import Robot
@@ -41,7 +41,7 @@ def edge_config(port: int, **overrides: Any) -> EdgeConfig:
         "reconnect_max_backoff_s": 0.5,
     }
     values.update(overrides)
-    return EdgeConfig(**values).validate()
+    return load_config(flags=values)
 
 
 def small_sim(**overrides: Any) -> SimSO100:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
 import anyio
+import numpy as np
 import pytest
 
 from servo.recording import read_recording
-from tests.edge.harness import edge_argv, start_server, write_manifest
+from tests.edge.harness import Proc, edge_argv, start_server, write_manifest
 from tests.support import free_port, make_manifest, running_server
 
 SUMMARY_KEYS = {
@@ -118,3 +120,94 @@ def test_summary_against_servo_serve(tmp_path: Path) -> None:
     assert len(policy) == summary["actions_executed"]
     assert all(f.provenance is not None for f in policy)
     assert "servo-edge: duration elapsed" in result.stderr
+
+
+def far_pose() -> np.ndarray:
+    from servo.robots import make_robot
+
+    spec = make_robot("sim", {"cameras": "none"}).spec
+    return np.asarray(spec.rest_pose, np.float32) + np.array([60, 60, -60, -40, 0, 30], np.float32)
+
+
+def far_trajectory(path: Path) -> Path:
+    """A replay that holds the arm far from its rest pose (so parking takes a while)."""
+    from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter
+    from servo.robots import make_robot
+    from servo.wire import encode_tensor
+
+    spec = make_robot("sim", {"cameras": "none"}).spec
+    pose = far_pose()
+    writer = RecordingWriter(path, EpisodeHeader(robot="sim", fps=30.0, joint_names=list(spec.joint_names)))
+    for i in range(30):
+        writer.write(FrameRecord(i, i, encode_tensor(pose), encode_tensor(pose), "policy"))
+    writer.close()
+    return path
+
+
+@pytest.mark.slow
+def test_second_interrupt_still_parks_and_a_third_exits_at_once(tmp_path: Path) -> None:
+    replay = far_trajectory(tmp_path / "far.servo")
+    summary = tmp_path / "run.json"
+    start = ",".join(str(float(q)) for q in far_pose())  # the arm starts there: parking takes ~2 s
+    argv = edge_argv(
+        f"--robot sim --robot-opt cameras=none --robot-opt initial_pose={start} --replay {replay} --loop "
+        f"--velocity-scale 0.2 --summary {summary}"
+    )
+    edge = Proc(argv)
+    try:
+        edge.wait_line("control loop running", 30)
+        edge.popen.send_signal(signal.SIGINT)
+        edge.wait_line("stopping", 10)
+        edge.popen.send_signal(signal.SIGINT)
+        edge.wait_line("servo-edge: interrupted again: still parking the arm", 10)
+        assert edge.wait(30) == 0, edge.output
+    finally:
+        edge.kill()
+    assert "Traceback" not in edge.output
+    assert json.loads(summary.read_text())["parked"] is True
+
+    edge = Proc(argv)
+    try:
+        edge.wait_line("control loop running", 30)
+        # Standard signals do not queue: each waits until the previous one was handled.
+        edge.popen.send_signal(signal.SIGINT)
+        edge.wait_line("stopping", 10)
+        edge.popen.send_signal(signal.SIGINT)
+        edge.wait_line("interrupted again", 10)
+        edge.popen.send_signal(signal.SIGINT)
+        assert edge.wait(5) == 130
+    finally:
+        edge.kill()
+    assert "servo-edge: interrupted a third time: exiting now" in edge.output
+    assert "Traceback" not in edge.output
+
+
+def test_record_never_replaces_a_file_unless_asked(tmp_path: Path) -> None:
+    replay = far_trajectory(tmp_path / "far.servo")
+    before = replay.read_bytes()
+    result = subprocess.run(
+        edge_argv(f"--robot sim --robot-opt cameras=none --replay {replay} --record {replay}"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    (line,) = error_lines(result.stderr)
+    assert line == f"servo-edge: error: --record: {replay} exists; pass --overwrite to replace it"
+    assert replay.read_bytes() == before
+
+
+def test_replay_summary_line_has_no_missing_values(tmp_path: Path) -> None:
+    replay = far_trajectory(tmp_path / "far.servo")
+    result = subprocess.run(
+        edge_argv(f"--robot sim --robot-opt cameras=none --replay {replay} --log-level warning"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("servo-edge: finished;")
+    assert "None" not in last

@@ -93,7 +93,7 @@ def test_loader_builtin_and_module_factory() -> None:
     [
         ("nonsense", {}, "neither a built-in"),
         ("no_such_module_xyz:factory", {}, "cannot import"),
-        ("tests.policy.test_policy:missing", {}, "has no 'missing'"),
+        ("tests.policy.test_policy:missing", {}, "has no callable 'missing'"),
         ("reference", {"bogus_option": 1}, "model.options do not fit"),
         ("tests.policy.test_policy:make_not_a_policy", {}, "no chunk API"),
     ],

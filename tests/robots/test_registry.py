@@ -6,43 +6,50 @@ from pathlib import Path
 
 import pytest
 
-from servo.robots import ROBOT_OPTIONS, ROBOTS, SO100, Robot, SimSO100, make_robot
+from servo.config import ConfigError
+from servo.robots import ROBOTS, SO100, Robot, SimSO100, make_robot, options_help
 from servo.robots.calibration import CalibrationError
 from servo.robots.registry import CameraEntry, parse_cameras
 from tests.robots.calib_data import write_calibration
 
 
-def test_table_lists_both_robots() -> None:
+def test_table_lists_both_robots_with_documented_options() -> None:
     assert set(ROBOTS) == {"sim", "so100"}
-    assert set(ROBOT_OPTIONS) == set(ROBOTS)
-    assert "port" in ROBOT_OPTIONS["so100"]
+    so100 = options_help("so100")
+    assert so100[0].startswith("port (str, required): Serial port")
+    # every option of every robot has a sentence of help (it is what --help shows)
+    for name in ROBOTS:
+        assert all(line.split(": ", 1)[1] for line in options_help(name))
+    assert not any(line.startswith(("width", "height")) for line in options_help("sim"))
 
 
 def test_unknown_robot_lists_valid_types() -> None:
-    with pytest.raises(ValueError, match=r"unknown robot type 'so101'; valid types: sim, so100"):
+    with pytest.raises(ConfigError, match=r"unknown robot type 'so101'; valid types: sim, so100"):
         make_robot("so101")
 
 
 def test_unknown_option_is_named_with_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['prot'\] for robot 'sim'") as info:
+    with pytest.raises(ConfigError, match=r"robot 'sim': prot: unknown key") as info:
         make_robot("sim", {"prot": "/dev/ttyACM0"})
-    assert "valid options: cameras, fps, initial_pose, noise_std" in str(info.value)
+    assert "valid: cameras, fps, initial_pose, noise_std" in str(info.value)
 
 
 @pytest.mark.parametrize(
-    ("options", "name"),
+    ("options", "message"),
     [
-        ({"fps": "fast"}, "fps"),
-        ({"fps": -3}, "fps"),
-        ({"seed": True}, "seed"),
-        ({"realtime": "maybe"}, "realtime"),
-        ({"cameras": "front:/dev/video0"}, "cameras"),
-        ({"initial_pose": "1,2,x"}, "initial_pose"),
+        ({"fps": "fast"}, "fps = 'fast': expected float, got str"),
+        ({"fps": -3}, "fps = -3: expected float > 0.0"),
+        ({"seed": True}, "seed = True: expected int, got bool"),
+        ({"realtime": "maybe"}, "realtime = 'maybe': expected bool"),
+        ({"cameras": "front:/dev/video0"}, "cameras = 'front:/dev/video0': simulated camera 'front' takes no device"),
+        ({"initial_pose": "1,2,x"}, "initial_pose[2] = 'x': expected float"),
+        ({"initial_pose": "1,2,3"}, "initial_pose = ['1', '2', '3']: needs 6 values, one per joint"),
     ],
 )
-def test_invalid_values_name_the_option(options: dict[str, object], name: str) -> None:
-    with pytest.raises(ValueError, match=rf"invalid value .* for option '{name}' of robot 'sim'"):
+def test_invalid_values_name_the_option(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
         make_robot("sim", options)
+    assert str(info.value).startswith(f"robot 'sim': {message}")
 
 
 def test_sim_from_cli_strings() -> None:
@@ -67,9 +74,9 @@ def test_sim_from_cli_strings() -> None:
     assert make_robot("sim", {"cameras": "none"}).spec.cameras == {}
 
 
-def test_sim_config_errors_are_value_errors() -> None:
-    with pytest.raises(ValueError, match="robot 'sim': SimConfig: initial_pose needs 6 values"):
-        make_robot("sim", {"initial_pose": "1,2,3"})
+def test_driver_refusals_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"robot 'sim': .*initial_pose is outside the joint limits"):
+        make_robot("sim", {"initial_pose": "1000,0,0,0,0,0"})
 
 
 def test_so100_from_flat_options(tmp_path: Path) -> None:
@@ -94,9 +101,9 @@ def test_so100_from_flat_options(tmp_path: Path) -> None:
 
 
 def test_so100_needs_port_and_one_calibration_source(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"needs the option 'port'; valid options: baudrate"):
+    with pytest.raises(ConfigError, match=r"robot 'so100': port: required key is missing"):
         make_robot("so100", {"calibration": "x.json"})
-    with pytest.raises(ValueError, match="exactly one of the options 'calibration' or 'id'"):
+    with pytest.raises(ConfigError, match="give exactly one of calibration or id"):
         make_robot("so100", {"port": "/dev/ttyACM0"})
     with pytest.raises(CalibrationError, match=r"missing\.json does not exist"):
         make_robot("so100", {"port": "/dev/ttyACM0", "calibration": str(tmp_path / "missing.json")})
@@ -116,7 +123,7 @@ def test_camera_strings() -> None:
         CameraEntry("front", 0, 640, 480, 30.0),
         CameraEntry("wrist", path, 1280, 720, None),
     ]
-    assert parse_cameras(["top"]) == [CameraEntry("top", None, None, None, None)]
+    assert parse_cameras("top") == [CameraEntry("top", None, None, None, None)]
     assert parse_cameras("") == []
     with pytest.raises(ValueError, match="repeat"):
         parse_cameras("a,a")

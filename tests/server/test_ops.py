@@ -93,14 +93,16 @@ async def test_health_is_503_until_warm_and_while_draining(port: int) -> None:
             session = await open_on(client, box[0])
             seq = await session.send(observation(3))
             assert await anyio.to_thread.run_sync(policy.entered.wait, 10)
-            server.drain()  # while a request is in flight
+            server.drain()  # while a request is in flight (its forward hangs at the gate)
             assert await http_get(health, "/healthz") == (503, "draining\n")
-            policy.gate.set()
-            result = await session.receive(seq, timeout=10)  # the in-flight request completes
-            assert result.chunk_robot[0][0] == 3
+            # The client learns at once, while the forward still hangs: it can fail over now.
             with anyio.fail_after(5):
                 await session.lost.wait()
             assert session.lost_reason == "server draining"
+            assert not policy.gate.is_set()
+            with pytest.raises(SessionLost):
+                await session.receive(seq, timeout=1)
+            policy.gate.set()
             with pytest.raises(SessionLost):
                 await session.send(observation(4))
             await session.close()

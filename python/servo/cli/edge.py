@@ -1,7 +1,8 @@
 """``servo-edge --robot sim``: drive a robot with chunks from a policy server (or a local policy).
 
-Exit codes: 0 after a normal stop, 1 when no server could be reached, 2 for a configuration or
-capability mismatch, 3 when the engine died (safe teardown ran), 130 on a second Ctrl-C.
+Exit codes: 0 after a normal stop, 1 when no server (or robot) could be reached, 2 for a
+configuration or capability mismatch, 3 when the engine died (the arm was parked), 130 when a
+third Ctrl-C cut the shutdown short.
 """
 
 from __future__ import annotations
@@ -12,68 +13,84 @@ from typing import Any
 
 import anyio
 
-from servo.cli.lifecycle import first_error
-from servo.edge.config import EdgeConfigError, add_config_flags, load_config
+from servo.cli.console import Console
+from servo.cli.flags import add_struct_flags, struct_flag_values
+from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.config import ConfigError
+from servo.edge.config import EdgeConfig, load_config
 from servo.logs import configure_logging
+
+PROG = "servo-edge"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line."""
-    parser = argparse.ArgumentParser(
-        prog="servo-edge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    """The command line (every edge option also has a flag; robot options are listed below)."""
+    from servo.robots import ROBOTS, options_help
+
+    robots = "\n".join(
+        f"  --robot {name}: {entry.summary}\n" + "\n".join(f"      {line}" for line in options_help(name))
+        for name, entry in ROBOTS.items()
     )
-    parser.add_argument("--robot", required=True, help="robot type: sim or so100")
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"robot options (--robot-opt KEY=VALUE):\n{robots}",
+    )
+    parser.add_argument("--robot", required=True, choices=sorted(ROBOTS), help="Robot type to drive.")
     parser.add_argument(
         "--robot-opt",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="robot option, repeatable (sim: fps, cameras, width, height, ...; so100: port, calibration, cameras)",
+        help="A robot option (repeatable); each robot's options are listed at the end of this help.",
     )
-    parser.add_argument("--config", help="edge options from a TOML file (flags override it)")
-    parser.add_argument("--duration", type=float, help="stop after this many seconds")
-    parser.add_argument("--summary", help="write a JSON run summary here")
-    parser.add_argument("--record", help="record the episode (state, executed actions, provenance) to this file")
+    parser.add_argument("--config", help="Read edge options from this TOML file (flags override it).")
+    parser.add_argument("--duration", type=float, help="Stop (and park) after this many seconds.")
+    parser.add_argument("--summary", help="Write a JSON run summary to this file at the end.")
+    parser.add_argument("--record", help="Record every tick (state, executed action, provenance) to this file.")
+    parser.add_argument("--overwrite", action="store_true", help="Let --record replace an existing file.")
     parser.add_argument(
         "--record-images",
         type=int,
         default=0,
         metavar="N",
-        help="also record camera frames every N ticks",
+        help="Also record camera frames (JPEG) every N ticks.",
     )
     parser.add_argument(
         "--replay",
         metavar="FILE|server:NAME",
-        help="replay a recorded trajectory (a recording file, or a trajectory of the server's library)",
+        help="Replay a recorded trajectory: a recording file, or a trajectory of the server's library.",
     )
-    parser.add_argument("--loop", action="store_true", help="with --replay: start over at the end")
-    parser.add_argument("--no-status", action="store_true", help="no live status line")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    parser.add_argument("--json-logs", action="store_true", help="log JSON lines")
-    add_config_flags(parser)
+    parser.add_argument("--loop", action="store_true", help="With --replay: start over at the end.")
+    parser.add_argument("--no-status", action="store_true", help="Do not draw the live status line.")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error.")
+    parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
+    parser.add_argument("--debug", action="store_true", help="Show the traceback of an error.")
+    add_struct_flags(parser.add_argument_group("edge options (also settable in the --config TOML)"), EdgeConfig)
     return parser
 
 
-def _robot_options(items: list[str]) -> dict[str, Any]:
+def robot_option_values(items: list[str]) -> dict[str, Any]:
+    """``--robot-opt KEY=VALUE`` items by key (values stay text; the robot's options parse them)."""
     options: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise EdgeConfigError(f"--robot-opt expects KEY=VALUE, got {item!r}")
+            raise ConfigError(f"--robot-opt expects KEY=VALUE, got {item!r}")
         options[key] = value
     return options
 
 
-async def run(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace, console: Console) -> int:
     """Build everything and run; returns the exit code."""
-    from servo.cli.lifecycle import on_signal
     from servo.edge.engine import EngineBase
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
     from servo.robots import make_robot
 
-    config = load_config(args.config, args)
-    robot = make_robot(args.robot, _robot_options(args.robot_opt))
+    config = load_config(args.config, struct_flag_values(args, EdgeConfig))
+    robot = make_robot(args.robot, robot_option_values(args.robot_opt))
     if args.replay:
         from servo.edge.replay import ReplayEngine
 
@@ -84,46 +101,68 @@ async def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         summary_path=args.summary,
         record_path=args.record,
+        record_overwrite=args.overwrite,
         record_images_every=args.record_images,
-        status=not args.no_status and sys.stderr.isatty(),
+        status=None if args.no_status or not console.live else console.status,
     )
     runtime = EdgeRuntime(robot, engine, config, options)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(on_signal, lambda: runtime.request_stop("signal"))
+        tg.start_soon(
+            lambda: on_signal(
+                lambda: runtime.request_stop("signal"),
+                runtime.hurry,
+                say=lambda text: console.say(f"{PROG}: {text}"),
+                what="still parking the arm",
+            )
+        )
         summary = await runtime.run()
         tg.cancel_scope.cancel()
-    print(
-        f"servo-edge: {summary.stop_reason}; {summary.ticks} ticks, {summary.actions_executed} actions, "
-        f"{summary.fallback_ticks} fallback ticks, {summary.chunks_received} chunks, rtt p50 "
-        f"{summary.rtt_ms['p50']} ms, jitter p99 {summary.tick_jitter_ms['p99']} ms, final state {summary.final_state}",
-        file=sys.stderr,
+    console.clear_status()
+    rtt = summary.rtt_ms["p50"]
+    console.say(
+        f"{PROG}: {summary.stop_reason}; {summary.ticks} ticks, {summary.actions_executed} actions, "
+        f"{summary.fallback_ticks} fallback ticks, {summary.chunks_received} chunks"
+        + (f", rtt p50 {rtt} ms" if rtt is not None else "")
+        + f", jitter p99 {summary.tick_jitter_ms['p99']} ms, final state {summary.final_state}"
     )
     return 3 if summary.final_state == "dead" else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``servo-edge``."""
+def classify(exc: BaseException) -> tuple[int, str] | None:
+    """Exit code and one-line message of an error that ends a run, or None if it is unexpected."""
     from servo.edge.remote import EdgeStartError
     from servo.robots import CalibrationError, FeetechError
 
+    if isinstance(exc, ConfigError | CalibrationError):
+        return 2, str(exc)
+    if isinstance(exc, EdgeStartError):
+        return (2 if exc.refused else 1), str(exc)
+    if isinstance(exc, FeetechError | OSError):
+        return 1, f"robot: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPTED, "interrupted"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``servo-edge``."""
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level, json=args.json_logs)
+    console = Console()
+    configure_logging(args.log_level, json=args.json_logs, stream=console)
     try:
-        return anyio.run(run, args, backend="asyncio", backend_options={"use_uvloop": True})
-    except KeyboardInterrupt:
-        return 130
+        return anyio.run(run, args, console, backend="asyncio", backend_options={"use_uvloop": True})
     except BaseException as group:
         exc = first_error(group)
-        if isinstance(exc, EdgeConfigError | ValueError | CalibrationError):
-            print(f"servo-edge: error: {exc}", file=sys.stderr)
-            return 2
-        if isinstance(exc, EdgeStartError):
-            print(f"servo-edge: error: {exc}", file=sys.stderr)
-            return 2 if exc.refused else 1
-        if isinstance(exc, FeetechError | OSError):
-            print(f"servo-edge: error: robot: {exc}", file=sys.stderr)
+        if args.debug or isinstance(exc, SystemExit):
+            raise
+        console.clear_status()
+        known = classify(exc)
+        if known is None:
+            console.say(f"{PROG}: error: unexpected {type(exc).__name__}: {exc} (--debug shows the traceback)")
             return 1
-        raise
+        code, message = known
+        console.say(f"{PROG}: error: {message}")
+        return code
 
 
 if __name__ == "__main__":

@@ -1,30 +1,49 @@
-"""Process lifecycle shared by the command-line tools: signals and the errors that end a run."""
+"""Process lifecycle shared by the command-line tools: signals, and the errors that end a run."""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 
 import anyio
-import structlog
 
-log = structlog.get_logger(__name__)
+from servo.logs import get_logger
+
+log = get_logger(__name__)
+
+#: Exit status after an interrupt that cut the shutdown short (128 + SIGINT).
+INTERRUPTED = 130
 
 
-async def on_signal(action: Callable[[], None]) -> None:
-    """Call ``action`` on the first SIGINT/SIGTERM.
+async def on_signal(
+    stop: Callable[[], None], hurry: Callable[[], None], *, say: Callable[[str], None], what: str
+) -> None:
+    """Escalating SIGINT/SIGTERM handling: stop gracefully, then hurry, then exit at once.
 
-    A second signal raises KeyboardInterrupt: the user insisted, teardown is abandoned.
+    1st signal: ``stop()`` (a graceful shutdown: the edge parks the arm, the server drains).
+    2nd: ``hurry()`` and one line saying what is still done (the safe part) and what is skipped.
+    3rd: one line, then the process exits immediately with status 130.
+
+    Args:
+        stop: Begins the graceful shutdown.
+        hurry: Skips what is not needed for safety (waiting on the network, draining).
+        say: Prints one line for the user.
+        what: What the second signal still does, e.g. "parking the arm" (said to the user).
     """
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        first = True
+        count = 0
         async for signum in signals:
-            if first:
+            count += 1
+            if count == 1:
                 log.info("signal received, stopping", signal=signal.Signals(signum).name)
-                action()
-                first = False
+                stop()
+            elif count == 2:
+                say(f"interrupted again: {what}, skipping the rest; once more exits at once")
+                hurry()
             else:
-                raise KeyboardInterrupt
+                say("interrupted a third time: exiting now")
+                os._exit(INTERRUPTED)
 
 
 def first_error(exc: BaseException) -> BaseException:

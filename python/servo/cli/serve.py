@@ -1,103 +1,139 @@
-"""``servo-serve manifest.toml``: load, warm and serve one policy until Ctrl-C / SIGTERM."""
+"""``servo-serve manifest.toml``: load, warm and serve one policy until Ctrl-C / SIGTERM.
+
+Exit codes: 0 after a clean drain, 1 when the network or a port is unusable, 2 for a manifest or
+policy problem (one line naming the key), 130 when a third Ctrl-C cut the drain short.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 import anyio
-import zenoh
 from anyio.abc import TaskStatus
 
-from servo.cli.lifecycle import first_error
+from servo.cli.console import Console
+from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.config import ConfigError
 from servo.logs import configure_logging
-from servo.server.manifest import Manifest, ManifestError, load_manifest
+from servo.server.manifest import Manifest, load_manifest
+
+PROG = "servo-serve"
+SERVER_EXTRA = "pip install 'servo-robotics[server]'"
+#: What the server extra brings; the edge and the client library never import them.
+SERVER_DEPENDENCIES = frozenset({"torch", "prometheus_client"})
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(prog="servo-serve", description=__doc__)
-    parser.add_argument("manifest", help="path of the server manifest (TOML)")
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("manifest", help="Path of the server manifest (TOML); see examples/manifest.toml.")
     parser.add_argument(
         "--listen",
         action="append",
         metavar="ENDPOINT",
-        help="override zenoh.listen (repeatable), e.g. tcp/0.0.0.0:7447",
+        help="Replace zenoh.listen (repeatable), e.g. tcp/0.0.0.0:7447.",
     )
-    parser.add_argument("--health-port", type=int, metavar="PORT", help="override ops.health_port (0 disables)")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    parser.add_argument("--json-logs", action="store_true", help="log JSON lines instead of console text")
+    parser.add_argument("--health-port", type=int, metavar="PORT", help="Replace ops.health_port (0 disables).")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error.")
+    parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
+    parser.add_argument("--debug", action="store_true", help="Show the traceback of an error.")
     return parser
 
 
-async def serve(manifest: Manifest) -> None:
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Manifest keys replaced by flags (checked by the same rules as the file)."""
+    out: dict[str, Any] = {}
+    if args.listen:
+        out["zenoh.listen"] = list(args.listen)
+    if args.health_port is not None:
+        out["ops.health_port"] = args.health_port
+    return out
+
+
+async def serve(manifest: Manifest, base_dir: Path, console: Console) -> None:
     """Run the server until drained by a signal."""
-    from servo.cli.lifecycle import on_signal
     from servo.server.service import PolicyServer, ServerReady
 
-    server = PolicyServer(manifest)
+    def say(text: str) -> None:
+        console.say(f"{PROG}: {text}")
+
+    server = PolicyServer(manifest, search_path=base_dir)
     async with anyio.create_task_group() as tg:
 
         async def run_server(*, task_status: TaskStatus[ServerReady]) -> None:
             await server.run(task_status=task_status)
             tg.cancel_scope.cancel()
 
-        tg.start_soon(on_signal, server.drain)
-        _say(f"loading {manifest.model.source} on {manifest.model.device}, {manifest.model.warmup} warm-up forward(s)…")
+        tg.start_soon(
+            lambda: on_signal(server.drain, server.hurry, say=say, what="not waiting for the request in flight")
+        )
+        model = manifest.model
+        say(f"loading {model.source} on {model.device}, {model.warmup} warm-up forward(s)…")
         ready: ServerReady = await tg.start(run_server)
         info, z = ready.info, manifest.zenoh
-        _say(
+        say(
             f"serving {info.model} rev {info.revision} ({info.serving_mode}, "
             f"chunk {info.chunk_size} @ {info.fps:g} fps, RTC {'yes' if info.supports_rtc else 'no'})"
         )
-        _say(f"actions: {', '.join(info.features.action_names)}; cameras: {', '.join(info.features.cameras) or 'none'}")
-        _say(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")
+        say(f"actions: {', '.join(info.features.action_names)}; cameras: {', '.join(info.features.cameras) or 'none'}")
+        say(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")
         if ready.health_port:
-            _say(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
-        _say("ready — Ctrl-C to drain and stop")
+            say(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
+        say("ready — Ctrl-C to drain and stop")
 
 
-def _with_overrides(manifest: Manifest, args: argparse.Namespace) -> Manifest:
-    from msgspec.structs import replace
+def classify(exc: BaseException) -> tuple[int, str] | None:
+    """Exit code and one-line message of an error that ends the server, or None if unexpected."""
+    import zenoh
 
-    if args.listen:
-        zenoh = replace(manifest.zenoh, listen=list(args.listen))
-        zenoh.validate()
-        manifest = replace(manifest, zenoh=zenoh)
-    if args.health_port is not None:
-        manifest = replace(manifest, ops=replace(manifest.ops, health_port=args.health_port))
-    return manifest
+    from servo.policy import PolicyLoadError
 
-
-def _say(text: str) -> None:
-    print(f"servo-serve: {text}", file=sys.stderr, flush=True)
+    if isinstance(exc, ConfigError | PolicyLoadError):
+        return 2, str(exc)
+    if isinstance(exc, ModuleNotFoundError) and exc.name in SERVER_DEPENDENCIES:
+        return 2, f"serving needs {exc.name}, which is not installed: {SERVER_EXTRA}"
+    if isinstance(exc, zenoh.ZError):
+        # zenoh appends source paths of its own build to messages; users need the first part.
+        return 1, f"zenoh: {str(exc).split(' at /')[0]}"
+    if isinstance(exc, OSError):
+        return 1, str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPTED, "interrupted"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``servo-serve``: 0 after a clean drain, 2 for a bad manifest or policy."""
-    from servo.policy import PolicyLoadError
-
+    """Entry point of ``servo-serve``."""
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level, json=args.json_logs)
+    console = Console(live=False)
+    configure_logging(args.log_level, json=args.json_logs, stream=console)
     try:
-        manifest = _with_overrides(load_manifest(args.manifest), args)
-        anyio.run(serve, manifest, backend="asyncio", backend_options={"use_uvloop": True})
-    except (ManifestError, ValueError) as exc:
-        _say(f"error: {exc}")
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        manifest = load_manifest(args.manifest, overrides=overrides(args))
+        anyio.run(
+            serve,
+            manifest,
+            Path(args.manifest).resolve().parent,
+            console,
+            backend="asyncio",
+            backend_options={"use_uvloop": True},
+        )
     except BaseException as group:
-        error = first_error(group)
-        if isinstance(error, PolicyLoadError | ManifestError):
-            _say(f"error: {error}")
-            return 2
-        if isinstance(error, OSError | zenoh.ZError):
-            # zenoh appends source paths of its own build to messages; users need the first part.
-            _say(f"error: {str(error).split(' at /')[0]}")
+        exc = first_error(group)
+        if args.debug or isinstance(exc, SystemExit):
+            raise
+        known = classify(exc)
+        if known is None:
+            console.say(f"{PROG}: error: unexpected {type(exc).__name__}: {exc} (--debug shows the traceback)")
             return 1
-        raise
-    _say("stopped")
+        code, message = known
+        console.say(f"{PROG}: error: {message}")
+        return code
+    console.say(f"{PROG}: stopped")
     return 0
 
 

@@ -12,11 +12,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
-import structlog
 import zenoh
 
 from servo.client.errors import NoServerFound, RequestTimeout, ServerError, SessionRejected
 from servo.client.session import RemoteSession
+from servo.logs import get_logger
 from servo.transport import ZenohSettings, open_session, query
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -35,7 +35,7 @@ from servo.wire import (
     status_selector,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

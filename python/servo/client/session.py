@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import anyio
 import numpy as np
 import numpy.typing as npt
-import structlog
 import zenoh
 
 from servo._core import (
@@ -25,6 +24,7 @@ from servo._core import (
     encode_header,
 )
 from servo.client.errors import RequestTimeout, ServerError, SessionLost
+from servo.logs import get_logger
 from servo.transport import LoopBridge, query
 from servo.wire import (
     ActionChunk,
@@ -48,7 +48,7 @@ from servo.wire import (
 if TYPE_CHECKING:
     from servo.client.policy_client import ServerInfo
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
 

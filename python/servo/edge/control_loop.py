@@ -21,15 +21,15 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-import structlog
 
 from servo.client.session import ObservationInput
 from servo.edge.engine import InferenceEngine
 from servo.edge.recorder import Recorder, Tick
 from servo.edge.safety import SafetyLimiter
+from servo.logs import get_logger
 from servo.robots.protocol import Robot
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
 

@@ -100,6 +100,10 @@ class InferenceEngine(Protocol):
         """Stop requesting chunks; the queue keeps draining."""
         ...
 
+    def hurry(self) -> None:
+        """Shut down without the waits that do not protect the robot (a second interrupt)."""
+        ...
+
     def resume(self) -> None:
         """Request chunks again."""
         ...
@@ -144,6 +148,8 @@ class EngineBase:
             max_offline_s=config.max_offline_s,
         )
         self.paused = False
+        #: Set by a second interrupt: teardown skips waiting on the network.
+        self.hurried = False
         self.chunks_received = 0
         self.chunks_dropped = 0
         self.requests = 0
@@ -242,6 +248,10 @@ class EngineBase:
         """Episode boundary: clear the queue, bump the episode, flag the next observation."""
         self.pipeline.reset_episode()
         self._episode_start = True
+
+    def hurry(self) -> None:
+        """Teardown skips waiting on the network (the control loop still parks the arm)."""
+        self.hurried = True
 
     def pause(self) -> None:
         """Stop requesting chunks (DAgger intervention); the queue stays intact."""

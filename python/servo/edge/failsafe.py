@@ -23,9 +23,9 @@ import threading
 import time
 from collections.abc import Callable
 
-import structlog
+from servo.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class EngineState(enum.Enum):

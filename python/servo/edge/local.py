@@ -17,13 +17,14 @@ import time
 from typing import TYPE_CHECKING
 
 import anyio
-import structlog
 from anyio.abc import TaskStatus
 
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase, Produced, robot_features
 from servo.edge.pipeline import Action, Request
-from servo.policy import DecodedObservation, Policy, load_policy
+from servo.logs import get_logger
+from servo.policy import DecodedObservation, Policy, PolicyLoadError, load_policy
+from servo.policy.loader import PolicyKeys
 from servo.robots.protocol import RobotSpec
 from servo.wire import SUPPORTED_SCHEMA_VERSIONS, Rejection, SessionOpen
 
@@ -31,8 +32,10 @@ if TYPE_CHECKING:
     from servo.policy.protocol import Processor
     from servo.policy.runner import InferenceRunner
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
+#: The edge options error messages name.
+EDGE_KEYS = PolicyKeys(source="policy", options="policy_options", device="device")
 #: Consecutive policy failures after which a local engine gives up (DEAD).
 MAX_FAILURES_IN_ROW = 3
 
@@ -58,17 +61,27 @@ class LocalEngine(EngineBase):
         self._seq = 0
         self._failures_in_row = 0
 
+    @property
+    def policy(self) -> Policy | None:
+        """The policy, once `load` built (or was given) it."""
+        return self._policy
+
     def load(self) -> None:
         """Load, check and warm the policy (blocking; call off the event loop).
 
         Raises:
-            EdgeStartError: the policy's features do not match the robot.
+            EdgeStartError: the policy cannot be loaded, or its features do not match the robot.
         """
         from servo.edge.remote import EdgeStartError
         from servo.policy.compatibility import describe, validate_open
         from servo.policy.runner import InferenceRunner
 
-        policy = self._policy or load_policy(self.config.policy, self.config.policy_options)
+        try:
+            policy = self._policy or load_policy(
+                self.config.policy, self.config.policy_options, device=self.config.device, keys=EDGE_KEYS
+            )
+        except PolicyLoadError as exc:
+            raise EdgeStartError(str(exc), refused=True) from None
         spec = policy.spec
         info = describe(spec, serving_mode="exclusive")
         request = SessionOpen(
@@ -86,7 +99,10 @@ class LocalEngine(EngineBase):
             log.warning("policy warning", client_id=self.client_id, warning=warning)
         self.pipeline.set_rtc(verdict.rtc)
         runner = InferenceRunner(policy, device=self.config.device)
-        runner.warmup(1)
+        try:
+            runner.warmup(1)
+        except PolicyLoadError as exc:
+            raise EdgeStartError(f"policy: {exc}", refused=True) from None
         self._policy, self._runner, self._processor = policy, runner, policy.make_processor()
         log.info("local policy ready", model=spec.model, device=self.config.device, rtc=self.pipeline.rtc)
 

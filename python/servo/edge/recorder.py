@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import structlog
 
 from servo._core import Provenance
+from servo.logs import get_logger
 from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, Source
 from servo.robots.protocol import RobotSpec
 from servo.wire import encode_image, encode_tensor
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

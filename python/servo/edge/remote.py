@@ -6,7 +6,6 @@ import time
 import uuid
 
 import anyio
-import structlog
 import zenoh
 from anyio.abc import TaskStatus
 
@@ -24,10 +23,11 @@ from servo.client import (
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import Aborted, EngineBase, Produced, robot_features
 from servo.edge.pipeline import Request
+from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
 from servo.wire import PolicyInfo
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class EdgeStartError(RuntimeError):
@@ -93,7 +93,8 @@ class RemoteEngine(EngineBase):
             finally:
                 with anyio.CancelScope(shield=True):
                     if self.session is not None:
-                        await self.session.close()
+                        # Telling the server is a courtesy (it collects vanished clients anyway).
+                        await self.session.close(timeout=0.01 if self.hurried else 0.5)
                     self.detach_loop()
                     await anyio.to_thread.run_sync(zsession.close)
                 tg.cancel_scope.cancel()

@@ -14,19 +14,19 @@ import math
 import anyio
 import numpy as np
 import numpy.typing as npt
-import structlog
 from anyio.abc import TaskStatus
 
 from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase
 from servo.edge.remote import EdgeStartError
+from servo.logs import get_logger
 from servo.recording import read_recording
 from servo.robots.protocol import RobotSpec
 from servo.transport import open_session
 from servo.wire import WireError, decode_tensor
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
 

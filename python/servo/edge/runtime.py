@@ -8,23 +8,25 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import numpy as np
-import structlog
 from anyio.abc import TaskStatus
 
+from servo.config import ConfigError
 from servo.edge.config import EdgeConfig
 from servo.edge.control_loop import ControlLoop
 from servo.edge.engine import EngineBase
 from servo.edge.failsafe import EngineState
 from servo.edge.recorder import Recorder
 from servo.edge.safety import SafetyLimiter
+from servo.logs import get_logger
 from servo.robots.protocol import Robot
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Supervision period: how quickly a stop condition is noticed.
 _SUPERVISE_S = 0.05
@@ -38,7 +40,10 @@ class RunOptions:
     summary_path: str | None = None
     record_path: str | None = None
     record_images_every: int = 0
-    status: bool = False
+    #: Let ``record_path`` replace an existing file (refused otherwise: recordings are data).
+    record_overwrite: bool = False
+    #: Where the live status line goes (a terminal's `servo.cli.console.Console.status`); None: no line.
+    status: Callable[[str], None] | None = None
     rest_tolerance: float = 2.0
     park_timeout_s: float = 5.0
     #: Ask for real-time (SCHED_FIFO) scheduling of the control thread (best effort).
@@ -96,6 +101,10 @@ class EdgeRuntime:
         self._stop = anyio.Event()
         self.stop_reason = ""
 
+    def hurry(self) -> None:
+        """Second interrupt: keep parking the arm, skip every wait that is not about safety."""
+        self.engine.hurry()
+
     def request_stop(self, reason: str = "requested") -> None:
         """Begin the safe teardown (event loop thread)."""
         if not self._stop.is_set():
@@ -107,8 +116,11 @@ class EdgeRuntime:
 
         Raises:
             EdgeStartError: the engine could not start (nothing has moved).
+            ConfigError: the recording would replace an existing file (nothing has moved).
         """
         opts = self.options
+        if opts.record_path and not opts.record_overwrite and await anyio.Path(opts.record_path).exists():
+            raise ConfigError(f"--record: {opts.record_path} exists; pass --overwrite to replace it")
         await anyio.to_thread.run_sync(self.robot.connect)
         started = time.monotonic()
         recorder = None
@@ -138,8 +150,8 @@ class EdgeRuntime:
                 )
                 self.loop.start()
                 log.info("control loop running", robot=self.robot.spec.name, fps=self.robot.spec.fps)
-                if opts.status:
-                    tg.start_soon(self._status_line)
+                if opts.status is not None:
+                    tg.start_soon(self._status_line, opts.status)
                 await self._supervise()
                 parked = await self._park()
                 tg.cancel_scope.cancel()
@@ -151,8 +163,6 @@ class EdgeRuntime:
                     await anyio.to_thread.run_sync(recorder.close)
                 await anyio.to_thread.run_sync(self.robot.disconnect)
                 sys.setswitchinterval(switch_interval)
-                if opts.status:
-                    print(file=sys.stderr)
         summary = self.summary(time.monotonic() - started, parked)
         if opts.summary_path:
             await anyio.Path(opts.summary_path).write_text(summary.to_json())
@@ -231,19 +241,17 @@ class EdgeRuntime:
             transitions=[[state.value, reason] for state, reason in self.engine.failsafe.transitions],
         )
 
-    async def _status_line(self) -> None:
+    async def _status_line(self, show: Callable[[str], None]) -> None:
         while True:
             stats = self.engine.statistics()
             loop = self.loop
             jitter = np.abs(np.asarray(loop.jitter_ms[-300:] if loop else [], dtype=np.float64))
             p99 = f"{np.percentile(jitter, 99):.2f}" if jitter.size else "-"
             rtt = f"{stats.rtt_ms_p50:.1f}" if stats.rtt_ms_p50 is not None else "-"
-            line = (
-                f"\r[{stats.state.upper():>12}] rtt p50 {rtt} ms | delay {stats.delay_steps} steps | "
-                f"queue {stats.queue_depth:3d} | fallback {stats.fallback_ticks} | "
-                f"jitter p99 {p99} ms | ticks {loop.ticks if loop else 0}   "
+            show(
+                f"[{stats.state.upper()}] rtt {rtt} ms | delay {stats.delay_steps} | queue {stats.queue_depth} | "
+                f"fallback {stats.fallback_ticks} | jitter p99 {p99} ms | ticks {loop.ticks if loop else 0}"
             )
-            print(line, end="", file=sys.stderr, flush=True)
             if self.engine.state is EngineState.DEAD:
                 return
             await anyio.sleep(0.25)

@@ -4,7 +4,8 @@ Importing this package does not import torch; the reference policy and the runne
 when they are used.
 """
 
-from servo.policy.loader import POLICIES, PolicyLoadError, load_policy
+from servo.policy.errors import PolicyLoadError, PolicyOutputError
+from servo.policy.loader import POLICIES, load_policy
 from servo.policy.protocol import DecodedObservation, Policy, PolicySpec, Prepared, Processor
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "DecodedObservation",
     "Policy",
     "PolicyLoadError",
+    "PolicyOutputError",
     "PolicySpec",
     "Prepared",
     "Processor",

@@ -12,14 +12,10 @@ from typing import Literal
 
 import numpy as np
 
-from servo.policy.loader import PolicyLoadError
+from servo.policy.errors import PolicyLoadError, PolicyOutputError
 from servo.policy.protocol import DecodedObservation, FloatArray, Policy, Processor
 
 DType = Literal["float32", "bfloat16", "float16"]
-
-
-class PolicyOutputError(RuntimeError):
-    """The policy returned something that must never reach a robot (wrong shape, NaN, inf)."""
 
 
 class InferenceRunner:
@@ -81,10 +77,21 @@ class InferenceRunner:
         return model, robot
 
     def warmup(self, count: int) -> None:
-        """Run ``count`` forwards on a synthetic observation built from the policy's spec."""
+        """Run ``count`` forwards on a synthetic observation built from the policy's spec.
+
+        Raises:
+            PolicyLoadError: a forward failed or produced an unusable chunk (one line).
+        """
         processor = self.policy.make_processor()
-        for _ in range(count):
-            self.infer(processor, synthetic_observation(self.policy), 0)
+        for i in range(count):
+            try:
+                self.infer(processor, synthetic_observation(self.policy), 0)
+            except PolicyOutputError as exc:
+                raise PolicyLoadError(f"warm-up forward {i + 1} of {count}: {exc}") from exc
+            except Exception as exc:
+                raise PolicyLoadError(
+                    f"warm-up forward {i + 1} of {count} failed: {type(exc).__name__}: {exc}"
+                ) from exc
 
     def _checked(self, chunk: FloatArray, what: str) -> FloatArray:
         if chunk.shape != self._expected:

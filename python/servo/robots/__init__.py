@@ -27,13 +27,12 @@ from .feetech import (
     Register,
 )
 from .protocol import CameraSpec, FloatArray, Frame, Robot, RobotSpec
-from .registry import ROBOT_OPTIONS, ROBOTS, RobotFactory, make_robot
+from .registry import ROBOTS, RobotEntry, SimOptions, SO100Options, make_robot, options_help, robot_options
 from .sim import SimCameraConfig, SimConfig, SimSO100
 from .so100 import SO100, SO100Config
 
 __all__ = [
     "ROBOTS",
-    "ROBOT_OPTIONS",
     "SO100",
     "STS3215",
     "CalibrationError",
@@ -57,14 +56,18 @@ __all__ = [
     "OpenCVCameraConfig",
     "Register",
     "Robot",
-    "RobotFactory",
+    "RobotEntry",
     "RobotSpec",
     "SO100Config",
+    "SO100Options",
     "SimCameraConfig",
     "SimConfig",
+    "SimOptions",
     "SimSO100",
     "default_calibration_path",
     "load_calibration",
     "make_robot",
+    "options_help",
+    "robot_options",
     "save_calibration",
 ]

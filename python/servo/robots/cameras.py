@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import structlog
+
+from servo.logs import get_logger
 
 from .capture import CaptureThread, LatestFrame
 from .protocol import CameraSpec, Frame
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 class CameraError(RuntimeError):

@@ -12,11 +12,11 @@ import time
 import weakref
 from collections.abc import Callable
 
-import structlog
+from servo.logs import Logger, get_logger
 
 from .protocol import Frame
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 Grab = Callable[[], Frame | None]
 """Produces the next frame, or ``None`` when none could be had this time (e.g. a USB hiccup)."""
@@ -175,7 +175,7 @@ def _run(
     stop: threading.Event,
     period_s: float | None,
     on_exit: Callable[[], None] | None,
-    log: structlog.typing.FilteringBoundLogger,
+    log: Logger,
 ) -> None:
     # A plain function rather than a method: the thread must not keep the CaptureThread (and
     # through it nothing else) alive beyond what the arguments name.

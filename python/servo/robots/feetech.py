@@ -11,7 +11,8 @@ from types import TracebackType
 from typing import Final, Protocol, Self
 
 import serial  # type: ignore[import-untyped,unused-ignore]
-import structlog
+
+from servo.logs import get_logger
 
 from .feetech_codec import (
     BROADCAST_ID,
@@ -56,7 +57,7 @@ __all__ = [
     "encode_sign_magnitude",
 ]
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 # Bytes skipped while hunting for a header before the reply is declared garbage.
 _MAX_NOISE: Final = 64

@@ -1,8 +1,9 @@
-"""The table of robot drivers the edge can be asked for by name.
+"""The table of robot drivers the edge can be asked for by name, with their options.
 
-Every factory takes the flat options a user gives on the command line or in a TOML table (values
-may be strings or already-typed TOML values) and returns a `Robot`. Nothing registers itself on
-import: a new driver is one more row in `ROBOTS`.
+Every driver's options are a frozen msgspec Struct (constraints and a sentence of help per field),
+converted by `servo.config` from what a user gives on the command line (``--robot-opt KEY=VALUE``,
+text) or in a TOML table (typed values), so a bad option is one line naming it and what is valid.
+Nothing registers itself on import: a new driver is one more row in `ROBOTS`.
 """
 
 from __future__ import annotations
@@ -10,72 +11,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+
+from servo.config import ConfigError, FieldError, convert, fields_of, is_sequence_type
+
+from .calibration import CalibrationError
 from .cameras import OpenCVCameraConfig
 from .protocol import Robot
 from .sim import SimCameraConfig, SimConfig, SimSO100
 from .so100 import SO100, SO100Config
-
-RobotFactory = Callable[[Mapping[str, object]], Robot]
-
-
-@dataclass(frozen=True)
-class _Option:
-    parse: Callable[[object], object]
-    help: str
-
-
-def _text(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("expected a non-empty string")
-    return value
-
-
-def _int(value: object) -> int:
-    if isinstance(value, bool):
-        raise ValueError("expected an integer, got a boolean")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        return int(value.strip())
-    raise ValueError(f"expected an integer, got {type(value).__name__}")
-
-
-def _float(value: object) -> float:
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        return float(value.strip())
-    raise ValueError(f"expected a number, got {type(value).__name__}")
-
-
-def _positive(value: object) -> float:
-    number = _float(value)
-    if not number > 0:
-        raise ValueError("must be positive")
-    return number
-
-
-def _bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _BOOLS:
-        return _BOOLS[value.strip().lower()]
-    raise ValueError("expected true/false")
-
-
-_BOOLS = {"true": True, "1": True, "yes": True, "on": True}
-_BOOLS |= {"false": False, "0": False, "no": False, "off": False}
-
-
-def _floats(value: object) -> tuple[float, ...]:
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple):
-        raise ValueError("expected comma-separated numbers")
-    return tuple(_float(item) for item in items)
+from .so100_joints import JOINT_NAMES as SO100_JOINTS
 
 
 @dataclass(frozen=True)
@@ -93,17 +40,16 @@ _SIZE = re.compile(r"(?P<w>\d+)x(?P<h>\d+)(?:@(?P<fps>\d+(?:\.\d*)?))?")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 
 
-def parse_cameras(value: object) -> list[CameraEntry]:
+def parse_cameras(value: str) -> list[CameraEntry]:
     """Parse a camera list such as ``"front:0:640x480@30,wrist:/dev/video2:640x480@30"``.
 
     The size is width x height (OpenCV's order); the source may itself contain colons (the
     ``/dev/v4l/by-path/...`` names do), so only the first field and a trailing size are split
-    off. ``""`` or ``"none"`` means no cameras. A TOML list of such strings is accepted too.
+    off. ``""`` or ``"none"`` means no cameras.
+
+    Raises:
+        ValueError: a malformed entry or a repeated name.
     """
-    if isinstance(value, list | tuple):
-        value = ",".join(_text(item) for item in value)
-    if not isinstance(value, str):
-        raise ValueError("expected a string like 'front:0:640x480@30,wrist:2'")
     if value.strip().lower() in ("", "none"):
         return []
     entries = []
@@ -134,11 +80,72 @@ def parse_cameras(value: object) -> list[CameraEntry]:
     return entries
 
 
-def _sim_cameras(value: object) -> tuple[SimCameraConfig, ...]:
+def _doc(text: str, **constraints: Any) -> msgspec.Meta:
+    return msgspec.Meta(description=text, **constraints)
+
+
+def _checked_cameras(value: str) -> list[CameraEntry]:
+    try:
+        return parse_cameras(value)
+    except ValueError as exc:
+        raise FieldError("cameras", str(exc)) from None
+
+
+class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Options of the simulated SO-100 (``--robot sim``)."""
+
+    fps: Annotated[float, _doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
+    cameras: Annotated[str, _doc("Simulated cameras, e.g. 'front,wrist' or 'front:640x480@30'; 'none' for none.")] = (
+        "front,wrist"
+    )
+    time_constant_s: Annotated[float, _doc("First-order time constant of every joint (s).", gt=0)] = 0.075
+    noise_std: Annotated[float, _doc("Gaussian noise added to every state reading (joint units).", ge=0)] = 0.0
+    seed: Annotated[int, _doc("Seed of the sensor noise and the rendered textures.")] = 0
+    initial_pose: Annotated[
+        tuple[float, ...] | None, _doc("Six comma-separated joint values to start from (default: rest pose).")
+    ] = None
+    realtime: Annotated[bool, _doc("Advance the simulation with the monotonic clock.")] = True
+
+    def check(self) -> None:
+        """Camera syntax: simulated cameras take a size but no device."""
+        for entry in _checked_cameras(self.cameras):
+            if entry.source is not None:
+                raise FieldError("cameras", f"simulated camera {entry.name!r} takes no device, only a size")
+        if self.initial_pose is not None and len(self.initial_pose) != len(SO100_JOINTS):
+            raise FieldError("initial_pose", f"needs {len(SO100_JOINTS)} values, one per joint")
+
+
+class SO100Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Options of the real SO-100 follower arm (``--robot so100``)."""
+
+    port: Annotated[str, _doc("Serial port of the servo bus, e.g. /dev/ttyACM0.", min_length=1)]
+    calibration: Annotated[str, _doc("Path of a LeRobot calibration JSON (or give id).")] = ""
+    id: Annotated[str, _doc("LeRobot robot id: its calibration file is found where LeRobot writes it.")] = ""
+    cameras: Annotated[str, _doc("OpenCV cameras, e.g. 'front:0:640x480@30,wrist:/dev/video2'.")] = ""
+    max_relative_target: Annotated[
+        Annotated[float, msgspec.Meta(gt=0)] | None,
+        _doc("Largest move per command from the measured position (joint units)."),
+    ] = None
+    use_degrees: Annotated[bool, _doc("Arm joints in degrees (false: LeRobot's -100..100 range).")] = True
+    disable_torque_on_disconnect: Annotated[bool, _doc("Release torque when the edge disconnects.")] = True
+    fps: Annotated[float, _doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
+    baudrate: Annotated[int, _doc("Bus baud rate.", gt=0)] = 1_000_000
+    timeout_s: Annotated[float, _doc("Reply timeout of each bus packet (s).", gt=0)] = 0.05
+    retries: Annotated[int, _doc("Bus retries after a bad or missing reply.", ge=0, le=10)] = 2
+
+    def check(self) -> None:
+        """Exactly one calibration source; camera syntax (every camera needs a device)."""
+        if bool(self.calibration) == bool(self.id):
+            raise FieldError("calibration" if self.calibration else "id", "give exactly one of calibration or id")
+        for entry in _checked_cameras(self.cameras):
+            if entry.source is None:
+                raise FieldError("cameras", f"camera {entry.name!r} needs a device index or path")
+
+
+def make_sim(options: SimOptions) -> Robot:
+    """Build a `SimSO100` from its options."""
     cameras = []
-    for entry in parse_cameras(value):
-        if entry.source is not None:
-            raise ValueError(f"simulated camera {entry.name!r} takes no source, only a size")
+    for entry in parse_cameras(options.cameras):
         default = SimCameraConfig(entry.name)
         cameras.append(
             SimCameraConfig(
@@ -148,14 +155,24 @@ def _sim_cameras(value: object) -> tuple[SimCameraConfig, ...]:
                 fps=entry.fps or default.fps,
             )
         )
-    return tuple(cameras)
+    extra: dict[str, Any] = {} if options.initial_pose is None else {"initial_pose": options.initial_pose}
+    config = SimConfig(
+        fps=options.fps,
+        cameras=tuple(cameras),
+        time_constant_s=options.time_constant_s,
+        noise_std=options.noise_std,
+        seed=options.seed,
+        realtime=options.realtime,
+        **extra,
+    )
+    return SimSO100(config)
 
 
-def _opencv_cameras(value: object) -> dict[str, OpenCVCameraConfig]:
+def make_so100(options: SO100Options) -> Robot:
+    """Build an `SO100`; its calibration file is loaded here, before any port is touched."""
     cameras = {}
-    for entry in parse_cameras(value):
-        if entry.source is None:
-            raise ValueError(f"camera {entry.name!r} needs a device index or path")
+    for entry in parse_cameras(options.cameras):
+        assert entry.source is not None  # SO100Options.check
         default = OpenCVCameraConfig(entry.source)
         cameras[entry.name] = OpenCVCameraConfig(
             entry.source,
@@ -163,106 +180,84 @@ def _opencv_cameras(value: object) -> dict[str, OpenCVCameraConfig]:
             height=entry.height or default.height,
             fps=entry.fps or default.fps,
         )
-    return cameras
-
-
-_SIM_OPTIONS: dict[str, _Option] = {
-    "fps": _Option(_positive, "control rate (default 30)"),
-    "cameras": _Option(_sim_cameras, "e.g. 'front,wrist' or 'front:640x480@30'; 'none' for none"),
-    "time_constant_s": _Option(_positive, "joint first-order time constant (default 0.075)"),
-    "noise_std": _Option(_float, "Gaussian noise on read_state, in joint units (default 0)"),
-    "seed": _Option(_int, "seed of noise and textures (default 0)"),
-    "initial_pose": _Option(_floats, "six comma-separated joint values (default: rest pose)"),
-    "realtime": _Option(_bool, "advance with the monotonic clock (default true)"),
-}
-
-_SO100_OPTIONS: dict[str, _Option] = {
-    "port": _Option(_text, "serial port of the servo bus, e.g. /dev/ttyACM0 (required)"),
-    "calibration": _Option(_text, "path of a LeRobot calibration JSON"),
-    "id": _Option(_text, "LeRobot robot id, to find its calibration file (instead of a path)"),
-    "cameras": _Option(_opencv_cameras, "e.g. 'front:0:640x480@30,wrist:/dev/video2'"),
-    "max_relative_target": _Option(_positive, "largest move per command, joint units"),
-    "use_degrees": _Option(_bool, "degrees for the arm joints (default true)"),
-    "disable_torque_on_disconnect": _Option(_bool, "release torque on disconnect (default true)"),
-    "fps": _Option(_positive, "control rate (default 30)"),
-    "baudrate": _Option(_int, "bus baud rate (default 1000000)"),
-    "timeout_s": _Option(_positive, "bus reply timeout (default 0.05)"),
-    "retries": _Option(_int, "bus retries after a bad or missing reply (default 2)"),
-}
-
-
-def _parse(robot: str, options: Mapping[str, object], schema: dict[str, _Option]) -> dict[str, Any]:
-    valid = ", ".join(sorted(schema))
-    unknown = sorted(set(options) - set(schema))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for robot {robot!r}; valid options: {valid}")
-    # Any: each value was checked by its option's parser, which is what the config expects.
-    parsed: dict[str, Any] = {}
-    for name, value in options.items():
-        try:
-            parsed[name] = schema[name].parse(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"invalid value {value!r} for option {name!r} of robot {robot!r}: {exc} ({schema[name].help})"
-            ) from exc
-    return parsed
-
-
-def make_sim(options: Mapping[str, object]) -> Robot:
-    """Build a `SimSO100` from flat options (see ``ROBOT_OPTIONS["sim"]``)."""
-    parsed = _parse("sim", options, _SIM_OPTIONS)
-    try:
-        config = SimConfig(**parsed)
-    except ValueError as exc:
-        raise ValueError(f"robot 'sim': {exc}") from exc
-    return SimSO100(config)
-
-
-def make_so100(options: Mapping[str, object]) -> Robot:
-    """Build an `SO100` from flat options (see ``ROBOT_OPTIONS["so100"]``).
-
-    The calibration file is loaded here, so a missing or malformed one fails before any port
-    is touched.
-    """
-    parsed = _parse("so100", options, _SO100_OPTIONS)
-    if "port" not in parsed:
-        raise ValueError("robot 'so100' needs the option 'port'; valid options: " + ", ".join(sorted(_SO100_OPTIONS)))
-    if ("calibration" in parsed) == ("id" in parsed):
-        raise ValueError("robot 'so100' needs exactly one of the options 'calibration' or 'id'")
-    parsed["calibration_path"] = parsed.pop("calibration", None)
-    parsed["robot_id"] = parsed.pop("id", None)
-    try:
-        config = SO100Config(**parsed)
-    except ValueError as exc:
-        raise ValueError(f"robot 'so100': {exc}") from exc
+    config = SO100Config(
+        port=options.port,
+        calibration_path=options.calibration or None,
+        robot_id=options.id or None,
+        cameras=cameras,
+        max_relative_target=options.max_relative_target,
+        use_degrees=options.use_degrees,
+        disable_torque_on_disconnect=options.disable_torque_on_disconnect,
+        fps=options.fps,
+        baudrate=options.baudrate,
+        timeout_s=options.timeout_s,
+        retries=options.retries,
+    )
     return SO100(config)
 
 
-ROBOTS: dict[str, RobotFactory] = {
-    "sim": make_sim,
-    "so100": make_so100,
-}
-"""Robot type -> factory taking flat options."""
+@dataclass(frozen=True)
+class RobotEntry:
+    """A row of `ROBOTS`: the driver's options and how to build it from them."""
 
-ROBOT_OPTIONS: dict[str, dict[str, str]] = {
-    "sim": {name: option.help for name, option in _SIM_OPTIONS.items()},
-    "so100": {name: option.help for name, option in _SO100_OPTIONS.items()},
+    options: type[msgspec.Struct]
+    build: Callable[[Any], Robot]
+    summary: str
+
+
+ROBOTS: dict[str, RobotEntry] = {
+    "sim": RobotEntry(SimOptions, make_sim, "simulated SO-100 arm with rendered cameras (no hardware)"),
+    "so100": RobotEntry(SO100Options, make_so100, "real SO-100 follower arm (Feetech STS3215 bus)"),
 }
-"""Robot type -> option name -> help text, for command-line help."""
+"""Robot type -> options and factory."""
+
+
+def robot_options(robot_type: str, options: Mapping[str, object] | None = None) -> msgspec.Struct:
+    """Convert flat options (text from the command line, or typed TOML values) for one robot type.
+
+    Raises:
+        ConfigError: unknown robot type, unknown option or invalid value (one line, naming it).
+    """
+    entry = _entry(robot_type)
+    values: dict[str, Any] = {}
+    for name, value in (options or {}).items():
+        # Lists are given comma-separated on the command line.
+        field = next((f for f in msgspec.structs.fields(entry.options) if f.name == name), None)
+        if field is not None and isinstance(value, str) and is_sequence_type(field.type):
+            value = [item.strip() for item in value.split(",")]
+        values[name] = value
+    return convert(values, entry.options, origin=f"robot {robot_type!r}", strict=False)
 
 
 def make_robot(robot_type: str, options: Mapping[str, object] | None = None) -> Robot:
-    """Build a robot by type name.
-
-    Args:
-        robot_type: A key of `ROBOTS`.
-        options: Flat options for that robot.
+    """Build a robot by type name from flat options.
 
     Raises:
-        ValueError: Unknown robot type, unknown option or invalid value; the message names it
-            and lists what is valid.
+        ConfigError: unknown robot type, unknown option, invalid value, or a combination the
+            driver refuses (e.g. a pose outside the joint limits).
+        CalibrationError: a real arm's calibration file is missing or malformed.
     """
-    factory = ROBOTS.get(robot_type)
-    if factory is None:
-        raise ValueError(f"unknown robot type {robot_type!r}; valid types: {', '.join(sorted(ROBOTS))}")
-    return factory(options or {})
+    entry = _entry(robot_type)
+    parsed = robot_options(robot_type, options)
+    try:
+        return entry.build(parsed)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError | CalibrationError):
+            raise
+        raise ConfigError(f"robot {robot_type!r}: {exc}") from None
+
+
+def options_help(robot_type: str) -> list[str]:
+    """One line per option of a robot type: ``name (type, default): description``."""
+    lines = []
+    for doc in fields_of(_entry(robot_type).options):
+        default = "required" if doc.required else f"default {doc.default!r}"
+        lines.append(f"{doc.name} ({doc.type_text}, {default}): {doc.description}")
+    return lines
+
+
+def _entry(robot_type: str) -> RobotEntry:
+    entry = ROBOTS.get(robot_type)
+    if entry is None:
+        raise ConfigError(f"unknown robot type {robot_type!r}; valid types: {', '.join(sorted(ROBOTS))}")
+    return entry

@@ -15,14 +15,15 @@ from typing import Self
 
 import numpy as np
 import numpy.typing as npt
-import structlog
+
+from servo.logs import get_logger
 
 from . import so100_joints as joints
 from .capture import CaptureThread, LatestFrame
 from .protocol import CameraSpec, FloatArray, Frame, RobotSpec
 from .sim_render import ArmRenderer, view_for
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 F64 = npt.NDArray[np.float64]
 

@@ -14,7 +14,8 @@ from types import TracebackType
 from typing import Self
 
 import numpy as np
-import structlog
+
+from servo.logs import get_logger
 
 from . import so100_joints as joints
 from .calibration import (
@@ -29,7 +30,7 @@ from .cameras import OpenCVCamera, OpenCVCameraConfig
 from .feetech import STS3215, FeetechBus, FeetechError, describe_status_error
 from .protocol import FloatArray, Frame, RobotSpec
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 # Written at connect, as LeRobot's SO follower `configure()` does: softer position loop than the
 # factory P=32 to avoid shaking, and a gripper that cannot burn out squeezing an object.

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Literal
 
 import msgspec
-import structlog
 import zenoh
 
+from servo.logs import get_logger
 from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
 from servo.server.metrics import ServerMetrics
@@ -37,7 +37,7 @@ from servo.wire import (
     encode,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ServerState = Literal["starting", "serving", "draining"]
 Handler = Callable[[zenoh.Query, bytes], msgspec.Struct]

@@ -14,14 +14,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import structlog
 
+from servo.logs import get_logger
 from servo.policy import DecodedObservation, PolicySpec
 from servo.policy.runner import clamp_delay
 from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, decode_tensor
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class ObservationDecoder:

@@ -1,66 +1,114 @@
 """The server manifest: one TOML file describing one model on one device.
 
-Parsed strictly: an unknown key, a wrong type or a missing required key stops the server at
-start with one message naming the key (e.g. ``serving.max_sessions: expected int, got str``).
+Parsed strictly through `servo.config`: an unknown key, a wrong type, a value out of range or a
+missing required key stops the server at start with one line naming the key
+(``manifest.toml: serving.max_sessions = 0: expected int >= 1``). Relative paths are used as
+given (relative to the working directory); ``servo-serve`` also makes a ``package.module:factory``
+policy source importable from the manifest's own directory.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+from servo.config import ConfigError, FieldError, load_toml, parse_toml
 from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings
 from servo.wire import WireError, segment
 
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
+_DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
+
+#: Raised for every manifest problem (kept as the server's name for `servo.config.ConfigError`).
+ManifestError = ConfigError
 
 
-class ManifestError(ValueError):
-    """The manifest cannot be used; the message names the key."""
+def _segment(field: str, value: str) -> None:
+    try:
+        segment(value, what=field)
+    except WireError as exc:
+        raise FieldError(field, str(exc).removeprefix(f"{field} ")) from None
 
 
 class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[model]``: what to load and how to run it."""
 
-    source: str
-    options: dict[str, Any] = {}
-    revision: str = ""
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    warmup: int = 2
-    compile: bool = False
+    source: Annotated[
+        str,
+        msgspec.Meta(min_length=1, description="A built-in policy (reference, lerobot) or 'package.module:factory'."),
+    ]
+    options: Annotated[dict[str, Any], msgspec.Meta(description="Keyword arguments of the policy factory.")] = {}
+    revision: Annotated[str, msgspec.Meta(description="Checkpoint revision reported to clients.")] = ""
+    device: Annotated[str, msgspec.Meta(description="cpu, cuda, cuda:N or mps; the policy is built on it.")] = "cpu"
+    dtype: Annotated[
+        Literal["float32", "bfloat16", "float16"],
+        msgspec.Meta(description="Compute dtype; bfloat16/float16 run under autocast on CUDA."),
+    ] = "float32"
+    warmup: Annotated[int, msgspec.Meta(ge=0, description="Forwards run before the server reports ready.")] = 2
+    compile: Annotated[bool, msgspec.Meta(description="Wrap the policy's networks in torch.compile.")] = False
+
+    def check(self) -> None:
+        """The device string must name a torch device type servo can place a policy on."""
+        if not _DEVICE.fullmatch(self.device):
+            raise FieldError("device", "must be cpu, cuda, cuda:N or mps")
 
 
 class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[serving]``: how sessions are admitted and scheduled."""
 
-    app: str = "default"
-    replica: str = ""
-    mode: Literal["shared", "exclusive"] = "shared"
-    max_sessions: int = 8
-    default_task: str = ""
-    pin_task: bool = False
-    strict_fps: bool = False
-    max_observation_bytes: int = 64 * 1024 * 1024
-    client_grace_s: float = 3.0
+    app: Annotated[str, msgspec.Meta(description="First key segment after @servo: groups a fleet's servers.")] = (
+        "default"
+    )
+    replica: Annotated[str, msgspec.Meta(description="This replica's id (default: host name and pid).")] = ""
+    mode: Annotated[
+        Literal["shared", "exclusive"],
+        msgspec.Meta(description="shared (many sessions) or exclusive (one); chunk-stateful policies are exclusive."),
+    ] = "shared"
+    max_sessions: Annotated[int, msgspec.Meta(ge=1, description="Sessions served at once (capacity).")] = 8
+    default_task: Annotated[str, msgspec.Meta(max_length=1024, description="Task of sessions that name none.")] = ""
+    pin_task: Annotated[
+        bool, msgspec.Meta(description="Refuse sessions asking for another task than default_task.")
+    ] = False
+    strict_fps: Annotated[bool, msgspec.Meta(description="Refuse (instead of warn) robots at another fps.")] = False
+    max_observation_bytes: Annotated[
+        int, msgspec.Meta(ge=1024, description="Largest observation accepted (bytes).")
+    ] = 64 * 1024 * 1024
+    client_grace_s: Annotated[
+        float, msgspec.Meta(ge=0, description="How long a vanished client's session is kept (s).")
+    ] = 3.0
+
+    def check(self) -> None:
+        """Key segments and the task pin."""
+        _segment("app", self.app)
+        if self.replica:
+            _segment("replica", self.replica)
+        if self.pin_task and not self.default_task:
+            raise FieldError("pin_task", "needs serving.default_task to pin")
 
 
 class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[ops]``: health/metrics HTTP endpoint and the audit log."""
 
-    health_host: str = "127.0.0.1"
-    health_port: int = 9100
-    audit_log: str = ""
+    health_host: Annotated[str, msgspec.Meta(description="Address of the health/metrics endpoint.")] = "127.0.0.1"
+    health_port: Annotated[
+        int, msgspec.Meta(ge=0, le=65535, description="Port of /healthz and /metrics; 0 disables.")
+    ] = 9100
+    audit_log: Annotated[str, msgspec.Meta(description="One JSON line per request to this file; '-' = stdout.")] = ""
 
 
 class TrajectoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[[trajectories]]``: a named recorded episode the server hands out for replay."""
 
-    name: str
-    path: str
+    name: Annotated[str, msgspec.Meta(description="Name edges ask for (--replay server:NAME).")]
+    path: Annotated[str, msgspec.Meta(description="A .servo recording.")]
+
+    def check(self) -> None:
+        """A usable name and an existing file."""
+        _segment("name", self.name)
+        if not Path(self.path).is_file():
+            raise FieldError("path", "file does not exist")
 
 
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -72,81 +120,26 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ops: OpsSection = OpsSection()
     trajectories: list[TrajectoryEntry] = []
 
-
-_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
-
-
-def _readable(exc: msgspec.ValidationError) -> str:
-    text = str(exc)
-    match = _PATH.search(text)
-    path = match.group("path") if match else ""
-    text = _PATH.sub("", text)
-    path = re.sub(r"\[(\d+)\]", r"[\1]", path)
-    unknown = re.match(r"Object contains unknown field `(.+)`", text)
-    if unknown:
-        key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
-        return f"{key}: unknown key"
-    missing = re.match(r"Object missing required field `(.+)`", text)
-    if missing:
-        key = f"{path}.{missing.group(1)}" if path else missing.group(1)
-        return f"{key}: required key is missing"
-    expected = re.match(r"Expected `(.+)`, got `(.+)`", text)
-    if expected:
-        return f"{path or '<top>'}: expected {expected.group(1)}, got {expected.group(2)}"
-    return f"{path}: {text}" if path else text
+    def check(self) -> None:
+        """Trajectory names are unique."""
+        names = [t.name for t in self.trajectories]
+        if len(set(names)) != len(names):
+            raise FieldError("trajectories", "names must be unique")
 
 
-def parse_manifest(text: str, *, origin: str = "<manifest>") -> Manifest:
+def parse_manifest(text: str, *, origin: str = "<manifest>", overrides: dict[str, Any] | None = None) -> Manifest:
     """Parse and validate manifest TOML.
 
     Raises:
         ManifestError: anything wrong, with the key named.
     """
-    try:
-        manifest = msgspec.toml.decode(text.encode(), type=Manifest)
-    except msgspec.ValidationError as exc:
-        raise ManifestError(f"{origin}: {_readable(exc)}") from None
-    except msgspec.DecodeError as exc:
-        raise ManifestError(f"{origin}: invalid TOML: {exc}") from None
-    try:
-        _validate(manifest)
-    except (ValueError, WireError) as exc:
-        raise ManifestError(f"{origin}: {exc}") from None
-    return manifest
+    return parse_toml(text, Manifest, origin=origin, overrides=overrides)
 
 
-def load_manifest(path: str | Path) -> Manifest:
-    """Read and parse a manifest file."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ManifestError(f"cannot read manifest {str(path)!r}: {exc.strerror}") from None
-    return parse_manifest(text, origin=str(path))
+def load_manifest(path: str | Path, *, overrides: dict[str, Any] | None = None) -> Manifest:
+    """Read and parse a manifest file; ``overrides`` replace keys by dotted name (CLI flags).
 
-
-def _validate(m: Manifest) -> None:
-    if not m.model.source:
-        raise ValueError("model.source: must name a built-in policy or 'package.module:factory'")
-    if not _DEVICE.match(m.model.device):
-        raise ValueError(f"model.device: {m.model.device!r} is not cpu, cuda, cuda:N or mps")
-    if m.model.warmup < 0:
-        raise ValueError(f"model.warmup: must be >= 0, got {m.model.warmup}")
-    segment(m.serving.app, what="serving.app")
-    if m.serving.replica:
-        segment(m.serving.replica, what="serving.replica")
-    if m.serving.max_sessions < 1:
-        raise ValueError(f"serving.max_sessions: must be >= 1, got {m.serving.max_sessions}")
-    if m.serving.pin_task and not m.serving.default_task:
-        raise ValueError("serving.pin_task: needs serving.default_task to pin")
-    if m.serving.client_grace_s < 0:
-        raise ValueError(f"serving.client_grace_s: must be >= 0, got {m.serving.client_grace_s}")
-    if not 0 <= m.ops.health_port <= 65535:
-        raise ValueError(f"ops.health_port: {m.ops.health_port} is not a port (0 disables)")
-    names = [t.name for t in m.trajectories]
-    for i, entry in enumerate(m.trajectories):
-        segment(entry.name, what=f"trajectories[{i}].name")
-        if not Path(entry.path).is_file():
-            raise ValueError(f"trajectories[{i}].path: file {entry.path!r} does not exist")
-    if len(set(names)) != len(names):
-        raise ValueError("trajectories: names must be unique")
-    m.zenoh.validate()
+    Raises:
+        ManifestError: unreadable file, or anything wrong with the key named.
+    """
+    return load_toml(path, Manifest, overrides=overrides)

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import anyio
-import structlog
 from anyio.abc import SocketStream, TaskStatus
 
-log = structlog.get_logger(__name__)
+from servo.logs import get_logger
+
+log = get_logger(__name__)
 
 _MAX_REQUEST = 8192
 _REASONS = {

@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
-import structlog
 import zenoh
 from anyio.abc import TaskGroup, TaskStatus
 
@@ -30,7 +31,8 @@ from servo._core import (
     decode_header,
     encode_header,
 )
-from servo.policy import Policy, PolicyLoadError, load_policy
+from servo.logs import get_logger
+from servo.policy import Policy, load_policy
 from servo.policy.compatibility import describe
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
@@ -53,7 +55,7 @@ from servo.wire import (
     slugify,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: How long a drain waits for the request in flight before giving up on it.
 DRAIN_TIMEOUT_S = 30.0
@@ -79,6 +81,8 @@ class PolicyServer:
         manifest: The validated manifest.
         policy: An already-built policy (tests, embedding); loaded from the manifest otherwise.
         scheduler: Session scheduling (round-robin by default).
+        search_path: A directory a ``package.module:factory`` policy may be imported from (the
+            manifest's own directory when started by ``servo-serve``).
     """
 
     def __init__(
@@ -87,8 +91,10 @@ class PolicyServer:
         *,
         policy: Policy | None = None,
         scheduler: Scheduler | None = None,
+        search_path: str | Path | None = None,
     ) -> None:
         self.manifest = manifest
+        self._search_path = search_path
         self._policy = policy
         self._scheduler = scheduler or RoundRobin()
         self.metrics = ServerMetrics()
@@ -96,6 +102,7 @@ class PolicyServer:
         self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
         self._state: ServerState = "starting"
         self._stop = anyio.Event()
+        self._hurry = threading.Event()
         self._keys: ServerKeys | None = None
         self._info: PolicyInfo | None = None
         self._zsession: zenoh.Session | None = None
@@ -126,6 +133,11 @@ class PolicyServer:
             self._policy is not None and not self._policy.spec.chunk_stateless
         )
         return 1 if exclusive else self.manifest.serving.max_sessions
+
+    def hurry(self) -> None:
+        """Drain without waiting for the request in flight (a second interrupt)."""
+        self._hurry.set()
+        self.drain()
 
     def drain(self) -> None:
         """Begin a graceful shutdown.
@@ -194,7 +206,8 @@ class PolicyServer:
             max_observation_bytes=m.serving.max_observation_bytes,
             load=self._load,
         )
-        declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None] | zenoh.LivelinessToken] = []
+        declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None]] = []
+        token: zenoh.LivelinessToken | None = None
         try:
             control = ControlPlane(
                 server_id=self.server_id,
@@ -220,7 +233,7 @@ class PolicyServer:
                 ),
             ]
             worker.start()
-            declared.append(zsession.liveliness().declare_token(keys.alive))
+            token = zsession.liveliness().declare_token(keys.alive)
             self._state = "serving"
             self.metrics.warmed_up.set(1)
             log.info(
@@ -238,12 +251,15 @@ class PolicyServer:
             with anyio.CancelScope(shield=True):
                 self._state = "draining"
                 self.metrics.draining.set(1)
-                finished = await anyio.to_thread.run_sync(worker.stop, DRAIN_TIMEOUT_S)
+                # Clients learn at once, even while a forward hangs: they fail over meanwhile.
                 if self._notify_drain():
                     # Withdrawing the liveliness token is a declaration: it travels at control
                     # priority and may overtake the notices, and clients see it on another
                     # callback thread. Give the notices a head start so clients learn why.
                     await anyio.sleep(DRAIN_NOTICE_HEAD_START_S)
+                if token is not None:
+                    token.undeclare()
+                finished = await anyio.to_thread.run_sync(lambda: worker.stop(DRAIN_TIMEOUT_S, abandon=self._hurry))
                 bridge.closed = True
                 for entity in reversed(declared):
                     entity.undeclare()  # type: ignore[no-untyped-call]  # union defeats untyped_calls_exclude
@@ -252,15 +268,10 @@ class PolicyServer:
                 log.info("drained", in_flight_finished=finished)
 
     def _load_policy(self) -> Policy:
-        device = self.manifest.model.device
-        if device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise PolicyLoadError(f"model.device: {device!r} requested but torch sees no CUDA device")
+        model = self.manifest.model
         if self._policy is None:
-            log.info("loading policy", source=self.manifest.model.source)
-            self._policy = load_policy(self.manifest.model.source, self.manifest.model.options)
+            log.info("loading policy", source=model.source, device=model.device)
+            self._policy = load_policy(model.source, model.options, device=model.device, search_path=self._search_path)
         self.metrics.max_sessions.set(self._max_sessions)
         return self._policy
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import structlog
-
+from servo.logs import get_logger
 from servo.recording import read_recording
 from servo.server.manifest import TrajectoryEntry
 from servo.wire import (
@@ -22,7 +21,7 @@ from servo.wire import (
     encode_tensor,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class TrajectoryLibrary:

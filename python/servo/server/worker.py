@@ -20,9 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 
-import structlog
-
 from servo._core import MSG_CHUNK, MSG_ERROR, Header, encode_header
+from servo.logs import Logger, get_logger
 from servo.policy.protocol import FloatArray
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
@@ -32,7 +31,10 @@ from servo.server.scheduler import Scheduler
 from servo.server.sessions import Decoded, Rejected, Session, SessionRegistry, Work
 from servo.wire import ActionChunk, ErrorEvent, encode, encode_tensor
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
+
+#: How often a stopping worker's join looks at the abandon flag.
+_JOIN_SLICE_S = 0.05
 
 
 class InferenceWorker:
@@ -77,14 +79,17 @@ class InferenceWorker:
         self._replies.start()
         self._thread.start()
 
-    def stop(self, timeout: float) -> bool:
+    def stop(self, timeout: float, *, abandon: threading.Event | None = None) -> bool:
         """Finish the request in flight and publish its reply, then stop.
 
-        Returns False if the request did not finish in time.
+        Returns False if the request did not finish within ``timeout`` s, or ``abandon`` was set
+        first (the forward then runs on in its daemon thread, unanswered).
         """
         self._stop.set()
         self._registry.close()
-        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline and not (abandon and abandon.is_set()):
+            self._thread.join(_JOIN_SLICE_S)
         finished = not self._thread.is_alive()
         self._replies.stop(timeout)
         self._decoder.stop(timeout)
@@ -167,7 +172,7 @@ class InferenceWorker:
         queue_wait_ms: float,
         inference_ms: float,
         decode_ns: int,
-        bound: structlog.typing.FilteringBoundLogger,
+        bound: Logger,
     ) -> None:
         session, item = work.session, work.item
         assert isinstance(item, Decoded)
@@ -217,7 +222,7 @@ class InferenceWorker:
         message: str,
         queue_wait_ms: float,
         inference_ms: float,
-        bound: structlog.typing.FilteringBoundLogger,
+        bound: Logger,
     ) -> None:
         reply = Header(
             schema_version=session.schema_version,
@@ -243,7 +248,7 @@ class InferenceWorker:
         )
 
 
-def _publish(session: Session, body: bytes, header: Header, bound: structlog.typing.FilteringBoundLogger) -> bool:
+def _publish(session: Session, body: bytes, header: Header, bound: Logger) -> bool:
     if not session.publish(body, encode_header(header)):
         # The session was closed by the loop while this request was in flight.
         bound.info("reply not sent: session closed")

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import zenoh
+
+from servo.config import FieldError
 
 #: Where a server listens when the manifest names no endpoint: loopback only, so an out-of-the-box
 #: server never exposes itself on the network.
@@ -27,47 +29,68 @@ DEFAULT_LOCAL_ENDPOINT = "tcp/127.0.0.1:7447"
 DROP_WAIT_US = 10_000
 
 
+_PROTOCOLS = ("tcp", "udp", "tls", "quic", "unixsock-stream", "ws")
+
+
 class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """TLS / mTLS files; paths are used as given (relative to the working directory)."""
 
-    root_ca_certificate: str | None = None
-    listen_certificate: str | None = None
-    listen_private_key: str | None = None
-    connect_certificate: str | None = None
-    connect_private_key: str | None = None
-    enable_mtls: bool = False
-    verify_name_on_connect: bool = True
+    root_ca_certificate: Annotated[
+        str | None, msgspec.Meta(description="CA certificate that signs the peers' certificates.")
+    ] = None
+    listen_certificate: Annotated[
+        str | None, msgspec.Meta(description="Certificate presented to connecting peers.")
+    ] = None
+    listen_private_key: Annotated[str | None, msgspec.Meta(description="Private key of listen_certificate.")] = None
+    connect_certificate: Annotated[
+        str | None, msgspec.Meta(description="Certificate presented when connecting (mTLS).")
+    ] = None
+    connect_private_key: Annotated[str | None, msgspec.Meta(description="Private key of connect_certificate.")] = None
+    enable_mtls: Annotated[bool, msgspec.Meta(description="Require a certificate from both sides.")] = False
+    verify_name_on_connect: Annotated[
+        bool, msgspec.Meta(description="Check that the peer's certificate names the host connected to.")
+    ] = True
+
+    def check(self) -> None:
+        """Every named file must exist (a typo fails here, not as zenoh's generic connect error)."""
+        for name in msgspec.structs.asdict(self):
+            value = getattr(self, name)
+            if isinstance(value, str) and not Path(value).is_file():
+                raise FieldError(name, "file does not exist")
 
 
 class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How one process joins the Zenoh network."""
 
-    mode: Literal["peer", "client", "router"] = "peer"
-    listen: list[str] = []
-    connect: list[str] = []
-    multicast_scouting: bool = False
-    lease_ms: int = 1000
-    retry_init_ms: int = 100
-    retry_max_ms: int = 1000
-    shared_memory: bool = True
+    mode: Annotated[
+        Literal["peer", "client", "router"],
+        msgspec.Meta(description="peer (listens and connects), client (connects to a router or peer) or router."),
+    ] = "peer"
+    listen: Annotated[list[str], msgspec.Meta(description="Endpoints to listen on, e.g. tcp/127.0.0.1:7447.")] = []
+    connect: Annotated[list[str], msgspec.Meta(description="Endpoints to connect to.")] = []
+    multicast_scouting: Annotated[
+        bool, msgspec.Meta(description="Find peers by multicast (off: explicit endpoints).")
+    ] = False
+    lease_ms: Annotated[
+        int,
+        msgspec.Meta(ge=100, description="Lease announced to peers: how fast this process's death is noticed (ms)."),
+    ] = 1000
+    retry_init_ms: Annotated[int, msgspec.Meta(ge=1, description="First reconnect delay of a lost link (ms).")] = 100
+    retry_max_ms: Annotated[int, msgspec.Meta(ge=1, description="Largest reconnect delay of a lost link (ms).")] = 1000
+    shared_memory: Annotated[
+        bool, msgspec.Meta(description="Move big payloads through /dev/shm between processes of one host.")
+    ] = True
     tls: TlsSettings | None = None
 
-    def validate(self) -> None:
-        """Check endpoints and TLS files; raises ValueError naming the offending setting."""
+    def check(self) -> None:
+        """Endpoint syntax and mode rules (raises `FieldError` naming the setting)."""
         for field in ("listen", "connect"):
-            for endpoint in getattr(self, field):
+            for i, endpoint in enumerate(getattr(self, field)):
                 proto, sep, addr = endpoint.partition("/")
-                if not sep or proto not in {"tcp", "udp", "tls", "quic", "unixsock-stream", "ws"} or not addr:
-                    raise ValueError(f"zenoh.{field}: {endpoint!r} is not an endpoint like 'tcp/127.0.0.1:7447'")
+                if not sep or proto not in _PROTOCOLS or not addr:
+                    raise FieldError(f"{field}[{i}]", "not an endpoint like 'tcp/127.0.0.1:7447'")
         if self.mode == "client" and not self.connect:
-            raise ValueError("zenoh.connect: a client must name at least one endpoint to connect to")
-        if self.lease_ms < 100:
-            raise ValueError(f"zenoh.lease_ms: {self.lease_ms} is below the minimum of 100")
-        if self.tls is not None:
-            for name in msgspec.structs.asdict(self.tls):
-                value = getattr(self.tls, name)
-                if isinstance(value, str) and not Path(value).is_file():
-                    raise ValueError(f"zenoh.tls.{name}: file {value!r} does not exist")
+            raise FieldError("connect", "a client must name at least one endpoint to connect to")
 
     def to_config(self) -> zenoh.Config:
         """Build the `zenoh.Config`.

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-import structlog
 import zenoh
 
+from servo.logs import get_logger
 from servo.transport.config import ZenohSettings
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: zenoh's own close gives up after 10 s (e.g. when a peer is wedged); we wait a little longer.
 CLOSE_TIMEOUT_S = 12.0

@@ -1,0 +1,85 @@
+"""Command-line flags generated from configuration Structs (one flag per field, help = description).
+
+The Struct stays the single source of truth: names, types, choices, defaults and the sentence of
+help each flag shows all come from its fields (`servo.config.fields_of`). Values given on the
+command line are returned by field name and converted by `servo.config` like a file's, so a bad
+flag and a bad file entry get the same one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from servo.config import ConfigError, FieldDoc, fields_of
+
+
+def add_struct_flags(group: argparse._ActionsContainer, kind: type[Any]) -> None:
+    """Add ``--field-name`` for every field of ``kind`` (defaults left unset so a file can win)."""
+    for doc in fields_of(kind):
+        flag = "--" + doc.name.replace("_", "-")
+        help_text = _help(doc)
+        if doc.type_text == "bool":
+            group.add_argument(flag, dest=doc.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif doc.choices:
+            group.add_argument(flag, dest=doc.name, choices=doc.choices, default=None, help=help_text)
+        elif doc.type_text.startswith("list of"):
+            group.add_argument(flag, dest=doc.name, action="append", default=None, metavar="VALUE", help=help_text)
+        elif doc.type_text.startswith("table of"):
+            group.add_argument(flag, dest=doc.name, action="append", default=None, metavar="KEY=VALUE", help=help_text)
+        else:
+            group.add_argument(flag, dest=doc.name, default=None, metavar=doc.type_text.upper(), help=help_text)
+
+
+def struct_flag_values(args: argparse.Namespace, kind: type[Any]) -> dict[str, Any]:
+    """The fields of ``kind`` given on the command line, by name.
+
+    Numbers and booleans stay text here: `servo.config.convert` parses them (``strict=False``
+    semantics). Tables come from repeated ``KEY=VALUE``; a value of a
+    ``table of value`` field is JSON when it parses as JSON (``--policy-options chunk_size=20``).
+
+    Raises:
+        ConfigError: a ``KEY=VALUE`` flag without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for doc in fields_of(kind):
+        value = getattr(args, doc.name, None)
+        if value is None:
+            continue
+        if doc.type_text.startswith("table of"):
+            value = dict(_pair(item, doc, raw=doc.type_text == "table of str") for item in value)
+        elif not doc.choices and doc.type_text in ("int", "float"):
+            value = _number(value, doc)
+        out[doc.name] = value
+    return out
+
+
+def _number(text: str, doc: FieldDoc) -> Any:
+    try:
+        return int(text) if doc.type_text == "int" else float(text)
+    except ValueError:
+        # Left as text: the conversion names the option and the expected type.
+        return text
+
+
+def _pair(item: str, doc: FieldDoc, *, raw: bool) -> tuple[str, Any]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--{doc.name.replace('_', '-')} expects KEY=VALUE, got {item!r}")
+    if raw:
+        return key, value
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _help(doc: FieldDoc) -> str:
+    default = doc.default
+    if (isinstance(default, list | tuple | dict) and not default) or (isinstance(default, str) and not default):
+        shown = "none"
+    else:
+        shown = str(default)
+    text = f"{doc.description} [default: {shown}]" if doc.description else f"[default: {shown}]"
+    return text.replace("%", "%%")  # argparse formats help with %
