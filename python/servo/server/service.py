@@ -28,7 +28,7 @@ from servo._core import (
     Header,
     HeaderError,
     decode_header,
-    encode_header,
+    unauthenticated,
 )
 from servo.policy import Policy, PolicyLoadError, load_policy
 from servo.policy.compatibility import describe
@@ -383,13 +383,14 @@ class PolicyServer:
             episode_id=header.episode_id,
             session_epoch=header.session_epoch,
             client_mono_ns=header.client_mono_ns,
+            session_id=header.session_id,
         )
         body = encode(ErrorEvent("unknown_session", f"no session for client {client_id!r}; open a new one"))
         with contextlib.suppress(zenoh.ZError):
             zsession.put(
                 keys.client(client_id).action,
                 body,
-                attachment=encode_header(reply),
+                attachment=unauthenticated(reply),
                 congestion_control=zenoh.CongestionControl.DROP,
             )
 
@@ -406,6 +407,7 @@ class PolicyServer:
                 episode_id=session.episode_id,
                 session_epoch=session.epoch,
                 client_mono_ns=0,
+                session_id=session.session_id.to_bytes(16, "little"),
             )
-            session.publish(notice, encode_header(header))
+            session.publish(notice, unauthenticated(header))
         return bool(sessions)

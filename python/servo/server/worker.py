@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import structlog
 
-from servo._core import MSG_CHUNK, MSG_ERROR, Header, encode_header
+from servo._core import MSG_CHUNK, MSG_ERROR, Header, unauthenticated
 from servo.policy.protocol import FloatArray
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
@@ -188,6 +188,7 @@ class InferenceWorker:
             episode_id=header.episode_id,
             session_epoch=header.session_epoch,
             client_mono_ns=header.client_mono_ns,
+            session_id=session.session_id.to_bytes(16, "little"),
         )
         # Publish first (the client is waiting), account after; an inference whose session was
         # closed meanwhile is still audited, as undeliverable.
@@ -227,6 +228,7 @@ class InferenceWorker:
             episode_id=session.episode_id if header is None else header.episode_id,
             session_epoch=session.epoch,
             client_mono_ns=0 if header is None else header.client_mono_ns,
+            session_id=session.session_id.to_bytes(16, "little"),
         )
         _publish(session, encode(ErrorEvent(code, message)), reply, bound)
         session.errors += 1
@@ -244,7 +246,7 @@ class InferenceWorker:
 
 
 def _publish(session: Session, body: bytes, header: Header, bound: structlog.typing.FilteringBoundLogger) -> bool:
-    if not session.publish(body, encode_header(header)):
+    if not session.publish(body, unauthenticated(header)):
         # The session was closed by the loop while this request was in flight.
         bound.info("reply not sent: session closed")
         return False
