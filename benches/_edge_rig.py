@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import zenoh
 
-from servo._core import MSG_CHUNK, MSG_OBS, ActionQueue, Header, decode_header, encode_header
+from servo._core import MSG_CHUNK, MSG_OBS, SCHEMA_VERSION, ActionQueue, Header, decode_header, unauthenticated
 from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig, load_config
 from servo.edge.control_loop import request_realtime
@@ -354,10 +354,13 @@ async def run_servo(
 class NaiveLoop:
     """Everything inline on the control thread (seeds/000 BUG-1). Owned by that thread."""
 
-    def __init__(self, robot: TimingRobot, zsession: zenoh.Session, obs_key: str, action_key: str, epoch: int) -> None:
+    def __init__(
+        self, robot: TimingRobot, zsession: zenoh.Session, obs_key: str, action_key: str, epoch: int, session_id: bytes
+    ) -> None:
         self.robot = robot
         self.period_ns = round(1e9 / robot.spec.fps)
         self.epoch = epoch
+        self.session_id = session_id
         self.queue = ActionQueue(robot.spec.action_dim, rtc=True)
         self.limiter = SafetyLimiter(robot.spec)
         self.buffer_steps = EdgeConfig().buffer_time_s * robot.spec.fps
@@ -422,10 +425,10 @@ class NaiveLoop:
         body = encode(Observation(state=encode_tensor(state), images=images))
         encode_ms = (time.perf_counter() - started) * 1e3
         self._seq += 1
-        header = Header(1, MSG_OBS, 0, self._seq, 0, self.epoch, now)
+        header = Header(SCHEMA_VERSION, MSG_OBS, 0, self._seq, 0, self.epoch, now, self.session_id)
         self._arrived.clear()
         self._reply = None
-        self._publisher.put(body, attachment=encode_header(header))
+        self._publisher.put(body, attachment=unauthenticated(header))
         if not self._arrived.wait(5.0) or self._reply is None:  # blocks the control loop
             return
         _, payload, arrived_ns = self._reply
@@ -449,7 +452,8 @@ async def run_naive(server: ServerProcess, fps: float, duration_s: float) -> Loo
         async with PolicyClient.connect(settings, "naive-bench") as client:
             (info,) = await client.discover()
             session = await client.open_session(info, features=robot_features(sim.spec), fps=fps, rtc=True, epoch=1)
-            naive = NaiveLoop(sim, client.zsession, session.keys.obs, session.keys.action, epoch=1)
+            keys, session_id = session.keys, session.session_id.to_bytes(16, "little")
+            naive = NaiveLoop(sim, client.zsession, keys.obs, keys.action, epoch=1, session_id=session_id)
             try:
                 await anyio.to_thread.run_sync(lambda: naive.run(duration_s, realtime=True))
             finally:

@@ -1,7 +1,9 @@
 //! `servo._core`: the hot path of servo in Rust — the action chunk queue, the attachment
-//! header codec and the latency tracker. The cores (`queue`, `header`, `latency`) are plain
-//! Rust with no pyo3; `py` wraps them for Python. This file is the module glue only.
+//! header codec, message authentication and key exchange, and the latency tracker. The cores
+//! (`queue`, `header`, `auth`, `latency`) are plain Rust with no pyo3; `py` wraps them for
+//! Python. This file is the module glue only.
 
+pub mod auth;
 pub mod header;
 pub mod latency;
 mod py;
@@ -22,6 +24,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("build_profile", BUILD_PROFILE)?;
     py::queue::register(m)?;
     py::header::register(m)?;
+    py::auth::register(m)?;
     py::latency::register(m)?;
     Ok(())
 }

@@ -1,23 +1,30 @@
 # This stub is where the public docs of servo._core live (pydantic-core does the same), so
 # docstrings are wanted here.
 # ruff: noqa: PYI021
-"""servo's Rust core: the action chunk queue, the attachment header codec, the latency tracker.
+"""servo's Rust core: the action chunk queue, the attachment codec and its MAC, the latency tracker.
 
-Everything here is small and hot; everything else in servo is Python. Three things live here:
+Everything here is small and hot; everything else in servo is Python. Four things live here:
 
 * :class:`ActionQueue` -- the chunk buffer between the inference side (producer: ``merge``)
   and the robot control loop (consumer: ``get``). The consumer never waits on a producer.
-* The attachment header codec (:class:`Header`, :func:`encode_header`,
-  :func:`decode_header`) -- a fixed 30-byte packed little-endian header carried as the Zenoh
-  attachment, so routing and correlation never deserialise a message body.
+* The attachment codec (:class:`Header`, :func:`decode_header`) -- every message carries a
+  fixed 62-byte Zenoh attachment: a 46-byte packed little-endian header followed by a 16-byte
+  MAC tag, so routing and correlation never deserialise a message body.
+* Authentication (:class:`SessionKey`, :class:`KeyPair`, :class:`ServerIdentity`) -- the
+  per-message MAC (keyed BLAKE3 over header || body), the X25519 exchange that gives both ends
+  of a session its key without sending it, and the Ed25519 identity edges pin servers by.
 * :class:`LatencyTracker` -- monotonic-clock latency samples with a sliding window.
 
 GIL policy: calls that copy O(chunk) or O(window) data release the GIL around the copy
 (``ActionQueue.merge``, ``get_left_over``, ``get_processed_left_over``, ``clear``,
-``LatencyTracker.percentile(s)``). Per-tick calls (``ActionQueue.get`` and friends, the header
-codec, ``LatencyTracker.add``) copy at most one row or 30 bytes and never wait, so they keep
-the GIL: releasing it on the control-loop thread would let another Python thread take it, and
-the loop would then wait up to ``sys.getswitchinterval()`` (5 ms by default) to get it back.
+``LatencyTracker.percentile(s)``), and :meth:`SessionKey.seal`/:meth:`SessionKey.open` release it
+while hashing a body of 64 KiB or more. Per-tick calls (``ActionQueue.get`` and friends, the
+header codec, sealing or opening a small body, ``LatencyTracker.add``) take at most a few µs and
+never wait, so they keep the GIL: releasing it would let another Python thread take it, and
+the caller would then wait up to ``sys.getswitchinterval()`` (5 ms by default) to get it back.
+
+Buffers handed to a call that releases the GIL must not be mutated by another thread during
+the call (the same contract as numpy's own GIL-free copies).
 """
 
 from collections.abc import Iterator, Sequence
@@ -25,28 +32,43 @@ from typing import Any, Final, Literal, final
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Buffer
 
 __all__ = [
+    "ATTACHMENT_SIZE",
     "FLAG_EPISODE_START",
     "HEADER_MAGIC",
     "HEADER_SIZE",
+    "KEY_SIZE",
     "MSG_CHUNK",
+    "MSG_CONTROL",
+    "MSG_CONTROL_ACK",
     "MSG_DRAIN",
     "MSG_ERROR",
     "MSG_OBS",
+    "PUBLIC_KEY_SIZE",
     "SCHEMA_VERSION",
+    "SEED_SIZE",
+    "SESSION_ID_SIZE",
+    "SIGNATURE_SIZE",
     "SUPPORTED_SCHEMA_VERSIONS",
+    "TAG_SIZE",
     "ActionQueue",
+    "AuthError",
     "Header",
     "HeaderError",
+    "KeyPair",
     "LatencyTracker",
     "Provenance",
     "QueueError",
     "QueueStats",
+    "ServerIdentity",
+    "SessionKey",
     "__version__",
     "build_profile",
     "decode_header",
-    "encode_header",
+    "unauthenticated",
+    "verify_signature",
 ]
 
 __version__: Final[str]
@@ -304,16 +326,25 @@ class ActionQueue:
 # ----------------------------------------------------------------------------- header codec
 
 HEADER_SIZE: Final[int]
-"""Size of an encoded header: 30 bytes."""
+"""Size of an encoded header: 46 bytes."""
+
+TAG_SIZE: Final[int]
+"""Size of the MAC tag that follows the header in an attachment: 16 bytes."""
+
+ATTACHMENT_SIZE: Final[int]
+"""Size of every attachment on the wire, header || tag: 62 bytes."""
+
+SESSION_ID_SIZE: Final[int]
+"""Size of a session id: 16 bytes (a random 128-bit id)."""
 
 HEADER_MAGIC: Final[bytes]
 """First two bytes of every header: ``b"SV"``."""
 
 SCHEMA_VERSION: Final[int]
-"""The schema version this build writes (1)."""
+"""The schema version this build writes (2)."""
 
 SUPPORTED_SCHEMA_VERSIONS: Final[frozenset[int]]
-"""Every schema version this codec reads and writes: ``{1}``."""
+"""Every schema version this codec reads and writes: ``{2}`` (version 1 is refused)."""
 
 MSG_OBS: Final[int]
 """Message type 1: observation (client to server)."""
@@ -327,29 +358,38 @@ MSG_ERROR: Final[int]
 MSG_DRAIN: Final[int]
 """Message type 4: drain notice (server to client)."""
 
+MSG_CONTROL: Final[int]
+"""Message type 5: control request (client to server: reset, close), MAC'd like the data plane."""
+
+MSG_CONTROL_ACK: Final[int]
+"""Message type 6: answer to a control request (server to client)."""
+
 FLAG_EPISODE_START: Final[int]
 """Flag bit 1: this observation starts a new episode."""
 
 class HeaderError(ValueError):
     """A header could not be built, encoded or decoded.
 
-    The message names the problem, e.g. ``"header is 12 bytes, expected 30"``,
-    ``"bad magic b'XX', expected b'SV'"``, ``"unsupported schema_version 7 (supported: 1)"``,
-    ``"unknown msg_type 9 (known: 1, 2, 3, 4)"`` or
-    ``"flags=256 does not fit u8, expected 0 <= flags <= 255"``.
+    The message names the problem, e.g. ``"attachment is 12 bytes, expected 62"``,
+    ``"bad magic b'XX', expected b'SV'"``, ``"unsupported schema_version 1 (supported: 2)"``,
+    ``"unknown msg_type 9 (known: 1, 2, 3, 4, 5, 6)"``,
+    ``"flags=256 does not fit u8, expected 0 <= flags <= 255"`` or
+    ``"session_id is 8 bytes, expected 16"``.
     """
 
 @final
 class Header:
     """The attachment header of every servo message (frozen, hashable).
 
-    Wire layout, packed little-endian, 30 bytes::
+    Wire layout, packed little-endian, 46 bytes::
 
         magic b"SV" (2) | schema_version u16 | msg_type u8 | flags u8 | seq_id u64 |
-        episode_id u32 | session_epoch u32 | client_mono_ns i64
+        episode_id u32 | session_epoch u32 | client_mono_ns i64 | session_id (16 bytes)
 
-    Built by whichever task sends a message and decoded by whichever receives it; it has no
-    owner and is safe to share between threads. No method releases the GIL (30-byte copies).
+    On the wire it is always followed by a 16-byte tag (see :meth:`SessionKey.seal` and
+    :func:`unauthenticated`). Built by whichever task sends a message and decoded by whichever
+    receives it; it has no owner and is safe to share between threads. No method releases the
+    GIL (copies of at most 62 bytes).
 
     Args:
         schema_version: Wire schema version (u16); :data:`SCHEMA_VERSION` for new messages.
@@ -360,11 +400,14 @@ class Header:
         session_epoch: Session epoch, bumped at every session (re)open (u32).
         client_mono_ns: The client's monotonic clock in ns (i64): an opaque token the server
             echoes back and never compares with its own clock.
+        session_id: The session the message belongs to: exactly :data:`SESSION_ID_SIZE`
+            opaque bytes (all zero outside a session).
 
     Raises:
-        HeaderError: A value does not fit its field's wire type; the message names the field.
-            (Unknown ``schema_version``/``msg_type`` values are accepted here and rejected by
-            :func:`encode_header`.)
+        HeaderError: A value does not fit its field's wire type, or ``session_id`` is not 16
+            bytes; the message names the field. (Unknown ``schema_version``/``msg_type`` values
+            are accepted here and rejected when the header is sealed.)
+        TypeError: A field of the wrong type (e.g. a ``session_id`` that is not ``bytes``).
     """
 
     def __new__(
@@ -376,6 +419,7 @@ class Header:
         episode_id: int,
         session_epoch: int,
         client_mono_ns: int,
+        session_id: bytes,
     ) -> Header: ...
     @property
     def schema_version(self) -> int:
@@ -405,7 +449,11 @@ class Header:
     def client_mono_ns(self) -> int:
         """The client's monotonic clock (ns, i64), opaque to the server."""
 
-    def replace(self, **changes: int) -> Header:
+    @property
+    def session_id(self) -> bytes:
+        """The session id (16 bytes)."""
+
+    def replace(self, **changes: int | bytes) -> Header:
         """A copy with the given fields changed.
 
         Args:
@@ -416,32 +464,21 @@ class Header:
 
         Raises:
             HeaderError: A value does not fit its field.
-            TypeError: An unknown field name.
+            TypeError: An unknown field name or a value of the wrong type.
         """
 
     def __eq__(self, value: object, /) -> bool: ...
     def __ne__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
-def encode_header(h: Header) -> bytes:
-    """Encode a header into its 30-byte wire form. Keeps the GIL (a 30-byte copy).
+def decode_header(attachment: Buffer) -> Header:
+    """Decode the header of an attachment WITHOUT checking its tag (a routing peek).
+
+    Use it to find the session (and so the key) a message claims; trust nothing in the result
+    until :meth:`SessionKey.open` has verified the tag. Keeps the GIL (a 62-byte copy).
 
     Args:
-        h: The header.
-
-    Returns:
-        Exactly :data:`HEADER_SIZE` bytes.
-
-    Raises:
-        HeaderError: ``schema_version`` not in :data:`SUPPORTED_SCHEMA_VERSIONS` or
-            ``msg_type`` not a known ``MSG_*`` value.
-    """
-
-def decode_header(buf: bytes | bytearray | memoryview) -> Header:
-    """Decode a 30-byte header. Keeps the GIL (a 30-byte copy).
-
-    Args:
-        buf: Exactly :data:`HEADER_SIZE` bytes (any contiguous or strided byte buffer).
+        attachment: Exactly :data:`ATTACHMENT_SIZE` bytes (any C-contiguous buffer).
 
     Returns:
         The header.
@@ -449,6 +486,217 @@ def decode_header(buf: bytes | bytearray | memoryview) -> Header:
     Raises:
         HeaderError: Wrong length, bad magic, unsupported schema version or unknown message
             type, checked in that order.
+    """
+
+# ----------------------------------------------------------------------------- authentication
+
+KEY_SIZE: Final[int]
+"""Size of a session key: 32 bytes."""
+
+PUBLIC_KEY_SIZE: Final[int]
+"""Size of an X25519 or Ed25519 public key: 32 bytes."""
+
+SEED_SIZE: Final[int]
+"""Size of an Ed25519 seed (:attr:`ServerIdentity.seed`): 32 bytes."""
+
+SIGNATURE_SIZE: Final[int]
+"""Size of an Ed25519 signature: 64 bytes."""
+
+class AuthError(ValueError):
+    """A message failed authentication, or a key-exchange or signature input was refused.
+
+    The message says which, e.g. ``"tag mismatch"``, ``"zero tag: the message is
+    unauthenticated"``, ``"attachment is 61 bytes, expected 62"``, ``"key is 16 bytes,
+    expected 32"``, ``"peer public key is of low order (all-zero shared secret)"`` or
+    ``"this KeyPair was already used (key pairs are single-use)"``.
+    """
+
+@final
+class SessionKey:
+    """The per-session MAC key: seals outgoing and opens incoming attachments (frozen).
+
+    The tag is keyed BLAKE3 over header (46 bytes) || body, truncated to 16 bytes; a body
+    given as several parts is hashed as their concatenation, without joining them. Made by
+    :meth:`KeyPair.session_key` (or from raw bytes), then owned by the session; safe to share
+    between threads. Its ``repr`` never shows the key.
+
+    GIL: released while hashing a body of 64 KiB or more (an observation), kept below (a chunk
+    takes ~1-3 µs, less than a GIL round trip can cost). A buffer must not be mutated by
+    another thread during the call.
+
+    Args:
+        key: Exactly :data:`KEY_SIZE` bytes.
+
+    Raises:
+        AuthError: ``key`` is not 32 bytes.
+    """
+
+    def __new__(cls, key: bytes) -> SessionKey: ...
+    def seal(self, header: Header, body: Buffer | list[Buffer] | tuple[Buffer, ...]) -> bytes:
+        """Encode ``header`` and append the tag of header || body: the attachment to send.
+
+        Args:
+            header: The header (its ``session_id`` is the session's).
+            body: The message body: one C-contiguous buffer (bytes, bytearray, memoryview,
+                numpy array of any dtype) or a list or tuple of them, hashed in order.
+
+        Returns:
+            Exactly :data:`ATTACHMENT_SIZE` bytes.
+
+        Raises:
+            HeaderError: ``schema_version`` not in :data:`SUPPORTED_SCHEMA_VERSIONS` or
+                ``msg_type`` not a known ``MSG_*`` value.
+            TypeError: ``body`` (or one of its parts) is not a buffer.
+            BufferError: A part is not C-contiguous (numpy raises ``ValueError``).
+        """
+
+    def open(self, attachment: Buffer, body: Buffer | list[Buffer] | tuple[Buffer, ...]) -> Header:
+        """Verify an attachment's tag over its header || body, then decode the header.
+
+        Checks, in order: the length, the zero tag of :func:`unauthenticated` (always refused),
+        the tag (constant-time comparison), the header. Nothing is decoded before the tag
+        verifies, so any bit changed in header, body or tag gives ``"tag mismatch"``.
+
+        Args:
+            attachment: The received attachment (any C-contiguous buffer).
+            body: The received body, as one buffer or a list or tuple of parts (as in
+                :meth:`seal`).
+
+        Returns:
+            The authenticated header.
+
+        Raises:
+            AuthError: Wrong length, zero tag or tag mismatch.
+            HeaderError: The tag is valid but the header does not decode (a key holder sent
+                a header of another schema).
+            TypeError: ``attachment`` or ``body`` is not a buffer.
+        """
+
+def unauthenticated(header: Header) -> bytes:
+    """The attachment of a keyless notice: the encoded header followed by 16 zero bytes.
+
+    For the few messages sent without a session key (e.g. "unknown session"). A receiver can
+    :func:`decode_header` it but :meth:`SessionKey.open` always refuses it. Keeps the GIL.
+
+    Returns:
+        Exactly :data:`ATTACHMENT_SIZE` bytes.
+
+    Raises:
+        HeaderError: ``schema_version`` or ``msg_type`` unknown.
+    """
+
+@final
+class KeyPair:
+    """An ephemeral X25519 key pair for one session-key exchange (frozen; single use).
+
+    Both ends make one per session open and send only :attr:`public_key`; each then calls
+    :meth:`session_key` with the other's public key, and both get the same
+    :class:`SessionKey`: BLAKE3 ``derive_key("servo 2026-11 session key v2", shared secret ||
+    client_public || server_public || session_id)``. The secret is drawn from the OS random
+    number generator, never leaves Rust and is wiped once used. Owned by the task running the
+    exchange; safe to share between threads. Keeps the GIL (~0.1 ms to make a pair and ~0.1 ms
+    per exchange, once per session).
+
+    Raises:
+        OSError: The OS random number generator failed.
+    """
+
+    def __new__(cls) -> KeyPair: ...
+    @property
+    def public_key(self) -> bytes:
+        """This pair's public key (32 bytes), to send to the peer."""
+
+    def session_key(
+        self,
+        peer_public: bytes,
+        *,
+        client_public: bytes,
+        server_public: bytes,
+        session_id: bytes,
+    ) -> SessionKey:
+        """Derive the session key shared with the holder of ``peer_public``; uses the pair up.
+
+        Args:
+            peer_public: The other end's public key (32 bytes).
+            client_public: The client's public key (32 bytes); this pair's or the peer's.
+            server_public: The server's public key (32 bytes); the other one.
+            session_id: The session the key is for (16 bytes); a different id gives a
+                different key.
+
+        Returns:
+            The session key.
+
+        Raises:
+            AuthError: A wrong length or ``client_public``/``server_public`` that are not this
+                pair's and the peer's public keys (the pair stays usable); a low-order peer key,
+                i.e. an all-zero shared secret (the pair is used up); or the pair was already
+                used.
+        """
+
+@final
+class ServerIdentity:
+    """A server's long-lived Ed25519 signing identity (frozen).
+
+    Edges pin the :attr:`public_key` of the servers they trust and check what a server
+    signs with :func:`verify_signature`. Owned by the server process (saved as its
+    :attr:`seed`); safe to share between threads. Signing keeps the GIL (~20 µs plus hashing
+    the message). Its ``repr`` shows the public key only.
+    """
+
+    @staticmethod
+    def generate() -> ServerIdentity:
+        """A new identity from the OS random number generator.
+
+        Raises:
+            OSError: The OS random number generator failed.
+        """
+
+    @staticmethod
+    def from_seed(seed: bytes) -> ServerIdentity:
+        """The identity saved as ``seed``.
+
+        Args:
+            seed: Exactly :data:`SEED_SIZE` bytes, as returned by :attr:`seed`.
+
+        Raises:
+            AuthError: ``seed`` is not 32 bytes.
+        """
+
+    @property
+    def seed(self) -> bytes:
+        """The secret seed (32 bytes), to save the identity; keep it private."""
+
+    @property
+    def public_key(self) -> bytes:
+        """The public key edges pin (32 bytes)."""
+
+    def sign(self, message: Buffer) -> bytes:
+        """Sign ``message`` (deterministic Ed25519, RFC 8032).
+
+        Args:
+            message: Any C-contiguous buffer.
+
+        Returns:
+            The signature (:data:`SIGNATURE_SIZE` bytes).
+        """
+
+def verify_signature(public_key: bytes, message: Buffer, signature: bytes) -> bool:
+    """Whether ``signature`` is ``public_key``'s Ed25519 signature of ``message``.
+
+    Strict RFC 8032 verification (no malleable signatures, no small-order keys). A public key
+    that is not a valid point, or any other garbage of the right length, gives False. Keeps
+    the GIL (~80 µs plus hashing the message).
+
+    Args:
+        public_key: The pinned public key (32 bytes).
+        message: The signed bytes (any C-contiguous buffer).
+        signature: The signature (64 bytes).
+
+    Returns:
+        True if the signature is valid.
+
+    Raises:
+        AuthError: ``public_key`` is not 32 bytes or ``signature`` not 64.
     """
 
 # ---------------------------------------------------------------------------- latency

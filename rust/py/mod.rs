@@ -3,6 +3,8 @@
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 
+pub mod auth;
+mod buffer;
 pub mod header;
 pub mod latency;
 pub mod queue;
@@ -19,4 +21,11 @@ create_exception!(
     QueueError,
     PyValueError,
     "A chunk was rejected by ActionQueue.merge (dtype, shape or capacity)."
+);
+
+create_exception!(
+    servo._core,
+    AuthError,
+    PyValueError,
+    "A message, key or signature input failed authentication or validation."
 );

@@ -10,7 +10,7 @@ import anyio
 import numpy as np
 import zenoh
 
-from servo._core import MSG_OBS, Header, HeaderError, decode_header, encode_header
+from servo._core import MSG_OBS, SCHEMA_VERSION, Header, HeaderError, decode_header, unauthenticated
 from servo.client import ObservationInput, PolicyClient, RemoteSession
 from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
@@ -78,15 +78,16 @@ def metric(server: PolicyServer, name: str, **labels: str) -> float:
 def obs_header(session: RemoteSession, seq_id: int, **changes: int) -> bytes:
     """A valid observation header for ``session``, with fields overridden."""
     header = Header(
-        schema_version=1,
+        schema_version=SCHEMA_VERSION,
         msg_type=MSG_OBS,
         flags=0,
         seq_id=seq_id,
         episode_id=session.episode_id,
         session_epoch=session.epoch,
         client_mono_ns=time.monotonic_ns(),
+        session_id=session.session_id.to_bytes(16, "little"),
     )
-    return encode_header(header.replace(**changes) if changes else header)
+    return unauthenticated(header.replace(**changes) if changes else header)
 
 
 class ActionTap:

@@ -54,7 +54,8 @@ def jpeg(data: bytes, h: int = 24, w: int = 32) -> dict[str, EncodedImage]:
 
 def version7_header(seq: int) -> bytes:
     # b"SV" | schema_version u16 | msg_type u8 | flags u8 | seq u64 | episode u32 | epoch u32 | mono i64
-    return struct.pack("<2sHBBQIIq", b"SV", 7, 1, 0, seq, 0, 0, 0)
+    # | session_id (16) | tag (16)
+    return struct.pack("<2sHBBQIIq16s16s", b"SV", 7, 1, 0, seq, 0, 0, 0, bytes(16), bytes(16))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from servo._core import MSG_OBS, Header
+from servo._core import MSG_OBS, SCHEMA_VERSION, Header
 from servo.policy import DecodedObservation
 from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
 from tests.server.policies import RelativeProcessor
@@ -38,7 +38,7 @@ def make_session(registry: SessionRegistry, client: str = "c") -> Session:
         epoch=0,
         task="",
         rtc=False,
-        schema_version=1,
+        schema_version=SCHEMA_VERSION,
         processor=RelativeProcessor(),
         publisher=FakePublisher(),  # type: ignore[arg-type]
     )
@@ -47,7 +47,7 @@ def make_session(registry: SessionRegistry, client: str = "c") -> Session:
 
 
 def raw(seq: int, episode: int = 0) -> Pending:
-    return Pending(Header(1, MSG_OBS, 0, seq, episode, 0, 0), b"", seq)
+    return Pending(Header(SCHEMA_VERSION, MSG_OBS, 0, seq, episode, 0, 0, bytes(16)), b"", seq)
 
 
 def decoded(item: Pending) -> Decoded:
@@ -94,7 +94,7 @@ def test_rejection_supersedes_a_decode_in_progress() -> None:
     registry.deposit("c", raw(1))
     taken = registry.take_raw()
     assert taken is not None
-    registry.deposit("c", Rejected(Header(1, MSG_OBS, 0, 2, 0, 0, 0), "too_large", "big", 0))
+    registry.deposit("c", Rejected(Header(SCHEMA_VERSION, MSG_OBS, 0, 2, 0, 0, 0, bytes(16)), "too_large", "big", 0))
     registry.finish_decode(session, taken[1], decoded(taken[1]))
     work = registry.take(session)
     assert work is not None

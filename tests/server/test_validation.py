@@ -71,7 +71,7 @@ MISMATCHES = {
     "degenerate camera size": Mismatch(
         "", {"features": features(cameras={"front": CameraFeature(0, 32)})}, "cameras", ("front", "0x32")
     ),
-    "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[1]")),
+    "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[2]")),
     "strict fps": Mismatch("strict_fps = true", {"fps": 15.0}, "fps", ("15 fps", "30 fps")),
     "pinned task": Mismatch('default_task = "sweep"\npin_task = true', {"task": "fold"}, "task", ("'sweep'", "'fold'")),
 }

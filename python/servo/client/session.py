@@ -18,10 +18,11 @@ from servo._core import (
     MSG_DRAIN,
     MSG_ERROR,
     MSG_OBS,
+    SCHEMA_VERSION,
     Header,
     HeaderError,
     decode_header,
-    encode_header,
+    unauthenticated,
 )
 from servo.client.errors import RequestTimeout, ServerError, SessionLost
 from servo.logs import get_logger
@@ -220,19 +221,20 @@ class RemoteSession:
         self.stats.encode_ms.append((time.perf_counter() - started) * 1e3)
         self._seq += 1
         header = Header(
-            schema_version=self.ack.schema_version if self.ack else 1,
+            schema_version=self.ack.schema_version if self.ack else SCHEMA_VERSION,
             msg_type=MSG_OBS,
             flags=FLAG_EPISODE_START if episode_start else 0,
             seq_id=self._seq,
             episode_id=self.episode_id,
             session_epoch=self.epoch,
             client_mono_ns=obs.mono_ns,
+            session_id=self.session_id.to_bytes(16, "little"),
         )
         self._latest_seq = self._seq
         self._result = None
         self._result_ready = anyio.Event()
         assert self._publisher is not None
-        self._publisher.put(body, attachment=encode_header(header))
+        self._publisher.put(body, attachment=unauthenticated(header))
         self.stats.sent += 1
         return self._seq
 

@@ -29,7 +29,7 @@ from servo._core import (
     Header,
     HeaderError,
     decode_header,
-    encode_header,
+    unauthenticated,
 )
 from servo.logs import get_logger
 from servo.policy import Policy, load_policy
@@ -394,13 +394,14 @@ class PolicyServer:
             episode_id=header.episode_id,
             session_epoch=header.session_epoch,
             client_mono_ns=header.client_mono_ns,
+            session_id=header.session_id,
         )
         body = encode(ErrorEvent("unknown_session", f"no session for client {client_id!r}; open a new one"))
         with contextlib.suppress(zenoh.ZError):
             zsession.put(
                 keys.client(client_id).action,
                 body,
-                attachment=encode_header(reply),
+                attachment=unauthenticated(reply),
                 congestion_control=zenoh.CongestionControl.DROP,
             )
 
@@ -417,6 +418,7 @@ class PolicyServer:
                 episode_id=session.episode_id,
                 session_epoch=session.epoch,
                 client_mono_ns=0,
+                session_id=session.session_id.to_bytes(16, "little"),
             )
-            session.publish(notice, encode_header(header))
+            session.publish(notice, unauthenticated(header))
         return bool(sessions)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from servo._core import MSG_CHUNK, MSG_ERROR, Header, encode_header
+from servo._core import MSG_CHUNK, MSG_ERROR, Header, unauthenticated
 from servo.logs import Logger, get_logger
 from servo.policy.protocol import FloatArray
 from servo.policy.runner import InferenceRunner
@@ -193,6 +193,7 @@ class InferenceWorker:
             episode_id=header.episode_id,
             session_epoch=header.session_epoch,
             client_mono_ns=header.client_mono_ns,
+            session_id=session.session_id.to_bytes(16, "little"),
         )
         # Publish first (the client is waiting), account after; an inference whose session was
         # closed meanwhile is still audited, as undeliverable.
@@ -232,6 +233,7 @@ class InferenceWorker:
             episode_id=session.episode_id if header is None else header.episode_id,
             session_epoch=session.epoch,
             client_mono_ns=0 if header is None else header.client_mono_ns,
+            session_id=session.session_id.to_bytes(16, "little"),
         )
         _publish(session, encode(ErrorEvent(code, message)), reply, bound)
         session.errors += 1
@@ -249,7 +251,7 @@ class InferenceWorker:
 
 
 def _publish(session: Session, body: bytes, header: Header, bound: Logger) -> bool:
-    if not session.publish(body, encode_header(header)):
+    if not session.publish(body, unauthenticated(header)):
         # The session was closed by the loop while this request was in flight.
         bound.info("reply not sent: session closed")
         return False

@@ -1,4 +1,4 @@
-"""Every message body of protocol v1 (msgpack via msgspec).
+"""Every message body of the protocol (msgpack via msgspec).
 
 Evolution is additive: new fields get defaults, unknown fields are ignored on decode, and a
 layout change of an existing field needs a new schema version (negotiated at session open).
@@ -12,10 +12,12 @@ from typing import Literal
 
 import msgspec
 
+from servo import _core
 from servo.wire.image import EncodedImage
 from servo.wire.tensor import Tensor
 
-SUPPORTED_SCHEMA_VERSIONS: tuple[int, ...] = (1,)
+# One schema version covers the attachment header and these bodies.
+SUPPORTED_SCHEMA_VERSIONS: tuple[int, ...] = tuple(sorted(_core.SUPPORTED_SCHEMA_VERSIONS))
 
 
 class CameraFeature(msgspec.Struct, frozen=True):
