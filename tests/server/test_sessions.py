@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from servo._core import MSG_OBS, Header
+from servo._core import MSG_CHUNK, MSG_OBS, Header
 from servo.policy import DecodedObservation
 from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
 from tests.server.policies import RelativeProcessor
@@ -157,7 +157,7 @@ def test_closed_publisher_waits_for_a_put_in_progress() -> None:
     session = make_session(registry)
     publisher: FakePublisher = session.publisher  # type: ignore[assignment]
     publisher.release.clear()
-    putter = threading.Thread(target=session.publish, args=(b"x", b"h"))
+    putter = threading.Thread(target=session.publish, args=(MSG_CHUNK, b"x"))
     putter.start()
     assert publisher.in_put.wait(5)
     closer = threading.Thread(target=session.close_publisher)
@@ -168,6 +168,6 @@ def test_closed_publisher_waits_for_a_put_in_progress() -> None:
     putter.join(5)
     closer.join(5)
     assert publisher.calls == ["put", "undeclare"]
-    assert session.publish(b"y", b"h") is False
+    assert session.publish(MSG_CHUNK, b"y") is False
     session.close_publisher()  # idempotent
     assert publisher.calls == ["put", "undeclare"]
