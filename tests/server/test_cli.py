@@ -115,7 +115,7 @@ async def test_sigterm_drains_the_request_in_flight(tmp_path: Path) -> None:
             session = await client.open_session(
                 server, features=server.status.policy.features, fps=server.status.policy.fps
             )
-            seq = await session.send(observation(5.0))
+            seq = await session.send(*observation(5.0))
             await lines.until(is_event("inference started"), timeout=10)  # the worker has it
             process.send_signal(signal.SIGTERM)
             result = await session.receive(seq, timeout=10)
@@ -126,7 +126,7 @@ async def test_sigterm_drains_the_request_in_flight(tmp_path: Path) -> None:
                 await session.lost.wait()
             assert session.lost_reason == "server draining"
             with pytest.raises(SessionLost):
-                await session.send(observation(5.0))
+                await session.send(*observation(5.0))
             await session.close()
         with anyio.fail_after(15):
             assert await process.wait() == 0

@@ -103,7 +103,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-edge``."""
-    from servo.edge.remote import EdgeStartError
+    from servo.edge.errors import EdgeStartError
     from servo.robots import CalibrationError, FeetechError
 
     args = build_parser().parse_args(argv)

@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from servo.client.session import ObservationInput
 from servo.edge.engine import InferenceEngine
+from servo.edge.observation import ObservationInput
 from servo.edge.recorder import Recorder, Tick
 from servo.edge.safety import SafetyLimiter
 from servo.robots.protocol import Robot

@@ -14,9 +14,9 @@ import numpy as np
 import numpy.typing as npt
 from anyio.abc import TaskStatus
 
-from servo.client.session import ObservationInput
 from servo.edge.config import EdgeConfig
 from servo.edge.failsafe import EngineState, FailSafe
+from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Action, ChunkPipeline, Request
 from servo.robots.protocol import RobotSpec
 from servo.transport import LoopBridge

@@ -22,6 +22,7 @@ from anyio.abc import TaskStatus
 
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase, Produced, robot_features
+from servo.edge.errors import EdgeStartError
 from servo.edge.pipeline import Action, Request
 from servo.policy import DecodedObservation, Policy, load_policy
 from servo.robots.protocol import RobotSpec
@@ -64,7 +65,6 @@ class LocalEngine(EngineBase):
         Raises:
             EdgeStartError: the policy's features do not match the robot.
         """
-        from servo.edge.remote import EdgeStartError
         from servo.policy.compatibility import describe, validate_open
         from servo.policy.runner import InferenceRunner
 

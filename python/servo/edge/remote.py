@@ -12,7 +12,6 @@ from anyio.abc import TaskStatus
 
 from servo.client import (
     NoServerFound,
-    ObservationInput,
     PolicyClient,
     RemoteSession,
     RequestTimeout,
@@ -23,23 +22,13 @@ from servo.client import (
 )
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import Aborted, EngineBase, Produced, robot_features
+from servo.edge.errors import EdgeStartError
+from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Request
 from servo.robots.protocol import RobotSpec
 from servo.wire import PolicyInfo
 
 log = structlog.get_logger(__name__)
-
-
-class EdgeStartError(RuntimeError):
-    """The edge could not start streaming; one clear message.
-
-    ``refused`` is True when a server answered and refused the robot (capabilities), False
-    when no usable server could be reached.
-    """
-
-    def __init__(self, message: str, *, refused: bool) -> None:
-        super().__init__(message)
-        self.refused = refused
 
 
 class _Reconnect(Exception):
@@ -212,8 +201,12 @@ class RemoteEngine(EngineBase):
         """
         session = self.session
         assert session is not None
+        obs = request.obs
         seq = await session.send(
-            request.obs,
+            obs.state,
+            obs.images,
+            mono_ns=obs.mono_ns,
+            task=obs.task,
             inference_delay_steps=request.delay_steps,
             prefix_model=request.prefix_model,
             prefix_robot=request.prefix_robot,
