@@ -81,7 +81,11 @@ async def test_exclusive_mode_serves_one_session(port: int) -> None:
     policy = FixedComputePolicy(chunk_stateless=False)
     async with running_server(make_manifest(port), policy=policy) as (server, ready):
         assert ready.info.serving_mode == "exclusive"
+        # Capacity is decided once, with the serving mode: status, metrics and admission agree.
+        assert metric(server, "servo_max_sessions") == 1
         async with connected(port, "a") as ca, connected(port, "b") as cb:
+            (info,) = await ca.discover()
+            assert (info.status.max_sessions, info.status.policy.serving_mode) == (1, "exclusive")
             sa = await open_on(ca, ready)
             with pytest.raises(SessionRejected) as info:
                 await open_on(cb, ready)
