@@ -10,6 +10,7 @@ import zenoh
 from anyio.abc import TaskStatus
 
 from servo.cli.lifecycle import first_error
+from servo.cli.ports import PortInUseError, refuse_busy
 from servo.logs import configure_logging
 from servo.server.manifest import Manifest, ManifestError, load_manifest
 
@@ -81,9 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, json=args.json_logs)
     try:
         manifest = _with_overrides(load_manifest(args.manifest), args)
+        refuse_busy(manifest.zenoh.listen, manifest.ops.health_host, manifest.ops.health_port)
         anyio.run(serve, manifest, backend="asyncio", backend_options={"use_uvloop": True})
     except (ManifestError, ValueError) as exc:
         _say(f"error: {exc}")
+        return 2
+    except PortInUseError as exc:
+        _say(f"error: {exc} (another servo-serve?); stop it or choose free ports with --listen, --health-port")
         return 2
     except KeyboardInterrupt:
         return 130
