@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import anyio
 import pytest
 
 from servo.client import SessionLost
+from servo.server.ops import OpsEndpoint
 from servo.server.service import PolicyServer, ServerReady
 from tests.server.helpers import connected, observation, open_on, server_manifest
 from tests.server.policies import FixedComputePolicy, GatedPolicy
@@ -168,3 +170,13 @@ async def test_audit_log_has_one_json_line_per_request(port: int, tmp_path: Path
     assert [line["episode_id"] for line in lines] == [0, 0, 0, 0, 2, 2]
     assert [line["outcome"] for line in lines] == ["ok"] * 5 + ["bad_observation"]
     assert all(line["inference_ms"] >= 0 and line["queue_wait_ms"] >= 0 for line in lines)
+
+
+async def test_busy_health_port_error_names_the_port() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        held = other.getsockname()[1]
+        endpoint = OpsEndpoint(lambda: (True, "serving"), lambda: b"")
+        with pytest.raises(OSError, match=f"health port {held} on 127.0.0.1: Address already in use"):
+            await endpoint.run("127.0.0.1", held)
