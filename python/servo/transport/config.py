@@ -39,6 +39,17 @@ class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     verify_name_on_connect: bool = True
 
 
+class UsrPwdSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """User/password authentication to a router whose passwords file lists ``user``.
+
+    The password is read from its own file when the session opens, so it never sits in a
+    manifest or a command line.
+    """
+
+    user: str
+    password_file: str
+
+
 class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How one process joins the Zenoh network."""
 
@@ -51,9 +62,10 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     retry_max_ms: int = 1000
     shared_memory: bool = True
     tls: TlsSettings | None = None
+    auth: UsrPwdSettings | None = None
 
     def validate(self) -> None:
-        """Check endpoints and TLS files; raises ValueError naming the offending setting."""
+        """Check endpoints, TLS files and the password file; raises ValueError naming the setting."""
         for field in ("listen", "connect"):
             for endpoint in getattr(self, field):
                 proto, sep, addr = endpoint.partition("/")
@@ -68,6 +80,8 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 value = getattr(self.tls, name)
                 if isinstance(value, str) and not Path(value).is_file():
                     raise ValueError(f"zenoh.tls.{name}: file {value!r} does not exist")
+        if self.auth is not None and not Path(self.auth.password_file).is_file():
+            raise ValueError(f"zenoh.auth.password_file: file {self.auth.password_file!r} does not exist")
 
     def to_config(self) -> zenoh.Config:
         """Build the `zenoh.Config`.
@@ -94,6 +108,9 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             for name, value in msgspec.structs.asdict(self.tls).items():
                 if value is not None:
                     values[f"transport/link/tls/{name}"] = value
+        if self.auth is not None:
+            values["transport/auth/usrpwd/user"] = self.auth.user
+            values["transport/auth/usrpwd/password"] = Path(self.auth.password_file).read_text().strip()
         for key, value in values.items():
             conf.insert_json5(key, json.dumps(value))
         return conf
