@@ -49,8 +49,8 @@ pub const MAX_CAPACITY: usize = u32::MAX as usize;
 /// Where an action chunk comes from; every action of a merged chunk carries its chunk's one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Provenance {
-    /// Session the chunk was produced for.
-    pub session_id: u64,
+    /// Session the chunk was produced for (the wire's 16-byte session id).
+    pub session_id: [u8; 16],
     /// Sequence number of the request the chunk answers.
     pub seq_id: u64,
     /// Episode the chunk belongs to.

@@ -97,20 +97,26 @@ class Provenance:
     Iterating, indexing and ``len`` behave like the tuple
     ``(session_id, seq_id, episode_id, obs_mono_ns)``; instances are hashable and picklable.
 
+    The session id is the wire's 16-byte id; in Python it is its 32-character lowercase hex text
+    (``bytes.hex()``), as in logs, audit lines, recordings and summaries. Any case is accepted.
+
     Args:
-        session_id: Session the chunk was produced for.
+        session_id: Session the chunk was produced for (32 hex characters).
         seq_id: Sequence number of the request the chunk answers.
         episode_id: Episode the chunk belongs to.
         obs_mono_ns: Monotonic time (ns, this host's clock) at which the observation the
             chunk answers was taken.
+
+    Raises:
+        ValueError: ``session_id`` is not 32 hexadecimal characters.
     """
 
     __match_args__: Final = ("session_id", "seq_id", "episode_id", "obs_mono_ns")
 
-    def __new__(cls, session_id: int, seq_id: int, episode_id: int, obs_mono_ns: int) -> Provenance: ...
+    def __new__(cls, session_id: str, seq_id: int, episode_id: int, obs_mono_ns: int) -> Provenance: ...
     @property
-    def session_id(self) -> int:
-        """Session the chunk was produced for (u64)."""
+    def session_id(self) -> str:
+        """Session the chunk was produced for: 32 lowercase hex characters (16 bytes)."""
 
     @property
     def seq_id(self) -> int:
@@ -129,8 +135,8 @@ class Provenance:
     def __hash__(self) -> int: ...
     def __len__(self) -> int: ...
     def __getitem__(self, index: Any, /) -> Any: ...
-    def __iter__(self) -> Iterator[int]: ...
-    def __reduce__(self) -> tuple[type[Provenance], tuple[int, int, int, int]]: ...
+    def __iter__(self) -> Iterator[str | int]: ...
+    def __reduce__(self) -> tuple[type[Provenance], tuple[str, int, int, int]]: ...
 
 @final
 class QueueStats:

@@ -8,11 +8,16 @@ written; readable without servo through any msgpack library.
 Each frame holds the measured state, the action sent to the robot (after the safety layer),
 where that action came from (``policy``, ``fallback``, ``replay``, ``park`` at teardown, ``none``
 = hold) and, for policy actions, the (session_id, seq_id, episode_id, obs_mono_ns) of the chunk
-it belongs to — the join key with the server's audit log.
+it belongs to — the join key with the server's audit log (the session id as 32 hex characters).
+
+A file is input like any other: `read_recording` checks what a replay would execute (fps > 0 and
+finite, every state and action as wide as the header's joints, every value finite) and refuses a
+file that breaks a rule with one line naming the file, the frame and the field.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,7 +56,7 @@ class FrameRecord(msgspec.Struct, frozen=True):
     state: Tensor
     action: Tensor | None
     source: Source
-    provenance: tuple[int, int, int, int] | None = None
+    provenance: tuple[str, int, int, int] | None = None
     images: dict[str, EncodedImage] = {}
 
 
@@ -131,14 +136,42 @@ def iter_records(path: str | Path) -> Iterator[EpisodeHeader | FrameRecord]:
 
 
 def read_recording(path: str | Path) -> Recording:
-    """Load a whole recording.
+    """Load a whole recording, checked (see the module docstring).
 
     Raises:
-        WireError: not a recording, corrupt, or empty (no header).
+        WireError: not a recording, corrupt, empty (no header), or a rule broken (the message
+            names the file, the frame and the field).
     """
     records = iter_records(path)
     header = next(records, None)
     if not isinstance(header, EpisodeHeader):
         raise WireError(f"{path}: recording has no header")
-    frames = [r for r in records if isinstance(r, FrameRecord)]
+    check_rate(header.fps, f"{path}: header.fps")
+    if not header.joint_names:
+        raise WireError(f"{path}: header.joint_names is empty")
+    dim = len(header.joint_names)
+    frames: list[FrameRecord] = []
+    for record in records:
+        if not isinstance(record, FrameRecord):
+            continue
+        where = f"{path}: frame {len(frames)} (tick {record.tick})"
+        check_row(record.state, dim, f"{where} state")
+        if record.action is not None:
+            check_row(record.action, dim, f"{where} action")
+        frames.append(record)
     return Recording(header, frames)
+
+
+def check_rate(fps: float, what: str) -> None:
+    """Refuse a frame rate that is not a finite number > 0 (``what`` names it in the error)."""
+    if not (math.isfinite(fps) and fps > 0):
+        raise WireError(f"{what} = {fps!r}: expected a finite number > 0")
+
+
+def check_row(tensor: Tensor, dim: int, what: str) -> None:
+    """Refuse a joint vector that is not ``dim`` finite float32 values."""
+    values = decode_tensor(tensor, dtype="float32", what=what)
+    if values.shape != (dim,):
+        raise WireError(f"{what} has shape {values.shape}, the header names {dim} joints")
+    if not np.isfinite(values).all():
+        raise WireError(f"{what} contains NaN or inf")

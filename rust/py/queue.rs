@@ -33,16 +33,37 @@ fn queue_err(err: queue::QueueError) -> PyErr {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PyProvenance(pub queue::Provenance);
 
+/// The 16-byte session id from its 32-character hex text (any case).
+fn session_bytes(text: &str) -> PyResult<[u8; 16]> {
+    let bad = || {
+        PyValueError::new_err(format!(
+            "session_id {text:?} is not 32 hexadecimal characters (16 bytes)"
+        ))
+    };
+    if text.len() != 32 || !text.is_ascii() {
+        return Err(bad());
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+fn session_hex(bytes: &[u8; 16]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[pymethods]
 impl PyProvenance {
     #[new]
-    fn new(session_id: u64, seq_id: u64, episode_id: u64, obs_mono_ns: i64) -> Self {
-        Self(queue::Provenance {
-            session_id,
+    fn new(session_id: &str, seq_id: u64, episode_id: u64, obs_mono_ns: i64) -> PyResult<Self> {
+        Ok(Self(queue::Provenance {
+            session_id: session_bytes(session_id)?,
             seq_id,
             episode_id,
             obs_mono_ns,
-        })
+        }))
     }
 
     #[classattr]
@@ -51,8 +72,8 @@ impl PyProvenance {
     }
 
     #[getter]
-    fn session_id(&self) -> u64 {
-        self.0.session_id
+    fn session_id(&self) -> String {
+        session_hex(&self.0.session_id)
     }
 
     #[getter]
@@ -73,8 +94,11 @@ impl PyProvenance {
     fn __repr__(&self) -> String {
         let p = &self.0;
         format!(
-            "Provenance(session_id={}, seq_id={}, episode_id={}, obs_mono_ns={})",
-            p.session_id, p.seq_id, p.episode_id, p.obs_mono_ns
+            "Provenance(session_id='{}', seq_id={}, episode_id={}, obs_mono_ns={})",
+            session_hex(&p.session_id),
+            p.seq_id,
+            p.episode_id,
+            p.obs_mono_ns
         )
     }
 
@@ -104,7 +128,13 @@ impl PyProvenance {
 impl PyProvenance {
     fn as_tuple<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let p = &self.0;
-        (p.session_id, p.seq_id, p.episode_id, p.obs_mono_ns).into_pyobject(py)
+        (
+            session_hex(&p.session_id),
+            p.seq_id,
+            p.episode_id,
+            p.obs_mono_ns,
+        )
+            .into_pyobject(py)
     }
 }
 

@@ -36,7 +36,7 @@ fn merge(
 
 fn prov(seq_id: u64) -> Provenance {
     Provenance {
-        session_id: 7,
+        session_id: [7; 16],
         seq_id,
         episode_id: 3,
         obs_mono_ns: 1_000 + seq_id as i64,

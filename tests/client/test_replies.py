@@ -1,4 +1,4 @@
-"""read_reply: the one reading of control-plane replies (session open, reset, trajectory fetch)."""
+"""read_reply: the one reading of unauthenticated control-plane replies (the trajectory fetch)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ REFUSED = encode(Rejection("unknown_session", "no session 7 for client 'a'"))
 
 
 def test_the_answer_is_decoded_as_the_expected_struct() -> None:
-    ack = read_reply([ok(encode(ControlAck(7, 2)))], ControlAck, unanswered="reset not answered")  # type: ignore[list-item]
-    assert ack == ControlAck(7, 2)
+    ack = read_reply([ok(encode(ControlAck(bytes(16), 2)))], ControlAck, unanswered="reset not answered")  # type: ignore[list-item]
+    assert ack == ControlAck(bytes(16), 2)
 
 
 def test_zenohs_own_errors_are_skipped_and_a_rejection_is_raised_as_asked() -> None:

@@ -24,6 +24,8 @@ from servo._core import ActionQueue, Provenance, QueueError, QueueStats
 DIM = 6
 Actions = dict[str, np.ndarray]
 
+SESSION = "5e55" * 8
+
 
 def f32(*shape: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
@@ -59,7 +61,7 @@ def fast_switching() -> Iterator[None]:
 
 
 def prov(seq_id: int) -> Provenance:
-    return Provenance(session_id=1, seq_id=seq_id, episode_id=2, obs_mono_ns=1_000 + seq_id)
+    return Provenance(session_id=SESSION, seq_id=seq_id, episode_id=2, obs_mono_ns=1_000 + seq_id)
 
 
 def tagged(first: int, t: int, dim: int = 1) -> np.ndarray:
@@ -734,27 +736,34 @@ def test_provenance_travels_with_actions() -> None:
 
 
 def test_provenance_record() -> None:
-    p = Provenance(session_id=1, seq_id=2, episode_id=3, obs_mono_ns=-4)
-    assert (p.session_id, p.seq_id, p.episode_id, p.obs_mono_ns) == (1, 2, 3, -4)
-    assert tuple(p) == (1, 2, 3, -4)
+    session = "00112233445566778899aabbccddeeff"
+    p = Provenance(session_id=session, seq_id=2, episode_id=3, obs_mono_ns=-4)
+    assert (p.session_id, p.seq_id, p.episode_id, p.obs_mono_ns) == (session, 2, 3, -4)
+    assert tuple(p) == (session, 2, 3, -4)
     assert len(p) == 4
     assert p[1] == 2
     assert p[-1] == -4
     assert p[1:3] == (2, 3)
     session_id, seq_id, *_ = p
-    assert (session_id, seq_id) == (1, 2)
-    assert p == Provenance(1, 2, 3, -4)
-    assert p != Provenance(1, 2, 3, 5)
-    assert hash(p) == hash(Provenance(1, 2, 3, -4))
-    assert repr(p) == "Provenance(session_id=1, seq_id=2, episode_id=3, obs_mono_ns=-4)"
+    assert (session_id, seq_id) == (session, 2)
+    assert p == Provenance(session.upper(), 2, 3, -4)  # the 16 bytes are what counts
+    assert p != Provenance(session, 2, 3, 5)
+    assert hash(p) == hash(Provenance(session, 2, 3, -4))
+    assert repr(p) == f"Provenance(session_id='{session}', seq_id=2, episode_id=3, obs_mono_ns=-4)"
     assert pickle.loads(pickle.dumps(p)) == p
     match p:
-        case Provenance(1, 2, episode_id, _):
+        case Provenance(_, 2, episode_id, _):
             assert episode_id == 3
         case _:  # pragma: no cover
             pytest.fail("no match")
     with pytest.raises(AttributeError):
         p.seq_id = 9  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("session_id", ["", "00" * 15, "00" * 17, "zz" * 16, "é" * 32])
+def test_provenance_session_id_is_16_bytes_of_hex(session_id: str) -> None:
+    with pytest.raises(ValueError, match="is not 32 hexadecimal characters"):
+        Provenance(session_id, 1, 2, 3)
 
 
 # ------------------------------------------------------------------ servo: validation

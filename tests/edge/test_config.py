@@ -112,7 +112,9 @@ def test_bad_values_name_the_option(tmp_path: Path, toml: str, flags: tuple[str,
 def test_unknown_option(tmp_path: Path) -> None:
     with pytest.raises(EdgeConfigError) as info:
         load(tmp_path, "buffer_time = 0.5")
-    assert "edge.toml: buffer_time: unknown key (valid: app, buffer_time_s," in str(info.value)
+    assert "edge.toml: buffer_time: unknown key (valid: app, auth_password_file, auth_user, buffer_time_s," in str(
+        info.value
+    )
 
 
 def test_bad_value_names_file_option_and_value(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_a_robot_does_everything_it_needs(net: Net, server: FakeServer) -> None:
     server.clients.wait_for(("put", ROBOT7.alive))
     servers.wait_for(("put", KEYS.alive))
     assert replies(r7, "@servo/*/*/*/status") == [(KEYS.status, b"r1")]
-    assert replies(r7, KEYS.session) == [(KEYS.session, b"r1")]
+    assert replies(r7, ROBOT7.session) == [(ROBOT7.session, b"r1")]
     assert replies(r7, KEYS.trajectory) == [(KEYS.trajectory, b"r1")]
     assert replies(r7, ROBOT7.control) == [(ROBOT7.control, b"r1")]
 
@@ -129,11 +129,15 @@ def test_a_robot_cannot_publish_chunks_to_another_robot(net: Net, server: FakeSe
 
 
 def test_a_robot_cannot_query_or_control_another_robot(net: Net, server: FakeServer) -> None:
+    """Nor open a session under another robot's name: session open is on the robot's own key."""
     r8 = net.join("robot-8")
     assert replies(r8, ROBOT7.control) == []
     assert replies(r8, "@servo/*/*/*/c/*/control") == []
+    assert replies(r8, ROBOT7.session) == []
+    assert replies(r8, "@servo/*/*/*/c/*/session") == []
     assert replies(r8, ROBOT8.control) == [(ROBOT8.control, b"r1")]
-    assert server.queries.items == [ROBOT8.control]
+    assert replies(r8, ROBOT8.session) == [(ROBOT8.session, b"r1")]
+    assert server.queries.items == [ROBOT8.control, ROBOT8.session]
 
 
 def test_a_robot_cannot_declare_another_robots_liveliness(net: Net, server: FakeServer) -> None:
@@ -147,7 +151,7 @@ def test_a_robot_cannot_pose_as_a_server(net: Net, server: FakeServer) -> None:
     r7, r8 = net.join("robot-7"), net.join("robot-8")
     rogue = ServerKeys("lab", "act", "rogue")
     reached = Inbox()
-    for key in (rogue.status, rogue.session, KEYS.status, ROBOT7.control):
+    for key in (rogue.status, rogue.client("robot-7").session, KEYS.status, ROBOT7.control, ROBOT7.session):
         r8.declare_queryable(key, reached.handler(lambda q: str(q.key_expr)))
     net.token(r8, rogue.alive)
     net.token(r8, KEYS.alive)
@@ -157,8 +161,9 @@ def test_a_robot_cannot_pose_as_a_server(net: Net, server: FakeServer) -> None:
     server.clients.wait_for(("put", ROBOT8.alive))
 
     assert replies(r7, "@servo/*/*/*/status") == [(KEYS.status, b"r1")]
-    assert replies(r7, rogue.session) == []
+    assert replies(r7, rogue.client("robot-7").session) == []
     assert replies(r7, ROBOT7.control) == [(ROBOT7.control, b"r1")]
+    assert replies(r7, ROBOT7.session) == [(ROBOT7.session, b"r1")]
     assert tokens(r7, "@servo/*/*/*/alive") == [KEYS.alive]
     obs = obs_publisher(r7, ROBOT7.obs)
     wait_matching(obs)
@@ -216,7 +221,7 @@ def test_a_monitor_reads_and_cannot_write(net: Net, server: FakeServer) -> None:
     mon.declare_queryable(posing.status, reached.handler(lambda q: str(q.key_expr)))
     net.token(mon, posing.alive)
     net.token(mon, KEYS.client("robot-9").alive)
-    assert replies(mon, KEYS.session) == []
+    assert replies(mon, ROBOT7.session) == []
     assert replies(mon, ROBOT7.control) == []
     # Positive control: a status query sent after all of the above reached the server.
     assert replies(mon, KEYS.status) == [(KEYS.status, b"r1")]

@@ -14,13 +14,13 @@ import anyio
 import numpy as np
 import pytest
 
-from servo._core import MSG_OBS, SCHEMA_VERSION, Header, unauthenticated
-from servo.client import PolicyClient, RemoteSession
+from servo._core import MSG_OBS, SCHEMA_VERSION, Header, KeyPair, unauthenticated
+from servo.client import PolicyClient, RemoteSession, RequestTimeout
 from servo.router import load_fleet, run_router
 from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer
-from servo.transport import declare_obs_publisher, open_session
-from servo.wire import Observation, encode, encode_image, encode_tensor
+from servo.transport import declare_obs_publisher, open_session, query
+from servo.wire import Observation, Rejection, SessionOpen, decode, encode, encode_image, encode_tensor
 from tests.router.harness import Credentials, Inbox, fleet_toml, wait_matching
 from tests.server.policies import CHUNK, FixedComputePolicy
 from tests.support import free_port, running_server
@@ -126,3 +126,40 @@ async def test_robot_streams_through_the_router_and_another_robot_cannot_touch_i
     # The server has drained: every request it took is accounted for.
     assert _served(server) == (4.0, 0.0)  # 3 for robot-7, 1 for robot-8; the forgery never arrived
     assert sniffed.items == []
+
+
+async def test_another_robot_cannot_open_or_replace_a_robots_session(creds: Credentials, tmp_path: Path) -> None:
+    """robot-8 (valid fleet certificate) tries to open a session named robot-7, which used to replace
+    robot-7's: on robot-7's session key the router drops the query, and on its own key, naming
+    robot-7 in the body, the server refuses. robot-7's session is untouched and keeps streaming."""
+    port = free_port()
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(fleet_toml("mtls", port, creds.pki, None))
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_router, load_fleet(fleet_file))
+        async with (
+            running_server(parse_manifest(_manifest(creds, port)), FixedComputePolicy(cameras={"front": SHAPE})) as (
+                server,
+                ready,
+            ),
+            open_session(creds.mtls("robot-7", port)) as z7,
+            open_session(creds.mtls("robot-8", port)) as z8,
+        ):
+            robot7 = await _open(PolicyClient(z7, "robot-7"))
+            assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 1
+            impostor = PolicyClient(z8, "robot-7")
+            (seen,) = await impostor.discover()
+            with pytest.raises(RequestTimeout):  # robot-7's session key: denied by the router
+                await impostor.open_session(seen, features=ready.info.features, fps=30, timeout=1.0)
+            squat = SessionOpen("robot-7", [2], ready.info.features, 30.0, KeyPair().public_key)
+            (reply,) = await query(z8, ready.keys.client("robot-8").session, payload=encode(squat), timeout=2)
+            assert reply.err is not None
+            rejection = decode(reply.err.payload.to_bytes(), Rejection)
+            assert rejection.code == "bad_request"
+            assert "does not match the key's 'robot-8'" in rejection.reason
+            assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 2
+            (session,) = server.registry.snapshot()
+            assert (session.client_id, session.session_id) == ("robot-7", robot7.session_id)
+            await robot7.close()
+        tg.cancel_scope.cancel()
+    assert server.metrics.registry.get_sample_value("servo_sessions_opened_total") == 1

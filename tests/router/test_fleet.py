@@ -88,8 +88,8 @@ def test_a_server_group_is_limited_to_its_apps_and_models(fleet_dir: Path) -> No
     declared = next(r for r in acl["rules"] if "declare_queryable" in r["messages"])
     assert declared["key_exprs"] == [
         "@servo/kitchen/pi0/*/status",
-        "@servo/kitchen/pi0/*/session",
         "@servo/kitchen/pi0/*/trajectory",
+        "@servo/kitchen/pi0/*/c/*/session",
         "@servo/kitchen/pi0/*/c/*/control",
     ]
 

@@ -10,7 +10,7 @@ import anyio
 import numpy as np
 import zenoh
 
-from servo._core import MSG_OBS, SCHEMA_VERSION, Header, HeaderError, decode_header, unauthenticated
+from servo._core import MSG_OBS, SCHEMA_VERSION, Header, HeaderError, decode_header
 from servo.client import PolicyClient, RemoteSession
 from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
@@ -75,7 +75,7 @@ def metric(server: PolicyServer, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
-def obs_header(session: RemoteSession, seq_id: int, **changes: int) -> bytes:
+def obs_header(session: RemoteSession, seq_id: int, **changes: int | bytes) -> Header:
     """A valid observation header for ``session``, with fields overridden."""
     header = Header(
         schema_version=SCHEMA_VERSION,
@@ -85,9 +85,14 @@ def obs_header(session: RemoteSession, seq_id: int, **changes: int) -> bytes:
         episode_id=session.episode_id,
         session_epoch=session.epoch,
         client_mono_ns=time.monotonic_ns(),
-        session_id=session.session_id.to_bytes(16, "little"),
+        session_id=bytes.fromhex(session.session_id),
     )
-    return unauthenticated(header.replace(**changes) if changes else header)
+    return header.replace(**changes) if changes else header
+
+
+def sealed(session: RemoteSession, seq_id: int, body: bytes, **changes: int | bytes) -> bytes:
+    """The attachment of an observation ``body`` sealed with ``session``'s key (what its client sends)."""
+    return session.key.seal(obs_header(session, seq_id, **changes), body)
 
 
 class ActionTap:

@@ -43,7 +43,7 @@ async def test_third_client_is_refused_with_the_load(port: int) -> None:
 
 async def test_reconnecting_client_replaces_its_own_session(port: int) -> None:
     """Same client_id, new epoch, new Zenoh session (the robot reconnected): the old session is
-    replaced, not added, so a full server still takes it back."""
+    replaced, not added, so a full server still takes it back — but only by its holder."""
     manifest = make_manifest(port, extra="[serving]\nmax_sessions = 2\n")
     async with running_server(manifest, policy=FixedComputePolicy()) as (server, ready):
         async with connected(port, "b") as cb:
@@ -52,20 +52,27 @@ async def test_reconnecting_client_replaces_its_own_session(port: int) -> None:
                 old = await open_on(old_client, ready, epoch=0)
                 await old.infer(*observation(1), timeout=5)
                 async with connected(port, "a") as new_client:
-                    new = await open_on(new_client, ready, epoch=1)
+                    # A second open under a live session's name proves nothing: refused.
+                    with pytest.raises(SessionRejected) as info:
+                        await open_on(new_client, ready, epoch=1)
+                    assert info.value.rejection.code == "session_exists"
+                    await old.infer(*observation(2), timeout=5)  # untouched
+                    # With the proof that it held the old session, the open replaces it.
+                    new = await open_on(new_client, ready, epoch=1, previous=old)
                     assert new.session_id != old.session_id
                     assert len(server.registry) == 2
-                    assert server.registry.by_client("a") is not None
                     assert server.registry.by_client("a").session_id == new.session_id  # type: ignore[union-attr]
                     result = await new.infer(*observation(5), timeout=5)
                     assert result.chunk_robot[0][0] == 5
-                    # the old epoch's observations are dropped, not served into the new session
+                    # the old session's observations are dropped, not served into the new session
                     await old.send(*observation(6))
-                    await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="stale") >= 1)
+                    await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="session") >= 1)
                     await new.infer(*observation(8), timeout=5)
-                    assert old.stats.chunks == 1
-                    # the old Zenoh session goes away without a close: the new session survives
-                # (new_client closed here: nothing left of "a")
+                    assert old.stats.chunks == 2
+                    await old.close()  # its close names a session the server no longer has: harmless
+                    assert server.registry.by_client("a").session_id == new.session_id  # type: ignore[union-attr]
+                # new_client closed without a word: its token vanishes, so a restarted "a" may take over
+                await eventually(lambda: server.registry.by_client("a").token_lost)  # type: ignore[union-attr]
             async with connected(port, "a") as again:
                 third = await open_on(again, ready, epoch=2)
                 await third.infer(*observation(7), timeout=5)
@@ -74,6 +81,7 @@ async def test_reconnecting_client_replaces_its_own_session(port: int) -> None:
             await sb.infer(*observation(2), timeout=5)
             await sb.close()
         assert metric(server, "servo_sessions_collected_total", reason="replaced") == 2
+        assert metric(server, "servo_sessions_rejected_total", code="session_exists") == 1
         assert metric(server, "servo_sessions_rejected_total", code="capacity") == 0
 
 

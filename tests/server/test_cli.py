@@ -144,7 +144,7 @@ async def test_second_sigterm_stops_without_waiting_for_a_hung_forward(tmp_path:
             session = await client.open_session(
                 server, features=server.status.policy.features, fps=server.status.policy.fps
             )
-            await session.send(observation(5.0))
+            await session.send(*observation(5.0))
             process.send_signal(signal.SIGTERM)
             with anyio.fail_after(5):
                 await session.lost.wait()

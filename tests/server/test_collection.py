@@ -7,6 +7,7 @@ import time
 import anyio
 import pytest
 
+from servo._core import KeyPair
 from servo.transport import query
 from servo.wire import SUPPORTED_SCHEMA_VERSIONS, SessionAck, SessionOpen, decode, encode
 from tests.server.helpers import connected, metric, observation, open_on
@@ -71,8 +72,10 @@ async def test_session_without_liveliness_token_is_collected(port: int) -> None:
             schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
             features=ready.info.features,
             fps=ready.info.fps,
+            client_key=KeyPair().public_key,
         )
-        (reply,) = await query(client.zsession, ready.keys.session, payload=encode(request), timeout=2)
+        key = ready.keys.client("tokenless").session
+        (reply,) = await query(client.zsession, key, payload=encode(request), timeout=2)
         assert reply.ok is not None
         decode(reply.ok.payload.to_bytes(), SessionAck)
         assert len(server.registry) == 1

@@ -1,18 +1,25 @@
-"""Control plane: reset (acked, episode-aware), close, and refusals for unknown sessions."""
+"""Control plane: reset (acked, sealed, episode-aware), close, and refusals of anything unauthenticated."""
 
 from __future__ import annotations
 
 import pytest
 
-from servo.client import ServerError
+from servo._core import MSG_CONTROL, MSG_CONTROL_ACK, SCHEMA_VERSION, Header, SessionKey
+from servo.client import RemoteSession, ServerError
 from servo.transport import query
 from servo.wire import CloseRequest, ControlAck, Rejection, ResetRequest, decode, encode
-from tests.server.helpers import action_tap, connected, eventually, metric, obs_header, observation, open_on
+from tests.server.helpers import action_tap, connected, eventually, metric, observation, open_on, sealed
 from tests.server.policies import FixedComputePolicy
 from tests.server.test_malformed import body
 from tests.support import make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
+
+
+def control_attachment(session: RemoteSession, seq: int, payload: bytes, key: SessionKey | None = None) -> bytes:
+    """A control request's attachment for ``session``, sealed with ``key`` (the session's by default)."""
+    header = Header(SCHEMA_VERSION, MSG_CONTROL, 0, seq, session.episode_id, session.epoch, 0, session.wire_id)
+    return (key or session.key).seal(header, payload)
 
 
 async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int) -> None:
@@ -29,8 +36,13 @@ async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int
         assert server.registry.by_client("robot").episode_id == 1  # type: ignore[union-attr]
         async with action_tap(client.zsession, session.keys.action) as tap:
             # a straggler of episode 0 arriving after the reset is dropped, never served
-            client.zsession.put(session.keys.obs, body(), attachment=obs_header(session, 999, episode_id=0))
-            await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="stale") == 1)
+            straggler = body()
+            attachment = sealed(session, first.seq_id + 1, straggler, episode_id=0)
+            client.zsession.put(session.keys.obs, straggler, attachment=attachment)
+            await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="stale") == 1)
+            # The straggler took seq 2: the client's own seq 2 is now a replay, refused as such.
+            assert await session.send(*observation(0)) == first.seq_id + 1
+            await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="replay") == 1)
             second = await session.infer(*observation(2), timeout=5)
             assert second.episode_id == 1
             assert second.chunk_robot[0][0] == 2
@@ -40,17 +52,61 @@ async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int
         await session.close()
 
 
-async def test_reset_ack_on_the_wire(port: int) -> None:
+async def test_reset_ack_on_the_wire_is_sealed(port: int) -> None:
     async with (
         running_server(make_manifest(port), policy=FixedComputePolicy()) as (_, ready),
         connected(port, "robot") as client,
     ):
         session = await open_on(client, ready)
+        payload = encode(ResetRequest(session.wire_id, 4))
         (reply,) = await query(
-            client.zsession, session.keys.control, payload=encode(ResetRequest(session.session_id, 4)), timeout=2
+            client.zsession,
+            session.keys.control,
+            payload=payload,
+            attachment=control_attachment(session, 7, payload),
+            timeout=2,
         )
         assert reply.ok is not None
-        assert decode(reply.ok.payload.to_bytes(), ControlAck) == ControlAck(session.session_id, 4)
+        assert reply.ok.attachment is not None
+        ack_body = reply.ok.payload.to_bytes()
+        header = session.key.open(reply.ok.attachment.to_bytes(), ack_body)
+        assert (header.msg_type, header.seq_id, header.session_id) == (MSG_CONTROL_ACK, 7, session.wire_id)
+        assert decode(ack_body, ControlAck) == ControlAck(session.wire_id, 4)
+        # the same request again is a replay: refused, nothing happens
+        (reply,) = await query(
+            client.zsession,
+            session.keys.control,
+            payload=encode(ResetRequest(session.wire_id, 9)),
+            attachment=control_attachment(session, 7, encode(ResetRequest(session.wire_id, 9))),
+            timeout=2,
+        )
+        assert reply.err is not None
+        assert decode(reply.err.payload.to_bytes(), Rejection).code == "unauthenticated"
+        await session.close()
+
+
+async def test_unauthenticated_resets_and_closes_change_nothing(port: int) -> None:
+    async with (
+        running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready),
+        connected(port, "robot") as client,
+    ):
+        session = await open_on(client, ready)
+        close = encode(CloseRequest(session.wire_id))
+        forged_key = SessionKey(bytes(32))
+        attempts = {
+            "header": None,  # no attachment at all
+            "mac": control_attachment(session, 50, close, key=forged_key),  # the right session id, a guessed key
+        }
+        for reason, attachment in attempts.items():
+            (reply,) = await query(
+                client.zsession, session.keys.control, payload=close, attachment=attachment, timeout=2
+            )
+            assert reply.err is not None
+            assert decode(reply.err.payload.to_bytes(), Rejection).code == "unauthenticated"
+            assert metric(server, "servo_control_rejected_total", reason=reason) == 1
+        assert len(server.registry) == 1
+        result = await session.infer(*observation(3), timeout=5)
+        assert result.chunk_robot[0][0] == 3
         await session.close()
 
 
@@ -69,16 +125,16 @@ async def test_close_frees_capacity_and_unknown_sessions_are_refused(port: int) 
         assert metric(server, "servo_sessions_collected_total", reason="closed") == 1
         sb = await open_on(cb, ready)  # the slot is free again
         await sb.infer(*observation(2), timeout=5)
-        # reset / close of a session that no longer exists: refused, named
+        # a sealed reset of a session that no longer exists: refused, named
         with pytest.raises(ServerError) as info:
             await sa.reset(1)
         assert info.value.code == "unknown_session"
-        assert str(stale_id) in info.value.message
-        (reply,) = await query(ca.zsession, sa.keys.control, payload=encode(CloseRequest(stale_id)), timeout=2)
-        assert reply.err is not None
-        assert decode(reply.err.payload.to_bytes(), Rejection).code == "unknown_session"
-        # another client cannot reset or close b's session through its own key
-        (reply,) = await query(ca.zsession, sa.keys.control, payload=encode(ResetRequest(sb.session_id, 1)), timeout=2)
+        assert stale_id in info.value.message
+        # b's session id on a's key: a has no session there, so nothing to authenticate against
+        reset_b = encode(ResetRequest(sb.wire_id, 1))
+        (reply,) = await query(
+            ca.zsession, sa.keys.control, payload=reset_b, attachment=control_attachment(sb, 99, reset_b), timeout=2
+        )
         assert reply.err is not None
         assert decode(reply.err.payload.to_bytes(), Rejection).code == "unknown_session"
         assert server.registry.get(sb.session_id) is not None

@@ -14,11 +14,21 @@ import pytest
 import simplejpeg
 import zenoh
 
-from servo._core import MSG_CHUNK, MSG_ERROR
+from servo._core import MSG_CHUNK, MSG_ERROR, SessionKey, unauthenticated
 from servo.client import RemoteSession, ServerError
 from servo.server.service import PolicyServer
 from servo.transport import query
-from servo.wire import EncodedImage, ErrorEvent, Observation, Rejection, ResetRequest, decode, encode, encode_tensor
+from servo.wire import (
+    ActionChunk,
+    EncodedImage,
+    ErrorEvent,
+    Observation,
+    Rejection,
+    ResetRequest,
+    decode,
+    encode,
+    encode_tensor,
+)
 from tests.server.helpers import (
     ActionTap,
     action_tap,
@@ -28,8 +38,9 @@ from tests.server.helpers import (
     obs_header,
     observation,
     open_on,
+    sealed,
 )
-from tests.server.policies import FailingPolicy, FixedComputePolicy
+from tests.server.policies import CHUNK, FailingPolicy, FixedComputePolicy
 from tests.support import make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
@@ -58,51 +69,56 @@ def version7_header(seq: int) -> bytes:
     return struct.pack("<2sHBBQIIq16s16s", b"SV", 7, 1, 0, seq, 0, 0, 0, bytes(16), bytes(16))
 
 
-@dataclass(frozen=True)
-class Bad:
-    payload: Callable[[], bytes]
-    attachment: Callable[[RemoteSession, int], bytes | None]
-    code: str
-    routed_seq: bool  # the error echoes our seq (False: the header was unreadable, seq 0)
-
-
-def good_header(session: RemoteSession, seq: int) -> bytes:
-    return obs_header(session, seq)
-
-
 GOOD_JPEG = simplejpeg.encode_jpeg(np.full((24, 32, 3), 128, np.uint8), quality=90, colorspace="RGB")
 
-CASES = {
-    "garbage body": Bad(lambda: b"\x00\xffnot msgpack at all", good_header, "bad_observation", True),
-    "msgpack of the wrong shape": Bad(lambda: encode(ErrorEvent("x", "y")), good_header, "bad_observation", True),
-    "empty body": Bad(lambda: b"", good_header, "bad_observation", True),
-    "missing attachment": Bad(lambda: body(), lambda s, q: None, "bad_header", False),
-    "short attachment": Bad(lambda: body(), lambda s, q: b"SV\x01\x00", "bad_header", False),
-    "bad magic": Bad(lambda: body(), lambda s, q: b"XX" + obs_header(s, q)[2:], "bad_header", False),
-    "wrong schema version": Bad(lambda: body(), lambda s, q: version7_header(q), "bad_header", False),
-    "wrong msg_type": Bad(lambda: body(), lambda s, q: obs_header(s, q, msg_type=MSG_CHUNK), "bad_header", True),
-    "oversized body": Bad(lambda: b"\x00" * (LIMIT + 1), good_header, "too_large", True),
-    "wrong state dim": Bad(lambda: body(np.zeros(5, np.float32)), good_header, "bad_observation", True),
-    "wrong state dtype": Bad(lambda: body(np.zeros(6, np.float64)), good_header, "bad_observation", True),
-    "NaN state": Bad(lambda: body(np.array([0, np.nan, 0, 0, 0, 0], np.float32)), good_header, "bad_observation", True),
-    "inf state": Bad(lambda: body(np.array([np.inf, 0, 0, 0, 0, 0], np.float32)), good_header, "bad_observation", True),
-    "corrupt JPEG": Bad(lambda: body(images=jpeg(b"\xff\xd8\xff\xe0garbage")), good_header, "bad_observation", True),
-    "truncated JPEG": Bad(lambda: body(images=jpeg(GOOD_JPEG[:40])), good_header, "bad_observation", True),
-    "JPEG size lies": Bad(lambda: body(images=jpeg(GOOD_JPEG, 48, 64)), good_header, "bad_observation", True),
-    "missing camera": Bad(lambda: body(images={}), good_header, "bad_observation", True),
-    "raw frame too short": Bad(
-        lambda: body(images={"front": EncodedImage("raw", 24, 32, memoryview(b"\x00" * 10))}),
-        good_header,
-        "bad_observation",
-        True,
-    ),
-    "absurd image size": Bad(
-        lambda: body(images={"front": EncodedImage("raw", 1 << 20, 1 << 20, memoryview(b""))}),
-        good_header,
-        "bad_observation",
-        True,
-    ),
+#: Authenticated observations (sealed by the session's own key) whose body is unusable: the
+#: server answers each with an error for that request.
+ANSWERED: dict[str, Callable[[], bytes]] = {
+    "garbage body": lambda: b"\x00\xffnot msgpack at all",
+    "msgpack of the wrong shape": lambda: encode(ErrorEvent("x", "y")),
+    "empty body": lambda: b"",
+    "invalid UTF-8 in the task": lambda: body().replace(b"\xa4task\xa0", b"\xa4task\xa2\xff\xfe"),
+    "wrong state dim": lambda: body(np.zeros(5, np.float32)),
+    "wrong state dtype": lambda: body(np.zeros(6, np.float64)),
+    "NaN state": lambda: body(np.array([0, np.nan, 0, 0, 0, 0], np.float32)),
+    "inf state": lambda: body(np.array([np.inf, 0, 0, 0, 0, 0], np.float32)),
+    "corrupt JPEG": lambda: body(images=jpeg(b"\xff\xd8\xff\xe0garbage")),
+    "truncated JPEG": lambda: body(images=jpeg(GOOD_JPEG[:40])),
+    "JPEG size lies": lambda: body(images=jpeg(GOOD_JPEG, 48, 64)),
+    "missing camera": lambda: body(images={}),
+    "raw frame too short": lambda: body(images={"front": EncodedImage("raw", 24, 32, memoryview(b"\x00" * 10))}),
+    "absurd image size": lambda: body(images={"front": EncodedImage("raw", 1 << 20, 1 << 20, memoryview(b""))}),
 }
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """An observation that must never reach a mailbox: dropped, counted by ``reason``, unanswered."""
+
+    payload: Callable[[], bytes]
+    attachment: Callable[[RemoteSession, int, bytes], bytes | None]
+    reason: str
+
+
+def forged(session: RemoteSession, seq: int, payload: bytes) -> bytes:
+    return SessionKey(bytes(32)).seal(obs_header(session, seq), payload)
+
+
+DROPPED = {
+    "missing attachment": Dropped(body, lambda s, q, p: None, "header"),
+    "short attachment": Dropped(body, lambda s, q, p: b"SV\x01\x00", "header"),
+    "bad magic": Dropped(body, lambda s, q, p: b"XX" + sealed(s, q, p)[2:], "header"),
+    "wrong schema version": Dropped(body, lambda s, q, p: version7_header(q), "header"),
+    "wrong msg_type": Dropped(body, lambda s, q, p: sealed(s, q, p, msg_type=MSG_CHUNK), "header"),
+    "unauthenticated": Dropped(body, lambda s, q, p: unauthenticated(obs_header(s, q)), "mac"),
+    "forged tag": Dropped(body, forged, "mac"),
+    "body swapped after sealing": Dropped(body, lambda s, q, p: sealed(s, q, body(np.ones(6, np.float32))), "mac"),
+    "another session id": Dropped(body, lambda s, q, p: sealed(s, q, p, session_id=bytes(16)), "session"),
+    "another epoch": Dropped(body, lambda s, q, p: sealed(s, q, p, session_epoch=s.epoch + 1), "epoch"),
+    "replayed seq": Dropped(body, lambda s, q, p: sealed(s, 1, p), "replay"),
+    "oversized body": Dropped(lambda: b"\x00" * (LIMIT + 1), sealed, "too_large"),
+}
+DROPPED_SEQ = {name: seq for seq, name in enumerate(DROPPED, start=100)}
 
 
 @asynccontextmanager
@@ -155,22 +171,62 @@ async def test_malformed_observations_are_answered_and_do_not_disturb_others(por
         other = await open_on(bystander, ready)
         async with action_tap(victim.zsession, session.keys.action) as tap, well_behaved(other) as served:
             await still_served(served)
-            for seq, (name, case) in enumerate(CASES.items(), start=100):
-                attachment = case.attachment(session, seq)
-                victim.zsession.put(session.keys.obs, case.payload(), attachment=attachment)
-                event = await expect_error(tap, seq if case.routed_seq else 0)
-                assert event.code == case.code, (name, event)
+            for seq, (name, make) in enumerate(ANSWERED.items(), start=100):
+                payload = make()
+                victim.zsession.put(session.keys.obs, payload, attachment=sealed(session, seq, payload))
+                event = await expect_error(tap, seq)
+                assert event.code == "bad_observation", (name, event)
                 assert event.message, name
                 await still_served(served)
             # after all that, the victim's own session still works
-            result = await session.infer(*observation(7), timeout=5)
-            assert result.chunk_robot[0][0] == 7
+            payload = body(np.full(6, 7, np.float32))
+            victim.zsession.put(session.keys.obs, payload, attachment=sealed(session, seq + 1, payload))
+            header, chunk = await tap.next(lambda h: h is not None and h.seq_id == seq + 1)
+            assert header is not None
+            assert header.msg_type == MSG_CHUNK
+            assert decode(chunk, ActionChunk).chunk_robot.shape == (CHUNK, 6)
         await session.close()
         await other.close()
-    expected = Counter(case.code for case in CASES.values())
-    for code, count in expected.items():
-        assert metric(server, "servo_requests_total", outcome=code) == count, code
-    assert metric(server, "servo_requests_total", outcome="ok") >= 2 * len(CASES)
+    assert metric(server, "servo_requests_total", outcome="bad_observation") == len(ANSWERED)
+    assert metric(server, "servo_requests_total", outcome="ok") >= 2 * len(ANSWERED)
+
+
+async def test_unauthenticated_observations_are_dropped_unanswered(port: int) -> None:
+    """Nothing that fails authentication is served or answered; each is counted by reason."""
+    manifest = make_manifest(port, extra=manifest_for(port))
+    async with (
+        running_server(manifest, policy=FixedComputePolicy(compute_ms=2)) as (server, ready),
+        connected(port, "victim") as victim,
+        connected(port, "bystander") as bystander,
+    ):
+        session = await open_on(victim, ready)
+        other = await open_on(bystander, ready)
+        await session.infer(*observation(1), timeout=5)  # seq 1 is taken: "replayed seq" reuses it
+        async with action_tap(victim.zsession, session.keys.action) as tap, well_behaved(other) as served:
+            await still_served(served)
+            expected: Counter[str] = Counter()
+            for seq, case in enumerate(DROPPED.values(), start=100):
+                payload = case.payload()
+                victim.zsession.put(session.keys.obs, payload, attachment=case.attachment(session, seq, payload))
+                expected[case.reason] += 1
+                count = expected[case.reason]
+                await eventually(
+                    lambda r=case.reason, n=count: metric(server, "servo_observations_rejected_total", reason=r) >= n
+                )
+                await still_served(served)
+            result = await session.infer(*observation(7), timeout=5)  # seq 2: every drop left it free
+            assert (result.seq_id, result.chunk_robot[0][0]) == (2, 7)
+            await tap.next(lambda h: h is not None and h.msg_type == MSG_CHUNK)
+            # Nothing dropped was answered: the chunk of seq 2, and the keyless unknown-session
+            # hint for the observation naming another session (the client ignores it: not its id).
+            answered = [(h.msg_type, h.seq_id, h.session_id) for h, _ in tap.seen if h is not None]
+            hint_for = DROPPED_SEQ["another session id"]
+            assert answered == [(MSG_ERROR, hint_for, bytes(16)), (MSG_CHUNK, 2, session.wire_id)]
+        await session.close()
+        await other.close()
+    for reason, count in Counter(c.reason for c in DROPPED.values()).items():
+        assert metric(server, "servo_observations_rejected_total", reason=reason) == count, reason
+    assert metric(server, "servo_requests_total", outcome="ok") >= 2
 
 
 async def test_client_api_surfaces_server_errors(port: int) -> None:
@@ -207,7 +263,7 @@ async def test_hostile_keys_crash_nothing(port: int) -> None:
         session = await open_on(client, ready)
         prefix = ready.keys.prefix
         z = intruder.zsession
-        header = obs_header(session, 1)
+        header = sealed(session, 1, body())
         hostile = [
             f"{prefix}/c/*/obs",
             f"{prefix}/c/**/obs",
@@ -225,11 +281,12 @@ async def test_hostile_keys_crash_nothing(port: int) -> None:
             except zenoh.ZError:
                 pass  # zenoh itself refused the key: fine
         for selector in (f"{prefix}/c/*/control", f"{prefix}/c/**"):
-            replies = await query(z, selector, payload=encode(ResetRequest(session.session_id, 3)), timeout=2)
+            replies = await query(z, selector, payload=encode(ResetRequest(session.wire_id, 3)), timeout=2)
             for reply in replies:
                 assert reply.err is not None
-                assert decode(reply.err.payload.to_bytes(), Rejection).code in ("bad_request", "unknown_session")
-        await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="bad_key") >= 1)
+                code = decode(reply.err.payload.to_bytes(), Rejection).code
+                assert code in ("bad_request", "unknown_session", "unauthenticated")
+        await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="key") >= 1)
         # nothing was served into the robot's session, and it still works
         result = await session.infer(*observation(5), timeout=5)
         assert (result.seq_id, result.chunk_robot[0][0]) == (1, 5)
@@ -245,11 +302,19 @@ async def test_observations_without_a_session_are_dropped(port: int) -> None:
         connected(port, "robot") as client,
     ):
         session = await open_on(client, ready)
-        await session.close()
         key = ready.keys.client("ghost").obs
-        client.zsession.put(key, body(), attachment=obs_header(session, 1))
-        await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="no_session") >= 1)
+        async with action_tap(client.zsession, ready.keys.client("ghost").action) as tap:
+            payload = body()
+            client.zsession.put(key, payload, attachment=sealed(session, 1, payload))
+            await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="session") >= 1)
+            # the keyless hint, so a client whose server restarted re-opens at once
+            header, notice = await tap.next(lambda h: h is not None and h.msg_type == MSG_ERROR)
+            assert header is not None
+            assert header.session_id == session.wire_id
+            assert decode(notice, ErrorEvent).code == "unknown_session"
+        assert metric(server, "servo_unknown_session_notices_total") == 1
         assert _served(server) == 0
+        await session.close()
 
 
 def _served(server: PolicyServer) -> float:

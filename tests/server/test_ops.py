@@ -139,7 +139,13 @@ async def test_metrics_expose_the_documented_series(port: int) -> None:
         assert samples["servo_inference_ms_count"] == 3
         assert any(name.startswith("servo_queue_wait_ms_bucket") for name in samples)
         assert any(name.startswith("servo_inference_ms_bucket") for name in samples)
-        for series in ("servo_dropped_observations", "servo_sessions_rejected", "servo_sessions_collected"):
+        for series in (
+            "servo_observations_rejected",
+            "servo_control_rejected",
+            "servo_unknown_session_notices",
+            "servo_sessions_rejected",
+            "servo_sessions_collected",
+        ):
             assert f"# TYPE {series}_total counter" in text
         assert (await http_get(health, "/metrics"))[0] == 200
         assert (await http_get(health, "/nope"))[0] == 404

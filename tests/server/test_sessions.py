@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import threading
 from typing import Any
 
@@ -15,9 +16,10 @@ from servo._core import (
     MSG_OBS,
     SCHEMA_VERSION,
     Header,
-    decode_header,
+    SessionKey,
 )
 from servo.policy import DecodedObservation
+from servo.server.auth import SessionAuth
 from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
 from servo.wire import reply_header
 from tests.server.policies import RelativeProcessor
@@ -43,11 +45,13 @@ class FakePublisher:
         self.calls.append("undeclare")
 
 
-def make_session(registry: SessionRegistry, client: str = "c") -> Session:
+KEY = SessionKey(bytes(range(32)))
+
+
+def make_session(registry: SessionRegistry, client: str = "c", *, epoch: int = 0) -> Session:
     session = Session(
-        session_id=registry.new_session_id(),
+        auth=SessionAuth(KEY, secrets.token_bytes(16), epoch),
         client_id=client,
-        epoch=0,
         task="",
         rtc=False,
         schema_version=SCHEMA_VERSION,
@@ -70,7 +74,7 @@ def decoded(item: Pending) -> Decoded:
 def test_idle_worker_decodes_itself_then_serves() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
-    assert registry.deposit("c", raw(1)) == "ok"
+    assert registry.deposit(session, raw(1)) == "ok"
     assert registry.wait_work(timeout=1) == []  # woken by the raw observation: decode it yourself
     taken = registry.take_raw()
     assert taken is not None
@@ -85,10 +89,10 @@ def test_idle_worker_decodes_itself_then_serves() -> None:
 def test_newer_observation_supersedes_one_being_decoded() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
-    registry.deposit("c", raw(1))
+    registry.deposit(session, raw(1))
     taken = registry.take_raw()
     assert taken is not None
-    registry.deposit("c", raw(2))  # arrives while seq 1 is being decoded
+    registry.deposit(session, raw(2))  # arrives while seq 1 is being decoded
     registry.finish_decode(session, taken[1], decoded(taken[1]))
     assert session.pending is None  # seq 1 discarded
     taken = registry.take_raw()
@@ -100,32 +104,41 @@ def test_newer_observation_supersedes_one_being_decoded() -> None:
     assert (work.item.header.seq_id, work.superseded) == (2, 1)  # type: ignore[union-attr]
 
 
-def test_rejection_supersedes_a_decode_in_progress() -> None:
+def test_a_decoding_rejection_is_served_as_an_error() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
-    registry.deposit("c", raw(1))
+    registry.deposit(session, raw(1))
     taken = registry.take_raw()
     assert taken is not None
-    registry.deposit("c", Rejected(Header(SCHEMA_VERSION, MSG_OBS, 0, 2, 0, 0, 0, bytes(16)), "too_large", "big", 0))
-    registry.finish_decode(session, taken[1], decoded(taken[1]))
+    rejected = Rejected(taken[1].header, "bad_observation", "garbage", 0)
+    registry.finish_decode(session, taken[1], rejected)
     work = registry.take(session)
     assert work is not None
-    assert isinstance(work.item, Rejected)
-    assert work.item.code == "too_large"
+    assert work.item is rejected
+
+
+def test_a_deposit_for_a_replaced_session_is_dropped() -> None:
+    """Authentication and deposit are two steps: a session replaced in between gets nothing."""
+    registry = SessionRegistry()
+    old = make_session(registry)
+    new = make_session(registry)  # same client: replaces ``old``
+    assert registry.deposit(old, raw(1)) == "session"
+    assert old.raw is None
+    assert registry.deposit(new, raw(1)) == "ok"
 
 
 def test_reset_discards_old_episode_in_every_stage() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
-    registry.deposit("c", raw(1, episode=0))
+    registry.deposit(session, raw(1, episode=0))
     taken = registry.take_raw()
     assert taken is not None
     registry.reset(session.session_id, 1)
     registry.finish_decode(session, taken[1], decoded(taken[1]))  # decoded after the reset
     assert session.pending is None
     assert registry.stale_drops == 1
-    assert registry.deposit("c", raw(2, episode=0)) == "stale"
-    assert registry.deposit("c", raw(3, episode=1)) == "ok"
+    assert registry.deposit(session, raw(2, episode=0)) == "stale"
+    assert registry.deposit(session, raw(3, episode=1)) == "ok"
     taken = registry.take_raw()
     assert taken is not None
     registry.finish_decode(session, taken[1], decoded(taken[1]))
@@ -138,12 +151,12 @@ def test_reset_discards_old_episode_in_every_stage() -> None:
 def test_busy_worker_leaves_decoding_to_the_decoder_thread() -> None:
     registry = SessionRegistry()
     a, b = make_session(registry, "a"), make_session(registry, "b")
-    registry.deposit("a", raw(1))
+    registry.deposit(a, raw(1))
     taken = registry.take_raw()
     assert taken is not None
     registry.finish_decode(a, taken[1], decoded(taken[1]))
     assert registry.wait_work(timeout=1) == [a]  # the worker is busy from here on
-    registry.deposit("b", raw(1))
+    registry.deposit(b, raw(1))
     got = registry.wait_raw(timeout=1)
     assert got is not None
     assert got[0] is b
@@ -153,7 +166,7 @@ def test_flooding_client_does_not_grow_the_decode_queue() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
     for seq in range(1, 1001):
-        registry.deposit("c", raw(seq))
+        registry.deposit(session, raw(seq))
     assert len(registry._raw_queue) == 1
     assert session.superseded == 999
     taken = registry.take_raw()
@@ -187,16 +200,18 @@ def test_closed_publisher_waits_for_a_put_in_progress() -> None:
 
 def test_messages_echo_the_request_they_answer_or_address_the_current_episode() -> None:
     registry = SessionRegistry()
-    session = make_session(registry)
-    session.epoch, session.schema_version = 3, SCHEMA_VERSION
+    session = make_session(registry, epoch=3)
     publisher: FakePublisher = session.publisher  # type: ignore[assignment]
-    sid = session.session_id.to_bytes(16, "little")
+    sid = session.auth.wire_id
     request = Header(SCHEMA_VERSION, MSG_OBS, FLAG_EPISODE_START, 17, 2, 3, 123_456_789, sid)
     assert session.publish(MSG_CHUNK, b"chunk", request)
-    assert decode_header(publisher.attachments[-1]) == Header(SCHEMA_VERSION, MSG_CHUNK, 0, 17, 2, 3, 123_456_789, sid)
+    # Sealed with the session key: it opens (and only over the very body that was sent).
+    assert KEY.open(publisher.attachments[-1], b"chunk") == Header(
+        SCHEMA_VERSION, MSG_CHUNK, 0, 17, 2, 3, 123_456_789, sid
+    )
     registry.reset(session.session_id, 5)
     assert session.publish(MSG_DRAIN, b"notice")  # answers no request: the session's episode, no stamp
-    assert decode_header(publisher.attachments[-1]) == Header(SCHEMA_VERSION, MSG_DRAIN, 0, 0, 5, 3, 0, sid)
+    assert KEY.open(publisher.attachments[-1], b"notice") == Header(SCHEMA_VERSION, MSG_DRAIN, 0, 0, 5, 3, 0, sid)
     # Without a session (an observation for an unknown one), the request's own header is echoed.
     echoed = Header(SCHEMA_VERSION, MSG_ERROR, 0, 17, 2, 3, 123_456_789, sid)
-    assert decode_header(reply_header(request, MSG_ERROR)) == echoed
+    assert reply_header(request, MSG_ERROR) == echoed

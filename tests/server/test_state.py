@@ -5,6 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from servo._core import ServerIdentity
 from servo.policy.compatibility import describe
 from servo.server.state import Replica, ServerState
 from servo.wire import ServerKeys
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.anyio
 
 def replica(max_sessions: int = 4) -> Replica:
     info = describe(FixedComputePolicy().spec, serving_mode="shared")
-    return Replica("host-1", ServerKeys("app", "model", "r1"), info, max_sessions)
+    return Replica("host-1", ServerKeys("app", "model", "r1"), info, max_sessions, ServerIdentity.generate())
 
 
 async def test_lifecycle_starting_serving_draining() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import pytest
 
+from servo._core import KeyPair
 from servo.client import SessionRejected
 from servo.transport import query
 from servo.wire import (
@@ -69,7 +71,7 @@ MISMATCHES = {
     ),
     "no cameras at all": Mismatch("", {"features": features(cameras={})}, "cameras", ("front", "none")),
     "degenerate camera size": Mismatch(
-        "", {"features": features(cameras={"front": CameraFeature(0, 32)})}, "cameras", ("front", "0x32")
+        "", {"features": features(cameras={"front": CameraFeature(0, 32)})}, "bad_request", (">= 1", "height")
     ),
     "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[2]")),
     "strict fps": Mismatch("strict_fps = true", {"fps": 15.0}, "fps", ("15 fps", "30 fps")),
@@ -83,6 +85,7 @@ def open_request(client_id: str, **overrides: object) -> SessionOpen:
         "schema_versions": list(SUPPORTED_SCHEMA_VERSIONS),
         "features": features(),
         "fps": 30.0,
+        "client_key": KeyPair().public_key,
     }
     fields.update(overrides)
     return SessionOpen(**fields)  # type: ignore[arg-type]
@@ -93,10 +96,13 @@ async def test_mismatch_is_rejected_with_its_reason(port: int, case: Mismatch) -
     manifest = make_manifest(port, extra=f"[serving]\n{case.serving}\n")
     async with running_server(manifest, policy=FixedComputePolicy()) as (server, ready):
         async with connected(port, "robot") as client:
-            if "schema_versions" in case.open:
-                # PolicyClient always offers what it speaks: send the request by hand.
+            if "schema_versions" in case.open or case.code == "bad_request":
+                # PolicyClient always offers what it speaks, and what decodes: send the request by hand.
                 replies = await query(
-                    client.zsession, ready.keys.session, payload=encode(open_request("robot", **case.open)), timeout=2
+                    client.zsession,
+                    ready.keys.client("robot").session,
+                    payload=encode(open_request("robot", **case.open)),
+                    timeout=2,
                 )
                 (reply,) = replies
                 assert reply.err is not None
@@ -161,7 +167,45 @@ async def test_garbage_session_request_is_a_bad_request(port: int) -> None:
     async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
         async with connected(port, "robot") as client:
             for payload in (b"", b"\x93garbage", encode(open_request("bad/id"))):
-                (reply,) = await query(client.zsession, ready.keys.session, payload=payload, timeout=2)
+                (reply,) = await query(client.zsession, ready.keys.client("robot").session, payload=payload, timeout=2)
                 assert reply.err is not None
                 assert decode(reply.err.payload.to_bytes(), Rejection).code == "bad_request"
         assert len(server.registry) == 0
+
+
+OVERSIZED = {
+    "a 5 MB session open": (b"\x00" * 5_000_000, "exceeds the limit of 65536"),
+    "a task of 1025 characters": (encode(open_request("robot", task="x" * 1025)), "$.task"),
+    "33 tags": (encode(open_request("robot", tags={f"k{i}": "v" for i in range(33)})), "$.tags"),
+    "a tag value of 257 characters": (encode(open_request("robot", tags={"k": "v" * 257})), "$.tags"),
+    "a tag key of 129 characters": (encode(open_request("robot", tags={"k" * 129: "v"})), "$.tags"),
+    "a client id of 129 characters": (encode(open_request("r" * 129)), "$.client_id"),
+    "a low-order client key": (encode(open_request("robot", client_key=bytes(32))), "client_key"),
+}
+
+
+@pytest.mark.parametrize(("payload", "words"), OVERSIZED.values(), ids=OVERSIZED.keys())
+async def test_what_a_peer_sends_at_open_is_bounded(port: int, payload: bytes, words: str) -> None:
+    """Every length a peer controls at open is capped: refused in one short line, never stored."""
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            (reply,) = await query(client.zsession, ready.keys.client("robot").session, payload=payload, timeout=5)
+            assert reply.err is not None
+            rejection = decode(reply.err.payload.to_bytes(), Rejection)
+        assert rejection.code == "bad_request"
+        assert words in rejection.reason
+        assert len(rejection.reason) < 300
+        assert len(server.registry) == 0
+
+
+async def test_a_schema_1_client_is_told_which_versions_the_server_speaks(port: int) -> None:
+    """Schema 1 opened sessions on <prefix>/session, with no key exchange: refused by version."""
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            v1_open = msgspec.msgpack.encode({"client_id": "robot", "schema_versions": [1], "fps": 30.0})
+            (reply,) = await query(client.zsession, f"{ready.keys.prefix}/session", payload=v1_open, timeout=2)
+            assert reply.err is not None
+            rejection = decode(reply.err.payload.to_bytes(), Rejection)
+        assert rejection.code == "schema_version"
+        assert "client speaks [1], server speaks [2]" in rejection.reason
+        assert metric(server, "servo_sessions_rejected_total", code="schema_version") == 1

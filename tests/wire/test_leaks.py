@@ -30,7 +30,7 @@ def round_trip(frame: np.ndarray, state: np.ndarray, chunk: np.ndarray) -> None:
     )
     decode_image(obs.images["front"])
     decode_tensor(obs.state)
-    reply = decode(encode(ActionChunk(encode_tensor(chunk), encode_tensor(chunk), 1.0, 2.0)), ActionChunk)
+    reply = decode(encode(ActionChunk(encode_tensor(chunk), 1.0, 2.0, chunk_model=encode_tensor(chunk))), ActionChunk)
     decode_tensor(reply.chunk_robot)
 
 

@@ -65,25 +65,36 @@ def test_oversized_body_is_refused_before_decoding() -> None:
         decode(b"\x00" * 17, Observation, max_bytes=16)
 
 
+SID = bytes(range(16))
+
+
 def test_control_requests_are_a_tagged_union() -> None:
-    assert decode(encode(ResetRequest(session_id=5, episode_id=2)), ControlRequest) == ResetRequest(5, 2)
-    assert decode(encode(CloseRequest(session_id=5)), ControlRequest) == CloseRequest(5)
+    assert decode(encode(ResetRequest(session_id=SID, episode_id=2)), ControlRequest) == ResetRequest(SID, 2)
+    assert decode(encode(CloseRequest(session_id=SID)), ControlRequest) == CloseRequest(SID)
     with pytest.raises(WireError, match="invalid"):
-        decode(msgspec.msgpack.encode({"type": "reboot", "session_id": 1}), ControlRequest)
+        decode(msgspec.msgpack.encode({"type": "reboot", "session_id": SID}), ControlRequest)
+    with pytest.raises(WireError, match=r"length >= 16 - at `\$\.session_id`"):
+        decode(encode(CloseRequest(session_id=b"short")), ControlRequest)
 
 
 def test_session_open_defaults_and_round_trip() -> None:
     features = Features(["a.pos"], ["a.pos"], {"front": CameraFeature(480, 640)})
-    msg = SessionOpen(client_id="arm", schema_versions=[1], features=features, fps=30.0)
+    msg = SessionOpen(client_id="arm", schema_versions=[2], features=features, fps=30.0, client_key=bytes(32))
     back = decode(encode(msg), SessionOpen)
     assert back == msg
     assert back.tags == {}
     assert back.rtc is False
+    assert back.resume == b""
 
 
-def test_chunk_round_trip_is_exact() -> None:
+def test_chunk_round_trip_is_exact_and_ships_one_tensor_when_both_are_equal() -> None:
     chunk = np.random.default_rng(0).standard_normal((50, 6)).astype(np.float32)
-    msg = ActionChunk(encode_tensor(chunk), encode_tensor(chunk * 2), queue_wait_ms=1.5, inference_ms=20.0)
+    msg = ActionChunk(encode_tensor(chunk * 2), queue_wait_ms=1.5, inference_ms=20.0, chunk_model=encode_tensor(chunk))
     back = decode(encode(msg), ActionChunk)
     np.testing.assert_array_equal(decode_tensor(back.chunk_robot), chunk * 2)
+    assert back.chunk_model is not None
+    np.testing.assert_array_equal(decode_tensor(back.chunk_model), chunk)
     assert back.superseded == 0
+    single = encode(ActionChunk(encode_tensor(chunk), queue_wait_ms=1.5, inference_ms=20.0))
+    assert decode(single, ActionChunk).chunk_model is None
+    assert len(single) < len(encode(msg)) - chunk.nbytes

@@ -83,6 +83,8 @@ async def serve(manifest: Manifest, base_dir: Path, console: Console) -> None:
         )
         say(f"actions: {', '.join(info.features.action_names)}; cameras: {', '.join(info.features.cameras) or 'none'}")
         say(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")
+        kept = f"from {manifest.security.identity_key}" if manifest.security.identity_key else "ephemeral"
+        say(f"identity {ready.fingerprint} ({kept}); edges pin it with --trusted-servers")
         if ready.health_port:
             say(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
         say("ready — Ctrl-C to drain and stop")
@@ -93,8 +95,9 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
     import zenoh
 
     from servo.policy import PolicyLoadError
+    from servo.server.identity import IdentityError
 
-    if isinstance(exc, ConfigError | PolicyLoadError):
+    if isinstance(exc, ConfigError | PolicyLoadError | IdentityError):
         return 2, str(exc)
     if isinstance(exc, PortInUseError):
         return 2, f"{exc} (another servo-serve?); stop it or choose free ports with --listen, --health-port"

@@ -13,6 +13,10 @@ class NoServerFound(ClientError):
     """No replica answered the status query (or none matched the selectors)."""
 
 
+class RogueServer(NoServerFound):
+    """A replica's session ack failed verification (forged, or signed by another identity): skipped."""
+
+
 class SessionRejected(ClientError):
     """The server refused the session; ``rejection.code`` says which rule failed."""
 

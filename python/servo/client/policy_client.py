@@ -1,7 +1,9 @@
-"""`PolicyClient`: discover servers and open sessions.
+"""`PolicyClient`: discover servers and open authenticated sessions.
 
 The building block of the edge runtime, usable on its own from any anyio program. Never imports
-torch.
+torch. Discovery skips replicas whose status does not decode, is inconsistent or names an
+untrusted identity; a session open is an X25519 handshake whose ack must carry a valid signature
+by the replica's identity (`servo.client.trust`).
 """
 
 from __future__ import annotations
@@ -13,27 +15,33 @@ from contextlib import asynccontextmanager
 import anyio
 import zenoh
 
-from servo.client.errors import NoServerFound, SessionRejected
+from servo._core import KeyPair
+from servo.client.errors import NoServerFound, RogueServer, SessionRejected
 from servo.client.replies import request
 from servo.client.session import RemoteSession, ServerInfo
+from servo.client.trust import TrustedServers, pick_ack
+from servo.client.verify import MAX_CHUNK_STEPS, ClientCounters, ClientStatistics
 from servo.logs import get_logger
 from servo.transport import ZenohSettings, open_session, query
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     Features,
     ServerKeys,
-    SessionAck,
     SessionOpen,
     StatusReply,
     Trajectory,
     TrajectoryRequest,
     WireError,
     decode,
+    encode,
     segment,
     status_selector,
 )
 
 log = get_logger(__name__)
+
+#: Refusals another replica (or a later attempt) may not repeat.
+RETRYABLE = frozenset({"capacity", "draining", "session_exists"})
 
 
 class PolicyClient:
@@ -43,29 +51,50 @@ class PolicyClient:
         zsession: An open Zenoh session (see `connect` to have one opened and closed for you).
         client_id: This robot's id (a key segment); a random one when omitted.
         jpeg_quality: JPEG quality for camera frames, 0 sends raw pixels.
+        trusted: The servers to trust (pins); every replica when omitted.
+        max_chunk_steps: Longest chunk accepted (steps); longer ones are rejected.
     """
 
-    def __init__(self, zsession: zenoh.Session, client_id: str | None = None, *, jpeg_quality: int = 90) -> None:
+    def __init__(
+        self,
+        zsession: zenoh.Session,
+        client_id: str | None = None,
+        *,
+        jpeg_quality: int = 90,
+        trusted: TrustedServers | None = None,
+        max_chunk_steps: int = MAX_CHUNK_STEPS,
+    ) -> None:
         self.zsession = zsession
         self.client_id = segment(client_id or f"robot-{uuid.uuid4().hex[:12]}", what="client_id")
         self.jpeg_quality = jpeg_quality
+        self.trusted = trusted or TrustedServers()
+        self.max_chunk_steps = max_chunk_steps
+        self.counters = ClientCounters()
 
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls, settings: ZenohSettings, client_id: str | None = None, *, jpeg_quality: int = 90
+        cls, settings: ZenohSettings, client_id: str | None = None, **options: object
     ) -> AsyncIterator[PolicyClient]:
-        """Open a Zenoh session for the client and close it on exit."""
+        """Open a Zenoh session for the client and close it on exit (``options`` as for the constructor)."""
         async with open_session(settings) as zsession:
-            yield cls(zsession, client_id, jpeg_quality=jpeg_quality)
+            yield cls(zsession, client_id, **options)  # type: ignore[arg-type]
+
+    def statistics(self) -> ClientStatistics:
+        """What this client refused so far (rejected chunks by reason, rogue replicas, …)."""
+        return self.counters.snapshot()
 
     async def discover(
         self, *, app: str | None = None, model: str | None = None, timeout: float = 2.0
     ) -> list[ServerInfo]:
-        """Ask every replica for its status; returns them least-loaded first.
+        """Ask every replica for its status; returns the usable ones, least-loaded first.
+
+        A reply that does not decode (or advertises an impossible load) is skipped with a
+        rate-limited warning; one that names another replica than its key, or an identity this
+        client does not trust, is skipped and counted as rogue. Neither is ever fatal.
 
         Raises:
-            NoServerFound: nobody answered.
+            NoServerFound: nobody usable answered.
         """
         replies = await query(self.zsession, status_selector(app, model), timeout=timeout)
         servers = []
@@ -76,7 +105,11 @@ class PolicyClient:
                 status = decode(reply.ok.payload.to_bytes(), StatusReply)
                 keys = ServerKeys.parse_status(str(reply.ok.key_expr))
             except WireError as exc:
-                log.warning("ignoring undecodable status reply", error=str(exc))
+                self.counters.undecodable(str(exc))
+                continue
+            problem = self.trusted.check_status(keys, status)
+            if problem is not None:
+                self.counters.rogue(keys.replica, problem)
                 continue
             servers.append(ServerInfo(keys, status))
         if not servers:
@@ -95,11 +128,26 @@ class PolicyClient:
         epoch: int = 0,
         tags: dict[str, str] | None = None,
         timeout: float = 2.0,
+        previous: RemoteSession | None = None,
     ) -> RemoteSession:
-        """Open (and validate) a session on ``server``.
+        """Open (and validate) a session on ``server``: the handshake.
+
+        Args:
+            server: The replica, as discovered.
+            features: The robot's feature contract.
+            fps: The robot's control rate.
+            task: Task instruction (the server's default when empty).
+            rtc: Ask for real-time chunking.
+            epoch: Session epoch (bumped by the caller at every reconnect).
+            tags: Free-form labels (bounded: see `servo.wire.messages`).
+            timeout: How long to wait for the ack.
+            previous: This client's previous session on the same replica, if any: the open
+                proves it held it, so the server lets the new session replace it even when the
+                old one's close was lost.
 
         Raises:
             SessionRejected: the server refused; ``.rejection.code`` names the failed rule.
+            RogueServer: only forged or unverifiable acks came back (counted, never used).
             RequestTimeout: the server did not answer.
         """
         session = RemoteSession(
@@ -108,28 +156,38 @@ class PolicyClient:
             server.keys.client(self.client_id),
             epoch=epoch,
             jpeg_quality=self.jpeg_quality,
+            action_dim=len(features.action_names),
+            counters=self.counters,
+            max_chunk_steps=self.max_chunk_steps,
         )
         session.declare()
         try:
+            pair = KeyPair()
             opening = SessionOpen(
                 client_id=self.client_id,
                 schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
                 features=features,
                 fps=fps,
+                client_key=pair.public_key,
                 task=task,
                 rtc=rtc,
                 session_epoch=epoch,
                 tags=dict(tags or {}),
+                resume=b"" if previous is None else previous.resume_proof(pair.public_key),
             )
-            session.ack = await request(
-                self.zsession,
-                server.keys.session,
-                opening,
-                SessionAck,
+            replies = await query(self.zsession, session.keys.session, payload=encode(opening), timeout=timeout)
+            ack = pick_ack(
+                replies,
+                keys=server.keys,
+                status=server.status,
+                client_key=pair.public_key,
+                counters=self.counters,
                 timeout=timeout,
-                what="session open",
-                rejected=SessionRejected,
             )
+            key = pair.session_key(
+                ack.server_key, client_public=pair.public_key, server_public=ack.server_key, session_id=ack.session_id
+            )
+            session.established(ack, key)
             await session.wait_matched(timeout)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -140,8 +198,8 @@ class PolicyClient:
             session_id=session.session_id,
             client_id=self.client_id,
             replica=server.keys.replica,
-            rtc=session.ack.rtc,
-            warnings=session.ack.warnings,
+            rtc=ack.rtc,
+            warnings=ack.warnings,
         )
         return session
 
@@ -173,19 +231,22 @@ class PolicyClient:
     ) -> RemoteSession:
         """Discover, then open a session on the least-loaded replica that accepts us.
 
-        A replica that is full or draining is skipped; any other rejection is final (the next
+        A replica that is full, draining, still holds our previous session (``session_exists``)
+        or whose ack fails verification is skipped; any other rejection is final (the next
         replica of the same model would refuse for the same reason).
         """
         servers = [s for s in await self.discover(app=app, model=model) if accept is None or accept(s)]
         if not servers:
             raise NoServerFound("no discovered server matches the requested model")
-        last: SessionRejected | None = None
+        last: SessionRejected | RogueServer | None = None
         for server in servers:
             try:
                 return await self.open_session(server, features=features, fps=fps, **options)  # type: ignore[arg-type]
             except SessionRejected as exc:
-                if exc.rejection.code not in ("capacity", "draining"):
+                if exc.rejection.code not in RETRYABLE:
                     raise
+                last = exc
+            except RogueServer as exc:
                 last = exc
         assert last is not None
         raise last

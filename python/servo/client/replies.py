@@ -1,8 +1,10 @@
-"""One control-plane request: query, then read the replies the same way everywhere.
+"""One unauthenticated control-plane request (the trajectory fetch): query, then read the replies.
 
-A queryable answers ``reply`` with the expected struct or ``reply_err`` with a `Rejection`; Zenoh
-adds error replies of its own (``b"Timeout"`` from a replica that did not finish in time), which
-are not Rejections and are skipped. No answer at all is a `RequestTimeout`.
+Session opens (`servo.client.trust.pick_ack`) and sealed control requests (reset, close:
+`servo.client.session`) read their replies with their own checks. A queryable answers
+``reply`` with the expected struct or ``reply_err`` with a `Rejection`; Zenoh adds error replies
+of its own (``b"Timeout"`` from a replica that did not finish in time), which are not Rejections
+and are skipped. No answer at all is a `RequestTimeout`.
 """
 
 from __future__ import annotations

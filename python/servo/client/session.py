@@ -1,4 +1,9 @@
-"""A session bound to one server replica: observations up, chunks down, one request in flight."""
+"""A session bound to one server replica: observations up, chunks down, one request in flight.
+
+Every message of the session is authenticated with the session key the handshake derived
+(`servo._core.SessionKey`): observations and control requests are sealed here; a server message
+is acted on only once it verified (`servo.client.verify` lists the checks and counts refusals).
+"""
 
 from __future__ import annotations
 
@@ -15,18 +20,22 @@ import zenoh
 from servo._core import (
     FLAG_EPISODE_START,
     MSG_CHUNK,
+    MSG_CONTROL,
+    MSG_CONTROL_ACK,
     MSG_DRAIN,
     MSG_ERROR,
     MSG_OBS,
     SCHEMA_VERSION,
+    TAG_SIZE,
+    AuthError,
     Header,
     HeaderError,
     LatencyTracker,
+    SessionKey,
     decode_header,
-    unauthenticated,
 )
 from servo.client.errors import RequestTimeout, ServerError, SessionLost
-from servo.client.replies import request
+from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, check_chunk
 from servo.logs import get_logger
 from servo.transport import LoopBridge, declare_obs_publisher, query
 from servo.wire import (
@@ -34,19 +43,21 @@ from servo.wire import (
     ClientKeys,
     CloseRequest,
     ControlAck,
+    ControlRequest,
     EncodedImage,
     ErrorEvent,
     Observation,
+    Rejection,
     ResetRequest,
     ServerKeys,
     SessionAck,
     StatusReply,
     WireError,
     decode,
-    decode_tensor,
     encode,
     encode_image,
     encode_tensor,
+    resume_body,
 )
 
 log = get_logger(__name__)
@@ -102,8 +113,13 @@ class RemoteSession:
     """One robot's session on one replica.
 
     Owned by the event loop task that drives it; Zenoh callbacks only hand samples to the loop.
-    Enforces one request in flight: a chunk is accepted only if it answers the latest request
-    of the current epoch; anything else is dropped and counted.
+    Enforces one request in flight: a chunk is accepted only if it is authenticated by the session
+    key and answers the latest request of the current epoch; anything else is dropped and counted
+    (``counters``, shared with the `PolicyClient` that opened it).
+
+    ::
+
+        created ──declare()──► declared ──established(ack, key)──► open ──close() / lost──► lost
     """
 
     def __init__(
@@ -114,19 +130,28 @@ class RemoteSession:
         *,
         epoch: int,
         jpeg_quality: int,
+        action_dim: int,
+        counters: ClientCounters | None = None,
+        max_chunk_steps: int = MAX_CHUNK_STEPS,
     ) -> None:
         self.server = server
         self.keys = keys
         self.epoch = epoch
         self.ack: SessionAck | None = None
         self.jpeg_quality = jpeg_quality
+        self.action_dim = action_dim
+        self.max_chunk_steps = max_chunk_steps
+        self.counters = counters if counters is not None else ClientCounters()
         self.stats = SessionStats()
         self.episode_id = 0
         self.lost = anyio.Event()
         self.lost_reason = ""
         self._z = zsession
         self._bridge = LoopBridge()
+        self._key: SessionKey | None = None
+        self._wire_id = bytes(16)
         self._seq = 0
+        self._control_seq = 0
         self._latest_seq = 0
         self._result: ChunkResult | Exception | None = None
         self._result_ready = anyio.Event()
@@ -163,16 +188,38 @@ class RemoteSession:
             await self._matching.wait()
         return self._matching.is_set()
 
+    def established(self, ack: SessionAck, key: SessionKey) -> None:
+        """The handshake is done: from now on messages are sealed and verified with ``key``."""
+        self.ack, self._key, self._wire_id = ack, key, ack.session_id
+
+    @property
+    def key(self) -> SessionKey:
+        """The session key (the handshake's secret result; never sent anywhere).
+
+        Raises:
+            SessionLost: before the handshake.
+        """
+        if self._key is None:
+            raise SessionLost("the session is not open yet")
+        return self._key
+
+    def resume_proof(self, client_key: bytes) -> bytes:
+        """A proof that this client held this session, for a new open on the same replica.
+
+        Sealed with this session's key over the new handshake's ``client_key`` (see
+        `servo.wire.trust.resume_body`); it lets the new session replace this one even when the
+        close never reached the server. Empty before the handshake.
+        """
+        if self._key is None:
+            return b""
+        return self._key.seal(self._control_header(), resume_body(client_key))
+
     async def close(self, *, timeout: float = 0.5) -> None:
-        """Tell the server (best effort) and undeclare everything. Idempotent."""
+        """Tell the server (best effort, sealed) and undeclare everything. Idempotent."""
         if self.ack is not None and not self.lost.is_set():
             with anyio.move_on_after(timeout):
-                await query(
-                    self._z,
-                    self.keys.control,
-                    payload=encode(CloseRequest(self.ack.session_id)),
-                    timeout=timeout,
-                )
+                with contextlib.suppress(RequestTimeout, ServerError):
+                    await self._control(CloseRequest(self._wire_id), timeout=timeout)
         self._bridge.closed = True
         for entity in reversed(self._entities):
             with contextlib.suppress(zenoh.ZError):
@@ -185,9 +232,14 @@ class RemoteSession:
         self._mark_lost("closed")
 
     @property
-    def session_id(self) -> int:
-        """Server-assigned id (0 before the ack)."""
-        return 0 if self.ack is None else self.ack.session_id
+    def wire_id(self) -> bytes:
+        """Server-assigned id as it travels in headers: 16 bytes (zero before the ack)."""
+        return self._wire_id
+
+    @property
+    def session_id(self) -> str:
+        """Server-assigned id: 32 lowercase hex characters ("" before the ack)."""
+        return "" if self.ack is None else self._wire_id.hex()
 
     @property
     def in_flight(self) -> int | None:
@@ -242,20 +294,21 @@ class RemoteSession:
         self.stats.last_encode_ms = encode_ns / 1e6
         self._seq += 1
         header = Header(
-            schema_version=self.ack.schema_version if self.ack else SCHEMA_VERSION,
+            schema_version=self._schema_version,
             msg_type=MSG_OBS,
             flags=FLAG_EPISODE_START if episode_start else 0,
             seq_id=self._seq,
             episode_id=self.episode_id,
             session_epoch=self.epoch,
             client_mono_ns=stamp,
-            session_id=self.session_id.to_bytes(16, "little"),
+            session_id=self._wire_id,
         )
+        attachment = self.key.seal(header, body)
         self._latest_seq = self._seq
         self._result = None
         self._result_ready = anyio.Event()
         assert self._publisher is not None
-        self._publisher.put(body, attachment=unauthenticated(header))
+        self._publisher.put(body, attachment=attachment)
         self.stats.sent += 1
         return self._seq
 
@@ -318,17 +371,58 @@ class RemoteSession:
 
         Raises:
             ServerError: the server refused (e.g. the session is unknown).
-            RequestTimeout: no answer in time.
+            RequestTimeout: no authenticated answer in time.
         """
         self.episode_id = episode_id
-        await request(
-            self._z,
-            self.keys.control,
-            ResetRequest(self.session_id, episode_id),
-            ControlAck,
-            timeout=timeout,
-            what="reset",
+        await self._control(ResetRequest(self._wire_id, episode_id), timeout=timeout)
+
+    @property
+    def _schema_version(self) -> int:
+        return self.ack.schema_version if self.ack else SCHEMA_VERSION
+
+    def _control_header(self) -> Header:
+        self._control_seq += 1
+        return Header(
+            self._schema_version, MSG_CONTROL, 0, self._control_seq, self.episode_id, self.epoch, 0, self._wire_id
         )
+
+    async def _control(self, message: ControlRequest, *, timeout: float) -> ControlAck:
+        """Send a sealed control request; return the first reply sealed by the session key.
+
+        Forged or unverifiable acks are counted and skipped; a refusal (keyless by design) raises.
+        """
+        key = self.key
+        header = self._control_header()
+        body = encode(message)
+        replies = await query(
+            self._z, self.keys.control, payload=body, attachment=key.seal(header, body), timeout=timeout
+        )
+        rejection: Rejection | None = None
+        for reply in replies:
+            if reply.err is not None:
+                with contextlib.suppress(WireError):
+                    rejection = decode(reply.err.payload.to_bytes(), Rejection)
+                continue
+            if reply.ok is None:
+                continue
+            try:
+                payload = reply.ok.payload.to_bytes()
+                attachment = reply.ok.attachment
+                if attachment is None:
+                    raise AuthError("no attachment")
+                answered = key.open(attachment.to_bytes(), payload)
+                if (answered.msg_type, answered.seq_id, answered.session_id) != (
+                    MSG_CONTROL_ACK,
+                    header.seq_id,
+                    self._wire_id,
+                ):
+                    raise AuthError("the ack answers another request")
+                return decode(payload, ControlAck)
+            except (AuthError, HeaderError, WireError) as exc:
+                self.counters.reject("mac", f"control ack: {exc}", session_id=self.session_id)
+        if rejection is not None:
+            raise ServerError(rejection.code, rejection.reason)
+        raise RequestTimeout(f"{type(message).__name__} not answered within {timeout:g} s")
 
     # ------------------------------------------------------------------ callbacks (event loop)
     def _on_matching(self, matching: bool) -> None:
@@ -348,49 +442,101 @@ class RemoteSession:
             self._result_ready.set()  # wakes a pending `receive`
 
     def _on_action(self, sample: zenoh.Sample) -> None:
+        """Event loop: a message on our action key. Only what verifies may touch the request."""
         now = time.monotonic_ns()
+        payload = sample.payload.to_bytes()
+        attachment = None if sample.attachment is None else sample.attachment.to_bytes()
         try:
-            attachment = sample.attachment
-            if attachment is None:
-                raise HeaderError("no attachment header")
-            header = decode_header(attachment.to_bytes())
-        except HeaderError as exc:
-            self.stats.undecodable += 1
-            log.warning("undecodable server message", session_id=self.session_id, error=str(exc))
+            header = self._authenticate(attachment, payload)
+        except ChunkRejected as exc:
+            self.counters.reject(exc.reason, str(exc), session_id=self.session_id)
             return
-        if header.session_epoch != self.epoch:
-            self.stats.dropped_stale += 1
-            return
+        if header is None:
+            return  # a keyless hint, handled
         if header.msg_type == MSG_DRAIN:
             self._mark_lost("server draining")
             return
+        if header.msg_type not in (MSG_CHUNK, MSG_ERROR):
+            self.counters.reject("undecodable", f"msg_type {header.msg_type} on the action key")
+            return
         if header.seq_id != self._latest_seq or self._result is not None:
-            # Late answer to a superseded request: merging it would corrupt the queue (one in flight).
+            # Late or replayed answer: merging it would corrupt the queue (one in flight).
             self.stats.dropped_stale += 1
+            self.counters.reject("stale_seq", f"seq {header.seq_id}, in flight {self.in_flight}")
             return
         try:
             if header.msg_type == MSG_CHUNK:
-                self._result = self._chunk(header, sample.payload.to_bytes(), now)
+                self._result = self._chunk(header, payload, now)
                 self.stats.chunks += 1
-            elif header.msg_type == MSG_ERROR:
-                event = decode(sample.payload.to_bytes(), ErrorEvent)
+            else:
+                event = decode(payload, ErrorEvent)
                 self._result = ServerError(event.code, event.message)
                 self.stats.errors += 1
-            else:
-                return
+        except ChunkRejected as exc:
+            self.stats.undecodable += 1
+            self.counters.reject(exc.reason, str(exc), session_id=self.session_id, seq_id=header.seq_id)
+            self._result = ServerError("bad_chunk", f"{exc.reason}: {exc}")
         except WireError as exc:
             self.stats.undecodable += 1
+            self.counters.reject("undecodable", str(exc), session_id=self.session_id, seq_id=header.seq_id)
             self._result = ServerError("undecodable", str(exc))
+        self._result_ready.set()
+
+    def _authenticate(self, attachment: bytes | None, payload: bytes) -> Header | None:
+        """The verified header of a server message, or None for a keyless hint acted upon.
+
+        Raises:
+            ChunkRejected: ``mac``, ``session`` or ``epoch``.
+        """
+        if attachment is None or self._key is None:
+            raise ChunkRejected("mac" if self._key else "session", "no attachment" if self._key else "no session yet")
+        if attachment[-TAG_SIZE:] == bytes(TAG_SIZE):
+            self._keyless_hint(attachment, payload)
+            return None
+        try:
+            header = self._key.open(attachment, payload)
+        except (AuthError, HeaderError) as exc:
+            raise ChunkRejected("mac", str(exc)) from None
+        if header.session_id != self._wire_id:
+            raise ChunkRejected("session", f"session {header.session_id.hex()}, ours is {self.session_id}")
+        if header.session_epoch != self.epoch:
+            self.stats.dropped_stale += 1
+            raise ChunkRejected("epoch", f"epoch {header.session_epoch}, ours is {self.epoch}")
+        return header
+
+    def _keyless_hint(self, attachment: bytes, payload: bytes) -> None:
+        """A keyless notice counts only as the ``unknown_session`` hint for the request in flight.
+
+        It re-opens the session (nothing more): a forger gains at most a re-handshake, and only
+        by echoing the session id and seq_id of the request in flight.
+        """
+        try:
+            header = decode_header(attachment)
+            event = decode(payload, ErrorEvent) if header.msg_type == MSG_ERROR else None
+        except (HeaderError, WireError):
+            header, event = None, None
+        if (
+            header is None
+            or event is None
+            or event.code != "unknown_session"
+            or header.session_id != self._wire_id
+            or header.seq_id != self._latest_seq
+            or self._result is not None
+        ):
+            self.counters.reject("mac", "unauthenticated message", session_id=self.session_id)
+            return
+        self.counters.unknown_session_hints += 1
+        self._result = ServerError(event.code, event.message)
         self._result_ready.set()
 
     def _chunk(self, header: Header, payload: bytes, now_ns: int) -> ChunkResult:
         body = decode(payload, ActionChunk)
-        shape = (None, None)
+        chunk_model, chunk_robot = check_chunk(body, action_dim=self.action_dim, max_steps=self.max_chunk_steps)
         return ChunkResult(
             seq_id=header.seq_id,
             episode_id=header.episode_id,
-            chunk_model=decode_tensor(body.chunk_model, dtype="float32", shape=shape, what="chunk_model"),  # type: ignore[arg-type]
-            chunk_robot=decode_tensor(body.chunk_robot, dtype="float32", shape=shape, what="chunk_robot"),  # type: ignore[arg-type]
+            chunk_model=chunk_model,
+            chunk_robot=chunk_robot,
             obs_mono_ns=header.client_mono_ns,
             rtt_ns=now_ns - header.client_mono_ns,
             queue_wait_ms=body.queue_wait_ms,

@@ -13,8 +13,18 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from servo.client import TrustedServers
+from servo.client.verify import MAX_CHUNK_STEPS
 from servo.config import ConfigError, FieldError, convert, load_toml
-from servo.transport import DEFAULT_LOCAL_ENDPOINT, TlsSettings, ZenohSettings
+from servo.transport import (
+    DEFAULT_LOCAL_ENDPOINT,
+    CertificateError,
+    TlsSettings,
+    UsrPwdSettings,
+    ZenohSettings,
+    common_name,
+)
+from servo.wire import WireError, segment
 
 Fallback = Literal["hold", "repeat_last", "zero"]
 InferenceMode = Literal["remote", "sync", "rtc"]
@@ -39,7 +49,10 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     app: Annotated[str, _doc("Only use servers of this app (a key segment); any when empty.")] = ""
     model: Annotated[str, _doc("Only use servers of this model key (e.g. servo-reference); any when empty.")] = ""
     replica: Annotated[str, _doc("Only use this replica; any when empty.")] = ""
-    client_id: Annotated[str, _doc("This robot's id (its certificate name behind a router); random when empty.")] = ""
+    client_id: Annotated[
+        str,
+        _doc("This robot's id; when empty: tls_cert's common name, else auth_user, else random."),
+    ] = ""
     task: Annotated[str, _doc("Task instruction sent with every observation (the prompt of a VLA).")] = ""
     jpeg_quality: Annotated[int, _doc("JPEG quality of camera frames, 1-100; 0 sends raw pixels.", ge=0, le=100)] = 90
     buffer_time_s: Annotated[
@@ -84,6 +97,18 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tls_root_ca: Annotated[str, _doc("TLS: CA certificate trusted for the server or router.")] = ""
     tls_cert: Annotated[str, _doc("mTLS: this robot's certificate.")] = ""
     tls_key: Annotated[str, _doc("mTLS: this robot's private key.")] = ""
+    auth_user: Annotated[str, _doc("User/password fleets: this robot's user name in the router's passwords file.")] = ""
+    auth_password_file: Annotated[str, _doc("User/password fleets: a file holding only this robot's password.")] = ""
+    trusted_servers: Annotated[
+        list[str],
+        _doc(
+            "Servers to trust: ed25519:… fingerprints (printed by servo-serve) and/or replica ids "
+            "(meaningful only behind a servo-router); any server when empty."
+        ),
+    ] = []
+    max_chunk_steps: Annotated[
+        int, _doc("Longest chunk accepted (steps); longer ones are rejected, never merged.", ge=1, le=4096)
+    ] = MAX_CHUNK_STEPS
     lease_ms: Annotated[int, _doc("Zenoh lease this robot announces: how fast its death is noticed (ms).", ge=100)] = (
         1000
     )
@@ -97,15 +122,60 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise FieldError("connect", "name at least one endpoint of the server or router")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise FieldError("tls_cert" if self.tls_key else "tls_key", "mTLS needs both tls_cert and tls_key")
-        for name in ("tls_root_ca", "tls_cert", "tls_key"):
+        if bool(self.auth_user) != bool(self.auth_password_file):
+            raise FieldError(
+                "auth_user" if self.auth_password_file else "auth_password_file",
+                "user/password authentication needs both auth_user and auth_password_file",
+            )
+        for name in ("tls_root_ca", "tls_cert", "tls_key", "auth_password_file"):
             path = getattr(self, name)
             if path and not Path(path).is_file():
                 raise FieldError(name, "file does not exist")
+        try:
+            self.trusted()
+        except WireError as exc:
+            raise FieldError("trusted_servers", str(exc)) from None
+        for name in ("client_id", "auth_user"):
+            value = getattr(self, name)
+            if value:
+                try:
+                    segment(value, what=name)
+                except WireError as exc:
+                    raise FieldError(name, str(exc).removeprefix(f"{name} ")) from None
         try:
             self.zenoh_settings().check()
         except FieldError as exc:
             field = "zenoh_mode" if exc.field == "mode" else exc.field
             raise FieldError(field, exc.message) from None
+
+    def trusted(self) -> TrustedServers:
+        """The parsed ``trusted_servers`` pins.
+
+        Raises:
+            WireError: a malformed entry.
+        """
+        return TrustedServers.parse(self.trusted_servers)
+
+    def resolved_client_id(self, default: str) -> str:
+        """The client id: ``client_id``, else tls_cert's common name, else ``auth_user``, else ``default``.
+
+        Behind a router the robot's name *is* its certificate CN (or user name): the router's
+        access control only lets it use keys under that name, so any other id could not work.
+
+        Raises:
+            ConfigError: the certificate's common name cannot be read, or is no valid client id.
+        """
+        if self.client_id:
+            return self.client_id
+        if self.tls_cert:
+            try:
+                name = common_name(self.tls_cert)
+                return segment(name, what="client_id")
+            except (CertificateError, WireError) as exc:
+                raise ConfigError(
+                    f"tls_cert: cannot use the certificate's common name as client id ({exc}); pass --client-id <CN>"
+                ) from None
+        return self.auth_user or default
 
     def zenoh_settings(self) -> ZenohSettings:
         """Zenoh settings of the robot: a client dialling out, fast lease and retry."""
@@ -117,7 +187,10 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 connect_private_key=self.tls_key or None,
                 enable_mtls=bool(self.tls_cert),
             )
-        return ZenohSettings(mode=self.zenoh_mode, connect=list(self.connect), lease_ms=self.lease_ms, tls=tls)
+        auth = UsrPwdSettings(self.auth_user, self.auth_password_file) if self.auth_user else None
+        return ZenohSettings(
+            mode=self.zenoh_mode, connect=list(self.connect), lease_ms=self.lease_ms, tls=tls, auth=auth
+        )
 
 
 def load_config(path: str | None = None, flags: Mapping[str, Any] | None = None) -> EdgeConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
@@ -13,14 +13,17 @@ import numpy as np
 import numpy.typing as npt
 from anyio.abc import TaskStatus
 
-from servo._core import LatencyTracker
+from servo._core import LatencyTracker, QueueError
 from servo.edge.config import EdgeConfig
 from servo.edge.failsafe import EngineState, FailSafe
 from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Action, ChunkPipeline, Request
+from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
 from servo.transport import LoopBridge
 from servo.wire import CameraFeature, Features
+
+log = get_logger(__name__)
 
 #: How often a waiting worker re-evaluates the fail-safe state and its stop conditions.
 TICK_S = 0.02
@@ -30,7 +33,11 @@ RTT_WINDOW = 10_000
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A snapshot of an engine's counters."""
+    """A snapshot of an engine's counters.
+
+    ``chunks_rejected`` counts what never reached the queue, by reason (see
+    `servo.client.REJECT_REASONS`); ``rogue_servers`` the replicas skipped as untrusted or forged.
+    """
 
     state: str
     chunks_received: int
@@ -45,15 +52,17 @@ class EngineStats:
     delay_steps: int
     rtt_ms_p50: float | None
     rtt_ms_p99: float | None
+    chunks_rejected: dict[str, int] = field(default_factory=dict)
+    rogue_servers: int = 0
 
 
 @dataclass(frozen=True)
 class Produced:
-    """A chunk produced for one request, wherever it was computed."""
+    """A chunk produced for one request, wherever it was computed (``session_id``: 32 hex chars)."""
 
     chunk_model: npt.NDArray[np.float32]
     chunk_robot: npt.NDArray[np.float32]
-    session_id: int
+    session_id: str
     seq_id: int
     inference_ms: float
 
@@ -267,18 +276,23 @@ class EngineBase:
     def merge(self, request: Request, produced: Produced, now_ns: int) -> int | None:
         """Merge a produced chunk (the same call for every engine).
 
-        Returns the steps trimmed, or None when the chunk was dropped because the episode was
-        reset meanwhile.
+        Returns the steps trimmed, or None when the chunk was dropped: the episode was reset
+        meanwhile, or the queue refused it (a chunk that does not fit: counted in
+        ``queue_refusals``, never fatal).
         """
         started = time.perf_counter_ns()
-        trimmed = self.pipeline.complete(
-            request,
-            produced.chunk_model,
-            produced.chunk_robot,
-            now_ns,
-            session_id=produced.session_id,
-            seq_id=produced.seq_id,
-        )
+        try:
+            trimmed = self.pipeline.complete(
+                request,
+                produced.chunk_model,
+                produced.chunk_robot,
+                now_ns,
+                session_id=produced.session_id,
+                seq_id=produced.seq_id,
+            )
+        except QueueError as exc:  # counted as dropped; the next request brings another chunk
+            log.warning("chunk refused by the queue", error=str(exc), seq_id=produced.seq_id)
+            trimmed = None
         if self.on_merge is not None:
             self.on_merge(MergeEvent(request, produced, now_ns, trimmed, time.perf_counter_ns() - started))
         if trimmed is None:

@@ -13,12 +13,14 @@ policy behaves the same wherever it runs.
 from __future__ import annotations
 
 import functools
+import secrets
 import time
 from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
 
+from servo._core import PUBLIC_KEY_SIZE, SESSION_ID_SIZE
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase, Produced, robot_features
 from servo.edge.errors import EdgeStartError
@@ -56,6 +58,8 @@ class LocalEngine(EngineBase):
     def __init__(self, config: EdgeConfig, spec: RobotSpec, *, policy: Policy | None = None) -> None:
         super().__init__(config, spec)
         self.client_id = config.client_id or f"{spec.name}-local"
+        #: Provenance of local chunks: an id of this engine's own, like a server's session id.
+        self.session_id = secrets.token_hex(SESSION_ID_SIZE)
         self._policy = policy
         self._runner: InferenceRunner | None = None
         self._processor: Processor | None = None
@@ -89,6 +93,7 @@ class LocalEngine(EngineBase):
             schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
             features=robot_features(self.spec),
             fps=self.spec.fps,
+            client_key=bytes(PUBLIC_KEY_SIZE),  # validated here, never sent: no handshake
             task=self.config.task,
             rtc=self.pipeline.rtc,
         )
@@ -127,7 +132,7 @@ class LocalEngine(EngineBase):
         self.requests += 1
         started = time.perf_counter()
         model, robot = runner.infer(processor, obs, request.delay_steps)
-        return Produced(model, robot, 0, self._seq, (time.perf_counter() - started) * 1e3)
+        return Produced(model, robot, self.session_id, self._seq, (time.perf_counter() - started) * 1e3)
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1

@@ -127,7 +127,7 @@ class ChunkPipeline:
         chunk_robot: FloatArray,
         now_ns: int,
         *,
-        session_id: int,
+        session_id: str,
         seq_id: int,
     ) -> int | None:
         """Merge a chunk answering ``request``.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -19,9 +20,10 @@ from servo.client import (
     SessionLost,
     SessionRejected,
 )
+from servo.client.policy_client import RETRYABLE
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import Aborted, EngineBase, Produced, robot_features
+from servo.edge.engine import Aborted, EngineBase, EngineStats, Produced, robot_features
 from servo.edge.errors import EdgeStartError
 from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Request
@@ -33,7 +35,11 @@ log = get_logger(__name__)
 
 
 class _Reconnect(Exception):
-    """Internal: leave the current session and reconnect."""
+    """Internal: leave the current session and reconnect (``at_once``: skip the backoff)."""
+
+    def __init__(self, reason: str, *, at_once: bool = False) -> None:
+        super().__init__(reason)
+        self.at_once = at_once
 
 
 class RemoteEngine(EngineBase):
@@ -42,14 +48,22 @@ class RemoteEngine(EngineBase):
     `run` (the network worker) belongs to the event loop and does all encoding and I/O; the
     control loop only deposits observations and pops the queue. One request is in flight at a
     time: the next observation leaves when the queue holds less than ``buffer_time_s``.
+
+    Every chunk is authenticated and validated by the client library before it can reach the
+    queue (`servo.client.verify`); a rejected one is counted, and the request retried. Only the
+    spec's reasons kill the engine (seeds/001 §9.2): offline longer than ``max_offline_s``, or a
+    server that comes back with another model or refuses the robot's capabilities.
     """
 
     def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
         super().__init__(config, spec)
-        self.client_id = config.client_id or f"{spec.name}-{uuid.uuid4().hex[:8]}"
+        self.client_id = config.resolved_client_id(f"{spec.name}-{uuid.uuid4().hex[:8]}")
         self.features = robot_features(spec)
         self.server: ServerInfo | None = None
         self.session: RemoteSession | None = None
+        self.client: PolicyClient | None = None
+        #: The last session opened: a reconnect proves it held it (see `PolicyClient.open_session`).
+        self._previous: RemoteSession | None = None
         self._identity: PolicyInfo | None = None
         self._epoch = 0
         self._receive_scope: anyio.CancelScope | None = None
@@ -76,7 +90,13 @@ class RemoteEngine(EngineBase):
             tg.start_soon(self.tick_failsafe)
             zsession = await self._open_zenoh()
             try:
-                client = PolicyClient(zsession, self.client_id, jpeg_quality=self.config.jpeg_quality)
+                client = self.client = PolicyClient(
+                    zsession,
+                    self.client_id,
+                    jpeg_quality=self.config.jpeg_quality,
+                    trusted=self.config.trusted(),
+                    max_chunk_steps=self.config.max_chunk_steps,
+                )
                 await self._first_session(client)
                 task_status.started()
                 await self._connection_loop(client)
@@ -116,7 +136,7 @@ class RemoteEngine(EngineBase):
                 await self._open(client)
                 return
             except SessionRejected as exc:
-                if exc.rejection.code not in ("capacity", "draining"):
+                if exc.rejection.code not in RETRYABLE:
                     raise EdgeStartError(f"server refused this robot: {exc.rejection.reason}", refused=True) from None
                 problem = str(exc)
             except (NoServerFound, RequestTimeout) as exc:
@@ -141,7 +161,9 @@ class RemoteEngine(EngineBase):
             epoch=self._epoch,
             tags=dict(cfg.tags),
             timeout=min(2.0, cfg.request_timeout_s),
+            previous=self._previous,
         )
+        self._previous = session
         assert session.ack is not None
         ack = session.ack
         if self._identity is not None and not _same_model(self._identity, ack.policy):
@@ -160,7 +182,7 @@ class RemoteEngine(EngineBase):
         for warning in ack.warnings:
             log.warning(
                 "server warning",
-                session_id=ack.session_id,
+                session_id=session.session_id,
                 client_id=self.client_id,
                 warning=warning,
             )
@@ -168,22 +190,25 @@ class RemoteEngine(EngineBase):
     async def _connection_loop(self, client: PolicyClient) -> None:
         backoff = self._backoff()
         while not self.failsafe.dead.is_set():
+            at_once = False
             if self.session is not None:
                 try:
                     await self._stream(self.session)
                 except _Reconnect as exc:
                     self.failsafe.lost(str(exc))
+                    at_once = exc.at_once
                 with anyio.CancelScope(shield=True):
                     await self.session.close()
                 self.session = None
                 backoff.reset()
             if self.failsafe.dead.is_set():
                 return
-            await backoff.wait()
+            if not at_once:
+                await backoff.wait()
             try:
                 await self._open(client)
             except SessionRejected as exc:
-                if exc.rejection.code not in ("capacity", "draining"):
+                if exc.rejection.code not in RETRYABLE:
                     self.failsafe.fatal(f"server refused this robot on reconnect: {exc.rejection.reason}")
             except (NoServerFound, RequestTimeout, _Reconnect) as exc:
                 log.info(
@@ -239,7 +264,8 @@ class RemoteEngine(EngineBase):
                 self.errors += 1
                 self.failsafe.request_failed()
                 if exc.code == "unknown_session":
-                    raise _Reconnect("server no longer knows this session") from None
+                    # The server restarted or collected us: re-handshake now, no backoff.
+                    raise _Reconnect("server no longer knows this session", at_once=True) from None
                 bound.warning("server refused request", code=exc.code, reason=exc.message)
                 continue
             except SessionLost as exc:
@@ -273,6 +299,14 @@ class RemoteEngine(EngineBase):
         except (RequestTimeout, ServerError, SessionLost) as exc:
             # The server holds no state the edge depends on; the episode id in the header suffices.
             log.warning("server reset not acknowledged", session_id=session.session_id, error=str(exc))
+
+    def statistics(self) -> EngineStats:
+        """Counters snapshot, with what the client library refused (rejected chunks, rogue replicas)."""
+        stats = super().statistics()
+        if self.client is None:
+            return stats
+        refused = self.client.statistics()
+        return dataclasses.replace(stats, chunks_rejected=refused.chunks_rejected, rogue_servers=refused.rogue_servers)
 
 
 def _same_model(a: PolicyInfo, b: PolicyInfo) -> bool:

@@ -21,7 +21,7 @@ from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase
 from servo.edge.errors import EdgeStartError
 from servo.logs import get_logger
-from servo.recording import read_recording
+from servo.recording import check_rate, read_recording
 from servo.robots.protocol import RobotSpec
 from servo.transport import open_session
 from servo.wire import WireError, decode_tensor
@@ -80,7 +80,7 @@ class ReplayEngine(EngineBase):
         # Pre-recorded frames are not answers to observations: no staleness bound applies.
         self.source = source
         self.loop = loop
-        self.client_id = config.client_id or f"{spec.name}-replay"
+        self.client_id = config.resolved_client_id(f"{spec.name}-replay")
         self.trajectory: FloatArray | None = None
         self._plan: FloatArray = np.zeros((0, spec.action_dim), dtype=np.float32)
         self._cursor = 0
@@ -129,15 +129,27 @@ class ReplayEngine(EngineBase):
         cfg = self.config
         try:
             async with open_session(cfg.zenoh_settings()) as zsession:
-                client = PolicyClient(zsession, self.client_id)
+                client = PolicyClient(zsession, self.client_id, trusted=cfg.trusted())
                 servers = await client.discover(app=cfg.app or None, model=cfg.model or None)
                 self.network_requests += 1
                 trajectory = await client.fetch_trajectory(servers[0], name)
         except Exception as exc:
             raise EdgeStartError(f"cannot fetch trajectory {name!r}: {exc}", refused=False) from None
-        frames = np.array(
-            decode_tensor(trajectory.positions, dtype="float32", shape=(None, len(trajectory.joint_names)))
-        )
+        what = f"trajectory {name!r}"
+        try:
+            check_rate(trajectory.fps, f"{what}: fps")
+            frames = np.array(
+                decode_tensor(
+                    trajectory.positions,
+                    dtype="float32",
+                    shape=(None, len(trajectory.joint_names)),
+                    what=f"{what}: positions",
+                )
+            )
+            if not np.isfinite(frames).all():
+                raise WireError(f"{what}: positions contain NaN or inf")
+        except WireError as exc:
+            raise EdgeStartError(f"cannot replay: {exc}", refused=True) from None
         return trajectory.joint_names, trajectory.fps, frames
 
     def stop(self) -> None:

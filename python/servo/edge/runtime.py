@@ -59,7 +59,9 @@ class RunSummary:
 
     ``rtt_ms`` and the jitter percentiles cover the last `EngineBase.rtt` / `ControlLoop.jitter`
     window (fixed memory however long the run); ``tick_jitter_ms["max"]`` and the counters cover
-    the whole run.
+    the whole run. ``chunks_rejected`` counts the server messages that never reached the queue,
+    by reason (forged, replayed, malformed, non-finite…); ``rogue_servers`` the replicas skipped
+    as untrusted or forged.
     """
 
     ticks: int
@@ -81,6 +83,8 @@ class RunSummary:
     stop_reason: str = ""
     parked: bool = False
     transitions: list[list[str]] = field(default_factory=list)
+    chunks_rejected: dict[str, int] = field(default_factory=dict)
+    rogue_servers: int = 0
 
     def to_json(self) -> str:
         """Pretty JSON."""
@@ -247,6 +251,8 @@ class EdgeRuntime:
             stop_reason=self.stop_reason,
             parked=parked,
             transitions=[[state.value, reason] for state, reason in self.engine.failsafe.transitions],
+            chunks_rejected=stats.chunks_rejected,
+            rogue_servers=stats.rogue_servers,
         )
 
     async def _status_line(self, show: Callable[[str], None]) -> None:

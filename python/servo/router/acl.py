@@ -17,10 +17,12 @@ Key layout (`servo.wire.keys`), ``A`` = ``@servo/*/*/*`` (any app, model, replic
 robot's name, which is its client id:
 
 - robot: sends puts on ``A/c/R/obs``, subscribes to ``A/c/R/action``, queries
-  ``A/status|session|trajectory`` and ``A/c/R/control``, declares the token ``A/c/R/alive``,
-  watches and queries server tokens ``A/alive``; receives its own chunks, the replies, server
-  tokens and the servers' ``A/c/*/obs`` subscriber declarations.
-- server (keys ``P``): declares and answers the ``P/status|session|trajectory`` and
+  ``A/status|trajectory`` and its own ``A/c/R/session`` and ``A/c/R/control``, declares the token
+  ``A/c/R/alive``, watches and queries server tokens ``A/alive``; receives its own chunks, the
+  replies, server tokens and the servers' ``A/c/*/obs`` subscriber declarations. Session open
+  being on the robot's own key is what stops robot-8 from opening (or replacing) a session
+  under robot-7's name: the server takes the client id from the key it was queried on.
+- server (keys ``P``): declares and answers the ``P/status|trajectory``, ``P/c/*/session`` and
   ``P/c/*/control`` queryables, subscribes to ``P/c/*/obs``, puts on ``P/c/*/action``, declares
   ``P/alive``, watches robot tokens ``P/c/*/alive``; receives those queries, observations and
   tokens, and robots' action subscriber declarations.
@@ -55,7 +57,9 @@ ALL_MESSAGES = (
     "declare_liveliness_subscriber",
     "liveliness_query",
 )
-_SERVER_QUERIES = ("status", "session", "trajectory")
+_SERVER_QUERIES = ("status", "trajectory")
+#: What a server answers for each client, under ``c/<client>/``.
+_CLIENT_QUERIES = ("session", "control")
 
 
 def access_control(fleet: Fleet) -> dict[str, Any]:
@@ -96,8 +100,8 @@ def _robot_rules(name: str) -> list[RuleSpec]:
         ("ingress", ("put",), [f"{own}/obs"]),
         ("ingress", ("declare_subscriber",), [f"{own}/action"]),
         ("egress", ("put",), [f"{own}/action"]),
-        ("ingress", ("query",), [f"{own}/control"]),
-        ("egress", ("reply",), [f"{own}/control"]),
+        ("ingress", ("query",), [f"{own}/{leaf}" for leaf in _CLIENT_QUERIES]),
+        ("egress", ("reply",), [f"{own}/{leaf}" for leaf in _CLIENT_QUERIES]),
         ("ingress", ("liveliness_token",), [f"{own}/alive"]),
     ]
 
@@ -108,7 +112,7 @@ def _server_rules(group: ServerGroup) -> list[RuleSpec]:
     def under(*leaves: str) -> list[str]:
         return [f"{p}/{leaf}" for p in prefixes for leaf in leaves]
 
-    served = under(*_SERVER_QUERIES, "c/*/control")
+    served = under(*_SERVER_QUERIES, *(f"c/*/{leaf}" for leaf in _CLIENT_QUERIES))
     return [
         ("ingress", ("declare_queryable", "reply"), served),
         ("egress", ("query",), [*served, f"{ANY}/status"]),

@@ -1,20 +1,32 @@
-"""The control plane: status, session open, reset/close and trajectory queryables.
+"""The control plane: status, session open (the handshake), reset/close and trajectory queryables.
 
 Handlers run on the event loop (Zenoh's queryable callbacks only hand queries over); each one
-returns a message or a `Rejection`, and `answer` turns that into the reply. A bad request, or a
-bug in a handler, costs that one query — never the server.
+returns a message, a `Sealed` message or a `Rejection`, and `answer` turns that into the reply.
+A bad request, or a bug in a handler, costs that one query — never the server.
+
+Who may do what (see `servo.server.auth` for the checks themselves):
+
+* a session is opened on the client's own ``…/c/<client>/session`` key, whose client id the
+  request must repeat; a client that already has a live session here gets ``session_exists``
+  unless the request proves it holds that session's key (or the old client is gone);
+* reset and close must be sealed with the session key (a fresh seq_id each); anything else is
+  refused, counted in ``servo_control_rejected_total{reason}``, and changes nothing;
+* the replies to reset and close are sealed too, so the client can tell them from a forgery.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 import zenoh
 
-from servo.logs import get_logger
+from servo._core import MSG_CONTROL_ACK, Header, SessionKey
+from servo.logs import LogThrottle, get_logger
 from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
+from servo.server.auth import Refused, SessionAuth, accept_handshake, takeover, verify_control
 from servo.server.sessions import Session
 from servo.server.state import ServerState
 from servo.server.trajectories import TrajectoryLibrary
@@ -32,11 +44,33 @@ from servo.wire import (
     WireError,
     decode,
     encode,
+    reply_header,
 )
 
 log = get_logger(__name__)
 
-Handler = Callable[[zenoh.Query, bytes], msgspec.Struct]
+#: Largest control-plane request body (a session open with every field at its bound fits easily).
+MAX_CONTROL_BYTES = 64 * 1024
+
+_THROTTLE = LogThrottle(1.0)
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A reply authenticated by a session key (control acks)."""
+
+    message: msgspec.Struct
+    key: SessionKey
+    header: Header
+
+
+Handler = Callable[[zenoh.Query, bytes], msgspec.Struct | Sealed]
+
+
+class _Versions(msgspec.Struct):
+    """What any version of a session open carries: enough to refuse it by schema version."""
+
+    schema_versions: list[int] = []
 
 
 class ControlPlane:
@@ -47,6 +81,7 @@ class ControlPlane:
         policy: Makes each session's processor.
         zsession: Declares the queryables and each session's action publisher.
         trajectories: The trajectory library.
+        takeover_idle_s: See `servo.server.auth.takeover`.
     """
 
     def __init__(
@@ -56,11 +91,13 @@ class ControlPlane:
         policy: Policy,
         zsession: zenoh.Session,
         trajectories: TrajectoryLibrary,
+        takeover_idle_s: float,
     ) -> None:
         self._state = state
         self._policy = policy
         self._zsession = zsession
         self._trajectories = trajectories
+        self._takeover_idle_s = takeover_idle_s
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop."""
@@ -72,7 +109,8 @@ class ControlPlane:
         # Replies go out on our own concrete key: a discovery query's selector is a wildcard.
         return [
             on(keys.status, self.status, keys.status),
-            on(keys.session, self.open, keys.session),
+            on(keys.all_sessions, self.open, None),
+            on(f"{keys.prefix}/session", self.open_legacy, None),
             on(keys.all_control, self.control, None),
             on(keys.trajectory, self.trajectory, keys.trajectory),
         ]
@@ -82,10 +120,14 @@ class ControlPlane:
         try:
             payload = b"" if query.payload is None else query.payload.to_bytes()
             result = handler(query, payload)
+            key = reply_key or query.key_expr
             if isinstance(result, Rejection):
                 query.reply_err(encode(result))
+            elif isinstance(result, Sealed):
+                body = encode(result.message)
+                query.reply(key, body, attachment=result.key.seal(result.header, body))
             elif result is not None:
-                query.reply(reply_key or query.key_expr, encode(result))
+                query.reply(key, encode(result))
         except zenoh.ZError as exc:
             log.info("control reply failed", key=str(query.key_expr), error=str(exc))
         except Exception as exc:  # a handler bug must cost one request, not the server
@@ -95,7 +137,7 @@ class ControlPlane:
             query.drop()
 
     def status(self, query: zenoh.Query, payload: bytes) -> StatusReply:
-        """Capabilities and load of this replica."""
+        """Capabilities, load and identity of this replica."""
         state = self._state
         replica = state.replica
         keys = replica.keys
@@ -111,12 +153,14 @@ class ControlPlane:
             active_sessions=len(state.registry),
             max_sessions=replica.max_sessions,
             load=state.load,
+            identity=replica.identity.public_key,
         )
 
     def _reject(self, code: str, reason: str, **context: object) -> Rejection:
         state = self._state
         state.metrics.sessions_rejected.labels(code).inc()
-        log.info("session refused", code=code, reason=reason, **context)
+        if (suppressed := _THROTTLE.allow(("open", code))) is not None:
+            log.info("session refused", code=code, reason=reason, suppressed=suppressed, **context)
         return Rejection(
             code,  # type: ignore[arg-type]
             reason,
@@ -125,30 +169,73 @@ class ControlPlane:
             load=state.load,
         )
 
+    def open_legacy(self, query: zenoh.Query, payload: bytes) -> Rejection:
+        """Schema 1 clients open on ``<p>/session``: tell them which versions this server speaks."""
+        try:
+            versions = sorted(decode(payload, _Versions, max_bytes=MAX_CONTROL_BYTES).schema_versions)
+        except WireError:
+            versions = []
+        return self._reject(
+            "schema_version",
+            f"client speaks {versions}, server speaks {list(SUPPORTED_SCHEMA_VERSIONS)} "
+            "(schema 2 opens sessions on <prefix>/c/<client_id>/session)",
+        )
+
     def open(self, query: zenoh.Query, payload: bytes) -> SessionAck | Rejection:
-        """Validate a client against the policy and capacity; bind it to this replica."""
+        """The handshake: validate a client against the policy and capacity, bind it, sign the ack."""
         state = self._state
         replica = state.replica
         keys, info = replica.keys, replica.info
         try:
-            request = decode(payload, SessionOpen)
-            client_keys = keys.client(request.client_id)
+            client_id = keys.client_of(str(query.key_expr))
+            versions = decode(payload, _Versions, max_bytes=MAX_CONTROL_BYTES).schema_versions
+            if not set(versions) & set(SUPPORTED_SCHEMA_VERSIONS):
+                return self._reject(
+                    "schema_version",
+                    f"client speaks {sorted(versions)}, server speaks {list(SUPPORTED_SCHEMA_VERSIONS)}",
+                )
+            request = decode(payload, SessionOpen, max_bytes=MAX_CONTROL_BYTES)
         except WireError as exc:
             return self._reject("bad_request", str(exc))
+        if request.client_id != client_id:
+            return self._reject(
+                "bad_request",
+                f"client_id {request.client_id!r} does not match the key's {client_id!r} "
+                "(open a session on your own …/c/<client_id>/session key)",
+            )
         if state.lifecycle != "serving":
             return self._reject("draining", "server is draining; open a session on another replica")
         verdict = validate_open(request, info)
         if isinstance(verdict, Rejection):
-            return self._reject(verdict.code, verdict.reason, client_id=request.client_id)
-        previous = state.registry.by_client(request.client_id)
-        active = len(state.registry)
-        if previous is None and active >= replica.max_sessions:
+            return self._reject(verdict.code, verdict.reason, client_id=client_id)
+        previous = state.registry.by_client(client_id)
+        if previous is not None:
+            why = takeover(
+                previous.auth,
+                request,
+                client_present=state.registry.holder_present(previous),
+                idle_s=self._takeover_idle_s,
+            )
+            if why is None:
+                return self._reject(
+                    "session_exists",
+                    f"client {client_id!r} already has a live session on this replica; close it first "
+                    "(or prove you hold it: SessionOpen.resume)",
+                    client_id=client_id,
+                )
+            log.info("session takeover", session_id=previous.session_id, client_id=client_id, why=why)
+        elif len(state.registry) >= replica.max_sessions:
+            active = len(state.registry)
             return self._reject(
                 "capacity",
                 f"server is full ({active}/{replica.max_sessions} sessions)",
-                client_id=request.client_id,
+                client_id=client_id,
             )
-        session = self._create_session(request, verdict, client_keys.action)
+        try:
+            handshake = accept_handshake(request, replica.identity, keys.replica)
+        except Refused as exc:
+            return self._reject("bad_request", str(exc), client_id=client_id)
+        session = self._create_session(request, verdict, handshake.auth, keys.client(client_id).action)
         log.info(
             "session opened",
             session_id=session.session_id,
@@ -160,21 +247,23 @@ class ControlPlane:
             tags=request.tags,
         )
         return SessionAck(
-            session_id=session.session_id,
+            session_id=handshake.auth.wire_id,
             schema_version=verdict.schema_version,
             server_id=replica.server_id,
             replica=keys.replica,
             policy=info,
             rtc=verdict.rtc,
             task=verdict.task,
+            server_key=handshake.server_key,
+            server_identity=replica.identity.public_key,
+            signature=handshake.signature,
             warnings=verdict.warnings,
         )
 
-    def _create_session(self, request: SessionOpen, verdict: Admission, action_key: str) -> Session:
+    def _create_session(self, request: SessionOpen, verdict: Admission, auth: SessionAuth, action_key: str) -> Session:
         session = Session(
-            session_id=self._state.registry.new_session_id(),
+            auth=auth,
             client_id=request.client_id,
-            epoch=request.session_epoch,
             task=verdict.task,
             rtc=verdict.rtc,
             schema_version=verdict.schema_version,
@@ -184,17 +273,28 @@ class ControlPlane:
         self._state.register(session)
         return session
 
-    def control(self, query: zenoh.Query, payload: bytes) -> ControlAck | Rejection:
-        """Reset (episode boundary) or close one of the querying client's sessions."""
+    def control(self, query: zenoh.Query, payload: bytes) -> Sealed | Rejection:
+        """Reset (episode boundary) or close the querying client's session, if the request is sealed by it."""
         state = self._state
         try:
             client_id = state.replica.keys.client_of(str(query.key_expr))
-            request: ControlRequest = decode(payload, ControlRequest)  # type: ignore[arg-type]
         except WireError as exc:
-            return self._reject("bad_request", str(exc))
-        session = state.registry.get(request.session_id)
-        if session is None or session.client_id != client_id:
-            return self._reject("unknown_session", f"no session {request.session_id} for client {client_id!r}")
+            return self._refuse_control("header", "bad_request", str(exc))
+        session = state.registry.by_client(client_id)
+        attachment = None if query.attachment is None else query.attachment.to_bytes()
+        try:
+            header = verify_control(None if session is None else session.auth, attachment, payload)
+        except Refused as exc:
+            code = "unknown_session" if exc.reason == "session" else "unauthenticated"
+            return self._refuse_control(exc.reason, code, f"{exc} (client {client_id!r})")
+        assert session is not None
+        try:
+            request: ControlRequest = decode(payload, ControlRequest, max_bytes=MAX_CONTROL_BYTES)  # type: ignore[arg-type]
+        except WireError as exc:
+            return self._refuse_control("body", "bad_request", str(exc))
+        if request.session_id != session.auth.wire_id:
+            return self._refuse_control("body", "bad_request", "the body names another session than the header")
+        ack = reply_header(header, MSG_CONTROL_ACK)
         if isinstance(request, ResetRequest):
             state.registry.reset(session.session_id, request.episode_id)
             log.info(
@@ -203,10 +303,16 @@ class ControlPlane:
                 client_id=client_id,
                 episode_id=request.episode_id,
             )
-            return ControlAck(session.session_id, request.episode_id)
+            return Sealed(ControlAck(session.auth.wire_id, request.episode_id), session.auth.key, ack)
         assert isinstance(request, CloseRequest)
         state.collect(session, "closed")
-        return ControlAck(session.session_id)
+        return Sealed(ControlAck(session.auth.wire_id), session.auth.key, ack)
+
+    def _refuse_control(self, reason: str, code: str, message: str) -> Rejection:
+        self._state.metrics.control_rejected.labels(reason).inc()
+        if (suppressed := _THROTTLE.allow(("control", reason))) is not None:
+            log.warning("control request refused", reason=reason, detail=message, suppressed=suppressed)
+        return Rejection(code, message)  # type: ignore[arg-type]
 
     def trajectory(self, query: zenoh.Query, payload: bytes) -> msgspec.Struct:
         """A whole trajectory of the library (or the list of names)."""

@@ -15,13 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from servo.logs import get_logger
+from servo.logs import LogThrottle, get_logger
 from servo.policy import DecodedObservation, PolicySpec
 from servo.policy.runner import clamp_delay
 from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, decode_tensor
 
 log = get_logger(__name__)
+#: A codec bug shows its traceback once per second at most, with the count held back.
+_THROTTLE = LogThrottle(1.0)
 
 
 class ObservationDecoder:
@@ -53,7 +55,8 @@ class ObservationDecoder:
         except WireError as exc:
             return Rejected(item.header, "bad_observation", str(exc), item.received_ns)
         except Exception as exc:  # a codec bug must cost one request, not the decoder thread
-            log.exception("observation decoding failed", session_id=session.session_id)
+            if (suppressed := _THROTTLE.allow(type(exc).__name__)) is not None:
+                log.exception("observation decoding failed", session_id=session.session_id, suppressed=suppressed)
             return Rejected(item.header, "bad_observation", f"{type(exc).__name__}: {exc}", item.received_ns)
         decode_ns = time.monotonic_ns() - started
         return Decoded(item.header, obs, delay, item.received_ns, decode_ns)
@@ -65,8 +68,7 @@ class ObservationDecoder:
                 f"observation uses schema version {header.schema_version}, the session negotiated "
                 f"{session.schema_version}"
             )
-        payload = item.payload if isinstance(item.payload, bytes) else item.payload.to_bytes()
-        msg = decode(payload, Observation, max_bytes=self._max_bytes)
+        msg = decode(item.payload, Observation, max_bytes=self._max_bytes)
         state = decode_tensor(msg.state, dtype="float32", shape=(self._state_dim,), what="observation.state")
         if not np.isfinite(state).all():
             raise WireError("observation.state contains NaN or inf")

@@ -98,6 +98,26 @@ class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     audit_log: Annotated[str, msgspec.Meta(description="One JSON line per request to this file; '-' = stdout.")] = ""
 
 
+class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[security]``: the replica's identity and the session-takeover rule."""
+
+    identity_key: Annotated[
+        str,
+        msgspec.Meta(
+            description="File of the Ed25519 identity that signs session acks (created 0600 when missing); "
+            "ephemeral when empty."
+        ),
+    ] = ""
+    takeover_idle_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="A client's live session may be replaced by a new open under its id without proof "
+            "only after this long without an authenticated message (s).",
+        ),
+    ] = 30.0
+
+
 class TrajectoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[[trajectories]]``: a named recorded episode the server hands out for replay."""
 
@@ -118,6 +138,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     serving: ServingSection = ServingSection()
     zenoh: ZenohSettings = ZenohSettings(listen=[DEFAULT_LOCAL_ENDPOINT])
     ops: OpsSection = OpsSection()
+    security: SecuritySection = SecuritySection()
     trajectories: list[TrajectoryEntry] = []
 
     def check(self) -> None:

@@ -19,10 +19,22 @@ class ServerMetrics:
         self.draining = Gauge("servo_draining", "1 while draining", registry=r)
         self.requests = Counter("servo_requests", "Served inference requests", ["outcome"], registry=r)
         self.superseded = Counter("servo_superseded_observations", "Observations replaced before inference", registry=r)
-        self.dropped = Counter(
-            "servo_dropped_observations",
-            "Observations dropped before the mailbox",
+        self.observations_rejected = Counter(
+            "servo_observations_rejected",
+            "Observations dropped before the mailbox, unanswered "
+            "(key, header, session, too_large, mac, epoch, replay, stale)",
             ["reason"],
+            registry=r,
+        )
+        self.control_rejected = Counter(
+            "servo_control_rejected",
+            "Control requests (reset, close) refused before acting (header, session, mac, epoch, replay)",
+            ["reason"],
+            registry=r,
+        )
+        self.unknown_session_notices = Counter(
+            "servo_unknown_session_notices",
+            "Keyless unknown_session notices sent to clients whose session this replica does not know",
             registry=r,
         )
         self.sessions_opened = Counter("servo_sessions_opened", "Session opens accepted", registry=r)

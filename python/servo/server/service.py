@@ -22,17 +22,19 @@ import anyio
 import zenoh
 from anyio.abc import TaskStatus
 
-from servo._core import MSG_DRAIN, MSG_ERROR, MSG_OBS, Header, HeaderError, decode_header
-from servo.logs import get_logger
+from servo._core import MSG_DRAIN, MSG_ERROR, Header, ServerIdentity, unauthenticated
+from servo.logs import LogThrottle, get_logger
 from servo.policy import Policy, load_policy
 from servo.policy.compatibility import describe
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
+from servo.server.auth import Refused, verify_observation
 from servo.server.control import ControlPlane
+from servo.server.identity import load_identity
 from servo.server.manifest import Manifest
 from servo.server.ops import OpsEndpoint
 from servo.server.scheduler import RoundRobin, Scheduler
-from servo.server.sessions import Pending, Rejected, Session
+from servo.server.sessions import Pending, Session
 from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
@@ -44,6 +46,7 @@ from servo.wire import (
     ServerKeys,
     WireError,
     encode,
+    fingerprint,
     reply_header,
     slugify,
 )
@@ -54,6 +57,8 @@ log = get_logger(__name__)
 DRAIN_TIMEOUT_S = 30.0
 #: How long drain notices travel alone before the server's liveliness token is withdrawn.
 DRAIN_NOTICE_HEAD_START_S = 0.2
+#: At most one keyless unknown_session notice per client id per this many seconds.
+UNKNOWN_SESSION_NOTICE_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,8 @@ class ServerReady:
     keys: ServerKeys
     info: PolicyInfo
     health_port: int | None
+    #: The identity's fingerprint (``ed25519:…``): what edges pin in ``trusted_servers``.
+    fingerprint: str
 
 
 class PolicyServer:
@@ -98,6 +105,9 @@ class PolicyServer:
         self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
         self._trajectories = TrajectoryLibrary(manifest.trajectories)
+        # Rejected observations: one log line per reason per second; notices: one per client per second.
+        self._log_throttle = LogThrottle(1.0)
+        self._notice_throttle = LogThrottle(UNKNOWN_SESSION_NOTICE_INTERVAL_S, max_keys=4096)
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
         """Wait until ``predicate(sessions)`` holds.
@@ -132,6 +142,7 @@ class PolicyServer:
                 ops = OpsEndpoint(self.state.health, self.metrics.render)
                 if m.ops.health_port:
                     health_port = await tg.start(ops.run, m.ops.health_host, m.ops.health_port)
+            identity = await anyio.to_thread.run_sync(load_identity, m.security.identity_key)
             policy = await anyio.to_thread.run_sync(self._load_policy)
             runner = InferenceRunner(policy, device=m.model.device, dtype=m.model.dtype, compile=m.model.compile)
             started = time.perf_counter()
@@ -141,7 +152,7 @@ class PolicyServer:
                 warmup=m.model.warmup,
                 seconds=round(time.perf_counter() - started, 3),
             )
-            self.state.bind(self._replica(policy), tg)
+            self.state.bind(self._replica(policy, identity), tg)
             audit = AuditLog(m.ops.audit_log)
             try:
                 async with open_session(m.zenoh) as zsession:
@@ -172,7 +183,13 @@ class PolicyServer:
         declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None]] = []
         token: zenoh.LivelinessToken | None = None
         try:
-            control = ControlPlane(state, policy=runner.policy, zsession=zsession, trajectories=self._trajectories)
+            control = ControlPlane(
+                state,
+                policy=runner.policy,
+                zsession=zsession,
+                trajectories=self._trajectories,
+                takeover_idle_s=m.security.takeover_idle_s,
+            )
             declared += [
                 zsession.declare_subscriber(keys.all_obs, self._on_observation),
                 *control.declare(bridge),
@@ -185,6 +202,7 @@ class PolicyServer:
             worker.start()
             token = zsession.liveliness().declare_token(keys.alive)
             state.start_serving()
+            identity = fingerprint(state.replica.identity.public_key)
             log.info(
                 "serving",
                 key=keys.prefix,
@@ -193,8 +211,9 @@ class PolicyServer:
                 connect=m.zenoh.connect,
                 mode=info.serving_mode,
                 max_sessions=state.replica.max_sessions,
+                identity=identity,
             )
-            task_status.started(ServerReady(keys, info, health_port))
+            task_status.started(ServerReady(keys, info, health_port, identity))
             await self._stop.wait()
         finally:
             with anyio.CancelScope(shield=True):
@@ -222,7 +241,7 @@ class PolicyServer:
             self._policy = load_policy(model.source, model.options, device=model.device, search_path=self._search_path)
         return self._policy
 
-    def _replica(self, policy: Policy) -> Replica:
+    def _replica(self, policy: Policy, identity: ServerIdentity) -> Replica:
         """What this replica serves; the one place the serving mode and capacity are decided."""
         spec, serving = policy.spec, self.manifest.serving
         exclusive = serving.mode == "exclusive" or not spec.chunk_stateless
@@ -240,58 +259,72 @@ class PolicyServer:
             strict_fps=serving.strict_fps,
         )
         keys = ServerKeys(serving.app, slugify(spec.model, what="model"), serving.replica or self.server_id)
-        return Replica(self.server_id, keys, info, max_sessions=1 if exclusive else serving.max_sessions)
+        return Replica(
+            self.server_id, keys, info, max_sessions=1 if exclusive else serving.max_sessions, identity=identity
+        )
 
     # ------------------------------------------------------------------ data plane
     def _on_observation(self, sample: zenoh.Sample) -> None:
-        """Zenoh callback thread: route by key and header, deposit, return."""
+        """Zenoh callback thread: route by key, authenticate (`servo.server.auth`), deposit, return.
+
+        Nothing unauthenticated reaches a mailbox: a forged, replayed or foreign observation is
+        dropped and counted in ``servo_observations_rejected_total{reason}``, never answered with
+        a chunk. Only a well-formed observation naming a session this replica does not know gets
+        the keyless ``unknown_session`` notice, so a client whose server restarted re-opens at once.
+        """
         now = time.monotonic_ns()
-        keys = self.state.replica.keys
         try:
-            client_id = keys.client_of(str(sample.key_expr))
-        except WireError:
-            self.metrics.dropped.labels("bad_key").inc()
+            client_id = self.state.replica.keys.client_of(str(sample.key_expr))
+        except WireError as exc:
+            self._reject_observation(Refused("key", str(exc)), None)
             return
-        attachment = sample.attachment
-        item: Pending | Rejected
+        session = self.registry.by_client(client_id)
+        attachment = None if sample.attachment is None else sample.attachment.to_bytes()
         try:
-            if attachment is None:
-                raise HeaderError("observation has no attachment header")
-            header = decode_header(attachment.to_bytes())
-        except HeaderError as exc:
-            item = Rejected(None, "bad_header", str(exc), now)
-        else:
-            size = len(sample.payload)
-            if header.msg_type != MSG_OBS:
-                item = Rejected(header, "bad_header", f"msg_type {header.msg_type} on an observation key", now)
-            elif size > self.manifest.serving.max_observation_bytes:
-                limit = self.manifest.serving.max_observation_bytes
-                item = Rejected(
-                    header,
-                    "too_large",
-                    f"observation of {size} bytes exceeds the limit of {limit}",
-                    now,
-                )
-            else:
-                item = Pending(header, sample.payload, now)  # copied out by the decoder thread
-        outcome = self.registry.deposit(client_id, item)
-        if outcome == "ok":
+            header, body = verify_observation(
+                None if session is None else session.auth,
+                attachment,
+                sample.payload,
+                max_bytes=self.manifest.serving.max_observation_bytes,
+            )
+        except Refused as exc:
+            self._reject_observation(exc, client_id)
+            if exc.reason == "session" and exc.header is not None:
+                self._tell_unknown_session(client_id, exc.header)
             return
-        self.metrics.dropped.labels(outcome).inc()
-        if outcome == "no_session" and item.header is not None:
-            # Tell the client its session is gone (collected, or the server restarted) so it
-            # re-opens one at once instead of waiting out its request timeout.
-            self._tell_unknown_session(client_id, item.header)
+        assert session is not None
+        outcome = self.registry.deposit(session, Pending(header, body, now))
+        if outcome != "ok":
+            self.metrics.observations_rejected.labels(outcome).inc()
+
+    def _reject_observation(self, refused: Refused, client_id: str | None) -> None:
+        self.metrics.observations_rejected.labels(refused.reason).inc()
+        if (suppressed := self._log_throttle.allow(refused.reason)) is not None:
+            log.warning(
+                "observation rejected",
+                reason=refused.reason,
+                detail=str(refused),
+                client_id=client_id,
+                suppressed=suppressed,
+            )
 
     def _tell_unknown_session(self, client_id: str, header: Header) -> None:
+        """Send the keyless hint (rate limited per client id).
+
+        No key signs it: the client only re-opens a session when it echoes the session id and
+        the request it sent.
+        """
+        if self._notice_throttle.allow(client_id) is None:
+            return
         zsession = self._zsession
         assert zsession is not None
-        body = encode(ErrorEvent("unknown_session", f"no session for client {client_id!r}; open a new one"))
+        body = encode(ErrorEvent("unknown_session", f"no session {header.session_id.hex()} here; open a new one"))
+        self.metrics.unknown_session_notices.inc()
         with contextlib.suppress(zenoh.ZError):
             zsession.put(
                 self.state.replica.keys.client(client_id).action,
                 body,
-                attachment=reply_header(header, MSG_ERROR),
+                attachment=unauthenticated(reply_header(header, MSG_ERROR)),
                 congestion_control=zenoh.CongestionControl.DROP,
             )
 

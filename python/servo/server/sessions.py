@@ -1,16 +1,15 @@
 """Server-side sessions and their latest-only observation mailboxes.
 
-Zenoh's observation callback deposits into a session's mailbox (newest wins; what it replaces is
-counted as superseded). A raw observation is decoded by the decoder thread, which puts it back as
-ready; the inference worker takes ready items. Control handlers on the event loop open, reset and
-close sessions. One lock guards the registry; nothing slow ever runs under it.
+Zenoh's observation callback authenticates an observation (`servo.server.auth`) and deposits it
+into its session's mailbox (newest wins; what it replaces is counted as superseded). A raw
+observation is decoded by the decoder thread, which puts it back as ready; the inference worker
+takes ready items. Control handlers on the event loop open, reset and close sessions. One lock
+guards the registry; nothing slow ever runs under it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import secrets
 import threading
 import time
 from collections import deque
@@ -22,22 +21,23 @@ import zenoh
 
 from servo._core import Header
 from servo.policy import DecodedObservation, Processor
+from servo.server.auth import SessionAuth
 from servo.wire import reply_header
 
-#: Outcome of a deposit: queued, no session for the client, or from another epoch/old episode.
-Deposit = Literal["ok", "no_session", "stale"]
+#: Outcome of a deposit: queued, the session is gone (replaced, closed), or an old episode's.
+Deposit = Literal["ok", "session", "stale"]
 
 
 @dataclass(frozen=True)
 class Pending:
-    """A raw observation waiting to be decoded.
+    """A raw, authenticated observation waiting to be decoded.
 
-    The payload stays Zenoh bytes until then: the copy out of Zenoh happens on the decoder (or
-    worker) thread, not on the subscriber's callback thread.
+    The body is already copied out of Zenoh: its MAC had to be checked before it could enter
+    the mailbox.
     """
 
     header: Header
-    payload: zenoh.ZBytes | bytes
+    payload: bytes
     received_ns: int
 
 
@@ -54,9 +54,9 @@ class Decoded:
 
 @dataclass(frozen=True)
 class Rejected:
-    """Something arrived for the session that cannot be served; the worker answers with an error."""
+    """An authenticated observation that cannot be served; the worker answers with an error."""
 
-    header: Header | None
+    header: Header
     code: str
     message: str
     received_ns: int
@@ -66,16 +66,16 @@ class Rejected:
 class Session:
     """One client bound to this replica.
 
-    Fields above the line are fixed at open; the mailbox fields are guarded by the registry
-    lock; ``processor`` belongs to the inference worker. The publisher is shared by the worker
-    (chunks, errors) and the event loop (drain notice, undeclare): use `publish` and
-    `close_publisher`, which serialise the two (a Zenoh publisher used from two threads at
-    once raises ``RuntimeError: Already borrowed``).
+    Fields above the line are fixed at open (``auth`` keeps its own lock); the mailbox fields
+    are guarded by the registry lock; ``processor`` belongs to the inference worker. The
+    publisher is shared by the worker (chunks, errors) and the event loop (drain notice,
+    undeclare): use `publish` and `close_publisher`, which serialise the two (a Zenoh publisher
+    used from two threads at once raises ``RuntimeError: Already borrowed``). Every message it
+    publishes is sealed with the session key.
     """
 
-    session_id: int
+    auth: SessionAuth
     client_id: str
-    epoch: int
     task: str
     rtc: bool
     schema_version: int
@@ -96,28 +96,33 @@ class Session:
     served: int = 0
     errors: int = 0
     alive: bool = False
+    #: The client's liveliness token vanished at least once since the open: whoever holds the
+    #: name now (a token under it again) may be a restarted client (see `servo.server.auth.takeover`).
+    token_lost: bool = False
     # --- guarded by _publish_lock
     _publish_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _publisher_closed: bool = False
 
-    def publish(self, msg_type: int, body: bytes, request: Header | None = None) -> bool:
-        """Put one message on the session's action key; False once the publisher is closed.
+    @property
+    def session_id(self) -> str:
+        """The session id: 32 lowercase hex characters (16 random bytes on the wire)."""
+        return self.auth.session_id
 
-        The header answers ``request`` (see `reply_header`); without one (a drain notice, an
-        observation whose header did not decode) it addresses the session's current episode.
+    @property
+    def epoch(self) -> int:
+        """The session epoch the client chose at open."""
+        return self.auth.epoch
+
+    def publish(self, msg_type: int, body: bytes, request: Header | None = None) -> bool:
+        """Seal one message with the session key and put it on the session's action key.
+
+        The header answers ``request`` (see `reply_header`); without one (a drain notice) it
+        addresses the session's current episode. Returns False once the publisher is closed.
         """
         if request is None:
-            request = Header(
-                self.schema_version,
-                msg_type,
-                0,
-                0,
-                self.episode_id,
-                self.epoch,
-                0,
-                self.session_id.to_bytes(16, "little"),
-            )
-        attachment = reply_header(request, msg_type, schema_version=self.schema_version)
+            request = Header(self.schema_version, msg_type, 0, 0, self.episode_id, self.epoch, 0, self.auth.wire_id)
+        header = reply_header(request, msg_type, schema_version=self.schema_version)
+        attachment = self.auth.key.seal(header, body)
         with self._publish_lock:
             if self._publisher_closed:
                 return False
@@ -152,7 +157,8 @@ class SessionRegistry:
     """All sessions of the replica, in ring order for the scheduler.
 
     Shared by the Zenoh callback threads (deposit), the event loop (open/reset/close), the
-    decoder thread (wait_raw/finish_decode) and the inference worker (wait_work/take).
+    decoder thread (wait_raw/finish_decode) and the inference worker (wait_work/take). Sessions
+    are keyed by their hex session id.
     """
 
     def __init__(self) -> None:
@@ -161,18 +167,12 @@ class SessionRegistry:
         self._raw_ready = threading.Condition(self._lock)
         self._raw_queue: deque[Session] = deque()
         self._worker_idle = False
-        self._sessions: dict[int, Session] = {}
-        self._by_client: dict[str, int] = {}
-        self._ring_after = -1
-        self._ids = itertools.count(secrets.randbelow(1 << 31) << 16)
+        self._sessions: dict[str, Session] = {}
+        self._by_client: dict[str, str] = {}
+        self._ring_after = ""
         self._closed = False
         self._alive_clients: set[str] = set()
-        self.unknown_client_drops = 0
         self.stale_drops = 0
-
-    def new_session_id(self) -> int:
-        """A fresh id, unique within this server process and unlikely to collide across restarts."""
-        return next(self._ids)
 
     def __len__(self) -> int:
         with self._lock:
@@ -183,7 +183,7 @@ class SessionRegistry:
         with self._lock:
             return list(self._sessions.values())
 
-    def get(self, session_id: int) -> Session | None:
+    def get(self, session_id: str) -> Session | None:
         """Session by id."""
         with self._lock:
             return self._sessions.get(session_id)
@@ -205,13 +205,18 @@ class SessionRegistry:
             self._by_client[session.client_id] = session.session_id
             return old
 
-    def remove(self, session_id: int) -> Session | None:
+    def remove(self, session_id: str) -> Session | None:
         """Drop a session; returns it if it existed."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
             if session is not None and self._by_client.get(session.client_id) == session_id:
                 del self._by_client[session.client_id]
             return session
+
+    def holder_present(self, session: Session) -> bool:
+        """Whether the client that opened ``session`` is still there: its token never vanished since."""
+        with self._lock:
+            return session.client_id in self._alive_clients and not session.token_lost
 
     def set_alive(self, client_id: str, alive: bool) -> Session | None:
         """Record the client's liveliness token state; returns its session if any."""
@@ -224,9 +229,10 @@ class SessionRegistry:
             session = None if sid is None else self._sessions.get(sid)
             if session is not None:
                 session.alive = alive
+                session.token_lost = session.token_lost or not alive
             return session
 
-    def reset(self, session_id: int, episode_id: int) -> bool:
+    def reset(self, session_id: str, episode_id: int) -> bool:
         """Episode boundary: drop the pending observation, move to ``episode_id``."""
         with self._lock:
             session = self._sessions.get(session_id)
@@ -238,42 +244,34 @@ class SessionRegistry:
             if raw is not None and raw.header.episode_id < episode_id:
                 session.raw = None
             pending = session.pending
-            if pending is not None and (pending.header is None or pending.header.episode_id < episode_id):
+            if pending is not None and pending.header.episode_id < episode_id:
                 session.pending = None
             session.episode_id = max(session.episode_id, episode_id)
             # If an observation of this episode was already served, the worker reset then.
             session.needs_reset = session.needs_reset or episode_id > session.served_episode
             return True
 
-    def deposit(self, client_id: str, item: Pending | Rejected) -> Deposit:
-        """Called from the Zenoh callback thread: newest observation wins.
+    def deposit(self, session: Session, item: Pending) -> Deposit:
+        """Called from the Zenoh callback thread with an authenticated observation: newest wins.
 
-        Observations of another session epoch or an older episode are dropped (a reconnected
-        client's stragglers must not be served into its new session).
+        Dropped when ``session`` was closed or replaced since it was authenticated, or when the
+        observation belongs to an older episode (a straggler of before a reset).
         """
         with self._lock:
-            sid = self._by_client.get(client_id)
-            session = None if sid is None else self._sessions.get(sid)
-            if session is None:
-                self.unknown_client_drops += 1
-                return "no_session"
-            header = item.header
-            if header is not None and (header.session_epoch != session.epoch or header.episode_id < session.episode_id):
+            if self._sessions.get(session.session_id) is not session:
+                return "session"
+            if item.header.episode_id < session.episode_id:
                 self.stale_drops += 1
                 return "stale"
             if session.raw is not None or session.pending is not None or session.decoding:
                 session.superseded += 1
             session.generation += 1
-            if isinstance(item, Pending):
-                session.raw, session.pending = item, None
-                if not session.queued:
-                    session.queued = True
-                    self._raw_queue.append(session)
-                # An idle worker decodes it itself; a busy one leaves it to the decoder thread.
-                (self._ready if self._worker_idle else self._raw_ready).notify()
-            else:
-                session.raw, session.pending = None, item
-                self._ready.notify()
+            session.raw, session.pending = item, None
+            if not session.queued:
+                session.queued = True
+                self._raw_queue.append(session)
+            # An idle worker decodes it itself; a busy one leaves it to the decoder thread.
+            (self._ready if self._worker_idle else self._raw_ready).notify()
             return "ok"
 
     def wait_raw(self, timeout: float) -> tuple[Session, Pending] | None:

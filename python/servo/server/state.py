@@ -11,15 +11,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 import anyio
-import structlog
 import zenoh
 from anyio.abc import TaskGroup
 
+from servo._core import ServerIdentity
+from servo.logs import get_logger
 from servo.server.metrics import ServerMetrics
 from servo.server.sessions import Session, SessionRegistry
 from servo.wire import PolicyInfo, ServerKeys, WireError
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Lifecycle = Literal["starting", "serving", "draining"]
 
@@ -30,12 +31,14 @@ class Replica:
 
     ``max_sessions`` is decided once, with the serving mode in ``info``: 1 in exclusive mode
     (asked for, or forced by a chunk-stateful policy), the manifest's ``max_sessions`` otherwise.
+    ``identity`` signs every session ack (`servo.server.identity`).
     """
 
     server_id: str
     keys: ServerKeys
     info: PolicyInfo
     max_sessions: int
+    identity: ServerIdentity
 
     @property
     def exclusive(self) -> bool:
@@ -112,12 +115,14 @@ class ServerState:
     def register(self, session: Session) -> None:
         """Add an opened session, replacing the client's previous one.
 
+        The control plane decided it may (see `servo.server.auth.takeover`).
         A client whose liveliness token never shows up is collected like one that vanished.
         """
         replaced = self.registry.add(session)
         if replaced is not None:
             replaced.close_publisher()
             self.metrics.sessions_collected.labels("replaced").inc()
+            log.info("session replaced", session_id=replaced.session_id, client_id=replaced.client_id)
         self.metrics.sessions_opened.inc()
         self.metrics.active_sessions.set(len(self.registry))
         self._sessions_changed()
@@ -160,11 +165,11 @@ class ServerState:
         self._changed.set()
         self._changed = anyio.Event()
 
-    def _collect_later(self, session_id: int) -> None:
+    def _collect_later(self, session_id: str) -> None:
         assert self._tg is not None, "bind() first"
         self._tg.start_soon(self._collect_if_gone, session_id)
 
-    async def _collect_if_gone(self, session_id: int) -> None:
+    async def _collect_if_gone(self, session_id: str) -> None:
         await anyio.sleep(self._grace_s)
         session = self.registry.get(session_id)
         if session is not None and not session.alive:

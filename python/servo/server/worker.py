@@ -20,8 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from servo._core import MSG_CHUNK, MSG_ERROR, Header
-from servo.logs import Logger, get_logger
+from servo.logs import Logger, LogThrottle, get_logger
 from servo.policy.protocol import FloatArray
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
@@ -35,6 +37,8 @@ log = get_logger(__name__)
 
 #: How often a stopping worker's join looks at the abandon flag.
 _JOIN_SLICE_S = 0.05
+#: Refused requests and policy failures: one log line per code per second, with the count held back.
+_THROTTLE = LogThrottle(1.0)
 
 
 class InferenceWorker:
@@ -136,7 +140,8 @@ class InferenceWorker:
             chunk_model, chunk_robot = self._runner.infer(session.processor, item.obs, delay)
         except Exception as exc:  # a policy bug must cost one request, not the server
             inference_ms = (time.monotonic_ns() - infer_start) / 1e6
-            bound.exception("inference failed")
+            if (suppressed := _THROTTLE.allow("inference_failed")) is not None:
+                bound.exception("inference failed", suppressed=suppressed)
             self._fail(
                 session,
                 header,
@@ -173,9 +178,11 @@ class InferenceWorker:
         session, item = work.session, work.item
         assert isinstance(item, Decoded)
         header = item.header
+        # Identity post-processing ships one tensor (the edge then uses chunk_robot for both).
+        same = chunk_model is chunk_robot or np.array_equal(chunk_model, chunk_robot)
         body = ActionChunk(
-            chunk_model=encode_tensor(chunk_model),
             chunk_robot=encode_tensor(chunk_robot),
+            chunk_model=None if same else encode_tensor(chunk_model),
             queue_wait_ms=queue_wait_ms,
             inference_ms=inference_ms,
             superseded=work.superseded,
@@ -204,7 +211,7 @@ class InferenceWorker:
     def _fail(
         self,
         session: Session,
-        header: Header | None,
+        header: Header,
         code: str,
         message: str,
         queue_wait_ms: float,
@@ -214,19 +221,20 @@ class InferenceWorker:
         _publish(session, MSG_ERROR, encode(ErrorEvent(code, message)), header, bound)
         session.errors += 1
         self._metrics.requests.labels(code).inc()
-        bound.warning("request refused", code=code, reason=message)
+        if (suppressed := _THROTTLE.allow(code)) is not None:
+            bound.warning("request refused", code=code, reason=message, suppressed=suppressed)
         self._audit.write(
             session_id=session.session_id,
             client_id=session.client_id,
-            seq_id=None if header is None else header.seq_id,
-            episode_id=None if header is None else header.episode_id,
+            seq_id=header.seq_id,
+            episode_id=header.episode_id,
             queue_wait_ms=round(queue_wait_ms, 3),
             inference_ms=round(inference_ms, 3),
             outcome=code,
         )
 
 
-def _publish(session: Session, msg_type: int, body: bytes, request: Header | None, bound: Logger) -> bool:
+def _publish(session: Session, msg_type: int, body: bytes, request: Header, bound: Logger) -> bool:
     if not session.publish(msg_type, body, request):
         # The session was closed by the loop while this request was in flight.
         bound.info("reply not sent: session closed")

@@ -1,16 +1,19 @@
 """Zenoh plumbing shared by the server and the client: settings, sessions, QoS, async bridge."""
 
 from servo.transport.bridge import LoopBridge, query
+from servo.transport.certificate import CertificateError, common_name
 from servo.transport.config import DEFAULT_LOCAL_ENDPOINT, TlsSettings, UsrPwdSettings, ZenohSettings
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
 from servo.transport.session import open_session
 
 __all__ = [
     "DEFAULT_LOCAL_ENDPOINT",
+    "CertificateError",
     "LoopBridge",
     "TlsSettings",
     "UsrPwdSettings",
     "ZenohSettings",
+    "common_name",
     "declare_action_publisher",
     "declare_obs_publisher",
     "open_session",

@@ -27,6 +27,7 @@ from servo.wire.messages import (
     TrajectoryRequest,
 )
 from servo.wire.tensor import Tensor, decode_tensor, encode_tensor
+from servo.wire.trust import ack_transcript, fingerprint, parse_fingerprint, resume_body
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -55,13 +56,17 @@ __all__ = [
     "TrajectoryList",
     "TrajectoryRequest",
     "WireError",
+    "ack_transcript",
     "decode",
     "decode_image",
     "decode_tensor",
     "encode",
     "encode_image",
     "encode_tensor",
+    "fingerprint",
+    "parse_fingerprint",
     "reply_header",
+    "resume_body",
     "segment",
     "slugify",
     "status_selector",

@@ -25,9 +25,12 @@ def encode(message: msgspec.Struct) -> bytes:
 def decode(buf: bytes | memoryview, kind: type[T], *, max_bytes: int = MAX_MESSAGE_BYTES) -> T:
     """Deserialise ``buf`` as ``kind``; bytes fields become views into ``buf`` (no copy).
 
+    Every failure is a `WireError`, whatever the bytes: that is the contract every receiver
+    relies on to turn hostile input into one counted, logged rejection.
+
     Raises:
-        WireError: oversized, not msgpack, or not a valid ``kind`` (the message names the path
-            of the offending field, e.g. ``$.state.shape[0]``).
+        WireError: oversized, not msgpack, invalid UTF-8 in a string, or not a valid ``kind``
+            (the message names the path of the offending field, e.g. ``$.state.shape[0]``).
     """
     name = getattr(kind, "__name__", str(kind))
     if len(buf) > max_bytes:
@@ -41,3 +44,5 @@ def decode(buf: bytes | memoryview, kind: type[T], *, max_bytes: int = MAX_MESSA
         raise WireError(f"invalid {name}: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise WireError(f"malformed {name}: {exc}") from exc
+    except UnicodeDecodeError as exc:  # msgspec lets invalid UTF-8 in a str escape as this
+        raise WireError(f"malformed {name}: a string is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None

@@ -2,18 +2,22 @@
 
 A verbatim chunk only matches an identical chunk, so a third party's ``**`` subscriber on a
 shared router never sees servo traffic. Every user-supplied segment passes through `segment`,
-so nobody can smuggle a wildcard, a separator or a verbatim chunk into a key.
+so nobody can smuggle a wildcard, a separator, a verbatim chunk or a control character into a key.
 
 Layout (``<p>`` = ``@servo/<app>/<model>/<replica>``)::
 
-    <p>/status              queryable   capabilities and load
-    <p>/session             queryable   open a session (capability validation)
+    <p>/status              queryable   capabilities, load and identity
     <p>/alive               liveliness  the server replica
     <p>/trajectory          queryable   trajectory library
+    <p>/c/<client>/session  queryable   open a session (handshake, capability validation)
     <p>/c/<client>/obs      pub/sub     observations, client -> server
     <p>/c/<client>/action   pub/sub     chunks, errors and drain notices, server -> client
     <p>/c/<client>/control  queryable   reset / close
     <p>/c/<client>/alive    liveliness  the client
+
+Everything a client does lives under its own ``<p>/c/<client>/``, session open included: a
+router's access control that gives each robot its own ``c/<name>`` keys (`servo.router.acl`)
+therefore also decides who may open a session under which client id.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from servo.logs import CONTROL_CHARACTERS
 from servo.wire.errors import WireError
 
 ROOT = "@servo"
@@ -34,12 +39,15 @@ def segment(value: str, *, what: str = "key segment") -> str:
 
     Raises:
         WireError: empty, too long, starting with ``@`` (verbatim chunk), or containing any of
-            ``* $ ? # /`` or whitespace.
+            ``* $ ? # /``, whitespace or a control character.
     """
     if not value:
         raise WireError(f"{what} must not be empty")
     if len(value) > MAX_SEGMENT_LEN:
         raise WireError(f"{what} is {len(value)} characters, the limit is {MAX_SEGMENT_LEN}")
+    hidden = CONTROL_CHARACTERS.search(value)
+    if hidden:
+        raise WireError(f"{what} contains the control character {hidden.group()!r}")
     bad = _FORBIDDEN.search(value)
     if bad:
         raise WireError(f"{what} {value!r} contains {bad.group()!r}; * $ ? # / and spaces are not allowed")
@@ -64,6 +72,7 @@ def slugify(text: str, *, what: str = "key segment") -> str:
 class ClientKeys:
     """Keys of one client of one replica."""
 
+    session: str
     obs: str
     action: str
     control: str
@@ -94,11 +103,6 @@ class ServerKeys:
         return f"{self.prefix}/status"
 
     @property
-    def session(self) -> str:
-        """Session-open queryable."""
-        return f"{self.prefix}/session"
-
-    @property
     def alive(self) -> str:
         """The replica's liveliness token."""
         return f"{self.prefix}/alive"
@@ -114,6 +118,11 @@ class ServerKeys:
         return f"{self.prefix}/c/*/obs"
 
     @property
+    def all_sessions(self) -> str:
+        """Every client's session-open queryable."""
+        return f"{self.prefix}/c/*/session"
+
+    @property
     def all_control(self) -> str:
         """Every client's control queryable."""
         return f"{self.prefix}/c/*/control"
@@ -126,7 +135,7 @@ class ServerKeys:
     def client(self, client_id: str) -> ClientKeys:
         """Keys of one client; ``client_id`` is validated."""
         base = f"{self.prefix}/c/{segment(client_id, what='client_id')}"
-        return ClientKeys(f"{base}/obs", f"{base}/action", f"{base}/control", f"{base}/alive")
+        return ClientKeys(f"{base}/session", f"{base}/obs", f"{base}/action", f"{base}/control", f"{base}/alive")
 
     def client_of(self, key: str) -> str:
         """The client id inside one of this replica's per-client keys.

@@ -1,14 +1,21 @@
-"""Every message body of the protocol (msgpack via msgspec).
+"""Every message body of the protocol (msgpack via msgspec), schema 2.
 
 Evolution is additive: new fields get defaults, unknown fields are ignored on decode, and a
 layout change of an existing field needs a new schema version (negotiated at session open).
-Correlation (seq_id, episode, epoch, the client's monotonic stamp) travels in the attachment
-header (`servo._core.Header`), never in these bodies. No field carries a wall-clock instant.
+Correlation (seq_id, episode, epoch, the client's monotonic stamp, the session id) travels in the
+attachment header (`servo._core.Header`), never in these bodies. No field carries a wall-clock
+instant.
+
+Everything a peer controls is bounded here, where it is decoded: string lengths, list and dict
+sizes, key sizes. A message that breaks a bound fails to decode (`servo.wire.decode` raises
+`WireError` naming the field), so no consumer ever sees it. Session ids are 16 random bytes on
+the wire (`SESSION_ID_SIZE`) and their 32-character hex text everywhere in Python.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -19,12 +26,32 @@ from servo.wire.tensor import Tensor
 # One schema version covers the attachment header and these bodies.
 SUPPORTED_SCHEMA_VERSIONS: tuple[int, ...] = tuple(sorted(_core.SUPPORTED_SCHEMA_VERSIONS))
 
+#: Longest client id, feature name, camera name or tag key (characters).
+MAX_NAME_CHARS = 128
+#: Longest task instruction (characters).
+MAX_TASK_CHARS = 1024
+#: Most state or action names of a robot or policy.
+MAX_FEATURES = 256
+#: Most cameras of a robot or policy.
+MAX_CAMERAS = 16
+#: Most tags of a session open, and the longest tag value (characters).
+MAX_TAGS = 32
+MAX_TAG_CHARS = 256
+
+Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+Task = Annotated[str, msgspec.Meta(max_length=MAX_TASK_CHARS)]
+SessionId = Annotated[bytes, msgspec.Meta(min_length=_core.SESSION_ID_SIZE, max_length=_core.SESSION_ID_SIZE)]
+PublicKey = Annotated[bytes, msgspec.Meta(min_length=_core.PUBLIC_KEY_SIZE, max_length=_core.PUBLIC_KEY_SIZE)]
+Signature = Annotated[bytes, msgspec.Meta(min_length=_core.SIGNATURE_SIZE, max_length=_core.SIGNATURE_SIZE)]
+Pixels = Annotated[int, msgspec.Meta(ge=1, le=65_535)]
+Fps = Annotated[float, msgspec.Meta(gt=0.0, le=100_000.0)]
+
 
 class CameraFeature(msgspec.Struct, frozen=True):
     """Shape of one camera stream (RGB)."""
 
-    height: int
-    width: int
+    height: Pixels
+    width: Pixels
 
 
 class Features(msgspec.Struct, frozen=True):
@@ -34,9 +61,9 @@ class Features(msgspec.Struct, frozen=True):
     named ``action_names[i]``.
     """
 
-    state_names: list[str]
-    action_names: list[str]
-    cameras: dict[str, CameraFeature]
+    state_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)]
+    action_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)]
+    cameras: Annotated[dict[Name, CameraFeature], msgspec.Meta(max_length=MAX_CAMERAS)]
 
 
 class PolicyInfo(msgspec.Struct, frozen=True):
@@ -45,8 +72,8 @@ class PolicyInfo(msgspec.Struct, frozen=True):
     model: str
     revision: str
     features: Features
-    chunk_size: int
-    fps: float
+    chunk_size: Annotated[int, msgspec.Meta(ge=1)]
+    fps: Fps
     supports_rtc: bool
     chunk_stateless: bool
     serving_mode: Literal["shared", "exclusive"]
@@ -56,7 +83,13 @@ class PolicyInfo(msgspec.Struct, frozen=True):
 
 
 class StatusReply(msgspec.Struct, frozen=True):
-    """Answer of the status queryable; one per replica."""
+    """Answer of the status queryable; one per replica.
+
+    ``identity`` is the replica's Ed25519 public key (`servo._core.ServerIdentity`): the key its
+    session acks are signed with, and what an edge pins. The advertised load is validated on
+    decode (finite, >= 0; 0 <= active_sessions <= max_sessions): a replica cannot win discovery
+    with ``load = -1`` or NaN.
+    """
 
     server_id: str
     app: str
@@ -66,34 +99,62 @@ class StatusReply(msgspec.Struct, frozen=True):
     policy: PolicyInfo
     warmed_up: bool
     draining: bool
-    active_sessions: int
-    max_sessions: int
-    load: float
+    active_sessions: Annotated[int, msgspec.Meta(ge=0)]
+    max_sessions: Annotated[int, msgspec.Meta(ge=1)]
+    load: Annotated[float, msgspec.Meta(ge=0.0)]
+    identity: PublicKey
+
+    def __post_init__(self) -> None:
+        """Refuse an impossible load (msgspec turns the ValueError into a decode error)."""
+        if not math.isfinite(self.load):
+            raise ValueError(f"load {self.load} is not finite")
+        if self.active_sessions > self.max_sessions:
+            raise ValueError(f"active_sessions {self.active_sessions} exceeds max_sessions {self.max_sessions}")
 
 
 class SessionOpen(msgspec.Struct, frozen=True):
-    """Client -> server: bind this client to the replica and validate capabilities."""
+    """Client -> server: the handshake. Bind this client to the replica and validate capabilities.
 
-    client_id: str
-    schema_versions: list[int]
+    Sent on the client's own ``…/c/<client_id>/session`` key; the server requires ``client_id``
+    to name that key. ``client_key`` is the client's ephemeral X25519 public key (the session
+    key is derived from it, never sent). ``resume`` proves the client holds the key of its
+    current session on this replica, so the new session may replace it: an attachment sealed
+    with the old key over `servo.wire.trust.resume_body` of ``client_key``, or empty.
+    """
+
+    client_id: Name
+    schema_versions: Annotated[list[int], msgspec.Meta(max_length=16)]
     features: Features
-    fps: float
-    task: str = ""
+    fps: Fps
+    client_key: PublicKey
+    task: Task = ""
     rtc: bool = False
-    session_epoch: int = 0
-    tags: dict[str, str] = {}
+    session_epoch: Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)] = 0
+    tags: Annotated[
+        dict[Name, Annotated[str, msgspec.Meta(max_length=MAX_TAG_CHARS)]], msgspec.Meta(max_length=MAX_TAGS)
+    ] = {}
+    resume: Annotated[bytes, msgspec.Meta(max_length=_core.ATTACHMENT_SIZE)] = b""
 
 
 class SessionAck(msgspec.Struct, frozen=True):
-    """Server -> client: the session exists; ``rtc`` is what will actually be applied."""
+    """Server -> client: the session exists; ``rtc`` is what will actually be applied.
 
-    session_id: int
+    ``server_key`` is the server's ephemeral X25519 public key; ``signature`` is the replica's
+    Ed25519 signature (by ``server_identity``) over `servo.wire.trust.ack_transcript`, which
+    binds both public keys, the session id and the replica: an edge that verifies it knows the
+    session key it derives is shared with that identity and nobody else.
+    """
+
+    session_id: SessionId
     schema_version: int
     server_id: str
     replica: str
     policy: PolicyInfo
     rtc: bool
     task: str
+    server_key: PublicKey
+    server_identity: PublicKey
+    signature: Signature
     warnings: list[str] = []
 
 
@@ -109,6 +170,8 @@ RejectCode = Literal[
     "draining",
     "not_ready",
     "unknown_session",
+    "session_exists",
+    "unauthenticated",
 ]
 
 
@@ -123,25 +186,29 @@ class Rejection(msgspec.Struct, frozen=True):
 
 
 class ResetRequest(msgspec.Struct, frozen=True, tag="reset"):
-    """Episode boundary: the server drops the session's pending observation and processor state."""
+    """Episode boundary: the server drops the session's pending observation and processor state.
 
-    session_id: int
-    episode_id: int
+    Like every control request, sent with an attachment sealed by the session key (msg_type
+    CONTROL); ``session_id`` must be the one of that attachment.
+    """
+
+    session_id: SessionId
+    episode_id: Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]
 
 
 class CloseRequest(msgspec.Struct, frozen=True, tag="close"):
     """The client is leaving; the server frees the session at once."""
 
-    session_id: int
+    session_id: SessionId
 
 
 ControlRequest = ResetRequest | CloseRequest
 
 
 class ControlAck(msgspec.Struct, frozen=True):
-    """Positive answer to a control request."""
+    """Positive answer to a control request, sealed by the session key (msg_type CONTROL_ACK)."""
 
-    session_id: int
+    session_id: SessionId
     episode_id: int = 0
 
 
@@ -154,8 +221,8 @@ class Observation(msgspec.Struct, frozen=True):
     """
 
     state: Tensor
-    images: dict[str, EncodedImage] = {}
-    task: str = ""
+    images: Annotated[dict[Name, EncodedImage], msgspec.Meta(max_length=MAX_CAMERAS)] = {}
+    task: Task = ""
     inference_delay_steps: int = 0
     prefix_model: Tensor | None = None
     prefix_robot: Tensor | None = None
@@ -164,15 +231,18 @@ class Observation(msgspec.Struct, frozen=True):
 class ActionChunk(msgspec.Struct, frozen=True):
     """Server -> client data plane: the chunk answering the observation named in the header.
 
-    Durations are measured on the server's monotonic clock; the server never reports instants.
+    ``chunk_robot`` (robot space) always ships; ``chunk_model`` (model space, the RTC prefix of
+    the next request) only when it differs, so an identity post-processing ships one tensor and
+    the edge uses ``chunk_robot`` for both. Durations are measured on the server's monotonic
+    clock; the server never reports instants.
     """
 
-    chunk_model: Tensor
     chunk_robot: Tensor
     queue_wait_ms: float
     inference_ms: float
     superseded: int = 0
     server_load: float = 0.0
+    chunk_model: Tensor | None = None
 
 
 class ErrorEvent(msgspec.Struct, frozen=True):
@@ -191,15 +261,15 @@ class DrainNotice(msgspec.Struct, frozen=True):
 class TrajectoryRequest(msgspec.Struct, frozen=True):
     """Client -> server: fetch a named trajectory (``name=""`` lists the library)."""
 
-    name: str = ""
+    name: Name = ""
 
 
 class Trajectory(msgspec.Struct, frozen=True):
     """A whole trajectory in one transfer: positions (T, D) at ``fps``."""
 
     name: str
-    joint_names: list[str]
-    fps: float
+    joint_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)]
+    fps: Fps
     positions: Tensor
 
 
@@ -207,3 +277,22 @@ class TrajectoryList(msgspec.Struct, frozen=True):
     """The names of a server's trajectory library."""
 
     names: list[str]
+
+
+#: Every message body of the protocol, for codec tests and fuzzing.
+MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (
+    StatusReply,
+    SessionOpen,
+    SessionAck,
+    Rejection,
+    ResetRequest,
+    CloseRequest,
+    ControlAck,
+    Observation,
+    ActionChunk,
+    ErrorEvent,
+    DrainNotice,
+    TrajectoryRequest,
+    Trajectory,
+    TrajectoryList,
+)

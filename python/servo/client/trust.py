@@ -1,0 +1,144 @@
+"""Which servers a client trusts, and how it tells a real session ack from a forgery.
+
+A replica proves who it is by signing each session ack with its Ed25519 identity
+(`servo.wire.trust.ack_transcript`). A client:
+
+* with ``trusted_servers`` pins (fingerprints ``ed25519:…`` and/or replica ids) only considers
+  replicas whose status names a pinned identity or replica id, and only accepts an ack signed by
+  that identity;
+* without pins accepts any replica, but still only an ack signed by the identity the replica's
+  status advertised: a peer that answers the session query in the real replica's place cannot
+  sign it, so it is skipped and the real ack is used.
+
+A replica-id pin names a key segment anybody can answer on; it means something only behind a
+``servo-router`` whose access control lets nobody but fleet servers answer (see README "Security").
+Fingerprint pins hold on any network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import zenoh
+
+from servo._core import verify_signature
+from servo.client.errors import RequestTimeout, RogueServer, SessionRejected
+from servo.client.verify import ClientCounters
+from servo.wire import (
+    Rejection,
+    ServerKeys,
+    SessionAck,
+    StatusReply,
+    WireError,
+    ack_transcript,
+    decode,
+    fingerprint,
+    parse_fingerprint,
+    segment,
+)
+
+
+@dataclass(frozen=True)
+class TrustedServers:
+    """The servers a client pins; trusts every replica when empty (frozen, shareable).
+
+    Args:
+        identities: Pinned Ed25519 public keys (32 bytes each).
+        replicas: Pinned replica ids.
+    """
+
+    identities: frozenset[bytes] = frozenset()
+    replicas: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> TrustedServers:
+        """Pins from text: ``ed25519:…`` fingerprints and replica ids.
+
+        Raises:
+            WireError: a malformed fingerprint, or a replica id that is no valid key segment.
+        """
+        identities, replicas = set(), set()
+        for entry in entries:
+            if entry.startswith("ed25519:"):
+                identities.add(parse_fingerprint(entry))
+            else:
+                replicas.add(segment(entry, what="trusted replica id"))
+        return cls(frozenset(identities), frozenset(replicas))
+
+    @property
+    def pinned(self) -> bool:
+        """Whether anything is pinned."""
+        return bool(self.identities or self.replicas)
+
+    def trusts(self, replica: str, identity: bytes) -> bool:
+        """Whether a replica advertising ``identity`` may serve this client."""
+        return not self.pinned or identity in self.identities or replica in self.replicas
+
+    def check_status(self, keys: ServerKeys, status: StatusReply) -> str | None:
+        """Why a status reply must be skipped (None: usable)."""
+        if (status.app, status.model_key, status.replica) != (keys.app, keys.model, keys.replica):
+            return f"status names {status.app}/{status.model_key}/{status.replica} but came from {keys.prefix}"
+        if not self.trusts(keys.replica, status.identity):
+            return f"identity {fingerprint(status.identity)} is not trusted"
+        return None
+
+
+def pick_ack(
+    replies: Iterable[zenoh.Reply],
+    *,
+    keys: ServerKeys,
+    status: StatusReply,
+    client_key: bytes,
+    counters: ClientCounters,
+    timeout: float,
+) -> SessionAck:
+    """The one genuine ack among the replies to a session open.
+
+    An ack counts only if it decodes, names the replica asked, carries the identity the replica's
+    status advertised, and its signature over the transcript verifies. Forgeries are counted
+    (``rogue_servers``) and skipped, so a peer that answers first cannot hijack the handshake.
+
+    Raises:
+        SessionRejected: no genuine ack, and the replica refused (``rejection.code``).
+        RogueServer: only forged or unverifiable acks came back.
+        RequestTimeout: nobody answered.
+    """
+    rejection: Rejection | None = None
+    forged = 0
+    for reply in replies:
+        if reply.err is not None:
+            # Zenoh's own errors (e.g. b"Timeout") are not Rejections.
+            with contextlib.suppress(WireError):
+                rejection = decode(reply.err.payload.to_bytes(), Rejection)
+            continue
+        if reply.ok is None:
+            continue
+        problem = None
+        try:
+            ack = decode(reply.ok.payload.to_bytes(), SessionAck)
+        except WireError as exc:
+            problem = f"undecodable session ack: {exc}"
+        else:
+            problem = _ack_problem(ack, keys, status, client_key)
+        if problem is None:
+            return ack
+        forged += 1
+        counters.rogue(keys.replica, problem)
+    if rejection is not None:
+        raise SessionRejected(rejection)
+    if forged:
+        raise RogueServer(f"replica {keys.replica}: {forged} session ack(s) failed verification")
+    raise RequestTimeout(f"session open not answered within {timeout:g} s")
+
+
+def _ack_problem(ack: SessionAck, keys: ServerKeys, status: StatusReply, client_key: bytes) -> str | None:
+    if ack.replica != keys.replica:
+        return f"ack names replica {ack.replica!r}, asked {keys.replica!r}"
+    if ack.server_identity != status.identity:
+        return f"ack signed as {fingerprint(ack.server_identity)}, status advertised {fingerprint(status.identity)}"
+    transcript = ack_transcript(client_key, ack.server_key, ack.session_id, ack.replica)
+    if not verify_signature(ack.server_identity, transcript, ack.signature):
+        return "ack signature does not verify"
+    return None

@@ -1,0 +1,168 @@
+"""Every decoder raises `WireError` and nothing else, whatever the bytes (property-based).
+
+Each message type is fed arbitrary bytes and mutations of a valid encoding (byte flips, cuts,
+invalid UTF-8 spliced into its strings); the tensor and image decoders get whatever the message
+decoder let through. A receiver relies on this contract to turn hostile input into one counted,
+logged rejection: a `UnicodeDecodeError` escaping `servo.wire.decode` once stopped edges from
+starting (issue 8).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servo.recording import MAGIC, read_recording
+from servo.wire import (
+    ActionChunk,
+    CameraFeature,
+    CloseRequest,
+    ControlAck,
+    ControlRequest,
+    DrainNotice,
+    EncodedImage,
+    ErrorEvent,
+    Features,
+    Observation,
+    PolicyInfo,
+    Rejection,
+    ResetRequest,
+    SessionAck,
+    SessionOpen,
+    StatusReply,
+    Tensor,
+    Trajectory,
+    TrajectoryList,
+    TrajectoryRequest,
+    WireError,
+    decode,
+    decode_image,
+    decode_tensor,
+    encode,
+    encode_image,
+    encode_tensor,
+)
+from servo.wire.messages import MESSAGE_TYPES
+import contextlib
+
+FEATURES = Features(["a", "b"], ["a", "b"], {"front": CameraFeature(8, 8)})
+INFO = PolicyInfo("m", "r", FEATURES, 4, 30.0, True, True, "shared")
+STATE = encode_tensor(np.zeros(2, np.float32))
+
+#: One valid message of each type: the seeds the mutations start from.
+SAMPLES: dict[type, msgspec.Struct] = {
+    StatusReply: StatusReply("s", "app", "m", "r", [2], INFO, True, False, 0, 8, 0.0, bytes(32)),
+    SessionOpen: SessionOpen("robot", [2], FEATURES, 30.0, bytes(32), task="fold", tags={"k": "v"}),
+    SessionAck: SessionAck(bytes(16), 2, "s", "r", INFO, True, "fold", bytes(32), bytes(32), bytes(64), ["w"]),
+    Rejection: Rejection("capacity", "full", 1, 1, 1.0),
+    ResetRequest: ResetRequest(bytes(16), 1),
+    CloseRequest: CloseRequest(bytes(16)),
+    ControlAck: ControlAck(bytes(16), 1),
+    Observation: Observation(STATE, {"front": encode_image(np.zeros((8, 8, 3), np.uint8), 90)}, "fold", 2),
+    ActionChunk: ActionChunk(encode_tensor(np.zeros((4, 2), np.float32)), 1.0, 2.0),
+    ErrorEvent: ErrorEvent("bad_observation", "why"),
+    DrainNotice: DrainNotice("bye"),
+    TrajectoryRequest: TrajectoryRequest("wave"),
+    Trajectory: Trajectory("wave", ["a", "b"], 30.0, encode_tensor(np.zeros((3, 2), np.float32))),
+    TrajectoryList: TrajectoryList(["wave"]),
+}
+KINDS: list[object] = [*MESSAGE_TYPES, ControlRequest, Tensor, EncodedImage]
+
+
+def test_every_message_type_has_a_sample() -> None:
+    assert set(MESSAGE_TYPES) == set(SAMPLES)
+
+
+def decode_all_the_way(buf: bytes, kind: object) -> None:
+    """Decode ``buf`` as ``kind`` and every tensor and image inside; only WireError may escape."""
+    try:
+        message = decode(buf, kind)  # type: ignore[call-overload]
+    except WireError:
+        return
+    tensors = [getattr(message, name, None) for name in ("state", "chunk_robot", "chunk_model", "positions")]
+    for tensor in [message, *tensors] if isinstance(message, Tensor) else tensors:
+        if isinstance(tensor, Tensor):
+            with contextlib.suppress(WireError):
+                decode_tensor(tensor)
+    images = getattr(message, "images", {}) or {}
+    for image in [*images.values(), *([message] if isinstance(message, EncodedImage) else [])]:
+        with contextlib.suppress(WireError):
+            decode_image(image, max_pixels=64 * 64)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: getattr(k, "__name__", "ControlRequest"))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=512))
+def test_arbitrary_bytes(kind: object, data: bytes) -> None:
+    decode_all_the_way(data, kind)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> tuple[type, bytes]:
+    kind = draw(st.sampled_from(sorted(SAMPLES, key=lambda k: k.__name__)))
+    buf = bytearray(encode(SAMPLES[kind]))
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["flip", "cut", "utf8", "insert"]))
+        at = draw(st.integers(0, max(0, len(buf) - 1)))
+        if op == "flip" and buf:
+            buf[at] ^= draw(st.integers(1, 255))
+        elif op == "cut":
+            del buf[at:]
+        elif op == "utf8":
+            # Overwrite a string's payload with bytes that are never valid UTF-8.
+            bad = draw(st.sampled_from([b"\xff", b"\xfe\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"]))
+            buf[at : at + len(bad)] = bad
+        else:
+            buf[at:at] = draw(st.binary(min_size=1, max_size=8))
+    return kind, bytes(buf)
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_mutations_of_valid_messages(case: tuple[type, bytes]) -> None:
+    kind, buf = case
+    decode_all_the_way(buf, kind)
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, msgspec.Struct):
+        return [s for name in value.__struct_fields__ for s in _strings(getattr(value, name))]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+WITH_STRINGS = sorted((k for k, v in SAMPLES.items() if any(_strings(v))), key=lambda k: k.__name__)
+
+
+@pytest.mark.parametrize("kind", WITH_STRINGS, ids=lambda k: k.__name__)
+def test_invalid_utf8_in_any_string_is_a_wire_error(kind: type) -> None:
+    """The reproduction of issue 8: one status reply with invalid UTF-8 escaped as UnicodeDecodeError."""
+    buf = encode(SAMPLES[kind])
+    spliced = 0
+    for text in sorted({s for s in _strings(SAMPLES[kind]) if s}, key=len, reverse=True):
+        packed = msgspec.msgpack.encode(text)
+        if packed in buf:
+            buf = buf.replace(packed, packed[: len(packed) - len(text)] + b"\xff" * len(text.encode()))
+            spliced += 1
+    assert spliced, kind
+    with pytest.raises(WireError, match="not valid UTF-8"):
+        decode(buf, kind)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.binary(max_size=256))
+def test_recording_reader(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "fuzz.servo"
+    path.write_bytes(MAGIC + data)
+    with contextlib.suppress(WireError):
+        read_recording(path)
