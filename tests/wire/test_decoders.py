@@ -9,6 +9,7 @@ starting (issue 8).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import msgspec
@@ -48,7 +49,6 @@ from servo.wire import (
     encode_tensor,
 )
 from servo.wire.messages import MESSAGE_TYPES
-import contextlib
 
 FEATURES = Features(["a", "b"], ["a", "b"], {"front": CameraFeature(8, 8)})
 INFO = PolicyInfo("m", "r", FEATURES, 4, 30.0, True, True, "shared")
