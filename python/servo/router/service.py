@@ -14,15 +14,15 @@ import socket
 from dataclasses import dataclass
 
 import anyio
-import structlog
 import zenoh
 from anyio.abc import TaskStatus
 
+from servo.logs import get_logger
 from servo.router.acl import access_control
 from servo.router.fleet import Fleet
 from servo.transport import TlsSettings, ZenohSettings, open_session
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class RouterStartError(RuntimeError):
