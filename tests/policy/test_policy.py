@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,3 +139,12 @@ def test_reference_policy_continues_the_rtc_prefix() -> None:
     # The steps that execute during inference equal the prefix exactly.
     np.testing.assert_allclose(robot[:4], prefix[:4], atol=1e-5)
     assert not np.allclose(robot[10:], 3.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lerobot") is not None, reason="LeRobot is installed here")
+def test_lerobot_source_without_lerobot_says_how_to_get_it(tmp_path: Path) -> None:
+    hint = r"needs LeRobot >= 0\.5 on Python >= 3\.12: pip install 'servo\[lerobot\]'"
+    with pytest.raises(PolicyLoadError, match=hint):
+        load_policy("lerobot", {"path": str(tmp_path)})
+    with pytest.raises(PolicyLoadError, match=r"model\.options\.pathh: unknown key"):
+        load_policy("lerobot", {"pathh": str(tmp_path)})

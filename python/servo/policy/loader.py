@@ -26,8 +26,14 @@ def _reference(**options: Any) -> Policy:
     return make_reference_policy(**options)
 
 
+def _lerobot(**options: Any) -> Policy:
+    from servo.policy.lerobot import make_lerobot_policy
+
+    return make_lerobot_policy(**options)
+
+
 #: Built-in policy sources. Adding an adapter = one entry here, never an import side effect.
-POLICIES: dict[str, Callable[..., Policy]] = {"reference": _reference}
+POLICIES: dict[str, Callable[..., Policy]] = {"reference": _reference, "lerobot": _lerobot}
 
 _REQUIRED = ("spec", "make_processor", "predict_chunk", "reset")
 
