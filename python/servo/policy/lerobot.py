@@ -37,6 +37,7 @@ import numpy as np
 import structlog
 
 from servo.config import ConfigError, convert
+from servo.policy.errors import PolicyLoadError
 from servo.policy.lerobot_checkpoint import (
     ACTION_KEY,
     STATE_KEY,
@@ -47,7 +48,6 @@ from servo.policy.lerobot_checkpoint import (
     fingerprint,
     resolve_checkpoint,
 )
-from servo.policy.loader import PolicyLoadError
 from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Prepared
 from servo.wire import CameraFeature, Features
 
@@ -58,13 +58,10 @@ def make_lerobot_policy(*, device: str = "cpu", **options: Any) -> LeRobotPolicy
     """Factory of the policy registry (manifest ``model.source = "lerobot"``).
 
     Raises:
-        PolicyLoadError: bad options, LeRobot missing, or a checkpoint servo cannot serve.
+        ConfigError: an option that cannot be used (the message starts with its name).
+        PolicyLoadError: LeRobot missing, or a checkpoint servo cannot serve.
     """
-    try:
-        opts = convert(options, LeRobotOptions)
-    except ConfigError as exc:
-        raise PolicyLoadError(f"model.options.{exc}") from None
-    return LeRobotPolicy(opts, device=device)
+    return LeRobotPolicy(convert(options, LeRobotOptions), device=device)
 
 
 class LeRobotProcessor:
@@ -277,9 +274,9 @@ class LeRobotPolicy:
         action_names = feature_names("action", int(action.shape[0]), options.action_names, config)
         state_names = list(options.state_names) or (action_names if int(state.shape[0]) == len(action_names) else [])
         if len(state_names) != int(state.shape[0]):
-            raise PolicyLoadError(
-                f"LeRobot {config.type} checkpoint has a {state.shape[0]}-value state; set model.options.state_names "
-                f"to its {state.shape[0]} names (got {len(state_names)})"
+            raise ConfigError(
+                f"state_names: the LeRobot {config.type} checkpoint has a {state.shape[0]}-value state; name all "
+                f"{state.shape[0]} in order (got {len(state_names)})"
             )
         cameras = {
             camera: CameraFeature(*(int(v) for v in self._image_hw[key])) for camera, key in self._camera_keys.items()

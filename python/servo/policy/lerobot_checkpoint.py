@@ -3,6 +3,8 @@
 LeRobot keeps joint names in its datasets and units nowhere, so the spec servo advertises for a
 checkpoint is its features (state and action sizes, ``observation.images.<cam>`` cameras) plus the
 options below. LeRobot is not imported here (the hub client is, lazily, to find a cached hub id).
+An option that cannot be used raises `ConfigError` from the option's name on; the loader puts the
+options' own key (``model.options``, or the edge's ``policy_options``) in front.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Annotated, Any
 import msgspec
 import structlog
 
-from servo.policy.loader import PolicyLoadError
+from servo.config import ConfigError
 
 log = structlog.get_logger(__name__)
 
@@ -79,9 +81,7 @@ def resolve_checkpoint(path: str, revision: str) -> tuple[Path, str]:
     local = Path(path).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
-            raise PolicyLoadError(
-                f"model.options.path: {path!r} has no config.json; point it at a directory written by save_pretrained"
-            )
+            raise ConfigError(f"path: {path!r} has no config.json; point it at a directory written by save_pretrained")
         return local, ""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
@@ -89,8 +89,8 @@ def resolve_checkpoint(path: str, revision: str) -> tuple[Path, str]:
     try:
         return Path(snapshot_download(repo_id=path, revision=revision or None, local_files_only=True)), path
     except (LocalEntryNotFoundError, HFValidationError):
-        raise PolicyLoadError(
-            f"model.options.path: {path!r} is neither a checkpoint directory nor a hub id in the local cache "
+        raise ConfigError(
+            f"path: {path!r} is neither a checkpoint directory nor a hub id in the local cache "
             f"(servo never downloads: run `hf download {path}` first)"
         ) from None
 
@@ -100,9 +100,7 @@ def camera_keys(config: Any, renames: dict[str, str]) -> dict[str, str]:
     by_checkpoint_name = {key.removeprefix(IMAGE_PREFIX): key for key in config.image_features}
     unknown = sorted(set(renames.values()) - set(by_checkpoint_name))
     if unknown:
-        raise PolicyLoadError(
-            f"model.options.cameras: the checkpoint has no camera(s) {unknown}; it has {sorted(by_checkpoint_name)}"
-        )
+        raise ConfigError(f"cameras: the checkpoint has no camera(s) {unknown}; it has {sorted(by_checkpoint_name)}")
     robot_name = {checkpoint: robot for robot, checkpoint in renames.items()}
     return {robot_name.get(name, name): key for name, key in by_checkpoint_name.items()}
 
@@ -117,9 +115,9 @@ def feature_names(what: str, dim: int, given: list[str], config: Any) -> list[st
         )
         names = list(LEROBOT_ARM_JOINTS)
     if len(names) != dim:
-        raise PolicyLoadError(
-            f"LeRobot {config.type} checkpoint has {dim} {what} values; set model.options.{what}_names to "
-            f"their {dim} names in order (got {len(names)})"
+        raise ConfigError(
+            f"{what}_names: the LeRobot {config.type} checkpoint has {dim} {what} values; name all {dim} in order "
+            f"(got {len(names)})"
         )
     return names
 
@@ -128,7 +126,7 @@ def declared_units(units: str | list[str], names: list[str]) -> list[str]:
     """The ``units`` option as one unit per value (grippers: ``range_0_100``); [] when undeclared."""
     if isinstance(units, list):
         if len(units) != len(names):
-            raise PolicyLoadError(f"model.options.units: {len(units)} units for {len(names)} values ({names})")
+            raise ConfigError(f"units: {len(units)} units for {len(names)} values ({', '.join(names)})")
         return list(units)
     if not units:
         return []
