@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from servo.policy import DecodedObservation, PolicyLoadError, Prepared, load_policy
+from servo.policy.compatibility import Admission, describe, validate_open
 from servo.policy.protocol import PolicySpec
 from servo.policy.reference import ReferencePolicy
 from servo.policy.runner import InferenceRunner, PolicyOutputError, synthetic_observation
-from servo.wire import Features
+from servo.wire import SUPPORTED_SCHEMA_VERSIONS, Features, Rejection, SessionOpen
 
 SMALL = {"front": (48, 64)}
 
@@ -148,3 +149,32 @@ def test_lerobot_source_without_lerobot_says_how_to_get_it(tmp_path: Path) -> No
         load_policy("lerobot", {"path": str(tmp_path)})
     with pytest.raises(PolicyLoadError, match=r"model\.options\.pathh: unknown key"):
         load_policy("lerobot", {"pathh": str(tmp_path)})
+
+
+def _open_units(robot: list[str], policy: list[str]) -> Admission | Rejection:
+    names = ["a.pos", "gripper.pos"]
+    info = describe(
+        PolicySpec("t", "1", Features(names, names, {}, policy, policy), 4, 30.0, False, True),
+        serving_mode="shared",
+    )
+    request = SessionOpen("c", list(SUPPORTED_SCHEMA_VERSIONS), Features(names, names, {}, robot, robot), 30.0)
+    return validate_open(request, info)
+
+
+def test_units_are_compared_joint_by_joint() -> None:
+    same = _open_units(["degrees", "range_0_100"], ["degrees", "range_0_100"])
+    assert isinstance(same, Admission)
+    assert same.warnings == []
+    neither = _open_units([], [])
+    assert isinstance(neither, Admission)
+    assert neither.warnings == []
+    partly = _open_units(["degrees", ""], ["degrees", "range_0_100"])
+    assert isinstance(partly, Admission)
+    assert partly.warnings == [
+        "action units are not declared for gripper.pos; they are not checked",
+        "state units are not declared for gripper.pos; they are not checked",
+    ]
+    clash = _open_units(["degrees", "range_0_100"], ["radians", "range_0_100"])
+    assert isinstance(clash, Rejection)
+    assert clash.code == "units"
+    assert clash.reason.startswith("policy acts in radians but the robot uses degrees (a.pos); ")
