@@ -308,7 +308,7 @@ class LeRobotPolicy:
 
 
 class _LeRobot:
-    """The few LeRobot entry points the adapter uses, imported once."""
+    """The few LeRobot entry points the adapter uses, imported once. Immutable: any thread may use it."""
 
     def __init__(self) -> None:
         from lerobot.configs.policies import PreTrainedConfig
@@ -323,11 +323,12 @@ class _LeRobot:
 
 def _import_lerobot() -> _LeRobot:
     # servo never downloads: hub lookups LeRobot or transformers make while loading (a VLM's
-    # config, a tokenizer) must be answered by the local cache. An explicit setting wins.
+    # config, a tokenizer) must be answered by the local cache. Read when huggingface_hub is first
+    # imported, which in a server is here; an explicit setting wins.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         return _LeRobot()
     except ImportError as exc:
         raise PolicyLoadError(
-            f"model.source 'lerobot' needs LeRobot >= 0.5 on Python >= 3.12: pip install 'servo[lerobot]' ({exc})"
+            f"source 'lerobot' needs LeRobot >= 0.5 on Python >= 3.12: pip install 'servo[lerobot]' ({exc})"
         ) from exc
