@@ -7,7 +7,7 @@ every N ticks: in between, the newest one is repeated) and ``task`` the task the
 (the server's effective task, recorded by the edge). Ticks before the first command and the park
 at teardown are not part of the episode: they are not what the robot was asked to do.
 
-LeRobot (>= 0.5, Python >= 3.12, ``pip install 'servo[lerobot]'``) is imported when exporting.
+LeRobot (>= 0.5, Python >= 3.12, ``pip install 'servo-robotics[lerobot]'``) is imported when exporting.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def _lerobot_dataset() -> Any:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
     except ImportError as exc:
         raise ExportError(
-            f"exporting needs LeRobot >= 0.5 on Python >= 3.12: pip install 'servo[lerobot]' ({exc})"
+            f"exporting needs LeRobot >= 0.5 on Python >= 3.12: pip install 'servo-robotics[lerobot]' ({exc})"
         ) from exc
     return LeRobotDataset
 

@@ -1,4 +1,4 @@
-"""LeRobot suite: runs on Python >= 3.12 with servo[lerobot] (``make test-lerobot``), skipped elsewhere.
+"""LeRobot suite: runs on Python >= 3.12 with servo-robotics[lerobot] (``make test-lerobot``), skipped elsewhere.
 
 Every checkpoint is built here from random weights with LeRobot's ``save_pretrained``, once per
 session; the hub is switched off so nothing can be downloaded.

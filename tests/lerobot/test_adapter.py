@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("lerobot", minversion="0.5", reason="needs servo[lerobot] (Python >= 3.12)")
+pytest.importorskip("lerobot", minversion="0.5", reason="needs servo-robotics[lerobot] (Python >= 3.12)")
 
 import torch
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import structlog
 
-pytest.importorskip("lerobot", minversion="0.5", reason="needs servo[lerobot] (Python >= 3.12)")
+pytest.importorskip("lerobot", minversion="0.5", reason="needs servo-robotics[lerobot] (Python >= 3.12)")
 
 from servo._core import Provenance
 from servo.cli.dataset import main as dataset_main

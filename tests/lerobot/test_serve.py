@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("lerobot", minversion="0.5", reason="needs servo[lerobot] (Python >= 3.12)")
+pytest.importorskip("lerobot", minversion="0.5", reason="needs servo-robotics[lerobot] (Python >= 3.12)")
 
 from servo.client import SessionRejected
 from servo.edge.engine import robot_features

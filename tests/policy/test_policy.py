@@ -144,7 +144,7 @@ def test_reference_policy_continues_the_rtc_prefix() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("lerobot") is not None, reason="LeRobot is installed here")
 def test_lerobot_source_without_lerobot_says_how_to_get_it(tmp_path: Path) -> None:
-    hint = r"needs LeRobot >= 0\.5 on Python >= 3\.12: pip install 'servo\[lerobot\]'"
+    hint = r"needs LeRobot >= 0\.5 on Python >= 3\.12: pip install 'servo-robotics\[lerobot\]'"
     with pytest.raises(PolicyLoadError, match=hint):
         load_policy("lerobot", {"path": str(tmp_path)})
     with pytest.raises(PolicyLoadError, match=r"model\.options\.pathh: unknown key"):

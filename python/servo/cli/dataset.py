@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         help="write recordings (one episode each) as a new LeRobotDataset (v3)",
         description="Write .servo recordings, one episode each, as a new LeRobotDataset (v3) that "
-        "LeRobot can train on. Needs servo[lerobot] (Python >= 3.12).",
+        "LeRobot can train on. Needs servo-robotics[lerobot] (Python >= 3.12).",
     )
     export.add_argument("recordings", nargs="+", metavar="REC.servo", help="recordings made with servo-edge --record")
     export.add_argument("--root", required=True, help="dataset directory to create (must not exist)")

@@ -330,5 +330,5 @@ def _import_lerobot() -> _LeRobot:
         return _LeRobot()
     except ImportError as exc:
         raise PolicyLoadError(
-            f"source 'lerobot' needs LeRobot >= 0.5 on Python >= 3.12: pip install 'servo[lerobot]' ({exc})"
+            f"source 'lerobot' needs LeRobot >= 0.5 on Python >= 3.12: pip install 'servo-robotics[lerobot]' ({exc})"
         ) from exc
