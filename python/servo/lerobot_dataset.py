@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import structlog
 
+from servo.logs import get_logger
 from servo.recording import EpisodeHeader, FrameRecord, Recording, read_recording
 from servo.wire import WireError, decode_image, decode_tensor
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class ExportError(ValueError):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import structlog
 
 pytest.importorskip("lerobot", minversion="0.5", reason="needs servo-robotics[lerobot] (Python >= 3.12)")
 
@@ -110,10 +110,15 @@ async def test_a_served_run_exports_with_the_servers_task_and_loads_as_video(por
 
 @pytest.fixture
 def cli_logging() -> Iterator[None]:
-    """The command configures structlog onto this test's captured stderr: put it back afterwards."""
-    saved = structlog.get_config()
+    """The command points the root logger at this test's captured stderr: put it back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     yield
-    structlog.configure(**saved)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.mark.usefixtures("cli_logging")

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import structlog
 
 from servo.config import ConfigError, convert
+from servo.logs import get_logger
 from servo.policy.errors import PolicyLoadError
 from servo.policy.lerobot_checkpoint import (
     ACTION_KEY,
@@ -51,7 +51,7 @@ from servo.policy.lerobot_checkpoint import (
 from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Prepared
 from servo.wire import CameraFeature, Features
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def make_lerobot_policy(*, device: str = "cpu", **options: Any) -> LeRobotPolicy:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
-import structlog
 
 from servo.config import ConfigError
+from servo.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
