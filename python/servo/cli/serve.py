@@ -25,6 +25,8 @@ PROG = "servo-serve"
 SERVER_EXTRA = "pip install 'servo-robotics[server]'"
 #: What the server extra brings; the edge and the client library never import them.
 SERVER_DEPENDENCIES = frozenset({"torch", "prometheus_client"})
+#: What a frontend needs beyond the server extra, imported only when the manifest configures it.
+FRONTEND_DEPENDENCIES = {"websockets": ("the openpi front door", "pip install 'servo-robotics[openpi]'")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Replace zenoh.listen (repeatable), e.g. tcp/0.0.0.0:7447.",
     )
     parser.add_argument("--health-port", type=int, metavar="PORT", help="Replace ops.health_port (0 disables).")
+    parser.add_argument(
+        "--openpi-listen", metavar="HOST:PORT", help="Replace frontends.openpi.listen (starts the openpi front door)."
+    )
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error.")
     parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
     parser.add_argument("--debug", action="store_true", help="Show the traceback of an error.")
@@ -53,17 +58,20 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["zenoh.listen"] = list(args.listen)
     if args.health_port is not None:
         out["ops.health_port"] = args.health_port
+    if args.openpi_listen is not None:
+        out["frontends.openpi.listen"] = args.openpi_listen
     return out
 
 
 async def serve(manifest: Manifest, base_dir: Path, console: Console) -> None:
     """Run the server until drained by a signal."""
+    from servo.frontends import frontends_of
     from servo.server.service import PolicyServer, ServerReady
 
     def say(text: str) -> None:
         console.say(f"{PROG}: {text}")
 
-    server = PolicyServer(manifest, search_path=base_dir)
+    server = PolicyServer(manifest, frontends=frontends_of(manifest.frontends), search_path=base_dir)
     async with anyio.create_task_group() as tg:
 
         async def run_server(*, task_status: TaskStatus[ServerReady]) -> None:
@@ -87,6 +95,8 @@ async def serve(manifest: Manifest, base_dir: Path, console: Console) -> None:
         say(f"identity {ready.fingerprint} ({kept}); edges pin it with --trusted-servers")
         if ready.health_port:
             say(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
+        for name, url in ready.frontends.items():
+            say(f"{name} front door {url} (health {url.replace('ws://', 'http://', 1)}/healthz)")
         say("ready — Ctrl-C to drain and stop")
 
 
@@ -103,6 +113,9 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
         return 2, f"{exc} (another servo-serve?); stop it or choose free ports with --listen, --health-port"
     if isinstance(exc, ModuleNotFoundError) and exc.name in SERVER_DEPENDENCIES:
         return 2, f"serving needs {exc.name}, which is not installed: {SERVER_EXTRA}"
+    if isinstance(exc, ModuleNotFoundError) and exc.name in FRONTEND_DEPENDENCIES:
+        what, extra = FRONTEND_DEPENDENCIES[exc.name]
+        return 2, f"{what} needs {exc.name}, which is not installed: {extra}"
     if isinstance(exc, zenoh.ZError):
         # zenoh appends source paths of its own build to messages; users need the first part.
         return 1, f"zenoh: {str(exc).split(' at /')[0]}"
@@ -120,7 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, json=args.json_logs, stream=console)
     try:
         manifest = load_manifest(args.manifest, overrides=overrides(args))
-        refuse_busy(manifest.zenoh.listen, manifest.ops.health_host, manifest.ops.health_port)
+        openpi = manifest.frontends.openpi
+        refuse_busy(
+            manifest.zenoh.listen,
+            manifest.ops.health_host,
+            manifest.ops.health_port,
+            others=[] if openpi is None else [("frontends.openpi.listen", openpi.host, openpi.port)],
+        )
         anyio.run(
             serve,
             manifest,

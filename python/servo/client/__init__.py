@@ -1,4 +1,8 @@
-"""The async client library: discover servers, open sessions, infer. No torch import."""
+"""The client library: discover servers, open sessions, infer. No torch import.
+
+`PolicyClient` is the async building block; `SyncPolicyClient` wraps it for scripts with openpi's
+``infer(obs) -> {"actions": ...}``.
+"""
 
 from servo.client.errors import (
     ClientError,
@@ -11,15 +15,21 @@ from servo.client.errors import (
 )
 from servo.client.policy_client import PolicyClient
 from servo.client.session import ChunkResult, RemoteSession, ServerInfo
+from servo.client.sync import SyncPolicyClient
 from servo.client.trust import TrustedServers
 from servo.client.verify import REJECT_REASONS, ClientStatistics
+from servo.wire import CameraFeature, Features
+from servo.wire.openpi import ObservationKeys
 
 __all__ = [
     "REJECT_REASONS",
+    "CameraFeature",
     "ChunkResult",
     "ClientError",
     "ClientStatistics",
+    "Features",
     "NoServerFound",
+    "ObservationKeys",
     "PolicyClient",
     "RemoteSession",
     "RequestTimeout",
@@ -28,5 +38,6 @@ __all__ = [
     "ServerInfo",
     "SessionLost",
     "SessionRejected",
+    "SyncPolicyClient",
     "TrustedServers",
 ]

@@ -58,12 +58,16 @@ class Features(msgspec.Struct, frozen=True):
     """The feature contract between a robot and a policy.
 
     ``action_names`` order is the sync-safety contract: column i of every chunk drives the motor
-    named ``action_names[i]``.
+    named ``action_names[i]``. ``state_units`` / ``action_units`` name the unit of each value
+    (LeRobot's motor normalisation modes: ``degrees``, ``range_m100_100``, ``range_0_100``; any
+    other name is compared verbatim); an empty list, or an empty entry, means "not declared".
     """
 
     state_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)]
     action_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)]
     cameras: Annotated[dict[Name, CameraFeature], msgspec.Meta(max_length=MAX_CAMERAS)]
+    state_units: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)] = []
+    action_units: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)] = []
 
 
 class PolicyInfo(msgspec.Struct, frozen=True):
@@ -164,6 +168,7 @@ RejectCode = Literal[
     "action_names",
     "state_names",
     "cameras",
+    "units",
     "fps",
     "task",
     "capacity",
