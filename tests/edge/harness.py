@@ -55,7 +55,7 @@ def small_sim(**overrides: Any) -> SimSO100:
 class Merge:
     """One merged chunk as the pipeline saw it."""
 
-    session_id: int
+    session_id: str
     seq_id: int
     episode_id: int
     chunk_robot: FloatArray

@@ -14,6 +14,7 @@ import numpy.typing as npt
 from anyio.abc import TaskStatus
 
 from servo._core import LatencyTracker, QueueError
+from servo.client import REJECT_REASONS
 from servo.edge.config import EdgeConfig
 from servo.edge.failsafe import EngineState, FailSafe
 from servo.edge.observation import ObservationInput
@@ -52,7 +53,7 @@ class EngineStats:
     delay_steps: int
     rtt_ms_p50: float | None
     rtt_ms_p99: float | None
-    chunks_rejected: dict[str, int] = field(default_factory=dict)
+    chunks_rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
     rogue_servers: int = 0
 
 

@@ -1,0 +1,166 @@
+"""A peer posing as a policy server is skipped and counted, never used.
+
+Issue 8: a fake replica reporting ``load = -1`` won discovery and the edge ran its commands for
+the whole run; one status reply with invalid UTF-8 stopped edges from starting.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from servo._core import ServerIdentity
+from servo.client import PolicyClient
+from servo.edge.errors import EdgeStartError
+from servo.edge.remote import RemoteEngine
+from servo.wire import ServerKeys, SessionAck, SessionOpen, StatusReply, encode, parse_fingerprint
+from tests.edge.fakes import eventually
+from tests.edge.harness import edge_config, first_error, running_edge, small_sim
+from tests.security.peers import RogueReplica, closing, edge_rig, peer_settings, sim_policy_spec, with_status
+from tests.server.policies import FixedComputePolicy
+from tests.support import make_manifest, running_server
+
+pytestmark = pytest.mark.anyio
+
+#: The real replica's id; every rogue's sorts before it, so it is tried first on equal load.
+REAL = "r-real"
+SERVING = f'[serving]\nreplica = "{REAL}"\n'
+HOSTILE = 66.6
+
+
+def rogue_keys(ready_keys: ServerKeys, replica: str = "a-rogue") -> ServerKeys:
+    return ServerKeys(ready_keys.app, ready_keys.model, replica)
+
+
+def poisoned_status(status: StatusReply) -> bytes:
+    """A genuine status whose server id is invalid UTF-8."""
+    return encode(status).replace(b"\xa5rogue", b"\xa5\xff\xfe\xfd\xfc\xfb")
+
+
+POISONED = {
+    "load -1": with_status(load=-1.0),
+    "load NaN": with_status(load=float("nan")),
+    "more sessions than capacity": with_status(active_sessions=9, max_sessions=8),
+    "invalid UTF-8": poisoned_status,
+    "not msgpack": lambda status: b"\xc1\xc1garbage",
+    "identity of 3 bytes": with_status(identity=b"abc"),
+}
+
+
+async def test_poisoned_status_replies_are_skipped_with_one_warning(
+    port: int, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="servo")
+    policy = FixedComputePolicy(**sim_policy_spec(chunk_size=20))
+    async with (
+        running_server(make_manifest(port, extra=SERVING), policy) as (_, ready),
+        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
+    ):
+        rogues = [
+            RogueReplica(mallory.zsession, rogue_keys(ready.keys, f"a-rogue-{i}"), status=status)
+            for i, status in enumerate(POISONED.values())
+        ]
+        with closing(*rogues):
+            async with PolicyClient.connect(peer_settings(port), "robot-9") as client:
+                for _ in range(3):
+                    servers = await client.discover()
+                    assert [s.keys.replica for s in servers] == [REAL]
+                assert client.statistics().undecodable_status == 3 * len(POISONED)
+            async with edge_rig(port, tmp_path) as rig:
+                await eventually(lambda: rig.engine.chunks_received >= 2, 15, "streaming from the real server")
+    assert rig.summary.final_state == "streaming"
+    assert all(r.opens == 0 for r in rogues)
+    warnings = [r for r in caplog.records if "undecodable status" in str(r.msg)]
+    # One line per second at most, with the count of the lines held back; never a traceback.
+    assert 1 <= len(warnings) <= 3
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def unsigned(request: SessionOpen, genuine: SessionAck) -> SessionAck:
+    return msgspec.structs.replace(genuine, signature=bytes(64))
+
+
+def claims_real_identity(real: bytes) -> object:
+    def ack(request: SessionOpen, genuine: SessionAck) -> SessionAck:
+        return msgspec.structs.replace(genuine, server_identity=real)  # signed by its own key, though
+
+    return ack
+
+
+@pytest.mark.parametrize("forgery", ["unsigned", "signed by another identity", "claims the real identity"])
+async def test_a_rogue_ack_is_skipped_and_the_next_replica_used(port: int, tmp_path: Path, forgery: str) -> None:
+    """The rogue copies the real replica's identity into its status (load 0, first in order) and
+    answers the session open first; its ack cannot be signed by that identity."""
+    policy = FixedComputePolicy(**sim_policy_spec(chunk_size=20))
+    async with (
+        running_server(make_manifest(port, extra=SERVING), policy) as (server, ready),
+        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
+    ):
+        real = parse_fingerprint(ready.fingerprint)
+        acks = {
+            "unsigned": unsigned,
+            "signed by another identity": lambda request, genuine: genuine,
+            "claims the real identity": claims_real_identity(real),
+        }
+        rogue = RogueReplica(
+            mallory.zsession,
+            rogue_keys(ready.keys),
+            status=with_status(identity=real),
+            ack=acks[forgery],  # type: ignore[arg-type]
+            chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32),
+        )
+        with closing(rogue):
+            async with edge_rig(port, tmp_path) as rig:
+                await eventually(lambda: rig.engine.chunks_received >= 3, 15, "streaming from the real server")
+                assert rig.engine.server is not None
+                assert rig.engine.server.keys.replica == REAL
+                (session,) = server.registry.snapshot()
+    assert rogue.opens >= 1
+    assert rig.summary.rogue_servers >= 1
+    assert rig.summary.final_state == "streaming"
+    assert {m.session_id for m in rig.merges.merges} == {session.session_id}
+    assert not any(np.isclose(m.chunk_robot, HOSTILE).any() for m in rig.merges.merges)
+
+
+@pytest.mark.parametrize("pin", ["fingerprint", "replica id"])
+async def test_a_pinned_edge_never_opens_an_untrusted_replica(port: int, tmp_path: Path, pin: str) -> None:
+    """A rogue with a working handshake of its own (and chunks to match) is not even asked."""
+    policy = FixedComputePolicy(**sim_policy_spec(chunk_size=20))
+    async with (
+        running_server(make_manifest(port, extra=SERVING), policy) as (_, ready),
+        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
+    ):
+        rogue = RogueReplica(
+            mallory.zsession,
+            rogue_keys(ready.keys),
+            chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32),
+            identity=ServerIdentity.generate(),
+        )
+        trusted = [ready.fingerprint] if pin == "fingerprint" else [REAL]
+        with closing(rogue):
+            async with edge_rig(port, tmp_path, trusted_servers=trusted) as rig:
+                await eventually(lambda: rig.engine.chunks_received >= 3, 15, "streaming from the real server")
+    assert rogue.opens == 0
+    assert rig.summary.rogue_servers >= 1  # its status was seen and refused
+    assert not any(np.isclose(m.chunk_robot, HOSTILE).any() for m in rig.merges.merges)
+
+
+async def test_an_edge_that_trusts_nobody_answering_does_not_start(port: int) -> None:
+    """Pinned to an identity nobody holds: no replica is usable, the edge refuses to move."""
+    policy = FixedComputePolicy(**sim_policy_spec(chunk_size=20))
+    stranger = "ed25519:" + "A" * 43
+    async with running_server(make_manifest(port, extra=SERVING), policy):
+        sim = small_sim()
+        engine = RemoteEngine(edge_config(port, connect_timeout_s=1.0, trusted_servers=[stranger]), sim.spec)
+        async with running_edge(sim, engine) as run:
+            with pytest.raises(BaseException) as info:
+                await run.stop()
+    error = first_error(info.value)
+    assert isinstance(error, EdgeStartError)
+    assert "no usable servo server" in str(error)
+    assert engine.client is not None
+    assert engine.client.statistics().rogue_servers >= 1
