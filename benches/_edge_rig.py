@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import zenoh
 
-from servo._core import MSG_CHUNK, MSG_OBS, SCHEMA_VERSION, ActionQueue, Header, decode_header, unauthenticated
+from servo._core import MSG_CHUNK, MSG_OBS, SCHEMA_VERSION, ActionQueue, Header, SessionKey
 from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig, load_config
 from servo.edge.control_loop import request_realtime
@@ -361,12 +361,20 @@ class NaiveLoop:
     """Everything inline on the control thread (seeds/000 BUG-1). Owned by that thread."""
 
     def __init__(
-        self, robot: TimingRobot, zsession: zenoh.Session, obs_key: str, action_key: str, epoch: int, session_id: bytes
+        self,
+        robot: TimingRobot,
+        zsession: zenoh.Session,
+        obs_key: str,
+        action_key: str,
+        epoch: int,
+        session_id: bytes,
+        key: SessionKey,
     ) -> None:
         self.robot = robot
         self.period_ns = round(1e9 / robot.spec.fps)
         self.epoch = epoch
         self.session_id = session_id
+        self.key = key
         self.queue = ActionQueue(robot.spec.action_dim, rtc=True)
         self.limiter = SafetyLimiter(robot.spec)
         self.buffer_steps = EdgeConfig().buffer_time_s * robot.spec.fps
@@ -384,9 +392,10 @@ class NaiveLoop:
     def _on_action(self, sample: zenoh.Sample) -> None:
         if sample.attachment is None:
             return
-        header = decode_header(sample.attachment.to_bytes())
+        payload = sample.payload.to_bytes()
+        header = self.key.open(sample.attachment.to_bytes(), payload)
         if header.msg_type == MSG_CHUNK and header.seq_id == self._seq:
-            self._reply = (header, sample.payload.to_bytes(), time.monotonic_ns())
+            self._reply = (header, payload, time.monotonic_ns())
             self._arrived.set()
 
     def close(self) -> None:
@@ -434,13 +443,13 @@ class NaiveLoop:
         header = Header(SCHEMA_VERSION, MSG_OBS, 0, self._seq, 0, self.epoch, now, self.session_id)
         self._arrived.clear()
         self._reply = None
-        self._publisher.put(body, attachment=unauthenticated(header))
+        self._publisher.put(body, attachment=self.key.seal(header, body))
         if not self._arrived.wait(5.0) or self._reply is None:  # blocks the control loop
             return
         _, payload, arrived_ns = self._reply
         chunk = decode(payload, ActionChunk)
-        model = np.asarray(decode_tensor(chunk.chunk_model, dtype="float32"), dtype=np.float32)
         robot = np.asarray(decode_tensor(chunk.chunk_robot, dtype="float32"), dtype=np.float32)
+        model = robot if chunk.chunk_model is None else np.asarray(decode_tensor(chunk.chunk_model), dtype=np.float32)
         rtt = (arrived_ns - now) / 1e6
         merge_started = time.perf_counter_ns()
         self.queue.merge(model, robot, math.ceil(rtt * 1e6 / self.period_ns))
@@ -458,8 +467,10 @@ async def run_naive(server: ServerProcess, fps: float, duration_s: float) -> Loo
         async with PolicyClient.connect(settings, "naive-bench") as client:
             (info,) = await client.discover()
             session = await client.open_session(info, features=robot_features(sim.spec), fps=fps, rtc=True, epoch=1)
-            keys, session_id = session.keys, session.session_id.to_bytes(16, "little")
-            naive = NaiveLoop(sim, client.zsession, keys.obs, keys.action, epoch=1, session_id=session_id)
+            keys = session.keys
+            naive = NaiveLoop(
+                sim, client.zsession, keys.obs, keys.action, epoch=1, session_id=session.wire_id, key=session.key
+            )
             try:
                 await anyio.to_thread.run_sync(lambda: naive.run(duration_s, realtime=True))
             finally:

@@ -1,5 +1,6 @@
 """Observation encode+decode: servo's wire format vs pickling the raw arrays (the legacy
-prototype's approach), and how much of servo's cost is JPEG.
+prototype's approach), how much of servo's cost is JPEG, and what the per-message MAC adds to a
+request (group ``request-mac``).
 
 Payload: two 480x640 RGB frames (rendered by the sim, so JPEG sizes are camera-like) + a 6-d
 state. Smoke: ``pytest benches/bench_wire.py --benchmark-disable``; measure with
@@ -16,8 +17,18 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from servo._core import MSG_CHUNK, MSG_OBS, SCHEMA_VERSION, Header, SessionKey
 from servo.robots import SimConfig, SimSO100
-from servo.wire import Observation, decode, decode_image, decode_tensor, encode, encode_image, encode_tensor
+from servo.wire import (
+    ActionChunk,
+    Observation,
+    decode,
+    decode_image,
+    decode_tensor,
+    encode,
+    encode_image,
+    encode_tensor,
+)
 
 Arrays = dict[str, np.ndarray]
 
@@ -79,3 +90,51 @@ def test_observation_round_trip(benchmark: BenchmarkFixture, case: str) -> None:
     benchmark.extra_info["exact"] = exact
     benchmark.extra_info["correct"] = exact if "jpeg" not in case else close
     assert benchmark.extra_info["correct"]
+
+
+# ----------------------------------------------------------------------------- MAC in a request
+# What authentication adds to one request: the client seals its observation, the server opens
+# it, the server seals the chunk, the client opens it. Baseline: the same request's codec work
+# without any MAC (encode + decode of the observation and of a 50x6 chunk), in the same run.
+KEY = SessionKey(bytes(range(32)))
+REQUEST = Header(SCHEMA_VERSION, MSG_OBS, 0, 7, 0, 1, 123, bytes(range(16)))
+REPLY = REQUEST.replace(msg_type=MSG_CHUNK)
+CHUNK = np.random.default_rng(0).standard_normal((50, 6)).astype(np.float32)
+
+
+def request_codec(quality: int, *, mac: bool) -> Callable[[], bool]:
+    images = {name: encode_image(PAYLOAD[name], quality) for name in CAMERAS}
+
+    def run() -> bool:
+        body = encode(Observation(state=encode_tensor(PAYLOAD["state"]), images=images))
+        ok = True
+        if mac:
+            ok = KEY.open(KEY.seal(REQUEST, body), body) == REQUEST
+        obs = decode(body, Observation)
+        chunk = encode(ActionChunk(encode_tensor(CHUNK), 1.0, 2.0))
+        if mac:
+            ok = ok and KEY.open(KEY.seal(REPLY, chunk), chunk) == REPLY
+        reply = decode(chunk, ActionChunk)
+        return ok and len(obs.images) == len(CAMERAS) and reply.chunk_robot.shape == (50, 6)
+
+    return run
+
+
+MAC_CASES = {
+    f"{name}{' + MAC' if mac else ''}": request_codec(quality, mac=mac)
+    for name, quality in (("raw", 0), ("jpeg90", 90))
+    for mac in (False, True)
+}
+
+
+@pytest.mark.benchmark(group="request-mac")
+@pytest.mark.parametrize("case", list(MAC_CASES))
+def test_mac_per_request(benchmark: BenchmarkFixture, case: str) -> None:
+    """The four MACs of one request (seal + open, both ways), against the request's codec alone.
+
+    JPEG images are encoded once outside the timing: the JPEG codec is measured above and does
+    not change with the MAC.
+    """
+    ok = benchmark(MAC_CASES[case])
+    benchmark.extra_info["correct"] = bool(ok)
+    assert ok

@@ -102,6 +102,12 @@ def test_repeatable_connect_flag_replaces_the_file(tmp_path: Path) -> None:
         ("rtc = 3", (), "rtc"),
         ("tags = {a = 1}", (), "tags"),
         ("", ("--tags", "novalue"), "--tags"),
+        ('trusted_servers = ["ed25519:short"]', (), r"trusted_servers = \['ed25519:short'\]: fingerprint"),
+        ("", ("--trusted-servers", "a/b"), "trusted_servers.*trusted replica id 'a/b' contains '/'"),
+        ('client_id = "robot\\u001b[2J"', (), r"client_id.*control character"),
+        ('auth_user = "robot-7"', (), "auth_password_file: user/password authentication needs both"),
+        ('auth_user = "robot-7"\nauth_password_file = "/no/such"', (), "auth_password_file.*does not exist"),
+        ("max_chunk_steps = 5000", (), "max_chunk_steps"),
     ],
 )
 def test_bad_values_name_the_option(tmp_path: Path, toml: str, flags: tuple[str, ...], option: str) -> None:
@@ -147,3 +153,14 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
 def test_choices_are_checked_by_the_parser() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--robot", "sim", "--fallback", "coast"])
+
+
+def test_a_password_fleet_robot_joins_as_its_user(tmp_path: Path) -> None:
+    secret = tmp_path / "robot-7.secret"
+    secret.write_text("pw-of-robot-7\n")
+    config = load(tmp_path, None, "--auth-user", "robot-7", "--auth-password-file", str(secret))
+    settings = config.zenoh_settings()
+    assert settings.auth is not None
+    assert (settings.auth.user, settings.auth.password_file) == ("robot-7", str(secret))
+    assert config.resolved_client_id("random") == "robot-7"  # the router names it by its user
+    assert load(tmp_path, None).resolved_client_id("random") == "random"

@@ -149,3 +149,45 @@ async def test_unreadable_file_is_a_clear_error(tmp_path: Path) -> None:
     engine = ReplayEngine(EdgeConfig(), sim().spec, str(tmp_path / "junk.servo"))
     with pytest.raises(EdgeStartError, match="not a servo recording"):
         await engine.arm()
+
+
+def six(value: float = 0.0) -> np.ndarray:
+    return np.full(6, value, np.float32)
+
+
+BROKEN = {
+    "frames narrower than the header": (
+        lambda path, names: write_rows(path, names, [six()[:3]] * 3),
+        r"frame 0 \(tick 0\) state has shape \(3,\), the header names 6 joints",
+    ),
+    "fps of 0": (lambda path, names: write_rows(path, names, [six()] * 3, fps=0.0), r"header.fps = 0.0"),
+    "fps NaN": (lambda path, names: write_rows(path, names, [six()] * 3, fps=float("nan")), r"header.fps = nan"),
+    "fps inf": (lambda path, names: write_rows(path, names, [six()] * 3, fps=float("inf")), r"header.fps = inf"),
+    "a NaN action": (
+        lambda path, names: write_rows(path, names, [six(), six(np.nan), six()]),
+        r"frame 1 \(tick 1\) state contains NaN",
+    ),
+    "no joints": (lambda path, names: write_rows(path, [], [six()]), "header.joint_names is empty"),
+}
+
+
+def write_rows(path: Path, names: list[str], rows: list[np.ndarray], fps: float = 30.0) -> None:
+    writer = RecordingWriter(path, EpisodeHeader(robot="sim", fps=fps, joint_names=names))
+    for i, row in enumerate(rows):
+        writer.write(FrameRecord(i, i, encode_tensor(row), encode_tensor(row), "policy"))
+    writer.close()
+
+
+@pytest.mark.parametrize(("write", "problem"), BROKEN.values(), ids=BROKEN.keys())
+async def test_a_broken_recording_is_refused_in_one_line_naming_file_and_field(
+    tmp_path: Path, write: object, problem: str
+) -> None:
+    """Issue 8: narrower frames were re-packed onto the wrong joints, a NaN replay stopped the
+    loop unparked, fps = 0 gave a traceback. Nothing moves now: one line, file and field."""
+    path = tmp_path / "broken.servo"
+    write(path, list(sim().spec.joint_names))  # type: ignore[operator]
+    engine = ReplayEngine(EdgeConfig(), sim().spec, str(path))
+    with pytest.raises(EdgeStartError, match=problem) as info:
+        await engine.arm()
+    assert str(path) in str(info.value)
+    assert "\n" not in str(info.value)

@@ -16,11 +16,14 @@ import pytest
 
 from servo._core import MSG_OBS, SCHEMA_VERSION, Header, KeyPair, unauthenticated
 from servo.client import PolicyClient, RemoteSession, RequestTimeout
+from servo.edge.remote import RemoteEngine
 from servo.router import load_fleet, run_router
 from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer
 from servo.transport import declare_obs_publisher, open_session, query
 from servo.wire import Observation, Rejection, SessionOpen, decode, encode, encode_image, encode_tensor
+from tests.edge.fakes import eventually
+from tests.edge.harness import edge_config, running_edge, small_sim
 from tests.router.harness import Credentials, Inbox, fleet_toml, wait_matching
 from tests.server.policies import CHUNK, FixedComputePolicy
 from tests.support import free_port, running_server
@@ -28,6 +31,7 @@ from tests.support import free_port, running_server
 pytestmark = pytest.mark.anyio
 
 SHAPE = (48, 64)
+SIM_JOINTS = small_sim().spec.joint_names
 
 
 def _manifest(creds: Credentials, port: int) -> str:
@@ -163,3 +167,37 @@ async def test_another_robot_cannot_open_or_replace_a_robots_session(creds: Cred
             await robot7.close()
         tg.cancel_scope.cancel()
     assert server.metrics.registry.get_sample_value("servo_sessions_opened_total") == 1
+
+
+async def test_a_robot_joins_a_password_fleet_as_its_user(creds: Credentials, tmp_path: Path) -> None:
+    """servo-edge's auth_user / auth_password_file: the robot's client id is its user name, so the
+    router's per-robot rules (keyed by that name) let it stream."""
+    port = free_port()
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(fleet_toml("usrpwd", port, None, creds.passwords))
+    manifest = f"""
+[model]
+source = "injected"
+warmup = 1
+[zenoh]
+mode = "client"
+connect = ["tcp/127.0.0.1:{port}"]
+[zenoh.auth]
+user = "gpu-0"
+password_file = "{creds.secrets["gpu-0"]}"
+[ops]
+health_port = 0
+"""
+    policy = FixedComputePolicy(joints=tuple(SIM_JOINTS), cameras={"front": SHAPE}, chunk_size=20)
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_router, load_fleet(fleet_file))
+        async with running_server(parse_manifest(manifest), policy):
+            sim = small_sim()
+            config = edge_config(port, auth_user="robot-7", auth_password_file=str(creds.secrets["robot-7"]))
+            engine = RemoteEngine(config, sim.spec)
+            assert engine.client_id == "robot-7"
+            async with running_edge(sim, engine) as run:
+                await eventually(lambda: engine.chunks_received >= 2, 15, "streaming through the router")
+                summary = await run.stop()
+        tg.cancel_scope.cancel()
+    assert summary.final_state == "streaming"

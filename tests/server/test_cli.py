@@ -16,9 +16,11 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
-from servo.client import SessionLost
+from servo.client import PolicyClient, SessionLost, TrustedServers
+from servo.server.identity import load_identity
+from servo.wire import fingerprint
 from tests.server.helpers import connected, observation
-from tests.support import free_port
+from tests.support import client_settings, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -286,6 +288,34 @@ async def test_own_policy_module_next_to_the_manifest_is_importable(tmp_path: Pa
         async with connected(port, "robot") as client:
             (server,) = await client.discover(app="own")
             assert server.status.policy.model == "test/policy"
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(15):
+            assert await process.wait() == 0
+
+
+async def test_the_identity_is_created_printed_and_pinnable(tmp_path: Path) -> None:
+    (tmp_path / "tinypol.py").write_text(
+        "from tests.server.policies import FixedComputePolicy\n"
+        "def make(**options):\n    return FixedComputePolicy(compute_ms=1)\n"
+    )
+    port, key = free_port(), tmp_path / "server.key"
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(
+        f'[model]\nsource = "tinypol:make"\nwarmup = 1\n[serving]\napp = "pinned"\n'
+        f'[zenoh]\nlisten = ["tcp/127.0.0.1:{port}"]\n[ops]\nhealth_port = 0\n'
+        f'[security]\nidentity_key = "{key}"\n'
+    )
+    async with serve_process(manifest) as (process, lines):
+        line = await lines.until(lambda line: "servo-serve: identity ed25519:" in line, timeout=60)
+        await lines.until(lambda line: "servo-serve: ready" in line, timeout=60)
+        printed = line.split("identity ")[1].split(" ")[0]
+        assert printed == fingerprint(load_identity(key).public_key)
+        assert f"from {key}" in line
+        settings = client_settings(port)
+        async with PolicyClient.connect(settings, "robot", trusted=TrustedServers.parse([printed])) as client:
+            (server,) = await client.discover(app="pinned")
+            session = await client.open_session(server, features=server.status.policy.features, fps=30)
+            await session.close()
         process.send_signal(signal.SIGTERM)
         with anyio.fail_after(15):
             assert await process.wait() == 0

@@ -1,0 +1,181 @@
+"""The server side of the session layer on its own: handshake, verifiers, takeover rule."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from servo._core import (
+    MSG_CONTROL,
+    MSG_OBS,
+    SCHEMA_VERSION,
+    Header,
+    KeyPair,
+    ServerIdentity,
+    SessionKey,
+    unauthenticated,
+    verify_signature,
+)
+from servo.server.auth import (
+    Refused,
+    SessionAuth,
+    accept_handshake,
+    takeover,
+    verify_control,
+    verify_observation,
+)
+from servo.wire import CameraFeature, Features, SessionOpen, ack_transcript, resume_body
+
+FEATURES = Features(["a"], ["a"], {"front": CameraFeature(8, 8)})
+
+
+def opening(pair: KeyPair, *, resume: bytes = b"", epoch: int = 3) -> SessionOpen:
+    return SessionOpen("robot", [2], FEATURES, 30.0, pair.public_key, session_epoch=epoch, resume=resume)
+
+
+def handshake() -> tuple[SessionAuth, SessionKey]:
+    """A server-side auth state and the key its client derived."""
+    pair = KeyPair()
+    done = accept_handshake(opening(pair), ServerIdentity.generate(), "r1")
+    client_key = pair.session_key(
+        done.server_key, client_public=pair.public_key, server_public=done.server_key, session_id=done.auth.wire_id
+    )
+    return done.auth, client_key
+
+
+def obs(auth: SessionAuth, seq: int, **changes: int | bytes) -> Header:
+    header = Header(SCHEMA_VERSION, MSG_OBS, 0, seq, 0, auth.epoch, 7, auth.wire_id)
+    return header.replace(**changes) if changes else header
+
+
+def test_both_ends_derive_the_same_key_and_the_ack_signature_binds_the_transcript() -> None:
+    pair = KeyPair()
+    identity = ServerIdentity.generate()
+    request = opening(pair)
+    done = accept_handshake(request, identity, "r1")
+    assert len(done.auth.wire_id) == 16
+    assert done.auth.epoch == 3
+    key = pair.session_key(
+        done.server_key, client_public=pair.public_key, server_public=done.server_key, session_id=done.auth.wire_id
+    )
+    body = b"chunk"
+    assert key.open(done.auth.key.seal(obs(done.auth, 1), body), body) == obs(done.auth, 1)
+    transcript = ack_transcript(pair.public_key, done.server_key, done.auth.wire_id, "r1")
+    assert verify_signature(identity.public_key, transcript, done.signature)
+    # Any other replica, session or key in the transcript, and the signature no longer holds.
+    assert not verify_signature(identity.public_key, transcript.replace(b"r1", b"r2"), done.signature)
+    other = ack_transcript(KeyPair().public_key, done.server_key, done.auth.wire_id, "r1")
+    assert not verify_signature(identity.public_key, other, done.signature)
+
+
+def test_session_ids_are_random_and_never_repeat() -> None:
+    ids = {accept_handshake(opening(KeyPair()), ServerIdentity.generate(), "r").auth.wire_id for _ in range(200)}
+    assert len(ids) == 200
+
+
+def test_a_low_order_client_key_is_refused() -> None:
+    request = SessionOpen("robot", [2], FEATURES, 30.0, bytes(32))
+    with pytest.raises(Refused) as info:
+        accept_handshake(request, ServerIdentity.generate(), "r1")
+    assert info.value.reason == "header"
+
+
+def test_an_observation_passes_every_check_once() -> None:
+    auth, key = handshake()
+    body = b"observation"
+    header, copied = verify_observation(auth, key.seal(obs(auth, 1), body), body, max_bytes=1024)
+    assert (header.seq_id, copied) == (1, body)
+    assert auth.last_obs_seq == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("no attachment", "header"),
+        ("garbage attachment", "header"),
+        ("a chunk, not an observation", "header"),
+        ("no session for the client", "session"),
+        ("another session id", "session"),
+        ("too large", "too_large"),
+        ("keyless", "mac"),
+        ("guessed key", "mac"),
+        ("body changed", "mac"),
+        ("another epoch", "epoch"),
+        ("replayed seq", "replay"),
+        ("older seq", "replay"),
+    ],
+)
+def test_every_failed_check_is_refused_with_its_reason(name: str, reason: str) -> None:
+    auth, key = handshake()
+    body = b"observation"
+    key_of_session: SessionAuth | None = auth
+    verify_observation(auth, key.seal(obs(auth, 5), body), body, max_bytes=1024)  # seq 5 accepted
+    attachment: bytes | None
+    payload = body
+    if name == "no attachment":
+        attachment = None
+    elif name == "garbage attachment":
+        attachment = b"SV" + bytes(60)
+    elif name == "a chunk, not an observation":
+        attachment = key.seal(obs(auth, 6, msg_type=2), body)
+    elif name == "no session for the client":
+        attachment, key_of_session = key.seal(obs(auth, 6), body), None
+    elif name == "another session id":
+        attachment = key.seal(obs(auth, 6, session_id=bytes(16)), body)
+    elif name == "too large":
+        attachment, payload = key.seal(obs(auth, 6), b"x" * 2000), b"x" * 2000
+    elif name == "keyless":
+        attachment = unauthenticated(obs(auth, 6))
+    elif name == "guessed key":
+        attachment = SessionKey(bytes(32)).seal(obs(auth, 6), body)
+    elif name == "body changed":
+        attachment, payload = key.seal(obs(auth, 6), body), b"0bservation"
+    elif name == "another epoch":
+        attachment = key.seal(obs(auth, 6, session_epoch=auth.epoch + 1), body)
+    elif name == "replayed seq":
+        attachment = key.seal(obs(auth, 5), body)
+    else:
+        attachment = key.seal(obs(auth, 4), body)
+    with pytest.raises(Refused) as info:
+        verify_observation(key_of_session, attachment, payload, max_bytes=1024)
+    assert info.value.reason == reason
+    assert auth.last_obs_seq == 5  # nothing refused moves the replay window
+
+
+def test_control_requests_have_their_own_seq_stream() -> None:
+    """A reset travels beside the observation in flight and may overtake it: separate windows."""
+    auth, key = handshake()
+    body = b"reset"
+    verify_observation(auth, key.seal(obs(auth, 10), b"o"), b"o", max_bytes=64)
+    control = obs(auth, 1, msg_type=MSG_CONTROL)
+    assert verify_control(auth, key.seal(control, body), body).seq_id == 1
+    with pytest.raises(Refused, match="not above"):
+        verify_control(auth, key.seal(control, body), body)
+    with pytest.raises(Refused) as info:  # an observation's attachment is no control request
+        verify_control(auth, key.seal(obs(auth, 11), body), body)
+    assert info.value.reason == "header"
+    assert verify_observation(auth, key.seal(obs(auth, 11), b"o"), b"o", max_bytes=64)[0].seq_id == 11
+
+
+def test_a_live_session_is_replaced_only_by_proof_absence_or_silence() -> None:
+    auth, key = handshake()
+    newcomer = KeyPair()
+    plain = opening(newcomer)
+    assert takeover(auth, plain, client_present=True, idle_s=30) is None
+    assert takeover(auth, plain, client_present=False, idle_s=30) == "vanished"
+    auth.last_seen_ns = time.monotonic_ns() - 31_000_000_000
+    assert takeover(auth, plain, client_present=True, idle_s=30) == "idle"
+
+
+def test_a_resume_proof_counts_once_for_the_handshake_it_names() -> None:
+    auth, key = handshake()
+    newcomer = KeyPair()
+    proof = key.seal(obs(auth, 1, msg_type=MSG_CONTROL), resume_body(newcomer.public_key))
+    with_proof = opening(newcomer, resume=proof)
+    # For another handshake's key the proof says nothing (a sniffed proof is worthless).
+    assert takeover(auth, opening(KeyPair(), resume=proof), client_present=True, idle_s=30) is None
+    assert takeover(auth, with_proof, client_present=True, idle_s=30) == "resumed"
+    assert takeover(auth, with_proof, client_present=True, idle_s=30) is None  # replayed: the seq is used
+    forged = SessionKey(bytes(32)).seal(obs(auth, 9, msg_type=MSG_CONTROL), resume_body(newcomer.public_key))
+    assert takeover(auth, opening(newcomer, resume=forged), client_present=True, idle_s=30) is None
