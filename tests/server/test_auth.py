@@ -159,7 +159,7 @@ def test_control_requests_have_their_own_seq_stream() -> None:
 
 
 def test_a_live_session_is_replaced_only_by_proof_absence_or_silence() -> None:
-    auth, key = handshake()
+    auth, _key = handshake()
     newcomer = KeyPair()
     plain = opening(newcomer)
     assert takeover(auth, plain, client_present=True, idle_s=30) is None

@@ -46,7 +46,7 @@ def test_a_file_that_is_no_identity_is_refused_in_one_line(tmp_path: Path, text:
     path = tmp_path / "server.key"
     path.write_text(text)
     path.chmod(0o600)
-    with pytest.raises(IdentityError, match="server.key: not a servo identity key"):
+    with pytest.raises(IdentityError, match=r"server\.key: not a servo identity key"):
         load_identity(path)
 
 

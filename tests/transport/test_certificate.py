@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def test_not_exactly_one_common_name_is_refused(
 
 def test_files_that_are_no_certificate_are_refused_in_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "missing.pem"
-    with pytest.raises(CertificateError, match="missing.pem"):
+    with pytest.raises(CertificateError, match=r"missing\.pem"):
         common_name(missing)
     for text, problem in [
         (b"hello", "no PEM certificate"),
@@ -101,10 +102,8 @@ def test_a_common_name_that_is_no_client_id_asks_for_one(tmp_path: Path) -> None
 @settings(max_examples=500)
 @given(st.binary(max_size=300))
 def test_the_der_walk_refuses_garbage_with_its_own_error_only(der: bytes) -> None:
-    try:
+    with contextlib.suppress(CertificateError):
         subject_common_name(der)
-    except CertificateError:
-        pass
 
 
 DER = build(x509.NameAttribute(NameOID.COMMON_NAME, "robot-7")).public_bytes(serialization.Encoding.DER)
