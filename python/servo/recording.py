@@ -129,9 +129,10 @@ def iter_records(path: str | Path) -> Iterator[EpisodeHeader | FrameRecord]:
             if len(body) < size:
                 return
             try:
-                yield header_decoder.decode(body) if first else frame_decoder.decode(body)
-            except msgspec.DecodeError as exc:
-                raise WireError(f"{path}: corrupt record: {exc}") from exc
+                record = header_decoder.decode(body) if first else frame_decoder.decode(body)
+            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+                raise WireError(f"{path}: corrupt record: {exc}") from None
+            yield record
             first = False
 
 

@@ -138,3 +138,12 @@ def test_corrupt_record(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(WireError, match="corrupt record"):
         read_recording(path)
+
+
+def test_invalid_utf8_in_a_record_is_a_corrupt_record(tmp_path: Path) -> None:
+    path = tmp_path / "ep.servo"
+    write_episode(path)
+    data = path.read_bytes().replace(b"\xa4test", b"\xa4\xff\xfe\xfd\xfc", 1)  # the robot's name
+    path.write_bytes(data)
+    with pytest.raises(WireError, match="corrupt record"):
+        read_recording(path)

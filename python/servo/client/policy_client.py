@@ -42,7 +42,7 @@ from servo.wire import (
 log = get_logger(__name__)
 
 #: Refusals another replica (or a later attempt) may not repeat.
-RETRYABLE = frozenset({"capacity", "draining", "session_exists"})
+RETRYABLE = frozenset({"capacity", "draining", "session_exists", "rate_limited"})
 
 
 class PolicyClient:

@@ -27,7 +27,7 @@ from servo.edge.engine import Aborted, EngineBase, EngineStats, Produced, robot_
 from servo.edge.errors import EdgeStartError
 from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Request
-from servo.logs import get_logger
+from servo.logs import LogThrottle, get_logger
 from servo.robots.protocol import RobotSpec
 from servo.wire import PolicyInfo
 
@@ -64,6 +64,8 @@ class RemoteEngine(EngineBase):
         self.client: PolicyClient | None = None
         #: The last session opened: a reconnect proves it held it (see `PolicyClient.open_session`).
         self._previous: RemoteSession | None = None
+        #: Failed requests: one line per cause per second, with the count held back.
+        self._log_throttle = LogThrottle(1.0)
         self._identity: PolicyInfo | None = None
         self._epoch = 0
         self._receive_scope: anyio.CancelScope | None = None
@@ -257,7 +259,8 @@ class RemoteEngine(EngineBase):
             try:
                 produced = await self.produce(request, episode_start=self.take_episode_start())
             except RequestTimeout:
-                bound.warning("request timed out", timeout_s=self.config.request_timeout_s)
+                if (suppressed := self._log_throttle.allow("timeout")) is not None:
+                    bound.warning("request timed out", timeout_s=self.config.request_timeout_s, suppressed=suppressed)
                 if self.failsafe.request_timed_out():
                     raise _Reconnect(f"{self.config.timeout_streak} requests in a row timed out") from None
                 continue
@@ -267,7 +270,8 @@ class RemoteEngine(EngineBase):
                 if exc.code == "unknown_session":
                     # The server restarted or collected us: re-handshake now, no backoff.
                     raise _Reconnect("server no longer knows this session", at_once=True) from None
-                bound.warning("server refused request", code=exc.code, reason=exc.message)
+                if (suppressed := self._log_throttle.allow(exc.code)) is not None:
+                    bound.warning("server refused request", code=exc.code, reason=exc.message, suppressed=suppressed)
                 continue
             except SessionLost as exc:
                 raise _Reconnect(str(exc)) from None

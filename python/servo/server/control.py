@@ -16,6 +16,7 @@ Who may do what (see `servo.server.auth` for the checks themselves):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,6 +52,10 @@ log = get_logger(__name__)
 
 #: Largest control-plane request body (a session open with every field at its bound fits easily).
 MAX_CONTROL_BYTES = 64 * 1024
+#: Session opens are handshakes (an X25519 exchange, a signature, a processor, a publisher) that
+#: anybody may ask for: at most this many per second on average, in bursts of `OPEN_BURST`.
+OPEN_RATE_PER_S = 50.0
+OPEN_BURST = 50
 
 _THROTTLE = LogThrottle(1.0)
 
@@ -65,6 +70,26 @@ class Sealed:
 
 
 Handler = Callable[[zenoh.Query, bytes], msgspec.Struct | Sealed]
+
+
+class OpenBudget:
+    """A token bucket of session opens (refills at ``rate`` per second up to ``burst``). Event loop."""
+
+    def __init__(
+        self, rate: float = OPEN_RATE_PER_S, burst: int = OPEN_BURST, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._rate, self._burst, self._clock = rate, float(burst), clock
+        self._tokens, self._at = float(burst), clock()
+
+    def take(self) -> bool:
+        """Spend one open; False when the budget is exhausted."""
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
 
 
 class _Versions(msgspec.Struct):
@@ -98,6 +123,7 @@ class ControlPlane:
         self._zsession = zsession
         self._trajectories = trajectories
         self._takeover_idle_s = takeover_idle_s
+        self._opens = OpenBudget()
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop."""
@@ -205,6 +231,8 @@ class ControlPlane:
             )
         if state.lifecycle != "serving":
             return self._reject("draining", "server is draining; open a session on another replica")
+        if not self._opens.take():
+            return self._reject("rate_limited", f"more than {OPEN_RATE_PER_S:g} session opens per second; retry")
         verdict = validate_open(request, info)
         if isinstance(verdict, Rejection):
             return self._reject(verdict.code, verdict.reason, client_id=client_id)

@@ -177,6 +177,7 @@ RejectCode = Literal[
     "unknown_session",
     "session_exists",
     "unauthenticated",
+    "rate_limited",
 ]
 
 
