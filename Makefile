@@ -5,11 +5,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.servo-installed
 RUST_SOURCES := $(shell find rust -name '*.rs') Cargo.toml
 
-.PHONY: setup demo test test-slow lint bench study clean
+.PHONY: setup demo test test-slow lint wheels bench study clean
 
 $(STAMP): pyproject.toml $(RUST_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@# venvs made before the rename to servo-robotics hold a `servo` dist owning the same scripts
+	$(PY) -m pip uninstall --quiet --yes servo 2>/dev/null || true
 	$(PY) -m pip install --quiet -e '.[server,dev]'
 	touch $(STAMP)
 
@@ -38,6 +40,22 @@ lint: setup
 	$(PY) -m mypy
 	$(PY) -m mypy.stubtest servo._core
 
+## wheels: abi3 wheels tagged manylinux_2_28 for x86_64 and aarch64 and the sdist in dist/, checked
+# zig links against a glibc 2.28 sysroot, so no manylinux container is needed; both targets
+# cross-compile from any Linux host. Each build is a fresh fat-LTO release build (~35 s of CPU).
+WHEEL_TARGETS := x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu
+WHEEL_TOOLS := maturin==1.16.0 ziglang==0.17.1 auditwheel==6.8.2
+wheels: setup
+	$(PY) -m pip install --quiet $(WHEEL_TOOLS)
+	rm -f dist/servo_robotics-*
+	$(VENV)/bin/maturin sdist --out dist
+	for target in $(WHEEL_TARGETS); do \
+		rustup target list --installed | grep -qx $$target || rustup target add $$target || exit 1; \
+		CARGO_ZIGBUILD_PYTHON_PATH=$(abspath $(PY)) $(VENV)/bin/maturin build --quiet --target $$target \
+			--zig --compatibility manylinux_2_28 --out dist || exit 1; \
+	done
+	$(PY) .ci/check_wheels.py dist
+
 ## bench: measure for real; JSON under benches/results/
 bench: setup
 	mkdir -p benches/results
@@ -48,4 +66,4 @@ study: setup
 	$(PY) -m benches.smoothness
 
 clean:
-	rm -rf $(VENV) target .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) target dist .pytest_cache .ruff_cache .mypy_cache

@@ -304,33 +304,39 @@ async def run_servo(
     sim = TimingRobot(fps)
     config = load_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": JPEG_QUALITY})
     engine = RemoteEngine(config, sim.spec)
-    merges: list[MergeEvent] = []
-    engine.on_merge = merges.append
+    # One request is in flight at a time: at merge time the session's last encode is this chunk's.
+    merges: list[tuple[MergeEvent, float]] = []
+
+    def on_merge(event: MergeEvent) -> None:
+        session = engine.session
+        merges.append((event, session.stats.last_encode_ms if session is not None else float("nan")))
+
+    engine.on_merge = on_merge
     options = RunOptions(
         duration_s=duration_s, realtime=realtime, switch_interval_s=switch_interval_s, park_timeout_s=0.5
     )
     runtime = EdgeRuntime(sim, engine, config, options)
+    ticks = array("d")  # every tick's lateness (ms), in order
+    runtime.on_tick = lambda tick, lateness_ns: ticks.append(lateness_ns / 1e6)
     summary = await runtime.run()
     loop = runtime.loop
     assert loop is not None
     session = engine.session
-    encode_ms = session.stats.encode_ms if session is not None else []
     audit = server.audit_records(session.session_id) if session is not None else {}
     requests = []
-    for event in merges:
+    for event, encode_one in merges:
         session_id, seq = event.produced.session_id, event.produced.seq_id
         obs_ns, arrived_ns, merge_ms = event.request.obs.mono_ns, event.now_ns, event.merge_ns / 1e6
         record = audit.get(seq)
-        if record is None or session is None or session_id != session.session_id or seq > len(encode_ms):
+        if record is None or session is None or session_id != session.session_id:
             continue
         rtt = (arrived_ns - obs_ns) / 1e6
-        encode_one = encode_ms[seq - 1]
         queue_wait, inference = float(record["queue_wait_ms"]), float(record["inference_ms"])
         transport = rtt - queue_wait - inference - encode_one
         requests.append(Breakdown(encode_one, transport, queue_wait, inference, rtt, merge_ms))
     # Exclude the park at the end: only the ticks of the timed run count.
-    n = min(len(loop.jitter_ms), round(duration_s * fps))
-    lateness = array("d", loop.jitter_ms[:n])
+    n = min(len(ticks), round(duration_s * fps))
+    lateness = array("d", ticks[:n])
     return LoopResult(
         design="servo" if realtime else "servo (no RT, 5 ms GIL)",
         fps=fps,

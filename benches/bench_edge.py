@@ -28,24 +28,17 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._edge_rig import CpuWatch, LoopResult, ServerProcess, run_naive, run_servo, table
+from benches._support import free_port
 from servo.logs import configure_logging
 
 JITTER_TARGET_MS = 2.0
 ROWS: list[dict[str, Any]] = []
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     configure_logging("warning")
-    proc = ServerProcess(Path(tmp_path_factory.mktemp("edge-bench")), _free_port())
+    proc = ServerProcess(Path(tmp_path_factory.mktemp("edge-bench")), free_port())
     try:
         proc.wait_ready()
         # Warm the server's first full-size inferences so no case pays for them.

@@ -49,6 +49,7 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import FleetResult, run_echo_fleet, run_fleet
+from benches._support import free_port
 from servo._core import LatencyTracker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,16 +63,8 @@ MEASURE_S = 8.0
 QUALITIES = {"raw": 0, "jpeg90": 90}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn(role: str) -> Iterator[int]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(
         [sys.executable, "-m", "benches._fleet", role, "--port", str(port), "--compute-ms", str(COMPUTE_MS)],

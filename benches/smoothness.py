@@ -24,8 +24,8 @@ from typing import Any
 import anyio
 import msgspec
 import numpy as np
-from tests.support import free_port, make_manifest, running_server
 
+from benches._support import free_port, in_process_server
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase
 from servo.edge.local import RtcEngine, SyncEngine
@@ -157,7 +157,7 @@ async def run_one(
         base = EdgeConfig(rtc=True, buffer_time_s=0.5, max_action_age_s=5.0, execution_horizon=20, velocity_scale=100.0)
         if engine_name == "remote":
             port = free_port()
-            async with running_server(make_manifest(port, options=""), policy=policy):
+            async with in_process_server(port, policy):
                 config = msgspec.structs.replace(base, connect=[f"tcp/127.0.0.1:{port}"])
                 engine: EngineBase = RemoteEngine(config, spec)
                 summary = await EdgeRuntime(sim, engine, config, options).run()

@@ -7,12 +7,11 @@ servo-serve examples/manifest.toml &
 from __future__ import annotations
 
 import argparse
-import time
 
 import anyio
 import numpy as np
 
-from servo.client import ObservationInput, PolicyClient
+from servo.client import PolicyClient
 from servo.transport import ZenohSettings
 
 
@@ -28,7 +27,7 @@ async def main(connect: str, requests: int) -> None:
             frames = {name: np.zeros((cam.height, cam.width, 3), np.uint8) for name, cam in features.cameras.items()}
             state = np.zeros(len(features.state_names), np.float32)
             for _ in range(requests):
-                result = await session.infer(ObservationInput(state, frames, time.monotonic_ns()), timeout=5.0)
+                result = await session.infer(state, frames, timeout=5.0)
                 print(
                     f"seq {result.seq_id}: chunk {result.chunk_robot.shape}, round trip {result.rtt_ns / 1e6:.1f} ms "
                     f"(queue {result.queue_wait_ms:.1f} ms, inference {result.inference_ms:.1f} ms)"

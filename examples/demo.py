@@ -2,6 +2,7 @@
 
 Starts ``servo-serve examples/manifest.toml`` (reference policy, CPU), waits until it is healthy,
 runs ``servo-edge --robot sim`` for a while, prints the run summary, then drains the server.
+Refuses to start (exit 2) when either port is taken, so it never drives someone else's server.
 
     .venv/bin/python examples/demo.py --duration 15
 """
@@ -18,6 +19,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from servo.cli.ports import PortInUseError, refuse_busy
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,6 +50,15 @@ def main() -> int:
     args = parser.parse_args()
 
     endpoint = f"tcp/127.0.0.1:{args.port}"
+    try:
+        # Checked here, not only by servo-serve: another server's /healthz would answer first.
+        refuse_busy([endpoint], "127.0.0.1", args.health_port)
+    except PortInUseError as exc:
+        print(
+            f"demo: error: {exc} (another demo?); stop it or choose free ports with --port, --health-port",
+            file=sys.stderr,
+        )
+        return 2
     server = subprocess.Popen(
         [
             sys.executable,

@@ -1,7 +1,8 @@
-"""Every example runs (as a user would run it) and exits 0."""
+"""Every example runs (as a user would run it) and exits 0; the demo refuses busy ports."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,29 @@ def test_demo_runs_server_and_sim_arm() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert '"final_state": "streaming"' in done.stdout
     assert "servo-serve: stopped" in done.stderr
+
+
+@pytest.mark.parametrize("which", ["zenoh", "health"])
+def test_demo_refuses_a_busy_port_instead_of_driving_another_server(which: str) -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        held = other.getsockname()[1]
+        port, health_port = (held, free_port()) if which == "zenoh" else (free_port(), held)
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / "demo.py"), "--port", str(port), "--health-port", str(health_port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2, done.stderr[-3000:]
+    setting = f"zenoh.listen tcp/127.0.0.1:{held}" if which == "zenoh" else "ops.health_port on 127.0.0.1"
+    assert done.stderr.splitlines() == [
+        f"demo: error: port {held} ({setting}) is already in use (another demo?); "
+        "stop it or choose free ports with --port, --health-port"
+    ]
+    assert done.stdout == ""
 
 
 @pytest.mark.anyio

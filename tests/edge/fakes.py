@@ -10,7 +10,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from servo.client.session import ObservationInput
+from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Action
 from servo.robots.protocol import Frame, RobotSpec
 from servo.robots.sim import SimSO100

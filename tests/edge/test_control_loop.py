@@ -25,8 +25,9 @@ def robot() -> Iterator[SpyRobot]:
     spy.disconnect()
 
 
-def run_loop(robot: SpyRobot, engine: ScriptedEngine) -> ControlLoop:
-    loop = ControlLoop(robot, engine, SafetyLimiter(robot.spec))  # type: ignore[arg-type]
+def run_loop(robot: SpyRobot, engine: ScriptedEngine, lateness: list[int] | None = None) -> ControlLoop:
+    on_tick = None if lateness is None else (lambda tick, ns: lateness.append(ns))
+    loop = ControlLoop(robot, engine, SafetyLimiter(robot.spec), on_tick=on_tick)  # type: ignore[arg-type]
     loop.start()
     return loop
 
@@ -34,7 +35,8 @@ def run_loop(robot: SpyRobot, engine: ScriptedEngine) -> ControlLoop:
 def test_fixed_rate(robot: SpyRobot) -> None:
     hold = robot.read_state()
     engine = ScriptedEngine(lambda i: hold, until=40)
-    loop = run_loop(robot, engine)
+    lateness: list[int] = []
+    loop = run_loop(robot, engine, lateness)
     try:
         assert engine.reached.wait(5.0)
     finally:
@@ -48,7 +50,8 @@ def test_fixed_rate(robot: SpyRobot) -> None:
     assert abs(span / period - (39 + loop.missed_deadlines)) < 1.0
     assert loop.ticks >= 40
     assert loop.actions_executed == loop.ticks
-    assert len(loop.jitter_ms) == loop.ticks
+    assert len(lateness) == loop.jitter.count() == loop.ticks
+    assert loop.max_jitter_ns == max(abs(ns) for ns in lateness)
     assert engine.observations == loop.ticks
 
 
@@ -61,7 +64,8 @@ def test_missed_deadlines_are_counted_not_accumulated(robot: SpyRobot) -> None:
             time.sleep(3.5 * period_s)  # one tick overruns by 3.5 periods
 
     engine = ScriptedEngine(lambda i: hold, until=15, on_tick=slow)
-    loop = run_loop(robot, engine)
+    lateness: list[int] = []
+    loop = run_loop(robot, engine, lateness)
     try:
         assert engine.reached.wait(5.0)
     finally:
@@ -76,7 +80,7 @@ def test_missed_deadlines_are_counted_not_accumulated(robot: SpyRobot) -> None:
     slots = [(t - start) / period for t in after]
     assert slots[0] >= 8.5
     assert all(abs(s - round(s)) < 0.25 for s in slots)
-    assert max(loop.jitter_ms[6:15]) < 0.5 * period / 1e6
+    assert max(lateness[6:15]) < 0.5 * period
 
 
 def test_park_drives_to_rest_through_the_limiter(robot: SpyRobot) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servo.edge.failsafe import EngineState, FailSafe
+from servo.edge.failsafe import MAX_TRANSITIONS, EngineState, FailSafe
 
 S = 1_000_000_000
 
@@ -158,3 +158,14 @@ def test_nothing_leaves_dead(fs: FailSafe, clock: FakeClock) -> None:
     assert fs.state is EngineState.DEAD
     assert fs.reason == "contract violation"
     assert states(fs) == [EngineState.CONNECTING, EngineState.DEAD]
+
+
+def test_a_flapping_link_keeps_only_the_last_transitions(fs: FailSafe, clock: FakeClock) -> None:
+    fs.merged()
+    for _ in range(MAX_TRANSITIONS):  # STREAMING -> STALLED -> STREAMING, twice per round
+        clock.advance(0.01)
+        fs.tick(starved_since_ns=clock.now)
+        clock.advance(0.01)
+        fs.merged()
+    assert len(fs.transitions) == MAX_TRANSITIONS
+    assert states(fs)[-2:] == [EngineState.STALLED, EngineState.STREAMING]

@@ -9,8 +9,8 @@ import anyio
 import pytest
 
 from servo.edge.config import EdgeConfig
+from servo.edge.errors import EdgeStartError
 from servo.edge.local import RtcEngine, SyncEngine
-from servo.edge.remote import EdgeStartError
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.policy.reference import ReferencePolicy
 from servo.robots import SimCameraConfig, SimConfig, SimSO100

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from servo._core import ActionQueue
-from servo.client.session import ObservationInput
+from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import ChunkPipeline
 
 FPS = 10.0

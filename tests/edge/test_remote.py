@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from servo.edge.errors import EdgeStartError
 from servo.edge.failsafe import EngineState
-from servo.edge.remote import EdgeStartError, RemoteEngine
+from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
 from servo.edge.safety import SafetyLimiter
 from servo.policy.protocol import FloatArray, PolicySpec, Processor

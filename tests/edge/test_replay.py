@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from servo.edge.config import EdgeConfig
-from servo.edge.remote import EdgeStartError
+from servo.edge.errors import EdgeStartError
 from servo.edge.replay import ReplayEngine, bridge, resample
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, read_recording

@@ -8,9 +8,9 @@ import anyio
 import pytest
 from anyio.abc import TaskStatus
 
-from servo.client.session import ObservationInput
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase
+from servo.edge.observation import ObservationInput
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.robots import SimConfig, SimSO100
 

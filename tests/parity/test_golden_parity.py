@@ -11,10 +11,10 @@ import anyio
 import numpy as np
 import pytest
 
-from servo.client.session import ObservationInput
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase, Produced
 from servo.edge.local import RtcEngine
+from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Request
 from servo.edge.remote import RemoteEngine
 from servo.policy.reference import ReferencePolicy

@@ -77,9 +77,9 @@ def test_capture_thread_ends_when_owner_is_collected() -> None:
 
 def test_missing_opencv_explains_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cv2", None)  # makes `import cv2` raise ImportError
-    with pytest.raises(CameraError, match=r"pip install servo\[cameras\]"):
+    with pytest.raises(CameraError, match=r"pip install 'servo-robotics\[cameras\]'"):
         import_cv2()
-    with pytest.raises(CameraError, match=r"pip install servo\[cameras\]"):
+    with pytest.raises(CameraError, match=r"pip install 'servo-robotics\[cameras\]'"):
         OpenCVCamera(0).connect()
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import zenoh
 
 from servo._core import MSG_OBS, SCHEMA_VERSION, Header, HeaderError, decode_header, unauthenticated
-from servo.client import ObservationInput, PolicyClient, RemoteSession
+from servo.client import PolicyClient, RemoteSession
 from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.transport import LoopBridge
@@ -23,13 +23,13 @@ def observation(
     cameras: Mapping[str, tuple[int, int]] | None = None,
     *,
     dim: int = 6,
-    task: str = "",
-) -> ObservationInput:
-    """An observation: ``state`` (a scalar fills every joint), black frames of the given sizes."""
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(state, images)`` for `RemoteSession.send` / ``infer``: ``state`` (a scalar fills every
+    joint) and black frames of the given sizes."""
     cams = {"front": (24, 32)} if cameras is None else cameras
     values = np.full(dim, state, np.float32) if np.isscalar(state) else np.asarray(state, np.float32)
     frames = {name: np.zeros((h, w, 3), np.uint8) for name, (h, w) in cams.items()}
-    return ObservationInput(values, frames, time.monotonic_ns(), task=task)
+    return values, frames
 
 
 def server_manifest(port: int, *, serving: str = "", ops: str = "health_port = 0", zenoh: str = "") -> Manifest:

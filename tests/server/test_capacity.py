@@ -27,13 +27,13 @@ async def test_third_client_is_refused_with_the_load(port: int) -> None:
             (status,) = await cc.discover()
             assert (status.status.active_sessions, status.status.max_sessions, status.status.load) == (2, 2, 1.0)
             # the admitted sessions are unaffected
-            await sa.infer(observation(1), timeout=5)
-            await sb.infer(observation(2), timeout=5)
+            await sa.infer(*observation(1), timeout=5)
+            await sb.infer(*observation(2), timeout=5)
             # closing one frees its slot at once
             await sb.close()
             assert len(server.registry) == 1
             sc = await open_on(cc, ready)
-            await sc.infer(observation(3), timeout=5)
+            await sc.infer(*observation(3), timeout=5)
             await sa.close()
             await sc.close()
         assert metric(server, "servo_sessions_rejected_total", code="capacity") == 1
@@ -50,28 +50,28 @@ async def test_reconnecting_client_replaces_its_own_session(port: int) -> None:
             sb = await open_on(cb, ready)
             async with connected(port, "a") as old_client:
                 old = await open_on(old_client, ready, epoch=0)
-                await old.infer(observation(1), timeout=5)
+                await old.infer(*observation(1), timeout=5)
                 async with connected(port, "a") as new_client:
                     new = await open_on(new_client, ready, epoch=1)
                     assert new.session_id != old.session_id
                     assert len(server.registry) == 2
                     assert server.registry.by_client("a") is not None
                     assert server.registry.by_client("a").session_id == new.session_id  # type: ignore[union-attr]
-                    result = await new.infer(observation(5), timeout=5)
+                    result = await new.infer(*observation(5), timeout=5)
                     assert result.chunk_robot[0][0] == 5
                     # the old epoch's observations are dropped, not served into the new session
-                    await old.send(observation(6))
+                    await old.send(*observation(6))
                     await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="stale") >= 1)
-                    await new.infer(observation(8), timeout=5)
+                    await new.infer(*observation(8), timeout=5)
                     assert old.stats.chunks == 1
                     # the old Zenoh session goes away without a close: the new session survives
                 # (new_client closed here: nothing left of "a")
             async with connected(port, "a") as again:
                 third = await open_on(again, ready, epoch=2)
-                await third.infer(observation(7), timeout=5)
+                await third.infer(*observation(7), timeout=5)
                 assert len(server.registry) == 2
                 await third.close()
-            await sb.infer(observation(2), timeout=5)
+            await sb.infer(*observation(2), timeout=5)
             await sb.close()
         assert metric(server, "servo_sessions_collected_total", reason="replaced") == 2
         assert metric(server, "servo_sessions_rejected_total", code="capacity") == 0
@@ -81,24 +81,28 @@ async def test_exclusive_mode_serves_one_session(port: int) -> None:
     policy = FixedComputePolicy(chunk_stateless=False)
     async with running_server(make_manifest(port), policy=policy) as (server, ready):
         assert ready.info.serving_mode == "exclusive"
+        # Capacity is decided once, with the serving mode: status, metrics and admission agree.
+        assert metric(server, "servo_max_sessions") == 1
         async with connected(port, "a") as ca, connected(port, "b") as cb:
+            (info,) = await ca.discover()
+            assert (info.status.max_sessions, info.status.policy.serving_mode) == (1, "exclusive")
             sa = await open_on(ca, ready)
             with pytest.raises(SessionRejected) as info:
                 await open_on(cb, ready)
             assert info.value.rejection.code == "capacity"
             assert info.value.rejection.max_sessions == 1
-            await sa.infer(observation(1), timeout=5)
+            await sa.infer(*observation(1), timeout=5)
             resets = policy.resets
             await sa.reset(1)
-            await sa.infer(observation(1), timeout=5)
+            await sa.infer(*observation(1), timeout=5)
             # exclusive mode also resets the (chunk-stateful) policy at the episode boundary
             assert policy.resets == resets + 1
             # An observation of a new episode that overtakes its reset request resets as well.
             sa.episode_id = 2
-            await sa.infer(observation(1), timeout=5)
+            await sa.infer(*observation(1), timeout=5)
             assert policy.resets == resets + 2
             await sa.reset(2)
-            await sa.infer(observation(1), timeout=5)
+            await sa.infer(*observation(1), timeout=5)
             assert policy.resets == resets + 2, "the late reset request must not reset mid-episode"
             await sa.close()
         assert len(server.registry) == 0

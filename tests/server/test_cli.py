@@ -115,7 +115,7 @@ async def test_sigterm_tells_clients_at_once_and_drains_the_request_in_flight(tm
             session = await client.open_session(
                 server, features=server.status.policy.features, fps=server.status.policy.fps
             )
-            await session.send(observation(5.0))
+            await session.send(*observation(5.0))
             await lines.until(is_event("inference started"), timeout=10)  # the worker has it
             process.send_signal(signal.SIGTERM)
             # The notice arrives while the 3 s forward still runs: the client can fail over now.
@@ -123,7 +123,7 @@ async def test_sigterm_tells_clients_at_once_and_drains_the_request_in_flight(tm
                 await session.lost.wait()
             assert session.lost_reason == "server draining"
             with pytest.raises(SessionLost):
-                await session.send(observation(5.0))
+                await session.send(*observation(5.0))
             await session.close()
         with anyio.fail_after(15):
             assert await process.wait() == 0

@@ -25,7 +25,7 @@ async def test_vanished_client_is_collected_and_live_one_kept(port: int) -> None
             kept = await open_on(staying, ready)
             async with connected(port, "vanishes") as vanishing:
                 gone = await open_on(vanishing, ready)
-                await gone.infer(observation(1), timeout=5)
+                await gone.infer(*observation(1), timeout=5)
                 assert len(server.registry) == 2
                 # leaving this block closes the Zenoh session abruptly: no CloseRequest is sent
             vanished_at = time.monotonic()
@@ -36,7 +36,7 @@ async def test_vanished_client_is_collected_and_live_one_kept(port: int) -> None
             assert metric(server, "servo_sessions_collected_total", reason="vanished") == 1
             assert metric(server, "servo_active_sessions") == 1
             # the live client outlived the grace period and is still served
-            result = await kept.infer(observation(2), timeout=5)
+            result = await kept.infer(*observation(2), timeout=5)
             assert result.chunk_robot[0][0] == 2
             await kept.close()
         assert metric(server, "servo_sessions_collected_total", reason="closed") == 1
@@ -53,7 +53,7 @@ async def test_live_client_outlives_the_grace_period(port: int) -> None:
         session = await open_on(client, ready)
         started = time.monotonic()
         while time.monotonic() - started < 3 * GRACE_S:
-            await session.infer(observation(1), timeout=5)
+            await session.infer(*observation(1), timeout=5)
         assert len(server.registry) == 1
         assert metric(server, "servo_sessions_collected_total", reason="vanished") == 0
         await session.close()

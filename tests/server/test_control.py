@@ -22,7 +22,7 @@ async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int
         connected(port, "robot") as client,
     ):
         session = await open_on(client, ready)
-        first = await session.infer(observation(1), timeout=5)
+        first = await session.infer(*observation(1), timeout=5)
         assert first.episode_id == 0
         resets_before = policy.resets
         await session.reset(1)  # returns only once the server acknowledged
@@ -31,7 +31,7 @@ async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int
             # a straggler of episode 0 arriving after the reset is dropped, never served
             client.zsession.put(session.keys.obs, body(), attachment=obs_header(session, 999, episode_id=0))
             await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="stale") == 1)
-            second = await session.infer(observation(2), timeout=5)
+            second = await session.infer(*observation(2), timeout=5)
             assert second.episode_id == 1
             assert second.chunk_robot[0][0] == 2
             assert all(h is None or h.seq_id != 999 for h, _ in tap.seen)
@@ -62,13 +62,13 @@ async def test_close_frees_capacity_and_unknown_sessions_are_refused(port: int) 
         connected(port, "b") as cb,
     ):
         sa = await open_on(ca, ready)
-        await sa.infer(observation(1), timeout=5)
+        await sa.infer(*observation(1), timeout=5)
         stale_id = sa.session_id
         await sa.close()
         assert len(server.registry) == 0
         assert metric(server, "servo_sessions_collected_total", reason="closed") == 1
         sb = await open_on(cb, ready)  # the slot is free again
-        await sb.infer(observation(2), timeout=5)
+        await sb.infer(*observation(2), timeout=5)
         # reset / close of a session that no longer exists: refused, named
         with pytest.raises(ServerError) as info:
             await sa.reset(1)
@@ -82,6 +82,6 @@ async def test_close_frees_capacity_and_unknown_sessions_are_refused(port: int) 
         assert reply.err is not None
         assert decode(reply.err.payload.to_bytes(), Rejection).code == "unknown_session"
         assert server.registry.get(sb.session_id) is not None
-        result = await sb.infer(observation(3), timeout=5)
+        result = await sb.infer(*observation(3), timeout=5)
         assert result.episode_id == 0
         await sb.close()

@@ -35,7 +35,7 @@ async def test_eight_concurrent_clients_are_served_round_robin(port: int) -> Non
             task_status.started()
             await go.wait()
             while not stop.is_set():
-                result = await session.infer(observation(index), timeout=5)
+                result = await session.infer(*observation(index), timeout=5)
                 np.testing.assert_array_equal(result.chunk_robot[0], np.full(6, index, np.float32))
                 received[index] += 1
                 if sum(received.values()) >= N_CLIENTS * ROUNDS:
@@ -78,14 +78,14 @@ async def test_greedy_client_cannot_starve_the_others(port: int) -> None:
 
     async def polite(session: RemoteSession, index: int) -> None:
         while not stop.is_set():
-            await session.infer(observation(index), timeout=5)
+            await session.infer(*observation(index), timeout=5)
             polite_served[index] += 1
 
     async def greedy(session: RemoteSession) -> None:
         nonlocal greedy_superseded, greedy_served
         while greedy_served < 15:
             for _ in range(4):  # four observations in a row: three of them are superseded
-                seq = await session.send(observation(9))
+                seq = await session.send(*observation(9))
             result = await session.receive(seq, timeout=5)
             greedy_superseded += result.superseded
             greedy_served += 1

@@ -27,7 +27,7 @@ async def test_reference_relative_processor_anchors_each_chunk_on_its_own_state(
         rng = np.random.default_rng(len(name))
         for _ in range(REQUESTS):
             state = states[name] + rng.uniform(-1, 1, 6).astype(np.float32)
-            result = await session.infer(observation(state, cams), timeout=5)
+            result = await session.infer(*observation(state, cams), timeout=5)
             seen[name].append((state, result.chunk_robot - result.chunk_model))
 
     async with running_server(manifest) as (_, ready):
@@ -61,7 +61,7 @@ async def test_processor_state_held_across_requests_stays_per_session(port: int)
                 await session.reset(1)
             # only the first state of an episode becomes the anchor; later ones must not leak
             state = anchors[name] if i in (0, REQUESTS // 2) else anchors[name] + 7.0 * (i + 1)
-            result = await session.infer(observation(state), timeout=5)
+            result = await session.infer(*observation(state), timeout=5)
             results[name].append(result.chunk_robot)
 
     async with (

@@ -115,7 +115,7 @@ async def well_behaved(session: RemoteSession) -> AsyncIterator[Callable[[], int
         nonlocal served
         while True:
             try:
-                result = await session.infer(observation(42), timeout=5)
+                result = await session.infer(*observation(42), timeout=5)
             except BaseException as exc:  # recorded: the test fails on any
                 failures.append(exc)
                 raise
@@ -163,7 +163,7 @@ async def test_malformed_observations_are_answered_and_do_not_disturb_others(por
                 assert event.message, name
                 await still_served(served)
             # after all that, the victim's own session still works
-            result = await session.infer(observation(7), timeout=5)
+            result = await session.infer(*observation(7), timeout=5)
             assert result.chunk_robot[0][0] == 7
         await session.close()
         await other.close()
@@ -181,18 +181,18 @@ async def test_client_api_surfaces_server_errors(port: int) -> None:
     ):
         session = await open_on(client, ready)
         with pytest.raises(ServerError) as info:
-            await session.infer(observation(1.0, dim=5), timeout=5)
+            await session.infer(*observation(1.0, dim=5), timeout=5)
         assert info.value.code == "bad_observation"
         assert "observation.state" in info.value.message
         with pytest.raises(ServerError) as info:
-            await session.infer(observation(np.array([1, np.nan, 0, 0, 0, 0])), timeout=5)
+            await session.infer(*observation(np.array([1, np.nan, 0, 0, 0, 0])), timeout=5)
         assert info.value.code == "bad_observation"
         assert "NaN" in info.value.message
         with pytest.raises(ServerError) as info:
-            await session.infer(observation(-1.0), timeout=5)  # the policy raises on this one
+            await session.infer(*observation(-1.0), timeout=5)  # the policy raises on this one
         assert info.value.code == "inference_failed"
         assert "policy bug" in info.value.message
-        result = await session.infer(observation(3.0), timeout=5)
+        result = await session.infer(*observation(3.0), timeout=5)
         assert result.chunk_robot[0][0] == 3
         await session.close()
     assert metric(server, "servo_requests_total", outcome="inference_failed") == 1
@@ -231,7 +231,7 @@ async def test_hostile_keys_crash_nothing(port: int) -> None:
                 assert decode(reply.err.payload.to_bytes(), Rejection).code in ("bad_request", "unknown_session")
         await eventually(lambda: metric(server, "servo_dropped_observations_total", reason="bad_key") >= 1)
         # nothing was served into the robot's session, and it still works
-        result = await session.infer(observation(5), timeout=5)
+        result = await session.infer(*observation(5), timeout=5)
         assert (result.seq_id, result.chunk_robot[0][0]) == (1, 5)
         assert session.episode_id == 0
         assert len(server.registry) == 1

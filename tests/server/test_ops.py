@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import anyio
 import pytest
 
 from servo.client import SessionLost
+from servo.server.ops import OpsEndpoint
 from servo.server.service import PolicyServer, ServerReady
 from tests.server.helpers import connected, observation, open_on, server_manifest
 from tests.server.policies import FixedComputePolicy, GatedPolicy
@@ -60,7 +62,7 @@ async def test_every_replica_answers_discovery_sorted_by_load(port: int) -> None
             assert [s.keys.replica for s in servers] == ["r2", "r1"]  # least loaded first
             assert [s.status.active_sessions for s in servers] == [1, 2]
             # a session on the far replica works end to end through the mesh
-            result = await on_r2.infer(observation(4), timeout=5)
+            result = await on_r2.infer(*observation(4), timeout=5)
             assert result.chunk_robot[0][0] == 4
             for session in (on_r2, *on_r1):
                 await session.close()
@@ -91,7 +93,7 @@ async def test_health_is_503_until_warm_and_while_draining(port: int) -> None:
         assert await http_get(health, "/healthz") == (200, "serving\n")
         async with connected(port, "robot") as client:
             session = await open_on(client, box[0])
-            seq = await session.send(observation(3))
+            seq = await session.send(*observation(3))
             assert await anyio.to_thread.run_sync(policy.entered.wait, 10)
             server.drain()  # while a request is in flight (its forward hangs at the gate)
             assert await http_get(health, "/healthz") == (503, "draining\n")
@@ -104,7 +106,7 @@ async def test_health_is_503_until_warm_and_while_draining(port: int) -> None:
                 await session.receive(seq, timeout=1)
             policy.gate.set()
             with pytest.raises(SessionLost):
-                await session.send(observation(4))
+                await session.send(*observation(4))
             await session.close()
 
 
@@ -115,7 +117,7 @@ async def test_metrics_expose_the_documented_series(port: int) -> None:
         async with connected(port, "robot") as client:
             session = await open_on(client, ready)
             for i in range(3):
-                await session.infer(observation(i), timeout=5)
+                await session.infer(*observation(i), timeout=5)
             # requests are counted just after their chunk is published: scrape until the third is in
             with anyio.fail_after(5):
                 while 'servo_requests_total{outcome="ok"} 3.0' not in (text := (await http_get(health, "/metrics"))[1]):
@@ -151,11 +153,11 @@ async def test_audit_log_has_one_json_line_per_request(port: int, tmp_path: Path
     async with running_server(manifest, policy=FixedComputePolicy()) as (_, ready), connected(port, "robot") as client:
         session = await open_on(client, ready)
         for i in range(4):
-            await session.infer(observation(i), timeout=5)
+            await session.infer(*observation(i), timeout=5)
         await session.reset(2)
-        await session.infer(observation(9), timeout=5)
+        await session.infer(*observation(9), timeout=5)
         with pytest.raises(Exception, match="bad_observation"):
-            await session.infer(observation(1, dim=3), timeout=5)
+            await session.infer(*observation(1, dim=3), timeout=5)
         await session.close()
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert len(lines) == 6
@@ -168,3 +170,13 @@ async def test_audit_log_has_one_json_line_per_request(port: int, tmp_path: Path
     assert [line["episode_id"] for line in lines] == [0, 0, 0, 0, 2, 2]
     assert [line["outcome"] for line in lines] == ["ok"] * 5 + ["bad_observation"]
     assert all(line["inference_ms"] >= 0 and line["queue_wait_ms"] >= 0 for line in lines)
+
+
+async def test_busy_health_port_error_names_the_port() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        held = other.getsockname()[1]
+        endpoint = OpsEndpoint(lambda: (True, "serving"), lambda: b"")
+        with pytest.raises(OSError, match=f"health port {held} on 127.0.0.1: Address already in use"):
+            await endpoint.run("127.0.0.1", held)

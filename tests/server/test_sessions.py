@@ -7,9 +7,19 @@ from typing import Any
 
 import numpy as np
 
-from servo._core import MSG_OBS, SCHEMA_VERSION, Header
+from servo._core import (
+    FLAG_EPISODE_START,
+    MSG_CHUNK,
+    MSG_DRAIN,
+    MSG_ERROR,
+    MSG_OBS,
+    SCHEMA_VERSION,
+    Header,
+    decode_header,
+)
 from servo.policy import DecodedObservation
 from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
+from servo.wire import reply_header
 from tests.server.policies import RelativeProcessor
 
 
@@ -18,12 +28,14 @@ class FakePublisher:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.attachments: list[bytes] = []
         self.in_put = threading.Event()
         self.release = threading.Event()
         self.release.set()
 
     def put(self, body: bytes, attachment: Any = None) -> None:
         self.calls.append("put")
+        self.attachments.append(attachment)
         self.in_put.set()
         assert self.release.wait(5)
 
@@ -157,7 +169,7 @@ def test_closed_publisher_waits_for_a_put_in_progress() -> None:
     session = make_session(registry)
     publisher: FakePublisher = session.publisher  # type: ignore[assignment]
     publisher.release.clear()
-    putter = threading.Thread(target=session.publish, args=(b"x", b"h"))
+    putter = threading.Thread(target=session.publish, args=(MSG_CHUNK, b"x"))
     putter.start()
     assert publisher.in_put.wait(5)
     closer = threading.Thread(target=session.close_publisher)
@@ -168,6 +180,23 @@ def test_closed_publisher_waits_for_a_put_in_progress() -> None:
     putter.join(5)
     closer.join(5)
     assert publisher.calls == ["put", "undeclare"]
-    assert session.publish(b"y", b"h") is False
+    assert session.publish(MSG_CHUNK, b"y") is False
     session.close_publisher()  # idempotent
     assert publisher.calls == ["put", "undeclare"]
+
+
+def test_messages_echo_the_request_they_answer_or_address_the_current_episode() -> None:
+    registry = SessionRegistry()
+    session = make_session(registry)
+    session.epoch, session.schema_version = 3, SCHEMA_VERSION
+    publisher: FakePublisher = session.publisher  # type: ignore[assignment]
+    sid = session.session_id.to_bytes(16, "little")
+    request = Header(SCHEMA_VERSION, MSG_OBS, FLAG_EPISODE_START, 17, 2, 3, 123_456_789, sid)
+    assert session.publish(MSG_CHUNK, b"chunk", request)
+    assert decode_header(publisher.attachments[-1]) == Header(SCHEMA_VERSION, MSG_CHUNK, 0, 17, 2, 3, 123_456_789, sid)
+    registry.reset(session.session_id, 5)
+    assert session.publish(MSG_DRAIN, b"notice")  # answers no request: the session's episode, no stamp
+    assert decode_header(publisher.attachments[-1]) == Header(SCHEMA_VERSION, MSG_DRAIN, 0, 0, 5, 3, 0, sid)
+    # Without a session (an observation for an unknown one), the request's own header is echoed.
+    echoed = Header(SCHEMA_VERSION, MSG_ERROR, 0, 17, 2, 3, 123_456_789, sid)
+    assert decode_header(reply_header(request, MSG_ERROR)) == echoed

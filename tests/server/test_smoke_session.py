@@ -3,7 +3,7 @@ import time
 import numpy as np
 import pytest
 
-from servo.client import ObservationInput, PolicyClient
+from servo.client import PolicyClient
 from tests.support import client_settings, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
@@ -16,7 +16,9 @@ async def test_one_round_trip(port: int) -> None:
     ):
         (server,) = await client.discover()
         session = await client.open_session(server, features=ready.info.features, fps=30)
-        obs = ObservationInput(np.zeros(6, np.float32), {"front": np.zeros((48, 64, 3), np.uint8)}, time.monotonic_ns())
-        result = await session.infer(obs, timeout=5)
+        taken = time.monotonic_ns()
+        result = await session.infer(np.zeros(6, np.float32), {"front": np.zeros((48, 64, 3), np.uint8)}, mono_ns=taken)
         assert result.chunk_robot.shape == (50, 6)
+        assert result.obs_mono_ns == taken
+        assert 0 < result.rtt_ns <= time.monotonic_ns() - taken
         await session.close()

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from servo.client import ObservationInput, PolicyClient
+from servo.client import PolicyClient
 from servo.server.manifest import parse_manifest
 from servo.transport import TlsSettings, ZenohSettings, open_session
 from tests.support import running_server
@@ -103,8 +103,7 @@ async def infer_once(settings: ZenohSettings) -> tuple[int, int]:
     async with PolicyClient.connect(settings, "tls-arm") as client:
         (server,) = await client.discover()
         session = await client.open_session(server, features=server.status.policy.features, fps=30)
-        obs = ObservationInput(np.zeros(6, np.float32), {"front": np.zeros((48, 64, 3), np.uint8)}, 1)
-        result = await session.infer(obs, timeout=10)
+        result = await session.infer(np.zeros(6, np.float32), {"front": np.zeros((48, 64, 3), np.uint8)}, timeout=10)
         await session.close()
         return result.chunk_robot.shape
 

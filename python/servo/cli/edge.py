@@ -130,7 +130,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
 
 def classify(exc: BaseException) -> tuple[int, str] | None:
     """Exit code and one-line message of an error that ends a run, or None if it is unexpected."""
-    from servo.edge.remote import EdgeStartError
+    from servo.edge.errors import EdgeStartError
     from servo.robots import CalibrationError, FeetechError
 
     if isinstance(exc, ConfigError | CalibrationError):

@@ -16,6 +16,7 @@ from anyio.abc import TaskStatus
 
 from servo.cli.console import Console
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.ports import PortInUseError, refuse_busy
 from servo.config import ConfigError
 from servo.logs import configure_logging
 from servo.server.manifest import Manifest, load_manifest
@@ -95,6 +96,8 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
 
     if isinstance(exc, ConfigError | PolicyLoadError):
         return 2, str(exc)
+    if isinstance(exc, PortInUseError):
+        return 2, f"{exc} (another servo-serve?); stop it or choose free ports with --listen, --health-port"
     if isinstance(exc, ModuleNotFoundError) and exc.name in SERVER_DEPENDENCIES:
         return 2, f"serving needs {exc.name}, which is not installed: {SERVER_EXTRA}"
     if isinstance(exc, zenoh.ZError):
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, json=args.json_logs, stream=console)
     try:
         manifest = load_manifest(args.manifest, overrides=overrides(args))
+        refuse_busy(manifest.zenoh.listen, manifest.ops.health_host, manifest.ops.health_port)
         anyio.run(
             serve,
             manifest,

@@ -8,14 +8,13 @@ from servo.client.errors import (
     SessionLost,
     SessionRejected,
 )
-from servo.client.policy_client import PolicyClient, ServerInfo
-from servo.client.session import ChunkResult, ObservationInput, RemoteSession
+from servo.client.policy_client import PolicyClient
+from servo.client.session import ChunkResult, RemoteSession, ServerInfo
 
 __all__ = [
     "ChunkResult",
     "ClientError",
     "NoServerFound",
-    "ObservationInput",
     "PolicyClient",
     "RemoteSession",
     "RequestTimeout",

@@ -9,19 +9,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import anyio
 import zenoh
 
-from servo.client.errors import NoServerFound, RequestTimeout, ServerError, SessionRejected
-from servo.client.session import RemoteSession
+from servo.client.errors import NoServerFound, SessionRejected
+from servo.client.replies import request
+from servo.client.session import RemoteSession, ServerInfo
 from servo.logs import get_logger
 from servo.transport import ZenohSettings, open_session, query
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     Features,
-    Rejection,
     ServerKeys,
     SessionAck,
     SessionOpen,
@@ -30,20 +29,11 @@ from servo.wire import (
     TrajectoryRequest,
     WireError,
     decode,
-    encode,
     segment,
     status_selector,
 )
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """One replica as discovered: its keys and its status."""
-
-    keys: ServerKeys
-    status: StatusReply
 
 
 class PolicyClient:
@@ -121,7 +111,7 @@ class PolicyClient:
         )
         session.declare()
         try:
-            request = SessionOpen(
+            opening = SessionOpen(
                 client_id=self.client_id,
                 schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
                 features=features,
@@ -131,14 +121,15 @@ class PolicyClient:
                 session_epoch=epoch,
                 tags=dict(tags or {}),
             )
-            replies = await query(
+            session.ack = await request(
                 self.zsession,
                 server.keys.session,
-                payload=encode(request),
+                opening,
+                SessionAck,
                 timeout=timeout,
-                target=zenoh.QueryTarget.ALL,
+                what="session open",
+                rejected=SessionRejected,
             )
-            session.ack = _ack_from(replies, timeout)
             await session.wait_matched(timeout)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -161,22 +152,14 @@ class PolicyClient:
             ServerError: the server has no such trajectory (the message lists what it has).
             RequestTimeout: no answer in time.
         """
-        replies = await query(
+        return await request(
             self.zsession,
             server.keys.trajectory,
-            payload=encode(TrajectoryRequest(name)),
+            TrajectoryRequest(name),
+            Trajectory,
             timeout=timeout,
+            what=f"trajectory {name!r}",
         )
-        for reply in replies:
-            if reply.ok is not None:
-                return decode(reply.ok.payload.to_bytes(), Trajectory)
-            if reply.err is not None:
-                try:
-                    rejection = decode(reply.err.payload.to_bytes(), Rejection)
-                except WireError:
-                    continue
-                raise ServerError(rejection.code, rejection.reason)
-        raise RequestTimeout(f"trajectory {name!r} not served within {timeout:g} s")
 
     async def connect_best(
         self,
@@ -206,17 +189,3 @@ class PolicyClient:
                 last = exc
         assert last is not None
         raise last
-
-
-def _ack_from(replies: list[zenoh.Reply], timeout: float) -> SessionAck:
-    for reply in replies:
-        if reply.ok is not None:
-            return decode(reply.ok.payload.to_bytes(), SessionAck)
-        if reply.err is not None:
-            payload = reply.err.payload.to_bytes()
-            try:
-                raise SessionRejected(decode(payload, Rejection))
-            except WireError:
-                # Zenoh's own errors (e.g. b"Timeout") are not Rejections.
-                continue
-    raise RequestTimeout(f"session open not answered within {timeout:g} s")

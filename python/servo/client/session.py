@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import anyio
 import numpy as np
@@ -21,12 +21,14 @@ from servo._core import (
     SCHEMA_VERSION,
     Header,
     HeaderError,
+    LatencyTracker,
     decode_header,
     unauthenticated,
 )
 from servo.client.errors import RequestTimeout, ServerError, SessionLost
+from servo.client.replies import request
 from servo.logs import get_logger
-from servo.transport import LoopBridge, query
+from servo.transport import LoopBridge, declare_obs_publisher, query
 from servo.wire import (
     ActionChunk,
     ClientKeys,
@@ -35,9 +37,10 @@ from servo.wire import (
     EncodedImage,
     ErrorEvent,
     Observation,
-    Rejection,
     ResetRequest,
+    ServerKeys,
     SessionAck,
+    StatusReply,
     WireError,
     decode,
     decode_tensor,
@@ -46,22 +49,20 @@ from servo.wire import (
     encode_tensor,
 )
 
-if TYPE_CHECKING:
-    from servo.client.policy_client import ServerInfo
-
 log = get_logger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
 
+#: Encode times kept for `SessionStats.encode` (a fixed window, whatever the uptime).
+ENCODE_WINDOW = 1000
 
-@dataclass
-class ObservationInput:
-    """What the robot saw: joint state, camera frames (RGB uint8), and when (monotonic ns)."""
 
-    state: FloatArray
-    images: dict[str, npt.NDArray[np.uint8]]
-    mono_ns: int
-    task: str = ""
+@dataclass(frozen=True)
+class ServerInfo:
+    """One replica as discovered: its keys and its status."""
+
+    keys: ServerKeys
+    status: StatusReply
 
 
 @dataclass(frozen=True)
@@ -82,14 +83,19 @@ class ChunkResult:
 
 @dataclass
 class SessionStats:
-    """Counters of one session (read on the event loop)."""
+    """Counters of one session (written and read on the event loop).
+
+    ``encode`` holds the encode times (ns) of the last `ENCODE_WINDOW` requests, ``last_encode_ms``
+    the latest one: memory stays fixed however long the session runs.
+    """
 
     sent: int = 0
     chunks: int = 0
     dropped_stale: int = 0
     errors: int = 0
     undecodable: int = 0
-    encode_ms: list[float] = field(default_factory=list)
+    last_encode_ms: float = 0.0
+    encode: LatencyTracker = field(default_factory=lambda: LatencyTracker(ENCODE_WINDOW))
 
 
 class RemoteSession:
@@ -136,8 +142,6 @@ class RemoteSession:
         Done before the session-open query, so the server's first chunk cannot be lost to a
         subscription that has not propagated yet.
         """
-        from servo.transport import declare_obs_publisher
-
         bridge = self._bridge
         self._entities.append(self._z.declare_subscriber(self.keys.action, lambda s: bridge.call(self._on_action, s)))
         self._publisher = declare_obs_publisher(self._z, self.keys.obs)
@@ -193,8 +197,11 @@ class RemoteSession:
     # ------------------------------------------------------------------ data plane
     async def send(
         self,
-        obs: ObservationInput,
+        state: npt.ArrayLike,
+        images: Mapping[str, npt.NDArray[np.uint8]],
         *,
+        mono_ns: int | None = None,
+        task: str = "",
         inference_delay_steps: int = 0,
         prefix_model: FloatArray | None = None,
         prefix_robot: FloatArray | None = None,
@@ -203,22 +210,36 @@ class RemoteSession:
         """Encode (JPEG off the loop, one thread per camera) and publish one observation.
 
         A newer request supersedes any request still in flight. Returns its seq_id.
+
+        Args:
+            state: Joint state (converted to float32).
+            images: Camera frames by name, RGB uint8 (H, W, 3).
+            mono_ns: When the observation was taken, on this host's monotonic clock (ns); now
+                when omitted. Echoed back as `ChunkResult.obs_mono_ns`, the start of ``rtt_ns``.
+            task: Task instruction (VLA prompt); the session's task when empty.
+            inference_delay_steps: Steps the chunk's start will be late by (RTC).
+            prefix_model: Leftover of the previous chunk in model space (RTC conditioning).
+            prefix_robot: The same leftover in robot space.
+            episode_start: Flags the first observation of an episode.
         """
         if self.lost.is_set():
             raise SessionLost(self.lost_reason)
-        started = time.perf_counter()
-        images = await _encode_images(obs.images, self.jpeg_quality)
+        stamp = time.monotonic_ns() if mono_ns is None else mono_ns
+        started = time.perf_counter_ns()
+        encoded = await _encode_images(images, self.jpeg_quality)
         body = encode(
             Observation(
-                state=encode_tensor(np.asarray(obs.state, dtype=np.float32)),
-                images=images,
-                task=obs.task,
+                state=encode_tensor(np.asarray(state, dtype=np.float32)),
+                images=encoded,
+                task=task,
                 inference_delay_steps=int(inference_delay_steps),
                 prefix_model=None if prefix_model is None else encode_tensor(prefix_model),
                 prefix_robot=None if prefix_robot is None else encode_tensor(prefix_robot),
             )
         )
-        self.stats.encode_ms.append((time.perf_counter() - started) * 1e3)
+        encode_ns = time.perf_counter_ns() - started
+        self.stats.encode.add(encode_ns)
+        self.stats.last_encode_ms = encode_ns / 1e6
         self._seq += 1
         header = Header(
             schema_version=self.ack.schema_version if self.ack else SCHEMA_VERSION,
@@ -227,7 +248,7 @@ class RemoteSession:
             seq_id=self._seq,
             episode_id=self.episode_id,
             session_epoch=self.epoch,
-            client_mono_ns=obs.mono_ns,
+            client_mono_ns=stamp,
             session_id=self.session_id.to_bytes(16, "little"),
         )
         self._latest_seq = self._seq
@@ -265,9 +286,30 @@ class RemoteSession:
             raise SessionLost(self.lost_reason)
         raise RequestTimeout(f"no chunk for seq {seq_id} within {timeout:.3g} s")
 
-    async def infer(self, obs: ObservationInput, *, timeout: float = 5.0, **kwargs: object) -> ChunkResult:
-        """`send` then `receive`: one round trip."""
-        seq = await self.send(obs, **kwargs)  # type: ignore[arg-type]
+    async def infer(
+        self,
+        state: npt.ArrayLike,
+        images: Mapping[str, npt.NDArray[np.uint8]],
+        *,
+        mono_ns: int | None = None,
+        task: str = "",
+        timeout: float = 5.0,
+        inference_delay_steps: int = 0,
+        prefix_model: FloatArray | None = None,
+        prefix_robot: FloatArray | None = None,
+        episode_start: bool = False,
+    ) -> ChunkResult:
+        """`send` then `receive`: one round trip (the arguments are `send`'s, plus ``timeout``)."""
+        seq = await self.send(
+            state,
+            images,
+            mono_ns=mono_ns,
+            task=task,
+            inference_delay_steps=inference_delay_steps,
+            prefix_model=prefix_model,
+            prefix_robot=prefix_robot,
+            episode_start=episode_start,
+        )
         return await self.receive(seq, timeout=timeout)
 
     # ------------------------------------------------------------------ control plane
@@ -279,23 +321,14 @@ class RemoteSession:
             RequestTimeout: no answer in time.
         """
         self.episode_id = episode_id
-        replies = await query(
+        await request(
             self._z,
             self.keys.control,
-            payload=encode(ResetRequest(self.session_id, episode_id)),
+            ResetRequest(self.session_id, episode_id),
+            ControlAck,
             timeout=timeout,
+            what="reset",
         )
-        for reply in replies:
-            if reply.ok is not None:
-                decode(reply.ok.payload.to_bytes(), ControlAck)
-                return
-            if reply.err is not None:
-                try:
-                    rejection = decode(reply.err.payload.to_bytes(), Rejection)
-                except WireError:
-                    continue
-                raise ServerError(rejection.code, rejection.reason)
-        raise RequestTimeout(f"reset not acknowledged within {timeout} s")
 
     # ------------------------------------------------------------------ callbacks (event loop)
     def _on_matching(self, matching: bool) -> None:
@@ -367,7 +400,7 @@ class RemoteSession:
         )
 
 
-async def _encode_images(frames: dict[str, npt.NDArray[np.uint8]], quality: int) -> dict[str, EncodedImage]:
+async def _encode_images(frames: Mapping[str, npt.NDArray[np.uint8]], quality: int) -> dict[str, EncodedImage]:
     if quality == 0 or len(frames) <= 1:
         return {name: await _encode_one(frame, quality) for name, frame in frames.items()}
     out: dict[str, EncodedImage] = {}

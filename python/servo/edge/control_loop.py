@@ -16,14 +16,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from array import array
 from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
-from servo.client.session import ObservationInput
+from servo._core import LatencyTracker
 from servo.edge.engine import InferenceEngine
+from servo.edge.observation import ObservationInput
 from servo.edge.recorder import Recorder, Tick
 from servo.edge.safety import SafetyLimiter
 from servo.logs import get_logger
@@ -36,6 +36,10 @@ FloatArray = npt.NDArray[np.float32]
 #: SCHED_FIFO priority of the control thread: above every normal thread, below the kernel's
 #: own real-time threads (IRQ threads run at 50).
 REALTIME_PRIORITY = 10
+#: Ticks whose lateness the run summary's jitter percentiles cover (100 s at 100 Hz; 80 KB).
+JITTER_WINDOW = 10_000
+#: Ticks the live status line's jitter covers (10 s at 30 Hz).
+RECENT_JITTER_WINDOW = 300
 
 
 def request_realtime(priority: int = REALTIME_PRIORITY) -> bool:
@@ -60,6 +64,18 @@ class ControlLoop:
 
     Owns the robot between `start` and `stop` (the robot's methods are only called from the
     loop thread then). `park` may be called from any thread.
+
+    ::
+
+        created ──start()──► running ──park(pose)──► parking ──within tolerance──► parked (holds pose)
+                                │                       │                              │
+                                └──── stop(), or an exception (kept in ``error``) ─────┴──► stopped
+
+    Tick lateness ("jitter": how late a tick started after its deadline) is kept in fixed
+    windows, whatever the uptime: ``jitter`` (the last `JITTER_WINDOW` ticks, for the run
+    summary), ``recent_jitter`` (the last `RECENT_JITTER_WINDOW`, for the status line), and
+    the all-time ``max_jitter_ns``; ``on_tick(tick, lateness_ns)`` sees every tick
+    (instrumentation: tests, benchmarks).
     """
 
     def __init__(
@@ -72,6 +88,7 @@ class ControlLoop:
         task: str = "",
         clock: Callable[[], int] = time.monotonic_ns,
         realtime: bool = True,
+        on_tick: Callable[[int, int], None] | None = None,
     ) -> None:
         self.robot = robot
         self.engine = engine
@@ -86,7 +103,10 @@ class ControlLoop:
         self.ticks = 0
         self.actions_executed = 0
         self.missed_deadlines = 0
-        self.jitter_ms = array("d")
+        self.jitter = LatencyTracker(JITTER_WINDOW)
+        self.recent_jitter = LatencyTracker(RECENT_JITTER_WINDOW)
+        self.max_jitter_ns = 0
+        self.on_tick = on_tick
         self.last_state: FloatArray | None = None
         self.last_command: FloatArray | None = None
         self.error: BaseException | None = None
@@ -131,7 +151,7 @@ class ControlLoop:
         try:
             while not self._stop.is_set():
                 now = self._clock()
-                self.jitter_ms.append((now - next_ns) / 1e6)
+                self._count_lateness(now - next_ns)
                 self._tick(now)
                 next_ns += self.period_ns
                 after = self._clock()
@@ -143,6 +163,15 @@ class ControlLoop:
         except BaseException as exc:  # the runtime must learn that the loop died, then tear down
             self.error = exc
             log.exception("control loop failed")
+
+    def _count_lateness(self, lateness_ns: int) -> None:
+        # A wait can end a hair early: jitter is the distance from the deadline either way.
+        jitter = abs(lateness_ns)
+        self.jitter.add(jitter)
+        self.recent_jitter.add(jitter)
+        self.max_jitter_ns = max(self.max_jitter_ns, jitter)
+        if self.on_tick is not None:
+            self.on_tick(self.ticks, lateness_ns)
 
     def _tick(self, now: int) -> None:
         robot = self.robot

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -14,9 +13,10 @@ import numpy as np
 import numpy.typing as npt
 from anyio.abc import TaskStatus
 
-from servo.client.session import ObservationInput
+from servo._core import LatencyTracker
 from servo.edge.config import EdgeConfig
 from servo.edge.failsafe import EngineState, FailSafe
+from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Action, ChunkPipeline, Request
 from servo.robots.protocol import RobotSpec
 from servo.transport import LoopBridge
@@ -24,6 +24,8 @@ from servo.wire import CameraFeature, Features
 
 #: How often a waiting worker re-evaluates the fail-safe state and its stop conditions.
 TICK_S = 0.02
+#: Merged chunks whose round trip the run summary covers (fixed memory, whatever the uptime).
+RTT_WINDOW = 10_000
 
 
 @dataclass(frozen=True)
@@ -156,8 +158,9 @@ class EngineBase:
         self.errors = 0
         #: Requests that crossed the network (replay reports how few it needs).
         self.network_requests = 0
-        #: Observation-to-merge latency of every merged chunk (ms), for the run summary.
-        self.rtt_ms = array("d")
+        #: Observation-to-merge latency (ns) of the last `RTT_WINDOW` merged chunks, for the run
+        #: summary (the pipeline's own, shorter window drives the delay estimate).
+        self.rtt = LatencyTracker(RTT_WINDOW)
         #: Called on the worker after every merge: instrumentation (tests, benchmarks, tracing).
         self.on_merge: Callable[[MergeEvent], None] | None = None
         self._slot_lock = threading.Lock()
@@ -282,7 +285,7 @@ class EngineBase:
             self.chunks_dropped += 1
             return None
         self.chunks_received += 1
-        self.rtt_ms.append((now_ns - request.obs.mono_ns) / 1e6)
+        self.rtt.add(max(0, now_ns - request.obs.mono_ns))
         self.failsafe.merged()
         return trimmed
 

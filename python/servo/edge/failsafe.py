@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from servo.logs import get_logger
@@ -40,6 +41,8 @@ class EngineState(enum.Enum):
 
 
 _LIVE = (EngineState.STREAMING, EngineState.DEGRADED, EngineState.STALLED)
+#: Transitions kept for the run summary: a link that flaps for hours must not grow memory.
+MAX_TRANSITIONS = 1000
 
 
 class FailSafe:
@@ -69,7 +72,10 @@ class FailSafe:
         self.state = EngineState.CONNECTING
         self.reason = ""
         self.dead = threading.Event()
-        self.transitions: list[tuple[EngineState, str]] = [(EngineState.CONNECTING, "start")]
+        #: The last `MAX_TRANSITIONS` transitions, oldest first.
+        self.transitions: deque[tuple[EngineState, str]] = deque(
+            [(EngineState.CONNECTING, "start")], maxlen=MAX_TRANSITIONS
+        )
         self.reconnects = 0
         self.timeouts = 0
         self._timeouts_in_row = 0

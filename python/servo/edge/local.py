@@ -21,6 +21,7 @@ from anyio.abc import TaskStatus
 
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase, Produced, robot_features
+from servo.edge.errors import EdgeStartError
 from servo.edge.pipeline import Action, Request
 from servo.logs import get_logger
 from servo.policy import DecodedObservation, Policy, PolicyLoadError, load_policy
@@ -72,7 +73,6 @@ class LocalEngine(EngineBase):
         Raises:
             EdgeStartError: the policy cannot be loaded, or its features do not match the robot.
         """
-        from servo.edge.remote import EdgeStartError
         from servo.policy.compatibility import describe, validate_open
         from servo.policy.runner import InferenceRunner
 

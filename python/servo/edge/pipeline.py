@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servo._core import ActionQueue, LatencyTracker, Provenance
-from servo.client.session import ObservationInput
+from servo.edge.observation import ObservationInput
 
 FloatArray = npt.NDArray[np.float32]
 Source = Literal["policy", "fallback", "replay"]

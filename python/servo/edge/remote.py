@@ -11,7 +11,6 @@ from anyio.abc import TaskStatus
 
 from servo.client import (
     NoServerFound,
-    ObservationInput,
     PolicyClient,
     RemoteSession,
     RequestTimeout,
@@ -20,26 +19,17 @@ from servo.client import (
     SessionLost,
     SessionRejected,
 )
+from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import Aborted, EngineBase, Produced, robot_features
+from servo.edge.errors import EdgeStartError
+from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Request
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
 from servo.wire import PolicyInfo
 
 log = get_logger(__name__)
-
-
-class EdgeStartError(RuntimeError):
-    """The edge could not start streaming; one clear message.
-
-    ``refused`` is True when a server answered and refused the robot (capabilities), False
-    when no usable server could be reached.
-    """
-
-    def __init__(self, message: str, *, refused: bool) -> None:
-        super().__init__(message)
-        self.refused = refused
 
 
 class _Reconnect(Exception):
@@ -99,27 +89,28 @@ class RemoteEngine(EngineBase):
                     await anyio.to_thread.run_sync(zsession.close)
                 tg.cancel_scope.cancel()
 
+    def _backoff(self, *, deadline_s: float | None = None) -> Backoff:
+        cfg = self.config
+        return Backoff(cfg.reconnect_initial_backoff_s, cfg.reconnect_max_backoff_s, deadline_s=deadline_s)
+
     async def _open_zenoh(self) -> zenoh.Session:
         # A Zenoh client's open() fails at once while nothing listens (ZENOH_FACTS §1).
         settings = self.config.zenoh_settings()
-        deadline = time.monotonic() + self.config.connect_timeout_s
-        backoff = self.config.reconnect_initial_backoff_s
+        backoff = self._backoff(deadline_s=self.config.connect_timeout_s)
         while True:
             try:
                 return await anyio.to_thread.run_sync(zenoh.open, settings.to_config())
             except zenoh.ZError as exc:
-                if time.monotonic() + backoff > deadline:
-                    raise EdgeStartError(
-                        f"cannot reach a servo server at {', '.join(self.config.connect)} ({exc}); "
-                        "is servo-serve running there?",
-                        refused=False,
-                    ) from None
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+                problem = str(exc)
+            if not await backoff.wait():
+                raise EdgeStartError(
+                    f"cannot reach a servo server at {', '.join(self.config.connect)} ({problem}); "
+                    "is servo-serve running there?",
+                    refused=False,
+                )
 
     async def _first_session(self, client: PolicyClient) -> None:
-        deadline = time.monotonic() + self.config.connect_timeout_s
-        backoff = self.config.reconnect_initial_backoff_s
+        backoff = self._backoff(deadline_s=self.config.connect_timeout_s)
         while True:
             try:
                 await self._open(client)
@@ -130,13 +121,11 @@ class RemoteEngine(EngineBase):
                 problem = str(exc)
             except (NoServerFound, RequestTimeout) as exc:
                 problem = str(exc)
-            if time.monotonic() + backoff > deadline:
+            if not await backoff.wait():
                 raise EdgeStartError(
                     f"no usable servo server within {self.config.connect_timeout_s:g} s: {problem}",
                     refused=False,
                 )
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
 
     async def _open(self, client: PolicyClient) -> None:
         cfg = self.config
@@ -177,7 +166,7 @@ class RemoteEngine(EngineBase):
             )
 
     async def _connection_loop(self, client: PolicyClient) -> None:
-        backoff = self.config.reconnect_initial_backoff_s
+        backoff = self._backoff()
         while not self.failsafe.dead.is_set():
             if self.session is not None:
                 try:
@@ -187,11 +176,10 @@ class RemoteEngine(EngineBase):
                 with anyio.CancelScope(shield=True):
                     await self.session.close()
                 self.session = None
-                backoff = self.config.reconnect_initial_backoff_s
+                backoff.reset()
             if self.failsafe.dead.is_set():
                 return
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+            await backoff.wait()
             try:
                 await self._open(client)
             except SessionRejected as exc:
@@ -202,7 +190,7 @@ class RemoteEngine(EngineBase):
                     "reconnect attempt failed",
                     client_id=self.client_id,
                     error=str(exc),
-                    retry_in_s=backoff,
+                    retry_in_s=backoff.delay,
                 )
 
     async def produce(self, request: Request, *, episode_start: bool) -> Produced | None:
@@ -213,8 +201,12 @@ class RemoteEngine(EngineBase):
         """
         session = self.session
         assert session is not None
+        obs = request.obs
         seq = await session.send(
-            request.obs,
+            obs.state,
+            obs.images,
+            mono_ns=obs.mono_ns,
+            task=obs.task,
             inference_delay_steps=request.delay_steps,
             prefix_model=request.prefix_model,
             prefix_robot=request.prefix_robot,

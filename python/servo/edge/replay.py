@@ -19,7 +19,7 @@ from anyio.abc import TaskStatus
 from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase
-from servo.edge.remote import EdgeStartError
+from servo.edge.errors import EdgeStartError
 from servo.logs import get_logger
 from servo.recording import read_recording
 from servo.robots.protocol import RobotSpec

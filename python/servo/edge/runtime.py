@@ -10,12 +10,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 import numpy as np
 from anyio.abc import TaskStatus
 
+from servo._core import LatencyTracker
 from servo.config import ConfigError
 from servo.edge.config import EdgeConfig
 from servo.edge.control_loop import ControlLoop
@@ -55,7 +55,12 @@ class RunOptions:
 
 @dataclass
 class RunSummary:
-    """What happened during a run (written as JSON with ``--summary``)."""
+    """What happened during a run (written as JSON with ``--summary``).
+
+    ``rtt_ms`` and the jitter percentiles cover the last `EngineBase.rtt` / `ControlLoop.jitter`
+    window (fixed memory however long the run); ``tick_jitter_ms["max"]`` and the counters cover
+    the whole run.
+    """
 
     ticks: int
     actions_executed: int
@@ -98,6 +103,8 @@ class EdgeRuntime:
         self.config = config
         self.options = options
         self.loop: ControlLoop | None = None
+        #: Handed to the control loop: called on its thread with (tick, lateness ns) every tick.
+        self.on_tick: Callable[[int, int], None] | None = None
         self._stop = anyio.Event()
         self.stop_reason = ""
 
@@ -147,6 +154,7 @@ class EdgeRuntime:
                     recorder=recorder,
                     task=self.config.task,
                     realtime=opts.realtime,
+                    on_tick=self.on_tick,
                 )
                 self.loop.start()
                 log.info("control loop running", robot=self.robot.spec.name, fps=self.robot.spec.fps)
@@ -217,8 +225,8 @@ class EdgeRuntime:
     def summary(self, duration_s: float, parked: bool) -> RunSummary:
         """Build the run summary from the loop and engine counters."""
         loop, stats = self.loop, self.engine.statistics()
-        jitter = np.abs(np.asarray(loop.jitter_ms if loop else [], dtype=np.float64))
-        rtt = np.asarray(self.engine.rtt_ms, dtype=np.float64)
+        jitter = _percentiles_ms(loop.jitter if loop else None, ("p50", 0.5), ("p99", 0.99))
+        jitter["max"] = round(loop.max_jitter_ns / 1e6, 3) if loop is not None and loop.ticks else None
         return RunSummary(
             ticks=loop.ticks if loop else 0,
             actions_executed=loop.actions_executed if loop else 0,
@@ -226,8 +234,8 @@ class EdgeRuntime:
             chunks_received=stats.chunks_received,
             chunks_dropped=stats.chunks_dropped,
             reconnects=stats.reconnects,
-            rtt_ms=_percentiles(rtt, ("p50", 50), ("p99", 99)),
-            tick_jitter_ms=_percentiles(jitter, ("p50", 50), ("p99", 99), ("max", 100)),
+            rtt_ms=_percentiles_ms(self.engine.rtt, ("p50", 0.5), ("p99", 0.99)),
+            tick_jitter_ms=jitter,
             final_state=stats.state,
             missed_deadlines=loop.missed_deadlines if loop else 0,
             requests=stats.requests,
@@ -245,8 +253,8 @@ class EdgeRuntime:
         while True:
             stats = self.engine.statistics()
             loop = self.loop
-            jitter = np.abs(np.asarray(loop.jitter_ms[-300:] if loop else [], dtype=np.float64))
-            p99 = f"{np.percentile(jitter, 99):.2f}" if jitter.size else "-"
+            p99_ns = loop.recent_jitter.percentile(0.99) if loop else None
+            p99 = "-" if p99_ns is None else f"{p99_ns / 1e6:.2f}"
             rtt = f"{stats.rtt_ms_p50:.1f}" if stats.rtt_ms_p50 is not None else "-"
             show(
                 f"[{stats.state.upper()}] rtt {rtt} ms | delay {stats.delay_steps} | queue {stats.queue_depth} | "
@@ -257,7 +265,8 @@ class EdgeRuntime:
             await anyio.sleep(0.25)
 
 
-def _percentiles(values: np.ndarray, *points: tuple[str, float]) -> dict[str, Any]:
-    if values.size == 0:
+def _percentiles_ms(tracker: LatencyTracker | None, *points: tuple[str, float]) -> dict[str, float | None]:
+    values = None if tracker is None else tracker.percentiles([q for _, q in points])
+    if values is None:
         return {name: None for name, _ in points}
-    return {name: round(float(np.percentile(values, q)), 3) for name, q in points}
+    return {name: round(ns / 1e6, 3) for (name, _), ns in zip(points, values, strict=True)}

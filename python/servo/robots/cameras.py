@@ -1,6 +1,6 @@
 """USB / V4L2 cameras through OpenCV, captured on their own threads.
 
-OpenCV is an optional dependency (``pip install servo[cameras]``) and is imported only when a
+OpenCV is an optional dependency (``pip install 'servo-robotics[cameras]'``) and is imported only when a
 camera connects, so robots without cameras and the simulator never load it.
 """
 
@@ -36,7 +36,7 @@ def import_cv2() -> Any:
         # Through importlib so type checking does not depend on OpenCV being installed.
         return importlib.import_module("cv2")
     except ImportError as exc:
-        raise CameraError("OpenCV cameras need opencv-python-headless: pip install servo[cameras]") from exc
+        raise CameraError("OpenCV cameras need opencv-python-headless: pip install 'servo-robotics[cameras]'") from exc
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ bug in a handler, costs that one query — never the server.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import msgspec
 import zenoh
@@ -16,8 +15,8 @@ import zenoh
 from servo.logs import get_logger
 from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
-from servo.server.metrics import ServerMetrics
-from servo.server.sessions import Session, SessionRegistry
+from servo.server.sessions import Session
+from servo.server.state import ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.transport import LoopBridge, declare_action_publisher
 from servo.wire import (
@@ -25,10 +24,8 @@ from servo.wire import (
     CloseRequest,
     ControlAck,
     ControlRequest,
-    PolicyInfo,
     Rejection,
     ResetRequest,
-    ServerKeys,
     SessionAck,
     SessionOpen,
     StatusReply,
@@ -39,7 +36,6 @@ from servo.wire import (
 
 log = get_logger(__name__)
 
-ServerState = Literal["starting", "serving", "draining"]
 Handler = Callable[[zenoh.Query, bytes], msgspec.Struct]
 
 
@@ -47,52 +43,28 @@ class ControlPlane:
     """Answers one replica's control queries. Owned by the event loop.
 
     Args:
-        server_id: Reported in status and acks.
-        keys: The replica's keys.
-        info: What the replica serves.
+        state: What the server's parts share (lifecycle, replica, sessions, metrics).
         policy: Makes each session's processor.
         zsession: Declares the queryables and each session's action publisher.
-        registry: The sessions.
-        metrics: Counters to update.
         trajectories: The trajectory library.
-        state: The server's lifecycle state.
-        max_sessions: Session capacity.
-        on_opened: Called with every new session (the server starts its liveliness watch).
-        collect: Closes a session with a reason.
     """
 
     def __init__(
         self,
+        state: ServerState,
         *,
-        server_id: str,
-        keys: ServerKeys,
-        info: PolicyInfo,
         policy: Policy,
         zsession: zenoh.Session,
-        registry: SessionRegistry,
-        metrics: ServerMetrics,
         trajectories: TrajectoryLibrary,
-        state: Callable[[], ServerState],
-        max_sessions: Callable[[], int],
-        on_opened: Callable[[Session], None],
-        collect: Callable[[Session, str], None],
     ) -> None:
-        self.server_id = server_id
-        self._keys = keys
-        self._info = info
+        self._state = state
         self._policy = policy
         self._zsession = zsession
-        self.registry = registry
-        self.metrics = metrics
         self._trajectories = trajectories
-        self._state = state
-        self._max_sessions = max_sessions
-        self._on_opened = on_opened
-        self._collect = collect
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop."""
-        keys, z = self._keys, self._zsession
+        keys, z = self._state.replica.keys, self._zsession
 
         def on(key: str, handler: Handler, reply_key: str | None) -> zenoh.Queryable[None]:
             return z.declare_queryable(key, lambda q: bridge.call(self.answer, handler, q, reply_key))
@@ -124,50 +96,56 @@ class ControlPlane:
 
     def status(self, query: zenoh.Query, payload: bytes) -> StatusReply:
         """Capabilities and load of this replica."""
-        keys, info = self._keys, self._info
+        state = self._state
+        replica = state.replica
+        keys = replica.keys
         return StatusReply(
-            server_id=self.server_id,
+            server_id=replica.server_id,
             app=keys.app,
             model_key=keys.model,
             replica=keys.replica,
             schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
-            policy=info,
-            warmed_up=self._state() != "starting",
-            draining=self._state() == "draining",
-            active_sessions=len(self.registry),
-            max_sessions=self._max_sessions(),
-            load=len(self.registry) / self._max_sessions(),
+            policy=replica.info,
+            warmed_up=state.lifecycle != "starting",
+            draining=state.lifecycle == "draining",
+            active_sessions=len(state.registry),
+            max_sessions=replica.max_sessions,
+            load=state.load,
         )
 
     def _reject(self, code: str, reason: str, **context: object) -> Rejection:
-        self.metrics.sessions_rejected.labels(code).inc()
+        state = self._state
+        state.metrics.sessions_rejected.labels(code).inc()
         log.info("session refused", code=code, reason=reason, **context)
         return Rejection(
             code,  # type: ignore[arg-type]
             reason,
-            active_sessions=len(self.registry),
-            max_sessions=self._max_sessions(),
-            load=len(self.registry) / self._max_sessions(),
+            active_sessions=len(state.registry),
+            max_sessions=state.replica.max_sessions,
+            load=state.load,
         )
 
     def open(self, query: zenoh.Query, payload: bytes) -> SessionAck | Rejection:
         """Validate a client against the policy and capacity; bind it to this replica."""
-        keys, info = self._keys, self._info
+        state = self._state
+        replica = state.replica
+        keys, info = replica.keys, replica.info
         try:
             request = decode(payload, SessionOpen)
             client_keys = keys.client(request.client_id)
         except WireError as exc:
             return self._reject("bad_request", str(exc))
-        if self._state() != "serving":
+        if state.lifecycle != "serving":
             return self._reject("draining", "server is draining; open a session on another replica")
         verdict = validate_open(request, info)
         if isinstance(verdict, Rejection):
             return self._reject(verdict.code, verdict.reason, client_id=request.client_id)
-        previous = self.registry.by_client(request.client_id)
-        if previous is None and len(self.registry) >= self._max_sessions():
+        previous = state.registry.by_client(request.client_id)
+        active = len(state.registry)
+        if previous is None and active >= replica.max_sessions:
             return self._reject(
                 "capacity",
-                f"server is full ({len(self.registry)}/{self._max_sessions()} sessions)",
+                f"server is full ({active}/{replica.max_sessions} sessions)",
                 client_id=request.client_id,
             )
         session = self._create_session(request, verdict, client_keys.action)
@@ -184,7 +162,7 @@ class ControlPlane:
         return SessionAck(
             session_id=session.session_id,
             schema_version=verdict.schema_version,
-            server_id=self.server_id,
+            server_id=replica.server_id,
             replica=keys.replica,
             policy=info,
             rtc=verdict.rtc,
@@ -194,7 +172,7 @@ class ControlPlane:
 
     def _create_session(self, request: SessionOpen, verdict: Admission, action_key: str) -> Session:
         session = Session(
-            session_id=self.registry.new_session_id(),
+            session_id=self._state.registry.new_session_id(),
             client_id=request.client_id,
             epoch=request.session_epoch,
             task=verdict.task,
@@ -203,28 +181,22 @@ class ControlPlane:
             processor=self._policy.make_processor(),
             publisher=declare_action_publisher(self._zsession, action_key),
         )
-        replaced = self.registry.add(session)
-        if replaced is not None:
-            replaced.close_publisher()
-            self.metrics.sessions_collected.labels("replaced").inc()
-        self.metrics.sessions_opened.inc()
-        self.metrics.active_sessions.set(len(self.registry))
-        self._on_opened(session)
+        self._state.register(session)
         return session
 
     def control(self, query: zenoh.Query, payload: bytes) -> ControlAck | Rejection:
         """Reset (episode boundary) or close one of the querying client's sessions."""
-        keys = self._keys
+        state = self._state
         try:
-            client_id = keys.client_of(str(query.key_expr))
+            client_id = state.replica.keys.client_of(str(query.key_expr))
             request: ControlRequest = decode(payload, ControlRequest)  # type: ignore[arg-type]
         except WireError as exc:
             return self._reject("bad_request", str(exc))
-        session = self.registry.get(request.session_id)
+        session = state.registry.get(request.session_id)
         if session is None or session.client_id != client_id:
             return self._reject("unknown_session", f"no session {request.session_id} for client {client_id!r}")
         if isinstance(request, ResetRequest):
-            self.registry.reset(session.session_id, request.episode_id)
+            state.registry.reset(session.session_id, request.episode_id)
             log.info(
                 "episode reset",
                 session_id=session.session_id,
@@ -233,7 +205,7 @@ class ControlPlane:
             )
             return ControlAck(session.session_id, request.episode_id)
         assert isinstance(request, CloseRequest)
-        self._collect(session, "closed")
+        state.collect(session, "closed")
         return ControlAck(session.session_id)
 
     def trajectory(self, query: zenoh.Query, payload: bytes) -> msgspec.Struct:

@@ -39,7 +39,11 @@ class OpsEndpoint:
 
     async def run(self, host: str, port: int, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; reports the bound port through ``task_status``."""
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+        try:
+            listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+        except OSError as exc:
+            # The OS error alone does not say which of the server's ports it means.
+            raise OSError(exc.errno, f"health port {port} on {host}: {exc.strerror}") from exc
         async with listener:
             bound = listener.extra(anyio.abc.SocketAttribute.local_port)
             log.info("ops endpoint listening", url=f"http://{host}:{bound}/healthz")

@@ -20,28 +20,20 @@ from pathlib import Path
 
 import anyio
 import zenoh
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskStatus
 
-from servo._core import (
-    MSG_DRAIN,
-    MSG_ERROR,
-    MSG_OBS,
-    Header,
-    HeaderError,
-    decode_header,
-    unauthenticated,
-)
+from servo._core import MSG_DRAIN, MSG_ERROR, MSG_OBS, Header, HeaderError, decode_header
 from servo.logs import get_logger
 from servo.policy import Policy, load_policy
 from servo.policy.compatibility import describe
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
-from servo.server.control import ControlPlane, ServerState
+from servo.server.control import ControlPlane
 from servo.server.manifest import Manifest
-from servo.server.metrics import ServerMetrics
 from servo.server.ops import OpsEndpoint
 from servo.server.scheduler import RoundRobin, Scheduler
-from servo.server.sessions import Pending, Rejected, Session, SessionRegistry
+from servo.server.sessions import Pending, Rejected, Session
+from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
 from servo.transport import LoopBridge, open_session
@@ -52,6 +44,7 @@ from servo.wire import (
     ServerKeys,
     WireError,
     encode,
+    reply_header,
     slugify,
 )
 
@@ -94,23 +87,17 @@ class PolicyServer:
         search_path: str | Path | None = None,
     ) -> None:
         self.manifest = manifest
-        self._search_path = search_path
         self._policy = policy
-        self._scheduler = scheduler or RoundRobin()
-        self.metrics = ServerMetrics()
-        self.registry = SessionRegistry()
-        self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
-        self._state: ServerState = "starting"
-        self._stop = anyio.Event()
+        self._search_path = search_path
         self._hurry = threading.Event()
-        self._keys: ServerKeys | None = None
-        self._info: PolicyInfo | None = None
+        self._scheduler = scheduler or RoundRobin()
+        self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
+        self.state = ServerState(client_grace_s=manifest.serving.client_grace_s)
+        self.metrics = self.state.metrics
+        self.registry = self.state.registry
+        self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
-        self._tg: TaskGroup | None = None
-        self._bridge: LoopBridge | None = None
         self._trajectories = TrajectoryLibrary(manifest.trajectories)
-        self._changed = anyio.Event()
-        self.metrics.max_sessions.set(self._max_sessions)
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
         """Wait until ``predicate(sessions)`` holds.
@@ -118,22 +105,9 @@ class PolicyServer:
         Re-checked whenever a session opens or closes. Call from the event loop that runs the
         server (tests and embedding applications use it to wait for collection).
         """
-        while not predicate(sessions := self.registry.snapshot()):
-            await self._changed.wait()
-        return sessions
-
-    def _sessions_changed(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        return await self.state.wait_sessions(predicate)
 
     # ------------------------------------------------------------------ lifecycle
-    @property
-    def _max_sessions(self) -> int:
-        exclusive = self.manifest.serving.mode == "exclusive" or (
-            self._policy is not None and not self._policy.spec.chunk_stateless
-        )
-        return 1 if exclusive else self.manifest.serving.max_sessions
-
     def hurry(self) -> None:
         """Drain without waiting for the request in flight (a second interrupt)."""
         self._hurry.set()
@@ -145,20 +119,17 @@ class PolicyServer:
         Refuses new sessions, finishes the request in flight, tells clients, exits `run`. Safe
         to call more than once, from the event loop.
         """
-        if self._state != "draining":
+        if self.state.drain():
             log.info("drain requested", sessions=len(self.registry))
-        self._state = "draining"
-        self.metrics.draining.set(1)
         self._stop.set()
 
     async def run(self, *, task_status: TaskStatus[ServerReady] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until drained or cancelled; ``task_status.started`` fires once warmed and declared."""
         m = self.manifest
         async with anyio.create_task_group() as tg:
-            self._tg = tg
             health_port = None
             if m.ops.health_port or m.ops.health_host:
-                ops = OpsEndpoint(self._health, self.metrics.render)
+                ops = OpsEndpoint(self.state.health, self.metrics.render)
                 if m.ops.health_port:
                     health_port = await tg.start(ops.run, m.ops.health_host, m.ops.health_port)
             policy = await anyio.to_thread.run_sync(self._load_policy)
@@ -170,10 +141,7 @@ class PolicyServer:
                 warmup=m.model.warmup,
                 seconds=round(time.perf_counter() - started, 3),
             )
-            self._info = self._policy_info(policy)
-            model_key = slugify(policy.spec.model, what="model")
-            replica = m.serving.replica or self.server_id
-            self._keys = ServerKeys(m.serving.app, model_key, replica)
+            self.state.bind(self._replica(policy), tg)
             audit = AuditLog(m.ops.audit_log)
             try:
                 async with open_session(m.zenoh) as zsession:
@@ -191,51 +159,32 @@ class PolicyServer:
         task_status: TaskStatus[ServerReady],
         health_port: int | None,
     ) -> None:
-        m, keys, info = self.manifest, self._keys, self._info
-        assert keys is not None
-        assert info is not None
-        self._bridge = bridge = LoopBridge()
+        m, state = self.manifest, self.state
+        keys, info = state.replica.keys, state.replica.info
+        bridge = LoopBridge()
         worker = InferenceWorker(
             runner,
-            self.registry,
+            state,
             self._scheduler,
-            self.metrics,
             audit,
-            exclusive=info.serving_mode == "exclusive",
-            pin_task=info.pin_task,
             max_observation_bytes=m.serving.max_observation_bytes,
-            load=self._load,
         )
         declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None]] = []
         token: zenoh.LivelinessToken | None = None
         try:
-            control = ControlPlane(
-                server_id=self.server_id,
-                keys=keys,
-                info=info,
-                policy=runner.policy,
-                zsession=zsession,
-                registry=self.registry,
-                metrics=self.metrics,
-                trajectories=self._trajectories,
-                state=lambda: self._state,
-                max_sessions=lambda: self._max_sessions,
-                on_opened=self._watch_new_session,
-                collect=self._collect,
-            )
+            control = ControlPlane(state, policy=runner.policy, zsession=zsession, trajectories=self._trajectories)
             declared += [
                 zsession.declare_subscriber(keys.all_obs, self._on_observation),
                 *control.declare(bridge),
                 zsession.liveliness().declare_subscriber(
                     keys.all_client_alive,
-                    lambda s: bridge.call(self._on_client_liveliness, s),
+                    lambda s: bridge.call(state.on_client_liveliness, s),
                     history=True,
                 ),
             ]
             worker.start()
             token = zsession.liveliness().declare_token(keys.alive)
-            self._state = "serving"
-            self.metrics.warmed_up.set(1)
+            state.start_serving()
             log.info(
                 "serving",
                 key=keys.prefix,
@@ -243,14 +192,13 @@ class PolicyServer:
                 listen=m.zenoh.listen,
                 connect=m.zenoh.connect,
                 mode=info.serving_mode,
-                max_sessions=self._max_sessions,
+                max_sessions=state.replica.max_sessions,
             )
             task_status.started(ServerReady(keys, info, health_port))
             await self._stop.wait()
         finally:
             with anyio.CancelScope(shield=True):
-                self._state = "draining"
-                self.metrics.draining.set(1)
+                state.drain()
                 # Clients learn at once, even while a forward hangs: they fail over meanwhile.
                 if self._notify_drain():
                     # Withdrawing the liveliness token is a declaration: it travels at control
@@ -264,7 +212,7 @@ class PolicyServer:
                 for entity in reversed(declared):
                     entity.undeclare()  # type: ignore[no-untyped-call]  # union defeats untyped_calls_exclude
                 for session in self.registry.snapshot():
-                    self._collect(session, "shutdown")
+                    state.collect(session, "shutdown")
                 log.info("drained", in_flight_finished=finished)
 
     def _load_policy(self) -> Policy:
@@ -272,39 +220,33 @@ class PolicyServer:
         if self._policy is None:
             log.info("loading policy", source=model.source, device=model.device)
             self._policy = load_policy(model.source, model.options, device=model.device, search_path=self._search_path)
-        self.metrics.max_sessions.set(self._max_sessions)
         return self._policy
 
-    def _policy_info(self, policy: Policy) -> PolicyInfo:
+    def _replica(self, policy: Policy) -> Replica:
+        """What this replica serves; the one place the serving mode and capacity are decided."""
         spec, serving = policy.spec, self.manifest.serving
-        mode = serving.mode
-        if not spec.chunk_stateless and mode == "shared":
+        exclusive = serving.mode == "exclusive" or not spec.chunk_stateless
+        if exclusive and serving.mode == "shared":
             log.warning(
                 "policy is chunk-stateful: serving in exclusive mode (one session, policy reset per episode)",
                 model=spec.model,
             )
-            mode = "exclusive"
-        return describe(
+        info = describe(
             spec,
-            serving_mode=mode,
+            serving_mode="exclusive" if exclusive else "shared",
             revision=self.manifest.model.revision,
             default_task=serving.default_task,
             pin_task=serving.pin_task,
             strict_fps=serving.strict_fps,
         )
-
-    def _health(self) -> tuple[bool, str]:
-        return self._state == "serving", self._state
-
-    def _load(self) -> float:
-        return len(self.registry) / self._max_sessions
+        keys = ServerKeys(serving.app, slugify(spec.model, what="model"), serving.replica or self.server_id)
+        return Replica(self.server_id, keys, info, max_sessions=1 if exclusive else serving.max_sessions)
 
     # ------------------------------------------------------------------ data plane
     def _on_observation(self, sample: zenoh.Sample) -> None:
         """Zenoh callback thread: route by key and header, deposit, return."""
         now = time.monotonic_ns()
-        keys = self._keys
-        assert keys is not None
+        keys = self.state.replica.keys
         try:
             client_id = keys.client_of(str(sample.key_expr))
         except WireError:
@@ -341,67 +283,15 @@ class PolicyServer:
             # re-opens one at once instead of waiting out its request timeout.
             self._tell_unknown_session(client_id, item.header)
 
-    # ------------------------------------------------------------------ liveliness & collection
-    def _watch_new_session(self, session: Session) -> None:
-        self._sessions_changed()
-        # A client whose liveliness token never shows up is collected like one that vanished.
-        assert self._tg is not None
-        self._tg.start_soon(self._collect_if_gone, session.session_id)
-
-    def _on_client_liveliness(self, sample: zenoh.Sample) -> None:
-        keys, tg = self._keys, self._tg
-        assert keys is not None
-        assert tg is not None
-        try:
-            client_id = keys.client_of(str(sample.key_expr))
-        except WireError:
-            return
-        alive = sample.kind == zenoh.SampleKind.PUT
-        session = self.registry.set_alive(client_id, alive)
-        if session is not None and not alive:
-            log.info("client vanished", session_id=session.session_id, client_id=client_id)
-            tg.start_soon(self._collect_if_gone, session.session_id)
-
-    async def _collect_if_gone(self, session_id: int) -> None:
-        await anyio.sleep(self.manifest.serving.client_grace_s)
-        session = self.registry.get(session_id)
-        if session is not None and not session.alive:
-            self._collect(session, "vanished")
-
-    def _collect(self, session: Session, reason: str) -> None:
-        if self.registry.remove(session.session_id) is None:
-            return
-        session.close_publisher()
-        self._sessions_changed()
-        self.metrics.sessions_collected.labels(reason).inc()
-        self.metrics.active_sessions.set(len(self.registry))
-        log.info(
-            "session closed",
-            session_id=session.session_id,
-            client_id=session.client_id,
-            reason=reason,
-        )
-
     def _tell_unknown_session(self, client_id: str, header: Header) -> None:
-        keys, zsession = self._keys, self._zsession
-        assert keys is not None
+        zsession = self._zsession
         assert zsession is not None
-        reply = Header(
-            schema_version=header.schema_version,
-            msg_type=MSG_ERROR,
-            flags=0,
-            seq_id=header.seq_id,
-            episode_id=header.episode_id,
-            session_epoch=header.session_epoch,
-            client_mono_ns=header.client_mono_ns,
-            session_id=header.session_id,
-        )
         body = encode(ErrorEvent("unknown_session", f"no session for client {client_id!r}; open a new one"))
         with contextlib.suppress(zenoh.ZError):
             zsession.put(
-                keys.client(client_id).action,
+                self.state.replica.keys.client(client_id).action,
                 body,
-                attachment=unauthenticated(reply),
+                attachment=reply_header(header, MSG_ERROR),
                 congestion_control=zenoh.CongestionControl.DROP,
             )
 
@@ -410,15 +300,5 @@ class PolicyServer:
         notice = encode(DrainNotice("server draining"))
         sessions = self.registry.snapshot()
         for session in sessions:
-            header = Header(
-                schema_version=session.schema_version,
-                msg_type=MSG_DRAIN,
-                flags=0,
-                seq_id=0,
-                episode_id=session.episode_id,
-                session_epoch=session.epoch,
-                client_mono_ns=0,
-                session_id=session.session_id.to_bytes(16, "little"),
-            )
-            session.publish(notice, unauthenticated(header))
+            session.publish(MSG_DRAIN, notice)
         return bool(sessions)

@@ -22,6 +22,7 @@ import zenoh
 
 from servo._core import Header
 from servo.policy import DecodedObservation, Processor
+from servo.wire import reply_header
 
 #: Outcome of a deposit: queued, no session for the client, or from another epoch/old episode.
 Deposit = Literal["ok", "no_session", "stale"]
@@ -99,8 +100,24 @@ class Session:
     _publish_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _publisher_closed: bool = False
 
-    def publish(self, body: bytes, attachment: bytes) -> bool:
-        """Put one message on the session's action key; False once the publisher is closed."""
+    def publish(self, msg_type: int, body: bytes, request: Header | None = None) -> bool:
+        """Put one message on the session's action key; False once the publisher is closed.
+
+        The header answers ``request`` (see `reply_header`); without one (a drain notice, an
+        observation whose header did not decode) it addresses the session's current episode.
+        """
+        if request is None:
+            request = Header(
+                self.schema_version,
+                msg_type,
+                0,
+                0,
+                self.episode_id,
+                self.epoch,
+                0,
+                self.session_id.to_bytes(16, "little"),
+            )
+        attachment = reply_header(request, msg_type, schema_version=self.schema_version)
         with self._publish_lock:
             if self._publisher_closed:
                 return False

@@ -20,15 +20,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from servo._core import MSG_CHUNK, MSG_ERROR, Header, unauthenticated
+from servo._core import MSG_CHUNK, MSG_ERROR, Header
 from servo.logs import Logger, get_logger
 from servo.policy.protocol import FloatArray
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.decoding import DecoderThread, ObservationDecoder
-from servo.server.metrics import ServerMetrics
 from servo.server.scheduler import Scheduler
-from servo.server.sessions import Decoded, Rejected, Session, SessionRegistry, Work
+from servo.server.sessions import Decoded, Rejected, Session, Work
+from servo.server.state import ServerState
 from servo.wire import ActionChunk, ErrorEvent, encode, encode_tensor
 
 log = get_logger(__name__)
@@ -48,29 +48,25 @@ class InferenceWorker:
     def __init__(
         self,
         runner: InferenceRunner,
-        registry: SessionRegistry,
+        state: ServerState,
         scheduler: Scheduler,
-        metrics: ServerMetrics,
         audit: AuditLog,
         *,
-        exclusive: bool,
-        pin_task: bool,
         max_observation_bytes: int,
-        load: Callable[[], float],
     ) -> None:
         self._runner = runner
-        self._registry = registry
+        self._state = state
+        self._registry = state.registry
         self._scheduler = scheduler
-        self._metrics = metrics
+        self._metrics = state.metrics
         self._audit = audit
-        self._exclusive = exclusive
-        self._load = load
+        self._exclusive = state.replica.exclusive
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="servo-inference", daemon=True)
         self._decode = ObservationDecoder(
-            runner.policy.spec, max_observation_bytes=max_observation_bytes, pin_task=pin_task
+            runner.policy.spec, max_observation_bytes=max_observation_bytes, pin_task=state.replica.info.pin_task
         )
-        self._decoder = DecoderThread(registry, self._decode)
+        self._decoder = DecoderThread(state.registry, self._decode)
         self._replies = ReplyThread()
 
     def start(self) -> None:
@@ -183,21 +179,11 @@ class InferenceWorker:
             queue_wait_ms=queue_wait_ms,
             inference_ms=inference_ms,
             superseded=work.superseded,
-            server_load=self._load(),
-        )
-        reply = Header(
-            schema_version=session.schema_version,
-            msg_type=MSG_CHUNK,
-            flags=0,
-            seq_id=header.seq_id,
-            episode_id=header.episode_id,
-            session_epoch=header.session_epoch,
-            client_mono_ns=header.client_mono_ns,
-            session_id=session.session_id.to_bytes(16, "little"),
+            server_load=self._state.load,
         )
         # Publish first (the client is waiting), account after; an inference whose session was
         # closed meanwhile is still audited, as undeliverable.
-        outcome = "ok" if _publish(session, encode(body), reply, bound) else "undeliverable"
+        outcome = "ok" if _publish(session, MSG_CHUNK, encode(body), header, bound) else "undeliverable"
         self._metrics.requests.labels(outcome).inc()
         self._metrics.superseded.inc(work.superseded)
         self._metrics.queue_wait_ms.observe(queue_wait_ms)
@@ -225,17 +211,7 @@ class InferenceWorker:
         inference_ms: float,
         bound: Logger,
     ) -> None:
-        reply = Header(
-            schema_version=session.schema_version,
-            msg_type=MSG_ERROR,
-            flags=0,
-            seq_id=0 if header is None else header.seq_id,
-            episode_id=session.episode_id if header is None else header.episode_id,
-            session_epoch=session.epoch,
-            client_mono_ns=0 if header is None else header.client_mono_ns,
-            session_id=session.session_id.to_bytes(16, "little"),
-        )
-        _publish(session, encode(ErrorEvent(code, message)), reply, bound)
+        _publish(session, MSG_ERROR, encode(ErrorEvent(code, message)), header, bound)
         session.errors += 1
         self._metrics.requests.labels(code).inc()
         bound.warning("request refused", code=code, reason=message)
@@ -250,8 +226,8 @@ class InferenceWorker:
         )
 
 
-def _publish(session: Session, body: bytes, header: Header, bound: Logger) -> bool:
-    if not session.publish(body, unauthenticated(header)):
+def _publish(session: Session, msg_type: int, body: bytes, request: Header | None, bound: Logger) -> bool:
+    if not session.publish(msg_type, body, request):
         # The session was closed by the loop while this request was in flight.
         bound.info("reply not sent: session closed")
         return False

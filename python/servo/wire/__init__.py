@@ -2,6 +2,7 @@
 
 from servo.wire.codec import MAX_MESSAGE_BYTES, decode, encode
 from servo.wire.errors import WireError
+from servo.wire.header import reply_header
 from servo.wire.image import EncodedImage, decode_image, encode_image
 from servo.wire.keys import ROOT, ClientKeys, ServerKeys, segment, slugify, status_selector
 from servo.wire.messages import (
@@ -60,6 +61,7 @@ __all__ = [
     "encode",
     "encode_image",
     "encode_tensor",
+    "reply_header",
     "segment",
     "slugify",
     "status_selector",

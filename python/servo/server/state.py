@@ -1,0 +1,171 @@
+"""What the policy server's parts share: lifecycle, the replica served, sessions, metrics.
+
+`PolicyServer` owns one `ServerState` and hands it to its `ControlPlane` and `InferenceWorker`:
+they read and change the shared state through it instead of calling back into the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+import structlog
+import zenoh
+from anyio.abc import TaskGroup
+
+from servo.server.metrics import ServerMetrics
+from servo.server.sessions import Session, SessionRegistry
+from servo.wire import PolicyInfo, ServerKeys, WireError
+
+log = structlog.get_logger(__name__)
+
+Lifecycle = Literal["starting", "serving", "draining"]
+
+
+@dataclass(frozen=True)
+class Replica:
+    """What this replica serves, fixed once the policy is loaded.
+
+    ``max_sessions`` is decided once, with the serving mode in ``info``: 1 in exclusive mode
+    (asked for, or forced by a chunk-stateful policy), the manifest's ``max_sessions`` otherwise.
+    """
+
+    server_id: str
+    keys: ServerKeys
+    info: PolicyInfo
+    max_sessions: int
+
+    @property
+    def exclusive(self) -> bool:
+        """One session at a time; the policy itself is reset at every episode boundary."""
+        return self.info.serving_mode == "exclusive"
+
+
+class ServerState:
+    """The state shared by `PolicyServer`, its `ControlPlane` and its `InferenceWorker`.
+
+    The event loop owns the lifecycle, the replica binding and the opening and collection of
+    sessions; the inference worker thread only reads `replica` and `load`. ``registry`` and
+    ``metrics`` are thread-safe on their own.
+
+    ::
+
+        starting ──bind(replica)──► starting, bound ──start_serving()──► serving
+            │                             │                                │
+            └───────────── drain() ───────┴────────────────────────────────┴──► draining (final)
+
+    Control queries are answered from ``bind`` on (status says not warmed up, opens are refused
+    until ``serving``).
+
+    Args:
+        client_grace_s: How long a session whose client's liveliness token is gone (or never
+            appeared) is kept before it is collected.
+    """
+
+    def __init__(self, *, client_grace_s: float) -> None:
+        self.registry = SessionRegistry()
+        self.metrics = ServerMetrics()
+        self.lifecycle: Lifecycle = "starting"
+        self._grace_s = client_grace_s
+        self._replica: Replica | None = None
+        self._tg: TaskGroup | None = None
+        self._changed = anyio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def replica(self) -> Replica:
+        """What this replica serves (after `bind`)."""
+        if self._replica is None:
+            raise RuntimeError("the server state is not bound to a replica yet")
+        return self._replica
+
+    def bind(self, replica: Replica, task_group: TaskGroup) -> None:
+        """The policy is loaded: fix what is served; grace timers run in ``task_group``."""
+        self._replica, self._tg = replica, task_group
+        self.metrics.max_sessions.set(replica.max_sessions)
+
+    def start_serving(self) -> None:
+        """Warmed and declared: accept sessions (unless a drain came first)."""
+        self.metrics.warmed_up.set(1)
+        if self.lifecycle == "starting":
+            self.lifecycle = "serving"
+
+    def drain(self) -> bool:
+        """Refuse new sessions from now on; False if already draining."""
+        first = self.lifecycle != "draining"
+        self.lifecycle = "draining"
+        self.metrics.draining.set(1)
+        return first
+
+    def health(self) -> tuple[bool, str]:
+        """Whether the server serves, and its lifecycle state (for ``/healthz``)."""
+        return self.lifecycle == "serving", self.lifecycle
+
+    @property
+    def load(self) -> float:
+        """Open sessions over capacity (any thread)."""
+        return len(self.registry) / self.replica.max_sessions
+
+    # ------------------------------------------------------------------ sessions (event loop)
+    def register(self, session: Session) -> None:
+        """Add an opened session, replacing the client's previous one.
+
+        A client whose liveliness token never shows up is collected like one that vanished.
+        """
+        replaced = self.registry.add(session)
+        if replaced is not None:
+            replaced.close_publisher()
+            self.metrics.sessions_collected.labels("replaced").inc()
+        self.metrics.sessions_opened.inc()
+        self.metrics.active_sessions.set(len(self.registry))
+        self._sessions_changed()
+        self._collect_later(session.session_id)
+
+    def collect(self, session: Session, reason: str) -> None:
+        """Close a session (closed by its client, vanished, replaced, shutdown); idempotent."""
+        if self.registry.remove(session.session_id) is None:
+            return
+        session.close_publisher()
+        self._sessions_changed()
+        self.metrics.sessions_collected.labels(reason).inc()
+        self.metrics.active_sessions.set(len(self.registry))
+        log.info(
+            "session closed",
+            session_id=session.session_id,
+            client_id=session.client_id,
+            reason=reason,
+        )
+
+    def on_client_liveliness(self, sample: zenoh.Sample) -> None:
+        """A client's liveliness token appeared or vanished (on the event loop)."""
+        try:
+            client_id = self.replica.keys.client_of(str(sample.key_expr))
+        except WireError:
+            return
+        alive = sample.kind == zenoh.SampleKind.PUT
+        session = self.registry.set_alive(client_id, alive)
+        if session is not None and not alive:
+            log.info("client vanished", session_id=session.session_id, client_id=client_id)
+            self._collect_later(session.session_id)
+
+    async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
+        """Wait until ``predicate(sessions)`` holds; re-checked whenever a session opens or closes."""
+        while not predicate(sessions := self.registry.snapshot()):
+            await self._changed.wait()
+        return sessions
+
+    def _sessions_changed(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def _collect_later(self, session_id: int) -> None:
+        assert self._tg is not None, "bind() first"
+        self._tg.start_soon(self._collect_if_gone, session_id)
+
+    async def _collect_if_gone(self, session_id: int) -> None:
+        await anyio.sleep(self._grace_s)
+        session = self.registry.get(session_id)
+        if session is not None and not session.alive:
+            self.collect(session, "vanished")
