@@ -169,8 +169,11 @@ class QueueStats:
 
     @property
     def superseded_reads(self) -> int:
-        """Gets whose row two later merges replaced while it was being copied (they took the
-        current action instead); needs a consumer stalled in the middle of a get."""
+        """Gets that took the current action instead of a row replaced while it was being copied.
+
+        A row is only overwritten after two later merges, so this needs a consumer stalled in the
+        middle of a get.
+        """
 
     @property
     def qsize(self) -> int:
@@ -230,9 +233,7 @@ class ActionQueue:
         """
 
     @staticmethod
-    def create(
-        memory: SharedMemory, offset: int, action_dim: int, *, rtc: bool, capacity: int = 4096
-    ) -> ActionQueue:
+    def create(memory: SharedMemory, offset: int, action_dim: int, *, rtc: bool, capacity: int = 4096) -> ActionQueue:
         """An empty queue written into ``memory`` at byte ``offset`` (a multiple of 8).
 
         The region (:meth:`shared_size` bytes) is overwritten. Other processes open the same

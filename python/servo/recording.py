@@ -51,7 +51,8 @@ class FrameRecord(msgspec.Struct, frozen=True):
     state: Tensor
     action: Tensor | None
     source: Source
-    provenance: tuple[int, int, int, int] | None = None
+    #: (session id as 32 hex characters, seq_id, episode_id, obs_mono_ns) of a policy action.
+    provenance: tuple[str, int, int, int] | None = None
     images: dict[str, EncodedImage] = {}
 
 

@@ -307,7 +307,10 @@ fn clear_resets_everything() {
 #[test]
 fn discard_chunk_spares_a_newer_chunk() {
     let q = ActionQueue::new(DIM, false, 64).unwrap();
-    assert!(!q.discard_chunk(None), "a fresh queue has nothing to discard");
+    assert!(
+        !q.discard_chunk(None),
+        "a fresh queue has nothing to discard"
+    );
     merge(&q, 0, 3, 0, None, Some(prov(1))).unwrap();
     // The head belongs to chunk 1: discarding chunk 2 does nothing.
     assert!(!q.discard_chunk(Some(prov(2))));

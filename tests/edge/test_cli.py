@@ -211,3 +211,44 @@ def test_replay_summary_line_has_no_missing_values(tmp_path: Path) -> None:
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("servo-edge: finished;")
     assert "None" not in last
+
+
+def test_a_nan_replay_is_never_sent_parks_and_exits_3(tmp_path: Path) -> None:
+    """Defence in depth: a non-finite frame reaches the control process, which refuses it, holds the
+    last safe command and faults; the edge parks the arm and says so (it used to exit 0, unparked)."""
+    from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter
+    from servo.robots import make_robot
+    from servo.wire import encode_tensor
+
+    spec = make_robot("sim", {"cameras": "none"}).spec
+    rest = np.asarray(spec.rest_pose, np.float32)
+    replay, summary_path, record = tmp_path / "nan.servo", tmp_path / "run.json", tmp_path / "out.servo"
+    writer = RecordingWriter(replay, EpisodeHeader(robot="sim", fps=30.0, joint_names=list(spec.joint_names)))
+    for i in range(40):
+        pose = rest + np.float32(i / 4)
+        if i == 25:
+            pose[1] = np.nan
+        writer.write(FrameRecord(i, i, encode_tensor(pose), encode_tensor(pose), "policy"))
+    writer.close()
+    result = subprocess.run(
+        edge_argv(
+            f"--robot sim --robot-opt cameras=none --replay {replay} --summary {summary_path} --record {record} "
+            "--duration 30 --log-level warning"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    summary = json.loads(summary_path.read_text())
+    assert summary["final_state"] == "dead"
+    assert summary["parked"] is True
+    assert "replay action refused: target has non-finite values" in summary["fault"]
+    assert summary["stop_reason"] == f"control fault: {summary['fault']}"
+    assert f"fault: {summary['fault']}" in result.stderr.strip().splitlines()[-1]
+    frames = read_recording(record).frames
+    actions = [np.frombuffer(f.action.data, "<f4") for f in frames if f.action is not None]
+    assert all(np.isfinite(a).all() for a in actions)
+    assert [f.source for f in frames].count("replay") < 40  # it stopped at the bad frame

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from servo._core import Provenance
-from servo.edge.recorder import Recorder, Tick
+from servo.edge.channel import Tick
+from servo.edge.recorder import Recorder
 from servo.recording import MAGIC, iter_records, read_recording
 from servo.robots.protocol import CameraSpec, RobotSpec
 from servo.wire import WireError, decode_image
@@ -26,6 +27,9 @@ SPEC = RobotSpec(
 )
 
 
+SESSION = "9a" * 16
+
+
 def f32(*values: float) -> np.ndarray:
     return np.array(values, dtype=np.float32)
 
@@ -35,10 +39,10 @@ def write_episode(path: Path, *, image_every: int = 0) -> list[Tick]:
     frame[:, :, 0] = 200  # red: the RGB order must survive
     ticks = [
         Tick(0, 100, f32(0, 0), None, "none", None, {"front": frame}),
-        Tick(1, 200, f32(0, 0.1), f32(0.1, 0.2), "policy", Provenance(9, 1, 0, 50), {"front": frame}),
-        Tick(2, 300, f32(0.1, 0.2), f32(0.2, 0.3), "policy", Provenance(9, 1, 0, 50), None),
+        Tick(1, 200, f32(0, 0.1), f32(0.1, 0.2), "policy", Provenance(SESSION, 1, 0, 50), {"front": frame}),
+        Tick(2, 300, f32(0.1, 0.2), f32(0.2, 0.3), "policy", Provenance(SESSION, 1, 0, 50), None),
         Tick(3, 400, f32(0.2, 0.3), f32(0.2, 0.3), "fallback", None, {"front": frame}),
-        Tick(4, 500, f32(0.2, 0.3), f32(0.3, 0.4), "policy", Provenance(9, 2, 1, 350), None),
+        Tick(4, 500, f32(0.2, 0.3), f32(0.3, 0.4), "policy", Provenance(SESSION, 2, 1, 350), None),
         Tick(5, 600, f32(0.3, 0.4), f32(0.0, 0.0), "park", None, None),
     ]
     recorder = Recorder(path, SPEC, client_id="arm-1", task="sweep", image_every=image_every)

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio.abc import TaskStatus
 
+from servo.edge.actions import Action
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import EngineBase, Produced, robot_features
+from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced, robot_features
 from servo.edge.errors import EdgeStartError
-from servo.edge.pipeline import Action, Request
+from servo.edge.pipeline import Request
 from servo.logs import get_logger
 from servo.policy import DecodedObservation, Policy, PolicyLoadError, load_policy
 from servo.policy.loader import PolicyKeys
@@ -127,7 +128,7 @@ class LocalEngine(EngineBase):
         self.requests += 1
         started = time.perf_counter()
         model, robot = runner.infer(processor, obs, request.delay_steps)
-        return Produced(model, robot, 0, self._seq, (time.perf_counter() - started) * 1e3)
+        return Produced(model, robot, LOCAL_SESSION, self._seq, (time.perf_counter() - started) * 1e3)
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1
@@ -175,8 +176,12 @@ class SyncEngine(LocalEngine):
     """Sequential mode: the control loop runs the policy whenever the queue is empty.
 
     Chunks are appended (no RTC): nothing executes during inference, so there is nothing to
-    compensate; the price is that the robot stands still while the policy runs.
+    compensate; the price is that the robot stands still while the policy runs. The policy runs
+    inside the tick, so this engine is its control loop's action source, on a thread of the
+    edge's process (`servo.edge.control_loop.ThreadControlLoop`).
     """
+
+    runs_on_control_loop = True
 
     def __init__(self, config: EdgeConfig, spec: RobotSpec, *, policy: Policy | None = None) -> None:
         super().__init__(config, spec, policy=policy)

@@ -221,7 +221,8 @@ class RemoteEngine(EngineBase):
         self._receive_scope = None
         if scope.cancel_called:
             return None
-        return Produced(result.chunk_model, result.chunk_robot, session.session_id, seq, result.inference_ms)
+        session_hex = session.session_id.to_bytes(16, "little").hex()  # the wire's 16 bytes, as text
+        return Produced(result.chunk_model, result.chunk_robot, session_hex, seq, result.inference_ms)
 
     async def _stream(self, session: RemoteSession) -> None:
         bound = log.bind(session_id=session.session_id, client_id=self.client_id)
