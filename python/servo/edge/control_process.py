@@ -152,6 +152,7 @@ class ProcessControlLoop(ControlLoop):
             *lines, buffered = buffered.split(b"\n")
             for line in lines:
                 self._relay(line.decode("utf-8", "replace"))
+        await stderr.aclose()  # the child is gone
 
     def _relay(self, line: str) -> None:
         try:
@@ -169,7 +170,9 @@ class ProcessControlLoop(ControlLoop):
 
     async def _reap(self) -> str:
         assert self._process is not None
-        code = await self._process.wait()
+        code = await self._process.wait()  # it closed the bell: it is exiting
+        if self._process.stdin is not None:
+            await self._process.stdin.aclose()
         if code == 0:
             return ""
         fault = self.channel.fault()
