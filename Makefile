@@ -5,7 +5,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.servo-installed
 RUST_SOURCES := $(shell find rust -name '*.rs') Cargo.toml
 
-.PHONY: setup demo test test-slow lint wheels bench study clean
+# LeRobot >= 0.5 needs Python >= 3.12: python3.12 from PATH, else the newest 3.12 pyenv has.
+PYTHON312 ?= $(shell python3.12 -c 'import sys' 2>/dev/null && command -v python3.12 || \
+	{ v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12\.[0-9]+$$' | tail -1); \
+	  test -n "$$v" && echo "$$(pyenv root)/versions/$$v/bin/python3.12"; })
+LEROBOT_VENV ?= .venv-lerobot
+LEROBOT_PY := $(LEROBOT_VENV)/bin/python
+LEROBOT_STAMP := $(LEROBOT_VENV)/.servo-installed
+
+.PHONY: setup demo test test-slow test-lerobot lint wheels bench study clean
 
 $(STAMP): pyproject.toml $(RUST_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +35,20 @@ test: setup
 	cargo test --quiet
 	$(PY) -m pytest -q -m "not slow"
 	$(PY) -m pytest -q benches --benchmark-disable
+
+$(LEROBOT_STAMP): pyproject.toml $(RUST_SOURCES)
+	test -x $(LEROBOT_PY) || $(PYTHON312) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_PY) -m pip install --quiet --upgrade pip
+	$(LEROBOT_PY) -m pip install --quiet -e '.[server,dev,lerobot]'
+	touch $(LEROBOT_STAMP)
+
+## test-lerobot: tests/lerobot (LeRobot checkpoints served, datasets) in its own Python 3.12 venv
+test-lerobot:
+	@if [ -z "$(PYTHON312)" ]; then \
+		echo "test-lerobot: SKIPPED: no Python 3.12 (python3.12 on PATH or in pyenv); LeRobot >= 0.5 needs it"; \
+		exit 0; \
+	fi; \
+	$(MAKE) --no-print-directory $(LEROBOT_STAMP) && $(LEROBOT_PY) -m pytest -q tests/lerobot
 
 ## test-slow: the chaos / soak tests left out of `make test`
 test-slow: setup
@@ -66,4 +88,4 @@ study: setup
 	$(PY) -m benches.smoothness
 
 clean:
-	rm -rf $(VENV) target dist .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(LEROBOT_VENV) target dist .pytest_cache .ruff_cache .mypy_cache

@@ -137,7 +137,11 @@ async def _serve(args: argparse.Namespace) -> None:
             await server.run(task_status=task_status)
             tg.cancel_scope.cancel()
 
-        tg.start_soon(on_signal, server.drain)
+        tg.start_soon(
+            lambda: on_signal(
+                server.drain, server.hurry, say=lambda text: print(text, file=sys.stderr), what="stopping"
+            )
+        )
         await tg.start(run_server)
         print("READY", flush=True)
 

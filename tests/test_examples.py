@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -86,3 +87,25 @@ def test_example_manifest_is_valid() -> None:
     manifest = load_manifest(EXAMPLES / "manifest.toml")
     assert manifest.model.device == "cpu"
     assert manifest.zenoh.listen == ["tcp/127.0.0.1:7447"]
+
+
+def test_example_fleet_file_checks(tmp_path: Path) -> None:
+    """`servo-router --check` accepts the example once its certificates exist (paths are relative to it)."""
+    from tests.pki import Pki
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text((EXAMPLES / "fleet.toml").read_text())
+    Pki(tmp_path / "certs", "ca").issue("router", ip="127.0.0.1")
+    done = subprocess.run(
+        [sys.executable, "-m", "servo.cli.router", "--check", str(fleet)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    acl = json.loads(done.stdout)
+    subjects = {s["id"]: s for s in acl["subjects"]}
+    assert subjects["robot:robot-7"] == {"id": "robot:robot-7", "cert_common_names": ["robot-7"]}
+    assert subjects["servers[1]"]["cert_common_names"] == ["gpu-kitchen"]
+    assert "servers: 3, robots: 2, monitors: 1, routers: 0" in done.stderr

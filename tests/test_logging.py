@@ -53,3 +53,24 @@ def test_library_use_prints_nothing_until_the_application_configures_logging() -
         'import logging; logging.basicConfig(level=logging.DEBUG); logging.getLogger("servo").setLevel(logging.ERROR)'
     )
     assert "session opened" not in silenced.stderr
+
+
+def test_every_module_logs_through_servo_logs() -> None:
+    """structlog's own loggers print to stdout unless configured: modules must use servo.logs."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "python" / "servo"
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.name == "logs.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("get_logger", "getLogger")
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "structlog"
+            ):
+                offenders.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert offenders == []

@@ -27,7 +27,7 @@ import msgspec.inspect as mi
 T = TypeVar("T")
 
 #: Longest value quoted back in an error message (a value is user input: keep lines short).
-_MAX_QUOTED = 60
+_MAX_QUOTED = 240
 
 
 class ConfigError(ValueError):

@@ -37,7 +37,8 @@ CHUNK_20 = "cameras = {front = [48, 64]}\nchunk_size = 20"
 
 async def test_sim_arm_follows_the_policy(port: int, tmp_path: Path) -> None:
     record = tmp_path / "ep.servo"
-    async with running_server(make_manifest(port, options=CHUNK_20)):
+    # The edge names no task: the recording must carry the one the server used.
+    async with running_server(make_manifest(port, options=CHUNK_20, extra='[serving]\ndefault_task = "sweep"')):
         sim = small_sim()
         engine = RemoteEngine(edge_config(port), sim.spec())
         log = MergeLog.attach(engine)
@@ -51,6 +52,7 @@ async def test_sim_arm_follows_the_policy(port: int, tmp_path: Path) -> None:
     assert summary.chunks_received == engine.chunks_received >= 4
 
     rec = read_recording(record)
+    assert rec.header.task == engine.task == "sweep"
     frames = rec.frames
     assert len(frames) == summary.ticks
     merges = {(m.session_id, m.seq_id): m for m in log.merges}

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from servo.policy import DecodedObservation, PolicyLoadError, Prepared, load_policy
+from servo.policy.compatibility import Admission, describe, validate_open
 from servo.policy.protocol import PolicySpec
 from servo.policy.reference import ReferencePolicy
 from servo.policy.runner import InferenceRunner, PolicyOutputError, synthetic_observation
-from servo.wire import Features
+from servo.wire import SUPPORTED_SCHEMA_VERSIONS, Features, Rejection, SessionOpen
 
 SMALL = {"front": (48, 64)}
 
@@ -137,3 +140,41 @@ def test_reference_policy_continues_the_rtc_prefix() -> None:
     # The steps that execute during inference equal the prefix exactly.
     np.testing.assert_allclose(robot[:4], prefix[:4], atol=1e-5)
     assert not np.allclose(robot[10:], 3.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lerobot") is not None, reason="LeRobot is installed here")
+def test_lerobot_source_without_lerobot_says_how_to_get_it(tmp_path: Path) -> None:
+    hint = r"needs LeRobot >= 0\.5 on Python >= 3\.12: pip install 'servo-robotics\[lerobot\]'"
+    with pytest.raises(PolicyLoadError, match=hint):
+        load_policy("lerobot", {"path": str(tmp_path)})
+    with pytest.raises(PolicyLoadError, match=r"model\.options\.pathh: unknown key"):
+        load_policy("lerobot", {"pathh": str(tmp_path)})
+
+
+def _open_units(robot: list[str], policy: list[str]) -> Admission | Rejection:
+    names = ["a.pos", "gripper.pos"]
+    info = describe(
+        PolicySpec("t", "1", Features(names, names, {}, policy, policy), 4, 30.0, False, True),
+        serving_mode="shared",
+    )
+    request = SessionOpen("c", list(SUPPORTED_SCHEMA_VERSIONS), Features(names, names, {}, robot, robot), 30.0)
+    return validate_open(request, info)
+
+
+def test_units_are_compared_joint_by_joint() -> None:
+    same = _open_units(["degrees", "range_0_100"], ["degrees", "range_0_100"])
+    assert isinstance(same, Admission)
+    assert same.warnings == []
+    neither = _open_units([], [])
+    assert isinstance(neither, Admission)
+    assert neither.warnings == []
+    partly = _open_units(["degrees", ""], ["degrees", "range_0_100"])
+    assert isinstance(partly, Admission)
+    assert partly.warnings == [
+        "action units are not declared for gripper.pos; they are not checked",
+        "state units are not declared for gripper.pos; they are not checked",
+    ]
+    clash = _open_units(["degrees", "range_0_100"], ["radians", "range_0_100"])
+    assert isinstance(clash, Rejection)
+    assert clash.code == "units"
+    assert clash.reason.startswith("policy acts in radians but the robot uses degrees (a.pos); ")

@@ -46,6 +46,8 @@ def test_spec_uses_lerobot_names_and_units() -> None:
         "gripper.pos",
     )
     assert (spec.lower[5], spec.upper[5]) == (0.0, 100.0)
+    # LeRobot's so100_follower with use_degrees=True (its default since 0.4).
+    assert spec.units == ("degrees",) * 5 + ("range_0_100",)
     assert set(spec.cameras) == {"front", "wrist"}
     assert (spec.cameras["front"].height, spec.cameras["front"].width) == (480, 640)
     assert spec.fps == 30.0

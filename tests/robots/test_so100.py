@@ -68,6 +68,15 @@ def test_spec_follows_lerobot_and_calibration(emulator: FeetechEmulator, calibra
     assert not robot.is_connected  # building it touched no port
 
 
+@pytest.mark.parametrize(("use_degrees", "arm_unit"), [(True, "degrees"), (False, "range_m100_100")])
+def test_spec_declares_lerobots_units(
+    emulator: FeetechEmulator, calibration_file: Path, use_degrees: bool, arm_unit: str
+) -> None:
+    spec = make_arm(emulator, calibration_file, use_degrees=use_degrees).spec
+    # LeRobot's so100_follower: MotorNormMode per use_degrees for the arm, RANGE_0_100 for the gripper.
+    assert spec.units == (arm_unit,) * 5 + ("range_0_100",)
+
+
 def test_connect_configures_motors_like_lerobot(emulator: FeetechEmulator, arm: SO100) -> None:
     for motor_id, cal in zip(IDS, CALS, strict=True):
         # Calibration from the file is written into the motors (sign-magnitude offset).

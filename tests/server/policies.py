@@ -30,6 +30,7 @@ def make_spec(
     supports_rtc: bool = False,
     chunk_stateless: bool = True,
     model: str = "test/policy",
+    units: list[str] | None = None,
 ) -> PolicySpec:
     cams = {"front": (24, 32)} if cameras is None else cameras
     return PolicySpec(
@@ -39,6 +40,8 @@ def make_spec(
             state_names=list(joints),
             action_names=list(joints),
             cameras={name: CameraFeature(h, w) for name, (h, w) in cams.items()},
+            state_units=list(units or []),
+            action_units=list(units or []),
         ),
         chunk_size=chunk_size,
         fps=fps,

@@ -105,4 +105,10 @@ async def test_exclusive_mode_serves_one_session(port: int) -> None:
             await sa.infer(*observation(1), timeout=5)
             assert policy.resets == resets + 2, "the late reset request must not reset mid-episode"
             await sa.close()
+            # The next robot's first observation starts from a clean policy, whatever it saw before.
+            await eventually(lambda: len(server.registry) == 0)
+            sb = await open_on(cb, ready)
+            await sb.infer(*observation(1), timeout=5)
+            assert policy.resets == resets + 3
+            await sb.close()
         assert len(server.registry) == 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -33,11 +33,14 @@ def features(
     actions: list[str] | None = None,
     states: list[str] | None = None,
     cameras: dict[str, CameraFeature] | None = None,
+    units: list[str] | None = None,
 ) -> Features:
     return Features(
         state_names=list(JOINTS) if states is None else states,
         action_names=list(JOINTS) if actions is None else actions,
         cameras=dict(FRONT) if cameras is None else cameras,
+        state_units=list(units or []),
+        action_units=list(units or []),
     )
 
 
@@ -47,9 +50,13 @@ class Mismatch:
     open: dict[str, object]  # SessionOpen overrides
     code: str
     words: tuple[str, ...]  # all must appear in the reason
+    policy: dict[str, object] = field(default_factory=dict)  # FixedComputePolicy options
 
 
 SWAPPED = [JOINTS[1], JOINTS[0], *JOINTS[2:]]
+#: An SO-100 in LeRobot's two unit conventions (use_degrees=True / False).
+DEGREES = ["degrees"] * 5 + ["range_0_100"]
+M100 = ["range_m100_100"] * 5 + ["range_0_100"]
 
 MISMATCHES = {
     "action names in the wrong order": Mismatch(
@@ -74,6 +81,19 @@ MISMATCHES = {
     "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[2]")),
     "strict fps": Mismatch("strict_fps = true", {"fps": 15.0}, "fps", ("15 fps", "30 fps")),
     "pinned task": Mismatch('default_task = "sweep"\npin_task = true', {"task": "fold"}, "task", ("'sweep'", "'fold'")),
+    "-100..100 policy, degrees robot": Mismatch(
+        "",
+        {"features": features(units=DEGREES)},
+        "units",
+        ("policy acts in range -100..100", "robot uses degrees", "j0, j1, j2, j3, j4", "use_degrees=false"),
+        {"units": M100},
+    ),
+    "degrees policy, -100..100 robot": Mismatch(
+        "", {"features": features(units=M100)}, "units", ("use_degrees=true",), {"units": DEGREES}
+    ),
+    "units for the wrong number of joints": Mismatch(
+        "", {"features": features(units=DEGREES[:5])}, "units", ("5 action units", "6 action values")
+    ),
 }
 
 
@@ -91,7 +111,7 @@ def open_request(client_id: str, **overrides: object) -> SessionOpen:
 @pytest.mark.parametrize("case", MISMATCHES.values(), ids=MISMATCHES.keys())
 async def test_mismatch_is_rejected_with_its_reason(port: int, case: Mismatch) -> None:
     manifest = make_manifest(port, extra=f"[serving]\n{case.serving}\n")
-    async with running_server(manifest, policy=FixedComputePolicy()) as (server, ready):
+    async with running_server(manifest, policy=FixedComputePolicy(**case.policy)) as (server, ready):
         async with connected(port, "robot") as client:
             if "schema_versions" in case.open:
                 # PolicyClient always offers what it speaks: send the request by hand.
@@ -128,6 +148,9 @@ WARNINGS = {
     ),
     "state names differ": Warned(
         "", {"features": features(states=[f"s{i}" for i in range(6)])}, ("state names differ",)
+    ),
+    "units declared by the robot only": Warned(
+        "", {"features": features(units=DEGREES)}, ("action units are not declared by the policy",)
     ),
 }
 

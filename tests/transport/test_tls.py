@@ -3,74 +3,33 @@ without the right CA (or, under mTLS, without a certificate) cannot connect."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zenoh
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from servo.client import PolicyClient
 from servo.server.manifest import parse_manifest
 from servo.transport import TlsSettings, ZenohSettings, open_session
+from tests.pki import Pki
 from tests.support import running_server
 
 pytestmark = pytest.mark.anyio
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> tuple[str, str]:
-    path.with_suffix(".key").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    path.with_suffix(".pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return str(path.with_suffix(".pem")), str(path.with_suffix(".key"))
-
-
 def make_pki(tmp: Path, name: str) -> dict[str, str]:
     """A CA, a server leaf for 127.0.0.1 and a client leaf (CN robot-7), all EC P-256."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(_name(f"{name}-ca"))
-        .issuer_name(_name(f"{name}-ca"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    out = {"ca": _write(tmp / f"{name}-ca", ca_key, ca)[0]}
-    for leaf, cn in (("server", "127.0.0.1"), ("client", "robot-7")):
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn))
-            .issuer_name(ca.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        )
-        if leaf == "server":
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
-            )
-        out[f"{leaf}_cert"], out[f"{leaf}_key"] = _write(
-            tmp / f"{name}-{leaf}", key, builder.sign(ca_key, hashes.SHA256())
-        )
-    return out
+    pki = Pki(tmp / name, f"{name}-ca")
+    server = pki.issue("127.0.0.1", ip="127.0.0.1", file_name="server")
+    client = pki.issue("robot-7", file_name="client")
+    return {
+        "ca": pki.ca,
+        "server_cert": server.cert,
+        "server_key": server.key,
+        "client_cert": client.cert,
+        "client_key": client.key,
+    }
 
 
 def tls_manifest(port: int, pki: dict[str, str], *, mtls: bool) -> str:

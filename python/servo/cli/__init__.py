@@ -1,1 +1,1 @@
-"""Console entry points: ``servo-serve`` and ``servo-edge``."""
+"""Console entry points: ``servo-serve``, ``servo-edge`` and ``servo-router``."""

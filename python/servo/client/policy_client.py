@@ -6,6 +6,7 @@ torch.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -67,7 +68,9 @@ class PolicyClient:
         Raises:
             NoServerFound: nobody answered.
         """
+        started = time.monotonic()
         replies = await query(self.zsession, status_selector(app, model), timeout=timeout)
+        waited = time.monotonic() - started
         servers = []
         for reply in replies:
             if reply.ok is None:
@@ -81,7 +84,9 @@ class PolicyClient:
             servers.append(ServerInfo(keys, status))
         if not servers:
             where = status_selector(app, model)
-            raise NoServerFound(f"no servo server answered on {where} within {timeout:g} s")
+            # Zenoh ends a query at once when no queryable matches: say so instead of a timeout.
+            why = f"within {timeout:g} s" if waited >= timeout else "(none is reachable)"
+            raise NoServerFound(f"no servo server answered on {where} {why}")
         return sorted(servers, key=lambda s: (s.status.draining, s.status.load, s.keys.replica))
 
     async def open_session(

@@ -42,6 +42,7 @@ from servo.wire import (
     SessionAck,
     StatusReply,
     WireError,
+    check_frame,
     decode,
     decode_tensor,
     encode,
@@ -401,6 +402,10 @@ class RemoteSession:
 
 
 async def _encode_images(frames: Mapping[str, npt.NDArray[np.uint8]], quality: int) -> dict[str, EncodedImage]:
+    # Checked here, before any camera is handed to a thread: a bad frame is one WireError naming
+    # its camera, not an exception group out of the encoding task group.
+    for name, frame in frames.items():
+        check_frame(frame, what=f"camera {name!r}")
     if quality == 0 or len(frames) <= 1:
         return {name: await _encode_one(frame, quality) for name, frame in frames.items()}
     out: dict[str, EncodedImage] = {}

@@ -141,6 +141,8 @@ def robot_features(spec: RobotSpec) -> Features:
         state_names=names,
         action_names=names,
         cameras={name: CameraFeature(cam.height, cam.width) for name, cam in spec.cameras.items()},
+        state_units=list(spec.units),
+        action_units=list(spec.units),
     )
 
 
@@ -177,6 +179,8 @@ class EngineBase:
         self.paused = False
         #: Set by a second interrupt: teardown skips waiting on the network.
         self.hurried = False
+        #: The task the policy runs with: the configured one until a server says otherwise.
+        self.task = config.task
         self.chunks_received = 0
         self.chunks_dropped = 0
         self.requests = 0

@@ -99,6 +99,7 @@ class LocalEngine(EngineBase):
         for warning in verdict.warnings:
             log.warning("policy warning", client_id=self.client_id, warning=warning)
         self.pipeline.set_rtc(verdict.rtc)
+        self.task = verdict.task
         runner = InferenceRunner(policy, device=self.config.device)
         try:
             runner.warmup(1)

@@ -152,6 +152,7 @@ class RemoteEngine(EngineBase):
             )
             raise _Reconnect("different model")
         self._identity = ack.policy
+        self.task = ack.task  # the effective task (the server's default when the edge names none)
         self.server, self.session = session.server, session
         session.episode_id = self.pipeline.episode_id
         if self.pipeline.queue.empty():

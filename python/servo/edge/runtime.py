@@ -172,7 +172,7 @@ class EdgeRuntime:
                         opts.record_path,
                         self.engine.spec,
                         client_id=getattr(self.engine, "client_id", ""),
-                        task=self.config.task,
+                        task=self.engine.task,
                         image_every=opts.record_images_every,
                     )
                     recorder.start()

@@ -79,6 +79,13 @@ def validate_open(request: SessionOpen, policy: PolicyInfo) -> Admission | Rejec
             f"policy needs camera(s) {', '.join(missing)}; client offers {', '.join(sorted(have.cameras)) or 'none'}",
         )
     warnings: list[str] = []
+    for unit_check in (
+        _units("action", want.action_names, have.action_units, want.action_units),
+        _units("state", want.state_names, have.state_units, want.state_units),
+    ):
+        if isinstance(unit_check, Rejection):
+            return unit_check
+        warnings += unit_check
     if have.state_names != want.state_names:
         warnings.append(f"state names differ: client {have.state_names}, policy {want.state_names}")
     for name in sorted(want.cameras):
@@ -105,6 +112,45 @@ def validate_open(request: SessionOpen, policy: PolicyInfo) -> Admission | Rejec
     if request.rtc and not policy.supports_rtc:
         warnings.append("policy does not support RTC; chunks will be appended instead")
     return Admission(schema_version=common[-1], rtc=rtc, task=task, warnings=warnings)
+
+
+#: How each known unit reads in a message.
+_UNIT_TEXT = {
+    "degrees": "degrees",
+    "range_m100_100": "range -100..100 (LeRobot use_degrees=False)",
+    "range_0_100": "range 0..100",
+}
+#: (policy unit, robot unit) -> how to fix the mismatch.
+_UNIT_FIX = {
+    ("range_m100_100", "degrees"): "run the robot with --robot-opt use_degrees=false or serve a degrees checkpoint",
+    ("degrees", "range_m100_100"): "run the robot with --robot-opt use_degrees=true or serve a -100..100 checkpoint",
+}
+
+
+def _units(what: str, names: list[str], robot: list[str], policy: list[str]) -> Rejection | list[str]:
+    """Compare declared units joint by joint; undeclared on one side is a warning, never a refusal."""
+    for side, units in (("robot", robot), ("policy", policy)):
+        if units and len(units) != len(names):
+            return Rejection("units", f"{side} declares {len(units)} {what} units for {len(names)} {what} values")
+    if not robot and not policy:
+        return []  # neither side speaks of units: nothing to compare, nothing learned
+    if not robot or not policy:
+        silent = "robot" if not robot else "policy"
+        return [f"{what} units are not declared by the {silent}; they are not checked"]
+    clashes = [(name, r, p) for name, r, p in zip(names, robot, policy, strict=True) if r and p and r != p]
+    if clashes:
+        _, r, p = clashes[0]
+        joints = ", ".join(name for name, rr, pp in clashes if (rr, pp) == (r, p))
+        verb = "acts" if what == "action" else "expects its state"
+        fix = _UNIT_FIX.get(
+            (p, r), "run the robot in the policy's units or correct the declared units (model.options.units)"
+        )
+        return Rejection(
+            "units",
+            f"policy {verb} in {_UNIT_TEXT.get(p, p)} but the robot uses {_UNIT_TEXT.get(r, r)} ({joints}); {fix}",
+        )
+    undeclared = [name for name, r, p in zip(names, robot, policy, strict=True) if not (r and p)]
+    return [f"{what} units are not declared for {', '.join(undeclared)}; they are not checked"] if undeclared else []
 
 
 def _order_mismatch(what: str, have: list[str], want: list[str]) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servo.config import ConfigError
 from servo.policy.device import check_device, check_placement
 from servo.policy.errors import PolicyLoadError
 from servo.policy.protocol import Policy
@@ -26,8 +27,14 @@ def _reference(**options: Any) -> Policy:
     return make_reference_policy(**options)
 
 
+def _lerobot(**options: Any) -> Policy:
+    from servo.policy.lerobot import make_lerobot_policy
+
+    return make_lerobot_policy(**options)
+
+
 #: Built-in policy sources. Adding an adapter = one entry here, never an import side effect.
-POLICIES: dict[str, Callable[..., Policy]] = {"reference": _reference}
+POLICIES: dict[str, Callable[..., Policy]] = {"reference": _reference, "lerobot": _lerobot}
 
 _REQUIRED = ("spec", "make_processor", "predict_chunk", "reset")
 
@@ -75,6 +82,11 @@ def load_policy(
         kwargs["device"] = device
     try:
         policy = factory(**kwargs)
+    except PolicyLoadError:
+        raise  # already one line saying what to fix
+    except ConfigError as exc:
+        # The factory converted its options with servo.config: the message starts at the option.
+        raise PolicyLoadError(f"{keys.options}.{exc}") from None
     except (TypeError, ValueError) as exc:
         raise PolicyLoadError(f"{keys.options} do not fit {source!r}: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:

@@ -49,6 +49,12 @@ class DecodedObservation:
 
     ``prefix_model`` / ``prefix_robot`` are the unexecuted rest of the client's current chunk,
     in model and robot space (``None`` when the client runs without RTC or has nothing queued).
+
+    The arrays are **read-only**: raw frames, the state and the prefixes are views into the
+    received message (no copy on the serving path). A processor that needs to write, or hands an
+    array to ``torch.from_numpy`` (which warns on read-only memory), copies it first —
+    ``torch.as_tensor(np.array(frame))`` or ``torch.tensor(frame)``. JPEG frames are decoded into
+    fresh arrays but are marked read-only too, so a policy behaves the same for both codecs.
     """
 
     state: FloatArray

@@ -33,6 +33,8 @@ SO100_JOINTS = (
     "wrist_roll.pos",
     "gripper.pos",
 )
+#: The SO-100's units with LeRobot's ``use_degrees=True``: the motion prior is in these.
+SO100_UNITS = ("degrees",) * 5 + ("range_0_100",)
 
 #: Encoder input resolution: frames are area-downsampled to this before the convolutions.
 _ENCODER_HW = (96, 128)
@@ -134,6 +136,7 @@ class ReferencePolicy:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         cams = {"front": (480, 640), "wrist": (480, 640)} if cameras is None else dict(cameras)
+        units = list(SO100_UNITS) if tuple(joint_names) == SO100_JOINTS else []
         self._spec = PolicySpec(
             model="servo/reference",
             revision=f"seed{seed}",
@@ -141,6 +144,8 @@ class ReferencePolicy:
                 state_names=list(joint_names),
                 action_names=list(joint_names),
                 cameras={name: CameraFeature(h, w) for name, (h, w) in cams.items()},
+                state_units=units,
+                action_units=units,
             ),
             chunk_size=chunk_size,
             fps=fps,

@@ -49,6 +49,9 @@ class RobotSpec:
         max_velocity: Per-joint slew limit in units per second; the control loop clamps the
             change of the commanded target to ``max_velocity / fps`` per tick.
         rest_pose: Pose the robot is driven to before it disconnects.
+        units: Unit of each joint's value (``degrees``, ``range_m100_100``, ``range_0_100``: LeRobot's
+            motor normalisation modes), checked against the policy's at session open; empty when
+            the driver does not declare them.
     """
 
     name: str
@@ -60,10 +63,12 @@ class RobotSpec:
     max_velocity: tuple[float, ...]
     rest_pose: tuple[float, ...]
     extra: Mapping[str, str] = field(default_factory=dict)
+    units: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.joint_names)
-        for name in ("lower", "upper", "max_velocity", "rest_pose"):
+        declared = ("units",) if self.units else ()
+        for name in ("lower", "upper", "max_velocity", "rest_pose", *declared):
             if len(getattr(self, name)) != n:
                 raise ValueError(
                     f"RobotSpec.{name} has {len(getattr(self, name))} values, expected one per joint ({n})"

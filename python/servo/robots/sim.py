@@ -146,7 +146,8 @@ class SimSO100:
             upper=joints.UPPER,
             max_velocity=tuple(cfg.max_velocity),
             rest_pose=joints.REST_POSE,
-            extra={"arm": "so100", "units": "degrees; gripper 0-100"},
+            extra={"arm": "so100"},
+            units=joints.UNITS_DEGREES,
         )
         self._lower = np.asarray(joints.LOWER, dtype=np.float64)
         self._upper = np.asarray(joints.UPPER, dtype=np.float64)

@@ -326,9 +326,6 @@ class SO100:
             upper=tuple(float(v) for v in upper),
             max_velocity=tuple(float(v) for v in max_velocity),
             rest_pose=tuple(float(v) for v in rest),
-            extra={
-                "port": self.config.port,
-                "calibration": str(self.calibration_path),
-                "units": "degrees; gripper 0-100" if modes[0] is NormMode.DEGREES else "-100..100",
-            },
+            extra={"port": self.config.port, "calibration": str(self.calibration_path)},
+            units=tuple(mode.value for mode in modes),
         )

@@ -26,6 +26,9 @@ JOINT_NAMES: Final = tuple(f"{name}.pos" for name in MOTOR_NAMES)
 
 GRIPPER_INDEX: Final = 5
 
+UNITS_DEGREES: Final = ("degrees",) * 5 + ("range_0_100",)
+"""Units with ``use_degrees=True`` (LeRobot's ``MotorNormMode`` names)."""
+
 # Typical calibrated ranges of an assembled SO-100 (the 3D-printed parts, not the servo, set
 # them). The real driver takes its limits from the calibration file instead.
 LOWER: Final = (-110.0, -100.0, -100.0, -95.0, -160.0, 0.0)

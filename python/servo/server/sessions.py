@@ -92,7 +92,9 @@ class Session:
     decode_generation: int = 0
     superseded: int = 0
     needs_reset: bool = False
-    served_episode: int = 0  # worker-owned: the episode of the last observation served
+    # Worker-owned: the episode of the last observation served. -1 (none yet) makes a session's
+    # first observation an episode start, so a chunk-stateful policy forgets the previous session.
+    served_episode: int = -1
     served: int = 0
     errors: int = 0
     alive: bool = False

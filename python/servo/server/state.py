@@ -11,15 +11,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 import anyio
-import structlog
 import zenoh
 from anyio.abc import TaskGroup
 
+from servo.logs import get_logger
 from servo.server.metrics import ServerMetrics
 from servo.server.sessions import Session, SessionRegistry
 from servo.wire import PolicyInfo, ServerKeys, WireError
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Lifecycle = Literal["starting", "serving", "draining"]
 

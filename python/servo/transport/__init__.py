@@ -1,7 +1,7 @@
 """Zenoh plumbing shared by the server and the client: settings, sessions, QoS, async bridge."""
 
 from servo.transport.bridge import LoopBridge, query
-from servo.transport.config import DEFAULT_LOCAL_ENDPOINT, TlsSettings, ZenohSettings
+from servo.transport.config import DEFAULT_LOCAL_ENDPOINT, TlsSettings, UsrPwdSettings, ZenohSettings
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
 from servo.transport.session import open_session
 
@@ -9,6 +9,7 @@ __all__ = [
     "DEFAULT_LOCAL_ENDPOINT",
     "LoopBridge",
     "TlsSettings",
+    "UsrPwdSettings",
     "ZenohSettings",
     "declare_action_publisher",
     "declare_obs_publisher",

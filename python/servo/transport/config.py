@@ -59,6 +59,22 @@ class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise FieldError(name, "file does not exist")
 
 
+class UsrPwdSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """User/password authentication to a router whose passwords file lists ``user``.
+
+    The password is read from its own file when the session opens, so it never sits in a
+    manifest or a command line.
+    """
+
+    user: Annotated[str, msgspec.Meta(min_length=1, description="User name listed in the router's passwords file.")]
+    password_file: Annotated[str, msgspec.Meta(description="File holding this user's password (one line).")]
+
+    def check(self) -> None:
+        """The password file must exist (it is read when the session opens)."""
+        if not Path(self.password_file).is_file():
+            raise FieldError("password_file", "file does not exist")
+
+
 class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How one process joins the Zenoh network."""
 
@@ -81,6 +97,7 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         bool, msgspec.Meta(description="Move big payloads through /dev/shm between processes of one host.")
     ] = True
     tls: TlsSettings | None = None
+    auth: UsrPwdSettings | None = None
 
     def check(self) -> None:
         """Endpoint syntax and mode rules (raises `FieldError` naming the setting)."""
@@ -117,6 +134,9 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             for name, value in msgspec.structs.asdict(self.tls).items():
                 if value is not None:
                     values[f"transport/link/tls/{name}"] = value
+        if self.auth is not None:
+            values["transport/auth/usrpwd/user"] = self.auth.user
+            values["transport/auth/usrpwd/password"] = Path(self.auth.password_file).read_text().strip()
         for key, value in values.items():
             conf.insert_json5(key, json.dumps(value))
         return conf

@@ -7,6 +7,7 @@ therefore opened through `open_session`, which closes it on every exit path.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -23,14 +24,19 @@ CLOSE_TIMEOUT_S = 12.0
 
 
 @asynccontextmanager
-async def open_session(settings: ZenohSettings) -> AsyncIterator[zenoh.Session]:
+async def open_session(settings: ZenohSettings | zenoh.Config) -> AsyncIterator[zenoh.Session]:
     """Open a session off the event loop and always close it.
+
+    Args:
+        settings: The settings, or a config built from them and extended (the router adds its
+            access control).
 
     Raises:
         zenoh.ZError: the session could not be opened (a client with no reachable router).
     """
-    session = await anyio.to_thread.run_sync(zenoh.open, settings.to_config())
-    log.debug("zenoh session open", zid=str(session.zid()), mode=settings.mode)
+    config = settings.to_config() if isinstance(settings, ZenohSettings) else settings
+    session = await anyio.to_thread.run_sync(zenoh.open, config)
+    log.debug("zenoh session open", zid=str(session.zid()), mode=json.loads(config.get_json("mode")))
     try:
         yield session
     finally:

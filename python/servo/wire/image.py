@@ -30,6 +30,25 @@ class EncodedImage(msgspec.Struct, frozen=True):
     data: memoryview
 
 
+def check_frame(frame: object, *, what: str = "image") -> None:
+    """Refuse anything but an RGB uint8 array of shape (H, W, 3), saying what it is instead.
+
+    Raises:
+        WireError: e.g. ``camera 'front': expected uint8 (H, W, 3) RGB, got float32 (3, 480, 640)
+            (channels first? use frame.transpose(1, 2, 0))``.
+    """
+    if not isinstance(frame, np.ndarray):
+        raise WireError(f"{what}: expected a numpy uint8 (H, W, 3) RGB array, got {type(frame).__name__}")
+    if frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3 and frame.shape[0] and frame.shape[1]:
+        return
+    hint = ""
+    if frame.ndim == 3 and frame.shape[0] == 3 and frame.shape[2] != 3:
+        hint = " (channels first? use frame.transpose(1, 2, 0))"
+    elif frame.dtype != np.uint8 and np.issubdtype(frame.dtype, np.floating):
+        hint = " (floats? convert to 0..255 uint8)"
+    raise WireError(f"{what}: expected uint8 (H, W, 3) RGB, got {frame.dtype} {tuple(frame.shape)}{hint}")
+
+
 def encode_image(frame: Frame, quality: int) -> EncodedImage:
     """Encode an RGB uint8 frame of shape (H, W, 3).
 
@@ -37,8 +56,7 @@ def encode_image(frame: Frame, quality: int) -> EncodedImage:
         frame: The frame, RGB channel order.
         quality: JPEG quality 1..100, or 0 to send the raw pixels (no copy when contiguous).
     """
-    if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
-        raise WireError(f"image must be uint8 (H, W, 3) RGB, got {frame.dtype} {frame.shape}")
+    check_frame(frame)
     if not 0 <= quality <= 100:
         raise WireError(f"JPEG quality must be 0 (raw) or 1..100, got {quality}")
     height, width = int(frame.shape[0]), int(frame.shape[1])
@@ -85,6 +103,8 @@ def decode_image(
         if (jh, jw) != (h, w):
             raise WireError(f"{what}: JPEG is {jh}x{jw} but the message declares {h}x{w}")
         frame: Frame = simplejpeg.decode_jpeg(image.data, colorspace="RGB")
+        # Read-only like a raw frame: a policy must not depend on the codec the robot chose.
+        frame.flags.writeable = False
     except ValueError as exc:
         if isinstance(exc, WireError):
             raise

@@ -31,12 +31,16 @@ class Features(msgspec.Struct, frozen=True):
     """The feature contract between a robot and a policy.
 
     ``action_names`` order is the sync-safety contract: column i of every chunk drives the motor
-    named ``action_names[i]``.
+    named ``action_names[i]``. ``state_units`` / ``action_units`` name the unit of each value
+    (LeRobot's motor normalisation modes: ``degrees``, ``range_m100_100``, ``range_0_100``; any
+    other name is compared verbatim); an empty list, or an empty entry, means "not declared".
     """
 
     state_names: list[str]
     action_names: list[str]
     cameras: dict[str, CameraFeature]
+    state_units: list[str] = []
+    action_units: list[str] = []
 
 
 class PolicyInfo(msgspec.Struct, frozen=True):
@@ -103,6 +107,7 @@ RejectCode = Literal[
     "action_names",
     "state_names",
     "cameras",
+    "units",
     "fps",
     "task",
     "capacity",

@@ -1,0 +1,312 @@
+"""The fleet file: who may join a servo router, and in which role.
+
+A fleet file is TOML, converted with `servo.config` (one line naming the key for every mistake)::
+
+    [router]
+    listen = ["tls/0.0.0.0:7447"]
+    [router.tls]
+    certificate = "certs/router.pem"
+    private_key = "certs/router.key"
+    root_ca = "certs/ca.pem"            # mtls = true by default: members are certificate CNs
+
+    [[servers]]
+    names = ["gpu-0"]
+    [[robots]]
+    names = ["robot-7", "robot-8"]      # a robot's name is its client id
+    [[monitors]]
+    names = ["dashboard"]
+
+Members are identified either by the common name of their client certificate (mTLS) or by a user
+name checked against a passwords file (``name:password`` lines, the format zenohd reads); secrets
+never appear in the fleet file. Relative paths are relative to the fleet file, so a fleet directory
+(fleet file, passwords, certificates) works from any working directory; `load_fleet` returns them
+resolved.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from servo.config import ConfigError, load_toml, parse_toml, quoted
+from servo.wire import WireError, segment
+
+#: The link protocols a router listens on: identities need ``tls`` (certificates) or any link with
+#: a password; other protocols were not verified with access control.
+Endpoint = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^(tcp|tls)/\S+:[0-9]+$",
+        description="A Zenoh endpoint such as tls/0.0.0.0:7447 or tcp/127.0.0.1:7447.",
+    ),
+]
+Name = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=128,
+        description="A certificate common name (mTLS) or a user name of the passwords file.",
+    ),
+]
+Names = Annotated[list[Name], msgspec.Meta(min_length=1, description="The members of this group.")]
+Scope = Annotated[
+    list[str],
+    msgspec.Meta(min_length=1, description='Key segments this group may serve; "*" for any.'),
+]
+Kind = Literal["cert_common_names", "usernames"]
+
+
+class RouterTls(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[router.tls]``: the router's certificate and the CA of the fleet."""
+
+    certificate: Annotated[
+        str, msgspec.Meta(min_length=1, description="PEM certificate of the router; its SAN names the address dialled.")
+    ]
+    private_key: Annotated[str, msgspec.Meta(min_length=1, description="PEM private key of the router certificate.")]
+    root_ca: Annotated[
+        str | None, msgspec.Meta(description="PEM CA that signed every member certificate (and other routers').")
+    ] = None
+    mtls: Annotated[
+        bool, msgspec.Meta(description="Require a client certificate; members are then named by its common name.")
+    ] = True
+
+
+class RouterSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[router]``: where the router listens and which routers it joins."""
+
+    listen: Annotated[list[Endpoint], msgspec.Meta(min_length=1, description="Endpoints the router listens on.")]
+    connect: Annotated[list[Endpoint], msgspec.Meta(description="Other routers to join (a router mesh).")] = []
+    lease_ms: Annotated[
+        int, msgspec.Meta(ge=100, le=600_000, description="Lease announced to members (how fast a dead router shows).")
+    ] = 1000
+    tls: RouterTls | None = None
+    passwords_file: Annotated[
+        str | None, msgspec.Meta(description="File of name:password lines; members are then named by user name.")
+    ] = None
+
+
+class Members(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[[robots]]`` / ``[[routers]]``: identities sharing one role."""
+
+    names: Names
+
+
+class ServerGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[[servers]]``: policy servers, optionally limited to some apps and models."""
+
+    names: Names
+    apps: Scope = msgspec.field(default_factory=lambda: ["*"])
+    models: Scope = msgspec.field(default_factory=lambda: ["*"])
+
+
+class MonitorGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[[monitors]]``: read-only observers (status, liveliness; optionally the data streams)."""
+
+    names: Names
+    data: Annotated[bool, msgspec.Meta(description="Also subscribe to observations and action chunks.")] = False
+
+
+class Fleet(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The whole fleet file; paths are absolute once returned by `load_fleet`.
+
+    Immutable (like every section above), so any thread may read it.
+    """
+
+    router: RouterSection
+    servers: list[ServerGroup] = []
+    robots: list[Members] = []
+    monitors: list[MonitorGroup] = []
+    routers: list[Members] = []
+
+    @property
+    def identified_by(self) -> Kind:
+        """The ACL subject property naming members: certificate common names or user names."""
+        tls = self.router.tls
+        return "cert_common_names" if tls is not None and tls.mtls else "usernames"
+
+    def count(self, role: Literal["servers", "robots", "monitors", "routers"]) -> int:
+        """How many identities hold ``role``."""
+        groups: list[ServerGroup] | list[Members] | list[MonitorGroup] = getattr(self, role)
+        return sum(len(group.names) for group in groups)
+
+
+def parse_fleet(text: str | bytes, *, origin: str, base_dir: Path) -> Fleet:
+    """Decode and check a fleet file; relative paths are resolved against ``base_dir``.
+
+    Raises:
+        ConfigError: invalid TOML, an unknown or missing key, a bad value, a duplicate identity,
+            a missing file, or settings that cannot work together; the message names the key.
+    """
+    return _checked(parse_toml(text, Fleet, origin=origin), origin, base_dir)
+
+
+def load_fleet(path: str | Path) -> Fleet:
+    """Read and check a fleet file (see `parse_fleet`).
+
+    Raises:
+        ConfigError: the file cannot be read or is refused.
+    """
+    return _checked(load_toml(path, Fleet), str(path), Path(path).resolve().parent)
+
+
+def password_names(path: str) -> set[str]:
+    """The names in a passwords file, parsed as zenoh parses it (passwords are not kept).
+
+    Blank lines are skipped; every other line is ``name:password`` (split at the first colon,
+    both sides trimmed, neither empty). Errors name the line, never its content.
+
+    Raises:
+        ValueError: the file cannot be read or a line is malformed.
+    """
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ValueError(f"router.passwords_file: cannot read {path!r}: {reason}") from None
+    names = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        name, colon, password = line.partition(":")
+        if not colon or not name.strip() or not password.strip():
+            raise ValueError(f"router.passwords_file: {path!r} line {number} is not name:password")
+        names.add(name.strip())
+    return names
+
+
+# ---------------------------------------------------------------------------- checks
+def _checked(fleet: Fleet, origin: str, base_dir: Path) -> Fleet:
+    fleet = _resolved(fleet, base_dir)
+    try:
+        _check(fleet)
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
+    return fleet
+
+
+def _resolved(fleet: Fleet, base_dir: Path) -> Fleet:
+    def absolute(value: str | None) -> str | None:
+        return None if value is None else str(base_dir / value)
+
+    router = fleet.router
+    tls = router.tls
+    if tls is not None:
+        tls = msgspec.structs.replace(
+            tls,
+            certificate=str(base_dir / tls.certificate),
+            private_key=str(base_dir / tls.private_key),
+            root_ca=absolute(tls.root_ca),
+        )
+    router = msgspec.structs.replace(router, tls=tls, passwords_file=absolute(router.passwords_file))
+    return msgspec.structs.replace(fleet, router=router)
+
+
+def _check(fleet: Fleet) -> None:
+    _check_router(fleet.router)
+    _check_names(fleet)
+    if fleet.router.connect and not fleet.routers:
+        raise ValueError(
+            "routers: router.connect joins other routers, but no [[routers]] group names them "
+            "(every message to and from them would be denied)"
+        )
+
+
+def _check_router(router: RouterSection) -> None:
+    tls = router.tls
+    if tls is not None:
+        _check_tls(router, tls)
+    else:
+        for i, endpoint in enumerate(router.listen):
+            if endpoint.startswith("tls/"):
+                raise ValueError(f"router.listen[{i}] = {quoted(endpoint)}: a tls/ endpoint needs [router.tls]")
+    mtls = tls is not None and tls.mtls
+    if router.passwords_file is None:
+        if not mtls:
+            raise ValueError(
+                "router: nobody can be identified; add [router.tls] with mtls = true (members named by "
+                "certificate) or router.passwords_file (members named by user name)"
+            )
+    elif mtls:
+        raise ValueError(
+            "router.passwords_file: members are named by certificate when router.tls.mtls = true; "
+            "remove the passwords file or set mtls = false"
+        )
+    else:
+        _check_file("router.passwords_file", router.passwords_file)
+    if router.connect and not mtls:
+        # zenoh's user/password check is one-way: the joined router would see who connected,
+        # but the connecting router could not tell the router it joined from a stranger.
+        raise ValueError(
+            "router.connect: joining other routers needs certificates on both sides "
+            "([router.tls] with mtls = true); passwords only authenticate the router that connects"
+        )
+
+
+def _check_tls(router: RouterSection, tls: RouterTls) -> None:
+    _check_pem("router.tls.certificate", tls.certificate, "CERTIFICATE")
+    _check_pem("router.tls.private_key", tls.private_key, "PRIVATE KEY")
+    _check_pem("router.tls.root_ca", tls.root_ca, "CERTIFICATE")
+    if not tls.mtls:
+        return
+    if tls.root_ca is None:
+        raise ValueError("router.tls.root_ca: required when mtls = true (the CA that signed member certificates)")
+    for i, endpoint in enumerate(router.listen):
+        if not endpoint.startswith("tls/"):
+            raise ValueError(
+                f"router.listen[{i}] = {quoted(endpoint)}: under mTLS members are named by their certificate; "
+                "listen on tls/"
+            )
+
+
+def _check_file(key: str, path: str | None) -> None:
+    if path is not None and not Path(path).is_file():
+        raise ValueError(f"{key}: file {path!r} does not exist")
+
+
+def _check_pem(key: str, path: str | None, label: str) -> None:
+    """The file exists and holds a PEM block of ``label`` (a swapped certificate/key is common)."""
+    _check_file(key, path)
+    if path is None:
+        return
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise ValueError(f"{key}: cannot read {path!r}: {exc.strerror}") from None
+    if "-----BEGIN " not in text or f"{label}-----" not in text:
+        raise ValueError(f"{key}: {path!r} holds no PEM {label.lower()}")
+
+
+def _check_names(fleet: Fleet) -> None:
+    seen: dict[str, str] = {}
+    passwords = None if fleet.router.passwords_file is None else password_names(fleet.router.passwords_file)
+    for role in ("servers", "robots", "monitors", "routers"):
+        for g, group in enumerate(getattr(fleet, role)):
+            for n, name in enumerate(group.names):
+                where = f"{role}[{g}].names[{n}]"
+                if name in seen:
+                    raise ValueError(
+                        f"{where} = {quoted(name)}: already listed at {seen[name]} (an identity has one role)"
+                    )
+                seen[name] = where
+                if not name.isprintable() or name != name.strip():
+                    raise ValueError(f"{where} = {quoted(name)}: control characters or surrounding spaces")
+                if role == "robots":
+                    _check_segment(where, name, "a robot's name is its client id")
+                if passwords is not None and name not in passwords:
+                    raise ValueError(f"{where} = {quoted(name)}: no line for it in router.passwords_file")
+            if isinstance(group, ServerGroup):
+                for field in ("apps", "models"):
+                    for i, value in enumerate(getattr(group, field)):
+                        if value != "*":
+                            _check_segment(f"{role}[{g}].{field}[{i}]", value, 'a key segment or "*"')
+    if not seen:
+        raise ValueError("fleet names nobody: add [[servers]], [[robots]] or [[monitors]] groups")
+
+
+def _check_segment(where: str, value: str, why: str) -> None:
+    try:
+        segment(value)
+    except WireError as exc:
+        raise ValueError(f"{where} = {quoted(value)}: {why}; {exc}") from None

@@ -1,0 +1,128 @@
+"""A real policy server and real robots, all in client mode with mTLS behind a real router.
+
+robot-7 opens a session and streams; robot-8 (a fleet member with its own valid certificate) tries
+to feed robot-7's session with a forged observation and to read its chunks. The server never
+sees the forgery (its request counters prove it) and robot-8 never sees a chunk of robot-7.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from servo._core import MSG_OBS, SCHEMA_VERSION, Header, unauthenticated
+from servo.client import PolicyClient, RemoteSession
+from servo.router import load_fleet, run_router
+from servo.server.manifest import parse_manifest
+from servo.server.service import PolicyServer
+from servo.transport import declare_obs_publisher, open_session
+from servo.wire import Observation, encode, encode_image, encode_tensor
+from tests.router.harness import Credentials, Inbox, fleet_toml, wait_matching
+from tests.server.policies import CHUNK, FixedComputePolicy
+from tests.support import free_port, running_server
+
+pytestmark = pytest.mark.anyio
+
+SHAPE = (48, 64)
+
+
+def _manifest(creds: Credentials, port: int) -> str:
+    gpu = creds.leaves["gpu-0"]
+    return f"""
+[model]
+source = "injected"
+warmup = 1
+[zenoh]
+mode = "client"
+connect = ["tls/127.0.0.1:{port}"]
+[zenoh.tls]
+root_ca_certificate = "{creds.pki.ca}"
+connect_certificate = "{gpu.cert}"
+connect_private_key = "{gpu.key}"
+enable_mtls = true
+[ops]
+health_port = 0
+"""
+
+
+def _obs() -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    return np.zeros(6, np.float32), {"front": np.zeros((*SHAPE, 3), np.uint8)}
+
+
+def _forged_observation() -> tuple[bytes, bytes]:
+    body = encode(
+        Observation(
+            state=encode_tensor(np.ones(6, np.float32)),
+            images={"front": encode_image(np.zeros((*SHAPE, 3), np.uint8), 0)},
+            task="",
+            inference_delay_steps=0,
+            prefix_model=None,
+            prefix_robot=None,
+        )
+    )
+    header = Header(
+        schema_version=SCHEMA_VERSION,
+        msg_type=MSG_OBS,
+        flags=0,
+        seq_id=424242,
+        episode_id=0,
+        session_epoch=0,
+        client_mono_ns=time.monotonic_ns(),
+        session_id=bytes(16),
+    )
+    return body, unauthenticated(header)
+
+
+async def _open(client: PolicyClient) -> RemoteSession:
+    (server,) = await client.discover()
+    return await client.open_session(server, features=server.status.policy.features, fps=30)
+
+
+def _served(server: PolicyServer) -> tuple[float, float]:
+    registry = server.metrics.registry
+    ok = registry.get_sample_value("servo_requests_total", {"outcome": "ok"}) or 0.0
+    return ok, registry.get_sample_value("servo_superseded_observations_total") or 0.0
+
+
+async def test_robot_streams_through_the_router_and_another_robot_cannot_touch_its_session(
+    creds: Credentials, tmp_path: Path
+) -> None:
+    port = free_port()
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(fleet_toml("mtls", port, creds.pki, None))
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_router, load_fleet(fleet_file))
+        async with (
+            running_server(parse_manifest(_manifest(creds, port)), FixedComputePolicy(cameras={"front": SHAPE})) as (
+                server,
+                _,
+            ),
+            open_session(creds.mtls("robot-7", port)) as z7,
+            open_session(creds.mtls("robot-8", port)) as z8,
+        ):
+            robot7 = await _open(PolicyClient(z7, "robot-7"))
+            assert (await robot7.infer(*_obs(), timeout=10)).chunk_robot.shape == (CHUNK, 6)
+
+            sniffed = Inbox()
+            z8.declare_subscriber(robot7.keys.action, sniffed.samples())
+            forged = declare_obs_publisher(z8, robot7.keys.obs)
+            wait_matching(forged)  # robot-8 sees the server's c/*/obs subscriber: the put leaves it
+            body, attachment = _forged_observation()
+            forged.put(body, attachment=attachment)
+
+            assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 2
+            # Positive control: robot-8's own session, opened and served after the forgery and
+            # after robot-7's second chunk, over the same link.
+            robot8 = await _open(PolicyClient(z8, "robot-8"))
+            assert (await robot8.infer(*_obs(), timeout=10)).chunk_robot.shape == (CHUNK, 6)
+            assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 3
+            await robot7.close()
+            await robot8.close()
+        tg.cancel_scope.cancel()
+    # The server has drained: every request it took is accounted for.
+    assert _served(server) == (4.0, 0.0)  # 3 for robot-7, 1 for robot-8; the forgery never arrived
+    assert sniffed.items == []
