@@ -163,6 +163,23 @@ class LoopStats:
     fault: str
 
 
+def _layout(action_dim: int) -> tuple[dict[str, int], int]:
+    """Offsets of a channel's parts, and its size."""
+    state_bytes = 4 * action_dim
+    sizes = {
+        "counters": Counters.size(len(Slot)),
+        "observation": Seqlock.size(_OBSERVATION_HEAD.size + state_bytes),
+        "command": Seqlock.size(_COMMAND_HEAD.size + state_bytes),
+        "fault": Seqlock.size(FAULT_BYTES),
+        "lateness": Counters.size(LATENESS_BINS),
+        "records": Ring.size(_RECORD_HEAD.size + 2 * state_bytes, RECORD_SLOTS),
+    }
+    offsets, end = {}, 0
+    for name, size in sizes.items():
+        offsets[name], end = end, end + size
+    return offsets, end
+
+
 class ControlChannel:
     """The block shared by the control loop and the main process (see the module docstring).
 
@@ -173,40 +190,22 @@ class ControlChannel:
     def __init__(self, memory: SharedMemory, action_dim: int) -> None:
         self.memory = memory
         self.action_dim = action_dim
-        offset = 0
-
-        def take(size: int) -> int:
-            nonlocal offset
-            at, offset = offset, offset + size
-            return at
-
+        at, _ = _layout(action_dim)
         state_bytes = 4 * action_dim
         self.record_bytes = _RECORD_HEAD.size + 2 * state_bytes
-        self._counters = memory.counters(take(Counters.size(len(Slot))), len(Slot))
-        self._observation = memory.seqlock(
-            take(Seqlock.size(_OBSERVATION_HEAD.size + state_bytes)), _OBSERVATION_HEAD.size + state_bytes
-        )
-        self._command = memory.seqlock(
-            take(Seqlock.size(_COMMAND_HEAD.size + state_bytes)), _COMMAND_HEAD.size + state_bytes
-        )
-        self._fault = memory.seqlock(take(Seqlock.size(FAULT_BYTES)), FAULT_BYTES)
-        self._lateness = memory.counters(take(Counters.size(LATENESS_BINS)), LATENESS_BINS)
-        self._records = memory.ring(take(Ring.size(self.record_bytes, RECORD_SLOTS)), self.record_bytes, RECORD_SLOTS)
+        self._counters = memory.counters(at["counters"], len(Slot))
+        self._observation = memory.seqlock(at["observation"], _OBSERVATION_HEAD.size + state_bytes)
+        self._command = memory.seqlock(at["command"], _COMMAND_HEAD.size + state_bytes)
+        self._fault = memory.seqlock(at["fault"], FAULT_BYTES)
+        self._lateness = memory.counters(at["lateness"], LATENESS_BINS)
+        self._records = memory.ring(at["records"], self.record_bytes, RECORD_SLOTS)
         self._command_version = 0
         self._empty = np.zeros(action_dim, dtype=np.float32)
 
     @staticmethod
     def size(action_dim: int) -> int:
         """Bytes of a channel for ``action_dim`` joints."""
-        state_bytes = 4 * action_dim
-        return (
-            Counters.size(len(Slot))
-            + Seqlock.size(_OBSERVATION_HEAD.size + state_bytes)
-            + Seqlock.size(_COMMAND_HEAD.size + state_bytes)
-            + Seqlock.size(FAULT_BYTES)
-            + Counters.size(LATENESS_BINS)
-            + Ring.size(_RECORD_HEAD.size + 2 * state_bytes, RECORD_SLOTS)
-        )
+        return _layout(action_dim)[1]
 
     @classmethod
     def create(cls, action_dim: int, *, shared: bool, recording: bool = False) -> ControlChannel:

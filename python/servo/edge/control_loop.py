@@ -30,16 +30,16 @@ state plus the cameras' newest frames). Owned by the event loop.
 
 ::
 
-    created ──run()──► starting ──robot connected, first tick──► running ──stop() / fault parked /
-                          │                                        │       the loop died──► stopped
-                          └──the loop ended before running: EdgeStartError (nothing moved)
+    created ──run()──► starting ──robot connected, first tick──► running ──stop(), or the loop
+                          │                                                   ended (it failed, or
+                          │                                                   its process died)──► stopped
+                          └──the loop ended before its first tick: EdgeStartError (nothing moved)
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
 
 import anyio
 import numpy as np
@@ -53,9 +53,7 @@ from servo.edge.observation import ObservationInput
 from servo.edge.safety import SafetyLimiter
 from servo.edge.ticker import REALTIME_PRIORITY, Ticker, request_realtime
 from servo.logs import get_logger
-
-if TYPE_CHECKING:
-    from servo.robots.protocol import Cameras, Robot
+from servo.robots.protocol import Cameras, Robot
 
 log = get_logger(__name__)
 
