@@ -58,11 +58,25 @@ def local_ray_head() -> Iterator[RayHead]:
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "10",
         marker[0]: marker[1],
     }
+    # Every port Ray would otherwise take from a fixed default (the agent's 52365) or pick itself
+    # is chosen free, so two heads on one machine cannot collide.
+    ports = [
+        f"--{name}={free_port()}"
+        for name in (
+            "node-manager-port",
+            "object-manager-port",
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "runtime-env-agent-port",
+            "metrics-export-port",
+        )
+    ]
     command = [
         str(Path(sys.executable).with_name("ray")),
         "start",
         "--head",
         f"--port={port}",
+        *ports,
         "--num-cpus=4",
         "--object-store-memory=100000000",
         "--include-dashboard=false",
@@ -81,7 +95,7 @@ def local_ray_head() -> Iterator[RayHead]:
         with pytest.MonkeyPatch.context() as patch:
             for name, value in LOOPBACK_ONLY.items():
                 patch.setenv(name, value)  # drivers started by the tests inherit it
-            if not started.wait(HEAD_START_TIMEOUT_S):
+            if not started.wait(HEAD_START_TIMEOUT_S) or head.poll() is not None:
                 raise AssertionError("ray head did not start:\n" + "\n".join(log))
             yield RayHead(f"127.0.0.1:{port}", head, log)
     finally:
@@ -104,6 +118,7 @@ def _read_head(head: subprocess.Popen[str], log: list[str], started: threading.E
         log.append(line.rstrip())
         if "Ray runtime started" in line:
             started.set()
+    started.set()  # the head exited: nothing to wait for
 
 
 def _kill_marked(marker: bytes) -> None:
