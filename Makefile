@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.servo-installed
 RUST_SOURCES := $(shell find rust -name '*.rs') Cargo.toml
+# openpi's own client drives the openpi front door in the tests, unchanged. Its metadata caps numpy
+# below 2 (and pulls dm-tree and pillow for modules the tests do not use): as a dev extra it would
+# move the whole suite, mypy included, to numpy 1.26. Its code needs websockets and msgpack (dev).
+OPENPI_CLIENT := openpi-client==0.1.2
 
 # LeRobot >= 0.5 needs Python >= 3.12: python3.12 from PATH, else the newest 3.12 pyenv has.
 PYTHON312 ?= $(shell python3.12 -c 'import sys' 2>/dev/null && command -v python3.12 || \
@@ -21,6 +25,7 @@ $(STAMP): pyproject.toml $(RUST_SOURCES)
 	@# venvs made before the rename to servo-robotics hold a `servo` dist owning the same scripts
 	$(PY) -m pip uninstall --quiet --yes servo 2>/dev/null || true
 	$(PY) -m pip install --quiet -e '.[server,dev]'
+	$(PY) -m pip install --quiet --no-deps $(OPENPI_CLIENT)
 	touch $(STAMP)
 
 ## setup: create .venv and install servo (Rust extension in release mode) with server + dev extras

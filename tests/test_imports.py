@@ -16,7 +16,7 @@ LAYERS = (
     ("servo.wire",),
     ("servo.transport",),
     ("servo.server", "servo.client"),
-    ("servo.edge",),
+    ("servo.edge", "servo.frontends"),
     ("servo.cli",),
 )
 

@@ -30,7 +30,9 @@ class _Port(NamedTuple):
     udp: bool
 
 
-def refuse_busy(listen: Iterable[str], health_host: str, health_port: int) -> None:
+def refuse_busy(
+    listen: Iterable[str], health_host: str, health_port: int, *, others: Iterable[tuple[str, str, int]] = ()
+) -> None:
     """Raise if a port of a server about to start is held by another socket right now.
 
     Args:
@@ -38,6 +40,7 @@ def refuse_busy(listen: Iterable[str], health_host: str, health_port: int) -> No
             (``ZenohSettings.validate``). Port 0 and Unix sockets cannot collide and are skipped.
         health_host: Address of the health/metrics endpoint.
         health_port: Its port; 0 (disabled) is skipped.
+        others: More TCP ports as ``(setting, host, port)``, e.g. a frontend's; port 0 is skipped.
 
     Raises:
         PortInUseError: One line naming every busy port and the setting that chose it, e.g.
@@ -46,6 +49,7 @@ def refuse_busy(listen: Iterable[str], health_host: str, health_port: int) -> No
     ports = [port for port in map(_zenoh_port, listen) if port is not None]
     if health_port:
         ports.append(_Port(f"ops.health_port on {health_host}", health_host, health_port, udp=False))
+    ports += [_Port(f"{setting} on {host}", host, port, udp=False) for setting, host, port in others if port]
     busy = [f"{p.port} ({p.setting})" for p in ports if _in_use(p)]
     if busy:
         subject = f"port {busy[0]} is" if len(busy) == 1 else f"ports {', '.join(busy[:-1])} and {busy[-1]} are"

@@ -1,4 +1,8 @@
-"""The async client library: discover servers, open sessions, infer. No torch import."""
+"""The client library: discover servers, open sessions, infer. No torch import.
+
+`PolicyClient` is the async building block; `SyncPolicyClient` wraps it for scripts with openpi's
+``infer(obs) -> {"actions": ...}``.
+"""
 
 from servo.client.errors import (
     ClientError,
@@ -10,11 +14,17 @@ from servo.client.errors import (
 )
 from servo.client.policy_client import PolicyClient
 from servo.client.session import ChunkResult, RemoteSession, ServerInfo
+from servo.client.sync import SyncPolicyClient
+from servo.wire import CameraFeature, Features
+from servo.wire.openpi import ObservationKeys
 
 __all__ = [
+    "CameraFeature",
     "ChunkResult",
     "ClientError",
+    "Features",
     "NoServerFound",
+    "ObservationKeys",
     "PolicyClient",
     "RemoteSession",
     "RequestTimeout",
@@ -22,4 +32,5 @@ __all__ = [
     "ServerInfo",
     "SessionLost",
     "SessionRejected",
+    "SyncPolicyClient",
 ]

@@ -18,6 +18,7 @@ import msgspec
 from servo.config import ConfigError, FieldError, load_toml, parse_toml
 from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings
 from servo.wire import WireError, segment
+from servo.wire.openpi import ObservationKeys
 
 _DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
 
@@ -98,6 +99,59 @@ class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     audit_log: Annotated[str, msgspec.Meta(description="One JSON line per request to this file; '-' = stdout.")] = ""
 
 
+class OpenpiSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[frontends.openpi]``: a WebSocket endpoint speaking openpi's policy-server protocol.
+
+    Every connection is one servo session on this server: the same admission, capacity,
+    scheduling, per-session processor, audit log and metrics as a robot's.
+    """
+
+    listen: Annotated[
+        str, msgspec.Meta(min_length=3, description="host:port of the WebSocket endpoint (and its /healthz).")
+    ] = "127.0.0.1:8000"
+    max_connections: Annotated[
+        int, msgspec.Meta(ge=1, le=4096, description="Open connections at once; more are refused with HTTP 503.")
+    ] = 16
+    max_message_bytes: Annotated[
+        int, msgspec.Meta(ge=1024, description="Largest message accepted; a larger one closes the connection (1009).")
+    ] = 16 * 1024 * 1024
+    max_request_rate_hz: Annotated[
+        float, msgspec.Meta(gt=0, description="Requests per second one connection may make; faster ones wait.")
+    ] = 200.0
+    request_timeout_s: Annotated[
+        float, msgspec.Meta(gt=0, description="How long a request may wait for its chunk before an error reply (s).")
+    ] = 10.0
+    metadata: Annotated[
+        dict[str, Any],
+        msgspec.Meta(description="Sent to every client on connect as openpi's policy metadata (servo adds 'servo')."),
+    ] = {}
+    observation: ObservationKeys = ObservationKeys()
+
+    @property
+    def host(self) -> str:
+        """The listening address (brackets of an IPv6 address removed)."""
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        """The listening port (0: any free one)."""
+        return int(self.listen.rpartition(":")[2])
+
+    def check(self) -> None:
+        """``listen`` is host:port; ``metadata`` leaves the ``servo`` key to the server."""
+        host, _, port = self.listen.rpartition(":")
+        if not host.strip("[]") or not port.isdigit() or int(port) > 65535:
+            raise FieldError("listen", "expected host:port, e.g. 127.0.0.1:8000 or 0.0.0.0:8000")
+        if "servo" in self.metadata:
+            raise FieldError("metadata.servo", "reserved: the server fills it with the policy's description")
+
+
+class FrontendsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[frontends]``: other protocols served by the same policy, scheduler and sessions."""
+
+    openpi: OpenpiSection | None = None
+
+
 class TrajectoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[[trajectories]]``: a named recorded episode the server hands out for replay."""
 
@@ -118,6 +172,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     serving: ServingSection = ServingSection()
     zenoh: ZenohSettings = ZenohSettings(listen=[DEFAULT_LOCAL_ENDPOINT])
     ops: OpsSection = OpsSection()
+    frontends: FrontendsSection = FrontendsSection()
     trajectories: list[TrajectoryEntry] = []
 
     def check(self) -> None:

@@ -14,13 +14,14 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 import zenoh
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from servo._core import MSG_DRAIN, MSG_ERROR, MSG_OBS, Header, HeaderError, decode_header
 from servo.logs import get_logger
@@ -58,11 +59,43 @@ DRAIN_NOTICE_HEAD_START_S = 0.2
 
 @dataclass(frozen=True)
 class ServerReady:
-    """Handed to ``task_status.started``: where the server is and what it serves."""
+    """Handed to ``task_status.started``: where the server is and what it serves.
+
+    ``frontends`` maps each frontend's name to where it listens (``{"openpi": "ws://…"}``).
+    """
 
     keys: ServerKeys
     info: PolicyInfo
     health_port: int | None
+    frontends: dict[str, str] = field(default_factory=dict)
+
+
+class Frontend(Protocol):
+    """Another way into the server, e.g. openpi's WebSocket protocol (`servo.frontends`).
+
+    Runs on the server's event loop from the moment the server serves until its drain has told
+    every session; it reaches the policy only through ordinary sessions opened on the server's
+    own Zenoh session, so admission, scheduling and metrics are the robots'.
+    """
+
+    name: str
+
+    async def run(
+        self,
+        zsession: zenoh.Session,
+        keys: ServerKeys,
+        health: Callable[[], tuple[bool, str]],
+        *,
+        task_status: TaskStatus[str],
+    ) -> None:
+        """Serve until cancelled; ``task_status.started(url)`` once listening.
+
+        Args:
+            zsession: The server's own Zenoh session, to open sessions on.
+            keys: This replica's keys.
+            health: ``(serving, lifecycle state)`` of the server, for a health check.
+            task_status: Reports where the frontend listens.
+        """
 
 
 class PolicyServer:
@@ -74,6 +107,7 @@ class PolicyServer:
         manifest: The validated manifest.
         policy: An already-built policy (tests, embedding); loaded from the manifest otherwise.
         scheduler: Session scheduling (round-robin by default).
+        frontends: Other protocols served alongside Zenoh (see `Frontend`).
         search_path: A directory a ``package.module:factory`` policy may be imported from (the
             manifest's own directory when started by ``servo-serve``).
     """
@@ -84,9 +118,11 @@ class PolicyServer:
         *,
         policy: Policy | None = None,
         scheduler: Scheduler | None = None,
+        frontends: Sequence[Frontend] = (),
         search_path: str | Path | None = None,
     ) -> None:
         self.manifest = manifest
+        self._frontends = tuple(frontends)
         self._policy = policy
         self._search_path = search_path
         self._hurry = threading.Event()
@@ -144,9 +180,10 @@ class PolicyServer:
             self.state.bind(self._replica(policy), tg)
             audit = AuditLog(m.ops.audit_log)
             try:
-                async with open_session(m.zenoh) as zsession:
+                # Frontends end before the Zenoh session their sessions live on.
+                async with open_session(m.zenoh) as zsession, anyio.create_task_group() as frontends:
                     self._zsession = zsession
-                    await self._serve(zsession, runner, audit, task_status, health_port)
+                    await self._serve(zsession, runner, audit, task_status, health_port, frontends)
             finally:
                 audit.close()
                 tg.cancel_scope.cancel()
@@ -158,6 +195,7 @@ class PolicyServer:
         audit: AuditLog,
         task_status: TaskStatus[ServerReady],
         health_port: int | None,
+        frontends: TaskGroup,
     ) -> None:
         m, state = self.manifest, self.state
         keys, info = state.replica.keys, state.replica.info
@@ -194,7 +232,8 @@ class PolicyServer:
                 mode=info.serving_mode,
                 max_sessions=state.replica.max_sessions,
             )
-            task_status.started(ServerReady(keys, info, health_port))
+            endpoints = {f.name: await frontends.start(f.run, zsession, keys, state.health) for f in self._frontends}
+            task_status.started(ServerReady(keys, info, health_port, endpoints))
             await self._stop.wait()
         finally:
             with anyio.CancelScope(shield=True):
@@ -205,6 +244,8 @@ class PolicyServer:
                     # priority and may overtake the notices, and clients see it on another
                     # callback thread. Give the notices a head start so clients learn why.
                     await anyio.sleep(DRAIN_NOTICE_HEAD_START_S)
+                # Their sessions have been told like a robot's; idle connections close now.
+                frontends.cancel_scope.cancel()
                 if token is not None:
                     token.undeclare()
                 finished = await anyio.to_thread.run_sync(lambda: worker.stop(DRAIN_TIMEOUT_S, abandon=self._hurry))

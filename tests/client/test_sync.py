@@ -1,0 +1,105 @@
+"""`SyncPolicyClient`: openpi's blocking ``infer`` over servo, from plain threads and scripts."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+import numpy as np
+import pytest
+
+from servo.client import SyncPolicyClient
+from servo.wire import WireError
+from tests.server.helpers import metric, server_manifest
+from tests.server.policies import CHUNK, FixedComputePolicy, StickyPolicy
+from tests.support import running_server
+
+pytestmark = pytest.mark.anyio
+
+T = TypeVar("T")
+
+
+async def blocking(fn: Callable[..., T], *args: Any) -> T:
+    with anyio.fail_after(20):
+        return await anyio.to_thread.run_sync(fn, *args)
+
+
+def obs(state: float) -> dict[str, Any]:
+    return {"state": np.full(6, state), "images": {"front": np.zeros((24, 32, 3), np.uint8)}, "prompt": "stack"}
+
+
+async def test_round_trip_reset_metadata_and_close(port: int) -> None:
+    async with running_server(server_manifest(port), policy=StickyPolicy()) as (server, ready):
+
+        def run() -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+            with SyncPolicyClient(f"tcp/127.0.0.1:{port}", jpeg_quality=0) as client:
+                metadata = client.get_server_metadata()
+                replies = [client.infer(obs(3.0)), client.infer(obs(9.0))]
+                episode = client.reset()
+                replies.append(client.infer(obs(9.0)))
+            client.close()  # idempotent
+            with pytest.raises(RuntimeError, match="closed"):
+                client.infer(obs(1.0))
+            return metadata, replies, episode
+
+        metadata, replies, episode = await blocking(run)
+        assert metadata["model"] == ready.info.model
+        assert metadata["action_names"] == ready.info.features.action_names
+        assert metadata["chunk_size"] == CHUNK
+        # StickyProcessor answers anchor (the episode's first state) + requests in the episode
+        first, second, after_reset = (r["actions"] for r in replies)
+        assert first.shape == (CHUNK, 6)
+        assert first.dtype == np.float32
+        assert (first == 3 + 1).all()
+        assert (second == 3 + 2).all()
+        assert episode == 1
+        assert (after_reset == 9 + 1).all()  # a new episode: the session's processor was reset
+        assert [r["servo"]["episode_id"] for r in replies] == [0, 0, 1]
+        assert all(r["servo"]["round_trip_ms"] > 0 for r in replies)
+        assert {"infer_ms", "queue_wait_ms"} <= set(replies[0]["server_timing"])
+        await server.wait_sessions(lambda sessions: not sessions)
+        assert metric(server, "servo_sessions_collected_total", reason="closed") == 1
+
+
+async def test_bad_observation_names_the_key_and_the_client_goes_on(port: int) -> None:
+    async with running_server(server_manifest(port), policy=FixedComputePolicy()):
+
+        def run() -> tuple[str, np.ndarray]:
+            with SyncPolicyClient(f"tcp/127.0.0.1:{port}", jpeg_quality=0) as client:
+                with pytest.raises(WireError) as refused:
+                    client.infer({"state": np.zeros(6), "images": {"front": np.zeros((3, 8, 8), np.uint8)}})
+                return str(refused.value), client.infer(obs(4.0))["actions"]
+
+        error, actions = await blocking(run)
+    assert error == "'images/front' (camera 'front'): expected uint8 (24, 32, 3) or (3, 24, 32), got uint8 (3, 8, 8)"
+    np.testing.assert_allclose(actions[0], np.full(6, 4.0))
+
+
+SCRIPT = """
+import sys
+import numpy as np
+from servo.client import SyncPolicyClient
+
+client = SyncPolicyClient("tcp/127.0.0.1:{port}", jpeg_quality=0)
+reply = client.infer({{"state": np.full(6, 2.0), "images": {{"front": np.zeros((24, 32, 3), np.uint8)}}}})
+print(reply["actions"][0][0])
+{ending}
+"""
+
+
+@pytest.mark.parametrize("ending", ["client.close()", "pass  # never closed", "sys.exit(3)"])
+async def test_a_script_exits_and_its_session_is_closed(port: int, ending: str) -> None:
+    async with running_server(server_manifest(port), policy=FixedComputePolicy()) as (server, _):
+        with anyio.fail_after(30):
+            done = await anyio.run_process(
+                [sys.executable, "-c", textwrap.dedent(SCRIPT.format(port=port, ending=ending))], check=False
+            )
+        assert done.returncode == (3 if "exit" in ending else 0), done.stderr.decode()[-2000:]
+        assert done.stdout.decode().strip() == "2.0"
+        # closed by the script (or for it, at exit): told at once, not collected as vanished later
+        await server.wait_sessions(lambda sessions: not sessions)
+        assert metric(server, "servo_sessions_collected_total", reason="closed") == 1
+        assert metric(server, "servo_sessions_collected_total", reason="vanished") == 0
