@@ -1,19 +1,34 @@
-"""Edge control loop under load (issue 4): tick jitter and the round-trip breakdown.
+"""Edge control loop under load (issue 10 item 4): tick lateness, and the round-trip breakdown.
 
 The remote engine streams two 480x640 sim cameras (JPEG q90) to ``servo-serve`` in another
-process (reference policy padded to 20 ms); the control loop runs at 30 Hz and 100 Hz. Same-run
-baselines: servo without real-time scheduling and with Python's default 5 ms GIL switch interval
-(how the edge ran before the jitter fix, and how it runs unprivileged), and the legacy design that
-does robot I/O + JPEG encode + a blocking request inline on the control thread (seeds/000 BUG-1).
+process (reference policy padded to 20 ms); the control loop runs at 30 Hz and 100 Hz while a
+busy-loop process per core (normal priority) keeps every core loaded. Designs, same run:
 
-Smoke (CI): ``pytest benches/bench_edge.py --benchmark-disable`` (one 1.5 s round per case).
-Measure: ``pytest benches/bench_edge.py --benchmark-enable --benchmark-only -s`` (3 rounds of
-10 s per case, ticks pooled; ``EDGE_BENCH_ROUNDS`` / ``EDGE_BENCH_S`` override), results in
-``benchmark.extra_info`` (``--benchmark-json=...``) and a markdown table on stdout. The numbers
-move with whatever else the machine runs: compare designs within one run, and read the
-per-round p99 column for the spread.
+* ``process`` — servo: the tick in its own process under SCHED_FIFO, the queue, the observation
+  and the statistics in shared memory; cameras, renderer, JPEG and network in the main process.
+* ``thread`` — the baseline: the same tick on a SCHED_FIFO thread of the main process (how the
+  edge ran before, with a 1 ms GIL switch interval), sharing the GIL with the network worker,
+  the sim renderer and JPEG work.
+* ``thread-no-rt`` — that thread without real-time scheduling and the default 5 ms GIL switch
+  interval (how an unprivileged edge ran).
+* ``naive`` — robot I/O + JPEG encode + a blocking request inline on the control thread
+  (seeds/000 BUG-1).
 
-Target: p99 |jitter| <= 2 ms at 30 Hz on a 2-core machine (``extra_info["target_met"]``).
+Lateness = how late a tick started after its absolute deadline, from the control loop's own
+fixed histogram (10 µs bins below 10 ms: p50/p99 are upper bounds, max is exact); every tick of a
+round counts, the arm's park at the end included.
+
+Smoke (CI): ``pytest benches/bench_edge.py --benchmark-disable`` (one 1.5 s round per case, no hogs).
+Measure (as root, so SCHED_FIFO is permitted)::
+
+    pytest benches/bench_edge.py --benchmark-enable --benchmark-only -s
+
+3 rounds of 10 s per case (``EDGE_BENCH_ROUNDS`` / ``EDGE_BENCH_S``), hogs on (``EDGE_BENCH_HOGS=0``
+for a quiet run); ``extra_info`` (``--benchmark-json=...``) and a markdown table on stdout. The
+numbers move with whatever else the machine runs: compare designs within one run, and read the
+per-round p99 and the other processes' cores next to them.
+
+Target (``extra_info["target_met"]`` of ``process``): p99 <= 1 ms and max <= 5 ms at 30 and 100 Hz.
 """
 
 from __future__ import annotations
@@ -27,11 +42,13 @@ import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._edge_rig import CpuWatch, LoopResult, ServerProcess, run_naive, run_servo, table
+from benches._edge_rig import CpuHogs, CpuWatch, LoopResult, ServerProcess, run_servo, table
+from benches._naive_loop import run_naive
 from benches._support import free_port
 from servo.logs import configure_logging
 
-JITTER_TARGET_MS = 2.0
+P99_TARGET_MS = 1.0
+MAX_TARGET_MS = 5.0
 ROWS: list[dict[str, Any]] = []
 
 
@@ -43,7 +60,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         proc.wait_ready()
         # Warm the server's first full-size inferences so no case pays for them.
         anyio.run(
-            lambda: run_servo(proc, 30.0, 2.0, realtime=False, switch_interval_s=None),
+            lambda: run_servo(
+                proc, 30.0, 2.0, control_loop="auto", realtime=False, switch_interval_s=None, design="warm-up"
+            ),
             backend="asyncio",
             backend_options={"use_uvloop": True},
         )
@@ -54,21 +73,31 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             print("\n" + table(ROWS))
 
 
+async def one_round(server: ServerProcess, design: str, fps: float, duration: float) -> LoopResult:
+    if design == "naive":
+        return await run_naive(server, fps, duration)
+    if design == "thread-no-rt":
+        return await run_servo(
+            server, fps, duration, control_loop="thread", realtime=False, switch_interval_s=None, design=design
+        )
+    control_loop = "thread" if design == "thread" else "auto"
+    return await run_servo(
+        server, fps, duration, control_loop=control_loop, realtime=True, switch_interval_s=0.001, design=design
+    )
+
+
 @pytest.mark.parametrize("fps", [30.0, 100.0])
-@pytest.mark.parametrize("design", ["servo", "servo-no-rt", "naive"])
+@pytest.mark.parametrize("design", ["process", "thread", "thread-no-rt", "naive"])
 def test_edge_loop(benchmark: BenchmarkFixture, server: ServerProcess, design: str, fps: float) -> None:
     benchmark.group = f"edge loop {fps:g} Hz"
     duration = 1.5 if benchmark.disabled else float(os.environ.get("EDGE_BENCH_S", "10"))
     rounds = 1 if benchmark.disabled else int(os.environ.get("EDGE_BENCH_ROUNDS", "3"))
+    hogs = not benchmark.disabled and os.environ.get("EDGE_BENCH_HOGS", "1") == "1"
 
     async def one() -> LoopResult:
-        with CpuWatch(server.proc.pid) as cpu:
-            if design == "naive":
-                result = await run_naive(server, fps, duration)
-            elif design == "servo-no-rt":
-                result = await run_servo(server, fps, duration, realtime=False, switch_interval_s=None)
-            else:
-                result = await run_servo(server, fps, duration, realtime=True, switch_interval_s=0.001)
+        with CpuHogs(hogs) as hog, CpuWatch(server.proc.pid, *hog.pids) as cpu:
+            result = await one_round(server, design, fps, duration)
+            result.hogs = len(hog.pids)
         result.background_cores = [cpu.others_cores]
         return result
 
@@ -83,7 +112,10 @@ def test_edge_loop(benchmark: BenchmarkFixture, server: ServerProcess, design: s
     # Sanity: the loop ran for the whole time, chunks arrived, nothing failed.
     ran = result.ticks + result.missed_deadlines >= 0.9 * rounds * duration * fps
     benchmark.extra_info["correct"] = bool(ran and result.chunks > 0 and not result.error and result.requests)
-    if design == "servo":
-        benchmark.extra_info["target_met"] = summary["jitter_ms"]["p99"] <= JITTER_TARGET_MS
+    if design == "process":
+        lateness = summary["lateness_ms"]
+        benchmark.extra_info["target_met"] = bool(
+            lateness["p99"] is not None and lateness["p99"] <= P99_TARGET_MS and lateness["max"] <= MAX_TARGET_MS
+        )
     assert not result.error, result.error
     assert result.chunks > 0

@@ -18,7 +18,7 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from servo._core import MSG_CHUNK, MSG_OBS, SCHEMA_VERSION, Header, SessionKey
-from servo.robots import SimConfig, SimSO100
+from servo.robots import SimCameras, SimConfig, SimSO100
 from servo.wire import (
     ActionChunk,
     Observation,
@@ -35,11 +35,14 @@ Arrays = dict[str, np.ndarray]
 
 def _payload() -> Arrays:
     sim = SimSO100(SimConfig())
+    cameras = SimCameras(sim.config, sim)
     sim.connect()
+    cameras.connect()
     try:
-        frames = sim.wait_for_frames(5.0)
+        frames = cameras.wait_for_frames(5.0)
         return {"state": sim.read_state(), **{name: np.array(f) for name, f in frames.items()}}
     finally:
+        cameras.disconnect()
         sim.disconnect()
 
 

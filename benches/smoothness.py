@@ -33,7 +33,7 @@ from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Prepared
 from servo.recording import read_recording
-from servo.robots import SimConfig, SimSO100
+from servo.robots import RobotDescription
 from servo.wire import Features
 
 RESULTS = Path(__file__).parent / "results"
@@ -147,8 +147,8 @@ async def run_one(
     engine_name: str, latency_ms: int, *, duration_s: float, cap_s: float
 ) -> tuple[RunResult, np.ndarray]:
     """One run on the sim arm; returns the metrics and the executed commands (T, 6)."""
-    sim = SimSO100(SimConfig(cameras=(), initial_pose=tuple(reference(np.zeros(1))[0])))
-    spec = sim.spec
+    sim = RobotDescription("sim", {"cameras": "none", "initial_pose": reference(np.zeros(1))[0].tolist()})
+    spec = sim.spec()
     policy = PathPolicy(list(spec.joint_names), fps=spec.fps, duration_s=duration_s, latency_ms=latency_ms)
     with tempfile.TemporaryDirectory() as tmp:
         record = str(Path(tmp) / "run.servo")

@@ -8,6 +8,7 @@ pub mod header;
 pub mod latency;
 mod py;
 pub mod queue;
+pub mod shm;
 
 use pyo3::prelude::*;
 
@@ -23,6 +24,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("build_profile", BUILD_PROFILE)?;
     py::queue::register(m)?;
+    py::shm::register(m)?;
     py::header::register(m)?;
     py::auth::register(m)?;
     py::latency::register(m)?;

@@ -3,10 +3,14 @@
 # ruff: noqa: PYI021
 """servo's Rust core: the action chunk queue, the attachment codec and its MAC, the latency tracker.
 
-Everything here is small and hot; everything else in servo is Python. Four things live here:
+Everything here is small and hot; everything else in servo is Python. Five things live here:
 
 * :class:`ActionQueue` -- the chunk buffer between the inference side (producer: ``merge``)
-  and the robot control loop (consumer: ``get``). The consumer never waits on a producer.
+  and the robot control loop (consumer: ``get``). The consumer never waits on a producer, even
+  when the two live in different processes (the queue can live in :class:`SharedMemory`).
+* :class:`SharedMemory` and its lock-free views (:class:`Seqlock`, :class:`Ring`,
+  :class:`Counters`) -- what the edge's control process and its main process share besides
+  the queue: the newest observation, commands, counters and the recorder feed.
 * The attachment codec (:class:`Header`, :func:`decode_header`) -- every message carries a
   fixed 62-byte Zenoh attachment: a 46-byte packed little-endian header followed by a 16-byte
   MAC tag, so routing and correlation never deserialise a message body.
@@ -16,10 +20,11 @@ Everything here is small and hot; everything else in servo is Python. Four thing
 * :class:`LatencyTracker` -- monotonic-clock latency samples with a sliding window.
 
 GIL policy: calls that copy O(chunk) or O(window) data release the GIL around the copy
-(``ActionQueue.merge``, ``get_left_over``, ``get_processed_left_over``, ``clear``,
+(``ActionQueue.merge``, ``get_left_over``, ``get_processed_left_over``,
 ``LatencyTracker.percentile(s)``), and :meth:`SessionKey.seal`/:meth:`SessionKey.open` release it
 while hashing a body of 64 KiB or more. Per-tick calls (``ActionQueue.get`` and friends, the
-header codec, sealing or opening a small body, ``LatencyTracker.add``) take at most a few µs and
+header codec, sealing or opening a small body, ``LatencyTracker.add``, every
+:class:`SharedMemory` view) take at most a few µs and
 never wait, so they keep the GIL: releasing it would let another Python thread take it, and
 the caller would then wait up to ``sys.getswitchinterval()`` (5 ms by default) to get it back.
 
@@ -55,6 +60,7 @@ __all__ = [
     "TAG_SIZE",
     "ActionQueue",
     "AuthError",
+    "Counters",
     "Header",
     "HeaderError",
     "KeyPair",
@@ -62,8 +68,11 @@ __all__ = [
     "Provenance",
     "QueueError",
     "QueueStats",
+    "Ring",
+    "Seqlock",
     "ServerIdentity",
     "SessionKey",
+    "SharedMemory",
     "__version__",
     "build_profile",
     "decode_header",
@@ -102,13 +111,13 @@ class Provenance:
 
     Args:
         session_id: Session the chunk was produced for (32 hex characters).
+
+    Raises:
+        ValueError: ``session_id`` is not 32 hexadecimal characters.
         seq_id: Sequence number of the request the chunk answers.
         episode_id: Episode the chunk belongs to.
         obs_mono_ns: Monotonic time (ns, this host's clock) at which the observation the
             chunk answers was taken.
-
-    Raises:
-        ValueError: ``session_id`` is not 32 hexadecimal characters.
     """
 
     __match_args__: Final = ("session_id", "seq_id", "episode_id", "obs_mono_ns")
@@ -159,6 +168,14 @@ class QueueStats:
         """Actions handed out by ``get``/``get_with_provenance`` since construction."""
 
     @property
+    def superseded_reads(self) -> int:
+        """Gets that took the current action instead of a row replaced while it was being copied.
+
+        A row is only overwritten after two later merges, so this needs a consumer stalled in the
+        middle of a get.
+        """
+
+    @property
     def qsize(self) -> int:
         """Actions left when the snapshot was taken."""
 
@@ -181,29 +198,59 @@ class ActionQueue:
       ``delay`` steps (they went by while the model was thinking).
     * ``rtc=False`` (append): a merge drops the consumed actions and appends the whole chunk.
 
-    Threads: one control-loop thread (the consumer) calls :meth:`get` once per tick; the
-    inference side (the producer: a worker thread or the event loop's chunk handler) calls
+    Threads and processes: one control loop (the consumer) calls :meth:`get` once per tick;
+    the inference side (the producer: a worker thread or the event loop's chunk handler) calls
     :meth:`merge`, :meth:`get_action_index` and :meth:`get_left_over` when it sends a
-    request, and :meth:`clear` on reset. Any thread may call anything; the consumer methods
-    (:meth:`get`, :meth:`get_with_provenance`, :meth:`qsize`, :meth:`empty`,
-    :meth:`get_action_index`, :meth:`peek_provenance`) are lock-free and never wait on a
-    producer's merge. Producers serialise among themselves.
+    request, and :meth:`clear` on reset. Any thread of any process that maps the queue may call
+    anything; every method but :meth:`merge` and :meth:`set_rtc` is lock-free and never waits
+    on a producer, even one stopped in the middle of a merge. Producers serialise among
+    themselves on a lock word in the queue's memory.
 
-    The queue is a sequence of immutable generations; a merge builds the next generation
-    while the consumer keeps running, then atomically seals the old one, which fixes the
-    exact number of actions consumed before the merge took effect. In append mode no action
-    is ever lost or executed twice, and the index only moves forward between merges.
+    ``ActionQueue(...)`` lives in private memory; :meth:`create` writes one into a
+    :class:`SharedMemory` that another process maps (:meth:`SharedMemory.attach`) and opens
+    with :meth:`attach`. The memory holds fixed-size words only (a ring of ``2 * capacity``
+    rows, no pointers). A merge writes the new rows next to the queued ones, then atomically
+    seals the live generation, which fixes the exact number of actions consumed before the
+    merge took effect. In append mode no action is ever lost or executed twice, and the index
+    only moves forward between merges.
 
     Args:
-        action_dim: Width of one action (``>= 1``).
+        action_dim: Width of one action (``1 <= action_dim <= 65536``).
         rtc: Replace (RTC) mode if true, append mode otherwise.
-        capacity: Maximum number of rows the queue may hold (``1 <= capacity < 2**32``).
+        capacity: Maximum number of rows the queue may hold (``1 <= capacity <= 2**24 - 1``).
 
     Raises:
         ValueError: ``action_dim`` or ``capacity`` out of range.
     """
 
     def __new__(cls, action_dim: int, *, rtc: bool, capacity: int = 4096) -> ActionQueue: ...
+    @staticmethod
+    def shared_size(action_dim: int, capacity: int = 4096) -> int:
+        """Bytes of :class:`SharedMemory` a queue of these dimensions occupies.
+
+        Raises:
+            ValueError: ``action_dim`` or ``capacity`` out of range.
+        """
+
+    @staticmethod
+    def create(memory: SharedMemory, offset: int, action_dim: int, *, rtc: bool, capacity: int = 4096) -> ActionQueue:
+        """An empty queue written into ``memory`` at byte ``offset`` (a multiple of 8).
+
+        The region (:meth:`shared_size` bytes) is overwritten. Other processes open the same
+        queue with :meth:`attach`.
+
+        Raises:
+            ValueError: dimensions out of range, or the region does not fit in ``memory``.
+        """
+
+    @staticmethod
+    def attach(memory: SharedMemory, offset: int) -> ActionQueue:
+        """The queue :meth:`create` wrote into ``memory`` at byte ``offset``.
+
+        Raises:
+            ValueError: no queue there (bad magic), or it does not fit in ``memory``.
+        """
+
     @property
     def action_dim(self) -> int:
         """Width of one action."""
@@ -211,6 +258,9 @@ class ActionQueue:
     @property
     def rtc(self) -> bool:
         """True for replace (RTC) mode, False for append mode."""
+
+    def set_rtc(self, rtc: bool) -> None:
+        """Switch between replace (RTC) and append merging from the next merge on (producer side)."""
 
     @property
     def capacity(self) -> int:
@@ -323,11 +373,197 @@ class ActionQueue:
     def clear(self) -> None:
         """Drop every queued action and reset the index (e.g. at an episode reset).
 
-        Afterwards :meth:`get_left_over` returns None. Producer side; releases the GIL.
+        Afterwards :meth:`get_left_over` returns None. Lock-free (one atomic step, so a consumer
+        may call it too); keeps the GIL. A merge that was in progress takes effect after it.
+        """
+
+    def discard_chunk(self, provenance: Provenance | None) -> bool:
+        """Clear the queue only while its next action still belongs to ``provenance``'s chunk.
+
+        Also clears when the next action is unlabeled or the queue is empty; a chunk merged
+        since (whose actions lead now) survives. The staleness bound's "the rest of a stale
+        chunk is stale too". Lock-free; keeps the GIL.
+
+        Returns:
+            True if this call cleared the queue.
         """
 
     def statistics(self) -> QueueStats:
         """A frozen snapshot of the counters and the current size/index. Never waits."""
+
+# ----------------------------------------------------------------------------- shared memory
+
+@final
+class SharedMemory:
+    """Zeroed memory that several processes map: a Linux memfd, shared by its file descriptor.
+
+    ``SharedMemory(size)`` creates it; a child process receives :meth:`fileno` (e.g. through
+    ``subprocess.Popen(pass_fds=...)``) and maps the same bytes with :meth:`attach`. The memory
+    has no name in any file system and is gone once no process maps it. ``shared=False`` gives
+    private memory with the same views (for a control loop that runs on a thread).
+
+    Everything in it is read and written as atomic 64-bit words through the views below
+    (:class:`Seqlock`, :class:`Ring`, :class:`Counters`, :class:`ActionQueue`), whose offsets
+    (multiples of 8) the caller lays out; a view is checked against the size when made.
+
+    Args:
+        size: Bytes (rounded up to whole words).
+        shared: A memfd mapping (Linux) if true, private heap memory otherwise.
+
+    Raises:
+        ValueError: ``size`` is 0, or shared memory is not supported on this system.
+        OSError: the kernel refused the memfd or the mapping.
+    """
+
+    def __new__(cls, size: int, *, shared: bool = True) -> SharedMemory: ...
+    @staticmethod
+    def attach(fd: int) -> SharedMemory:
+        """Map the shared memory behind ``fd`` (the caller keeps its descriptor; this duplicates it).
+
+        Raises:
+            OSError: ``fd`` is not an open descriptor, or it cannot be mapped.
+            ValueError: its size is not a positive multiple of 8.
+        """
+
+    def fileno(self) -> int:
+        """The descriptor another process needs (close-on-exec: pass it explicitly).
+
+        Raises:
+            ValueError: the memory is private.
+        """
+
+    @property
+    def size(self) -> int:
+        """Size in bytes."""
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes can map it."""
+
+    def seqlock(self, offset: int, payload_bytes: int) -> Seqlock:
+        """A :class:`Seqlock` of ``payload_bytes`` at byte ``offset`` (:meth:`Seqlock.size` bytes).
+
+        Raises:
+            ValueError: misaligned offset, or the region does not fit.
+        """
+
+    def ring(self, offset: int, record_bytes: int, capacity: int) -> Ring:
+        """A :class:`Ring` of ``capacity`` records at byte ``offset`` (:meth:`Ring.size` bytes).
+
+        Raises:
+            ValueError: misaligned offset, empty records or ring, or the region does not fit.
+        """
+
+    def counters(self, offset: int, count: int) -> Counters:
+        """``count`` :class:`Counters` at byte ``offset``.
+
+        Raises:
+            ValueError: misaligned offset, or the region does not fit.
+        """
+
+@final
+class Seqlock:
+    """A newest-wins record in :class:`SharedMemory`: one writer, any number of readers.
+
+    The writer never waits and never sees the readers; a reader gets a consistent copy of the
+    newest record, or None while a write is in progress (it decides itself whether to try
+    again). One writer at a time: callers serialise writers (one process writes).
+    """
+
+    @staticmethod
+    def size(payload_bytes: int) -> int:
+        """Bytes a seqlock with ``payload_bytes`` of payload occupies."""
+
+    @property
+    def payload_bytes(self) -> int:
+        """Payload size in bytes."""
+
+    def write(self, data: Buffer) -> None:
+        """Replace the record with ``data`` (zero-padded to the payload size).
+
+        Raises:
+            ValueError: ``data`` is longer than the payload.
+        """
+
+    def read(self, attempts: int = 1) -> bytes | None:
+        """A consistent copy of the record (``payload_bytes`` long), or None.
+
+        None when every one of ``attempts`` tries raced a write. A record never written reads
+        as zeros (check :attr:`version`).
+        """
+
+    @property
+    def version(self) -> int:
+        """Number of completed writes (0: never written)."""
+
+@final
+class Ring:
+    """A single-producer single-consumer ring of fixed-size records in :class:`SharedMemory`.
+
+    The producer never waits: a push into a full ring is dropped and counted. One producer and
+    one consumer (each may be in its own process).
+    """
+
+    @staticmethod
+    def size(record_bytes: int, capacity: int) -> int:
+        """Bytes a ring of ``capacity`` records of ``record_bytes`` occupies."""
+
+    @property
+    def record_bytes(self) -> int:
+        """Size of one record in bytes."""
+
+    @property
+    def capacity(self) -> int:
+        """Number of slots."""
+
+    def push(self, data: Buffer) -> bool:
+        """Producer: append ``data`` (zero-padded); False, and counted, when the ring is full.
+
+        Raises:
+            ValueError: ``data`` is longer than a record.
+        """
+
+    def pop(self) -> bytes | None:
+        """Consumer: the oldest record (``record_bytes`` long), or None when the ring is empty."""
+
+    def __len__(self) -> int: ...
+    @property
+    def dropped(self) -> int:
+        """Records dropped because the ring was full."""
+
+@final
+class Counters:
+    """Unsigned 64-bit counters and flags in :class:`SharedMemory` (atomic, any process).
+
+    ``get`` acquires and ``set``/``add``/``max``/``swap`` release, so a flag set after writing
+    other memory publishes that memory to whoever reads the flag.
+
+    Raises:
+        IndexError: from every method, for an index out of range.
+    """
+
+    @staticmethod
+    def size(count: int) -> int:
+        """Bytes ``count`` counters occupy."""
+
+    def __len__(self) -> int: ...
+    def get(self, index: int) -> int:
+        """Current value."""
+
+    def set(self, index: int, value: int) -> None:
+        """Store ``value``."""
+
+    def add(self, index: int, delta: int = 1) -> int:
+        """Add ``delta`` (wrapping); returns the new value."""
+
+    def max(self, index: int, value: int) -> int:
+        """Raise to at least ``value``; returns the new value."""
+
+    def swap(self, index: int, value: int) -> int:
+        """Store ``value``; returns the previous one."""
+
+    def read(self, start: int = 0, count: int | None = None) -> npt.NDArray[np.uint64]:
+        """A copy of ``count`` counters from ``start`` (each read atomically, not all at once)."""
 
 # ----------------------------------------------------------------------------- header codec
 

@@ -56,6 +56,7 @@ class FrameRecord(msgspec.Struct, frozen=True):
     state: Tensor
     action: Tensor | None
     source: Source
+    #: (session id as 32 hex characters, seq_id, episode_id, obs_mono_ns) of a policy action.
     provenance: tuple[str, int, int, int] | None = None
     images: dict[str, EncodedImage] = {}
 

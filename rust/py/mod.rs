@@ -8,6 +8,7 @@ mod buffer;
 pub mod header;
 pub mod latency;
 pub mod queue;
+pub mod shm;
 
 create_exception!(
     servo._core,

@@ -1,10 +1,10 @@
 //! Python wrapper of [`crate::queue::ActionQueue`].
 //!
 //! GIL policy. Methods that copy O(chunk) data (`merge`, `get_left_over`,
-//! `get_processed_left_over`, `clear`) release the GIL around the copy. The per-tick
-//! consumer methods (`get`, `get_with_provenance`, `qsize`, `empty`, `get_action_index`,
-//! `peek_provenance`) copy at most one row and never wait, so they keep it: releasing the
-//! GIL on the control-loop thread would let another Python thread take it, and the loop
+//! `get_processed_left_over`) release the GIL around the copy. The per-tick consumer methods
+//! (`get`, `get_with_provenance`, `qsize`, `empty`, `get_action_index`, `peek_provenance`,
+//! `clear`, `discard_chunk`) copy at most one row and never wait, so they keep it: releasing
+//! the GIL on the control-loop thread would let another Python thread take it, and the loop
 //! would then wait up to `sys.getswitchinterval()` (5 ms) to get it back.
 
 use std::borrow::Cow;
@@ -18,6 +18,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
+use super::shm::PySharedMemory;
 use super::QueueError;
 use crate::queue::{self, ChunkRef, LeftOver};
 
@@ -166,6 +167,11 @@ impl PyQueueStats {
     }
 
     #[getter]
+    fn superseded_reads(&self) -> u64 {
+        self.0.superseded_reads
+    }
+
+    #[getter]
     fn qsize(&self) -> usize {
         self.0.qsize
     }
@@ -179,11 +185,12 @@ impl PyQueueStats {
         let s = &self.0;
         format!(
             "QueueStats(merges={}, rejected_merges={}, delay_mismatches={}, \
-             actions_consumed={}, qsize={}, action_index={})",
+             actions_consumed={}, superseded_reads={}, qsize={}, action_index={})",
             s.merges,
             s.rejected_merges,
             s.delay_mismatches,
             s.actions_consumed,
+            s.superseded_reads,
             s.qsize,
             s.action_index
         )
@@ -292,6 +299,41 @@ impl PyActionQueue {
         })
     }
 
+    #[staticmethod]
+    #[pyo3(signature = (action_dim, capacity = 4096))]
+    fn shared_size(action_dim: usize, capacity: usize) -> PyResult<usize> {
+        queue::ActionQueue::size_bytes(action_dim, capacity).map_err(queue_err)
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (memory, offset, action_dim, *, rtc, capacity = 4096))]
+    fn create(
+        memory: &PySharedMemory,
+        offset: usize,
+        action_dim: usize,
+        rtc: bool,
+        capacity: usize,
+    ) -> PyResult<Self> {
+        let inner =
+            queue::ActionQueue::create(memory.inner.clone(), offset, action_dim, rtc, capacity)
+                .map_err(queue_err)?;
+        Ok(Self { inner })
+    }
+
+    #[staticmethod]
+    fn attach(memory: &PySharedMemory, offset: usize) -> PyResult<Self> {
+        let inner = queue::ActionQueue::attach(memory.inner.clone(), offset).map_err(queue_err)?;
+        Ok(Self { inner })
+    }
+
+    fn set_rtc(&self, rtc: bool) {
+        self.inner.set_rtc(rtc);
+    }
+
+    fn discard_chunk(&self, provenance: Option<PyProvenance>) -> bool {
+        self.inner.discard_chunk(provenance.map(|p| p.0))
+    }
+
     #[getter]
     fn action_dim(&self) -> usize {
         self.inner.action_dim()
@@ -339,7 +381,7 @@ impl PyActionQueue {
     }
 
     fn get<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<f32>>> {
-        self.inner.pop_with(|row, _| PyArray1::from_slice(py, row))
+        self.pop(py).map(|(row, _)| row)
     }
 
     #[allow(clippy::type_complexity)]
@@ -347,9 +389,8 @@ impl PyActionQueue {
         &self,
         py: Python<'py>,
     ) -> Option<(Bound<'py, PyArray1<f32>>, Option<PyProvenance>)> {
-        self.inner.pop_with(|row, provenance| {
-            (PyArray1::from_slice(py, row), provenance.map(PyProvenance))
-        })
+        self.pop(py)
+            .map(|(row, provenance)| (row, provenance.map(PyProvenance)))
     }
 
     fn peek_provenance(&self) -> Option<PyProvenance> {
@@ -381,8 +422,8 @@ impl PyActionQueue {
         self.to_array(py, left)
     }
 
-    fn clear(&self, py: Python<'_>) {
-        py.detach(|| self.inner.clear());
+    fn clear(&self) {
+        self.inner.clear();
     }
 
     fn statistics(&self) -> PyQueueStats {
@@ -401,6 +442,26 @@ impl PyActionQueue {
 }
 
 impl PyActionQueue {
+    /// Pops into a stack row (no allocation for the usual widths), then into a numpy array.
+    #[allow(clippy::type_complexity)]
+    fn pop<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> Option<(Bound<'py, PyArray1<f32>>, Option<queue::Provenance>)> {
+        const STACK: usize = 64;
+        let dim = self.inner.action_dim();
+        let mut stack = [0f32; STACK];
+        let mut heap = Vec::new();
+        let row = if dim <= STACK {
+            &mut stack[..dim]
+        } else {
+            heap.resize(dim, 0.0);
+            &mut heap[..]
+        };
+        let provenance = self.inner.pop_into(row)?;
+        Some((PyArray1::from_slice(py, row), provenance))
+    }
+
     fn to_array<'py>(
         &self,
         py: Python<'py>,

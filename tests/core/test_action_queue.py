@@ -5,6 +5,10 @@ The first part ports every scenario of LeRobot's tests/policies/rtc/test_action_
 ``last_index``, provenance instead of task labels, ``statistics().delay_mismatches`` instead of
 the log line). The rest covers what servo adds: provenance, validation, capacity, lock-free
 concurrency, GIL release and leaks.
+
+Every test that builds a queue runs twice (the ``make`` fixture): on a queue in private memory,
+and on a queue in `SharedMemory` seen through two handles on two mappings, the producer calls
+through one and the consumer calls through the other, as the edge's two processes see it.
 """
 
 from __future__ import annotations
@@ -13,18 +17,46 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
-from servo._core import ActionQueue, Provenance, QueueError, QueueStats
+from servo._core import ActionQueue, Provenance, QueueError, QueueStats, SharedMemory
 
 DIM = 6
-Actions = dict[str, np.ndarray]
-
 SESSION = "5e55" * 8
+Actions = dict[str, np.ndarray]
+Make = Callable[..., ActionQueue]
+
+
+class SplitQueue:
+    """One shared queue through two handles: consumer calls go to one, everything else to the other."""
+
+    __slots__ = ("_consumer", "_memories", "_producer")
+    CONSUMER = frozenset({"get", "get_with_provenance", "qsize", "empty", "peek_provenance", "clear", "discard_chunk"})
+
+    def __init__(self, action_dim: int, *, rtc: bool, capacity: int = 4096) -> None:
+        producer_memory = SharedMemory(ActionQueue.shared_size(action_dim, capacity) + 64)
+        consumer_memory = SharedMemory.attach(producer_memory.fileno())
+        self._memories = (producer_memory, consumer_memory)
+        self._producer = ActionQueue.create(producer_memory, 64, action_dim, rtc=rtc, capacity=capacity)
+        self._consumer = ActionQueue.attach(consumer_memory, 64)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer if name in self.CONSUMER else self._producer, name)
+
+    def __repr__(self) -> str:
+        return repr(self._producer)
+
+
+@pytest.fixture(params=["private", "shared"])
+def make(request: pytest.FixtureRequest) -> Make:
+    """Builds queues like ``ActionQueue(...)``: in private memory, or shared between two handles."""
+    if request.param == "private":
+        return ActionQueue
+    return lambda *args, **kwargs: cast(ActionQueue, SplitQueue(*args, **kwargs))
 
 
 def f32(*shape: int, seed: int = 0) -> np.ndarray:
@@ -42,13 +74,13 @@ def sample_actions() -> Actions:
 
 
 @pytest.fixture
-def queue_rtc() -> ActionQueue:
-    return ActionQueue(DIM, rtc=True)
+def queue_rtc(make: Make) -> ActionQueue:
+    return make(DIM, rtc=True)
 
 
 @pytest.fixture
-def queue_append() -> ActionQueue:
-    return ActionQueue(DIM, rtc=False)
+def queue_append(make: Make) -> ActionQueue:
+    return make(DIM, rtc=False)
 
 
 @pytest.fixture
@@ -88,8 +120,8 @@ def state(q: ActionQueue) -> tuple[object, ...]:
 # --------------------------------------------------------------- LeRobot: initialization
 
 
-def test_initialization_rtc_enabled() -> None:
-    q = ActionQueue(DIM, rtc=True)
+def test_initialization_rtc_enabled(make: Make) -> None:
+    q = make(DIM, rtc=True)
     assert q.get_processed_left_over() is None
     assert q.get_left_over() is None
     assert q.get_action_index() == 0
@@ -97,8 +129,8 @@ def test_initialization_rtc_enabled() -> None:
     assert (q.action_dim, q.capacity) == (DIM, 4096)
 
 
-def test_initialization_rtc_disabled() -> None:
-    q = ActionQueue(DIM, rtc=False, capacity=10)
+def test_initialization_rtc_disabled(make: Make) -> None:
+    q = make(DIM, rtc=False, capacity=10)
     assert q.get_processed_left_over() is None
     assert q.get_left_over() is None
     assert q.get_action_index() == 0
@@ -392,8 +424,8 @@ def test_merge_first_call_with_rtc_disabled(queue_append: ActionQueue, sample_ac
 # ------------------------------------------------------------------ LeRobot: shapes
 
 
-def test_merge_with_different_action_dims() -> None:
-    q = ActionQueue(4, rtc=True)
+def test_merge_with_different_action_dims(make: Make) -> None:
+    q = make(4, rtc=True)
     actions = f32(20, 4)
     q.merge(actions, actions, real_delay=5)
     action = q.get()
@@ -401,8 +433,8 @@ def test_merge_with_different_action_dims() -> None:
     assert action.shape == (4,)
 
 
-def test_merge_with_different_lengths() -> None:
-    q = ActionQueue(DIM, rtc=False)
+def test_merge_with_different_lengths(make: Make) -> None:
+    q = make(DIM, rtc=False)
     q.merge(f32(10, DIM), f32(10, DIM), real_delay=0)
     assert q.qsize() == 10
     q.merge(f32(25, DIM), f32(25, DIM), real_delay=0)
@@ -656,9 +688,9 @@ def test_queue_accepts_buffers_and_strided_arrays(queue_append: ActionQueue) -> 
     np.testing.assert_array_equal(left, tagged(0, 11, DIM))
 
 
-def test_queue_rejects_other_dtypes() -> None:
+def test_queue_rejects_other_dtypes(make: Make) -> None:
     """LeRobot keeps the tensor dtype; servo's contract is float32 only."""
-    q = ActionQueue(DIM, rtc=True)
+    q = make(DIM, rtc=True)
     actions = np.random.default_rng(0).standard_normal((20, DIM))
     with pytest.raises(QueueError, match=r"original has dtype float64, expected float32"):
         q.merge(actions, actions, real_delay=0)
@@ -714,8 +746,8 @@ def test_typical_non_rtc_workflow(queue_append: ActionQueue, sample_actions: Act
 # ------------------------------------------------------------------ servo: provenance
 
 
-def test_provenance_travels_with_actions() -> None:
-    q = ActionQueue(2, rtc=True)
+def test_provenance_travels_with_actions(make: Make) -> None:
+    q = make(2, rtc=True)
     chunk = tagged(0, 5, 2)
     q.merge(chunk, chunk, real_delay=2, provenance=prov(7))
     assert q.peek_provenance() == prov(7)
@@ -766,12 +798,38 @@ def test_provenance_session_id_is_16_bytes_of_hex(session_id: str) -> None:
         Provenance(session_id, 1, 2, 3)
 
 
+def test_discard_chunk_spares_a_chunk_merged_since(queue_append: ActionQueue) -> None:
+    """The staleness bound drops the rest of a stale chunk, never a fresher one behind it."""
+    stale, fresh = tagged(0, 3, DIM), tagged(10, 2, DIM)
+    queue_append.merge(stale, stale, real_delay=0, provenance=prov(1))
+    queue_append.get()
+    assert not queue_append.discard_chunk(prov(2))  # the head is still chunk 1's
+    assert queue_append.qsize() == 2
+    assert queue_append.discard_chunk(prov(1))
+    assert queue_append.empty()
+    assert queue_append.get_left_over() is None  # like clear(): no RTC prefix either
+    queue_append.merge(fresh, fresh, real_delay=0, provenance=prov(2))
+    assert not queue_append.discard_chunk(prov(1))
+    item = queue_append.get_with_provenance()
+    assert item is not None
+    assert item[1] == prov(2)
+
+
+def test_set_rtc_changes_the_next_merge(queue_append: ActionQueue) -> None:
+    chunk = tagged(0, 10, DIM)
+    queue_append.merge(chunk, chunk, real_delay=0)
+    queue_append.set_rtc(True)
+    assert queue_append.rtc is True
+    assert queue_append.merge(chunk, chunk, real_delay=4) == 4
+    assert queue_append.qsize() == 6
+
+
 # ------------------------------------------------------------------ servo: validation
 
 
 @pytest.mark.parametrize("rtc", [True, False])
-def test_rejected_merges_name_the_problem_and_change_nothing(rtc: bool) -> None:
-    q = ActionQueue(DIM, rtc=rtc, capacity=12)
+def test_rejected_merges_name_the_problem_and_change_nothing(rtc: bool, make: Make) -> None:
+    q = make(DIM, rtc=rtc, capacity=12)
     good = tagged(0, 8, DIM)
     q.merge(good, good, real_delay=1, provenance=prov(1))
     q.get()
@@ -814,8 +872,8 @@ def test_rejected_merges_name_the_problem_and_change_nothing(rtc: bool) -> None:
     assert stats.merges == 1
 
 
-def test_append_capacity_counts_only_unconsumed_rows() -> None:
-    q = ActionQueue(1, rtc=False, capacity=10)
+def test_append_capacity_counts_only_unconsumed_rows(make: Make) -> None:
+    q = make(1, rtc=False, capacity=10)
     q.merge(tagged(0, 10), tagged(0, 10), real_delay=0)
     with pytest.raises(QueueError):
         q.merge(tagged(10, 1), tagged(10, 1), real_delay=0)
@@ -878,12 +936,12 @@ def test_clear(queue_append: ActionQueue, sample_actions: Actions) -> None:
 # ------------------------------------------------------------------ servo: concurrency
 
 
-def test_producer_and_full_speed_consumer_append(fast_switching: None) -> None:
+def test_producer_and_full_speed_consumer_append(fast_switching: None, make: Make) -> None:
     """Append mode: every action (tagged with a unique value) is seen exactly once, in order,
     and the index only goes back when a merge happened in between."""
     chunks = [tagged(sum(1 + k % 7 for k in range(i)), 1 + i % 7) for i in range(300)]
     total = sum(len(c) for c in chunks)
-    q = ActionQueue(1, rtc=False, capacity=total)
+    q = make(1, rtc=False, capacity=total)
     started = [0]
     finished = [0]
     go = threading.Barrier(2)
@@ -925,7 +983,7 @@ def test_producer_and_full_speed_consumer_append(fast_switching: None) -> None:
     assert q.statistics().actions_consumed == total
 
 
-def test_merge_releases_the_gil() -> None:
+def test_merge_releases_the_gil(make: Make) -> None:
     """Another Python thread runs *inside* merge calls of a big chunk.
 
     ``calling`` is set right before call k; the merge counter only reaches k near the end of
@@ -934,7 +992,7 @@ def test_merge_releases_the_gil() -> None:
     threads at bytecode boundaries outside the call, where ``merges == calling``.
     """
     big = np.ones((250_000, 8), np.float32)
-    q = ActionQueue(8, rtc=True, capacity=len(big))
+    q = make(8, rtc=True, capacity=len(big))
     calling = [0]
     inside = [0]
     running = threading.Event()
@@ -970,8 +1028,8 @@ def rss_bytes() -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
 @pytest.mark.parametrize("rtc", [True, False])
-def test_merge_get_cycles_keep_rss_bounded(rtc: bool) -> None:
-    q = ActionQueue(32, rtc=rtc)
+def test_merge_get_cycles_keep_rss_bounded(rtc: bool, make: Make) -> None:
+    q = make(32, rtc=rtc)
     chunk = np.ones((50, 32), np.float32)
 
     def cycles(n: int) -> None:

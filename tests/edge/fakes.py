@@ -10,16 +10,16 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from servo.edge.observation import ObservationInput
-from servo.edge.pipeline import Action
-from servo.robots.protocol import Frame, RobotSpec
+from servo.edge.actions import Action
+from servo.robots.protocol import RobotSpec
+from servo.robots.registry import RobotEntry, SimOptions, sim_config
 from servo.robots.sim import SimSO100
 
 FloatArray = npt.NDArray[np.float32]
 
 
-class ScriptedEngine:
-    """An engine whose actions come from a function of the tick index; owned by the loop thread.
+class ScriptedActions:
+    """An action source whose actions come from a function of the tick index; owned by the loop thread.
 
     ``on_tick(index)`` runs inside `get_action` (use it to inject a slow tick); ``reached`` is set
     once ``until`` ticks have run.
@@ -36,11 +36,10 @@ class ScriptedEngine:
         self._until = until
         self._on_tick = on_tick
         self.calls: list[int] = []  # monotonic ns of every get_action
-        self.observations = 0
         self.reached = threading.Event()
 
-    def notify_observation(self, obs: ObservationInput) -> None:
-        self.observations += 1
+    def queued(self) -> int:
+        return 0
 
     def get_action(self, now_ns: int) -> Action | None:
         index = len(self.calls)
@@ -73,9 +72,6 @@ class SpyRobot:
     def read_state(self) -> FloatArray:
         return self.sim.read_state()
 
-    def read_cameras(self) -> dict[str, Frame]:
-        return self.sim.read_cameras()
-
     def send_action(self, target: FloatArray) -> None:
         self.commands.append(np.array(target, copy=True))
         self.sim.send_action(target)
@@ -106,3 +102,14 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str = "conditi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         event.wait(0.005)
+
+
+class Unplugged(SimSO100):
+    """A simulated arm whose bus is not there (its connect fails like a missing serial port)."""
+
+    def connect(self) -> None:
+        raise OSError("[Errno 2] could not open port /dev/ttyACM9")
+
+
+#: The unplugged arm, for tests that name a robot by path (it is built in the control process).
+UNPLUGGED = RobotEntry(SimOptions, lambda options: Unplugged(sim_config(options)), "an arm whose port is missing")

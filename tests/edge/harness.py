@@ -23,13 +23,9 @@ import numpy.typing as npt
 from servo.edge.config import EdgeConfig, load_config
 from servo.edge.engine import EngineBase, MergeEvent
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
-from servo.robots.protocol import Robot
-from servo.robots.sim import SimCameraConfig, SimConfig, SimSO100
+from servo.robots import RobotDescription
 
 FloatArray = npt.NDArray[np.float32]
-
-#: The in-process test server's camera (see tests.support.make_manifest): 48x64.
-SMALL_CAMERA = SimCameraConfig("front", 48, 64)
 
 
 def edge_config(port: int, **overrides: Any) -> EdgeConfig:
@@ -44,11 +40,9 @@ def edge_config(port: int, **overrides: Any) -> EdgeConfig:
     return load_config(flags=values)
 
 
-def small_sim(**overrides: Any) -> SimSO100:
-    """A simulated arm with one 48x64 camera (cheap to render and encode)."""
-    values: dict[str, Any] = {"cameras": (SMALL_CAMERA,)}
-    values.update(overrides)
-    return SimSO100(SimConfig(**values))
+def small_sim(**options: Any) -> RobotDescription:
+    """A simulated arm with one 48x64 camera (the in-process test server's, see tests.support.make_manifest)."""
+    return RobotDescription("sim", {"cameras": "front:64x48", **options})
 
 
 @dataclass(frozen=True)
@@ -108,7 +102,7 @@ class RuntimeRun:
 
 @asynccontextmanager
 async def running_edge(
-    robot: Robot, engine: EngineBase, options: RunOptions | None = None
+    robot: RobotDescription, engine: EngineBase, options: RunOptions | None = None
 ) -> AsyncIterator[RuntimeRun]:
     """Run an EdgeRuntime in the background until the block exits (then stop it safely)."""
     run = RuntimeRun(EdgeRuntime(robot, engine, engine.config, options or RunOptions()))

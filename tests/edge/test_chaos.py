@@ -12,7 +12,7 @@ import pytest
 from servo.edge.failsafe import EngineState
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
-from tests.edge.fakes import SpyRobot, eventually
+from tests.edge.fakes import eventually
 from tests.edge.harness import (
     Proc,
     edge_argv,
@@ -32,8 +32,8 @@ async def test_server_killed_mid_episode_then_back(tmp_path: Path) -> None:
     manifest = write_manifest(tmp_path / "manifest.toml", port)
     server = start_server(manifest)
     try:
-        robot = SpyRobot(small_sim())
-        engine = RemoteEngine(edge_config(port, max_offline_s=60.0), robot.spec)
+        robot = small_sim()
+        engine = RemoteEngine(edge_config(port, max_offline_s=60.0), robot.spec())
         async with running_edge(robot, engine, RunOptions()) as run:
             await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
             loop = run.runtime.loop
@@ -46,12 +46,12 @@ async def test_server_killed_mid_episode_then_back(tmp_path: Path) -> None:
             await eventually(lambda: engine.state is EngineState.RECONNECTING, 5, "RECONNECTING")
             # The queue rides on, then the fallback (hold: send nothing) takes over.
             await eventually(lambda: engine.pipeline.fallback_ticks >= fallback + 15, 5, "fallback ticks")
-            sent = len(robot.commands)
-            ticks = loop.ticks
-            await eventually(lambda: loop.ticks >= ticks + 10, 5)
-            assert len(robot.commands) == sent  # the robot holds
+            sent = loop.statistics().commands_sent
+            ticks = loop.statistics().ticks
+            await eventually(lambda: loop.statistics().ticks >= ticks + 10, 5)
+            assert loop.statistics().commands_sent == sent  # the robot holds
             assert loop.running
-            assert loop.error is None
+            assert loop.error == ""
             assert engine.chunks_received == chunks
 
             server = start_server(manifest)
@@ -62,7 +62,7 @@ async def test_server_killed_mid_episode_then_back(tmp_path: Path) -> None:
             assert engine.session.session_id != first.session_id
             assert engine.session.epoch > first.epoch
             assert engine.failsafe.reconnects == 1
-            assert len(robot.commands) > sent
+            assert loop.statistics().commands_sent > sent
             summary = await run.stop()
     finally:
         server.stop()

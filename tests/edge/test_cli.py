@@ -211,3 +211,41 @@ def test_replay_summary_line_has_no_missing_values(tmp_path: Path) -> None:
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("servo-edge: finished;")
     assert "None" not in last
+
+
+def test_a_nan_replay_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    """A non-finite frame in a replay file is refused when the file is read: one line naming the
+    file, the frame and the field, and the arm never moves (it used to exit 0, unparked). The
+    control process's own last-resort guard is exercised by tests/edge/test_runtime.py."""
+    from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter
+    from servo.robots import make_robot
+    from servo.wire import encode_tensor
+
+    spec = make_robot("sim", {"cameras": "none"}).spec
+    rest = np.asarray(spec.rest_pose, np.float32)
+    replay, summary_path = tmp_path / "nan.servo", tmp_path / "run.json"
+    writer = RecordingWriter(replay, EpisodeHeader(robot="sim", fps=30.0, joint_names=list(spec.joint_names)))
+    for i in range(40):
+        pose = rest + np.float32(i / 4)
+        if i == 25:
+            pose[1] = np.nan
+        writer.write(FrameRecord(i, i, encode_tensor(pose), encode_tensor(pose), "policy"))
+    writer.close()
+    result = subprocess.run(
+        edge_argv(
+            f"--robot sim --robot-opt cameras=none --replay {replay} --summary {summary_path} "
+            "--duration 30 --log-level warning"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert (
+        last
+        == f"servo-edge: error: cannot replay {str(replay)!r}: {replay}: frame 25 (tick 25) state contains NaN or inf"
+    )
+    assert not summary_path.exists()  # nothing ran

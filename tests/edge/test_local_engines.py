@@ -13,7 +13,7 @@ from servo.edge.errors import EdgeStartError
 from servo.edge.local import RtcEngine, SyncEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.policy.reference import ReferencePolicy
-from servo.robots import SimCameraConfig, SimConfig, SimSO100
+from servo.robots import RobotDescription
 from tests.support import make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
@@ -21,27 +21,28 @@ pytestmark = pytest.mark.anyio
 CAM = (48, 64)
 
 
-def sim() -> SimSO100:
-    return SimSO100(SimConfig(cameras=(SimCameraConfig("front", *CAM),)))
+def sim() -> RobotDescription:
+    return RobotDescription("sim", {"cameras": f"front:{CAM[1]}x{CAM[0]}"})
 
 
 async def test_rtc_engine_streams_in_the_background() -> None:
     robot = sim()
-    engine = RtcEngine(EdgeConfig(), robot.spec, policy=ReferencePolicy(cameras={"front": CAM}, compute_ms=40))
+    engine = RtcEngine(EdgeConfig(), robot.spec(), policy=ReferencePolicy(cameras={"front": CAM}, compute_ms=40))
     summary = await EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(duration_s=2.5)).run()
     assert summary.final_state == "streaming"
     assert summary.chunks_received >= 2
     # Inference runs off the control loop: the loop keeps its schedule.
-    assert summary.ticks >= 0.8 * 2.5 * robot.spec.fps
+    assert summary.ticks >= 0.8 * 2.5 * robot.spec().fps
     assert summary.missed_deadlines <= 3
 
 
 async def test_sync_engine_blocks_the_loop_during_inference() -> None:
     robot = sim()
-    engine = SyncEngine(EdgeConfig(), robot.spec, policy=ReferencePolicy(cameras={"front": CAM}, compute_ms=150))
+    engine = SyncEngine(EdgeConfig(), robot.spec(), policy=ReferencePolicy(cameras={"front": CAM}, compute_ms=150))
     summary = await EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(duration_s=2.5)).run()
     assert summary.chunks_received >= 2
     assert not engine.pipeline.rtc, "sequential mode appends"
+    assert summary.control_loop == "ThreadControlLoop"  # its policy runs inside the tick
     # Each inference holds the loop for ~150 ms = ~4-5 ticks at 30 Hz: counted as missed.
     assert summary.missed_deadlines >= 3 * summary.chunks_received
 
@@ -49,7 +50,7 @@ async def test_sync_engine_blocks_the_loop_during_inference() -> None:
 async def test_local_policy_that_does_not_fit_the_robot_is_refused() -> None:
     robot = sim()
     policy = ReferencePolicy(cameras={"top": CAM})
-    engine = RtcEngine(EdgeConfig(), robot.spec, policy=policy)
+    engine = RtcEngine(EdgeConfig(), robot.spec(), policy=policy)
     with pytest.raises(EdgeStartError, match="camera"):
         await anyio.to_thread.run_sync(engine.load)
 
@@ -61,11 +62,11 @@ import sys, anyio
 from servo.edge.config import EdgeConfig
 from servo.edge.engines import make_engine
 from servo.edge.runtime import EdgeRuntime, RunOptions
-from servo.robots import make_robot
+from servo.robots import RobotDescription
 import servo.cli.edge, servo.client, servo.edge.replay
-robot = make_robot("sim", {{"cameras": "front:64x48"}})
+robot = RobotDescription("sim", {{"cameras": "front:64x48"}})
 config = EdgeConfig(connect=["tcp/127.0.0.1:{port}"])
-summary = anyio.run(EdgeRuntime(robot, make_engine(config, robot.spec), config, RunOptions(duration_s=1.5)).run)
+summary = anyio.run(EdgeRuntime(robot, make_engine(config, robot.spec()), config, RunOptions(duration_s=1.5)).run)
 assert summary.chunks_received >= 1, summary
 print("torch" in sys.modules)
 """

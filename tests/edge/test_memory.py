@@ -13,7 +13,7 @@ import tracemalloc
 import numpy as np
 
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import EngineBase, Produced
+from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
 from servo.edge.observation import ObservationInput
 from servo.robots import SimConfig, SimSO100
 
@@ -31,7 +31,7 @@ def test_merges_keep_the_python_heap_flat() -> None:
     def one(seq: int) -> None:
         now = time.monotonic_ns()
         request = engine.pipeline.snapshot(ObservationInput(state, {}, now - 1_000_000))
-        engine.merge(request, Produced(chunk, chunk, "01" * 16, seq, 0.0), now)
+        engine.merge(request, Produced(chunk, chunk, LOCAL_SESSION, seq, 0.0), now)
         engine.get_action(now)
 
     for seq in range(1_000):  # warm caches and allocator pools

@@ -10,15 +10,13 @@ import numpy as np
 import pytest
 
 from servo._core import ActionQueue
+from servo.edge.actions import ActionFeed
 from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import ChunkPipeline
 
 FPS = 10.0
 DT_NS = round(1e9 / FPS)
 DIM = 3
-
-SID1 = "01" * 16
-SID7 = "07" * 16
 
 
 def make_pipeline(
@@ -37,6 +35,11 @@ def make_pipeline(
         max_action_age_s=max_age_s,
         fallback=fallback,  # type: ignore[arg-type]
     )
+
+
+def sid(n: int) -> str:
+    """A session id (32 hex characters)."""
+    return f"{n:032x}"
 
 
 def obs(mono_ns: int) -> ObservationInput:
@@ -65,7 +68,7 @@ def test_snapshot_delay_comes_from_the_worst_tracked_latency() -> None:
 def test_snapshot_ships_the_unexecuted_prefix_capped_by_the_horizon() -> None:
     pipe = make_pipeline(horizon=4)
     model, robot = chunk(10, 0.0)
-    pipe.complete(pipe.snapshot(obs(0)), model, robot, 0, session_id=SID1, seq_id=1)
+    pipe.complete(pipe.snapshot(obs(0)), model, robot, 0, session_id=sid(1), seq_id=1)
     for _ in range(2):
         assert pipe.next_action(0) is not None
     request = pipe.snapshot(obs(0))
@@ -80,13 +83,13 @@ def test_complete_trims_by_real_delay_reconciled_with_actions_consumed_in_flight
     pipe = make_pipeline()
     sent_ns = 1_000 * DT_NS
     first = pipe.snapshot(obs(sent_ns - DT_NS))
-    pipe.complete(first, *chunk(20, 0.0), sent_ns, session_id=SID7, seq_id=1)
+    pipe.complete(first, *chunk(20, 0.0), sent_ns, session_id=sid(7), seq_id=1)
     request = pipe.snapshot(obs(sent_ns))
     for _ in range(3):  # three ticks execute while the request is in flight
         pipe.next_action(sent_ns)
     model, robot = chunk(20, 100.0)
     arrived = sent_ns + 3 * DT_NS - DT_NS // 2  # 2.5 periods -> real_delay 3
-    trimmed = pipe.complete(request, model, robot, arrived, session_id=SID7, seq_id=2)
+    trimmed = pipe.complete(request, model, robot, arrived, session_id=sid(7), seq_id=2)
 
     assert pipe.last_real_delay == math.ceil(2.5) == 3
     assert trimmed == 3
@@ -96,42 +99,42 @@ def test_complete_trims_by_real_delay_reconciled_with_actions_consumed_in_flight
     assert action.source == "policy"
     np.testing.assert_array_equal(action.values, robot[3])  # robot space, first untrimmed step
     assert action.provenance is not None
-    assert tuple(action.provenance) == (SID7, 2, 0, sent_ns)
+    assert tuple(action.provenance) == (sid(7), 2, 0, sent_ns)
 
 
 def test_complete_never_trims_more_than_was_consumed() -> None:
     # The latency says 3 steps passed, but only one action was executed (the queue ran dry):
     # trimming 3 would skip actions the robot never ran, a jump on a real arm.
     pipe = make_pipeline()
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(1, 0.0), 0, session_id=SID1, seq_id=1)
+    pipe.complete(pipe.snapshot(obs(0)), *chunk(1, 0.0), 0, session_id=sid(1), seq_id=1)
     request = pipe.snapshot(obs(0))
     pipe.next_action(0)
     pipe.next_action(0)  # starved
-    trimmed = pipe.complete(request, *chunk(10, 50.0), 3 * DT_NS, session_id=SID1, seq_id=2)
+    trimmed = pipe.complete(request, *chunk(10, 50.0), 3 * DT_NS, session_id=sid(1), seq_id=2)
     assert pipe.last_real_delay == 3
     assert trimmed == 1
 
 
 def test_append_mode_keeps_the_rest_of_the_queue() -> None:
     pipe = make_pipeline(rtc=False)
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(4, 0.0), 0, session_id=SID1, seq_id=1)
+    pipe.complete(pipe.snapshot(obs(0)), *chunk(4, 0.0), 0, session_id=sid(1), seq_id=1)
     request = pipe.snapshot(obs(0))
-    pipe.complete(request, *chunk(4, 10.0), 5 * DT_NS, session_id=SID1, seq_id=2)
+    pipe.complete(request, *chunk(4, 10.0), 5 * DT_NS, session_id=sid(1), seq_id=2)
     got = [pipe.next_action(0) for _ in range(8)]
     assert [float(a.values[0]) for a in got if a is not None] == [0.5, 1.5, 2.5, 3.5, 10.5, 11.5, 12.5, 13.5]
 
 
 def test_episode_reset_drops_a_late_chunk() -> None:
     pipe = make_pipeline()
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(10, 0.0), 0, session_id=SID1, seq_id=1)
+    pipe.complete(pipe.snapshot(obs(0)), *chunk(10, 0.0), 0, session_id=sid(1), seq_id=1)
     request = pipe.snapshot(obs(0))  # episode 0 request in flight ...
     assert pipe.reset_episode() == 1  # ... when the episode ends
     assert pipe.queue.empty()
-    assert pipe.complete(request, *chunk(10, 5.0), DT_NS, session_id=SID1, seq_id=2) is None
+    assert pipe.complete(request, *chunk(10, 5.0), DT_NS, session_id=sid(1), seq_id=2) is None
     assert pipe.queue.empty()
     fresh = pipe.snapshot(obs(0))
     assert fresh.episode_id == 1
-    assert pipe.complete(fresh, *chunk(10, 9.0), DT_NS, session_id=SID1, seq_id=3) is not None
+    assert pipe.complete(fresh, *chunk(10, 9.0), DT_NS, session_id=sid(1), seq_id=3) is not None
     action = pipe.next_action(DT_NS)
     assert action is not None
     assert action.provenance is not None
@@ -141,7 +144,7 @@ def test_episode_reset_drops_a_late_chunk() -> None:
 def test_staleness_bound_refuses_an_old_action_and_clears_the_rest() -> None:
     pipe = make_pipeline(max_age_s=1.0, fallback="zero")
     obs_ns = 5 * DT_NS
-    pipe.complete(pipe.snapshot(obs(obs_ns)), *chunk(30, 0.0), obs_ns, session_id=SID1, seq_id=1)
+    pipe.complete(pipe.snapshot(obs(obs_ns)), *chunk(30, 0.0), obs_ns, session_id=sid(1), seq_id=1)
     ok = pipe.next_action(obs_ns + 1_000_000_000)  # exactly max age: still allowed
     assert ok is not None
     assert ok.source == "policy"
@@ -166,7 +169,7 @@ def test_fallback_ladder(fallback: str, expected: list[float] | None) -> None:
     pipe = make_pipeline(fallback=fallback)
     first = pipe.next_action(0)  # nothing queued and nothing executed yet
     assert first is None if fallback != "zero" else first is not None
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(2, 0.0), 0, session_id=SID1, seq_id=1)
+    pipe.complete(pipe.snapshot(obs(0)), *chunk(2, 0.0), 0, session_id=sid(1), seq_id=1)
     assert pipe.next_action(0) is not None
     assert pipe.next_action(0) is not None  # last policy action: robot row 1 = 1.5
     starved = pipe.next_action(DT_NS)
@@ -181,7 +184,7 @@ def test_fallback_ladder(fallback: str, expected: list[float] | None) -> None:
 
 def test_repeat_last_forgets_the_previous_episode() -> None:
     pipe = make_pipeline(fallback="repeat_last")
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(1, 0.0), 0, session_id=SID1, seq_id=1)
+    pipe.complete(pipe.snapshot(obs(0)), *chunk(1, 0.0), 0, session_id=sid(1), seq_id=1)
     assert pipe.next_action(0) is not None
     pipe.reset_episode()
     assert pipe.next_action(0) is None  # never replay an action of the last episode
@@ -190,7 +193,7 @@ def test_repeat_last_forgets_the_previous_episode() -> None:
 def test_needs_observation_follows_buffer_time() -> None:
     pipe = make_pipeline()  # buffer 0.5 s at 10 fps = 5 steps
     assert pipe.needs_observation()
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(6, 0.0), 0, session_id=SID1, seq_id=1)
+    pipe.complete(pipe.snapshot(obs(0)), *chunk(6, 0.0), 0, session_id=sid(1), seq_id=1)
     assert not pipe.needs_observation()
     pipe.next_action(0)
     assert not pipe.needs_observation()  # 5 left
@@ -216,20 +219,20 @@ class RacingQueue:
 
 def test_a_fresh_chunk_merged_during_a_stale_refusal_survives() -> None:
     pipe = make_pipeline(max_age_s=1.0)
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(10, 0.0), 0, session_id=SID1, seq_id=1)
+    pipe.complete(pipe.snapshot(obs(0)), *chunk(10, 0.0), 0, session_id=sid(1), seq_id=1)
     late = 2_000_000_000
     fresh = pipe.snapshot(obs(late))
-    inner = pipe.queue
+    merged = []
 
     def merge_fresh() -> None:
-        pipe.queue = inner  # once
-        pipe.complete(fresh, *chunk(10, 50.0), late, session_id=SID1, seq_id=2)
+        if not merged:  # once
+            merged.append(pipe.complete(fresh, *chunk(10, 50.0), late, session_id=sid(1), seq_id=2))
 
-    pipe.queue = RacingQueue(inner, merge_fresh)  # type: ignore[assignment]
-    refused = pipe.next_action(late)  # pops a stale action; the fresh chunk lands meanwhile
+    feed = ActionFeed(RacingQueue(pipe.queue, merge_fresh), pipe.counters, pipe.feed_config)  # type: ignore[arg-type]
+    refused = feed.get_action(late)  # pops a stale action; the fresh chunk lands meanwhile
     assert refused is None
     assert pipe.stale_refusals == 1
-    action = pipe.next_action(late)
+    action = feed.get_action(late)
     assert action is not None
     assert action.provenance is not None
-    assert action.provenance.seq_id == 2  # not wiped by the stale refusal's clear
+    assert action.provenance.seq_id == 2  # not wiped by the stale refusal's discard

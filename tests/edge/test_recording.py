@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from servo._core import Provenance
-from servo.edge.recorder import Recorder, Tick
+from servo.edge.channel import Tick
+from servo.edge.recorder import Recorder
 from servo.recording import MAGIC, iter_records, read_recording
 from servo.robots.protocol import CameraSpec, RobotSpec
 from servo.wire import WireError, decode_image
@@ -26,6 +27,9 @@ SPEC = RobotSpec(
 )
 
 SESSION = "09" * 16
+
+
+SESSION = "9a" * 16
 
 
 def f32(*values: float) -> np.ndarray:

@@ -40,11 +40,11 @@ async def test_sim_arm_follows_the_policy(port: int, tmp_path: Path) -> None:
     # The edge names no task: the recording must carry the one the server used.
     async with running_server(make_manifest(port, options=CHUNK_20, extra='[serving]\ndefault_task = "sweep"')):
         sim = small_sim()
-        engine = RemoteEngine(edge_config(port), sim.spec)
+        engine = RemoteEngine(edge_config(port), sim.spec())
         log = MergeLog.attach(engine)
         async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
             await eventually(lambda: engine.chunks_received >= 4, 10, "four chunks")
-            await eventually(lambda: run.runtime.loop is not None and run.runtime.loop.ticks >= 45, 10)
+            await eventually(lambda: run.runtime.loop is not None and run.runtime.loop.statistics().ticks >= 45, 10)
             assert engine.state is EngineState.STREAMING
             summary = await run.stop()
     assert summary.parked
@@ -63,10 +63,10 @@ async def test_sim_arm_follows_the_policy(port: int, tmp_path: Path) -> None:
 
     # Replay the run through a fresh limiter: every executed command is the merged chunk's
     # robot-space action (the first untrimmed step onwards), after joint and slew limits.
-    limiter = SafetyLimiter(sim.spec)
+    limiter = SafetyLimiter(sim.spec())
     limiter.start_from(_f32(frames[0].state))
     taken: Counter[tuple[int, int]] = Counter()
-    rest = np.asarray(sim.spec.rest_pose, np.float32)
+    rest = np.asarray(sim.spec().rest_pose, np.float32)
     for frame in frames:
         if frame.source == "policy":
             assert frame.provenance is not None
@@ -117,7 +117,7 @@ async def test_capability_mismatch_refuses_with_the_reason(port: int) -> None:
 
 
 async def test_unreachable_server_is_one_clear_error(port: int) -> None:
-    engine = RemoteEngine(edge_config(port, connect_timeout_s=0.5), small_sim().spec)
+    engine = RemoteEngine(edge_config(port, connect_timeout_s=0.5), small_sim().spec())
     with pytest.raises(BaseExceptionGroup) as info:
         await engine.run()
     error = first_error(info.value)
@@ -135,12 +135,12 @@ async def test_reset_clears_the_queue_and_bumps_the_episode(port: int, tmp_path:
         sim = small_sim()
         # A request lost across the reset would hang for request_timeout_s, far past the wait.
         config = edge_config(port, jpeg_quality=jpeg_quality, request_timeout_s=30.0)
-        engine = RemoteEngine(config, sim.spec)
+        engine = RemoteEngine(config, sim.spec())
         log = MergeLog.attach(engine)
         async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
             await eventually(lambda: engine.chunks_received >= 2, 10, "two chunks")
             assert run.runtime.loop is not None
-            reset_tick = run.runtime.loop.ticks
+            reset_tick = run.runtime.loop.statistics().ticks
             merges_before = len(log.merges)
             engine.reset()
             assert engine.pipeline.queue.empty()  # at once, before any await
@@ -149,7 +149,7 @@ async def test_reset_clears_the_queue_and_bumps_the_episode(port: int, tmp_path:
             session = engine.session
             assert session is not None
             await eventually(lambda: _server_episode(server, session.session_id) == 1, 5, "server reset")
-            await eventually(lambda: run.runtime.loop.ticks >= reset_tick + 20, 5)  # type: ignore[union-attr]
+            await eventually(lambda: run.runtime.loop.statistics().ticks >= reset_tick + 20, 5)  # type: ignore[union-attr]
             summary = await run.stop()
     assert summary.final_state == "streaming"
     assert all(m.episode_id == 1 for m in log.merges[merges_before:])
@@ -162,7 +162,7 @@ async def test_reset_clears_the_queue_and_bumps_the_episode(port: int, tmp_path:
 async def test_pause_stops_requests_while_the_queue_drains(port: int) -> None:
     async with running_server(make_manifest(port, options=CHUNK_20)):
         sim = small_sim()
-        engine = RemoteEngine(edge_config(port), sim.spec)
+        engine = RemoteEngine(edge_config(port), sim.spec())
         async with running_edge(sim, engine) as run:
             await eventually(lambda: engine.chunks_received >= 2, 10, "two chunks")
             loop = run.runtime.loop
@@ -177,8 +177,8 @@ async def test_pause_stops_requests_while_the_queue_drains(port: int) -> None:
             # A request already on its way when pause() came may finish; no new one leaves.
             sent = engine.requests
             assert sent <= requests + 1
-            drained_at = loop.ticks
-            await eventually(lambda: loop.ticks >= drained_at + 10, 5)
+            drained_at = loop.statistics().ticks
+            await eventually(lambda: loop.statistics().ticks >= drained_at + 10, 5)
             assert engine.requests == sent
             assert engine.pipeline.queue.empty()
             await eventually(lambda: engine.state is EngineState.STALLED, 2, "STALLED")
@@ -188,7 +188,7 @@ async def test_pause_stops_requests_while_the_queue_drains(port: int) -> None:
             assert engine.requests > sent
             await eventually(lambda: engine.state is EngineState.STREAMING, 2, "STREAMING")
             await run.stop()
-    assert loop.error is None
+    assert loop.error == ""
 
 
 class GatedPolicy:
@@ -228,7 +228,7 @@ async def test_staleness_bound_trips_when_chunks_stop(port: int, tmp_path: Path)
         try:
             sim = small_sim()
             config = edge_config(port, max_action_age_s=max_age_s, request_timeout_s=30.0)
-            engine = RemoteEngine(config, sim.spec)
+            engine = RemoteEngine(config, sim.spec())
             async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
                 await eventually(lambda: engine.chunks_received == 1, 10, "the only chunk")
                 await eventually(lambda: engine.pipeline.stale_refusals >= 1, 5, "staleness")

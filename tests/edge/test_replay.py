@@ -13,7 +13,7 @@ from servo.edge.errors import EdgeStartError
 from servo.edge.replay import ReplayEngine, bridge, resample
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, read_recording
-from servo.robots import SimConfig, SimSO100
+from servo.robots import RobotDescription
 from servo.wire import encode_tensor
 from tests.edge.fakes import eventually
 from tests.support import make_manifest, running_server
@@ -21,8 +21,8 @@ from tests.support import make_manifest, running_server
 pytestmark = pytest.mark.anyio
 
 
-def sim() -> SimSO100:
-    return SimSO100(SimConfig(cameras=()))
+def sim() -> RobotDescription:
+    return RobotDescription("sim", {"cameras": "none"})
 
 
 def trajectory(spec_rest: np.ndarray, frames: int = 40) -> np.ndarray:
@@ -47,7 +47,7 @@ def executed(path: Path) -> tuple[np.ndarray, list[str]]:
 
 
 def test_bridge_is_smooth_and_within_half_the_velocity_limit() -> None:
-    spec = sim().spec
+    spec = sim().spec()
     start = np.asarray(spec.rest_pose, np.float32)
     end = start + np.array([60, -40, 30, 20, 10, 50], np.float32)
     frames = bridge(start, end, spec)
@@ -69,7 +69,7 @@ def test_resample_changes_rate_and_keeps_endpoints() -> None:
 
 async def run_replay(source: str, tmp_path: Path, config: EdgeConfig | None = None, **kwargs: object) -> tuple:
     robot = sim()
-    engine = ReplayEngine(config or EdgeConfig(), robot.spec, source, **kwargs)  # type: ignore[arg-type]
+    engine = ReplayEngine(config or EdgeConfig(), robot.spec(), source, **kwargs)  # type: ignore[arg-type]
     record = tmp_path / "replayed.servo"
     options = RunOptions(duration_s=20.0, record_path=str(record))
     with anyio.fail_after(30):
@@ -78,7 +78,7 @@ async def run_replay(source: str, tmp_path: Path, config: EdgeConfig | None = No
 
 
 async def test_file_replay_drains_every_frame_locally(tmp_path: Path) -> None:
-    spec = sim().spec
+    spec = sim().spec()
     frames = trajectory(np.asarray(spec.rest_pose, np.float32))
     source = tmp_path / "episode.servo"
     write_recording(source, frames, list(spec.joint_names))
@@ -96,7 +96,7 @@ async def test_file_replay_drains_every_frame_locally(tmp_path: Path) -> None:
 
 
 async def test_server_trajectory_is_fetched_in_one_request(tmp_path: Path, port: int) -> None:
-    spec = sim().spec
+    spec = sim().spec()
     frames = trajectory(np.asarray(spec.rest_pose, np.float32), frames=60)
     source = tmp_path / "wave.servo"
     write_recording(source, frames, list(spec.joint_names))
@@ -111,18 +111,18 @@ async def test_server_trajectory_is_fetched_in_one_request(tmp_path: Path, port:
 
 async def test_unknown_server_trajectory_is_refused_with_the_list(tmp_path: Path, port: int) -> None:
     async with running_server(make_manifest(port)):
-        engine = ReplayEngine(EdgeConfig(connect=[f"tcp/127.0.0.1:{port}"]), sim().spec, "server:nope")
+        engine = ReplayEngine(EdgeConfig(connect=[f"tcp/127.0.0.1:{port}"]), sim().spec(), "server:nope")
         with pytest.raises(EdgeStartError, match="no trajectory 'nope'"):
             await engine.arm()
 
 
 async def test_loop_starts_over(tmp_path: Path) -> None:
-    spec = sim().spec
+    spec = sim().spec()
     frames = trajectory(np.asarray(spec.rest_pose, np.float32), frames=15)
     source = tmp_path / "short.servo"
     write_recording(source, frames, list(spec.joint_names))
     robot = sim()
-    engine = ReplayEngine(EdgeConfig(), robot.spec, str(source), loop=True)
+    engine = ReplayEngine(EdgeConfig(), robot.spec(), str(source), loop=True)
     runtime = EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(duration_s=20.0))
     async with anyio.create_task_group() as tg:
 
@@ -139,14 +139,14 @@ async def test_loop_starts_over(tmp_path: Path) -> None:
 async def test_mismatched_joints_are_refused(tmp_path: Path) -> None:
     source = tmp_path / "other.servo"
     write_recording(source, np.zeros((5, 2), np.float32), ["a.pos", "b.pos"])
-    engine = ReplayEngine(EdgeConfig(), sim().spec, str(source))
+    engine = ReplayEngine(EdgeConfig(), sim().spec(), str(source))
     with pytest.raises(EdgeStartError, match="do not match the robot"):
         await engine.arm()
 
 
 async def test_unreadable_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "junk.servo").write_bytes(b"not a recording")
-    engine = ReplayEngine(EdgeConfig(), sim().spec, str(tmp_path / "junk.servo"))
+    engine = ReplayEngine(EdgeConfig(), sim().spec(), str(tmp_path / "junk.servo"))
     with pytest.raises(EdgeStartError, match="not a servo recording"):
         await engine.arm()
 
@@ -185,8 +185,8 @@ async def test_a_broken_recording_is_refused_in_one_line_naming_file_and_field(
     """Issue 8: narrower frames were re-packed onto the wrong joints, a NaN replay stopped the
     loop unparked, fps = 0 gave a traceback. Nothing moves now: one line, file and field."""
     path = tmp_path / "broken.servo"
-    write(path, list(sim().spec.joint_names))  # type: ignore[operator]
-    engine = ReplayEngine(EdgeConfig(), sim().spec, str(path))
+    write(path, list(sim().spec().joint_names))  # type: ignore[operator]
+    engine = ReplayEngine(EdgeConfig(), sim().spec(), str(path))
     with pytest.raises(EdgeStartError, match=problem) as info:
         await engine.arm()
     assert str(path) in str(info.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servo.edge.safety import SafetyLimiter
+from servo.edge.safety import SafetyLimiter, UnsafeTarget
 from servo.robots.protocol import RobotSpec
 
 SPEC = RobotSpec(
@@ -68,3 +68,30 @@ def test_velocity_scale() -> None:
     np.testing.assert_allclose(limiter.apply(f32(5.0, 50.0)), [0.25, 2.5])
     with pytest.raises(ValueError, match="velocity_scale"):
         SafetyLimiter(SPEC, velocity_scale=0.0)
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ([np.nan, 1.0], r"target has non-finite values \[nan, 1.0\]"),
+        ([1.0, np.inf], "non-finite"),
+        ([-np.inf, 0.0], "non-finite"),
+        ([1.0, 2.0, 3.0], r"target has shape \(3,\), expected \(2,\)"),
+    ],
+)
+def test_unsafe_targets_are_refused_and_the_last_command_holds(target: list[float], message: str) -> None:
+    limiter = SafetyLimiter(SPEC)
+    limiter.start_from(f32(1.0, 2.0))
+    held = limiter.apply(f32(1.2, 2.5))
+    with pytest.raises(UnsafeTarget, match=message):
+        limiter.apply(np.array(target, dtype=np.float32))
+    assert limiter.last is not None
+    assert limiter.last.tolist() == held.tolist()
+    np.testing.assert_allclose(limiter.apply(f32(1.2, 2.5)), held)  # carries on from the held command
+
+
+def test_a_non_finite_anchor_never_becomes_a_command() -> None:
+    limiter = SafetyLimiter(SPEC)
+    limiter.start_from(f32(np.nan, 0.0))  # a sensor glitch at start
+    with pytest.raises(UnsafeTarget, match="command would be non-finite"):
+        limiter.apply(f32(0.0, 0.0))

@@ -56,7 +56,6 @@ async def drive(engine: EngineBase, produce: Produce) -> tuple[list[bytes | None
     for tick in range(TICKS):
         now = t0 + tick * dt
         obs = observation(tick, now)
-        engine.notify_observation(obs)
         if pending is not None and tick == pending[2]:
             trimmed = engine.merge(pending[0], pending[1], now)
             assert trimmed is not None

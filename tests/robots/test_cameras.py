@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servo.robots.cameras import CameraError, OpenCVCamera, import_cv2
+from servo.robots.cameras import CameraError, CameraGroup, OpenCVCamera, import_cv2
 from servo.robots.capture import CaptureThread, LatestFrame
 from servo.robots.protocol import Frame
 
@@ -130,3 +130,22 @@ def test_opencv_camera_that_does_not_open(tmp_path: Path) -> None:
     pytest.importorskip("cv2")
     with pytest.raises(CameraError, match="cannot open"):
         OpenCVCamera(str(tmp_path / "no-such-device")).connect()
+
+
+def test_camera_group_connects_all_or_none(tmp_path: Path) -> None:
+    video = _red_video(tmp_path / "red.avi")
+    before = threading.active_count()
+    group = CameraGroup({"a": OpenCVCamera(str(video), 64, 48, 100.0, name="a"), "b": OpenCVCamera(str(video), 64, 48)})
+    group.connect()
+    try:
+        assert {name: frame.shape for name, frame in group.read_cameras().items()} == {
+            "a": (48, 64, 3),
+            "b": (48, 64, 3),
+        }
+    finally:
+        group.disconnect()
+    assert threading.active_count() == before
+    broken = CameraGroup({"a": OpenCVCamera(str(video), 64, 48), "b": OpenCVCamera(str(tmp_path / "none"))})
+    with pytest.raises(CameraError, match="cannot open"):
+        broken.connect()
+    assert threading.active_count() == before  # the camera that had opened was released again

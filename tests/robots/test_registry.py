@@ -4,10 +4,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from servo.config import ConfigError
-from servo.robots import ROBOTS, SO100, Robot, SimSO100, make_robot, options_help
+from servo.robots import (
+    ROBOTS,
+    SO100,
+    Robot,
+    RobotDescription,
+    RobotEntry,
+    SimCameras,
+    SimOptions,
+    SimSO100,
+    make_robot,
+    options_help,
+)
 from servo.robots.calibration import CalibrationError
 from servo.robots.registry import CameraEntry, parse_cameras
 from tests.robots.calib_data import write_calibration
@@ -138,3 +150,29 @@ def test_import_has_no_side_effects() -> None:
         "assert threading.active_count() == 1, threading.enumerate()"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+#: A driver named by path (as tests and out-of-tree drivers are): the sim under another name.
+SIM_BY_PATH = RobotEntry(SimOptions, lambda options: ROBOTS["sim"].build(options), "the sim", ROBOTS["sim"].cameras)
+
+
+def test_a_description_builds_joints_and_cameras_and_crosses_processes_as_json() -> None:
+    description = RobotDescription("sim", {"cameras": "front:64x48", "fps": "50"})
+    wire = msgspec.json.encode(description)
+    assert msgspec.json.decode(wire, type=RobotDescription) == description
+    robot = description.build()
+    assert isinstance(robot, SimSO100)
+    assert description.spec().fps == 50.0
+    assert description.spec().cameras["front"].width == 64
+    cameras = description.build_cameras(robot)
+    assert isinstance(cameras, SimCameras)
+
+
+def test_a_robot_entry_can_be_named_by_path() -> None:
+    description = RobotDescription("tests.robots.test_registry:SIM_BY_PATH", {"cameras": "none"})
+    assert isinstance(description.build(), SimSO100)
+    assert isinstance(description.build_cameras(description.build()), SimCameras)
+    with pytest.raises(ConfigError, match=r"robot 'nosuch.module:X': cannot import it"):
+        RobotDescription("nosuch.module:X").build()
+    with pytest.raises(ConfigError, match=r"robot 'servo.robots:ROBOTS': expected a RobotEntry, got dict"):
+        RobotDescription("servo.robots:ROBOTS").build()

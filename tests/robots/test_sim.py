@@ -12,7 +12,7 @@ import simplejpeg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servo.robots import Robot, SimCameraConfig, SimConfig, SimSO100
+from servo.robots import Robot, SimCameraConfig, SimCameras, SimConfig, SimSO100
 from servo.robots.sim import first_order_step
 from servo.robots.sim_render import ArmRenderer, view_for
 from servo.robots.so100_joints import JOINT_NAMES, LOWER, MAX_VELOCITY, REST_POSE, UPPER
@@ -149,21 +149,45 @@ def test_config_validation() -> None:
 def test_camera_frames_have_configured_shape_and_follow_the_arm() -> None:
     config = SimConfig(cameras=(SMALL, SimCameraConfig("wrist", height=90, width=200, fps=60.0)), realtime=False)
     with SimSO100(config) as robot:
-        frames = robot.read_cameras()
+        cameras = SimCameras(config, robot)  # in one process the arm is its cameras' pose source
+        cameras.connect()
+        frames = cameras.read_cameras()
         assert set(frames) == {"front", "wrist"}
         assert frames["front"].shape == (120, 160, 3)
         assert frames["wrist"].shape == (90, 200, 3)
         assert frames["front"].dtype == np.uint8
         assert not frames["front"].flags.writeable
-        before = robot.wait_for_frames()
+        before = cameras.wait_for_frames()
         robot.send_action(np.array([60, 40, -30, 20, 90, 90], dtype=np.float32))
         robot.step(2.0)
-        after = robot.wait_for_frames()
+        after = cameras.wait_for_frames()
         for name in ("front", "wrist"):
             changed = np.any(before[name] != after[name], axis=2).mean()
             assert changed > 0.01, name
         # A still arm renders the same picture again: frames depend only on the pose.
-        np.testing.assert_array_equal(robot.wait_for_frames()["front"], after["front"])
+        np.testing.assert_array_equal(cameras.wait_for_frames()["front"], after["front"])
+        cameras.disconnect()
+
+
+def test_cameras_render_the_published_pose_before_the_first_one_the_initial_pose() -> None:
+    class Board:
+        pose: np.ndarray | None = None
+
+        def latest_pose(self) -> np.ndarray | None:
+            return self.pose
+
+    board = Board()
+    config = SimConfig(cameras=(SMALL,))
+    cameras = SimCameras(config, board)
+    cameras.connect()
+    try:
+        initial = cameras.wait_for_frames()["front"]
+        np.testing.assert_array_equal(initial, ArmRenderer(120, 160, view_for("front", 0)).render(config.initial_pose))
+        board.pose = np.array([60, 40, -30, 20, 90, 90], dtype=np.float32)
+        moved = cameras.wait_for_frames()["front"]
+        np.testing.assert_array_equal(moved, ArmRenderer(120, 160, view_for("front", 0)).render(board.pose))
+    finally:
+        cameras.disconnect()
 
 
 def test_frames_are_rgb() -> None:
@@ -184,22 +208,24 @@ def test_jpeg_size_is_camera_like() -> None:
 
 def test_connect_disconnect_stop_the_threads() -> None:
     before = threading.active_count()
-    robot = SimSO100(SimConfig(cameras=(SMALL, SimCameraConfig("side", 60, 80, fps=60.0))))
-    robot.connect()
+    config = SimConfig(cameras=(SMALL, SimCameraConfig("side", 60, 80, fps=60.0)))
+    cameras = SimCameras(config, SimSO100(config))
+    cameras.connect()
     assert len(cam_threads()) == 2
     assert threading.active_count() == before + 2
-    robot.disconnect()
-    robot.disconnect()
+    cameras.disconnect()
+    cameras.disconnect()
     assert threading.active_count() == before
     assert cam_threads() == []
 
 
-def test_forgotten_robot_stops_its_threads_when_collected() -> None:
-    robot = SimSO100(SimConfig(cameras=(SMALL,)))
-    robot.connect()
+def test_forgotten_cameras_stop_their_threads_when_collected() -> None:
+    config = SimConfig(cameras=(SMALL,))
+    cameras = SimCameras(config, SimSO100(config))
+    cameras.connect()
     threads = cam_threads()
     assert len(threads) == 1
-    del robot
+    del cameras
     gc.collect()
     threads[0].join(timeout=2.0)
     assert not threads[0].is_alive()
@@ -208,9 +234,10 @@ def test_forgotten_robot_stops_its_threads_when_collected() -> None:
 def test_forgotten_connected_robot_does_not_block_interpreter_exit() -> None:
     # Module globals outlive the thread join at shutdown, so only the exit hook can stop these.
     code = (
-        "from servo.robots import SimCameraConfig, SimConfig, SimSO100\n"
-        "robot = SimSO100(SimConfig(cameras=(SimCameraConfig('front', 60, 80),)))\n"
-        "robot.connect()\n"
+        "from servo.robots import SimCameraConfig, SimCameras, SimConfig, SimSO100\n"
+        "config = SimConfig(cameras=(SimCameraConfig('front', 60, 80),))\n"
+        "cameras = SimCameras(config, SimSO100(config))\n"
+        "cameras.connect()\n"
         "print('connected', flush=True)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)

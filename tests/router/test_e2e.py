@@ -31,7 +31,7 @@ from tests.support import free_port, running_server
 pytestmark = pytest.mark.anyio
 
 SHAPE = (48, 64)
-SIM_JOINTS = small_sim().spec.joint_names
+SIM_JOINTS = small_sim().spec().joint_names
 
 
 def _manifest(creds: Credentials, port: int) -> str:
@@ -194,7 +194,7 @@ health_port = 0
         async with running_server(parse_manifest(manifest), policy):
             sim = small_sim()
             config = edge_config(port, auth_user="robot-7", auth_password_file=str(creds.secrets["robot-7"]))
-            engine = RemoteEngine(config, sim.spec)
+            engine = RemoteEngine(config, sim.spec())
             assert engine.client_id == "robot-7"
             async with running_edge(sim, engine) as run:
                 await eventually(lambda: engine.chunks_received >= 2, 15, "streaming through the router")

@@ -60,7 +60,7 @@ from tests.server.policies import make_spec
 
 WAIT_S = 5.0
 #: The simulated arm of the rig: six SO-100 joints and one 48x64 camera.
-SIM = small_sim().spec
+SIM = small_sim().spec()
 
 
 def peer_settings(port: int) -> ZenohSettings:
@@ -342,7 +342,7 @@ async def edge_rig(port: int, tmp_path: Path, client_id: str = "robot-7", **conf
     run summary.
     """
     sim = small_sim()
-    engine = RemoteEngine(edge_config(port, client_id=client_id, **config), sim.spec)
+    engine = RemoteEngine(edge_config(port, client_id=client_id, **config), sim.spec())
     merges = MergeLog.attach(engine)
     record = tmp_path / f"{client_id}-{time.monotonic_ns()}.servo"
     async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:

@@ -155,7 +155,7 @@ async def test_an_edge_that_trusts_nobody_answering_does_not_start(port: int) ->
     stranger = "ed25519:" + "A" * 43
     async with running_server(make_manifest(port, extra=SERVING), policy):
         sim = small_sim()
-        engine = RemoteEngine(edge_config(port, connect_timeout_s=1.0, trusted_servers=[stranger]), sim.spec)
+        engine = RemoteEngine(edge_config(port, connect_timeout_s=1.0, trusted_servers=[stranger]), sim.spec())
         async with running_edge(sim, engine) as run:
             with pytest.raises(BaseException) as info:
                 await run.stop()

@@ -1,7 +1,8 @@
 """``servo-edge --robot sim``: drive a robot with chunks from a policy server (or a local policy).
 
 Exit codes: 0 after a normal stop, 1 when no server (or robot) could be reached, 2 for a
-configuration or capability mismatch, 3 when the engine died (the arm was parked), 130 when a
+configuration or capability mismatch, 3 when the engine died, the control loop faulted (e.g. a
+non-finite action) or the control loop ended (the summary says whether the arm was parked), 130 when a
 third Ctrl-C cut the shutdown short.
 """
 
@@ -87,16 +88,17 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     from servo.edge.engine import EngineBase
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
-    from servo.robots import make_robot
+    from servo.robots import RobotDescription
 
     config = load_config(args.config, struct_flag_values(args, EdgeConfig))
-    robot = make_robot(args.robot, robot_option_values(args.robot_opt))
+    robot = RobotDescription(args.robot, robot_option_values(args.robot_opt))
+    spec = robot.spec()  # the control process builds the driver again to drive it
     if args.replay:
         from servo.edge.replay import ReplayEngine
 
-        engine: EngineBase = ReplayEngine(config, robot.spec, args.replay, loop=args.loop)
+        engine: EngineBase = ReplayEngine(config, spec, args.replay, loop=args.loop)
     else:
-        engine = make_engine(config, robot.spec)
+        engine = make_engine(config, spec)
     options = RunOptions(
         duration_s=args.duration,
         summary_path=args.summary,
@@ -127,6 +129,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         + (f", {summary.rogue_servers} untrusted replicas skipped" if summary.rogue_servers else "")
         + (f", rtt p50 {rtt} ms" if rtt is not None else "")
         + f", jitter p99 {summary.tick_jitter_ms['p99']} ms, final state {summary.final_state}"
+        + (f", fault: {summary.fault}" if summary.fault else "")
     )
     return 3 if summary.final_state == "dead" else 0
 

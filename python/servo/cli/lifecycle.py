@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import anyio
 
+from servo.errors import first_error as first_error  # where the command-line tools import it from
 from servo.logs import get_logger
 
 log = get_logger(__name__)
@@ -44,10 +45,3 @@ async def on_signal(
             else:
                 say("interrupted a third time: exiting now")
                 os._exit(INTERRUPTED)
-
-
-def first_error(exc: BaseException) -> BaseException:
-    """The single error inside (possibly nested) task-group exception groups, else ``exc``."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc

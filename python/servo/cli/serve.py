@@ -1,5 +1,9 @@
 """``servo-serve manifest.toml``: load, warm and serve one policy until Ctrl-C / SIGTERM.
 
+With ``--ray``, start ``--replicas`` servers of the manifest as actors on an existing Ray cluster
+instead, print one line per replica as it becomes ready (again after Ray restarts it), and drain
+them all on Ctrl-C / SIGTERM.
+
 Exit codes: 0 after a clean drain, 1 when the network or a port is unusable, 2 for a manifest or
 policy problem (one line naming the key), 130 when a third Ctrl-C cut the drain short.
 """
@@ -7,9 +11,11 @@ policy problem (one line naming the key), 130 when a third Ctrl-C cut the drain 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -21,12 +27,24 @@ from servo.config import ConfigError
 from servo.logs import configure_logging
 from servo.server.manifest import Manifest, load_manifest
 
+if TYPE_CHECKING:
+    from servo.deploy.host import ReplicaStatus
+    from servo.deploy.ray import Deployment
+
 PROG = "servo-serve"
 SERVER_EXTRA = "pip install 'servo-robotics[server]'"
+RAY_EXTRA = "pip install 'servo-robotics[ray]'"
 #: What the server extra brings; the edge and the client library never import them.
 SERVER_DEPENDENCIES = frozenset({"torch", "prometheus_client"})
 #: What a frontend needs beyond the server extra, imported only when the manifest configures it.
 FRONTEND_DEPENDENCIES = {"websockets": ("the openpi front door", "pip install 'servo-robotics[openpi]'")}
+#: ``--ray-*`` flag → `servo.deploy.ray.RayOptions` field.
+RAY_FLAGS = {
+    "ray_address": "address",
+    "replicas": "replicas",
+    "ray_num_cpus": "num_cpus",
+    "ray_max_restarts": "max_restarts",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error.")
     parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
     parser.add_argument("--debug", action="store_true", help="Show the traceback of an error.")
+    ray = parser.add_argument_group("deployment on Ray", f"Needs {RAY_EXTRA}.")
+    ray.add_argument("--ray", action="store_true", help="Start the servers as actors on an existing Ray cluster.")
+    ray.add_argument("--ray-address", metavar="ADDR", help="Ray cluster: auto (default) or the head's host:port.")
+    ray.add_argument("--replicas", type=int, metavar="N", help="Number of servers (default 1).")
+    ray.add_argument("--ray-num-cpus", type=float, metavar="CPUS", help="CPUs Ray reserves per replica (default 1).")
+    ray.add_argument(
+        "--ray-max-restarts", type=int, metavar="N", help="Restarts of a dead replica (default -1: no limit)."
+    )
     return parser
 
 
@@ -100,15 +126,100 @@ async def serve(manifest: Manifest, base_dir: Path, console: Console) -> None:
         say("ready — Ctrl-C to drain and stop")
 
 
+def serve_on_ray(manifest: Manifest, args: argparse.Namespace, console: Console) -> int:
+    """Deploy the replicas on Ray and supervise them until a signal; the exit code."""
+    from servo.deploy.ray import deploy  # needs the ray extra (see `classify`)
+
+    options: dict[str, Any] = {
+        field: value for flag, field in RAY_FLAGS.items() if (value := getattr(args, flag)) is not None
+    }
+    options |= {"log_level": args.log_level.lower(), "json_logs": args.json_logs}
+    # deploy() connects to Ray on this (main) thread, where Ray installs its SIGTERM handler;
+    # `on_signal` replaces it while the replicas are supervised.
+    deployment = deploy(manifest, manifest_path=args.manifest, **options)
+    opts, gpu = deployment.options, manifest.model.device.startswith("cuda")
+    console.say(
+        f"{PROG}: started {opts.replicas} replica(s) of {manifest.model.source} on Ray ({opts.address}), "
+        f"{'one GPU' if gpu else f'{opts.num_cpus:g} CPU'} each; loading…"
+    )
+    try:
+        return anyio.run(supervise, deployment, console, backend="asyncio", backend_options={"use_uvloop": True})
+    finally:
+        deployment.close()
+
+
+async def supervise(deployment: Deployment, console: Console) -> int:
+    """Report the replicas until a signal, one that cannot start or none left; drain them; the exit code."""
+
+    def say(text: str) -> None:
+        console.say(f"{PROG}: {text}")
+
+    code = 0
+    report, drain = anyio.CancelScope(), anyio.CancelScope()
+    async with anyio.create_task_group() as tg:
+        what = "ending the replicas without waiting for their drain"
+        tg.start_soon(lambda: on_signal(report.cancel, drain.cancel, say=say, what=what))
+        with report:
+            code = await _report(deployment, say)
+        with drain:
+            for stopped in await deployment.drain():
+                say(f"replica {stopped.replica} " + ("drained" if stopped.drained else f"not drained: {stopped.error}"))
+        tg.cancel_scope.cancel()
+    return code
+
+
+async def _report(deployment: Deployment, say: Callable[[str], None]) -> int:
+    from servo.deploy.host import ReplicaFailed, ReplicaReady, ReplicaStatus
+
+    started: set[str] = set()
+    send, statuses = anyio.create_memory_object_stream[ReplicaStatus](math.inf)
+    async with anyio.create_task_group() as tg, statuses:
+        tg.start_soon(deployment.watch, send)
+        async for status in statuses:
+            if isinstance(status, ReplicaFailed) and status.replica not in started:
+                say(f"error: replica {status.replica}: {status.error}")
+                tg.cancel_scope.cancel()
+                return 2 if status.bad_config else 1
+            say(_describe(status))
+            if isinstance(status, ReplicaReady) and status.replica not in started:
+                started.add(status.replica)
+                if len(started) == len(deployment.replicas):
+                    say("ready — Ctrl-C to drain and stop")
+    say("error: no replica left")
+    return 1
+
+
+def _describe(status: ReplicaStatus) -> str:
+    from servo.deploy.host import ReplicaFailed, ReplicaReady, ReplicaStopped
+
+    if isinstance(status, ReplicaReady):
+        health = f", health port {status.health_port}" if status.health_port else ""
+        return (
+            f"replica {status.replica} ready: {status.key} ({status.model} rev {status.revision}), "
+            f"pid {status.pid} on {status.host}{health}"
+        )
+    if isinstance(status, ReplicaFailed):
+        return f"replica {status.replica} failed: {status.error}"
+    assert isinstance(status, ReplicaStopped)
+    if status.restarting:
+        return f"replica {status.replica} lost ({status.error}); Ray restarts it"
+    return f"replica {status.replica} stopped: {status.error or 'drained'}"
+
+
 def classify(exc: BaseException) -> tuple[int, str] | None:
     """Exit code and one-line message of an error that ends the server, or None if unexpected."""
     import zenoh
 
+    from servo.deploy import DeployError
     from servo.policy import PolicyLoadError
     from servo.server.identity import IdentityError
 
     if isinstance(exc, ConfigError | PolicyLoadError | IdentityError):
         return 2, str(exc)
+    if isinstance(exc, ModuleNotFoundError) and exc.name == "ray":
+        return 2, f"--ray needs Ray, which is not installed: {RAY_EXTRA}"
+    if isinstance(exc, DeployError):
+        return 1, str(exc)
     if isinstance(exc, PortInUseError):
         return 2, f"{exc} (another servo-serve?); stop it or choose free ports with --listen, --health-port"
     if isinstance(exc, ModuleNotFoundError) and exc.name in SERVER_DEPENDENCIES:
@@ -133,21 +244,28 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, json=args.json_logs, stream=console)
     try:
         manifest = load_manifest(args.manifest, overrides=overrides(args))
-        openpi = manifest.frontends.openpi
-        refuse_busy(
-            manifest.zenoh.listen,
-            manifest.ops.health_host,
-            manifest.ops.health_port,
-            others=[] if openpi is None else [("frontends.openpi.listen", openpi.host, openpi.port)],
-        )
-        anyio.run(
-            serve,
-            manifest,
-            Path(args.manifest).resolve().parent,
-            console,
-            backend="asyncio",
-            backend_options={"use_uvloop": True},
-        )
+        if args.ray:
+            code = serve_on_ray(manifest, args, console)
+            if code:
+                return code
+        else:
+            if given := [f"--{flag.replace('_', '-')}" for flag in RAY_FLAGS if getattr(args, flag) is not None]:
+                raise ConfigError(f"{', '.join(given)} need --ray")
+            openpi = manifest.frontends.openpi
+            refuse_busy(
+                manifest.zenoh.listen,
+                manifest.ops.health_host,
+                manifest.ops.health_port,
+                others=[] if openpi is None else [("frontends.openpi.listen", openpi.host, openpi.port)],
+            )
+            anyio.run(
+                serve,
+                manifest,
+                Path(args.manifest).resolve().parent,
+                console,
+                backend="asyncio",
+                backend_options={"use_uvloop": True},
+            )
     except BaseException as group:
         exc = first_error(group)
         if args.debug or isinstance(exc, SystemExit):

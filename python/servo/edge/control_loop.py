@@ -1,210 +1,295 @@
-"""The fixed-rate control loop: robot in, engine, safety, robot out — on its own thread.
+"""The edge's handle on its control loop: one interface, two places for the tick to run.
 
-Per tick it reads the robot, hands the newest observation to the engine (a reference swap),
-pops one action (lock-free), clamps it, sends it and queues a recording entry. It never does
-network I/O, JPEG work or disk writes. Deadlines are absolute (``start + k * period``): a late
-tick is counted as missed and the schedule skips ahead instead of accumulating lag.
+::
 
-The loop thread asks the kernel for real-time scheduling (``SCHED_FIFO``, best effort): on a
-busy edge CPU (camera threads, the network worker, other processes) a normal thread wakes up
-milliseconds late, a real-time one within tens of microseconds. Without the privilege
-(CAP_SYS_NICE or an ``rtprio`` rlimit) the loop runs at normal priority and says so once.
+    main process (event loop, network, cameras, sim renderer, JPEG, recorder disk writes)
+    ┌───────────────────────────────────────────────┐
+    │ engine ── merge ──► ActionQueue ◄─────────────┼──── pop (ActionFeed) ─┐
+    │   ▲                (pipeline block, memfd)    │                       │  control process
+    │   │ latest()                                  │                       │  (SCHED_FIFO)
+    │ ControlLoop ◄── observation, counters, ───────┼── ControlChannel ◄────┤  Ticker:
+    │   │ park/stop    lateness, fault, records     │  (memfd)              │  read → pop →
+    │   ▼                                           │                       │  safety → write
+    │ cameras (render the published pose)  ◄── bell (pipe: queue low,       │  robot joints
+    │ recorder (drains the records)            parked, fault; EOF = gone) ──┘
+    └───────────────────────────────────────────────┘
+
+* `ProcessControlLoop` (`servo.edge.control_process`): the tick runs in a process of its own,
+  spawned (fork + exec: nothing of this process, which runs Zenoh and camera threads, is inherited),
+  under ``SCHED_FIFO`` when permitted. No Python thread of the network side can hold its GIL.
+* `ThreadControlLoop`: the tick runs on a thread of this process. Only the sequential engine
+  uses it: its inference *is* part of the tick by definition (seeds/004 Sequential mode: the
+  robot stands still while the policy runs), so it cannot be real-time anyway, and running it in
+  the control process would load torch and the policy into the process that must do nothing but
+  tick.
+
+Both share everything else: the same `servo.edge.ticker.Ticker`, the same `ControlChannel` (private
+memory for a thread), the same bell. This class is the main-process side: it starts the loop,
+listens to the bell, parks and stops it, and is the engine's `ObservationFeed` (the published
+state plus the cameras' newest frames). Owned by the event loop.
+
+::
+
+    created ──run()──► starting ──robot connected, first tick──► running ──stop(), or the loop
+                          │                                                   ended (it failed, or
+                          │                                                   its process died)──► stopped
+                          └──the loop ended before its first tick: EdgeStartError (nothing moved)
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable
 
+import anyio
 import numpy as np
 import numpy.typing as npt
+from anyio.abc import TaskGroup, TaskStatus
 
-from servo._core import LatencyTracker
-from servo.edge.engine import InferenceEngine
+from servo.edge.actions import ActionSource
+from servo.edge.channel import Bell, ControlChannel, LoopState, LoopStats, Tick
+from servo.edge.errors import EdgeStartError
 from servo.edge.observation import ObservationInput
-from servo.edge.recorder import Recorder, Tick
 from servo.edge.safety import SafetyLimiter
+from servo.edge.ticker import REALTIME_PRIORITY, Ticker, request_realtime
 from servo.logs import get_logger
-from servo.robots.protocol import Robot
+from servo.robots.protocol import Cameras, Robot
 
 log = get_logger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
 
-#: SCHED_FIFO priority of the control thread: above every normal thread, below the kernel's
-#: own real-time threads (IRQ threads run at 50).
-REALTIME_PRIORITY = 10
-#: Ticks whose lateness the run summary's jitter percentiles cover (100 s at 100 Hz; 80 KB).
-JITTER_WINDOW = 10_000
-#: Ticks the live status line's jitter covers (10 s at 30 Hz).
-RECENT_JITTER_WINDOW = 300
-
-
-def request_realtime(priority: int = REALTIME_PRIORITY) -> bool:
-    """Put the calling thread under ``SCHED_FIFO`` at ``priority``; False if not permitted.
-
-    Linux applies the policy to the calling thread only (the pid argument 0 is the thread).
-    ``SCHED_RESET_ON_FORK`` keeps threads this one starts (e.g. a local policy's OpenMP workers
-    when inference runs on the loop) at normal priority instead of spinning at real-time priority.
-    """
-    setter = getattr(os, "sched_setscheduler", None)
-    if setter is None:
-        return False
-    try:
-        setter(0, os.SCHED_FIFO | getattr(os, "SCHED_RESET_ON_FORK", 0), os.sched_param(priority))
-    except OSError:
-        return False
-    return True
+#: How long the loop may take to connect the robot and tick once.
+START_TIMEOUT_S = 30.0
+#: How long a loop asked to stop may take before it is ended by force.
+STOP_TIMEOUT_S = 5.0
 
 
 class ControlLoop:
-    """Drives one robot at ``robot.spec.fps``.
+    """The main process's side of a control loop (see the module docstring). Owned by the event loop.
 
-    Owns the robot between `start` and `stop` (the robot's methods are only called from the
-    loop thread then). `park` may be called from any thread.
+    Args:
+        channel: The block shared with the loop.
+        cameras: The robot's cameras (connected by the caller), for observations.
+        task: Task instruction attached to every observation.
+    """
 
-    ::
+    def __init__(self, channel: ControlChannel, cameras: Cameras, *, task: str = "") -> None:
+        self.channel = channel
+        self.cameras = cameras
+        self.task = task
+        #: Why the loop ended, if it did on its own ("" while running or after a requested stop).
+        self.error = ""
+        self._running = False
+        self._stopped = anyio.Event()
+        self._queue_low = anyio.Event()
+        self._parked = anyio.Event()
 
-        created ──start()──► running ──park(pose)──► parking ──within tolerance──► parked (holds pose)
-                                │                       │                              │
-                                └──── stop(), or an exception (kept in ``error``) ─────┴──► stopped
+    # ------------------------------------------------------------------ lifecycle
+    async def _start(self, tg: TaskGroup, bell_fd: int) -> None:
+        """Start the loop, which owns ``bell_fd`` (the write end) from now on."""
+        raise NotImplementedError
 
-    Tick lateness ("jitter": how late a tick started after its deadline) is kept in fixed
-    windows, whatever the uptime: ``jitter`` (the last `JITTER_WINDOW` ticks, for the run
-    summary), ``recent_jitter`` (the last `RECENT_JITTER_WINDOW`, for the status line), and
-    the all-time ``max_jitter_ns``; ``on_tick(tick, lateness_ns)`` sees every tick
-    (instrumentation: tests, benchmarks).
+    async def _reap(self) -> str:
+        """After the bell closed: wait for the loop's end; why it ended unasked ("" if asked)."""
+        raise NotImplementedError
+
+    def _kill(self) -> None:
+        """The loop did not stop when asked: end it by force."""
+        raise NotImplementedError
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start the loop; ``started`` once it ticks; return when it has ended.
+
+        Cancelled, it still stops the loop (after the current tick; the loop disconnects the
+        robot) before returning; it does not park the arm (`park` first for that).
+
+        Raises:
+            EdgeStartError: the loop ended (or hung) before its first tick; nothing moved.
+        """
+        read_fd, write_fd = os.pipe()
+        ticking = timed_out = ended = False
+        try:
+            async with anyio.create_task_group() as tg:
+                await self._start(tg, write_fd)
+                with anyio.move_on_after(START_TIMEOUT_S) as scope:
+                    ticking = await self._listen(read_fd, until_running=True)
+                timed_out = scope.cancelled_caught
+                if ticking:
+                    self._running = True
+                    task_status.started()
+                    await self._listen(read_fd, until_running=False)
+                elif timed_out:
+                    self._kill()
+                    with anyio.move_on_after(STOP_TIMEOUT_S):
+                        await self._listen(read_fd, until_running=False)
+                ended = True
+                self.error = await self._reap()
+                tg.cancel_scope.cancel()
+        finally:
+            self._running = False
+            if not ended:
+                with anyio.CancelScope(shield=True):
+                    await self._end(read_fd)
+            os.close(read_fd)
+            self._stopped.set()
+            # Wake whoever waits on the loop: it will not ring again.
+            self._queue_low.set()
+            self._parked.set()
+        if not ticking:
+            late = f"no first tick within {START_TIMEOUT_S:g} s" if timed_out else "it ended"
+            reason = self.error or self.channel.fault() or late
+            raise EdgeStartError(f"the control loop did not start: {reason}", refused=False)
+
+    async def _end(self, read_fd: int) -> None:
+        """Stop a loop whose `run` was cancelled: ask, wait for the bell to close, force it if need be."""
+        self.channel.request_stop()
+        with anyio.move_on_after(STOP_TIMEOUT_S) as scope:
+            await self._listen(read_fd, until_running=False)
+        if scope.cancelled_caught:
+            self._kill()
+        with anyio.move_on_after(STOP_TIMEOUT_S):
+            self.error = await self._reap()
+
+    async def _listen(self, read_fd: int, *, until_running: bool) -> bool:
+        """Dispatch the bell's events until EOF (False) or, with ``until_running``, RUNNING (True)."""
+        while True:
+            await anyio.wait_readable(read_fd)
+            events = os.read(read_fd, 256)
+            if not events:
+                return False
+            if Bell.QUEUE_LOW in events:
+                self._queue_low.set()
+            if Bell.PARKED in events:
+                self._parked.set()
+            if until_running and Bell.RUNNING in events:
+                return True
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop ticks."""
+        return self._running
+
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop after the current tick (the loop disconnects the robot); force it after ``timeout``."""
+        self.channel.request_stop()
+        with anyio.move_on_after(timeout):
+            await self._stopped.wait()
+            return
+        log.error("control loop did not stop in time: ending it", timeout_s=timeout)
+        self._kill()
+        with anyio.move_on_after(timeout):
+            await self._stopped.wait()
+
+    async def park(self, pose: FloatArray, *, tolerance: float, timeout: float) -> bool:
+        """Drive to ``pose`` instead of the policy, still slew-limited; False on timeout or if not running."""
+        generation = self.channel.request_park(pose, tolerance)
+        with anyio.move_on_after(timeout):
+            while self._running and not self.channel.parked(generation):
+                self._parked = anyio.Event()
+                if self.channel.parked(generation):
+                    break
+                await self._parked.wait()
+        return self.channel.parked(generation)
+
+    # ------------------------------------------------------------------ ObservationFeed
+    def latest(self) -> ObservationInput | None:
+        """The newest published state with the cameras' newest frames."""
+        latest = self.channel.latest()
+        if latest is None:
+            return None
+        _, mono_ns, state = latest
+        return ObservationInput(state.copy(), self.cameras.read_cameras(), mono_ns, self.task)
+
+    async def wait(self, queue_below: int, timeout: float) -> None:
+        """Return once the loop saw fewer than ``queue_below`` queued actions, or after ``timeout``."""
+        self._queue_low = anyio.Event()
+        if self._running:
+            self.channel.arm_wake(queue_below)
+        with anyio.move_on_after(timeout):
+            await self._queue_low.wait()
+
+    # ------------------------------------------------------------------ what happened
+    def statistics(self) -> LoopStats:
+        """Counters, lateness percentiles and the fault."""
+        return self.channel.statistics()
+
+    @property
+    def fault(self) -> str:
+        """The latched fault ("" if none)."""
+        return self.channel.fault()
+
+    def drain(self) -> list[Tick]:
+        """Recorder entries waiting in the channel."""
+        return self.channel.drain()
+
+
+class ThreadControlLoop(ControlLoop):
+    """The tick on a thread of this process (the sequential engine). Owned by the event loop.
+
+    The robot and its action source are used by the loop thread only, between start and stop.
+
+    Args:
+        channel: A channel in private memory.
+        cameras: The robot's cameras (connected by the caller).
+        robot: The robot's joints (not connected: the loop thread connects them).
+        actions: Each tick's action (the sequential engine runs its policy in there).
+        limiter: The safety layer.
+        task: Task instruction attached to every observation.
+        realtime: Ask for ``SCHED_FIFO`` for the loop thread (best effort).
     """
 
     def __init__(
         self,
+        channel: ControlChannel,
+        cameras: Cameras,
         robot: Robot,
-        engine: InferenceEngine,
+        actions: ActionSource,
         limiter: SafetyLimiter,
         *,
-        recorder: Recorder | None = None,
         task: str = "",
-        clock: Callable[[], int] = time.monotonic_ns,
         realtime: bool = True,
-        on_tick: Callable[[int, int], None] | None = None,
     ) -> None:
+        super().__init__(channel, cameras, task=task)
         self.robot = robot
-        self.engine = engine
-        self.limiter = limiter
-        self.recorder = recorder
-        self.task = task
-        self._clock = clock
-        self._want_realtime = realtime
-        #: Whether the loop thread got real-time scheduling (set once it runs).
-        self.realtime = False
-        self.period_ns = round(1e9 / robot.spec.fps)
-        self.ticks = 0
-        self.actions_executed = 0
-        self.missed_deadlines = 0
-        self.jitter = LatencyTracker(JITTER_WINDOW)
-        self.recent_jitter = LatencyTracker(RECENT_JITTER_WINDOW)
-        self.max_jitter_ns = 0
-        self.on_tick = on_tick
-        self.last_state: FloatArray | None = None
-        self.last_command: FloatArray | None = None
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._override: FloatArray | None = None
-        self._override_tolerance = 0.0
-        self._parked = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="servo-control", daemon=True)
+        self._actions = actions
+        self._limiter = limiter
+        self._realtime = realtime
+        self._thread: threading.Thread | None = None
+        self._failure = ""
 
-    def start(self) -> None:
-        """Anchor the slew limiter on the measured pose and start ticking."""
-        self.limiter.start_from(self.robot.read_state())
+    async def _start(self, tg: TaskGroup, bell_fd: int) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(Bell(bell_fd),), name="servo-control", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the current tick."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        """Whether the loop thread is alive."""
-        return self._thread.is_alive()
-
-    def park(self, pose: FloatArray, *, tolerance: float, timeout: float) -> bool:
-        """Drive to ``pose`` instead of the policy, still slew-limited; False on timeout.
-
-        Returns once the robot is within ``tolerance`` of ``pose``, or False if that took longer
-        than ``timeout`` seconds.
-        """
-        self._override_tolerance = tolerance
-        self._parked.clear()
-        self._override = np.asarray(pose, dtype=np.float32)
-        return self._parked.wait(timeout)
-
-    def _run(self) -> None:
-        if self._want_realtime:
-            self.realtime = request_realtime()
-            log.info("control thread scheduling", realtime=self.realtime, priority=REALTIME_PRIORITY)
-        next_ns = self._clock()
+    def _loop(self, bell: Bell) -> None:
+        channel = self.channel
+        connected = False
         try:
-            while not self._stop.is_set():
-                now = self._clock()
-                self._count_lateness(now - next_ns)
-                self._tick(now)
-                next_ns += self.period_ns
-                after = self._clock()
-                if after > next_ns:
-                    late = (after - next_ns) // self.period_ns + 1
-                    self.missed_deadlines += int(late)
-                    next_ns += late * self.period_ns
-                self._stop.wait((next_ns - self._clock()) / 1e9)
-        except BaseException as exc:  # the runtime must learn that the loop died, then tear down
-            self.error = exc
+            self.robot.connect()
+            connected = True
+            ticker = Ticker(self.robot, self._actions, self._limiter, channel, bell)
+            ticker.start()
+            realtime = self._realtime and request_realtime()
+            log.info("control thread scheduling", realtime=realtime, priority=REALTIME_PRIORITY)
+            channel.set_state(LoopState.RUNNING, realtime=realtime)
+            bell.ring(Bell.RUNNING)
+            ticker.run(channel.stop_requested)
+        except Exception as exc:  # the runtime learns it from the bell closing, then parks nothing
+            self._failure = f"control loop failed: {exc!r}"
+            channel.raise_fault(self._failure)
             log.exception("control loop failed")
+        finally:
+            if connected:
+                self.robot.disconnect()
+            channel.set_state(LoopState.STOPPED)
+            bell.close()
 
-    def _count_lateness(self, lateness_ns: int) -> None:
-        # A wait can end a hair early: jitter is the distance from the deadline either way.
-        jitter = abs(lateness_ns)
-        self.jitter.add(jitter)
-        self.recent_jitter.add(jitter)
-        self.max_jitter_ns = max(self.max_jitter_ns, jitter)
-        if self.on_tick is not None:
-            self.on_tick(self.ticks, lateness_ns)
+    async def _reap(self) -> str:
+        if self._thread is not None:
+            await anyio.to_thread.run_sync(self._thread.join, STOP_TIMEOUT_S)
+        return self._failure
 
-    def _tick(self, now: int) -> None:
-        robot = self.robot
-        state = robot.read_state()
-        self.last_state = state
-        images = robot.read_cameras()
-        self.engine.notify_observation(ObservationInput(state, images, now, self.task))
-        override = self._override
-        # While parking, policy actions are not executed: popping them would count fallback
-        # ticks (and starve the engine into STALLED) for a robot that is not using them.
-        action = self.engine.get_action(now) if override is None else None
-        command: FloatArray | None = None
-        if override is not None:
-            command = self.limiter.apply(override)
-            if float(np.max(np.abs(state - override))) <= self._override_tolerance:
-                self._parked.set()
-        elif action is not None:
-            command = self.limiter.apply(action.values)
-            self.actions_executed += 1
-        if command is not None:
-            robot.send_action(command)
-            self.last_command = command
-        if self.recorder is not None:
-            source = "park" if override is not None else ("none" if action is None else action.source)
-            self.recorder.record(
-                Tick(
-                    tick=self.ticks,
-                    mono_ns=now,
-                    state=state,
-                    action=command,
-                    source=source,
-                    provenance=None if action is None or override is not None else action.provenance,
-                    images=images,
-                )
-            )
-        self.ticks += 1
+    def _kill(self) -> None:
+        # A thread cannot be ended by force; the stop flag stays set for when it comes back.
+        log.error("control thread is stuck in a tick")

@@ -1,8 +1,14 @@
-"""The inference-engine interface the control loop drives, and what all engines share."""
+"""The inference-engine interface the edge runtime drives, and what all engines share.
+
+An engine produces chunks into its pipeline's action queue (shared memory: the control loop,
+in its own process, consumes it) from the observations its `ObservationFeed` (the control loop)
+hands out. Only the sequential engine is also the control loop's action source: its policy runs
+inside the tick (`runs_on_control_loop`).
+"""
 
 from __future__ import annotations
 
-import threading
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,10 +21,11 @@ from anyio.abc import TaskStatus
 
 from servo._core import LatencyTracker, QueueError
 from servo.client import REJECT_REASONS
+from servo.edge.actions import Action
 from servo.edge.config import EdgeConfig
 from servo.edge.failsafe import EngineState, FailSafe
-from servo.edge.observation import ObservationInput
-from servo.edge.pipeline import Action, ChunkPipeline, Request
+from servo.edge.observation import ObservationFeed, ObservationInput
+from servo.edge.pipeline import ChunkPipeline, Request
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
 from servo.transport import LoopBridge
@@ -30,6 +37,8 @@ log = get_logger(__name__)
 TICK_S = 0.02
 #: Merged chunks whose round trip the run summary covers (fixed memory, whatever the uptime).
 RTT_WINDOW = 10_000
+#: The session id of chunks computed in this process.
+LOCAL_SESSION = "0" * 32
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class Produced:
 
     chunk_model: npt.NDArray[np.float32]
     chunk_robot: npt.NDArray[np.float32]
+    #: The wire's 16-byte session id as 32 hex characters (`LOCAL_SESSION` for local engines).
     session_id: str
     seq_id: int
     inference_ms: float
@@ -84,24 +94,33 @@ class MergeEvent:
 
 
 class InferenceEngine(Protocol):
-    """What the edge runtime and the control loop need from an engine.
+    """What the edge runtime needs from an engine.
 
-    `run` belongs to the event loop; `notify_observation` and `get_action` are called by the
-    control-loop thread every tick and never block; the rest may be called from any thread.
+    `run` belongs to the event loop. `get_action` and `queued` make the engine a control loop's
+    action source; the control loop calls them once per tick when `runs_on_control_loop` (the
+    sequential engine), otherwise the control process reads the pipeline's queue directly. The
+    rest may be called from any thread.
     """
 
     failsafe: FailSafe
+    pipeline: ChunkPipeline
+    #: The policy runs inside the control tick (sequential mode): the loop must be a thread here.
+    runs_on_control_loop: bool
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Produce chunks until cancelled; ``started`` once ready to stream."""
         ...
 
-    def notify_observation(self, obs: ObservationInput) -> None:
-        """Latest observation from the control loop (newest wins)."""
+    def bind(self, feed: ObservationFeed) -> None:
+        """Where observations come from (the control loop), before `run`."""
         ...
 
     def get_action(self, now_ns: int) -> Action | None:
         """Action for this tick (policy or fallback); None = hold."""
+        ...
+
+    def queued(self) -> int:
+        """Actions left in the queue."""
         ...
 
     def reset(self) -> None:
@@ -142,7 +161,13 @@ class Aborted(Exception):
 
 
 class EngineBase:
-    """Observation slot, pipeline, fail-safe and counters shared by every engine."""
+    """Observation feed, pipeline, fail-safe and counters shared by every engine.
+
+    Owned by the event loop (its `run`), except `get_action` / `queued` (the control thread of
+    the sequential engine) and `reset` / `pause` / `resume` / `hurry` (any thread).
+    """
+
+    runs_on_control_loop = False
 
     def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
         self.config = config
@@ -177,24 +202,13 @@ class EngineBase:
         self.rtt = LatencyTracker(RTT_WINDOW)
         #: Called on the worker after every merge: instrumentation (tests, benchmarks, tracing).
         self.on_merge: Callable[[MergeEvent], None] | None = None
-        self._slot_lock = threading.Lock()
-        self._latest: ObservationInput | None = None
+        self.feed: ObservationFeed | None = None
         self._episode_start = True
         self._bridge: LoopBridge | None = None
-        self._wake: anyio.Event | None = None
-        self._waiting = False
 
-    # ------------------------------------------------------------------ control-loop side
-    def notify_observation(self, obs: ObservationInput) -> None:
-        """Control loop: replace the latest observation (a reference swap, no copy).
-
-        Wakes the worker if it is waiting for the queue to run low (once per request, non-blocking).
-        """
-        with self._slot_lock:
-            self._latest = obs
-        if self._waiting and self._bridge is not None and self.pipeline.needs_observation():
-            self._waiting = False
-            self._bridge.call(self._set_wake)
+    def bind(self, feed: ObservationFeed) -> None:
+        """Where observations come from (the control loop), before `run`."""
+        self.feed = feed
 
     # ------------------------------------------------------------------ worker side (event loop)
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -204,7 +218,6 @@ class EngineBase:
     def attach_loop(self) -> None:
         """Bind to the running event loop (first thing `run` does)."""
         self._bridge = LoopBridge()
-        self._wake = anyio.Event()
 
     def detach_loop(self) -> None:
         """Stop scheduling onto the loop (`run` is ending)."""
@@ -224,33 +237,29 @@ class EngineBase:
             obs = self.latest_observation()
             if obs is not None and not self.paused and self.pipeline.needs_observation():
                 return obs
-            assert self._wake is not None
-            self._waiting = True
-            with anyio.move_on_after(TICK_S):
-                await self._wake.wait()
-            self._waiting = False
-            self._wake = anyio.Event()
+            if self.feed is None:
+                await anyio.sleep(TICK_S)
+            else:
+                # Woken by the control loop as soon as the queue drops below the buffer.
+                await self.feed.wait(math.ceil(self.pipeline.buffer_steps), TICK_S)
 
     async def tick_failsafe(self) -> None:
         """Evaluate the fail-safe state machine every `TICK_S` until cancelled."""
         while True:
             self.failsafe.tick(starved_since_ns=self.pipeline.last_starved_ns)
-            if self.failsafe.dead.is_set():
-                self._set_wake()
             await anyio.sleep(TICK_S)
-
-    def _set_wake(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
 
     def latest_observation(self) -> ObservationInput | None:
         """Worker: the newest observation, if any."""
-        with self._slot_lock:
-            return self._latest
+        return None if self.feed is None else self.feed.latest()
 
     def get_action(self, now_ns: int) -> Action | None:
-        """Control loop: next action, staleness-checked, or the fallback."""
+        """Control thread: next action, staleness-checked, or the fallback."""
         return self.pipeline.next_action(now_ns)
+
+    def queued(self) -> int:
+        """Actions left in the queue."""
+        return self.pipeline.queued()
 
     def is_finished(self) -> bool:
         """Whether the engine's work has an end and reached it (trajectory replay)."""

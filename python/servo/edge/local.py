@@ -13,18 +13,18 @@ policy behaves the same wherever it runs.
 from __future__ import annotations
 
 import functools
-import secrets
 import time
 from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
 
-from servo._core import PUBLIC_KEY_SIZE, SESSION_ID_SIZE
+from servo._core import PUBLIC_KEY_SIZE
+from servo.edge.actions import Action
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import EngineBase, Produced, robot_features
+from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced, robot_features
 from servo.edge.errors import EdgeStartError
-from servo.edge.pipeline import Action, Request
+from servo.edge.pipeline import Request
 from servo.logs import get_logger
 from servo.policy import DecodedObservation, Policy, PolicyLoadError, load_policy
 from servo.policy.loader import PolicyKeys
@@ -58,8 +58,6 @@ class LocalEngine(EngineBase):
     def __init__(self, config: EdgeConfig, spec: RobotSpec, *, policy: Policy | None = None) -> None:
         super().__init__(config, spec)
         self.client_id = config.client_id or f"{spec.name}-local"
-        #: Provenance of local chunks: an id of this engine's own, like a server's session id.
-        self.session_id = secrets.token_hex(SESSION_ID_SIZE)
         self._policy = policy
         self._runner: InferenceRunner | None = None
         self._processor: Processor | None = None
@@ -133,7 +131,7 @@ class LocalEngine(EngineBase):
         self.requests += 1
         started = time.perf_counter()
         model, robot = runner.infer(processor, obs, request.delay_steps)
-        return Produced(model, robot, self.session_id, self._seq, (time.perf_counter() - started) * 1e3)
+        return Produced(model, robot, LOCAL_SESSION, self._seq, (time.perf_counter() - started) * 1e3)
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1
@@ -181,8 +179,12 @@ class SyncEngine(LocalEngine):
     """Sequential mode: the control loop runs the policy whenever the queue is empty.
 
     Chunks are appended (no RTC): nothing executes during inference, so there is nothing to
-    compensate; the price is that the robot stands still while the policy runs.
+    compensate; the price is that the robot stands still while the policy runs. The policy runs
+    inside the tick, so this engine is its control loop's action source, on a thread of the
+    edge's process (`servo.edge.control_loop.ThreadControlLoop`).
     """
+
+    runs_on_control_loop = True
 
     def __init__(self, config: EdgeConfig, spec: RobotSpec, *, policy: Policy | None = None) -> None:
         super().__init__(config, spec, policy=policy)

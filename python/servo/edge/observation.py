@@ -1,8 +1,9 @@
-"""What the control loop hands the engine every tick."""
+"""What the engine knows of the robot: the newest observation, and how it gets it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -12,11 +13,23 @@ import numpy.typing as npt
 class ObservationInput:
     """What the robot saw: joint state, camera frames (RGB uint8), and when (monotonic ns).
 
-    Made by the control-loop thread once per tick and handed to the engine by reference; the
-    engine's worker reads it and never mutates it.
+    Assembled in the edge's main process from the state the control loop published and the
+    cameras' newest frames; the engine's worker reads it and never mutates it.
     """
 
     state: npt.NDArray[np.float32]
     images: dict[str, npt.NDArray[np.uint8]]
     mono_ns: int
     task: str = ""
+
+
+class ObservationFeed(Protocol):
+    """Where an engine's worker gets observations: the control loop (`servo.edge.control_loop`)."""
+
+    def latest(self) -> ObservationInput | None:
+        """The newest observation, or None before the control loop's first tick."""
+        ...
+
+    async def wait(self, queue_below: int, timeout: float) -> None:
+        """Return once the control loop saw fewer than ``queue_below`` queued actions, or after ``timeout`` s."""
+        ...

@@ -1,12 +1,12 @@
-"""The RTC contract shared by every engine.
-
-Request snapshots, latency-aware merges, and the control loop's side of the queue (staleness
-bound and fallback ladder).
+"""The RTC contract shared by every engine: request snapshots and latency-aware merges.
 
 Remote and local engines differ only in how a chunk is produced; both go through
 `ChunkPipeline.snapshot` before asking and `ChunkPipeline.complete` after, on the same
 `servo._core.ActionQueue`. That is what makes remote RTC and local RTC byte-identical on the same
 inputs (the golden parity contract).
+
+The queue lives in shared memory (`servo.edge.actions.pipeline_layout`): the control loop that
+consumes it (`servo.edge.actions.ActionFeed`) may run in another process.
 """
 
 from __future__ import annotations
@@ -14,17 +14,27 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from servo._core import ActionQueue, LatencyTracker, Provenance
+from servo._core import ActionQueue, LatencyTracker, Provenance, SharedMemory
+from servo.edge.actions import (
+    COUNTERS,
+    EPISODE,
+    FALLBACK_TICKS,
+    LAST_STARVED_NS,
+    STALE_REFUSALS,
+    Action,
+    ActionFeed,
+    Fallback,
+    FeedConfig,
+    Source,
+    pipeline_layout,
+)
 from servo.edge.observation import ObservationInput
 
 FloatArray = npt.NDArray[np.float32]
-Source = Literal["policy", "fallback", "replay"]
-Fallback = Literal["hold", "repeat_last", "zero"]
 
 
 @dataclass(frozen=True)
@@ -39,21 +49,13 @@ class Request:
     episode_id: int
 
 
-@dataclass(frozen=True)
-class Action:
-    """What the control loop executes this tick."""
-
-    values: FloatArray
-    source: Source
-    provenance: Provenance | None
-
-
 class ChunkPipeline:
     """ActionQueue + LatencyTracker + the request/merge discipline.
 
-    The producer side (`snapshot`, `complete`) belongs to the engine's inference worker; the
-    consumer side (`next_action`) to the control-loop thread. They share only the lock-free
-    queue and a few scalars.
+    The producer side (`snapshot`, `complete`, `reset_episode`) belongs to the engine's inference
+    worker. The consumer side is an `ActionFeed` on the control loop, in this process
+    (`next_action`, for a control thread and tests) or in the control process, which maps
+    ``memory`` (`feed_config` tells it how). They share only the lock-free queue and counters.
     """
 
     def __init__(
@@ -67,26 +69,23 @@ class ChunkPipeline:
         max_action_age_s: float,
         fallback: Fallback,
         latency_window: int = 100,
+        capacity: int = 4096,
     ) -> None:
         self.action_dim = action_dim
         self.dt_ns = round(1e9 / fps)
         self.execution_horizon = execution_horizon
         self.buffer_steps = buffer_time_s * fps
-        self.max_age_ns = round(max_action_age_s * 1e9)
-        self.fallback = fallback
-        self.queue = ActionQueue(action_dim, rtc=rtc)
+        size, counters_at = pipeline_layout(action_dim, capacity)
+        #: The queue and the consumer's counters; a control process maps it by its descriptor.
+        self.memory = SharedMemory(size)
+        self.queue = ActionQueue.create(self.memory, 0, action_dim, rtc=rtc, capacity=capacity)
+        self.counters = self.memory.counters(counters_at, COUNTERS)
+        self.feed_config = FeedConfig(max_action_age_s=max_action_age_s, fallback=fallback)
+        self._feed = ActionFeed(self.queue, self.counters, self.feed_config)
         self.latency = LatencyTracker(latency_window)
         self.episode_id = 0
         self.last_delay_steps = 0
         self.last_real_delay = 0
-        # Counters written by the control-loop thread only.
-        self.stale_refusals = 0
-        self.fallback_ticks = 0
-        self.last_starved_ns = 0
-        #: What queued actions are labelled as when executed ("replay" for trajectory replay).
-        self.source_label: Source = "policy"
-        self._last_action: FloatArray | None = None
-        self._zero = np.zeros(action_dim, dtype=np.float32)
         self._lock = threading.Lock()
 
     @property
@@ -95,9 +94,34 @@ class ChunkPipeline:
         return bool(self.queue.rtc)
 
     def set_rtc(self, rtc: bool) -> None:
-        """Switch merge mode (the server may downgrade RTC); only while the queue is empty."""
-        if rtc != self.rtc:
-            self.queue = ActionQueue(self.action_dim, rtc=rtc)
+        """Switch merge mode (the server may downgrade RTC); meant for an empty queue."""
+        self.queue.set_rtc(rtc)
+
+    def label_actions(self, source: Source) -> None:
+        """Label queued actions as ``source`` when executed ("replay" for trajectory replay).
+
+        Before the control loop starts: the control process reads `feed_config` once.
+        """
+        self.feed_config = FeedConfig(
+            max_action_age_s=self.feed_config.max_action_age_s, fallback=self.feed_config.fallback, source=source
+        )
+        self._feed = ActionFeed(self.queue, self.counters, self.feed_config)
+
+    # ------------------------------------------------------------------ consumer counters
+    @property
+    def fallback_ticks(self) -> int:
+        """Ticks that had no fresh action (the control loop's count)."""
+        return self.counters.get(FALLBACK_TICKS)
+
+    @property
+    def stale_refusals(self) -> int:
+        """Actions refused for being older than ``max_action_age_s``."""
+        return self.counters.get(STALE_REFUSALS)
+
+    @property
+    def last_starved_ns(self) -> int:
+        """When the control loop last had no fresh action (0 = never)."""
+        return self.counters.get(LAST_STARVED_NS)
 
     # ------------------------------------------------------------------ producer side
     def needs_observation(self) -> bool:
@@ -150,37 +174,19 @@ class ChunkPipeline:
     def reset_episode(self) -> int:
         """Episode boundary: drop queued actions and return the new episode id.
 
-        The latency estimate survives (it is episode-invariant).
+        The latency estimate survives (it is episode-invariant); the control loop forgets its
+        last action when it sees the new episode (no ``repeat_last`` across episodes).
         """
         with self._lock:
             self.episode_id += 1
+            self.counters.set(EPISODE, self.episode_id)
             self.queue.clear()
-            self._last_action = None
             return self.episode_id
 
-    # ------------------------------------------------------------------ consumer side (control loop)
     def next_action(self, now_ns: int) -> Action | None:
-        """The action for this tick, or the fallback; None means hold (send nothing).
+        """Consume in this process: `ActionFeed.get_action` (a control thread, tests)."""
+        return self._feed.get_action(now_ns)
 
-        Never executes an action whose observation is older than ``max_action_age_s``: a stale
-        head means the whole rest of its chunk is stale too, so the queue is cleared.
-        """
-        item = self.queue.get_with_provenance()
-        if item is not None:
-            values, provenance = item
-            if provenance is None or now_ns - provenance.obs_mono_ns <= self.max_age_ns:
-                self._last_action = values
-                return Action(values, self.source_label, provenance)
-            self.stale_refusals += 1
-            # The rest of a stale chunk is stale too; but a fresh chunk merged since the pop
-            # must survive (the lock orders this with `complete`, held for a merge's copy only).
-            with self._lock:
-                if self.queue.peek_provenance() in (None, provenance):
-                    self.queue.clear()
-        self.fallback_ticks += 1
-        self.last_starved_ns = now_ns
-        if self.fallback == "zero":
-            return Action(self._zero, "fallback", None)
-        if self.fallback == "repeat_last" and self._last_action is not None:
-            return Action(self._last_action, "fallback", None)
-        return None
+    def queued(self) -> int:
+        """Actions left in the queue."""
+        return self.queue.qsize()

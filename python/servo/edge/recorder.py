@@ -1,35 +1,22 @@
-"""Records every control tick to an episode file without touching disk on the control loop."""
+"""Records every control tick to an episode file, in the edge's main process (never on the control loop).
+
+The control loop hands each tick over through shared memory (`servo.edge.channel.ControlChannel`);
+the runtime drains those entries into `Recorder.record`, and a writer thread encodes and writes.
+"""
 
 from __future__ import annotations
 
 import collections
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
-from servo._core import Provenance
+from servo.edge.channel import Tick
 from servo.logs import get_logger
-from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, Source
+from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter
 from servo.robots.protocol import RobotSpec
 from servo.wire import encode_image, encode_tensor
 
 log = get_logger(__name__)
-
-
-@dataclass
-class Tick:
-    """One control tick as the loop saw it (arrays are owned by the recorder once queued)."""
-
-    tick: int
-    mono_ns: int
-    state: npt.NDArray[np.float32]
-    action: npt.NDArray[np.float32] | None
-    source: Source
-    provenance: Provenance | None
-    images: dict[str, npt.NDArray[np.uint8]] | None = None
 
 
 #: Ticks buffered before the recorder starts dropping (10 s at 30 Hz): the loop never waits.
@@ -37,7 +24,7 @@ MAX_BACKLOG = 300
 
 
 class Recorder:
-    """Control loop appends (a deque append); a writer thread encodes and writes.
+    """The runtime appends (a deque append, never blocking); a writer thread encodes and writes.
 
     Args:
         path: Recording file to create.
@@ -80,12 +67,16 @@ class Recorder:
         self._writer = RecordingWriter(self.path, self._header)
         self._thread.start()
 
+    def wants_images(self, tick: int) -> bool:
+        """Whether tick number ``tick`` should carry camera frames."""
+        return bool(self._image_every) and tick % self._image_every == 0
+
     def record(self, tick: Tick) -> None:
-        """Control loop: queue one tick (never blocks; drops when the writer is far behind)."""
+        """Queue one tick (never blocks; drops when the writer is far behind)."""
         if len(self._items) >= MAX_BACKLOG:
             self.dropped += 1
             return
-        if not (self._image_every and tick.tick % self._image_every == 0):
+        if not self.wants_images(tick.tick):
             tick.images = None
         self._items.append(tick)
         self._ready.set()

@@ -76,7 +76,7 @@ class ReplayEngine(EngineBase):
     def __init__(self, config: EdgeConfig, spec: RobotSpec, source: str, *, loop: bool = False) -> None:
         super().__init__(config, spec)
         self.pipeline.set_rtc(False)
-        self.pipeline.source_label = "replay"
+        self.pipeline.label_actions("replay")
         # Pre-recorded frames are not answers to observations: no staleness bound applies.
         self.source = source
         self.loop = loop

@@ -1,6 +1,11 @@
-"""The edge runtime: robot + engine + control loop, supervised until a stop condition.
+"""The edge runtime: robot, cameras, engine and control loop, supervised until a stop condition.
 
-Then a safe teardown (rest pose, disconnect) and a run summary.
+Then a safe teardown (rest pose, disconnect) and a run summary. The control loop runs in a
+process of its own (`servo.edge.control_process`; a thread for the sequential engine): this
+process keeps the network, the cameras (the simulator renders the pose the loop publishes), the
+recorder's disk writes and the supervision. Whatever ends the run (duration, signal, DEAD, a
+control fault such as a non-finite action, the control loop dying), the arm is parked if the
+loop still ticks, and the summary's ``final_state``, ``stop_reason`` and ``fault`` say why.
 """
 
 from __future__ import annotations
@@ -8,8 +13,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import anyio
 import numpy as np
@@ -17,19 +24,27 @@ from anyio.abc import TaskStatus
 
 from servo._core import LatencyTracker
 from servo.config import ConfigError
+from servo.edge.channel import ControlChannel, lateness_percentiles_ms
 from servo.edge.config import EdgeConfig
-from servo.edge.control_loop import ControlLoop
+from servo.edge.control_loop import ControlLoop, ThreadControlLoop
+from servo.edge.control_process import ProcessControlLoop
 from servo.edge.engine import EngineBase
 from servo.edge.failsafe import EngineState
 from servo.edge.recorder import Recorder
 from servo.edge.safety import SafetyLimiter
 from servo.logs import get_logger
-from servo.robots.protocol import Robot
+from servo.robots.protocol import Cameras
+from servo.robots.registry import RobotDescription
 
 log = get_logger(__name__)
 
 #: Supervision period: how quickly a stop condition is noticed.
 _SUPERVISE_S = 0.05
+#: How often the recorder drains the control loop's entries.
+_DRAIN_S = 0.05
+#: Status-line refresh, and how many refreshes its "recent" jitter covers (5 s).
+_STATUS_S = 0.25
+_STATUS_WINDOW = 20
 
 
 @dataclass
@@ -46,22 +61,26 @@ class RunOptions:
     status: Callable[[str], None] | None = None
     rest_tolerance: float = 2.0
     park_timeout_s: float = 5.0
-    #: Ask for real-time (SCHED_FIFO) scheduling of the control thread (best effort).
+    #: Ask for real-time (SCHED_FIFO) scheduling of the control loop (best effort).
     realtime: bool = True
-    #: Python's GIL switch interval while running (None keeps the default 5 ms): a control tick
-    #: that wakes while a camera or network thread holds the GIL waits up to this long.
+    #: Python's GIL switch interval while running (None keeps the default 5 ms): a control
+    #: *thread* that wakes while a camera or network thread holds the GIL waits up to this long.
     switch_interval_s: float | None = 0.001
+    #: Where the tick runs: "auto" (a process of its own; a thread for the sequential engine,
+    #: whose policy runs inside the tick), or "thread" to force the in-process loop (baselines).
+    control_loop: Literal["auto", "thread"] = "auto"
 
 
 @dataclass
 class RunSummary:
     """What happened during a run (written as JSON with ``--summary``).
 
-    ``rtt_ms`` and the jitter percentiles cover the last `EngineBase.rtt` / `ControlLoop.jitter`
-    window (fixed memory however long the run); ``tick_jitter_ms["max"]`` and the counters cover
-    the whole run. ``chunks_rejected`` counts the server messages that never reached the queue,
-    by reason (forged, replayed, malformed, non-finite…); ``rogue_servers`` the replicas skipped
-    as untrusted or forged.
+    ``rtt_ms`` covers the last `EngineBase.rtt` window. ``tick_jitter_ms`` (how late ticks started)
+    covers the whole run from a fixed histogram (p50/p99 are upper bounds within 10 µs below
+    10 ms), ``max`` is exact. ``fault`` is the control fault that ended the run, if one did.
+    ``chunks_rejected`` counts the server messages that never reached the queue, by reason
+    (forged, replayed, malformed, non-finite…); ``rogue_servers`` the replicas skipped as
+    untrusted or forged.
     """
 
     ticks: int
@@ -82,6 +101,10 @@ class RunSummary:
     duration_s: float = 0.0
     stop_reason: str = ""
     parked: bool = False
+    fault: str = ""
+    control_loop: str = ""
+    realtime: bool = False
+    records_dropped: int = 0
     transitions: list[list[str]] = field(default_factory=list)
     chunks_rejected: dict[str, int] = field(default_factory=dict)
     rogue_servers: int = 0
@@ -95,20 +118,19 @@ class EdgeRuntime:
     """Supervises one robot run. Owned by the event loop.
 
     Args:
-        robot: The (not yet connected) robot.
+        robot: Which robot to drive (its joints are built where the control loop runs).
         engine: The inference engine (remote or local).
         config: Edge options.
         options: Run options.
     """
 
-    def __init__(self, robot: Robot, engine: EngineBase, config: EdgeConfig, options: RunOptions) -> None:
+    def __init__(self, robot: RobotDescription, engine: EngineBase, config: EdgeConfig, options: RunOptions) -> None:
         self.robot = robot
         self.engine = engine
         self.config = config
         self.options = options
         self.loop: ControlLoop | None = None
-        #: Handed to the control loop: called on its thread with (tick, lateness ns) every tick.
-        self.on_tick: Callable[[int, int], None] | None = None
+        self._loop_started = False
         self._stop = anyio.Event()
         self.stop_reason = ""
 
@@ -123,62 +145,92 @@ class EdgeRuntime:
             self._stop.set()
 
     async def run(self) -> RunSummary:
-        """Run until duration, signal, DEAD or a control-loop failure; always tears down safely.
+        """Run until duration, signal, DEAD, a control fault or the loop's end; always tears down safely.
 
         Raises:
-            EdgeStartError: the engine could not start (nothing has moved).
+            EdgeStartError: the engine or the control loop could not start (nothing has moved).
             ConfigError: the recording would replace an existing file (nothing has moved).
         """
         opts = self.options
         if opts.record_path and not opts.record_overwrite and await anyio.Path(opts.record_path).exists():
             raise ConfigError(f"--record: {opts.record_path} exists; pass --overwrite to replace it")
-        await anyio.to_thread.run_sync(self.robot.connect)
+        in_thread = opts.control_loop == "thread" or self.engine.runs_on_control_loop
+        channel = ControlChannel.create(
+            self.engine.spec.action_dim, shared=not in_thread, recording=bool(opts.record_path)
+        )
+        cameras = self.robot.build_cameras(channel)
+        self.loop = loop = self._make_loop(channel, cameras, in_thread)
+        self.engine.bind(loop)
         started = time.monotonic()
         recorder = None
         parked = False
         switch_interval = sys.getswitchinterval()
         if opts.switch_interval_s is not None:
             sys.setswitchinterval(opts.switch_interval_s)
+        # Cameras first, as LeRobot does: a camera that fails must not leave a powered arm behind.
+        await anyio.to_thread.run_sync(cameras.connect)
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(self._run_engine)
                 if opts.record_path:
                     recorder = Recorder(
                         opts.record_path,
-                        self.robot.spec,
+                        self.engine.spec,
                         client_id=getattr(self.engine, "client_id", ""),
                         task=self.engine.task,
                         image_every=opts.record_images_every,
                     )
                     recorder.start()
-                self.loop = ControlLoop(
-                    self.robot,
-                    self.engine,
-                    SafetyLimiter(self.robot.spec, velocity_scale=self.config.velocity_scale),
-                    recorder=recorder,
-                    task=self.config.task,
-                    realtime=opts.realtime,
-                    on_tick=self.on_tick,
+                    tg.start_soon(self._feed_recorder, recorder, cameras)
+                await tg.start(loop.run)
+                self._loop_started = True
+                log.info(
+                    "control loop running",
+                    robot=self.engine.spec.name,
+                    fps=self.engine.spec.fps,
+                    where="thread" if in_thread else "process",
+                    realtime=loop.statistics().realtime,
                 )
-                self.loop.start()
-                log.info("control loop running", robot=self.robot.spec.name, fps=self.robot.spec.fps)
                 if opts.status is not None:
                     tg.start_soon(self._status_line, opts.status)
                 await self._supervise()
                 parked = await self._park()
+                await loop.stop()
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                if self.loop is not None:
-                    await anyio.to_thread.run_sync(self.loop.stop)
                 if recorder is not None:
+                    self._drain(recorder, cameras)
                     await anyio.to_thread.run_sync(recorder.close)
-                await anyio.to_thread.run_sync(self.robot.disconnect)
+                await anyio.to_thread.run_sync(cameras.disconnect)
                 sys.setswitchinterval(switch_interval)
         summary = self.summary(time.monotonic() - started, parked)
         if opts.summary_path:
             await anyio.Path(opts.summary_path).write_text(summary.to_json())
         return summary
+
+    def _make_loop(self, channel: ControlChannel, cameras: Cameras, in_thread: bool) -> ControlLoop:
+        spec, config, opts = self.engine.spec, self.config, self.options
+        if in_thread:
+            limiter = SafetyLimiter(spec, velocity_scale=config.velocity_scale)
+            robot = self.robot.build()
+            return ThreadControlLoop(
+                channel, cameras, robot, self.engine, limiter, task=config.task, realtime=opts.realtime
+            )
+        pipeline = self.engine.pipeline
+        return ProcessControlLoop(
+            channel,
+            cameras,
+            self.robot,
+            action_dim=spec.action_dim,
+            pipeline=pipeline.memory,
+            feed=pipeline.feed_config,
+            velocity_scale=config.velocity_scale,
+            realtime=opts.realtime,
+            rest_tolerance=opts.rest_tolerance,
+            orphan_park_timeout_s=opts.park_timeout_s,
+            task=config.task,
+        )
 
     async def _run_engine(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the engine, turning a crash after start-up into DEAD.
@@ -189,48 +241,67 @@ class EdgeRuntime:
         try:
             await self.engine.run(task_status=task_status)
         except Exception as exc:
-            if self.loop is None:
+            if not self._loop_started:
                 raise
+            if self.engine.failsafe.dead.is_set():
+                log.info("engine stopped", reason=self.engine.failsafe.reason)  # told to: DEAD
+                return
             log.exception("engine crashed")
             self.engine.failsafe.fatal(f"engine crashed: {exc!r}")
 
     async def _supervise(self) -> None:
         duration = self.options.duration_s
         deadline = None if duration is None else time.monotonic() + duration
-        assert self.loop is not None
+        loop, failsafe = self.loop, self.engine.failsafe
+        assert loop is not None
         while not self._stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 self.request_stop("duration elapsed")
             elif self.engine.is_finished():
                 self.request_stop("finished")
-            elif self.engine.failsafe.dead.is_set():
-                self.request_stop(f"engine dead: {self.engine.failsafe.reason}")
-            elif not self.loop.running:
-                self.request_stop(f"control loop stopped: {self.loop.error!r}")
+            elif fault := loop.fault:
+                # The loop holds its last safe command; nothing the engine does can be trusted.
+                failsafe.fatal(f"control fault: {fault}")
+                self.request_stop(f"control fault: {fault}")
+            elif failsafe.dead.is_set():
+                self.request_stop(f"engine dead: {failsafe.reason}")
+            elif not loop.running:
+                failsafe.fatal(f"control loop ended: {loop.error or 'unknown reason'}")
+                self.request_stop(f"control loop ended: {loop.error or 'unknown reason'}")
             with anyio.move_on_after(_SUPERVISE_S):
                 await self._stop.wait()
         log.info("stopping", reason=self.stop_reason)
 
     async def _park(self) -> bool:
-        assert self.loop is not None
-        if not self.loop.running:
+        loop = self.loop
+        assert loop is not None
+        if not loop.running:
             return False
         self.engine.pause()
-        rest = np.asarray(self.robot.spec.rest_pose, dtype=np.float32)
-        parked = await anyio.to_thread.run_sync(
-            lambda: self.loop.park(rest, tolerance=self.options.rest_tolerance, timeout=self.options.park_timeout_s)  # type: ignore[union-attr]
-        )
+        rest = np.asarray(self.engine.spec.rest_pose, dtype=np.float32)
+        parked = await loop.park(rest, tolerance=self.options.rest_tolerance, timeout=self.options.park_timeout_s)
         log.info(
             "rest pose reached" if parked else "rest pose not reached in time",
             timeout_s=self.options.park_timeout_s,
         )
-        return bool(parked)
+        return parked
+
+    async def _feed_recorder(self, recorder: Recorder, cameras: Cameras) -> None:
+        while True:
+            self._drain(recorder, cameras)
+            await anyio.sleep(_DRAIN_S)
+
+    def _drain(self, recorder: Recorder, cameras: Cameras) -> None:
+        assert self.loop is not None
+        for tick in self.loop.drain():
+            if recorder.wants_images(tick.tick):
+                tick.images = cameras.read_cameras()  # the newest frames, at most one drain old
+            recorder.record(tick)
 
     def summary(self, duration_s: float, parked: bool) -> RunSummary:
         """Build the run summary from the loop and engine counters."""
-        loop, stats = self.loop, self.engine.statistics()
-        jitter = _percentiles_ms(loop.jitter if loop else None, ("p50", 0.5), ("p99", 0.99))
-        jitter["max"] = round(loop.max_jitter_ns / 1e6, 3) if loop is not None and loop.ticks else None
+        stats = self.engine.statistics()
+        loop = None if self.loop is None else self.loop.statistics()
         return RunSummary(
             ticks=loop.ticks if loop else 0,
             actions_executed=loop.actions_executed if loop else 0,
@@ -239,7 +310,7 @@ class EdgeRuntime:
             chunks_dropped=stats.chunks_dropped,
             reconnects=stats.reconnects,
             rtt_ms=_percentiles_ms(self.engine.rtt, ("p50", 0.5), ("p99", 0.99)),
-            tick_jitter_ms=jitter,
+            tick_jitter_ms=loop.lateness_ms if loop else {"p50": None, "p99": None, "max": None},
             final_state=stats.state,
             missed_deadlines=loop.missed_deadlines if loop else 0,
             requests=stats.requests,
@@ -250,25 +321,34 @@ class EdgeRuntime:
             duration_s=round(duration_s, 3),
             stop_reason=self.stop_reason,
             parked=parked,
+            fault=loop.fault if loop else "",
+            control_loop="" if self.loop is None else type(self.loop).__name__,
+            realtime=loop.realtime if loop else False,
+            records_dropped=loop.records_dropped if loop else 0,
             transitions=[[state.value, reason] for state, reason in self.engine.failsafe.transitions],
             chunks_rejected=stats.chunks_rejected,
             rogue_servers=stats.rogue_servers,
         )
 
     async def _status_line(self, show: Callable[[str], None]) -> None:
+        assert self.loop is not None
+        channel = self.loop.channel
+        history: deque[np.ndarray] = deque(maxlen=_STATUS_WINDOW)
         while True:
             stats = self.engine.statistics()
-            loop = self.loop
-            p99_ns = loop.recent_jitter.percentile(0.99) if loop else None
-            p99 = "-" if p99_ns is None else f"{p99_ns / 1e6:.2f}"
+            loop = self.loop.statistics()
+            counts = channel.lateness_counts()
+            history.append(counts)
+            recent = lateness_percentiles_ms(counts - history[0], [0.99], 1 << 62)
+            p99 = "-" if recent is None else f"{recent[0]:.2f}"
             rtt = f"{stats.rtt_ms_p50:.1f}" if stats.rtt_ms_p50 is not None else "-"
             show(
                 f"[{stats.state.upper()}] rtt {rtt} ms | delay {stats.delay_steps} | queue {stats.queue_depth} | "
-                f"fallback {stats.fallback_ticks} | jitter p99 {p99} ms | ticks {loop.ticks if loop else 0}"
+                f"fallback {stats.fallback_ticks} | jitter p99 {p99} ms | ticks {loop.ticks}"
             )
             if self.engine.state is EngineState.DEAD:
                 return
-            await anyio.sleep(0.25)
+            await anyio.sleep(_STATUS_S)
 
 
 def _percentiles_ms(tracker: LatencyTracker | None, *points: tuple[str, float]) -> dict[str, float | None]:

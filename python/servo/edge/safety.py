@@ -1,4 +1,4 @@
-"""The last gate before the motors: joint limits and a slew-rate limit (seeds/004)."""
+"""The last gate before the motors: no non-finite target, joint limits, a slew-rate limit (seeds/004)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,16 @@ from servo.robots.protocol import RobotSpec
 FloatArray = npt.NDArray[np.float32]
 
 
+class UnsafeTarget(ValueError):
+    """A target the safety layer refuses to turn into a command (no clamp can fix NaN)."""
+
+
 class SafetyLimiter:
-    """Clamps targets into the joint limits and limits the change per tick.
+    """Refuses non-finite targets, clamps into the joint limits and limits the change per tick.
 
     The slew limit applies to the *commanded* target, so a chunk that jumps (a bad merge, a
-    different policy) becomes a ramp at ``max_velocity``, never a step. Owned by the control loop.
+    different policy) becomes a ramp at ``max_velocity``, never a step. A refused target leaves
+    the last command in place: the caller holds it. Owned by the control loop.
     """
 
     def __init__(self, spec: RobotSpec, *, velocity_scale: float = 1.0) -> None:
@@ -32,16 +37,28 @@ class SafetyLimiter:
         self.last = np.clip(np.asarray(position, dtype=np.float32), self.lower, self.upper)
 
     def apply(self, target: FloatArray) -> FloatArray:
-        """The command to send for ``target``."""
+        """The command to send for ``target``.
+
+        Raises:
+            UnsafeTarget: ``target`` has the wrong shape or a non-finite value, or the command
+                would be non-finite (a non-finite anchor). Nothing changes: hold the last command.
+        """
         wanted = np.asarray(target, dtype=np.float32)
+        if wanted.shape != self.lower.shape:
+            raise UnsafeTarget(f"target has shape {wanted.shape}, expected {self.lower.shape}")
+        if not np.isfinite(wanted).all():
+            raise UnsafeTarget(f"target has non-finite values {wanted.tolist()}")
         out = np.clip(wanted, self.lower, self.upper)
-        if not np.array_equal(out, wanted):
-            self.clamped_ticks += 1
+        clamped = not np.array_equal(out, wanted)
+        slewed = False
         if self.last is not None:
             step = np.clip(out - self.last, -self.max_step, self.max_step)
-            slewed = self.last + step
-            if not np.array_equal(slewed, out):
-                self.slewed_ticks += 1
-            out = slewed
+            limited = self.last + step
+            slewed = not np.array_equal(limited, out)
+            out = limited
+        if not np.isfinite(out).all():
+            raise UnsafeTarget(f"command would be non-finite {out.tolist()} (last command {self.last})")
+        self.clamped_ticks += clamped
+        self.slewed_ticks += slewed
         self.last = out.astype(np.float32)
         return self.last

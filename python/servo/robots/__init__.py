@@ -1,4 +1,4 @@
-"""Robot drivers: the `Robot` protocol, a simulated and a real SO-100 arm, and their registry.
+"""Robot drivers: the `Robot` / `Cameras` protocols, a simulated and a real SO-100 arm, and their registry.
 
 Importing this package starts nothing and loads neither OpenCV nor any device; drivers are
 picked by name from `ROBOTS` / `make_robot`.
@@ -14,7 +14,7 @@ from .calibration import (
     load_calibration,
     save_calibration,
 )
-from .cameras import CameraError, OpenCVCamera, OpenCVCameraConfig
+from .cameras import CameraError, CameraGroup, OpenCVCamera, OpenCVCameraConfig
 from .capture import CaptureThread, LatestFrame
 from .feetech import (
     STS3215,
@@ -26,9 +26,19 @@ from .feetech import (
     FeetechTimeoutError,
     Register,
 )
-from .protocol import CameraSpec, FloatArray, Frame, Robot, RobotSpec
-from .registry import ROBOTS, RobotEntry, SimOptions, SO100Options, make_robot, options_help, robot_options
+from .protocol import Cameras, CameraSpec, FloatArray, Frame, NoCameras, PoseSource, Robot, RobotSpec
+from .registry import (
+    ROBOTS,
+    RobotDescription,
+    RobotEntry,
+    SimOptions,
+    SO100Options,
+    make_robot,
+    options_help,
+    robot_options,
+)
 from .sim import SimCameraConfig, SimConfig, SimSO100
+from .sim_cameras import SimCameras
 from .so100 import SO100, SO100Config
 
 __all__ = [
@@ -38,7 +48,9 @@ __all__ = [
     "CalibrationError",
     "CalibrationNotFoundError",
     "CameraError",
+    "CameraGroup",
     "CameraSpec",
+    "Cameras",
     "CaptureThread",
     "FeetechBus",
     "FeetechChecksumError",
@@ -51,16 +63,20 @@ __all__ = [
     "JointNormalizer",
     "LatestFrame",
     "MotorCalibration",
+    "NoCameras",
     "NormMode",
     "OpenCVCamera",
     "OpenCVCameraConfig",
+    "PoseSource",
     "Register",
     "Robot",
+    "RobotDescription",
     "RobotEntry",
     "RobotSpec",
     "SO100Config",
     "SO100Options",
     "SimCameraConfig",
+    "SimCameras",
     "SimConfig",
     "SimOptions",
     "SimSO100",

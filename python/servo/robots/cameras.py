@@ -175,3 +175,40 @@ def _grab(cv2: Any, capture: Any) -> Frame | None:
         return None
     rgb: Frame = np.ascontiguousarray(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
     return rgb
+
+
+class CameraGroup:
+    """Named OpenCV cameras as one `Cameras`: a real robot's cameras in the edge's main process.
+
+    `connect` and `disconnect` are called by the owner; `read_cameras` from any thread.
+    """
+
+    def __init__(self, cameras: dict[str, OpenCVCamera]) -> None:
+        self.cameras = cameras
+
+    def connect(self) -> None:
+        """Connect every camera; on a failure the ones already connected are released again.
+
+        Raises:
+            CameraError: a camera did not open or delivered no (or wrongly sized) frames.
+        """
+        try:
+            for camera in self.cameras.values():
+                camera.connect()
+        except BaseException:
+            self.disconnect()
+            raise
+
+    def disconnect(self) -> None:
+        """Disconnect every camera. Idempotent."""
+        for camera in self.cameras.values():
+            camera.disconnect()
+
+    def read_cameras(self) -> dict[str, Frame]:
+        """Newest frame of every camera, without waiting."""
+        frames: dict[str, Frame] = {}
+        for name, camera in self.cameras.items():
+            frame = camera.latest()
+            if frame is not None:
+                frames[name] = frame
+        return frames

@@ -1,9 +1,15 @@
-"""The contract between the edge runtime and a robot driver.
+"""The contract between the edge runtime and a robot driver: joints and cameras, apart.
 
-A driver is owned by the edge's control-loop thread: `read_state` and `send_action` are called
-from that thread once per tick and must return within a small fraction of the tick. Camera frames
-are produced by the driver's own capture threads; `read_cameras` only hands out the newest frame
-each camera already has, so the control loop never waits on a camera.
+A robot is two halves that live in different processes (`Robot` used to be one object with
+``read_cameras``; the cameras moved out so camera work never shares a process with the tick):
+
+* `Robot` — the joints. Owned by the edge's control loop (the control process, or the control
+  thread of the sequential engine), which builds it from a `servo.robots.RobotDescription`:
+  `read_state` and `send_action` are called once per tick and must return within a small
+  fraction of it.
+* `Cameras` — owned by the edge's main process. Each camera's capture thread drops its newest
+  frame into a slot; `read_cameras` hands the newest frames out without waiting. A simulated
+  camera renders the newest joint state the control loop published (a `PoseSource`).
 """
 
 from __future__ import annotations
@@ -76,33 +82,68 @@ class RobotSpec:
 
 @runtime_checkable
 class Robot(Protocol):
-    """A position-controlled robot driven by the edge control loop.
+    """The joints of a position-controlled robot, driven by the edge control loop.
 
-    Owned by the control-loop thread; `connect`/`disconnect` may block (serial I/O, camera
-    start-up) and are called off the event loop.
+    Owned by the control loop's thread; `connect`/`disconnect` may block (serial I/O) and are
+    called by that thread before the first and after the last tick.
     """
 
     @property
     def spec(self) -> RobotSpec:
-        """Static description of the robot."""
+        """Static description of the robot (joints, limits, rate, and its cameras)."""
         ...
 
     def connect(self) -> None:
-        """Open the hardware (bus, cameras) and start capture threads."""
+        """Open the hardware (bus) and make the joints hold their pose."""
         ...
 
     def disconnect(self) -> None:
-        """Stop capture threads and release the hardware. Idempotent."""
+        """Release the hardware. Idempotent."""
         ...
 
     def read_state(self) -> FloatArray:
         """Current joint positions, float32 of shape (action_dim,)."""
         ...
 
+    def send_action(self, target: FloatArray) -> None:
+        """Command joint position targets (already checked and clamped by the edge's safety layer)."""
+        ...
+
+
+@runtime_checkable
+class Cameras(Protocol):
+    """A robot's cameras, owned by the edge's main process (capture runs on their own threads)."""
+
+    def connect(self) -> None:
+        """Start capturing; returns once every camera delivered a frame."""
+        ...
+
+    def disconnect(self) -> None:
+        """Stop capturing and release the devices. Idempotent."""
+        ...
+
     def read_cameras(self) -> dict[str, Frame]:
         """Newest frame of every camera (no waiting; frames must not be mutated by the caller)."""
         ...
 
-    def send_action(self, target: FloatArray) -> None:
-        """Command joint position targets (already clamped by the edge's safety layer)."""
+
+class PoseSource(Protocol):
+    """Where simulated cameras get the joint state to render (any thread may ask)."""
+
+    def latest_pose(self) -> FloatArray | None:
+        """Newest joint positions, or None before the first one."""
         ...
+
+
+class NoCameras:
+    """The `Cameras` of a robot without any. Stateless."""
+
+    def connect(self) -> None:
+        """Nothing to start."""
+
+    def disconnect(self) -> None:
+        """Nothing to stop."""
+
+    def read_cameras(self) -> dict[str, Frame]:
+        """No frames."""
+        return {}

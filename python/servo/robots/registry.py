@@ -3,11 +3,17 @@
 Every driver's options are a frozen msgspec Struct (constraints and a sentence of help per field),
 converted by `servo.config` from what a user gives on the command line (``--robot-opt KEY=VALUE``,
 text) or in a TOML table (typed values), so a bad option is one line naming it and what is valid.
-Nothing registers itself on import: a new driver is one more row in `ROBOTS`.
+Nothing registers itself on import: a new driver is one more row in `ROBOTS`, and a driver that
+lives elsewhere (a test fake, an out-of-tree arm) is named by the path of its `RobotEntry`,
+``package.module:NAME``.
+
+A `RobotDescription` (type + options) is what the edge hands its control process, which builds
+the joints there; the edge builds the cameras from the same description in its main process.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,9 +24,10 @@ import msgspec
 from servo.config import ConfigError, FieldError, convert, fields_of, is_sequence_type
 
 from .calibration import CalibrationError
-from .cameras import OpenCVCameraConfig
-from .protocol import Robot
+from .cameras import CameraGroup, OpenCVCamera, OpenCVCameraConfig
+from .protocol import Cameras, NoCameras, PoseSource, Robot, RobotSpec
 from .sim import SimCameraConfig, SimConfig, SimSO100
+from .sim_cameras import SimCameras
 from .so100 import SO100, SO100Config
 from .so100_joints import JOINT_NAMES as SO100_JOINTS
 
@@ -142,8 +149,8 @@ class SO100Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise FieldError("cameras", f"camera {entry.name!r} needs a device index or path")
 
 
-def make_sim(options: SimOptions) -> Robot:
-    """Build a `SimSO100` from its options."""
+def sim_config(options: SimOptions) -> SimConfig:
+    """The `SimConfig` of sim options."""
     cameras = []
     for entry in parse_cameras(options.cameras):
         default = SimCameraConfig(entry.name)
@@ -156,7 +163,7 @@ def make_sim(options: SimOptions) -> Robot:
             )
         )
     extra: dict[str, Any] = {} if options.initial_pose is None else {"initial_pose": options.initial_pose}
-    config = SimConfig(
+    return SimConfig(
         fps=options.fps,
         cameras=tuple(cameras),
         time_constant_s=options.time_constant_s,
@@ -165,11 +172,19 @@ def make_sim(options: SimOptions) -> Robot:
         realtime=options.realtime,
         **extra,
     )
-    return SimSO100(config)
 
 
-def make_so100(options: SO100Options) -> Robot:
-    """Build an `SO100`; its calibration file is loaded here, before any port is touched."""
+def make_sim(options: SimOptions) -> Robot:
+    """Build the joints of a `SimSO100` from its options."""
+    return SimSO100(sim_config(options))
+
+
+def make_sim_cameras(options: SimOptions, poses: PoseSource) -> Cameras:
+    """Build the sim's cameras, rendering the poses ``poses`` publishes."""
+    return SimCameras(sim_config(options), poses)
+
+
+def _opencv_cameras(options: SO100Options) -> dict[str, OpenCVCameraConfig]:
     cameras = {}
     for entry in parse_cameras(options.cameras):
         assert entry.source is not None  # SO100Options.check
@@ -180,11 +195,16 @@ def make_so100(options: SO100Options) -> Robot:
             height=entry.height or default.height,
             fps=entry.fps or default.fps,
         )
+    return cameras
+
+
+def make_so100(options: SO100Options) -> Robot:
+    """Build an `SO100`; its calibration file is loaded here, before any port is touched."""
     config = SO100Config(
         port=options.port,
         calibration_path=options.calibration or None,
         robot_id=options.id or None,
-        cameras=cameras,
+        cameras=_opencv_cameras(options),
         max_relative_target=options.max_relative_target,
         use_degrees=options.use_degrees,
         disable_torque_on_disconnect=options.disable_torque_on_disconnect,
@@ -196,20 +216,69 @@ def make_so100(options: SO100Options) -> Robot:
     return SO100(config)
 
 
+def make_so100_cameras(options: SO100Options, poses: PoseSource) -> Cameras:
+    """Build the arm's OpenCV cameras (nothing is opened until `connect`)."""
+    return CameraGroup({name: OpenCVCamera.from_config(cam, name) for name, cam in _opencv_cameras(options).items()})
+
+
+def no_cameras(options: object, poses: PoseSource) -> Cameras:
+    """The cameras of a robot without any."""
+    return NoCameras()
+
+
 @dataclass(frozen=True)
 class RobotEntry:
-    """A row of `ROBOTS`: the driver's options and how to build it from them."""
+    """A row of `ROBOTS`: the driver's options, how to build its joints and its cameras."""
 
     options: type[msgspec.Struct]
     build: Callable[[Any], Robot]
     summary: str
+    cameras: Callable[[Any, PoseSource], Cameras] = no_cameras
 
 
 ROBOTS: dict[str, RobotEntry] = {
-    "sim": RobotEntry(SimOptions, make_sim, "simulated SO-100 arm with rendered cameras (no hardware)"),
-    "so100": RobotEntry(SO100Options, make_so100, "real SO-100 follower arm (Feetech STS3215 bus)"),
+    "sim": RobotEntry(
+        SimOptions, make_sim, "simulated SO-100 arm with rendered cameras (no hardware)", make_sim_cameras
+    ),
+    "so100": RobotEntry(SO100Options, make_so100, "real SO-100 follower arm (Feetech STS3215 bus)", make_so100_cameras),
 }
-"""Robot type -> options and factory."""
+"""Robot type -> options and factories."""
+
+
+class RobotDescription(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Which robot to drive and with which options: what the edge hands its control process.
+
+    Plain data (it crosses to the control process as JSON): the joints are built where they are
+    driven, the cameras where frames are used, from the same description.
+    """
+
+    robot: Annotated[str, _doc("A robot type of ROBOTS, or package.module:NAME naming a RobotEntry.")]
+    options: Annotated[dict[str, Any], _doc("Flat options (command-line text or typed TOML values).")] = {}
+
+    def build(self) -> Robot:
+        """The robot's joints (not connected).
+
+        Raises:
+            ConfigError: unknown robot, bad option, or a combination the driver refuses.
+            CalibrationError: a real arm's calibration file is missing or malformed.
+        """
+        return make_robot(self.robot, self.options)
+
+    def build_cameras(self, poses: PoseSource) -> Cameras:
+        """The robot's cameras (not connected); simulated ones render what ``poses`` publishes.
+
+        Raises:
+            ConfigError: unknown robot or bad option.
+        """
+        return _entry(self.robot).cameras(robot_options(self.robot, self.options), poses)
+
+    def spec(self) -> RobotSpec:
+        """The robot's spec (building a driver opens nothing).
+
+        Raises:
+            ConfigError, CalibrationError: as `build`.
+        """
+        return self.build().spec
 
 
 def robot_options(robot_type: str, options: Mapping[str, object] | None = None) -> msgspec.Struct:
@@ -257,7 +326,20 @@ def options_help(robot_type: str) -> list[str]:
 
 
 def _entry(robot_type: str) -> RobotEntry:
+    if ":" in robot_type:
+        return _entry_at(robot_type)
     entry = ROBOTS.get(robot_type)
     if entry is None:
         raise ConfigError(f"unknown robot type {robot_type!r}; valid types: {', '.join(sorted(ROBOTS))}")
+    return entry
+
+
+def _entry_at(path: str) -> RobotEntry:
+    module_name, _, name = path.partition(":")
+    try:
+        entry = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"robot {path!r}: cannot import it ({exc})") from None
+    if not isinstance(entry, RobotEntry):
+        raise ConfigError(f"robot {path!r}: expected a RobotEntry, got {type(entry).__name__}")
     return entry

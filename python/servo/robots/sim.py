@@ -1,4 +1,4 @@
-"""Simulated SO-100 follower arm: first-order joint dynamics and rendered cameras.
+"""Simulated SO-100 follower arm: first-order joint dynamics (its cameras: `servo.robots.sim_cameras`).
 
 Units and feature names are LeRobot's ``so100_follower`` with ``use_degrees=True`` (see
 `servo.robots.so100_joints`), so policies and recorded datasets line up with the real arm.
@@ -6,7 +6,6 @@ Units and feature names are LeRobot's ``so100_follower`` with ``use_degrees=True
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -19,9 +18,7 @@ import numpy.typing as npt
 from servo.logs import get_logger
 
 from . import so100_joints as joints
-from .capture import CaptureThread, LatestFrame
-from .protocol import CameraSpec, FloatArray, Frame, RobotSpec
-from .sim_render import ArmRenderer, view_for
+from .protocol import CameraSpec, FloatArray, RobotSpec
 
 _log = get_logger(__name__)
 
@@ -56,7 +53,7 @@ class SimConfig:
         initial_pose: Joint positions (and target) at construction.
         realtime: Advance the dynamics by the monotonic time elapsed since the last call; with
             ``False`` only `SimSO100.step` moves the arm, for deterministic tests.
-        first_frame_timeout_s: How long `SimSO100.connect` waits for every camera's first frame.
+        first_frame_timeout_s: How long `SimCameras.connect` waits for every camera's first frame.
     """
 
     fps: float = 30.0
@@ -124,33 +121,16 @@ def first_order_step(position: F64, target: F64, dt: float, time_constant_s: flo
     return result
 
 
-class _PoseBoard:
-    """Newest simulated joint positions, published for the camera renderers.
-
-    Written by the control-loop thread, read by the capture threads. The pose array is replaced,
-    never mutated, so a reader always sees one consistent pose.
-    """
-
-    __slots__ = ("pose",)
-
-    def __init__(self, pose: F64) -> None:
-        self.pose = pose
-
-
-def _render(renderer: ArmRenderer, board: _PoseBoard) -> Frame:
-    return renderer.render(board.pose)
-
-
 class SimSO100:
-    """A simulated SO-100 follower arm implementing the `Robot` protocol.
+    """The joints of a simulated SO-100 follower arm, implementing the `Robot` protocol.
 
     Owned by the control-loop thread: `read_state`, `send_action` and `step` advance and command
-    the joint dynamics on that thread. Each camera renders on its own capture thread from the
-    newest published pose, at its own fps, into a latest-frame slot.
+    the joint dynamics on that thread. Its cameras (`servo.robots.sim_cameras.SimCameras`) render
+    the pose the control loop publishes; in one process the arm itself is that `PoseSource`.
     """
 
     def __init__(self, config: SimConfig | None = None) -> None:
-        """Create the simulator (no threads start until `connect`).
+        """Create the simulator.
 
         Args:
             config: Simulation knobs; defaults to `SimConfig()`.
@@ -175,10 +155,8 @@ class SimSO100:
         self._position = np.asarray(cfg.initial_pose, dtype=np.float64)
         self._target = self._position.copy()
         self._rng = np.random.default_rng(cfg.seed)
-        self._board = _PoseBoard(self._frozen(self._position))
+        self._pose = self._frozen(self._position)
         self._last_t = time.monotonic()
-        self._slots: dict[str, LatestFrame] = {}
-        self._threads: list[CaptureThread] = []
         self._connected = False
         self._log = _log.bind(robot="sim")
 
@@ -202,41 +180,22 @@ class SimSO100:
         """Current commanded target, a copy."""
         return self._target.copy()
 
+    def latest_pose(self) -> FloatArray:
+        """True (noise-free) joint positions, read-only float32 (the `PoseSource` of its cameras)."""
+        return self._pose
+
     def connect(self) -> None:
-        """Start the camera threads and wait for each camera's first frame. Idempotent."""
+        """Start the dynamics clock. Idempotent."""
         if self._connected:
             return
         self._last_t = time.monotonic()
-        try:
-            for index, cam in enumerate(self.config.cameras):
-                renderer = ArmRenderer(cam.height, cam.width, view_for(cam.name, index), seed=self.config.seed + index)
-                slot = LatestFrame()
-                thread = CaptureThread(
-                    cam.name,
-                    functools.partial(_render, renderer, self._board),
-                    slot,
-                    owner=self,
-                    period_s=1.0 / cam.fps,
-                )
-                self._slots[cam.name] = slot
-                self._threads.append(thread)
-                thread.start()
-            for name, slot in self._slots.items():
-                if slot.wait(0, self.config.first_frame_timeout_s) is None:
-                    raise RuntimeError(
-                        f"simulated camera {name!r} produced no frame within {self.config.first_frame_timeout_s} s"
-                    )
-        except BaseException:
-            self._stop_cameras()
-            raise
         self._connected = True
-        self._log.info("connected", cameras=list(self._slots))
+        self._log.info("connected")
 
     def disconnect(self) -> None:
-        """Stop and join the camera threads. Idempotent."""
-        if not self._connected and not self._threads:
+        """Stop taking commands. Idempotent."""
+        if not self._connected:
             return
-        self._stop_cameras()
         self._connected = False
         self._log.info("disconnected")
 
@@ -249,36 +208,6 @@ class SimSO100:
         if self.config.noise_std > 0:
             state = state + self._rng.normal(0.0, self.config.noise_std, size=state.shape)
         return state.astype(np.float32)
-
-    def read_cameras(self) -> dict[str, Frame]:
-        """Newest rendered frame of every camera, without waiting."""
-        self._require_connected("read_cameras")
-        frames: dict[str, Frame] = {}
-        for name, slot in self._slots.items():
-            frame = slot.latest()
-            if frame is not None:
-                frames[name] = frame
-        return frames
-
-    def wait_for_frames(self, timeout_s: float = 1.0) -> dict[str, Frame]:
-        """One frame per camera, each rendered entirely after this call began.
-
-        For start-up and tests; the control loop uses `read_cameras`, which never waits.
-
-        Raises:
-            TimeoutError: A camera produced no such frame within ``timeout_s``.
-        """
-        self._require_connected("wait_for_frames")
-        seen = {name: slot.seq for name, slot in self._slots.items()}
-        deadline = time.monotonic() + timeout_s
-        frames: dict[str, Frame] = {}
-        for name, slot in self._slots.items():
-            # The frame being rendered at the call may still show the old pose; the next cannot.
-            frame = slot.wait(seen[name] + 1, max(deadline - time.monotonic(), 0.0))
-            if frame is None:
-                raise TimeoutError(f"simulated camera {name!r} produced no frame in {timeout_s} s")
-            frames[name] = frame
-        return frames
 
     def send_action(self, target: FloatArray) -> None:
         """Set the joint targets, clamped to the joint limits like a servo's position limits.
@@ -327,19 +256,14 @@ class SimSO100:
 
     def _advance(self, dt: float) -> None:
         self._position = first_order_step(self._position, self._target, dt, self.config.time_constant_s, self._vmax)
-        self._board.pose = self._frozen(self._position)
+        self._pose = self._frozen(self._position)
 
     @staticmethod
-    def _frozen(pose: F64) -> F64:
-        snapshot = pose.copy()
+    def _frozen(pose: F64) -> FloatArray:
+        # Replaced, never mutated: a camera thread reading it sees one consistent pose.
+        snapshot = pose.astype(np.float32)
         snapshot.flags.writeable = False
         return snapshot
-
-    def _stop_cameras(self) -> None:
-        for thread in self._threads:
-            thread.stop()
-        self._threads.clear()
-        self._slots.clear()
 
     def _require_connected(self, what: str) -> None:
         if not self._connected:

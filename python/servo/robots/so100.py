@@ -1,4 +1,6 @@
-"""The real SO-100 follower arm: six STS3215 servos on a Feetech bus, plus OpenCV cameras.
+"""The real SO-100 follower arm: six STS3215 servos on a Feetech bus.
+
+Its OpenCV cameras are a `servo.robots.cameras.CameraGroup` in the edge's main process.
 
 Behaves like LeRobot's ``so100_follower`` (same motor ids, feature names, units, calibration
 file and connect-time configuration) so policies trained on LeRobot datasets drive it unchanged.
@@ -26,9 +28,9 @@ from .calibration import (
     default_calibration_path,
     load_calibration,
 )
-from .cameras import OpenCVCamera, OpenCVCameraConfig
+from .cameras import OpenCVCameraConfig
 from .feetech import STS3215, FeetechBus, FeetechError, describe_status_error
-from .protocol import FloatArray, Frame, RobotSpec
+from .protocol import FloatArray, RobotSpec
 
 _log = get_logger(__name__)
 
@@ -52,7 +54,7 @@ class SO100Config:
         calibration_path: LeRobot calibration JSON to use.
         robot_id: Instead of a path, the LeRobot robot id: the file is looked up where LeRobot
             writes it (`default_calibration_path`). Exactly one of the two must be given.
-        cameras: Camera name -> OpenCV camera config.
+        cameras: Camera name -> OpenCV camera config (for the spec; the edge opens them).
         max_relative_target: If set, each command moves a joint at most this far (units) from
             the last read position, like LeRobot's option of the same name.
         use_degrees: Arm joints in degrees (LeRobot's default); ``False`` gives -100..100.
@@ -90,11 +92,12 @@ class SO100Config:
 
 
 class SO100:
-    """The SO-100 follower arm, implementing the `Robot` protocol.
+    """The SO-100 follower arm's joints, implementing the `Robot` protocol.
 
     Owned by the control-loop thread: the bus is half-duplex and not thread-safe, so `connect`,
-    `read_state`, `send_action` and `disconnect` must all come from that one thread. Cameras
-    capture on their own threads.
+    `read_state`, `send_action` and `disconnect` must all come from that one thread. Its cameras
+    are opened by the edge's main process, before this arm is connected (as LeRobot does: a
+    camera that fails to start must not leave a powered arm behind).
     """
 
     def __init__(self, config: SO100Config) -> None:
@@ -112,7 +115,6 @@ class SO100:
         modes = [body] * 5 + [NormMode.RANGE_0_100]
         self._norm = JointNormalizer(cals, modes, STS3215.RESOLUTION)
         self._spec = self._build_spec(cals, modes)
-        self._cameras = {name: OpenCVCamera.from_config(cam, name) for name, cam in config.cameras.items()}
         self._bus = FeetechBus(config.port, config.baudrate, config.timeout_s, config.retries)
         self._last_state: FloatArray | None = None
         self._torque_may_be_on = False
@@ -130,14 +132,13 @@ class SO100:
         return self._bus.is_open
 
     def connect(self) -> None:
-        """Open the bus, check the motors, start the cameras, configure motors, enable torque.
+        """Open the bus, check the motors, configure them, enable torque.
 
-        Idempotent. On failure everything opened so far is closed again.
+        Idempotent. On failure the bus is closed again (torque released if it was enabled).
 
         Raises:
             ConnectionError: Motors are missing or are not STS3215s.
             FeetechError: Bus errors.
-            CameraError: A camera does not deliver frames.
         """
         if self._bus.is_open:
             return
@@ -146,10 +147,6 @@ class SO100:
         self._last_state = None
         try:
             self._check_motors()
-            # Cameras before torque, as LeRobot does: a camera that fails to start must not
-            # leave a powered arm behind.
-            for camera in self._cameras.values():
-                camera.connect()
             self._configure()
         except BaseException:
             self._close(disable_torque=self._torque_may_be_on)
@@ -157,8 +154,8 @@ class SO100:
         self._log.info("connected", calibration=str(self.calibration_path))
 
     def disconnect(self) -> None:
-        """Optionally release torque, close the bus and stop cameras. Idempotent."""
-        if not self._bus.is_open and not any(c.is_connected for c in self._cameras.values()):
+        """Optionally release torque and close the bus. Idempotent."""
+        if not self._bus.is_open:
             return
         self._close(disable_torque=self.config.disable_torque_on_disconnect)
         self._log.info("disconnected")
@@ -171,15 +168,6 @@ class SO100:
         state = self._norm.to_units(ticks).astype(np.float32)
         self._last_state = state
         return state
-
-    def read_cameras(self) -> dict[str, Frame]:
-        """Newest frame of every camera, without waiting."""
-        frames: dict[str, Frame] = {}
-        for name, camera in self._cameras.items():
-            frame = camera.latest()
-            if frame is not None:
-                frames[name] = frame
-        return frames
 
     def send_action(self, target: FloatArray) -> None:
         """Command joint targets: unnormalise, clamp to the calibrated range, one sync write.
@@ -292,8 +280,6 @@ class SO100:
                         self._log.error("could not disable torque", motor_id=mid, error=str(exc))
         finally:
             self._bus.close()
-            for camera in self._cameras.values():
-                camera.disconnect()
 
     def _note_status_errors(self) -> None:
         # Overload is routine while the gripper squeezes an object, so status bits are logged

@@ -1,0 +1,182 @@
+"""The control loop in its own process: actions merged here are executed there, the state and the
+camera frames come back, the engine is woken, and the two processes' lifetimes are tied."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from servo.edge.channel import ControlChannel, LoopState
+from servo.edge.control_process import ProcessControlLoop
+from servo.edge.errors import EdgeStartError
+from servo.edge.observation import ObservationInput
+from servo.edge.pipeline import ChunkPipeline
+from servo.edge.ticker import request_realtime
+from servo.robots import RobotDescription
+from tests.edge.fakes import eventually
+
+pytestmark = pytest.mark.anyio
+
+SIM = RobotDescription("sim", {"cameras": "front:64x48", "fps": "50"})
+
+
+def pipeline(**options: object) -> ChunkPipeline:
+    values: dict[str, object] = {
+        "rtc": False,
+        "execution_horizon": 0,
+        "buffer_time_s": 0.2,
+        "max_action_age_s": 60.0,
+        "fallback": "hold",
+    }
+    values.update(options)
+    return ChunkPipeline(6, 50.0, **values)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def process_loop(robot: RobotDescription, pipe: ChunkPipeline) -> AsyncIterator[ProcessControlLoop]:
+    spec = robot.spec()
+    channel = ControlChannel.create(spec.action_dim, shared=True, recording=True)
+    cameras = robot.build_cameras(channel)
+    cameras.connect()
+    loop = ProcessControlLoop(
+        channel, cameras, robot, action_dim=spec.action_dim, pipeline=pipe.memory, feed=pipe.feed_config
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(loop.run)
+            try:
+                yield loop
+            finally:
+                await loop.stop()
+    finally:
+        cameras.disconnect()
+
+
+def merge(pipe: ChunkPipeline, chunk: np.ndarray, seq: int) -> None:
+    obs = ObservationInput(np.zeros(6, np.float32), {}, time.monotonic_ns())
+    assert pipe.complete(pipe.snapshot(obs), chunk, chunk, time.monotonic_ns(), session_id="ab" * 16, seq_id=seq) == 0
+
+
+def can_be_realtime() -> bool:
+    granted: list[bool] = []
+    probe = threading.Thread(target=lambda: granted.append(request_realtime()))
+    probe.start()
+    probe.join()
+    return granted[0]
+
+
+async def test_actions_merged_here_run_there_and_the_state_and_frames_come_back() -> None:
+    pipe = pipeline()
+    spec = SIM.spec()
+    async with process_loop(SIM, pipe) as loop:
+        first = loop.latest()
+        assert first is not None
+        assert set(first.images) == {"front"}
+        target = np.asarray(spec.rest_pose, np.float32) + np.array([25, 0, 0, 0, 0, 0], np.float32)
+        merge(pipe, np.tile(target, (40, 1)), seq=1)
+        await eventually(lambda: loop.statistics().actions_executed >= 40, 10, "the chunk executed")
+        await eventually(lambda: pipe.fallback_ticks > 0, 5, "the queue ran dry (counted there, read here)")
+        latest = loop.latest()
+        assert latest is not None
+        assert latest.mono_ns > first.mono_ns
+        assert latest.state[0] > first.state[0] + 10  # the arm moved toward the target
+        # The sim cameras (in this process) render the pose the control process published.
+        assert np.any(latest.images["front"] != first.images["front"])
+        stats = loop.statistics()
+        assert stats.state is LoopState.RUNNING
+        assert stats.realtime == can_be_realtime()
+    assert loop.statistics().state is LoopState.STOPPED
+    assert pipe.queue.statistics().actions_consumed == 40
+    records = loop.drain()
+    policy = [r for r in records if r.source == "policy"]
+    assert len(policy) == 40
+    assert {(r.provenance.session_id, r.provenance.seq_id) for r in policy if r.provenance} == {("ab" * 16, 1)}
+    assert [r.tick for r in records] == list(range(len(records)))
+
+
+async def test_the_engine_is_woken_as_soon_as_the_queue_runs_low() -> None:
+    pipe = pipeline()
+    async with process_loop(SIM, pipe) as loop:
+        merge(pipe, np.tile(np.asarray(SIM.spec().rest_pose, np.float32), (30, 1)), seq=1)
+        with anyio.fail_after(20):  # without the bell the wait would run its full 30 s
+            await loop.wait(queue_below=10, timeout=30.0)
+        assert pipe.queued() < 10
+
+
+async def test_a_robot_that_fails_to_connect_there_is_a_start_error_here() -> None:
+    pipe = pipeline()
+    unplugged = RobotDescription("tests.edge.fakes:UNPLUGGED", {"cameras": "none"})
+    start_error = pytest.RaisesExc(
+        EdgeStartError, match=r"^the control loop did not start: robot: .*could not open port"
+    )
+    with pytest.RaisesGroup(start_error, flatten_subgroups=True):
+        async with process_loop(unplugged, pipe):
+            pass  # pragma: no cover
+
+
+EDGE = """
+import sys, anyio
+from servo.edge.config import EdgeConfig
+from servo.edge.replay import ReplayEngine
+from servo.edge.runtime import EdgeRuntime, RunOptions
+from servo.robots import RobotDescription
+
+robot = RobotDescription("sim", {"cameras": "none"})
+engine = ReplayEngine(EdgeConfig(), robot.spec(), sys.argv[1], loop=True)
+runtime = EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(park_timeout_s=3.0))
+
+async def main():
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(runtime.run)
+        while runtime.loop is None or not runtime.loop.running:
+            await anyio.sleep(0.01)
+        print(runtime.loop.pid, flush=True)
+
+anyio.run(main)
+"""
+
+
+def test_the_control_process_parks_and_exits_when_the_edge_is_killed(tmp_path: Path) -> None:
+    from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter
+    from servo.wire import encode_tensor
+
+    spec = RobotDescription("sim", {"cameras": "none"}).spec()
+    replay = tmp_path / "loop.servo"
+    writer = RecordingWriter(replay, EpisodeHeader(robot="sim", fps=30.0, joint_names=list(spec.joint_names)))
+    for i in range(30):
+        pose = np.asarray(spec.rest_pose, np.float32) + np.float32(i)
+        writer.write(FrameRecord(i, i, encode_tensor(pose), encode_tensor(pose), "policy"))
+    writer.close()
+    edge = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(EDGE), str(replay)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert edge.stdout is not None
+        pid = int(edge.stdout.readline())
+        control = os.pidfd_open(pid)
+        try:
+            edge.send_signal(signal.SIGKILL)  # no teardown at all
+            edge.wait(10)
+            # The watchdog sees stdin close, parks (at most park_timeout_s) and exits.
+            readable, _, _ = select.select([control], [], [], 30)
+            assert readable, "the control process outlived the edge"
+        finally:
+            os.close(control)
+    finally:
+        edge.kill()
+        edge.wait(10)
+        if edge.stdout is not None:
+            edge.stdout.close()
