@@ -75,11 +75,17 @@ class PolicyClient:
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls, settings: ZenohSettings, client_id: str | None = None, **options: object
+        cls,
+        settings: ZenohSettings,
+        client_id: str | None = None,
+        *,
+        jpeg_quality: int = 90,
+        trusted: TrustedServers | None = None,
+        max_chunk_steps: int = MAX_CHUNK_STEPS,
     ) -> AsyncIterator[PolicyClient]:
-        """Open a Zenoh session for the client and close it on exit (``options`` as for the constructor)."""
+        """Open a Zenoh session for the client and close it on exit (options as for the constructor)."""
         async with open_session(settings) as zsession:
-            yield cls(zsession, client_id, **options)  # type: ignore[arg-type]
+            yield cls(zsession, client_id, jpeg_quality=jpeg_quality, trusted=trusted, max_chunk_steps=max_chunk_steps)
 
     def statistics(self) -> ClientStatistics:
         """What this client refused so far (rejected chunks by reason, rogue replicas, …)."""

@@ -24,6 +24,7 @@ from anyio.from_thread import BlockingPortal
 
 from servo.client.policy_client import PolicyClient
 from servo.client.session import RemoteSession
+from servo.client.trust import TrustedServers
 from servo.transport import ZenohSettings
 from servo.wire import Features
 from servo.wire.openpi import ObservationKeys, action_reply, policy_metadata, read_observation
@@ -51,10 +52,13 @@ class SyncPolicyClient:
         client_id: This client's id (a key segment); a random one when omitted.
         jpeg_quality: JPEG quality for frames, 0 sends raw pixels.
         timeout: Per-request timeout (s).
+        trusted_servers: Pins (``ed25519:…`` fingerprints and/or replica ids, see
+            `TrustedServers`); any server when empty.
 
     Raises:
-        NoServerFound: no server answered.
+        NoServerFound: no (trusted) server answered.
         SessionRejected: every server refused the session.
+        WireError: a malformed ``trusted_servers`` entry.
     """
 
     def __init__(
@@ -71,11 +75,13 @@ class SyncPolicyClient:
         client_id: str | None = None,
         jpeg_quality: int = 90,
         timeout: float = 5.0,
+        trusted_servers: Sequence[str] = (),
     ) -> None:
         endpoints = [connect] if isinstance(connect, str) else list(connect)
         self._settings = zenoh or ZenohSettings(mode="client", connect=endpoints)
         self._keys = observation or ObservationKeys()
         self._timeout = timeout
+        self._trusted = TrustedServers.parse(trusted_servers)
         self._lock = threading.Lock()
         self._loop = _LoopThread()
         self._stack = AsyncExitStack()
@@ -98,7 +104,7 @@ class SyncPolicyClient:
         jpeg_quality: int,
     ) -> RemoteSession:
         client = await self._stack.enter_async_context(
-            PolicyClient.connect(self._settings, client_id, jpeg_quality=jpeg_quality)
+            PolicyClient.connect(self._settings, client_id, jpeg_quality=jpeg_quality, trusted=self._trusted)
         )
         try:
             if features is None or fps is None:
