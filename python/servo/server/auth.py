@@ -119,7 +119,10 @@ class SessionAuth:
 
 @dataclass(frozen=True)
 class Handshake:
-    """The server's half of a session open: the session's auth state and what the ack carries."""
+    """The server's half of a session open: the session's auth state and what the ack carries.
+
+    Made and consumed by the control plane on the event loop (frozen).
+    """
 
     auth: SessionAuth
     server_key: bytes

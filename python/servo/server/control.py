@@ -62,7 +62,7 @@ _THROTTLE = LogThrottle(1.0)
 
 @dataclass(frozen=True)
 class Sealed:
-    """A reply authenticated by a session key (control acks)."""
+    """A reply authenticated by a session key (control acks); made and sent on the event loop."""
 
     message: msgspec.Struct
     key: SessionKey

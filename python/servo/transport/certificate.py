@@ -88,7 +88,7 @@ def subject_common_name(der: bytes) -> str:
 
 
 class _Reader:
-    """Reads DER TLVs from a buffer, every length checked against what is left."""
+    """Reads DER TLVs from a buffer, every length checked against what is left (one call owns it)."""
 
     def __init__(self, data: bytes) -> None:
         self._data = data
