@@ -234,3 +234,16 @@ def test_against_a_server_the_view_has_the_round_trip_and_the_delay(tmp_path: Pa
     assert max(scalars(entities, "/engine/queue_depth").values()) > 0
     assert "/engine/delay_steps" in entities
     assert len(entities["/cameras/front"]["EncodedImage:blob"]) >= 3  # ~5 a second for 3 s
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="DISPLAY / WAYLAND_DISPLAY say whether Linux has a screen")
+def test_display_on_a_machine_without_a_screen_says_what_to_use_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    display = Display(DisplayConfig(spawn=True, save=str(tmp_path / "run.rrd")))
+    with pytest.raises(
+        ConfigError, match=r"^--display: this machine has no screen .*--display-connect .*--display-save"
+    ):
+        display.start(SPEC, StillCameras())

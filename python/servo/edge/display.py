@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import queue
 import sys
 import threading
@@ -103,8 +104,8 @@ _STOP = object()
 class Display:
     """Streams a run to Rerun (see the module docstring).
 
-    The event loop calls `start`, `offer` and `close`; the display thread owns the Rerun
-    recording stream and reads the cameras (`Cameras.read_cameras` never waits). A Rerun error
+    The edge's event loop calls `start` (from a worker thread: spawning a viewer blocks), `offer`
+    and `close`; the display thread owns the Rerun recording stream and reads the cameras (`Cameras.read_cameras` never waits). A Rerun error
     stops the display, never the run.
 
     ::
@@ -146,7 +147,7 @@ class Display:
         self._joints = [rr.escape_entity_path_part(name) for name in spec.joint_names]
         self._cameras = cameras
         stream = rr.RecordingStream("servo-edge")
-        sinks = self._sinks()
+        sinks = self._sinks(stream)
         try:
             stream.set_sinks(*sinks, default_blueprint=self._blueprint(spec))
         except Exception as exc:
@@ -181,21 +182,18 @@ class Display:
     def close(self) -> None:
         """Log what is queued, flush the destinations and stop the thread. Idempotent.
 
-        Blocks at most about `CLOSE_TIMEOUT_S` (a viewer that stopped reading cannot hold up
-        the edge's teardown: the thread is then left behind, it is a daemon).
+        Blocks at most about twice `CLOSE_TIMEOUT_S`: a viewer that went away cannot hold up the
+        edge's teardown (the thread, a daemon, is then left behind with what it could not send).
         """
         thread, self._thread = self._thread, None
         if thread is None:
             return
         with contextlib.suppress(queue.Full):
             self._inbox.put(_STOP, timeout=CLOSE_TIMEOUT_S)
-        thread.join(CLOSE_TIMEOUT_S)
+        thread.join(CLOSE_TIMEOUT_S + 1.0)
         if thread.is_alive():
-            log.error("display thread did not stop in time; leaving it", timeout_s=CLOSE_TIMEOUT_S)
+            log.error("display did not finish in time; leaving it", timeout_s=CLOSE_TIMEOUT_S)
             return
-        if not self.failure:
-            self._stream.flush()
-            self._stream.disconnect()
         log.info("display closed", dropped_batches=self.dropped)
 
     # ------------------------------------------------------------------ display thread
@@ -211,6 +209,7 @@ class Display:
                 except queue.Empty:
                     item = None
                 if item is _STOP:
+                    self._finish()
                     return
                 if isinstance(item, _Batch):
                     self._log_batch(item)
@@ -222,6 +221,15 @@ class Display:
             log.error("display stopped; the run goes on", error=self.failure)
             while self._inbox.get() is not _STOP:  # keep close() from waiting on a full inbox
                 pass
+
+    def _finish(self) -> None:
+        try:
+            self._stream.flush(timeout_sec=CLOSE_TIMEOUT_S)
+        except TypeError:  # rerun < 0.25 has no timeout: flush(blocking=True)
+            self._stream.flush()
+        except RuntimeError as exc:  # the viewer is not there: what it did not get is lost
+            log.warning("display could not deliver everything", error=str(exc))
+        self._stream.disconnect()
 
     def _set_time(self, tick: int, mono_ns: int) -> None:
         assert self._origin_ns is not None
@@ -278,7 +286,7 @@ class Display:
             )
 
     # ------------------------------------------------------------------ set-up
-    def _sinks(self) -> list[Any]:
+    def _sinks(self, stream: Any) -> list[Any]:
         rr, config = self._rr, self.config
         sinks: list[Any] = []
         if config.save:
@@ -289,10 +297,16 @@ class Display:
         if config.connect:
             sinks.append(rr.GrpcSink(config.connect))
         if config.spawn:
+            if sys.platform == "linux" and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+                # Rerun would start a viewer that exits at once, and stream to nobody.
+                raise ConfigError(
+                    "--display: this machine has no screen (neither DISPLAY nor WAYLAND_DISPLAY is set); use "
+                    "--display-connect rerun+http://HOST:9876/proxy for a viewer elsewhere, or --display-save FILE.rrd"
+                )
             # The viewer installed beside this interpreter, or the first on PATH.
             beside = Path(sys.executable).with_name("rerun")
             try:
-                rr.spawn(connect=False, executable_path=str(beside) if beside.is_file() else None)
+                rr.spawn(connect=False, executable_path=str(beside) if beside.is_file() else None, recording=stream)
             except Exception as exc:
                 raise ConfigError(
                     f"--display: cannot spawn a Rerun viewer ({type(exc).__name__}: {exc}); on a machine without "
