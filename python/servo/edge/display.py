@@ -105,8 +105,8 @@ class Display:
     """Streams a run to Rerun (see the module docstring).
 
     The edge's event loop calls `start` (from a worker thread: spawning a viewer blocks), `offer`
-    and `close`; the display thread owns the Rerun recording stream and reads the cameras (`Cameras.read_cameras` never waits). A Rerun error
-    stops the display, never the run.
+    and `close`; the display thread owns the Rerun recording stream and reads the cameras
+    (`Cameras.read_cameras` never waits). A Rerun error stops the display, never the run.
 
     ::
 
@@ -198,38 +198,41 @@ class Display:
 
     # ------------------------------------------------------------------ display thread
     def _run(self) -> None:
-        period = 1.0 / self.config.camera_fps
-        next_frames = 0.0  # the first frames go out with the first ticks
         try:
-            while True:
-                started = self._origin_ns is not None
-                wait = max(0.0, next_frames - time.monotonic()) if started else period
-                try:
-                    item = self._inbox.get(timeout=wait)
-                except queue.Empty:
-                    item = None
-                if item is _STOP:
-                    self._finish()
-                    return
-                if isinstance(item, _Batch):
-                    self._log_batch(item)
-                if self._origin_ns is not None and time.monotonic() >= next_frames:
-                    self._log_frames()
-                    next_frames = time.monotonic() + period
+            self._serve()
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
             log.error("display stopped; the run goes on", error=self.failure)
             while self._inbox.get() is not _STOP:  # keep close() from waiting on a full inbox
                 pass
-
-    def _finish(self) -> None:
+            return
         try:
-            self._stream.flush(timeout_sec=CLOSE_TIMEOUT_S)
-        except TypeError:  # rerun < 0.25 has no timeout: flush(blocking=True)
-            self._stream.flush()
-        except RuntimeError as exc:  # the viewer is not there: what it did not get is lost
+            try:
+                self._stream.flush(timeout_sec=CLOSE_TIMEOUT_S)
+            except TypeError:  # rerun < 0.25 has no timeout: flush(blocking=True)
+                self._stream.flush()
+            self._stream.disconnect()
+        except Exception as exc:  # a viewer that is not there: what it did not get is lost
             log.warning("display could not deliver everything", error=str(exc))
-        self._stream.disconnect()
+
+    def _serve(self) -> None:
+        """Log batches as they come and the cameras' frames every camera period, until `_STOP`."""
+        period = 1.0 / self.config.camera_fps
+        next_frames = 0.0  # the first frames go out with the first ticks
+        while True:
+            started = self._origin_ns is not None
+            wait = max(0.0, next_frames - time.monotonic()) if started else period
+            try:
+                item = self._inbox.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                return
+            if isinstance(item, _Batch):
+                self._log_batch(item)
+            if self._origin_ns is not None and time.monotonic() >= next_frames:
+                self._log_frames()
+                next_frames = time.monotonic() + period
 
     def _set_time(self, tick: int, mono_ns: int) -> None:
         assert self._origin_ns is not None
