@@ -11,8 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from servo.edge.actions import Action
+from servo.robots.builtin import SimOptions, sim_config
 from servo.robots.protocol import RobotSpec
-from servo.robots.registry import RobotEntry, SimOptions, sim_config
 from servo.robots.sim import SimSO100
 
 FloatArray = npt.NDArray[np.float32]
@@ -111,5 +111,6 @@ class Unplugged(SimSO100):
         raise OSError("[Errno 2] could not open port /dev/ttyACM9")
 
 
-#: The unplugged arm, for tests that name a robot by path (it is built in the control process).
-UNPLUGGED = RobotEntry(SimOptions, lambda options: Unplugged(sim_config(options)), "an arm whose port is missing")
+def unplugged(options: SimOptions) -> Unplugged:
+    """An arm whose port is missing: a robot plugin (built in the control process, named by path)."""
+    return Unplugged(sim_config(options))

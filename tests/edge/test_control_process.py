@@ -118,7 +118,7 @@ async def test_the_engine_is_woken_as_soon_as_the_queue_runs_low() -> None:
 
 async def test_a_robot_that_fails_to_connect_there_is_a_start_error_here() -> None:
     pipe = pipeline()
-    unplugged = RobotDescription("tests.edge.fakes:UNPLUGGED", {"cameras": "none"})
+    unplugged = RobotDescription("tests.edge.fakes:unplugged", {"cameras": "none"})
     start_error = pytest.RaisesExc(
         EdgeStartError, match=r"^the control loop did not start: robot: .*could not open port"
     )

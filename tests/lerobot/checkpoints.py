@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-#: Camera of every test checkpoint; matches tests.edge.harness.SMALL_CAMERA (48x64).
+#: Camera of every test checkpoint; matches tests.edge.harness.small_sim (48x64).
 CAMERA = "front"
 HEIGHT, WIDTH = 48, 64
 CHUNK = 20

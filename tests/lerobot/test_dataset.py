@@ -18,12 +18,14 @@ from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
 from servo.lerobot_dataset import ExportError, export_recordings
 from servo.recording import read_recording
-from servo.robots.sim import SimConfig, SimSO100
+from servo.robots.sim import SimCameraConfig, SimConfig, SimSO100
 from tests.edge.fakes import eventually
-from tests.edge.harness import SMALL_CAMERA, edge_config, running_edge, small_sim
+from tests.edge.harness import edge_config, running_edge, small_sim
 from tests.support import make_manifest, running_server
 
 JOINTS = 6
+#: The in-process test server's camera (tests.support.make_manifest), as small_sim() has it.
+SMALL_CAMERA = SimCameraConfig("front", 48, 64)
 H, W = SMALL_CAMERA.height, SMALL_CAMERA.width
 
 
@@ -42,7 +44,7 @@ def synthetic_episode(path: Path, *, task: str = "fold the towel") -> list[Tick]
         state = np.full(JOINTS, i, np.float32)
         action = None if i in (0, 5) else np.full(JOINTS, 100 + i, np.float32)
         source = "none" if action is None else ("park" if i >= 10 else "policy")
-        provenance = Provenance(1, i, 0, i) if source == "policy" else None
+        provenance = Provenance("01" * 16, i, 0, i) if source == "policy" else None
         ticks.append(Tick(i, i * 33_000_000, state, action, source, provenance, {"front": frame}))
     recorder = Recorder(path, spec, task=task, image_every=2)
     recorder.start()
@@ -85,11 +87,12 @@ async def test_a_served_run_exports_with_the_servers_task_and_loads_as_video(por
     manifest = make_manifest(port, options=options, extra=serving)
     async with running_server(manifest):
         sim = small_sim()
-        engine = RemoteEngine(edge_config(port), sim.spec)
+        engine = RemoteEngine(edge_config(port), sim.spec())
         options = RunOptions(record_path=str(record), record_images_every=1)
         async with running_edge(sim, engine, options) as run:
             await eventually(lambda: engine.chunks_received >= 2 and run.runtime.loop is not None, 20, "two chunks")
-            await eventually(lambda: run.runtime.loop is not None and run.runtime.loop.ticks >= 40, 20, "40 ticks")
+            loop = run.runtime.loop
+            await eventually(lambda: loop.statistics().ticks >= 40, 20, "40 ticks")
             await run.stop()
     rec = read_recording(record)
     assert rec.header.task == "sweep the table"  # the edge named no task: the server's default

@@ -53,7 +53,7 @@ health_port = 0
 async def drive(port: int, *, chunks: int, record: Path | None = None, **edge: object) -> tuple[RemoteEngine, MergeLog]:
     """Run the sim arm against the server on ``port`` until ``chunks`` chunks were merged."""
     sim = small_sim()
-    engine = RemoteEngine(edge_config(port, **edge), sim.spec)
+    engine = RemoteEngine(edge_config(port, **edge), sim.spec())
     merges = MergeLog.attach(engine)
     options = RunOptions(record_path=None if record is None else str(record), record_images_every=1)
     async with running_edge(sim, engine, options) as run:
@@ -74,7 +74,7 @@ async def test_act_drives_the_sim_arm(port: int, act_checkpoint: Path, tmp_path:
         assert ready.info.model == "lerobot/act"
         assert (ready.info.chunk_size, ready.info.supports_rtc, ready.info.serving_mode) == (20, False, "shared")
         async with connected(port, "probe") as client:
-            session = await open_on(client, ready, features=robot_features(small_sim().spec))
+            session = await open_on(client, ready, features=robot_features(small_sim().spec()))
             assert session.ack is not None
             # Names, camera, fps and units (declared on both sides) all match: not one warning.
             assert session.ack.warnings == []
@@ -104,7 +104,7 @@ async def test_chunk_stateful_diffusion_is_served_exclusive(port: int, diffusion
     async with running_server(lerobot_manifest(port, diffusion_checkpoint)) as (_, ready):
         assert (ready.info.serving_mode, ready.info.chunk_stateless, ready.info.chunk_size) == ("exclusive", False, 8)
         sim = small_sim()
-        engine = RemoteEngine(edge_config(port), sim.spec)
+        engine = RemoteEngine(edge_config(port), sim.spec())
         async with running_edge(sim, engine, RunOptions()) as run:
             await eventually(lambda: engine.chunks_received >= 2, 60, "two chunks")
             async with connected(port, "second-robot") as client:
@@ -120,7 +120,7 @@ async def test_range_m100_100_checkpoint_is_refused_by_a_degrees_robot(port: int
     manifest = lerobot_manifest(port, act_checkpoint, options='units = "range_m100_100"')
     async with running_server(manifest):
         with pytest.raises(BaseExceptionGroup) as info:
-            await RemoteEngine(edge_config(port), small_sim().spec).run()
+            await RemoteEngine(edge_config(port), small_sim().spec()).run()
     error = first_error(info.value)
     assert isinstance(error, EdgeStartError)
     assert error.refused

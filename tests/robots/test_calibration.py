@@ -88,18 +88,22 @@ def test_bad_values_are_named(tmp_path: Path, key: str, value: object, message: 
         load_calibration(path)
 
 
+SO100_TYPES = ("so100_follower", "so_follower")
+
+
 def test_default_path_follows_lerobot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("HF_LEROBOT_CALIBRATION", "HF_LEROBOT_HOME", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     expected = tmp_path / ".cache/huggingface/lerobot/calibration/robots/so100_follower/arm.json"
-    assert default_calibration_path("arm") == expected
+    assert default_calibration_path("arm", SO100_TYPES) == expected
     # Newer LeRobot releases write under so_follower; an existing file there is found.
     newer = tmp_path / ".cache/huggingface/lerobot/calibration/robots/so_follower/b.json"
     write_calibration(newer)
-    assert default_calibration_path("b") == newer
+    assert default_calibration_path("b", SO100_TYPES) == newer
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path / "cal"))
-    assert default_calibration_path("arm") == tmp_path / "cal/robots/so100_follower/arm.json"
+    assert default_calibration_path("arm", SO100_TYPES) == tmp_path / "cal/robots/so100_follower/arm.json"
+    assert default_calibration_path("arm", ("so101_follower",)) == tmp_path / "cal/robots/so101_follower/arm.json"
 
 
 def _lerobot_normalize(raw: int, cal: MotorCalibration, mode: NormMode) -> float:

@@ -10,25 +10,27 @@ import pytest
 from servo.config import ConfigError
 from servo.robots import (
     ROBOTS,
-    SO100,
+    NoCameras,
     Robot,
     RobotDescription,
-    RobotEntry,
     SimCameras,
-    SimOptions,
     SimSO100,
+    SOFollower,
     make_robot,
     options_help,
+    robot_summary,
 )
+from servo.robots.builtin import CameraEntry, parse_cameras
 from servo.robots.calibration import CalibrationError
-from servo.robots.registry import CameraEntry, parse_cameras
 from tests.robots.calib_data import write_calibration
 
 
-def test_table_lists_both_robots_with_documented_options() -> None:
-    assert set(ROBOTS) == {"sim", "so100"}
+def test_table_lists_the_robots_with_documented_options() -> None:
+    assert set(ROBOTS) == {"sim", "so100", "so101"}
     so100 = options_help("so100")
     assert so100[0].startswith("port (str, required): Serial port")
+    assert options_help("so101") == so100
+    assert robot_summary("so101") == "Real SO-101 follower arm (Feetech STS3215 bus, LeRobot calibration)."
     # every option of every robot has a sentence of help (it is what --help shows)
     for name in ROBOTS:
         assert all(line.split(": ", 1)[1] for line in options_help(name))
@@ -36,8 +38,10 @@ def test_table_lists_both_robots_with_documented_options() -> None:
 
 
 def test_unknown_robot_lists_valid_types() -> None:
-    with pytest.raises(ConfigError, match=r"unknown robot type 'so101'; valid types: sim, so100"):
-        make_robot("so101")
+    with pytest.raises(
+        ConfigError, match=r"^unknown robot type 'so102'; valid types: sim, so100, so101, or package.module:factory"
+    ):
+        make_robot("so102")
 
 
 def test_unknown_option_is_named_with_the_valid_ones() -> None:
@@ -103,7 +107,7 @@ def test_so100_from_flat_options(tmp_path: Path) -> None:
             "use_degrees": "true",
         },
     )
-    assert isinstance(robot, SO100)
+    assert isinstance(robot, SOFollower)
     assert not robot.is_connected
     assert robot.config.max_relative_target == 10.0
     cams = robot.config.cameras
@@ -125,8 +129,25 @@ def test_so100_finds_lerobot_calibration_by_id(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path))
     path = write_calibration(tmp_path / "robots" / "so100_follower" / "blue_arm.json")
     robot = make_robot("so100", {"port": "/dev/ttyACM0", "id": "blue_arm"})
-    assert isinstance(robot, SO100)
+    assert isinstance(robot, SOFollower)
     assert robot.calibration_path == path
+    assert robot.spec.name == "so100"
+
+
+@pytest.mark.parametrize("kind", ["so101_follower", "so_follower"])
+def test_so101_finds_lerobot_calibration_by_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """LeRobot <= 0.3 writes an SO-101's file under so101_follower, later releases under so_follower."""
+    monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path))
+    path = write_calibration(tmp_path / "robots" / kind / "red_arm.json")
+    robot = make_robot("so101", {"port": "/dev/ttyACM0", "id": "red_arm", "write_calibration": "true"})
+    assert isinstance(robot, SOFollower)
+    assert robot.calibration_path == path
+    assert robot.spec.name == "so101"
+    assert robot.config.write_calibration is True
+    # an SO-100's file is not an SO-101's
+    write_calibration(tmp_path / "robots" / "so100_follower" / "blue_arm.json")
+    with pytest.raises(CalibrationError, match=r"so101_follower/blue_arm\.json does not exist"):
+        make_robot("so101", {"port": "/dev/ttyACM0", "id": "blue_arm"})
 
 
 def test_camera_strings() -> None:
@@ -152,10 +173,6 @@ def test_import_has_no_side_effects() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-#: A driver named by path (as tests and out-of-tree drivers are): the sim under another name.
-SIM_BY_PATH = RobotEntry(SimOptions, lambda options: ROBOTS["sim"].build(options), "the sim", ROBOTS["sim"].cameras)
-
-
 def test_a_description_builds_joints_and_cameras_and_crosses_processes_as_json() -> None:
     description = RobotDescription("sim", {"cameras": "front:64x48", "fps": "50"})
     wire = msgspec.json.encode(description)
@@ -168,11 +185,73 @@ def test_a_description_builds_joints_and_cameras_and_crosses_processes_as_json()
     assert isinstance(cameras, SimCameras)
 
 
-def test_a_robot_entry_can_be_named_by_path() -> None:
-    description = RobotDescription("tests.robots.test_registry:SIM_BY_PATH", {"cameras": "none"})
-    assert isinstance(description.build(), SimSO100)
-    assert isinstance(description.build_cameras(description.build()), SimCameras)
-    with pytest.raises(ConfigError, match=r"robot 'nosuch.module:X': cannot import it"):
-        RobotDescription("nosuch.module:X").build()
-    with pytest.raises(ConfigError, match=r"robot 'servo.robots:ROBOTS': expected a RobotEntry, got dict"):
-        RobotDescription("servo.robots:ROBOTS").build()
+PLUGINS = "tests.robots.plugin_arms"
+
+
+def test_a_plugin_is_a_factory_named_by_path_with_its_own_options() -> None:
+    description = RobotDescription(f"{PLUGINS}:twin", {"fps": "50", "camera": "true"})
+    robot = description.build()
+    assert isinstance(robot, SimSO100)
+    assert robot.spec.fps == 50.0
+    assert isinstance(description.build_cameras(robot), SimCameras)
+    assert robot_summary(f"{PLUGINS}:twin") == "A simulated arm under another name (a plugin with options and cameras)."
+    assert options_help(f"{PLUGINS}:twin") == [
+        "fps (float, default 30.0): Control rate (Hz).",
+        "camera (bool, default False): Give it a 64x48 camera named 'eye'.",
+    ]
+    # A factory may return the joints alone, and take no options.
+    bare = RobotDescription(f"{PLUGINS}:bare")
+    assert isinstance(bare.build(), SimSO100)
+    assert isinstance(bare.build_cameras(bare.build()), NoCameras)
+    assert options_help(f"{PLUGINS}:bare") == []
+
+
+@pytest.mark.parametrize(
+    ("robot", "options", "message"),
+    [
+        (f"{PLUGINS}:twin", {"fsp": "5"}, f"robot '{PLUGINS}:twin': fsp: unknown key (valid: camera, fps)"),
+        (f"{PLUGINS}:twin", {"fps": "-1"}, f"robot '{PLUGINS}:twin': fps = '-1': expected float > 0.0"),
+        (f"{PLUGINS}:bare", {"fps": "5"}, f"robot '{PLUGINS}:bare' takes no options, got fps"),
+        (
+            "nosuch.module:make",
+            {},
+            "robot 'nosuch.module:make': cannot import 'nosuch.module' (No module named 'nosuch'); "
+            "is it installed, or on PYTHONPATH?",
+        ),
+        (f"{PLUGINS}:missing", {}, f"robot '{PLUGINS}:missing': '{PLUGINS}' has no callable 'missing'"),
+        (f"{PLUGINS}:NOT_CALLABLE", {}, f"robot '{PLUGINS}:NOT_CALLABLE': '{PLUGINS}' has no callable 'NOT_CALLABLE'"),
+        (
+            f"{PLUGINS}:two_parameters",
+            {},
+            f"robot '{PLUGINS}:two_parameters': a robot factory takes one parameter, its options Struct; "
+            "this one takes (options: 'TwinOptions', extra: 'int')",
+        ),
+        (
+            f"{PLUGINS}:unannotated",
+            {},
+            f"robot '{PLUGINS}:unannotated': parameter 'options' of the factory must be annotated with a "
+            "msgspec.Struct of options, got None",
+        ),
+        (
+            f"{PLUGINS}:not_a_struct",
+            {},
+            f"robot '{PLUGINS}:not_a_struct': parameter 'options' of the factory must be annotated with a "
+            "msgspec.Struct of options, got dict[str, int]",
+        ),
+        (
+            f"{PLUGINS}:returns_a_number",
+            {},
+            f"robot '{PLUGINS}:returns_a_number': the factory returned int, not a Robot (spec, connect, "
+            "disconnect, read_state, send_action) or RobotParts",
+        ),
+        (
+            f"{PLUGINS}:fails",
+            {},
+            f"robot '{PLUGINS}:fails' failed to build: RuntimeError: the arm's driver library is missing",
+        ),
+    ],
+)
+def test_an_unusable_plugin_is_one_line_naming_what_failed(robot: str, options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RobotDescription(robot, options).build()
+    assert str(info.value) == message

@@ -17,28 +17,47 @@ import anyio
 from servo.cli.console import Console
 from servo.cli.flags import add_struct_flags, struct_flag_values
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
-from servo.config import ConfigError
+from servo.config import ConfigError, convert, fields_of
 from servo.edge.config import EdgeConfig, load_config
+from servo.edge.display import INSTALL_HINT, DisplayConfig
 from servo.logs import configure_logging
 
 PROG = "servo-edge"
 
 
+def robot_help(robot: str) -> str:
+    """A robot's summary and its options, as ``--help`` and ``--robot-help`` show them.
+
+    Raises:
+        ConfigError: unknown robot type or unusable plugin.
+    """
+    from servo.robots import options_help, robot_summary
+
+    lines = options_help(robot) or ["(no options)"]
+    return f"  --robot {robot}: {robot_summary(robot)}\n" + "\n".join(f"      {line}" for line in lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every edge option also has a flag; robot options are listed below)."""
-    from servo.robots import ROBOTS, options_help
+    from servo.robots import ROBOTS
 
-    robots = "\n".join(
-        f"  --robot {name}: {entry.summary}\n" + "\n".join(f"      {line}" for line in options_help(name))
-        for name, entry in ROBOTS.items()
+    robots = "\n".join(robot_help(name) for name in ROBOTS)
+    plugin = (
+        "  --robot package.module:factory: a robot plugin (see servo.robots.registry); list its options with\n"
+        f"      {PROG} --robot package.module:factory --robot-help"
     )
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"robot options (--robot-opt KEY=VALUE):\n{robots}",
+        epilog=f"robot options (--robot-opt KEY=VALUE):\n{robots}\n{plugin}",
     )
-    parser.add_argument("--robot", required=True, choices=sorted(ROBOTS), help="Robot type to drive.")
+    parser.add_argument(
+        "--robot",
+        required=True,
+        metavar="TYPE",
+        help=f"Robot to drive: {', '.join(ROBOTS)}, or a plugin's package.module:factory.",
+    )
     parser.add_argument(
         "--robot-opt",
         action="append",
@@ -46,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="A robot option (repeatable); each robot's options are listed at the end of this help.",
     )
+    parser.add_argument("--robot-help", action="store_true", help="List the options of --robot (a plugin's too), exit.")
     parser.add_argument("--config", help="Read edge options from this TOML file (flags override it).")
     parser.add_argument("--duration", type=float, help="Stop (and park) after this many seconds.")
     parser.add_argument("--summary", help="Write a JSON run summary to this file at the end.")
@@ -64,12 +84,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="Replay a recorded trajectory: a recording file, or a trajectory of the server's library.",
     )
     parser.add_argument("--loop", action="store_true", help="With --replay: start over at the end.")
+    display = parser.add_argument_group(f"live view in Rerun (needs {INSTALL_HINT})")
+    display.add_argument("--display", action="store_true", help=_described("spawn"))
+    display.add_argument("--display-connect", metavar="URL", help=_described("connect"))
+    display.add_argument("--display-save", metavar="FILE.rrd", help=_described("save"))
+    display.add_argument("--display-camera-fps", metavar="FPS", help=_described("camera_fps"))
+    display.add_argument("--display-jpeg-quality", metavar="Q", help=_described("jpeg_quality"))
     parser.add_argument("--no-status", action="store_true", help="Do not draw the live status line.")
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error.")
     parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
     parser.add_argument("--debug", action="store_true", help="Show the traceback of an error.")
     add_struct_flags(parser.add_argument_group("edge options (also settable in the --config TOML)"), EdgeConfig)
     return parser
+
+
+def _described(field: str) -> str:
+    doc = next(doc for doc in fields_of(DisplayConfig) if doc.name == field)
+    default = "" if doc.type_text in ("bool", "str") else f" [default: {doc.default}]"
+    return doc.description + default
+
+
+def display_config(args: argparse.Namespace) -> DisplayConfig:
+    """The ``--display…`` flags as a `DisplayConfig` (checked like any option).
+
+    Raises:
+        ConfigError: a value out of range, naming the flag's field.
+    """
+    values = {
+        "spawn": args.display,
+        "connect": args.display_connect,
+        "save": args.display_save,
+        "camera_fps": args.display_camera_fps,
+        "jpeg_quality": args.display_jpeg_quality,
+    }
+    given = {key: value for key, value in values.items() if value not in (None, False)}
+    return convert(given, DisplayConfig, origin="--display", strict=False)
 
 
 def robot_option_values(items: list[str]) -> dict[str, Any]:
@@ -85,12 +134,15 @@ def robot_option_values(items: list[str]) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace, console: Console) -> int:
     """Build everything and run; returns the exit code."""
+    from servo.edge.display import Display
     from servo.edge.engine import EngineBase
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
     from servo.robots import RobotDescription
 
     config = load_config(args.config, struct_flag_values(args, EdgeConfig))
+    view = display_config(args)
+    display = Display(view) if view.enabled else None  # imports Rerun: fails before anything starts
     robot = RobotDescription(args.robot, robot_option_values(args.robot_opt))
     spec = robot.spec()  # the control process builds the driver again to drive it
     if args.replay:
@@ -106,6 +158,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         record_overwrite=args.overwrite,
         record_images_every=args.record_images,
         status=None if args.no_status or not console.live else console.status,
+        display=display,
     )
     runtime = EdgeRuntime(robot, engine, config, options)
     async with anyio.create_task_group() as tg:
@@ -150,11 +203,24 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
     return None
 
 
+def show_robot_help(robot: str, console: Console) -> int:
+    """``--robot-help``: print the robot's options; exit code 0, or 2 for an unusable robot."""
+    try:
+        text = robot_help(robot)
+    except ConfigError as error:
+        console.say(f"{PROG}: error: {error}")
+        return 2
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-edge``."""
     args = build_parser().parse_args(argv)
     console = Console()
     configure_logging(args.log_level, json=args.json_logs, stream=console)
+    if args.robot_help:
+        return show_robot_help(args.robot, console)
     try:
         return anyio.run(run, args, console, backend="asyncio", backend_options={"use_uvloop": True})
     except BaseException as group:

@@ -66,8 +66,8 @@ LATENESS_BINS = _FINE_BINS + _COARSE_BINS + 1
 
 #: Recorder entries buffered in shared memory (10 s at 100 Hz) before the loop drops them.
 RECORD_SLOTS = 1024
-#: The fault line's size.
-FAULT_BYTES = 256
+#: The fault line's size (a robot's refusal to start names a port, a file and the fix).
+FAULT_BYTES = 1024
 
 _SOURCES: tuple[Source, ...] = ("none", "policy", "fallback", "replay", "park")
 _SOURCE_CODE = {name: code for code, name in enumerate(_SOURCES)}

@@ -28,6 +28,7 @@ from servo.edge.channel import ControlChannel, lateness_percentiles_ms
 from servo.edge.config import EdgeConfig
 from servo.edge.control_loop import ControlLoop, ThreadControlLoop
 from servo.edge.control_process import ProcessControlLoop
+from servo.edge.display import Display
 from servo.edge.engine import EngineBase
 from servo.edge.failsafe import EngineState
 from servo.edge.recorder import Recorder
@@ -59,6 +60,8 @@ class RunOptions:
     record_overwrite: bool = False
     #: Where the live status line goes (a terminal's `servo.cli.console.Console.status`); None: no line.
     status: Callable[[str], None] | None = None
+    #: A live view of the run (``--display``), started once the cameras are and closed at the end.
+    display: Display | None = None
     rest_tolerance: float = 2.0
     park_timeout_s: float = 5.0
     #: Ask for real-time (SCHED_FIFO) scheduling of the control loop (best effort).
@@ -149,14 +152,18 @@ class EdgeRuntime:
 
         Raises:
             EdgeStartError: the engine or the control loop could not start (nothing has moved).
-            ConfigError: the recording would replace an existing file (nothing has moved).
+            ConfigError: the recording would replace an existing file, or the display cannot open
+                its destination (nothing has moved).
         """
         opts = self.options
         if opts.record_path and not opts.record_overwrite and await anyio.Path(opts.record_path).exists():
             raise ConfigError(f"--record: {opts.record_path} exists; pass --overwrite to replace it")
         in_thread = opts.control_loop == "thread" or self.engine.runs_on_control_loop
+        # The display reads the same tick records as the recorder.
         channel = ControlChannel.create(
-            self.engine.spec.action_dim, shared=not in_thread, recording=bool(opts.record_path)
+            self.engine.spec.action_dim,
+            shared=not in_thread,
+            recording=bool(opts.record_path) or opts.display is not None,
         )
         cameras = self.robot.build_cameras(channel)
         self.loop = loop = self._make_loop(channel, cameras, in_thread)
@@ -169,7 +176,10 @@ class EdgeRuntime:
             sys.setswitchinterval(opts.switch_interval_s)
         # Cameras first, as LeRobot does: a camera that fails must not leave a powered arm behind.
         await anyio.to_thread.run_sync(cameras.connect)
+        display = opts.display
         try:
+            if display is not None:
+                await anyio.to_thread.run_sync(display.start, self.engine.spec, cameras)
             async with anyio.create_task_group() as tg:
                 await tg.start(self._run_engine)
                 if opts.record_path:
@@ -181,7 +191,8 @@ class EdgeRuntime:
                         image_every=opts.record_images_every,
                     )
                     recorder.start()
-                    tg.start_soon(self._feed_recorder, recorder, cameras)
+                if recorder is not None or display is not None:
+                    tg.start_soon(self._feed, recorder, display, cameras)
                 await tg.start(loop.run)
                 self._loop_started = True
                 log.info(
@@ -199,9 +210,12 @@ class EdgeRuntime:
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                if recorder is not None or display is not None:
+                    self._drain(recorder, display, cameras)
                 if recorder is not None:
-                    self._drain(recorder, cameras)
                     await anyio.to_thread.run_sync(recorder.close)
+                if display is not None:
+                    await anyio.to_thread.run_sync(display.close)
                 await anyio.to_thread.run_sync(cameras.disconnect)
                 sys.setswitchinterval(switch_interval)
         summary = self.summary(time.monotonic() - started, parked)
@@ -286,17 +300,21 @@ class EdgeRuntime:
         )
         return parked
 
-    async def _feed_recorder(self, recorder: Recorder, cameras: Cameras) -> None:
+    async def _feed(self, recorder: Recorder | None, display: Display | None, cameras: Cameras) -> None:
         while True:
-            self._drain(recorder, cameras)
+            self._drain(recorder, display, cameras)
             await anyio.sleep(_DRAIN_S)
 
-    def _drain(self, recorder: Recorder, cameras: Cameras) -> None:
+    def _drain(self, recorder: Recorder | None, display: Display | None, cameras: Cameras) -> None:
         assert self.loop is not None
-        for tick in self.loop.drain():
-            if recorder.wants_images(tick.tick):
-                tick.images = cameras.read_cameras()  # the newest frames, at most one drain old
-            recorder.record(tick)
+        ticks = self.loop.drain()
+        if display is not None:
+            display.offer(ticks, self.engine.statistics())
+        if recorder is not None:
+            for tick in ticks:
+                if recorder.wants_images(tick.tick):
+                    tick.images = cameras.read_cameras()  # the newest frames, at most one drain old
+                recorder.record(tick)
 
     def summary(self, duration_s: float, parked: bool) -> RunSummary:
         """Build the run summary from the loop and engine counters."""

@@ -1,11 +1,14 @@
-"""Robot drivers: the `Robot` / `Cameras` protocols, a simulated and a real SO-100 arm, and their registry.
+"""Robot drivers: the `Robot` / `Cameras` protocols, a simulated arm, the real SO-100 / SO-101, and their registry.
 
 Importing this package starts nothing and loads neither OpenCV nor any device; drivers are
-picked by name from `ROBOTS` / `make_robot`.
+picked by name from `ROBOTS` / `make_robot`, or named as a plugin, ``package.module:factory``
+(`servo.robots.registry` has the contract).
 """
 
+from .builtin import SimOptions, SOFollowerOptions
 from .calibration import (
     CalibrationError,
+    CalibrationMismatchError,
     CalibrationNotFoundError,
     JointNormalizer,
     MotorCalibration,
@@ -26,26 +29,27 @@ from .feetech import (
     FeetechTimeoutError,
     Register,
 )
-from .protocol import Cameras, CameraSpec, FloatArray, Frame, NoCameras, PoseSource, Robot, RobotSpec
+from .protocol import Cameras, CameraSpec, FloatArray, Frame, NoCameras, PoseSource, Robot, RobotParts, RobotSpec
 from .registry import (
     ROBOTS,
     RobotDescription,
-    RobotEntry,
-    SimOptions,
-    SO100Options,
+    build_parts,
     make_robot,
     options_help,
     robot_options,
+    robot_summary,
 )
 from .sim import SimCameraConfig, SimConfig, SimSO100
 from .sim_cameras import SimCameras
-from .so100 import SO100, SO100Config
+from .so_follower import SO100_ARM, SO101_ARM, SOArm, SOFollower, SOFollowerConfig
 
 __all__ = [
     "ROBOTS",
-    "SO100",
+    "SO100_ARM",
+    "SO101_ARM",
     "STS3215",
     "CalibrationError",
+    "CalibrationMismatchError",
     "CalibrationNotFoundError",
     "CameraError",
     "CameraGroup",
@@ -71,19 +75,23 @@ __all__ = [
     "Register",
     "Robot",
     "RobotDescription",
-    "RobotEntry",
+    "RobotParts",
     "RobotSpec",
-    "SO100Config",
-    "SO100Options",
+    "SOArm",
+    "SOFollower",
+    "SOFollowerConfig",
+    "SOFollowerOptions",
     "SimCameraConfig",
     "SimCameras",
     "SimConfig",
     "SimOptions",
     "SimSO100",
+    "build_parts",
     "default_calibration_path",
     "load_calibration",
     "make_robot",
     "options_help",
     "robot_options",
+    "robot_summary",
     "save_calibration",
 ]

@@ -41,6 +41,10 @@ class CalibrationNotFoundError(CalibrationError, FileNotFoundError):
     """No calibration file at the expected path."""
 
 
+class CalibrationMismatchError(CalibrationError):
+    """The motors hold another calibration than the file (another arm's file, or never written)."""
+
+
 @dataclass(frozen=True)
 class MotorCalibration:
     """Calibration of one motor, field for field LeRobot's ``MotorCalibration``. Immutable."""
@@ -77,15 +81,16 @@ def calibration_root() -> Path:
     return Path(hf_home).expanduser() / "lerobot" / "calibration"
 
 
-def default_calibration_path(robot_id: str) -> Path:
-    """Where LeRobot keeps the calibration of the SO-100 follower called ``robot_id``.
+def default_calibration_path(robot_id: str, robot_types: Sequence[str]) -> Path:
+    """Where LeRobot keeps the calibration of the robot called ``robot_id``.
 
-    LeRobot up to its SO-arm consolidation writes ``robots/so100_follower/<id>.json``; later
-    releases write ``robots/so_follower/<id>.json``. The first that exists wins; if neither
-    does, the ``so100_follower`` path is returned (and loading it names that path).
+    LeRobot writes ``robots/<robot type>/<id>.json``, and the type's name changed across releases
+    (the SO-100 follower was ``so100_follower`` until LeRobot 0.4 merged the SO arms into
+    ``so_follower``). ``robot_types`` lists the names to try, oldest first; the first file that
+    exists wins, and if none does, the first type's path is returned (loading it names that path).
     """
     robots = calibration_root() / "robots"
-    candidates = [robots / kind / f"{robot_id}.json" for kind in ("so100_follower", "so_follower")]
+    candidates = [robots / kind / f"{robot_id}.json" for kind in robot_types]
     for path in candidates:
         if path.is_file():
             return path

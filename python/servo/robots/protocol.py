@@ -14,7 +14,7 @@ A robot is two halves that live in different processes (`Robot` used to be one o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -147,3 +147,18 @@ class NoCameras:
     def read_cameras(self) -> dict[str, Frame]:
         """No frames."""
         return {}
+
+
+@dataclass(frozen=True)
+class RobotParts:
+    """What a robot factory returns: the joints, and how to build the cameras if it has any. Immutable.
+
+    Attributes:
+        joints: The joints (not connected).
+        cameras: Builds the cameras (not connected) in the edge's main process; simulated
+            cameras render the poses the given `PoseSource` publishes, real ones ignore it.
+            None for a robot without cameras.
+    """
+
+    joints: Robot
+    cameras: Callable[[PoseSource], Cameras] | None = None

@@ -1,8 +1,8 @@
-"""Joint table of the SO-100 follower arm, shared by the real driver and the simulator.
+"""Joint table of the SO-100 and SO-101 follower arms, shared by the real driver and the simulator.
 
-Names, order and units follow LeRobot's ``so100_follower`` with ``use_degrees=True``: the five arm
-joints are in degrees, 0 at the middle of each joint's calibrated range; the gripper is in
-percent of its calibrated range (0 closed .. 100 open).
+Names, order and units follow LeRobot's ``so100_follower`` / ``so101_follower`` with
+``use_degrees=True``: the five arm joints are in degrees, 0 at the middle of each joint's
+calibrated range; the gripper is in percent of its calibrated range (0 closed .. 100 open).
 """
 
 from __future__ import annotations

@@ -1,9 +1,20 @@
-"""The real SO-100 follower arm: six STS3215 servos on a Feetech bus.
+"""The real SO-100 and SO-101 follower arms: six STS3215 servos on a Feetech bus.
 
-Its OpenCV cameras are a `servo.robots.cameras.CameraGroup` in the edge's main process.
+Their OpenCV cameras are a `servo.robots.cameras.CameraGroup` in the edge's main process.
 
-Behaves like LeRobot's ``so100_follower`` (same motor ids, feature names, units, calibration
-file and connect-time configuration) so policies trained on LeRobot datasets drive it unchanged.
+Behaves like LeRobot's ``so100_follower`` / ``so101_follower`` (same motor ids, feature names,
+units, calibration file and connect-time configuration) so policies trained on LeRobot datasets
+drive them unchanged. The two arms differ in their printed parts, not in anything the driver
+sees: same motors (STS3215, ids 1-6), names, units and registers. LeRobot up to 0.3 kept them
+apart (its own class each, calibration under ``so100_follower`` / ``so101_follower``; the SO-101's
+wrist roll is calibrated over its recorded range instead of a full turn, which the file carries)
+and from 0.4 on drives both with one class whose calibration lives under ``so_follower``. An
+`SOArm` row holds what differs: the name, and where LeRobot keeps the calibration.
+
+The calibration file is checked against the motors at connect: the motors' homing offsets and
+position limits must be the file's. Writing the file into the motors (EEPROM) happens only when
+asked (``write_calibration``); otherwise a difference refuses the connection with one line
+naming the motor, because it usually means the file of another arm (a wrong ``id``).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from servo.logs import get_logger
 from . import so100_joints as joints
 from .calibration import (
     CalibrationError,
+    CalibrationMismatchError,
     JointNormalizer,
     MotorCalibration,
     NormMode,
@@ -46,14 +58,37 @@ _POSITION_MODE = 0
 
 
 @dataclass(frozen=True)
-class SO100Config:
+class SOArm:
+    """A model of the SO follower family: what differs between them. Immutable.
+
+    Attributes:
+        name: servo's robot type (the spec's name), e.g. ``"so101"``.
+        label: How messages name it, e.g. ``"SO-101"``.
+        lerobot_types: LeRobot robot types whose calibration directory may hold its file, oldest
+            first (`servo.robots.calibration.default_calibration_path`).
+    """
+
+    name: str
+    label: str
+    lerobot_types: tuple[str, ...]
+
+
+SO100_ARM = SOArm("so100", "SO-100", ("so100_follower", "so_follower"))
+SO101_ARM = SOArm("so101", "SO-101", ("so101_follower", "so_follower"))
+
+
+@dataclass(frozen=True)
+class SOFollowerConfig:
     """Configuration of the real arm; immutable, so any thread may read it.
 
     Attributes:
         port: Serial device of the servo bus, e.g. ``/dev/ttyACM0``.
+        arm: Which arm of the family (`SO100_ARM`, `SO101_ARM`).
         calibration_path: LeRobot calibration JSON to use.
         robot_id: Instead of a path, the LeRobot robot id: the file is looked up where LeRobot
             writes it (`default_calibration_path`). Exactly one of the two must be given.
+        write_calibration: Write the file's offsets and limits into motors that hold others
+            (EEPROM); without it such motors refuse the connection.
         cameras: Camera name -> OpenCV camera config (for the spec; the edge opens them).
         max_relative_target: If set, each command moves a joint at most this far (units) from
             the last read position, like LeRobot's option of the same name.
@@ -66,8 +101,10 @@ class SO100Config:
     """
 
     port: str
+    arm: SOArm = SO100_ARM
     calibration_path: str | os.PathLike[str] | None = None
     robot_id: str | None = None
+    write_calibration: bool = False
     cameras: Mapping[str, OpenCVCameraConfig] = field(default_factory=dict)
     max_relative_target: float | None = None
     use_degrees: bool = True
@@ -79,20 +116,20 @@ class SO100Config:
 
     def __post_init__(self) -> None:
         if (self.calibration_path is None) == (self.robot_id is None):
-            raise ValueError("SO100Config needs exactly one of calibration_path or robot_id")
+            raise ValueError("SOFollowerConfig needs exactly one of calibration_path or robot_id")
         if self.max_relative_target is not None and self.max_relative_target <= 0:
-            raise ValueError("SO100Config.max_relative_target must be positive")
+            raise ValueError("SOFollowerConfig.max_relative_target must be positive")
 
     def resolved_calibration_path(self) -> Path:
         """The calibration file this config points at."""
         if self.calibration_path is not None:
             return Path(self.calibration_path).expanduser()
         assert self.robot_id is not None
-        return default_calibration_path(self.robot_id)
+        return default_calibration_path(self.robot_id, self.arm.lerobot_types)
 
 
-class SO100:
-    """The SO-100 follower arm's joints, implementing the `Robot` protocol.
+class SOFollower:
+    """An SO-100 or SO-101 follower arm's joints, implementing the `Robot` protocol.
 
     Owned by the control-loop thread: the bus is half-duplex and not thread-safe, so `connect`,
     `read_state`, `send_action` and `disconnect` must all come from that one thread. Its cameras
@@ -100,7 +137,7 @@ class SO100:
     camera that fails to start must not leave a powered arm behind).
     """
 
-    def __init__(self, config: SO100Config) -> None:
+    def __init__(self, config: SOFollowerConfig) -> None:
         """Load the calibration and build the spec; nothing is opened until `connect`.
 
         Raises:
@@ -119,7 +156,7 @@ class SO100:
         self._last_state: FloatArray | None = None
         self._torque_may_be_on = False
         self._reported_errors: dict[int, int] = {}
-        self._log = _log.bind(robot="so100", port=config.port)
+        self._log = _log.bind(robot=config.arm.name, port=config.port)
 
     @property
     def spec(self) -> RobotSpec:
@@ -132,12 +169,15 @@ class SO100:
         return self._bus.is_open
 
     def connect(self) -> None:
-        """Open the bus, check the motors, configure them, enable torque.
+        """Open the bus, check the motors and their calibration, configure them, enable torque.
 
-        Idempotent. On failure the bus is closed again (torque released if it was enabled).
+        Idempotent. On failure the bus is closed again (torque released if it was enabled); a
+        refused calibration leaves the motors untouched.
 
         Raises:
             ConnectionError: Motors are missing or are not STS3215s.
+            CalibrationMismatchError: The motors hold another calibration than the file and
+                ``write_calibration`` is off.
             FeetechError: Bus errors.
         """
         if self._bus.is_open:
@@ -147,7 +187,10 @@ class SO100:
         self._last_state = None
         try:
             self._check_motors()
-            self._configure()
+            differing = self._differing_calibration()
+            if differing and not self.config.write_calibration:
+                raise CalibrationMismatchError(self._mismatch_message(differing))
+            self._configure(differing)
         except BaseException:
             self._close(disable_torque=self._torque_may_be_on)
             raise
@@ -202,11 +245,12 @@ class SO100:
         self.disconnect()
 
     def _check_motors(self) -> None:
+        label = self.config.arm.label
         missing = [mid for mid in joints.MOTOR_IDS if not self._bus.ping(mid)]
         if missing:
             names = [joints.MOTOR_NAMES[mid - 1] for mid in missing]
             raise ConnectionError(
-                f"SO-100 on {self.config.port}: motor id(s) {missing} ({', '.join(names)}) did "
+                f"{label} on {self.config.port}: motor id(s) {missing} ({', '.join(names)}) did "
                 "not answer; check the daisy chain, the power supply and the motor ids"
             )
         wrong = {
@@ -216,18 +260,18 @@ class SO100:
         }
         if wrong:
             raise ConnectionError(
-                f"SO-100 on {self.config.port}: expected STS3215 (model {STS3215.MODEL}) "
+                f"{label} on {self.config.port}: expected STS3215 (model {STS3215.MODEL}) "
                 f"motors, found model numbers {wrong}"
             )
 
-    def _configure(self) -> None:
+    def _configure(self, calibrate: dict[str, tuple[int, int, int]]) -> None:
         bus = self._bus
         ids = joints.MOTOR_IDS
         # Torque off and EEPROM unlocked, as LeRobot's `torque_disabled()`, for the writes below.
         for mid in ids:
             bus.write(mid, STS3215.TORQUE_ENABLE, 0)
             bus.write(mid, STS3215.LOCK, 0)
-        self._sync_calibration()
+        self._write_calibration(calibrate)
         for mid in ids:
             bus.write(mid, STS3215.RETURN_DELAY_TIME, 0)
             bus.write(mid, STS3215.MAXIMUM_ACCELERATION, 254)
@@ -251,19 +295,38 @@ class SO100:
             bus.write(mid, STS3215.TORQUE_ENABLE, 1)
             bus.write(mid, STS3215.LOCK, 1)
 
-    def _sync_calibration(self) -> None:
-        # LeRobot writes the file's offsets and limits into the motors when they disagree
-        # (after asking); the file is the source of truth here too.
+    def _differing_calibration(self) -> dict[str, tuple[int, int, int]]:
+        """Motors whose stored (offset, min, max) are not the file's, LeRobot's ``is_calibrated`` test."""
+        differing = {}
         for name, mid in zip(joints.MOTOR_NAMES, joints.MOTOR_IDS, strict=True):
             cal = self.calibration[name]
-            current = (
+            stored = (
                 self._bus.read(mid, STS3215.HOMING_OFFSET),
                 self._bus.read(mid, STS3215.MIN_POSITION_LIMIT),
                 self._bus.read(mid, STS3215.MAX_POSITION_LIMIT),
             )
-            if current == (cal.homing_offset, cal.range_min, cal.range_max):
-                continue
-            self._log.warning("writing calibration to motor", motor=name, motor_id=mid, was=current)
+            if stored != (cal.homing_offset, cal.range_min, cal.range_max):
+                differing[name] = stored
+        return differing
+
+    def _mismatch_message(self, differing: dict[str, tuple[int, int, int]]) -> str:
+        name, (offset, low, high) = next(iter(differing.items()))
+        mid = joints.MOTOR_IDS[joints.MOTOR_NAMES.index(name)]
+        cal = self.calibration[name]
+        more = f" (and {len(differing) - 1} more motor(s))" if len(differing) > 1 else ""
+        return (
+            f"{self.config.arm.label} on {self.config.port}: motor {name} (id {mid}) holds homing_offset {offset}, "
+            f"range {low}..{high}{more}, but {self.calibration_path} says homing_offset {cal.homing_offset}, range "
+            f"{cal.range_min}..{cal.range_max}: if that file is this arm's, write it into the motors with "
+            "--robot-opt write_calibration=true; otherwise give this arm's own id= or calibration="
+        )
+
+    def _write_calibration(self, differing: dict[str, tuple[int, int, int]]) -> None:
+        # Reached only with write_calibration on: LeRobot asks before writing, servo needs the flag.
+        for name, stored in differing.items():
+            mid = joints.MOTOR_IDS[joints.MOTOR_NAMES.index(name)]
+            cal = self.calibration[name]
+            self._log.warning("writing calibration to motor", motor=name, motor_id=mid, was=stored)
             self._bus.write(mid, STS3215.HOMING_OFFSET, cal.homing_offset)
             self._bus.write(mid, STS3215.MIN_POSITION_LIMIT, cal.range_min)
             self._bus.write(mid, STS3215.MAX_POSITION_LIMIT, cal.range_max)
@@ -296,7 +359,7 @@ class SO100:
         for name, mid, cal in zip(joints.MOTOR_NAMES, joints.MOTOR_IDS, cals, strict=True):
             problem = None
             if cal.id != mid:
-                problem = f"id is {cal.id}, but the SO-100 has {name} on id {mid}"
+                problem = f"id is {cal.id}, but the {self.config.arm.label} has {name} on id {mid}"
             elif cal.range_max >= STS3215.RESOLUTION:
                 problem = f"range_max {cal.range_max} exceeds {STS3215.RESOLUTION - 1}"
             elif abs(cal.homing_offset) >= 1 << 11:
@@ -318,7 +381,7 @@ class SO100:
         rest = self._norm.to_units(degrees.to_raw(np.asarray(joints.REST_POSE)))
         rest = np.clip(rest, lower, upper)
         return RobotSpec(
-            name="so100",
+            name=self.config.arm.name,
             fps=self.config.fps,
             joint_names=joints.JOINT_NAMES,
             cameras={name: cam.spec for name, cam in self.config.cameras.items()},

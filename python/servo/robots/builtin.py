@@ -1,0 +1,227 @@
+"""The built-in robots as factories, with their options: the simulated arm and the SO-100 / SO-101.
+
+Each is written exactly as a plugin would be (`servo.robots.registry` has the contract): a
+function taking one frozen msgspec Struct of options and returning the joints and a maker of the
+cameras. Building opens nothing: ports and cameras open on ``connect``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+
+from servo.config import FieldError
+
+from .cameras import CameraGroup, OpenCVCamera, OpenCVCameraConfig
+from .protocol import Cameras, PoseSource, RobotParts
+from .sim import SimCameraConfig, SimConfig, SimSO100
+from .sim_cameras import SimCameras
+from .so100_joints import JOINT_NAMES
+from .so_follower import SO100_ARM, SO101_ARM, SOArm, SOFollower, SOFollowerConfig
+
+
+@dataclass(frozen=True)
+class CameraEntry:
+    """One parsed item of a ``cameras`` option, ``name[:source][:WxH[@FPS]]``. Immutable."""
+
+    name: str
+    source: int | str | None
+    width: int | None
+    height: int | None
+    fps: float | None
+
+
+_SIZE = re.compile(r"(?P<w>\d+)x(?P<h>\d+)(?:@(?P<fps>\d+(?:\.\d*)?))?")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+
+
+def parse_cameras(value: str) -> list[CameraEntry]:
+    """Parse a camera list such as ``"front:0:640x480@30,wrist:/dev/video2:640x480@30"``.
+
+    The size is width x height (OpenCV's order); the source may itself contain colons (the
+    ``/dev/v4l/by-path/...`` names do), so only the first field and a trailing size are split
+    off. ``""`` or ``"none"`` means no cameras.
+
+    Raises:
+        ValueError: a malformed entry or a repeated name.
+    """
+    if value.strip().lower() in ("", "none"):
+        return []
+    entries = []
+    for item in value.split(","):
+        parts = item.strip().split(":")
+        name, rest = parts[0], parts[1:]
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"camera {item!r}: {name!r} is not a valid camera name")
+        size = _SIZE.fullmatch(rest[-1]) if rest else None
+        if size:
+            rest.pop()
+        source_text = ":".join(rest)
+        source: int | str | None = None
+        if source_text:
+            source = int(source_text) if source_text.isdigit() else source_text
+        entries.append(
+            CameraEntry(
+                name=name,
+                source=source,
+                width=int(size["w"]) if size else None,
+                height=int(size["h"]) if size else None,
+                fps=float(size["fps"]) if size and size["fps"] else None,
+            )
+        )
+    names = [entry.name for entry in entries]
+    if len(set(names)) != len(names):
+        raise ValueError(f"camera names repeat in {names}")
+    return entries
+
+
+def _doc(text: str, **constraints: Any) -> msgspec.Meta:
+    return msgspec.Meta(description=text, **constraints)
+
+
+def _checked_cameras(value: str) -> list[CameraEntry]:
+    try:
+        return parse_cameras(value)
+    except ValueError as exc:
+        raise FieldError("cameras", str(exc)) from None
+
+
+class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Options of the simulated SO-100 (``--robot sim``)."""
+
+    fps: Annotated[float, _doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
+    cameras: Annotated[str, _doc("Simulated cameras, e.g. 'front,wrist' or 'front:640x480@30'; 'none' for none.")] = (
+        "front,wrist"
+    )
+    time_constant_s: Annotated[float, _doc("First-order time constant of every joint (s).", gt=0)] = 0.075
+    noise_std: Annotated[float, _doc("Gaussian noise added to every state reading (joint units).", ge=0)] = 0.0
+    seed: Annotated[int, _doc("Seed of the sensor noise and the rendered textures.")] = 0
+    initial_pose: Annotated[
+        tuple[float, ...] | None, _doc("Six comma-separated joint values to start from (default: rest pose).")
+    ] = None
+    realtime: Annotated[bool, _doc("Advance the simulation with the monotonic clock.")] = True
+
+    def check(self) -> None:
+        """Camera syntax: simulated cameras take a size but no device."""
+        for entry in _checked_cameras(self.cameras):
+            if entry.source is not None:
+                raise FieldError("cameras", f"simulated camera {entry.name!r} takes no device, only a size")
+        if self.initial_pose is not None and len(self.initial_pose) != len(JOINT_NAMES):
+            raise FieldError("initial_pose", f"needs {len(JOINT_NAMES)} values, one per joint")
+
+
+class SOFollowerOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Options of the real SO-100 and SO-101 follower arms (``--robot so100``, ``--robot so101``)."""
+
+    port: Annotated[str, _doc("Serial port of the servo bus, e.g. /dev/ttyACM0.", min_length=1)]
+    calibration: Annotated[str, _doc("Path of a LeRobot calibration JSON (or give id).")] = ""
+    id: Annotated[str, _doc("LeRobot robot id: its calibration file is found where LeRobot writes it.")] = ""
+    write_calibration: Annotated[
+        bool, _doc("Write the calibration file into motors that hold another one (else refuse to start).")
+    ] = False
+    cameras: Annotated[str, _doc("OpenCV cameras, e.g. 'front:0:640x480@30,wrist:/dev/video2'.")] = ""
+    max_relative_target: Annotated[
+        Annotated[float, msgspec.Meta(gt=0)] | None,
+        _doc("Largest move per command from the measured position (joint units)."),
+    ] = None
+    use_degrees: Annotated[bool, _doc("Arm joints in degrees (false: LeRobot's -100..100 range).")] = True
+    disable_torque_on_disconnect: Annotated[bool, _doc("Release torque when the edge disconnects.")] = True
+    fps: Annotated[float, _doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
+    baudrate: Annotated[int, _doc("Bus baud rate.", gt=0)] = 1_000_000
+    timeout_s: Annotated[float, _doc("Reply timeout of each bus packet (s).", gt=0)] = 0.05
+    retries: Annotated[int, _doc("Bus retries after a bad or missing reply.", ge=0, le=10)] = 2
+
+    def check(self) -> None:
+        """Exactly one calibration source; camera syntax (every camera needs a device)."""
+        if bool(self.calibration) == bool(self.id):
+            raise FieldError("calibration" if self.calibration else "id", "give exactly one of calibration or id")
+        for entry in _checked_cameras(self.cameras):
+            if entry.source is None:
+                raise FieldError("cameras", f"camera {entry.name!r} needs a device index or path")
+
+
+def sim_config(options: SimOptions) -> SimConfig:
+    """The `SimConfig` of sim options."""
+    cameras = []
+    for entry in parse_cameras(options.cameras):
+        default = SimCameraConfig(entry.name)
+        cameras.append(
+            SimCameraConfig(
+                entry.name,
+                height=entry.height or default.height,
+                width=entry.width or default.width,
+                fps=entry.fps or default.fps,
+            )
+        )
+    extra: dict[str, Any] = {} if options.initial_pose is None else {"initial_pose": options.initial_pose}
+    return SimConfig(
+        fps=options.fps,
+        cameras=tuple(cameras),
+        time_constant_s=options.time_constant_s,
+        noise_std=options.noise_std,
+        seed=options.seed,
+        realtime=options.realtime,
+        **extra,
+    )
+
+
+def sim(options: SimOptions) -> RobotParts:
+    """Simulated SO-100 arm with rendered cameras (no hardware)."""
+    config = sim_config(options)
+
+    def cameras(poses: PoseSource) -> Cameras:
+        return SimCameras(config, poses)
+
+    return RobotParts(SimSO100(config), cameras)
+
+
+def _opencv_cameras(options: SOFollowerOptions) -> dict[str, OpenCVCameraConfig]:
+    cameras = {}
+    for entry in parse_cameras(options.cameras):
+        assert entry.source is not None  # SOFollowerOptions.check
+        default = OpenCVCameraConfig(entry.source)
+        cameras[entry.name] = OpenCVCameraConfig(
+            entry.source,
+            width=entry.width or default.width,
+            height=entry.height or default.height,
+            fps=entry.fps or default.fps,
+        )
+    return cameras
+
+
+def _so_follower(arm: SOArm, options: SOFollowerOptions) -> RobotParts:
+    # The calibration file is loaded here, before any port is touched.
+    opencv = _opencv_cameras(options)
+    config = SOFollowerConfig(
+        port=options.port,
+        arm=arm,
+        calibration_path=options.calibration or None,
+        robot_id=options.id or None,
+        write_calibration=options.write_calibration,
+        cameras=opencv,
+        max_relative_target=options.max_relative_target,
+        use_degrees=options.use_degrees,
+        disable_torque_on_disconnect=options.disable_torque_on_disconnect,
+        fps=options.fps,
+        baudrate=options.baudrate,
+        timeout_s=options.timeout_s,
+        retries=options.retries,
+    )
+
+    def cameras(poses: PoseSource) -> Cameras:
+        return CameraGroup({name: OpenCVCamera.from_config(cam, name) for name, cam in opencv.items()})
+
+    return RobotParts(SOFollower(config), cameras if opencv else None)
+
+
+def so100(options: SOFollowerOptions) -> RobotParts:
+    """Real SO-100 follower arm (Feetech STS3215 bus, LeRobot calibration)."""
+    return _so_follower(SO100_ARM, options)
+
+
+def so101(options: SOFollowerOptions) -> RobotParts:
+    """Real SO-101 follower arm (Feetech STS3215 bus, LeRobot calibration)."""
+    return _so_follower(SO101_ARM, options)
