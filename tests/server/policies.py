@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -99,6 +100,37 @@ class FixedComputePolicy:
 
     def reset(self) -> None:
         self.resets += 1
+
+
+class BatchingFixedPolicy(FixedComputePolicy):
+    """A `BatchingPolicy` whose forward of ``b`` samples takes ``compute_ms + per_sample_ms * b``.
+
+    Raises for the whole batch when a sample's state is negative (like `FailingPolicy` alone).
+    ``batches`` records every batched forward as ``(states, delays, prefix lengths)``; worker
+    thread writes, tests read after the server drained.
+    """
+
+    def __init__(self, compute_ms: float = 0.0, per_sample_ms: float = 0.0, **spec: Any) -> None:
+        super().__init__(compute_ms, **spec)
+        self.per_sample_s = per_sample_ms / 1e3
+        self.batches: list[tuple[list[int], list[int], list[int | None]]] = []
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        if batch["state"][0] < 0:
+            raise RuntimeError("policy bug on negative input")
+        return super().predict_chunk(batch, inference_delay, prefix)
+
+    def predict_chunk_batch(
+        self, batches: Sequence[Any], inference_delays: Sequence[int], prefixes: Sequence[np.ndarray | None]
+    ) -> np.ndarray:
+        states = [int(b["state"][0]) for b in batches]
+        self.batches.append((states, list(inference_delays), [None if p is None else len(p) for p in prefixes]))
+        if any(s < 0 for s in states):
+            raise RuntimeError("policy bug on negative input")
+        self.served.extend(states)
+        if self.compute_s or self.per_sample_s:
+            time.sleep(self.compute_s + self.per_sample_s * len(batches))
+        return np.stack([self._chunk] * len(batches))
 
 
 class StickyProcessor:

@@ -1,4 +1,4 @@
-"""The session registry on its own: newest-wins mailboxes through the decode stage."""
+"""The session registry on its own: newest-wins mailboxes, take and claim."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from servo._core import (
 )
 from servo.policy import DecodedObservation
 from servo.server.auth import SessionAuth
-from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
+from servo.server.sessions import Claim, Decoded, Pending, Session, SessionRegistry
 from servo.wire import reply_header
 from tests.server.policies import RelativeProcessor
 
@@ -71,50 +71,31 @@ def decoded(item: Pending) -> Decoded:
     return Decoded(item.header, obs, 0, item.received_ns, 0)
 
 
-def test_idle_worker_decodes_itself_then_serves() -> None:
+def test_take_then_claim_serves_the_newest_observation() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
     assert registry.deposit(session, raw(1)) == "ok"
-    assert registry.wait_work(timeout=1) == []  # woken by the raw observation: decode it yourself
-    taken = registry.take_raw()
-    assert taken is not None
-    assert taken[1].header.seq_id == 1
-    registry.finish_decode(session, taken[1], decoded(taken[1]))
-    assert registry.wait_work(timeout=1) == [session]
-    work = registry.take(session)
-    assert work is not None
-    assert (work.item.header.seq_id, work.superseded) == (1, 0)  # type: ignore[union-attr]
+    assert registry.deposit(session, raw(2)) == "ok"  # newest wins
+    assert registry.wait_ready(timeout=1)
+    ((taken_session, item),) = registry.take()
+    assert (taken_session, item.header.seq_id) == (session, 2)
+    assert registry.take() == []  # held: nothing more to take
+    assert not registry.has_ready()
+    assert registry.claim(session, item) == Claim(superseded=1, reset=False)
+    assert session.superseded == 0
 
 
-def test_newer_observation_supersedes_one_being_decoded() -> None:
+def test_a_deposit_while_held_supersedes_the_held_observation() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
     registry.deposit(session, raw(1))
-    taken = registry.take_raw()
-    assert taken is not None
-    registry.deposit(session, raw(2))  # arrives while seq 1 is being decoded
-    registry.finish_decode(session, taken[1], decoded(taken[1]))
-    assert session.pending is None  # seq 1 discarded
-    taken = registry.take_raw()
-    assert taken is not None
-    assert taken[1].header.seq_id == 2
-    registry.finish_decode(session, taken[1], decoded(taken[1]))
-    work = registry.take(session)
-    assert work is not None
-    assert (work.item.header.seq_id, work.superseded) == (2, 1)  # type: ignore[union-attr]
-
-
-def test_a_decoding_rejection_is_served_as_an_error() -> None:
-    registry = SessionRegistry()
-    session = make_session(registry)
-    registry.deposit(session, raw(1))
-    taken = registry.take_raw()
-    assert taken is not None
-    rejected = Rejected(taken[1].header, "bad_observation", "garbage", 0)
-    registry.finish_decode(session, taken[1], rejected)
-    work = registry.take(session)
-    assert work is not None
-    assert work.item is rejected
+    ((_, held),) = registry.take()
+    registry.deposit(session, raw(2))  # arrives while seq 1 is being decoded or waits for the device
+    assert not registry.has_ready()  # the worker still holds seq 1: seq 2 waits for its claim
+    assert registry.claim(session, held) is None  # seq 1 is never served
+    ((_, item),) = registry.take()
+    assert item.header.seq_id == 2
+    assert registry.claim(session, item) == Claim(superseded=1, reset=False)
 
 
 def test_a_deposit_for_a_replaced_session_is_dropped() -> None:
@@ -123,56 +104,76 @@ def test_a_deposit_for_a_replaced_session_is_dropped() -> None:
     old = make_session(registry)
     new = make_session(registry)  # same client: replaces ``old``
     assert registry.deposit(old, raw(1)) == "session"
-    assert old.raw is None
+    assert old.mailbox is None
     assert registry.deposit(new, raw(1)) == "ok"
+
+
+def test_a_held_observation_of_a_closed_session_is_not_served() -> None:
+    registry = SessionRegistry()
+    session = make_session(registry)
+    registry.deposit(session, raw(1))
+    ((_, held),) = registry.take()
+    registry.remove(session.session_id)
+    assert registry.claim(session, held) is None
 
 
 def test_reset_discards_old_episode_in_every_stage() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
     registry.deposit(session, raw(1, episode=0))
-    taken = registry.take_raw()
-    assert taken is not None
+    ((_, held),) = registry.take()
     registry.reset(session.session_id, 1)
-    registry.finish_decode(session, taken[1], decoded(taken[1]))  # decoded after the reset
-    assert session.pending is None
+    assert registry.claim(session, held) is None  # taken before the reset, claimed after it
     assert registry.stale_drops == 1
     assert registry.deposit(session, raw(2, episode=0)) == "stale"
-    assert registry.deposit(session, raw(3, episode=1)) == "ok"
-    taken = registry.take_raw()
-    assert taken is not None
-    registry.finish_decode(session, taken[1], decoded(taken[1]))
-    work = registry.take(session)
-    assert work is not None
-    assert work.reset  # the worker resets the processor before serving the new episode
-    assert work.item.header.seq_id == 3  # type: ignore[union-attr]
+    registry.deposit(session, raw(3, episode=1))
+    registry.deposit(session, raw(4, episode=1))
+    registry.reset(session.session_id, 2)  # a waiting observation of an older episode is dropped
+    assert registry.take() == []
+    assert registry.deposit(session, raw(5, episode=2)) == "ok"
+    ((_, item),) = registry.take()
+    claim = registry.claim(session, decoded(item))
+    assert claim is not None
+    assert claim.reset  # the worker resets the processor before serving the new episode
+    assert registry.stale_drops == 2
 
 
-def test_busy_worker_leaves_decoding_to_the_decoder_thread() -> None:
+def test_take_is_in_ring_order_after_the_session_served_last() -> None:
     registry = SessionRegistry()
-    a, b = make_session(registry, "a"), make_session(registry, "b")
+    a, b, c = (make_session(registry, name) for name in "abc")
     registry.deposit(a, raw(1))
-    taken = registry.take_raw()
-    assert taken is not None
-    registry.finish_decode(a, taken[1], decoded(taken[1]))
-    assert registry.wait_work(timeout=1) == [a]  # the worker is busy from here on
-    registry.deposit(b, raw(1))
-    got = registry.wait_raw(timeout=1)
-    assert got is not None
-    assert got[0] is b
+    ((_, item),) = registry.take()
+    assert registry.claim(a, item) is not None  # a was served last
+    for session in (c, a, b):
+        registry.deposit(session, raw(2))
+    assert [s.client_id for s, _ in registry.take()] == ["b", "c", "a"]
 
 
-def test_flooding_client_does_not_grow_the_decode_queue() -> None:
+def test_flooding_client_holds_one_mailbox_slot() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
     for seq in range(1, 1001):
         registry.deposit(session, raw(seq))
-    assert len(registry._raw_queue) == 1
     assert session.superseded == 999
-    taken = registry.take_raw()
-    assert taken is not None
-    assert taken[1].header.seq_id == 1000
-    assert registry.take_raw() is None
+    ((_, item),) = registry.take()
+    assert item.header.seq_id == 1000
+    assert registry.take() == []
+
+
+def test_close_wakes_a_waiting_worker() -> None:
+    registry = SessionRegistry()
+    woke = threading.Event()
+
+    def wait() -> None:
+        registry.wait_ready(timeout=10)
+        woke.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    registry.close()
+    assert woke.wait(5)
+    waiter.join(5)
+    assert not registry.wait_ready(timeout=0)
 
 
 def test_closed_publisher_waits_for_a_put_in_progress() -> None:

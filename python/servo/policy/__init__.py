@@ -6,10 +6,11 @@ when they are used.
 
 from servo.policy.errors import PolicyLoadError, PolicyOutputError
 from servo.policy.loader import POLICIES, load_policy
-from servo.policy.protocol import DecodedObservation, Policy, PolicySpec, Prepared, Processor
+from servo.policy.protocol import BatchingPolicy, DecodedObservation, Policy, PolicySpec, Prepared, Processor
 
 __all__ = [
     "POLICIES",
+    "BatchingPolicy",
     "DecodedObservation",
     "Policy",
     "PolicyLoadError",

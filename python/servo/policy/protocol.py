@@ -4,10 +4,15 @@ A policy instance is shared by every session of a server, so anything that holds
 state lives in a `Processor`, of which each session gets its own. ``predict_chunk`` of a
 chunk-stateless policy touches no instance state; a chunk-stateful one is served in exclusive
 mode (one session, ``reset`` at every episode boundary).
+
+A chunk-stateless policy may also implement `BatchingPolicy.predict_chunk_batch`: the server then
+serves several sessions' observations in one forward when their shapes stack and no client's
+deadline is put at risk (`servo.server.scheduler.DeadlineBatcher`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -122,4 +127,31 @@ class Policy(Protocol):
 
     def reset(self) -> None:
         """Forget episode state (only chunk-stateful policies have any)."""
+        ...
+
+
+@runtime_checkable
+class BatchingPolicy(Policy, Protocol):
+    """A chunk-stateless policy that predicts several sessions' chunks in one forward.
+
+    Owned by the inference thread, like any `Policy`.
+    """
+
+    def predict_chunk_batch(
+        self,
+        batches: Sequence[Any],
+        inference_delays: Sequence[int],
+        prefixes: Sequence[FloatArray | None],
+    ) -> FloatArray:
+        """Predict one model-space chunk per sample: shape (len(batches), chunk_size, action_dim).
+
+        Sample ``i`` must get the chunk ``predict_chunk(batches[i], inference_delays[i],
+        prefixes[i])`` would give. The server only batches observations whose state and camera
+        shapes are equal; tasks, delays and prefixes (of any length, or None) vary per sample.
+
+        Args:
+            batches: Outputs of `Processor.preprocess`, one per session.
+            inference_delays: Per-sample steps executed before the chunk arrives (RTC).
+            prefixes: Per-sample model-space actions still queued on the robot (RTC).
+        """
         ...

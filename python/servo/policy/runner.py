@@ -7,15 +7,19 @@ identical chunks for identical inputs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import numpy as np
 
 from servo.policy.errors import PolicyLoadError, PolicyOutputError
-from servo.policy.protocol import DecodedObservation, FloatArray, Policy, Processor
+from servo.policy.protocol import BatchingPolicy, DecodedObservation, FloatArray, Policy, Prepared, Processor
 
 DType = Literal["float32", "bfloat16", "float16"]
+#: One request of a batch: the session's processor, its observation, its inference delay.
+Request = tuple[Processor, DecodedObservation, int]
+#: The (model-space, robot-space) chunks of one request, or what made it fail.
+Outcome = tuple[FloatArray, FloatArray] | Exception
 
 
 class InferenceRunner:
@@ -72,9 +76,62 @@ class InferenceRunner:
         with self._torch_mode():
             prepared = processor.preprocess(obs)
             chunk = self.policy.predict_chunk(prepared.batch, delay, prepared.prefix)
-            model = self._checked(np.asarray(chunk, dtype=np.float32), "policy chunk")
-            robot = self._checked(np.asarray(processor.postprocess(model), dtype=np.float32), "postprocessed chunk")
-        return model, robot
+            return self._finish(processor, chunk)
+
+    def infer_batch(self, requests: Sequence[Request]) -> list[Outcome]:
+        """Several sessions' requests in one forward (`BatchingPolicy.predict_chunk_batch`).
+
+        Each request succeeds or fails on its own: a request whose preprocessing, chunk or
+        postprocessing fails gets its exception in its place, the others their chunks. When the
+        batched forward itself raises or returns the wrong shape, every request is predicted
+        alone, so one bad input cannot fail the others. A policy without ``predict_chunk_batch``
+        is run one request at a time.
+        """
+        if len(requests) == 1 or not isinstance(self.policy, BatchingPolicy):
+            return [self._infer_one(*request) for request in requests]
+        outcomes: list[Outcome | None] = [None] * len(requests)
+        with self._torch_mode():
+            prepared: list[tuple[int, Prepared, int]] = []
+            for i, (processor, obs, delay) in enumerate(requests):
+                try:
+                    prepared.append((i, processor.preprocess(obs), clamp_delay(delay, self._expected[0])))
+                except Exception as exc:
+                    outcomes[i] = exc
+            chunks = self._predict_batch(prepared)
+            for (i, prep, delay), chunk in zip(prepared, chunks, strict=True):
+                try:
+                    if chunk is None:
+                        chunk = self.policy.predict_chunk(prep.batch, delay, prep.prefix)
+                    outcomes[i] = self._finish(requests[i][0], chunk)
+                except Exception as exc:
+                    outcomes[i] = exc
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _infer_one(self, processor: Processor, obs: DecodedObservation, delay: int) -> Outcome:
+        try:
+            return self.infer(processor, obs, delay)
+        except Exception as exc:
+            return exc
+
+    def _predict_batch(self, prepared: Sequence[tuple[int, Prepared, int]]) -> list[FloatArray | None]:
+        """The batched forward's chunks; all None (predict alone) when it fails as a whole."""
+        assert isinstance(self.policy, BatchingPolicy)
+        if len(prepared) < 2:
+            return [None] * len(prepared)
+        try:
+            out = self.policy.predict_chunk_batch(
+                [p.batch for _, p, _ in prepared], [d for _, _, d in prepared], [p.prefix for _, p, _ in prepared]
+            )
+            chunks = np.asarray(out, dtype=np.float32)
+        except Exception:
+            return [None] * len(prepared)
+        if chunks.shape != (len(prepared), *self._expected):
+            return [None] * len(prepared)
+        return list(chunks)
+
+    def _finish(self, processor: Processor, chunk: FloatArray) -> tuple[FloatArray, FloatArray]:
+        model = self._checked(np.asarray(chunk, dtype=np.float32), "policy chunk")
+        return model, self._checked(np.asarray(processor.postprocess(model), dtype=np.float32), "postprocessed chunk")
 
     def warmup(self, count: int) -> None:
         """Run ``count`` forwards on a synthetic observation built from the policy's spec.

@@ -1,15 +1,14 @@
 """Observation decoding, ahead of the inference worker.
 
 The worker owns the device and should spend its time on forward passes only. Decoding an
-observation (msgpack, tensor checks, two 480x640 JPEGs: ~1 ms each) runs on a decoder thread
-while the worker is busy with another session's forward, so at N clients the device never idles
-waiting for JPEG. Only the newest observation of a session is decoded: one that is superseded
-while it waits is dropped undecoded, one superseded while it is being decoded is discarded.
+observation (msgpack, tensor checks, two 480x640 JPEGs: ~1 ms each) runs on the worker's
+executor while the device runs another group's forward (`servo.server.worker`), so at N clients
+the device never idles waiting for JPEG. `ObservationDecoder.__call__` is the single entry point
+from a mailbox's bytes to what a processor takes.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +17,7 @@ import numpy as np
 from servo.logs import LogThrottle, get_logger
 from servo.policy import DecodedObservation, PolicySpec
 from servo.policy.runner import clamp_delay
-from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
+from servo.server.sessions import Decoded, Pending, Rejected, Session
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, decode_tensor
 
 log = get_logger(__name__)
@@ -29,8 +28,8 @@ _THROTTLE = LogThrottle(1.0)
 class ObservationDecoder:
     """Turns a session's raw observation into what its processor takes.
 
-    Stateless apart from the policy's feature shapes; called from the decoder thread and, when
-    it is idle, the inference worker (the camera pool is thread-safe).
+    Stateless apart from the policy's feature shapes; called from the inference worker's
+    executor threads, several at once (the camera pool is thread-safe).
     """
 
     def __init__(self, spec: PolicySpec, *, max_observation_bytes: int, pin_task: bool) -> None:
@@ -111,41 +110,3 @@ class ObservationDecoder:
             for name, future in futures.items():
                 out[name] = future.result()  # re-raises the camera's WireError
         return {name: out[name] for name in self._cameras}
-
-
-class DecoderThread:
-    """Takes raw observations from the registry, decodes them, hands them back as ready.
-
-    Runs on its own thread; the registry arbitrates with deposits (newest wins) and resets.
-    """
-
-    def __init__(self, registry: SessionRegistry, decoder: ObservationDecoder) -> None:
-        self._registry = registry
-        self._decoder = decoder
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="servo-decode", daemon=True)
-
-    def start(self) -> None:
-        """Start the thread."""
-        self._thread.start()
-
-    def stop(self, timeout: float) -> None:
-        """Stop after the observation being decoded (the registry must be closed first)."""
-        self._stop.set()
-        self._thread.join(timeout)
-        self._decoder.close()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            taken = self._registry.wait_raw(timeout=0.25)
-            if taken is None:
-                if self._registry.closed:
-                    return  # nothing more will be served: do not spin until stop()
-                continue
-            session, item = taken
-            try:
-                result = self._decoder(item, session)
-            except BaseException:  # pragma: no cover - the decoder already catches Exception
-                self._registry.finish_decode(session, item, None)
-                raise
-            self._registry.finish_decode(session, item, result)

@@ -68,6 +68,12 @@ class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         msgspec.Meta(description="shared (many sessions) or exclusive (one); chunk-stateful policies are exclusive."),
     ] = "shared"
     max_sessions: Annotated[int, msgspec.Meta(ge=1, description="Sessions served at once (capacity).")] = 8
+    max_batch: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1, le=1024, description="Most observations in one forward of a batching policy; 1 = round-robin."
+        ),
+    ] = 16
     default_task: Annotated[str, msgspec.Meta(max_length=1024, description="Task of sessions that name none.")] = ""
     pin_task: Annotated[
         bool, msgspec.Meta(description="Refuse sessions asking for another task than default_task.")

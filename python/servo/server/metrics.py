@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _MS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
 
 
@@ -52,6 +53,13 @@ class ServerMetrics:
             "servo_inference_ms",
             "Pre+predict+post time per request (ms)",
             buckets=_MS_BUCKETS,
+            registry=r,
+        )
+
+        self.batch_size = Histogram(
+            "servo_batch_size",
+            "Observations served per forward (1 unless the policy batches)",
+            buckets=_BATCH_BUCKETS,
             registry=r,
         )
 

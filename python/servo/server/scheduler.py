@@ -1,35 +1,149 @@
-"""Which ready sessions the inference worker serves next.
+"""Which of the decoded observations the inference worker serves in its next forward.
 
-The seam exists so micro-batching across sessions can land later without touching the worker:
-a batching scheduler returns several same-shape sessions at once.
+The worker keeps what it took from the mailboxes in arrival (ring) order and asks its
+`Scheduler` for the next group: the head of that queue is always in it, so every session is
+served once per cycle however fast another one sends. `RoundRobin` serves the head alone;
+`DeadlineBatcher` adds later entries of compatible shapes as long as the bigger forward puts no
+member's deadline at risk, for policies with ``predict_chunk_batch``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Protocol, TypeVar
 
-S = TypeVar("S")
+from servo.policy import BatchingPolicy, Policy
+
+#: Forward times remembered per batch size: exponential average with this weight on the newest.
+_COST_WEIGHT = 0.2
+
+
+class Candidate(Protocol):
+    """A decoded observation as the scheduler sees it."""
+
+    @property
+    def key(self) -> Hashable:
+        """Equal for observations whose tensors stack (state and camera shapes)."""
+        ...
+
+    @property
+    def deadline_ns(self) -> int | None:
+        """Monotonic instant the client expects the chunk by; None when it said nothing."""
+        ...
+
+
+C = TypeVar("C", bound=Candidate)
 
 
 class Scheduler(Protocol):
-    """Picks sessions to serve from those with a pending observation.
+    """Picks the next group to serve. Called by the inference worker thread only."""
 
-    Called by the inference worker thread only.
-    """
+    def select(self, ready: Sequence[C], now_ns: int) -> list[C]:
+        """The group to serve now: ``ready[0]`` (the longest waiting) and maybe more of ``ready``."""
+        ...
 
-    def select(self, ready: Sequence[S]) -> Sequence[S]:
-        """``ready`` is in ring order, starting after the session served last."""
+    def record(self, size: int, seconds: float) -> None:
+        """A forward of ``size`` observations took ``seconds`` (pre- and post-processing included)."""
         ...
 
 
 class RoundRobin:
-    """One session per step, in ring order.
+    """One observation per forward, in ring order: what chunk-stateful or non-batching policies get.
 
-    Every ready session gets one inference per cycle, so no client can starve another however
-    fast it sends.
+    Owned by the inference worker thread.
     """
 
-    def select(self, ready: Sequence[S]) -> Sequence[S]:
-        """The first ready session after the one served last."""
-        return ready[:1]
+    def select(self, ready: Sequence[C], now_ns: int) -> list[C]:
+        """The head alone."""
+        return list(ready[:1])
+
+    def record(self, size: int, seconds: float) -> None:
+        """Nothing to learn."""
+
+
+class ForwardCost:
+    """Predicted forward time per batch size, learned from the forwards served.
+
+    A size never served is extrapolated from the sizes seen: a line through them when there are
+    two or more, otherwise the pessimistic guess that batching saves nothing. Owned by the
+    inference worker thread.
+    """
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+
+    def record(self, size: int, seconds: float) -> None:
+        """Fold one measured forward into the average of its size."""
+        old = self._seconds.get(size)
+        self._seconds[size] = seconds if old is None else old + _COST_WEIGHT * (seconds - old)
+
+    def predict(self, size: int) -> float | None:
+        """Seconds a forward of ``size`` is expected to take; None before any forward was measured."""
+        if size in self._seconds:
+            return self._seconds[size]
+        if not self._seconds:
+            return None
+        if len(self._seconds) == 1:
+            ((seen, seconds),) = self._seconds.items()
+            return seconds * max(1.0, size / seen)
+        # Least squares t = a + c * b over the sizes seen; never a negative per-sample cost.
+        points = list(self._seconds.items())
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        var = sum((b - mean_b) ** 2 for b, _ in points)
+        slope = max(0.0, sum((b - mean_b) * (t - mean_t) for b, t in points) / var)
+        return max(0.0, mean_t + slope * (size - mean_b))
+
+
+class DeadlineBatcher:
+    """Groups compatible observations into one forward while every member still makes its deadline.
+
+    Starting from the head, each later entry with the head's ``key`` joins (up to ``max_batch``)
+    if the predicted time of the grown forward still ends before every member's deadline; the
+    first one that would put a deadline at risk ends the group (it and those after it go next).
+    Members without a deadline never limit the group. The head is served even when it is late
+    already: waiting longer helps nobody. Owned by the inference worker thread.
+
+    Args:
+        max_batch: Most observations in one forward.
+        cost: Forward-time model (learned from `record` when not given).
+    """
+
+    def __init__(self, max_batch: int, cost: ForwardCost | None = None) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = max_batch
+        self.cost = cost or ForwardCost()
+
+    def select(self, ready: Sequence[C], now_ns: int) -> list[C]:
+        """The head and the compatible entries after it that fit (see the class docstring)."""
+        if not ready:
+            return []
+        head = ready[0]
+        group = [head]
+        earliest = head.deadline_ns
+        for entry in ready[1:]:
+            if len(group) == self.max_batch:
+                break
+            if entry.key != head.key:
+                continue
+            deadline = entry.deadline_ns
+            tightest = deadline if earliest is None else earliest if deadline is None else min(earliest, deadline)
+            if tightest is not None:
+                seconds = self.cost.predict(len(group) + 1)
+                if seconds is None or now_ns + int(seconds * 1e9) > tightest:
+                    break
+            group.append(entry)
+            earliest = tightest
+        return group
+
+    def record(self, size: int, seconds: float) -> None:
+        """Teach the cost model."""
+        self.cost.record(size, seconds)
+
+
+def scheduler_for(policy: Policy, *, exclusive: bool, max_batch: int) -> Scheduler:
+    """Batches for a chunk-stateless `BatchingPolicy` served shared; round-robin otherwise."""
+    if exclusive or max_batch < 2 or not policy.spec.chunk_stateless or not isinstance(policy, BatchingPolicy):
+        return RoundRobin()
+    return DeadlineBatcher(max_batch)

@@ -34,7 +34,7 @@ from servo.server.control import ControlPlane
 from servo.server.identity import load_identity
 from servo.server.manifest import Manifest
 from servo.server.ops import OpsEndpoint
-from servo.server.scheduler import RoundRobin, Scheduler
+from servo.server.scheduler import Scheduler, scheduler_for
 from servo.server.sessions import Pending, Session
 from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
@@ -115,7 +115,8 @@ class PolicyServer:
     Args:
         manifest: The validated manifest.
         policy: An already-built policy (tests, embedding); loaded from the manifest otherwise.
-        scheduler: Session scheduling (round-robin by default).
+        scheduler: Session scheduling (default: batches of up to ``serving.max_batch`` for a
+            chunk-stateless `BatchingPolicy` served shared, round-robin otherwise).
         frontends: Other protocols served alongside Zenoh (see `Frontend`).
         search_path: A directory a ``package.module:factory`` policy may be imported from (the
             manifest's own directory when started by ``servo-serve``).
@@ -135,7 +136,7 @@ class PolicyServer:
         self._policy = policy
         self._search_path = search_path
         self._hurry = threading.Event()
-        self._scheduler = scheduler or RoundRobin()
+        self._scheduler = scheduler
         self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
         self.state = ServerState(client_grace_s=manifest.serving.client_grace_s)
         self.metrics = self.state.metrics
@@ -213,10 +214,13 @@ class PolicyServer:
         m, state = self.manifest, self.state
         keys, info = state.replica.keys, state.replica.info
         bridge = LoopBridge()
+        scheduler = self._scheduler or scheduler_for(
+            runner.policy, exclusive=state.replica.exclusive, max_batch=m.serving.max_batch
+        )
         worker = InferenceWorker(
             runner,
             state,
-            self._scheduler,
+            scheduler,
             audit,
             max_observation_bytes=m.serving.max_observation_bytes,
         )
@@ -251,6 +255,7 @@ class PolicyServer:
                 connect=m.zenoh.connect,
                 mode=info.serving_mode,
                 max_sessions=state.replica.max_sessions,
+                scheduler=type(scheduler).__name__,
                 identity=identity,
             )
             own = state.replica.identity.public_key

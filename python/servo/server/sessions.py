@@ -1,10 +1,26 @@
-"""Server-side sessions and their latest-only observation mailboxes.
+"""Server-side sessions and their newest-wins observation mailboxes.
 
 Zenoh's observation callback authenticates an observation (`servo.server.auth`) and deposits it
-into its session's mailbox (newest wins; what it replaces is counted as superseded). A raw
-observation is decoded by the decoder thread, which puts it back as ready; the inference worker
-takes ready items. Control handlers on the event loop open, reset and close sessions. One lock
-guards the registry; nothing slow ever runs under it.
+into its session's mailbox; the inference worker takes mailboxes, decodes what it took on its
+executor and claims each item right before serving it. Control handlers on the event loop open,
+reset and close sessions. One lock guards the registry; nothing slow ever runs under it.
+
+A session's mailbox (``mailbox``: the newest raw observation; ``held``: the worker holds an
+older one it took)::
+
+                 deposit                      take                    claim
+      ┌───────┐ ────────► ┌──────┐ ──────────────────────► ┌──────┐ ───────► served
+      │ empty │           │ full │                         │ held │
+      └───────┘ ◄──────── └──────┘ ◄─── deposit ────────── └──────┘ ───────► discarded
+         ▲      (reset: old  │  ▲      (the held item is          claim refused: a newer
+         │       episode)    └──┘       superseded: claim          deposit, a reset past its
+         │               deposit:       refuses it)                episode, or the session
+         └───────────── newest wins,                               closed
+                        superseded += 1
+
+Every deposit that replaces a waiting or held observation counts one ``superseded``, reported
+with the next chunk served. Deposits of an older episode than the session's are dropped
+(``stale``), and so is a held item whose episode was reset meanwhile.
 """
 
 from __future__ import annotations
@@ -12,8 +28,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,7 +45,7 @@ Deposit = Literal["ok", "session", "stale"]
 
 @dataclass(frozen=True)
 class Pending:
-    """A raw, authenticated observation waiting to be decoded.
+    """A raw, authenticated observation waiting in a mailbox.
 
     The body is already copied out of Zenoh: its MAC had to be checked before it could enter
     the mailbox.
@@ -62,16 +77,24 @@ class Rejected:
     received_ns: int
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What the worker learns when it claims a held observation for serving."""
+
+    superseded: int
+    reset: bool
+
+
 @dataclass
 class Session:
     """One client bound to this replica.
 
-    Fields above the line are fixed at open (``auth`` keeps its own lock); the mailbox fields
-    are guarded by the registry lock; ``processor`` belongs to the inference worker. The
-    publisher is shared by the worker (chunks, errors) and the event loop (drain notice,
-    undeclare): use `publish` and `close_publisher`, which serialise the two (a Zenoh publisher
-    used from two threads at once raises ``RuntimeError: Already borrowed``). Every message it
-    publishes is sealed with the session key.
+    Fields above the line are fixed at open (``auth`` keeps its own lock); the mailbox and
+    liveliness fields are guarded by the registry lock (see the module's diagram); ``processor``
+    belongs to the inference worker. The publisher is shared by the worker (chunks, errors) and
+    the event loop (drain notice, undeclare): use `publish` and `close_publisher`, which
+    serialise the two (a Zenoh publisher used from two threads at once raises ``RuntimeError:
+    Already borrowed``). Every message it publishes is sealed with the session key.
     """
 
     auth: SessionAuth
@@ -84,19 +107,13 @@ class Session:
     opened_ns: int = field(default_factory=time.monotonic_ns)
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0
-    raw: Pending | None = None  # waiting for the decoder
-    queued: bool = False  # in the registry's decode queue (at most once)
-    pending: Decoded | Rejected | None = None  # waiting for the worker
-    decoding: bool = False
-    generation: int = 0  # bumped by every deposit: a decode of an older one is discarded
-    decode_generation: int = 0
+    mailbox: Pending | None = None
+    held: bool = False
     superseded: int = 0
     needs_reset: bool = False
     # Worker-owned: the episode of the last observation served. -1 (none yet) makes a session's
     # first observation an episode start, so a chunk-stateful policy forgets the previous session.
     served_episode: int = -1
-    served: int = 0
-    errors: int = 0
     alive: bool = False
     #: The client's liveliness token vanished at least once since the open: whoever holds the
     #: name now (a token under it again) may be a restarted client (see `servo.server.auth.takeover`).
@@ -144,31 +161,16 @@ class Session:
                 self.publisher.undeclare()
 
 
-@dataclass(frozen=True)
-class Work:
-    """What the worker takes from a mailbox, atomically."""
-
-    session: Session
-    item: Decoded | Rejected
-    superseded: int
-    reset: bool
-    episode_id: int
-
-
 class SessionRegistry:
     """All sessions of the replica, in ring order for the scheduler.
 
-    Shared by the Zenoh callback threads (deposit), the event loop (open/reset/close), the
-    decoder thread (wait_raw/finish_decode) and the inference worker (wait_work/take). Sessions
-    are keyed by their hex session id.
+    Shared by the Zenoh callback threads (deposit), the event loop (open/reset/close) and the
+    inference worker (wait_ready/take/claim). Sessions are keyed by their hex session id.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
-        self._raw_ready = threading.Condition(self._lock)
-        self._raw_queue: deque[Session] = deque()
-        self._worker_idle = False
         self._sessions: dict[str, Session] = {}
         self._by_client: dict[str, str] = {}
         self._ring_after = ""
@@ -235,19 +237,16 @@ class SessionRegistry:
             return session
 
     def reset(self, session_id: str, episode_id: int) -> bool:
-        """Episode boundary: drop the pending observation, move to ``episode_id``."""
+        """Episode boundary: drop the waiting observation of an older episode, move to ``episode_id``."""
         with self._lock:
             session = self._sessions.get(session_id)
             if session is None:
                 return False
-            # An observation of the new episode may overtake the reset request; keep it. One of
-            # the old episode being decoded right now is discarded when the decode finishes.
-            raw = session.raw
-            if raw is not None and raw.header.episode_id < episode_id:
-                session.raw = None
-            pending = session.pending
-            if pending is not None and pending.header.episode_id < episode_id:
-                session.pending = None
+            # An observation of the new episode may overtake the reset request; keep it. A held
+            # one of the old episode is refused when the worker claims it.
+            mailbox = session.mailbox
+            if mailbox is not None and mailbox.header.episode_id < episode_id:
+                session.mailbox = None
             session.episode_id = max(session.episode_id, episode_id)
             # If an observation of this episode was already served, the worker reset then.
             session.needs_reset = session.needs_reset or episode_id > session.served_episode
@@ -265,106 +264,57 @@ class SessionRegistry:
             if item.header.episode_id < session.episode_id:
                 self.stale_drops += 1
                 return "stale"
-            if session.raw is not None or session.pending is not None or session.decoding:
+            if session.mailbox is not None or session.held:
                 session.superseded += 1
-            session.generation += 1
-            session.raw, session.pending = item, None
-            if not session.queued:
-                session.queued = True
-                self._raw_queue.append(session)
-            # An idle worker decodes it itself; a busy one leaves it to the decoder thread.
-            (self._ready if self._worker_idle else self._raw_ready).notify()
+            session.mailbox = item
+            if not session.held:
+                self._ready.notify()
             return "ok"
 
-    def wait_raw(self, timeout: float) -> tuple[Session, Pending] | None:
-        """Decoder: take a raw observation, waiting for one while the worker is busy.
+    def wait_ready(self, timeout: float) -> bool:
+        """Worker: block until some mailbox can be taken; False on timeout or close."""
+        with self._lock:
+            ready = self._ready.wait_for(lambda: self._closed or self._any_ready(), timeout)
+            return ready and not self._closed
 
-        Returns None on timeout or close. An idle worker decodes for itself (`take_raw`): one
-        thread hop less on the request's path.
+    def has_ready(self) -> bool:
+        """Whether some mailbox can be taken right now."""
+        with self._lock:
+            return self._any_ready()
+
+    def take(self) -> list[tuple[Session, Pending]]:
+        """Worker: empty every mailbox whose session holds nothing yet, in ring order.
+
+        The sessions are marked held until the worker claims (or gives up) what it took.
         """
         with self._lock:
-            while True:
-                if not self._worker_idle:
-                    taken = self._pop_raw()
-                    if taken is not None:
-                        return taken
-                if self._closed or not self._raw_ready.wait(timeout):
-                    return None
+            taken = []
+            for session in self._ring_order():
+                item = session.mailbox
+                if item is None or session.held:
+                    continue
+                session.mailbox, session.held = None, True
+                taken.append((session, item))
+            return taken
 
-    def take_raw(self) -> tuple[Session, Pending] | None:
-        """Worker, when it has nothing decoded to serve: take a raw observation to decode itself."""
-        with self._lock:
-            return self._pop_raw()
+    def claim(self, session: Session, item: Pending | Decoded | Rejected) -> Claim | None:
+        """Worker, right before serving ``item`` (taken from ``session``): may it still be served?
 
-    def _pop_raw(self) -> tuple[Session, Pending] | None:
-        while self._raw_queue:
-            session = self._raw_queue.popleft()
-            session.queued = False
-            item = session.raw
-            if item is None or self._sessions.get(session.session_id) is not session:
-                continue  # superseded by a rejection, reset or closed meanwhile
-            session.raw = None
-            session.decoding = True
-            session.decode_generation = session.generation
-            return session, item
-        return None
-
-    def finish_decode(self, session: Session, item: Pending, result: Decoded | Rejected | None) -> None:
-        """Decoder: hand a decoded observation to the worker.
-
-        Unless it lost its place meanwhile: a newer observation arrived, the episode was reset,
-        or the session was closed.
+        No (None) when a newer observation arrived meanwhile, its episode was reset or the
+        session was closed. Otherwise returns the superseded count and whether the session
+        must reset first, both cleared.
         """
         with self._lock:
-            session.decoding = False
-            if result is None or self._sessions.get(session.session_id) is not session:
-                return
-            if session.generation != session.decode_generation:
-                return  # superseded while decoding (counted when the newer one arrived)
+            session.held = False
+            if self._sessions.get(session.session_id) is not session or session.mailbox is not None:
+                return None
             if item.header.episode_id < session.episode_id:
                 self.stale_drops += 1
-                return
-            session.pending = result
-            self._ready.notify()
-
-    def has_work(self) -> bool:
-        """Whether some session has an observation waiting (decoded or not)."""
-        with self._lock:
-            return self._any_pending() or self._any_raw()
-
-    def wait_work(self, timeout: float) -> list[Session]:
-        """Worker: block until some session has a pending item (or timeout); ring-ordered.
-
-        Also returns (with an empty list) when a raw observation arrives while nothing is
-        decoded: the worker then decodes it itself with `take_raw`.
-        """
-        with self._lock:
-            self._worker_idle = True
-            try:
-                ready = self._ready.wait_for(lambda: self._closed or self._any_pending() or self._any_raw(), timeout)
-            finally:
-                self._worker_idle = False
-            if not ready or self._closed:
-                return []
-            if not self._any_pending():
-                return []
-            # Busy from here on: raw observations still queued are the decoder's.
-            if self._any_raw():
-                self._raw_ready.notify()
-            return list(self._ring_order())
-
-    def take(self, session: Session) -> Work | None:
-        """Worker: atomically take the session's pending item and its superseded count."""
-        with self._lock:
-            item = session.pending
-            if item is None or self._sessions.get(session.session_id) is not session:
                 return None
-            work = Work(session, item, session.superseded, session.needs_reset, session.episode_id)
-            session.pending = None
-            session.superseded = 0
-            session.needs_reset = False
+            claim = Claim(session.superseded, session.needs_reset)
+            session.superseded, session.needs_reset = 0, False
             self._ring_after = session.session_id
-            return work
+            return claim
 
     @property
     def closed(self) -> bool:
@@ -372,24 +322,16 @@ class SessionRegistry:
         return self._closed
 
     def close(self) -> None:
-        """Stop handing out work; wakes a waiting worker and decoder."""
+        """Stop handing out work; wakes a waiting worker."""
         with self._lock:
             self._closed = True
             self._ready.notify_all()
-            self._raw_ready.notify_all()
 
-    def _any_raw(self) -> bool:
-        return any(s.raw is not None for s in self._raw_queue)
+    def _any_ready(self) -> bool:
+        return any(s.mailbox is not None and not s.held for s in self._sessions.values())
 
-    def _any_pending(self) -> bool:
-        return any(s.pending is not None for s in self._sessions.values())
-
-    def _ring_order(self) -> Iterator[Session]:
+    def _ring_order(self) -> Sequence[Session]:
+        sessions = list(self._sessions.values())
         ids = list(self._sessions)
-        start = 0
-        if self._ring_after in self._sessions:
-            start = ids.index(self._ring_after) + 1
-        for sid in ids[start:] + ids[:start]:
-            session = self._sessions[sid]
-            if session.pending is not None:
-                yield session
+        start = ids.index(self._ring_after) + 1 if self._ring_after in self._sessions else 0
+        return sessions[start:] + sessions[:start]

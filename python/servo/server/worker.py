@@ -1,24 +1,33 @@
 """The inference worker: the one thread that owns the policy and the device.
 
 The worker's loop is the server's throughput: every microsecond it spends on something other
-than a forward pass is device time lost for every client. So, per request:
+than a forward pass is device time lost for every client. One thread and one small executor:
 
-* decoding happens before, on the decoder thread (`servo.server.decoding`) while the worker runs
-  another session's forward; an idle worker decodes for itself (one thread hop less);
-* the reply (encode, put, metrics, audit) is handed to the reply thread when another observation
-  is already waiting, so the next forward starts at once; an idle worker publishes inline.
+* before each forward the worker takes every mailbox it does not hold yet (`SessionRegistry.take`)
+  and submits their decodes to the executor, so the next groups are decoded while this forward
+  runs (prefetch); only the head of its queue is ever waited for;
+* the `Scheduler` picks the group to serve from the decoded entries, head first (round-robin,
+  or a deadline-aware batch for a `BatchingPolicy`);
+* each member is claimed right before the forward: one superseded by a newer observation,
+  reset past its episode or closed meanwhile is dropped, never answered;
+* the replies (encode, put, metrics, audit) go to the executor when more work is waiting, so the
+  next forward starts at once; an idle worker publishes inline (one thread hop less).
 
-Measured with ``benches/bench_server.py`` (20 ms forwards, two 480x640 cameras): 97-98 % of the
-ideal rate at 2-16 clients, against 94-95 % (raw) and 73-79 % (JPEG q90) when the worker decoded
-and published itself.
+An entry in the worker's queue::
+
+    taken ──decode on executor──► decoded ──select──► claimed ──forward──► replied
+      │                              │                   │
+      └── decode failed: Rejected ───┴── served alone    └── refused: dropped (newer, reset, closed)
+                                         as an error
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -27,9 +36,9 @@ from servo.logs import Logger, LogThrottle, get_logger
 from servo.policy.protocol import FloatArray
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
-from servo.server.decoding import DecoderThread, ObservationDecoder
+from servo.server.decoding import ObservationDecoder
 from servo.server.scheduler import Scheduler
-from servo.server.sessions import Decoded, Rejected, Session, Work
+from servo.server.sessions import Claim, Decoded, Pending, Rejected, Session
 from servo.server.state import ServerState
 from servo.wire import ActionChunk, ErrorEvent, encode, encode_tensor
 
@@ -37,16 +46,52 @@ log = get_logger(__name__)
 
 #: How often a stopping worker's join looks at the abandon flag.
 _JOIN_SLICE_S = 0.05
+#: Decodes (one per observation, cameras in parallel inside) and replies share this many threads.
+_EXECUTOR_THREADS = 2
 #: Refused requests and policy failures: one log line per code per second, with the count held back.
 _THROTTLE = LogThrottle(1.0)
 
 
-class InferenceWorker:
-    """Serves decoded observations one at a time, in the order the scheduler picks.
+class _Entry:
+    """An observation the worker took from a mailbox, with its decode in flight or done.
 
-    Owns the `InferenceRunner` (policy, device) and every session's processor; runs on its own
-    thread so the event loop never waits on a forward pass. A `DecoderThread` it starts and stops
-    decodes observations ahead of it.
+    Owned by the inference worker thread (the executor only completes ``future``).
+    """
+
+    def __init__(self, session: Session, pending: Pending, future: Future[Decoded | Rejected], fps: float) -> None:
+        self.session = session
+        self.pending = pending
+        self.future = future
+        self._fps = fps
+
+    @property
+    def item(self) -> Decoded | Rejected:
+        """The decoded observation (waits for the decode)."""
+        return self.future.result()
+
+    @property
+    def key(self) -> Hashable:
+        """State and camera shapes: observations with equal keys stack into one forward."""
+        item = self.item
+        if isinstance(item, Rejected):
+            return id(self)  # matches nothing: served alone
+        obs = item.obs
+        return obs.state.shape, tuple((name, frame.shape) for name, frame in obs.images.items())
+
+    @property
+    def deadline_ns(self) -> int | None:
+        """When the client expects the chunk: its inference delay after the observation arrived."""
+        item = self.item
+        if isinstance(item, Rejected) or item.delay <= 0:
+            return None
+        return item.received_ns + int(item.delay * 1e9 / self._fps)
+
+
+class InferenceWorker:
+    """Serves decoded observations, alone or in batches, in the order the scheduler picks.
+
+    Owns the `InferenceRunner` (policy, device), every session's processor and a small executor
+    for decodes and replies; runs on its own thread so the event loop never waits on a forward.
     """
 
     def __init__(
@@ -65,24 +110,24 @@ class InferenceWorker:
         self._metrics = state.metrics
         self._audit = audit
         self._exclusive = state.replica.exclusive
+        self._fps = runner.policy.spec.fps
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="servo-inference", daemon=True)
         self._decode = ObservationDecoder(
             runner.policy.spec, max_observation_bytes=max_observation_bytes, pin_task=state.replica.info.pin_task
         )
-        self._decoder = DecoderThread(state.registry, self._decode)
-        self._replies = ReplyThread()
+        self._executor = ThreadPoolExecutor(_EXECUTOR_THREADS, thread_name_prefix="servo-io")
+        self._queue: deque[_Entry] = deque()
+        self._replies: list[Future[None]] = []
 
     def start(self) -> None:
-        """Start the decoder, reply and worker threads."""
-        self._decoder.start()
-        self._replies.start()
+        """Start the worker thread."""
         self._thread.start()
 
     def stop(self, timeout: float, *, abandon: threading.Event | None = None) -> bool:
-        """Finish the request in flight and publish its reply, then stop.
+        """Finish the forward in flight and publish its replies, then stop.
 
-        Returns False if the request did not finish within ``timeout`` s, or ``abandon`` was set
+        Returns False if the forward did not finish within ``timeout`` s, or ``abandon`` was set
         first (the forward then runs on in its daemon thread, unanswered).
         """
         self._stop.set()
@@ -91,92 +136,153 @@ class InferenceWorker:
         while self._thread.is_alive() and time.monotonic() < deadline and not (abandon and abandon.is_set()):
             self._thread.join(_JOIN_SLICE_S)
         finished = not self._thread.is_alive()
-        self._replies.stop(timeout)
-        self._decoder.stop(timeout)
+        if finished:
+            for reply in list(self._replies):
+                reply.exception(max(0.0, deadline - time.monotonic()))  # waits; failures were logged
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._decode.close()
         return finished
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            ready = self._registry.wait_work(timeout=0.25)
-            if not ready:
-                # Idle with a raw observation: decode it here rather than wait for a hand-off.
-                taken = self._registry.take_raw()
-                if taken is not None:
-                    session, item = taken
-                    self._registry.finish_decode(session, item, self._decode(item, session))
+            if not self._queue and not self._registry.wait_ready(timeout=0.25):
                 continue
-            for session in self._scheduler.select(ready):
-                work = self._registry.take(session)
-                if work is None:
-                    continue
-                try:
-                    self._serve(work)
-                except Exception:  # a bug here must cost one request, never the worker thread
-                    log.exception("request handling failed", session_id=session.session_id)
+            self._prefetch()
+            if not self._queue:
+                continue
+            try:
+                self._serve_next()
+            except Exception:  # a bug here must cost one group, never the worker thread
+                log.exception("request handling failed")
 
-    def _serve(self, work: Work) -> None:
-        session, item = work.session, work.item
-        start_ns = time.monotonic_ns()
-        decode_ns = 0 if isinstance(item, Rejected) else item.decode_ns
-        # Time spent waiting, not decoding: decoding is neither queue wait nor inference.
-        queue_wait_ms = (start_ns - item.received_ns - decode_ns) / 1e6
-        bound = log.bind(session_id=session.session_id, client_id=session.client_id)
-        # An observation of a new episode can overtake the reset request: either one resets.
+    def _prefetch(self) -> None:
+        """Take every mailbox not held yet and start decoding it (runs during the next forward)."""
+        for session, pending in self._registry.take():
+            future = self._executor.submit(self._decode, pending, session)
+            self._queue.append(_Entry(session, pending, future, self._fps))
+
+    def _serve_next(self) -> None:
+        head = self._queue[0]
+        if isinstance(head.item, Rejected):  # waits for the head's decode only
+            group = [head]
+        else:
+            done = [e for e in self._queue if e.future.done() and isinstance(e.item, Decoded)]
+            group = self._scheduler.select(done, time.monotonic_ns())
+        for entry in group:
+            self._queue.remove(entry)
+        claimed = [(e, claim) for e in group if (claim := self._registry.claim(e.session, e.item)) is not None]
+        if not claimed:
+            return
+        if isinstance(head.item, Rejected):
+            entry, claim = claimed[0]
+            self._refuse(entry, claim)
+        else:
+            self._forward(claimed)
+
+    def _refuse(self, entry: _Entry, claim: Claim) -> None:
+        item = entry.item
+        assert isinstance(item, Rejected)
+        self._begin(entry.session, item, claim)
+        queue_wait_ms = (time.monotonic_ns() - item.received_ns) / 1e6
+        bound = log.bind(session_id=entry.session.session_id, client_id=entry.session.client_id)
+        self._fail(entry.session, item.header, item.code, item.message, queue_wait_ms, 0.0, bound)
+
+    def _begin(self, session: Session, item: Decoded | Rejected, claim: Claim) -> None:
+        """Episode bookkeeping before serving.
+
+        An observation of a new episode can overtake the reset request: either one resets.
+        """
         new_episode = not isinstance(item, Rejected) and item.header.episode_id != session.served_episode
-        if work.reset or new_episode:
+        if claim.reset or new_episode:
             session.processor.reset()
             if self._exclusive:
                 self._runner.policy.reset()
         if not isinstance(item, Rejected):
             session.served_episode = item.header.episode_id
-        if isinstance(item, Rejected):
-            self._fail(session, item.header, item.code, item.message, queue_wait_ms, 0.0, bound)
-            return
-        header, delay = item.header, item.delay
-        bound = bound.bind(seq_id=header.seq_id, episode_id=header.episode_id)
-        bound.debug("inference started", queue_wait_ms=round(queue_wait_ms, 3))
-        infer_start = time.monotonic_ns()
-        try:
-            chunk_model, chunk_robot = self._runner.infer(session.processor, item.obs, delay)
-        except Exception as exc:  # a policy bug must cost one request, not the server
-            inference_ms = (time.monotonic_ns() - infer_start) / 1e6
-            if (suppressed := _THROTTLE.allow("inference_failed")) is not None:
-                bound.exception("inference failed", suppressed=suppressed)
-            self._fail(
-                session,
-                header,
-                "inference_failed",
-                f"{type(exc).__name__}: {exc}",
-                queue_wait_ms,
-                inference_ms,
-                bound,
+
+    def _forward(self, claimed: list[tuple[_Entry, Claim]]) -> None:
+        start_ns = time.monotonic_ns()
+        requests = []
+        for entry, claim in claimed:
+            item = entry.item
+            assert isinstance(item, Decoded)
+            self._begin(entry.session, item, claim)
+            requests.append((entry.session.processor, item.obs, item.delay))
+            # Time spent waiting, not decoding: decoding is neither queue wait nor inference.
+            queue_wait_ms = (start_ns - item.received_ns - item.decode_ns) / 1e6
+            log.debug(
+                "inference started",
+                session_id=entry.session.session_id,
+                seq_id=item.header.seq_id,
+                queue_wait_ms=round(queue_wait_ms, 3),
+                batch=len(claimed),
             )
-            return
-        inference_ms = (time.monotonic_ns() - infer_start) / 1e6
-        session.served += 1
+        outcomes = self._runner.infer_batch(requests)
+        inference_ms = (time.monotonic_ns() - start_ns) / 1e6
+        self._scheduler.record(len(claimed), inference_ms / 1e3)
+        self._metrics.batch_size.observe(len(claimed))
+        jobs = [
+            self._reply_job(entry, claim, outcome, start_ns, inference_ms, len(claimed))
+            for (entry, claim), outcome in zip(claimed, outcomes, strict=True)
+        ]
 
-        def reply() -> None:
-            self._reply(work, chunk_model, chunk_robot, queue_wait_ms, inference_ms, decode_ns, bound)
+        def publish() -> None:
+            for job in jobs:
+                try:
+                    job()
+                except Exception:  # a bug here must cost one reply, never the others
+                    log.exception("publishing a reply failed")
 
-        # With another observation waiting, the device goes straight to it and the reply is
-        # published by the reply thread; otherwise publishing here saves a thread hop.
-        if self._registry.has_work():
-            self._replies.submit(reply)
+        # With another observation waiting, the device goes straight to it and the replies are
+        # published on the executor; otherwise publishing here saves a thread hop.
+        if self._queue or self._registry.has_ready():
+            self._replies = [f for f in self._replies if not f.done()]
+            self._replies.append(self._executor.submit(publish))
         else:
-            reply()
+            publish()
+
+    def _reply_job(
+        self,
+        entry: _Entry,
+        claim: Claim,
+        outcome: tuple[FloatArray, FloatArray] | Exception,
+        start_ns: int,
+        inference_ms: float,
+        batch: int,
+    ) -> Callable[[], None]:
+        session, item = entry.session, entry.item
+        assert isinstance(item, Decoded)
+        queue_wait_ms = (start_ns - item.received_ns - item.decode_ns) / 1e6
+        bound = log.bind(
+            session_id=session.session_id,
+            client_id=session.client_id,
+            seq_id=item.header.seq_id,
+            episode_id=item.header.episode_id,
+        )
+        if isinstance(outcome, Exception):
+            exc = outcome
+
+            def fail() -> None:
+                if (suppressed := _THROTTLE.allow("inference_failed")) is not None:
+                    bound.error("inference failed", exc_info=exc, batch=batch, suppressed=suppressed)
+                message = f"{type(exc).__name__}: {exc}"
+                self._fail(session, item.header, "inference_failed", message, queue_wait_ms, inference_ms, bound)
+
+            return fail
+        chunk_model, chunk_robot = outcome
+        return lambda: self._reply(session, item, claim, chunk_model, chunk_robot, queue_wait_ms, inference_ms, bound)
 
     def _reply(
         self,
-        work: Work,
+        session: Session,
+        item: Decoded,
+        claim: Claim,
         chunk_model: FloatArray,
         chunk_robot: FloatArray,
         queue_wait_ms: float,
         inference_ms: float,
-        decode_ns: int,
         bound: Logger,
     ) -> None:
-        session, item = work.session, work.item
-        assert isinstance(item, Decoded)
         header = item.header
         # Identity post-processing ships one tensor (the edge then uses chunk_robot for both).
         same = chunk_model is chunk_robot or np.array_equal(chunk_model, chunk_robot)
@@ -185,14 +291,14 @@ class InferenceWorker:
             chunk_model=None if same else encode_tensor(chunk_model),
             queue_wait_ms=queue_wait_ms,
             inference_ms=inference_ms,
-            superseded=work.superseded,
+            superseded=claim.superseded,
             server_load=self._state.load,
         )
         # Publish first (the client is waiting), account after; an inference whose session was
         # closed meanwhile is still audited, as undeliverable.
         outcome = "ok" if _publish(session, MSG_CHUNK, encode(body), header, bound) else "undeliverable"
         self._metrics.requests.labels(outcome).inc()
-        self._metrics.superseded.inc(work.superseded)
+        self._metrics.superseded.inc(claim.superseded)
         self._metrics.queue_wait_ms.observe(queue_wait_ms)
         self._metrics.inference_ms.observe(inference_ms)
         self._audit.write(
@@ -202,9 +308,9 @@ class InferenceWorker:
             episode_id=header.episode_id,
             queue_wait_ms=round(queue_wait_ms, 3),
             inference_ms=round(inference_ms, 3),
-            superseded=work.superseded,
+            superseded=claim.superseded,
             inference_delay=item.delay,
-            decode_ms=round(decode_ns / 1e6, 3),
+            decode_ms=round(item.decode_ns / 1e6, 3),
             outcome=outcome,
         )
 
@@ -219,7 +325,6 @@ class InferenceWorker:
         bound: Logger,
     ) -> None:
         _publish(session, MSG_ERROR, encode(ErrorEvent(code, message)), header, bound)
-        session.errors += 1
         self._metrics.requests.labels(code).inc()
         if (suppressed := _THROTTLE.allow(code)) is not None:
             bound.warning("request refused", code=code, reason=message, suppressed=suppressed)
@@ -240,34 +345,3 @@ def _publish(session: Session, msg_type: int, body: bytes, request: Header, boun
         bound.info("reply not sent: session closed")
         return False
     return True
-
-
-class ReplyThread:
-    """Publishes replies (encode, put, metrics, audit) off the worker's critical path.
-
-    Jobs come from the inference worker; they run on this thread, in order.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="servo-replies", daemon=True)
-
-    def start(self) -> None:
-        """Start the thread."""
-        self._thread.start()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on the reply thread, after the jobs already submitted."""
-        self._jobs.put(job)
-
-    def stop(self, timeout: float) -> None:
-        """Run the jobs already submitted, then stop."""
-        self._jobs.put(None)
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                job()
-            except Exception:  # a bug here must cost one reply, never the thread
-                log.exception("publishing a reply failed")

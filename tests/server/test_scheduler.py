@@ -1,0 +1,100 @@
+"""Grouping rules of the schedulers, on their own (no server, no clock)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import pytest
+
+from servo.server.scheduler import DeadlineBatcher, ForwardCost, RoundRobin, scheduler_for
+from tests.server.policies import BatchingFixedPolicy, FixedComputePolicy
+
+MS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    key: Hashable = "same"
+    deadline_ns: int | None = None
+
+
+def cost(base_ms: float, per_sample_ms: float) -> ForwardCost:
+    """A cost model that has seen batches of 1 and 4 of t(b) = base + per_sample * b."""
+    model = ForwardCost()
+    for b in (1, 4):
+        model.record(b, (base_ms + per_sample_ms * b) / 1e3)
+    return model
+
+
+def names(group: list[Entry]) -> list[str]:
+    return [e.name for e in group]
+
+
+def test_round_robin_serves_the_head_alone() -> None:
+    ready = [Entry("a"), Entry("b")]
+    assert names(RoundRobin().select(ready, 0)) == ["a"]
+    assert RoundRobin().select([], 0) == []
+
+
+def test_batcher_groups_compatible_shapes_only() -> None:
+    ready = [Entry("a"), Entry("b", key="other"), Entry("c"), Entry("d", key="other")]
+    assert names(DeadlineBatcher(8, cost(20, 2)).select(ready, 0)) == ["a", "c"]
+
+
+def test_batcher_stops_at_max_batch() -> None:
+    ready = [Entry(str(i)) for i in range(10)]
+    assert names(DeadlineBatcher(4, cost(20, 2)).select(ready, 0)) == ["0", "1", "2", "3"]
+
+
+def test_batcher_never_puts_a_members_deadline_at_risk() -> None:
+    # t(b) = 20 + 2 b ms: a batch of 3 ends at 26 ms, of 4 at 28 ms, of 5 at 30 ms.
+    ready = [
+        Entry("a", deadline_ns=100 * MS),
+        Entry("b"),  # no deadline: never limits the group
+        Entry("c", deadline_ns=27 * MS),
+        Entry("d", deadline_ns=500 * MS),  # would push the batch to 28 ms: c would miss
+        Entry("e"),
+    ]
+    group = DeadlineBatcher(16, cost(20, 2)).select(ready, 0)
+    assert names(group) == ["a", "b", "c"]
+    # Nobody in the group is late with what the model predicts for its size (26 ms).
+    assert all(e.deadline_ns is None or e.deadline_ns >= 26 * MS for e in group)
+
+
+def test_a_member_that_cannot_make_it_is_left_for_the_next_forward() -> None:
+    ready = [Entry("a", deadline_ns=200 * MS), Entry("b", deadline_ns=10 * MS), Entry("c")]
+    # b would be late even alone with a: it is not added (and the group ends there).
+    assert names(DeadlineBatcher(16, cost(20, 2)).select(ready, 0)) == ["a"]
+
+
+def test_the_head_is_served_even_when_late() -> None:
+    ready = [Entry("a", deadline_ns=1 * MS), Entry("b")]
+    assert names(DeadlineBatcher(16, cost(20, 2)).select(ready, 50 * MS)) == ["a"]
+
+
+def test_deadlines_with_no_cost_measured_yet_keep_the_head_alone() -> None:
+    ready = [Entry("a", deadline_ns=10**12), Entry("b")]
+    assert names(DeadlineBatcher(16).select(ready, 0)) == ["a"]
+    assert names(DeadlineBatcher(16).select([Entry("a"), Entry("b")], 0)) == ["a", "b"]
+
+
+def test_cost_model_learns_a_line_and_is_pessimistic_from_one_size() -> None:
+    model = ForwardCost()
+    assert model.predict(1) is None
+    model.record(1, 0.022)
+    assert model.predict(1) == pytest.approx(0.022)
+    assert model.predict(8) == pytest.approx(8 * 0.022)  # one size seen: assume batching saves nothing
+    model.record(4, 0.028)
+    assert model.predict(16) == pytest.approx(0.052)
+    assert model.predict(2) == pytest.approx(0.024)
+
+
+def test_only_a_chunk_stateless_batching_policy_served_shared_is_batched() -> None:
+    assert isinstance(scheduler_for(BatchingFixedPolicy(), exclusive=False, max_batch=8), DeadlineBatcher)
+    assert isinstance(scheduler_for(BatchingFixedPolicy(), exclusive=True, max_batch=8), RoundRobin)
+    assert isinstance(scheduler_for(BatchingFixedPolicy(), exclusive=False, max_batch=1), RoundRobin)
+    stateful = BatchingFixedPolicy(chunk_stateless=False)
+    assert isinstance(scheduler_for(stateful, exclusive=False, max_batch=8), RoundRobin)
+    assert isinstance(scheduler_for(FixedComputePolicy(), exclusive=False, max_batch=8), RoundRobin)
