@@ -133,6 +133,26 @@ class BatchingFixedPolicy(FixedComputePolicy):
         return np.stack([self._chunk] * len(batches))
 
 
+class GatedBatchingPolicy(BatchingFixedPolicy):
+    """`BatchingFixedPolicy` whose single forwards block like `GatedPolicy`'s once ``armed``.
+
+    A test holds the device with one session's forward while others' observations queue up.
+    """
+
+    def __init__(self, **spec: Any) -> None:
+        super().__init__(**spec)
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.armed = False
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        if self.armed and not self.gate.is_set():
+            self.entered.set()
+            if not self.gate.wait(10):
+                raise TimeoutError("gate never opened")
+        return super().predict_chunk(batch, inference_delay, prefix)
+
+
 class StickyProcessor:
     """Deliberately holds state across requests: the episode's first state and a request count.
 

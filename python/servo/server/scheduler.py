@@ -38,6 +38,11 @@ C = TypeVar("C", bound=Candidate)
 class Scheduler(Protocol):
     """Picks the next group to serve. Called by the inference worker thread only."""
 
+    @property
+    def max_batch(self) -> int:
+        """Most observations in one group: the worker waits for the decodes of that many."""
+        ...
+
     def select(self, ready: Sequence[C], now_ns: int) -> list[C]:
         """The group to serve now: ``ready[0]`` (the longest waiting) and maybe more of ``ready``."""
         ...
@@ -52,6 +57,8 @@ class RoundRobin:
 
     Owned by the inference worker thread.
     """
+
+    max_batch = 1
 
     def select(self, ready: Sequence[C], now_ns: int) -> list[C]:
         """The head alone."""

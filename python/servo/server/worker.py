@@ -5,7 +5,8 @@ than a forward pass is device time lost for every client. One thread and one sma
 
 * before each forward the worker takes every mailbox it does not hold yet (`SessionRegistry.take`)
   and submits their decodes to the executor, so the next groups are decoded while this forward
-  runs (prefetch); only the head of its queue is ever waited for;
+  runs (prefetch); it waits only for the decodes of the entries the scheduler may group (the
+  head alone for round-robin);
 * the `Scheduler` picks the group to serve from the decoded entries, head first (round-robin,
   or a deadline-aware batch for a `BatchingPolicy`);
 * each member is claimed right before the forward: one superseded by a newer observation,
@@ -23,6 +24,7 @@ An entry in the worker's queue::
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -163,11 +165,14 @@ class InferenceWorker:
 
     def _serve_next(self) -> None:
         head = self._queue[0]
-        if isinstance(head.item, Rejected):  # waits for the head's decode only
+        if isinstance(head.item, Rejected):  # waits for the head's decode
             group = [head]
         else:
-            done = [e for e in self._queue if e.future.done() and isinstance(e.item, Decoded)]
-            group = self._scheduler.select(done, time.monotonic_ns())
+            # Waits for the decodes of the entries the scheduler may group (mostly done already:
+            # they ran during the last forward).
+            window = itertools.islice(self._queue, self._scheduler.max_batch)
+            decoded = [e for e in window if isinstance(e.item, Decoded)]
+            group = self._scheduler.select(decoded, time.monotonic_ns())
         for entry in group:
             self._queue.remove(entry)
         claimed = [(e, claim) for e in group if (claim := self._registry.claim(e.session, e.item)) is not None]
