@@ -12,17 +12,25 @@ floor any Python server on this transport pays.
 
 Client side: `run_fleet` / `run_echo_fleet` run N clients in the caller's event loop, each with
 its own Zenoh session (one robot = one session = one link), each sending as fast as one
-request in flight allows, and return per-request samples.
+request in flight allows, and return per-request samples. `run_process_fleet` runs each client
+in its own process (``python -m benches._fleet client``), as robots are.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import queue
+import signal
+import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import astuple, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -107,8 +115,58 @@ class FixedComputePolicy:
         pass
 
 
+class CostModelPolicy(FixedComputePolicy):
+    """A batch-friendly `FixedComputePolicy`: a forward of ``b`` observations takes exactly
+    ``base_ms + per_sample_ms * b`` (a GPU's fixed launch and weight-read cost plus a small
+    per-sample cost), alone or through ``predict_chunk_batch``."""
+
+    def __init__(self, base_ms: float, per_sample_ms: float, height: int = HEIGHT, width: int = WIDTH) -> None:
+        super().__init__(base_ms + per_sample_ms, height, width)
+        self.base_s, self.per_sample_s = base_ms / 1e3, per_sample_ms / 1e3
+
+    def predict_chunk_batch(self, batches: Sequence[Any], inference_delays: Sequence[int], prefixes: Any) -> np.ndarray:
+        exact_wait(self.base_s + self.per_sample_s * len(batches))
+        return np.stack([self._chunk] * len(batches))
+
+
 # ---------------------------------------------------------------------------- server processes
-def manifest_text(port: int, *, max_sessions: int = 32) -> str:
+@contextlib.contextmanager
+def spawn_server(role: str, *args: str) -> Iterator[int]:
+    """Run ``python -m benches._fleet <role> --port P <args>`` until the block exits; yields P."""
+    from benches._support import free_port
+
+    port = free_port()
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benches._fleet", role, "--port", str(port), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=repo,
+        env=env,
+    )
+    assert proc.stdout is not None
+    timer = threading.Timer(120, proc.kill)  # a server that never gets ready must not hang the run
+    timer.start()
+    try:
+        line = proc.stdout.readline()
+    finally:
+        timer.cancel()
+    assert line.strip() == "READY", f"{role} server did not start (exit {proc.poll()})"
+    try:
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        proc.stdout.close()
+        assert code == 0, f"{role} server exited with {code}"
+
+
+def manifest_text(port: int, *, max_sessions: int = 32, max_batch: int = 16) -> str:
     return f"""
 [model]
 source = "bench"
@@ -116,6 +174,7 @@ warmup = 2
 [serving]
 app = "bench"
 max_sessions = {max_sessions}
+max_batch = {max_batch}
 client_grace_s = 2.0
 [zenoh]
 listen = ["tcp/127.0.0.1:{port}"]
@@ -129,8 +188,12 @@ async def _serve(args: argparse.Namespace) -> None:
     from servo.server.manifest import parse_manifest
     from servo.server.service import PolicyServer
 
-    policy = FixedComputePolicy(args.compute_ms, args.height, args.width)
-    server = PolicyServer(parse_manifest(manifest_text(args.port)), policy=policy)
+    policy = (
+        CostModelPolicy(args.compute_ms, args.per_sample_ms, args.height, args.width)
+        if args.per_sample_ms
+        else FixedComputePolicy(args.compute_ms, args.height, args.width)
+    )
+    server = PolicyServer(parse_manifest(manifest_text(args.port, max_batch=args.max_batch)), policy=policy)
     async with anyio.create_task_group() as tg:
 
         async def run_server(*, task_status: Any) -> None:
@@ -147,8 +210,6 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def _echo(args: argparse.Namespace) -> None:
-    import signal
-
     import zenoh
 
     from servo.transport import ZenohSettings
@@ -188,9 +249,13 @@ def _echo(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benches._fleet")
-    parser.add_argument("role", choices=("serve", "echo"))
+    parser.add_argument("role", choices=("serve", "echo", "client"))
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--compute-ms", type=float, default=20.0)
+    parser.add_argument("--compute-ms", type=float, default=20.0, help="forward time (the base time with a cost model)")
+    parser.add_argument("--per-sample-ms", type=float, default=0.0, help="> 0: CostModelPolicy, batch-friendly")
+    parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--index", type=int, default=0, help="client: its index (client id, state, frames)")
+    parser.add_argument("--quality", type=int, default=0, help="client: JPEG quality, 0 = raw")
     parser.add_argument("--height", type=int, default=HEIGHT)
     parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--log-level", default="warning")
@@ -200,6 +265,8 @@ def main(argv: list[str]) -> None:
     configure_logging(args.log_level)
     if args.role == "serve":
         anyio.run(_serve, args, backend="asyncio", backend_options={"use_uvloop": True})
+    elif args.role == "client":
+        anyio.run(_client_process, args, backend="asyncio", backend_options={"use_uvloop": True})
     else:
         _echo(args)
 
@@ -285,39 +352,125 @@ async def run_fleet(
         async with PolicyClient.connect(settings, f"bench-{index}", jpeg_quality=quality) as client:
             (server, *_) = await client.discover(app="bench")
             session = await client.open_session(server, features=server.status.policy.features, fps=FPS)
-            images = frames(height, width, index)
-            state = np.full(len(JOINTS), float(index), dtype=np.float32)
             clock.arrived()
             await clock.go.wait()
-            sent = 0
             try:
-                while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
-                    state[0] = float(sent)
-                    sent += 1
-                    try:
-                        chunk = await session.infer(state, images, timeout=5)
-                    except Exception as exc:  # recorded; the benchmark's correctness flag fails
-                        result.errors.append(f"client {index}: {type(exc).__name__}: {exc}")
-                        if len(result.errors) > 20:
-                            raise
-                        continue
-                    now = time.monotonic()
-                    encode_ms = session.stats.last_encode_ms
-                    if measure_s is None or clock.measuring(now):
-                        ok = chunk.chunk_robot.shape == (CHUNK, len(JOINTS)) and bool(
-                            np.array_equal(chunk.chunk_robot[0], state)
-                        )
-                        result.samples.append(
-                            Sample(
-                                index, now, chunk.rtt_ns / 1e6, encode_ms, chunk.inference_ms, chunk.queue_wait_ms, ok
-                            )
-                        )
+                await _drive(session, index, clock, result, max_requests, height, width)
             finally:
                 await session.close()
 
     async with anyio.create_task_group() as tg:
         for i in range(n_clients):
             tg.start_soon(one, i)
+    return result
+
+
+async def _drive(
+    session: Any, index: int, clock: _Clock, result: FleetResult, max_requests: int | None, height: int, width: int
+) -> None:
+    """One client's requests, one in flight, until the window closes; samples inside it."""
+    images = frames(height, width, index)
+    state = np.full(len(JOINTS), float(index), dtype=np.float32)
+    sent = 0
+    while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
+        state[0] = float(sent)
+        sent += 1
+        try:
+            chunk = await session.infer(state, images, timeout=5)
+        except Exception as exc:  # recorded; the benchmark's correctness flag fails
+            result.errors.append(f"client {index}: {type(exc).__name__}: {exc}")
+            if len(result.errors) > 20:
+                raise
+            continue
+        now = time.monotonic()
+        encode_ms = session.stats.last_encode_ms
+        if clock.measure_s is None or clock.measuring(now):
+            ok = chunk.chunk_robot.shape == (CHUNK, len(JOINTS)) and bool(np.array_equal(chunk.chunk_robot[0], state))
+            result.samples.append(
+                Sample(index, now, chunk.rtt_ns / 1e6, encode_ms, chunk.inference_ms, chunk.queue_wait_ms, ok)
+            )
+
+
+async def _client_process(args: argparse.Namespace) -> None:
+    """One client in its own process: ``READY`` once its session is open, then on stdin
+    ``GO <t0> <warmup_s> <measure_s|-> <max_requests|->`` (t0 on the shared monotonic clock);
+    prints its samples and errors as one JSON line when done."""
+    from servo.client import PolicyClient
+    from servo.transport import ZenohSettings
+
+    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{args.port}"])
+    result = FleetResult(n_clients=1)
+    async with PolicyClient.connect(settings, f"bench-{args.index}", jpeg_quality=args.quality) as client:
+        (server, *_) = await client.discover(app="bench")
+        session = await client.open_session(server, features=server.status.policy.features, fps=FPS)
+        print("READY", flush=True)
+        _, t0, warmup, measure, limit = (await anyio.to_thread.run_sync(sys.stdin.readline)).split()
+        clock = _Clock(1, float(warmup), None if measure == "-" else float(measure))
+        clock.start = float(t0) + clock.warmup_s
+        clock.end = clock.start + clock.measure_s if clock.measure_s is not None else float("inf")
+        await anyio.sleep(max(0.0, float(t0) - time.monotonic()))
+        try:
+            await _drive(
+                session, args.index, clock, result, None if limit == "-" else int(limit), args.height, args.width
+            )
+        finally:
+            await session.close()
+    print(json.dumps({"samples": [astuple(x) for x in result.samples], "errors": result.errors}), flush=True)
+
+
+def run_process_fleet(
+    port: int,
+    n_clients: int,
+    *,
+    quality: int,
+    warmup_s: float,
+    measure_s: float | None,
+    max_requests: int | None = None,
+    height: int = HEIGHT,
+    width: int = WIDTH,
+) -> FleetResult:
+    """Like `run_fleet`, with every client in its own process (``python -m benches._fleet client``)."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    base = [sys.executable, "-m", "benches._fleet", "client", "--port", str(port), "--quality", str(quality)]
+    size = ["--height", str(height), "--width", str(width)]
+    procs = [
+        subprocess.Popen(
+            [*base, *size, "--index", str(i)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=repo,
+            env=env,
+        )
+        for i in range(n_clients)
+    ]
+    result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
+    timer = threading.Timer(180, lambda: [p.kill() for p in procs])  # a stuck client must not hang the run
+    timer.start()
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.strip() == "READY", f"client process did not start (exit {proc.poll()})"
+        t0 = time.monotonic() + 0.2
+        go = f"GO {t0} {warmup_s} {'-' if measure_s is None else measure_s} {max_requests or '-'}\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(go)
+            proc.stdin.flush()
+        for proc in procs:
+            out, _ = proc.communicate()
+            assert proc.returncode == 0, f"client process exited with {proc.returncode}"
+            got = json.loads(out.strip().splitlines()[-1])
+            result.samples += [Sample(*x) for x in got["samples"]]
+            result.errors += got["errors"]
+    finally:
+        timer.cancel()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return result
 
 

@@ -34,11 +34,6 @@ JPEG overhead p50 <= 3 ms, >= 97 % of ideal at N >= 2, fairness <= 1.1.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,8 +43,7 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._fleet import FleetResult, run_echo_fleet, run_fleet
-from benches._support import free_port
+from benches._fleet import FleetResult, run_echo_fleet, run_fleet, spawn_server
 from servo._core import LatencyTracker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,34 +58,8 @@ QUALITIES = {"raw": 0, "jpeg90": 90}
 
 
 def _spawn(role: str) -> Iterator[int]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benches._fleet", role, "--port", str(port), "--compute-ms", str(COMPUTE_MS)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
-    assert proc.stdout is not None
-    timer = threading.Timer(120, proc.kill)  # a server that never gets ready must not hang the run
-    timer.start()
-    try:
-        line = proc.stdout.readline()
-    finally:
-        timer.cancel()
-    assert line.strip() == "READY", f"{role} server did not start (exit {proc.poll()})"
-    try:
+    with spawn_server(role, "--compute-ms", str(COMPUTE_MS)) as port:
         yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        proc.stdout.close()
-        assert code == 0, f"{role} server exited with {code}"
 
 
 @pytest.fixture(scope="module")
