@@ -44,6 +44,9 @@ CHUNK = 50
 FPS = 30.0
 HEIGHT, WIDTH = 480, 640
 CAMERAS = ("front", "wrist")
+#: Client processes start this far apart: 16 raw observations put at the same instant are a
+#: 30 MB burst that congestion control DROP thins out (issue 10 item 1), not a scheduling test.
+START_STAGGER_S = 0.025
 
 
 def exact_wait(seconds: float) -> None:
@@ -393,8 +396,8 @@ async def _drive(
 
 async def _client_process(args: argparse.Namespace) -> None:
     """One client in its own process: ``READY`` once its session is open, then on stdin
-    ``GO <t0> <warmup_s> <measure_s|-> <max_requests|->`` (t0 on the shared monotonic clock);
-    prints its samples and errors as one JSON line when done."""
+    ``GO <start_at> <measure_from> <measure_s|-> <max_requests|->`` (instants on the machine's
+    shared monotonic clock); prints its samples and errors as one JSON line when done."""
     from servo.client import PolicyClient
     from servo.transport import ZenohSettings
 
@@ -404,11 +407,11 @@ async def _client_process(args: argparse.Namespace) -> None:
         (server, *_) = await client.discover(app="bench")
         session = await client.open_session(server, features=server.status.policy.features, fps=FPS)
         print("READY", flush=True)
-        _, t0, warmup, measure, limit = (await anyio.to_thread.run_sync(sys.stdin.readline)).split()
-        clock = _Clock(1, float(warmup), None if measure == "-" else float(measure))
-        clock.start = float(t0) + clock.warmup_s
+        _, start_at, measure_from, measure, limit = (await anyio.to_thread.run_sync(sys.stdin.readline)).split()
+        clock = _Clock(1, 0.0, None if measure == "-" else float(measure))
+        clock.start = float(measure_from)
         clock.end = clock.start + clock.measure_s if clock.measure_s is not None else float("inf")
-        await anyio.sleep(max(0.0, float(t0) - time.monotonic()))
+        await anyio.sleep(max(0.0, float(start_at) - time.monotonic()))
         try:
             await _drive(
                 session, args.index, clock, result, None if limit == "-" else int(limit), args.height, args.width
@@ -429,7 +432,8 @@ def run_process_fleet(
     height: int = HEIGHT,
     width: int = WIDTH,
 ) -> FleetResult:
-    """Like `run_fleet`, with every client in its own process (``python -m benches._fleet client``)."""
+    """Like `run_fleet`, with every client in its own process (``python -m benches._fleet client``);
+    client ``i`` starts ``i * START_STAGGER_S`` after the first, all inside the warm-up."""
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
     base = [sys.executable, "-m", "benches._fleet", "client", "--port", str(port), "--quality", str(quality)]
@@ -454,10 +458,10 @@ def run_process_fleet(
             line = proc.stdout.readline()
             assert line.strip() == "READY", f"client process did not start (exit {proc.poll()})"
         t0 = time.monotonic() + 0.2
-        go = f"GO {t0} {warmup_s} {'-' if measure_s is None else measure_s} {max_requests or '-'}\n"
-        for proc in procs:
+        rest = f"{t0 + warmup_s} {'-' if measure_s is None else measure_s} {max_requests or '-'}"
+        for i, proc in enumerate(procs):
             assert proc.stdin is not None
-            proc.stdin.write(go)
+            proc.stdin.write(f"GO {t0 + i * START_STAGGER_S} {rest}\n")
             proc.stdin.flush()
         for proc in procs:
             out, _ = proc.communicate()
