@@ -40,12 +40,12 @@ def test_round_robin_serves_the_head_alone() -> None:
 
 def test_batcher_groups_compatible_shapes_only() -> None:
     ready = [Entry("a"), Entry("b", key="other"), Entry("c"), Entry("d", key="other")]
-    assert names(DeadlineBatcher(8, cost(20, 2)).select(ready, 0)) == ["a", "c"]
+    assert names(DeadlineBatcher(8, cost=cost(20, 2)).select(ready, 0)) == ["a", "c"]
 
 
 def test_batcher_stops_at_max_batch() -> None:
     ready = [Entry(str(i)) for i in range(10)]
-    assert names(DeadlineBatcher(4, cost(20, 2)).select(ready, 0)) == ["0", "1", "2", "3"]
+    assert names(DeadlineBatcher(4, cost=cost(20, 2)).select(ready, 0)) == ["0", "1", "2", "3"]
 
 
 def test_batcher_never_puts_a_members_deadline_at_risk() -> None:
@@ -57,7 +57,7 @@ def test_batcher_never_puts_a_members_deadline_at_risk() -> None:
         Entry("d", deadline_ns=500 * MS),  # would push the batch to 28 ms: c would miss
         Entry("e"),
     ]
-    group = DeadlineBatcher(16, cost(20, 2)).select(ready, 0)
+    group = DeadlineBatcher(16, cost=cost(20, 2)).select(ready, 0)
     assert names(group) == ["a", "b", "c"]
     # Nobody in the group is late with what the model predicts for its size (26 ms).
     assert all(e.deadline_ns is None or e.deadline_ns >= 26 * MS for e in group)
@@ -66,18 +66,45 @@ def test_batcher_never_puts_a_members_deadline_at_risk() -> None:
 def test_a_member_that_cannot_make_it_is_left_for_the_next_forward() -> None:
     ready = [Entry("a", deadline_ns=200 * MS), Entry("b", deadline_ns=10 * MS), Entry("c")]
     # b would be late even alone with a: it is not added (and the group ends there).
-    assert names(DeadlineBatcher(16, cost(20, 2)).select(ready, 0)) == ["a"]
+    assert names(DeadlineBatcher(16, cost=cost(20, 2)).select(ready, 0)) == ["a"]
 
 
 def test_the_head_is_served_even_when_late() -> None:
     ready = [Entry("a", deadline_ns=1 * MS), Entry("b")]
-    assert names(DeadlineBatcher(16, cost(20, 2)).select(ready, 50 * MS)) == ["a"]
+    assert names(DeadlineBatcher(16, cost=cost(20, 2)).select(ready, 50 * MS)) == ["a"]
 
 
 def test_deadlines_with_no_cost_measured_yet_keep_the_head_alone() -> None:
     ready = [Entry("a", deadline_ns=10**12), Entry("b")]
     assert names(DeadlineBatcher(16).select(ready, 0)) == ["a"]
     assert names(DeadlineBatcher(16).select([Entry("a"), Entry("b")], 0)) == ["a", "b"]
+
+
+def test_round_robin_never_lingers() -> None:
+    assert RoundRobin().linger_s([Entry("a")], 8, 0, 0) == 0
+
+
+def test_a_small_group_lingers_until_its_linger_budget_is_spent() -> None:
+    batcher = DeadlineBatcher(16, linger_ms=5, cost=cost(20, 2))
+    group = [Entry("a"), Entry("b")]
+    assert batcher.linger_s(group, 8, 10 * MS, 12 * MS) == pytest.approx(0.003)
+    assert batcher.linger_s(group, 8, 10 * MS, 15 * MS) == 0
+    assert DeadlineBatcher(16, cost=cost(20, 2)).linger_s(group, 8, 10 * MS, 10 * MS) == 0  # no linger configured
+
+
+def test_a_group_that_cannot_grow_does_not_linger() -> None:
+    batcher = DeadlineBatcher(2, linger_ms=5, cost=cost(20, 2))
+    assert batcher.linger_s([Entry("a"), Entry("b")], 8, 0, 0) == 0  # full
+    assert DeadlineBatcher(16, linger_ms=5).linger_s([Entry("a"), Entry("b")], 2, 0, 0) == 0  # everybody is in it
+
+
+def test_lingering_never_puts_a_deadline_at_risk() -> None:
+    batcher = DeadlineBatcher(16, linger_ms=5, cost=cost(20, 2))
+    # A batch of 3 takes 26 ms: to end by 28 ms it must start by 2 ms.
+    group = [Entry("a", deadline_ns=28 * MS), Entry("b")]
+    assert batcher.linger_s(group, 8, 0, 0) == pytest.approx(0.002)
+    assert batcher.linger_s(group, 8, 0, 3 * MS) == 0
+    assert DeadlineBatcher(16, linger_ms=5).linger_s(group, 8, 0, 0) == 0  # no cost measured: no risk taken
 
 
 def test_cost_model_learns_a_line_and_is_pessimistic_from_one_size() -> None:
@@ -92,7 +119,9 @@ def test_cost_model_learns_a_line_and_is_pessimistic_from_one_size() -> None:
 
 
 def test_only_a_chunk_stateless_batching_policy_served_shared_is_batched() -> None:
-    assert isinstance(scheduler_for(BatchingFixedPolicy(), exclusive=False, max_batch=8), DeadlineBatcher)
+    batcher = scheduler_for(BatchingFixedPolicy(), exclusive=False, max_batch=8, linger_ms=3)
+    assert isinstance(batcher, DeadlineBatcher)
+    assert (batcher.max_batch, batcher.linger_ns) == (8, 3 * MS)
     assert isinstance(scheduler_for(BatchingFixedPolicy(), exclusive=True, max_batch=8), RoundRobin)
     assert isinstance(scheduler_for(BatchingFixedPolicy(), exclusive=False, max_batch=1), RoundRobin)
     stateful = BatchingFixedPolicy(chunk_stateless=False)

@@ -74,6 +74,14 @@ class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             ge=1, le=1024, description="Most observations in one forward of a batching policy; 1 = round-robin."
         ),
     ] = 16
+    batch_linger_ms: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=100,
+            description="Longest an observation waits for batch partners (ms), never past a member's deadline.",
+        ),
+    ] = 5.0
     default_task: Annotated[str, msgspec.Meta(max_length=1024, description="Task of sessions that name none.")] = ""
     pin_task: Annotated[
         bool, msgspec.Meta(description="Refuse sessions asking for another task than default_task.")

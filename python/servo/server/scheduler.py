@@ -47,6 +47,15 @@ class Scheduler(Protocol):
         """The group to serve now: ``ready[0]`` (the longest waiting) and maybe more of ``ready``."""
         ...
 
+    def linger_s(self, group: Sequence[C], sessions: int, since_ns: int, now_ns: int) -> float:
+        """How long to wait for more observations before serving ``group`` (0: serve it now).
+
+        ``sessions`` is how many sessions are open: more cannot come. ``since_ns`` is when the
+        group could first have been served: the later of its head's arrival and the end of the
+        last forward.
+        """
+        ...
+
     def record(self, size: int, seconds: float) -> None:
         """A forward of ``size`` observations took ``seconds`` (pre- and post-processing included)."""
         ...
@@ -63,6 +72,10 @@ class RoundRobin:
     def select(self, ready: Sequence[C], now_ns: int) -> list[C]:
         """The head alone."""
         return list(ready[:1])
+
+    def linger_s(self, group: Sequence[C], sessions: int, since_ns: int, now_ns: int) -> float:
+        """Never waits."""
+        return 0.0
 
     def record(self, size: int, seconds: float) -> None:
         """Nothing to learn."""
@@ -109,17 +122,26 @@ class DeadlineBatcher:
     if the predicted time of the grown forward still ends before every member's deadline; the
     first one that would put a deadline at risk ends the group (it and those after it go next).
     Members without a deadline never limit the group. The head is served even when it is late
-    already: waiting longer helps nobody. Owned by the inference worker thread.
+    already: waiting longer helps nobody.
+
+    A group smaller than it could be (fewer than ``max_batch`` and than the sessions open) may
+    linger for more: at most ``linger_ms`` after it could first have been served, and never past
+    the instant the grown forward would have to start for every member to make its deadline.
+    Replies of one batch reach their clients a little apart, so their next observations do too;
+    without the linger, the sessions split into groups that alternate on the device, each paying
+    the forward's fixed cost. Owned by the inference worker thread.
 
     Args:
         max_batch: Most observations in one forward.
+        linger_ms: Longest an observation waits for partners (keep it well under a control period).
         cost: Forward-time model (learned from `record` when not given).
     """
 
-    def __init__(self, max_batch: int, cost: ForwardCost | None = None) -> None:
+    def __init__(self, max_batch: int, *, linger_ms: float = 0.0, cost: ForwardCost | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
+        self.linger_ns = int(linger_ms * 1e6)
         self.cost = cost or ForwardCost()
 
     def select(self, ready: Sequence[C], now_ns: int) -> list[C]:
@@ -144,13 +166,26 @@ class DeadlineBatcher:
             earliest = tightest
         return group
 
+    def linger_s(self, group: Sequence[C], sessions: int, since_ns: int, now_ns: int) -> float:
+        """Time left to wait for partners (see the class docstring)."""
+        if not group or len(group) >= min(self.max_batch, sessions):
+            return 0.0
+        until = since_ns + self.linger_ns
+        deadlines = [e.deadline_ns for e in group if e.deadline_ns is not None]
+        if deadlines:
+            seconds = self.cost.predict(len(group) + 1)
+            if seconds is None:
+                return 0.0
+            until = min(until, min(deadlines) - int(seconds * 1e9))
+        return max(0.0, (until - now_ns) / 1e9)
+
     def record(self, size: int, seconds: float) -> None:
         """Teach the cost model."""
         self.cost.record(size, seconds)
 
 
-def scheduler_for(policy: Policy, *, exclusive: bool, max_batch: int) -> Scheduler:
+def scheduler_for(policy: Policy, *, exclusive: bool, max_batch: int, linger_ms: float = 0.0) -> Scheduler:
     """Batches for a chunk-stateless `BatchingPolicy` served shared; round-robin otherwise."""
     if exclusive or max_batch < 2 or not policy.spec.chunk_stateless or not isinstance(policy, BatchingPolicy):
         return RoundRobin()
-    return DeadlineBatcher(max_batch)
+    return DeadlineBatcher(max_batch, linger_ms=linger_ms)

@@ -215,7 +215,10 @@ class PolicyServer:
         keys, info = state.replica.keys, state.replica.info
         bridge = LoopBridge()
         scheduler = self._scheduler or scheduler_for(
-            runner.policy, exclusive=state.replica.exclusive, max_batch=m.serving.max_batch
+            runner.policy,
+            exclusive=state.replica.exclusive,
+            max_batch=m.serving.max_batch,
+            linger_ms=m.serving.batch_linger_ms,
         )
         worker = InferenceWorker(
             runner,

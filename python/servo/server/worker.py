@@ -8,7 +8,7 @@ than a forward pass is device time lost for every client. One thread and one sma
   runs (prefetch); it waits only for the decodes of the entries the scheduler may group (the
   head alone for round-robin);
 * the `Scheduler` picks the group to serve from the decoded entries, head first (round-robin,
-  or a deadline-aware batch for a `BatchingPolicy`);
+  or a deadline-aware batch for a `BatchingPolicy`, which may linger a few ms for partners);
 * each member is claimed right before the forward: one superseded by a newer observation,
   reset past its episode or closed meanwhile is dropped, never answered;
 * the replies (encode, put, metrics, audit) go to the executor when more work is waiting, so the
@@ -81,6 +81,11 @@ class _Entry:
         return obs.state.shape, tuple((name, frame.shape) for name, frame in obs.images.items())
 
     @property
+    def received_ns(self) -> int:
+        """When the observation arrived."""
+        return self.pending.received_ns
+
+    @property
     def deadline_ns(self) -> int | None:
         """When the client expects the chunk: its inference delay after the observation arrived."""
         item = self.item
@@ -121,6 +126,7 @@ class InferenceWorker:
         self._executor = ThreadPoolExecutor(_EXECUTOR_THREADS, thread_name_prefix="servo-io")
         self._queue: deque[_Entry] = deque()
         self._replies: list[Future[None]] = []
+        self._device_free_ns = 0  # when the last forward ended
 
     def start(self) -> None:
         """Start the worker thread."""
@@ -172,7 +178,13 @@ class InferenceWorker:
             # they ran during the last forward).
             window = itertools.islice(self._queue, self._scheduler.max_batch)
             decoded = [e for e in window if isinstance(e.item, Decoded)]
-            group = self._scheduler.select(decoded, time.monotonic_ns())
+            now_ns = time.monotonic_ns()
+            group = self._scheduler.select(decoded, now_ns)
+            since_ns = max(head.received_ns, self._device_free_ns)
+            linger = self._scheduler.linger_s(group, len(self._registry), since_ns, now_ns)
+            if linger > 0 and not self._stop.is_set():
+                self._registry.wait_ready(linger)  # an arrival ends it: prefetch, select again
+                return
         for entry in group:
             self._queue.remove(entry)
         claimed = [(e, claim) for e in group if (claim := self._registry.claim(e.session, e.item)) is not None]
@@ -223,7 +235,8 @@ class InferenceWorker:
                 batch=len(claimed),
             )
         outcomes = self._runner.infer_batch(requests)
-        inference_ms = (time.monotonic_ns() - start_ns) / 1e6
+        self._device_free_ns = time.monotonic_ns()
+        inference_ms = (self._device_free_ns - start_ns) / 1e6
         self._scheduler.record(len(claimed), inference_ms / 1e3)
         self._metrics.batch_size.observe(len(claimed))
         jobs = [
