@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from servo.policy import DecodedObservation, PolicyLoadError, Prepared, load_policy
+from servo.policy import BatchingPolicy, DecodedObservation, PolicyLoadError, Prepared, load_policy
 from servo.policy.compatibility import Admission, describe, validate_open
 from servo.policy.protocol import PolicySpec
 from servo.policy.reference import ReferencePolicy
@@ -84,6 +84,66 @@ def test_runner_refuses_outputs_that_must_not_reach_a_robot(output: np.ndarray, 
     policy = ScriptedPolicy(output)
     with pytest.raises(PolicyOutputError, match=message):
         InferenceRunner(policy).infer(policy.make_processor(), DecodedObservation(np.zeros(1, np.float32), {}), 0)
+
+
+class ScriptedBatchPolicy(ScriptedPolicy):
+    """A batching `ScriptedPolicy`: sample ``i``'s chunk is ``state[0]`` everywhere (NaN stays NaN).
+
+    Raises for the whole batch when a state is negative; records every call.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(np.zeros((4, 1), np.float32))
+        self.calls: list[tuple[list[float], list[int], list[int | None]]] = []
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        if batch[0] < 0:
+            raise RuntimeError("negative state")
+        return np.full((4, 1), batch[0], np.float32)
+
+    def predict_chunk_batch(self, batches: Any, inference_delays: Any, prefixes: Any) -> np.ndarray:
+        self.calls.append(
+            ([float(b[0]) for b in batches], list(inference_delays), [p if p is None else len(p) for p in prefixes])
+        )
+        if any(b[0] < 0 for b in batches):
+            raise RuntimeError("negative state in the batch")
+        return np.stack([np.full((4, 1), b[0], np.float32) for b in batches])
+
+
+def _obs(value: float, prefix: int | None = None) -> DecodedObservation:
+    return DecodedObservation(
+        np.full(1, value, np.float32), {}, prefix_model=None if prefix is None else np.zeros((prefix, 1), np.float32)
+    )
+
+
+def test_runner_batches_with_per_sample_delays_and_prefixes() -> None:
+    policy = ScriptedBatchPolicy()
+    assert isinstance(policy, BatchingPolicy)
+    runner = InferenceRunner(policy)
+    requests = [(policy.make_processor(), _obs(1, 2), 1), (policy.make_processor(), _obs(2), 99)]
+    outcomes = runner.infer_batch(requests)
+    assert policy.calls == [([1.0, 2.0], [1, 4], [2, None])]  # delays clamped to the chunk, like infer
+    assert [o[0][0, 0] for o in outcomes] == [1.0, 2.0]  # type: ignore[index]
+
+
+def test_runner_batch_members_fail_alone() -> None:
+    policy = ScriptedBatchPolicy()
+    runner = InferenceRunner(policy)
+    values = [1.0, -1.0, float("nan"), 4.0]  # -1: the batched forward raises, then that sample alone
+    outcomes = runner.infer_batch([(policy.make_processor(), _obs(v), 0) for v in values])
+    assert len(policy.calls) == 1  # tried together once, then each alone
+    assert outcomes[0][0][0, 0] == 1.0  # type: ignore[index]
+    assert isinstance(outcomes[1], RuntimeError)
+    assert isinstance(outcomes[2], PolicyOutputError)  # its chunk is not finite: refused, only it
+    assert outcomes[3][0][0, 0] == 4.0  # type: ignore[index]
+
+
+def test_runner_serves_a_batch_one_by_one_for_a_policy_without_the_batch_api() -> None:
+    policy = ScriptedPolicy(np.zeros((4, 1), np.float32))
+    assert not isinstance(policy, BatchingPolicy)
+    outcomes = InferenceRunner(policy).infer_batch([(policy.make_processor(), _obs(1), d) for d in (1, 2)])
+    assert policy.delays == [1, 2]
+    assert all(isinstance(o, tuple) for o in outcomes)
 
 
 def test_loader_builtin_and_module_factory() -> None:

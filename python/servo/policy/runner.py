@@ -12,8 +12,13 @@ from typing import Literal
 
 import numpy as np
 
+from servo.logs import LogThrottle, get_logger
 from servo.policy.errors import PolicyLoadError, PolicyOutputError
 from servo.policy.protocol import BatchingPolicy, DecodedObservation, FloatArray, Policy, Prepared, Processor
+
+log = get_logger(__name__)
+#: A failing batched forward is logged once per second at most, with the count held back.
+_THROTTLE = LogThrottle(1.0)
 
 DType = Literal["float32", "bfloat16", "float16"]
 #: One request of a batch: the session's processor, its observation, its inference delay.
@@ -123,9 +128,16 @@ class InferenceRunner:
                 [p.batch for _, p, _ in prepared], [d for _, _, d in prepared], [p.prefix for _, p, _ in prepared]
             )
             chunks = np.asarray(out, dtype=np.float32)
-        except Exception:
-            return [None] * len(prepared)
-        if chunks.shape != (len(prepared), *self._expected):
+            if chunks.shape != (len(prepared), *self._expected):
+                raise PolicyOutputError(f"batched chunks have shape {chunks.shape}, expected {self._expected} each")
+        except Exception as exc:
+            if (suppressed := _THROTTLE.allow(type(exc).__name__)) is not None:
+                log.warning(
+                    "batched forward failed: predicting each sample alone",
+                    batch=len(prepared),
+                    error=f"{type(exc).__name__}: {exc}",
+                    suppressed=suppressed,
+                )
             return [None] * len(prepared)
         return list(chunks)
 
