@@ -5,18 +5,19 @@ into its session's mailbox; the inference worker takes mailboxes, decodes what i
 executor and claims each item right before serving it. Control handlers on the event loop open,
 reset and close sessions. One lock guards the registry; nothing slow ever runs under it.
 
-A session's mailbox (``mailbox``: the newest raw observation; ``held``: the worker holds an
-older one it took)::
+A session's mailbox (``mailbox``: the newest raw observation; ``held``: the worker holds one it
+took and has not claimed yet)::
 
-                 deposit                      take                    claim
-      ┌───────┐ ────────► ┌──────┐ ──────────────────────► ┌──────┐ ───────► served
-      │ empty │           │ full │                         │ held │
-      └───────┘ ◄──────── └──────┘ ◄─── deposit ────────── └──────┘ ───────► discarded
-         ▲      (reset: old  │  ▲      (the held item is          claim refused: a newer
-         │       episode)    └──┘       superseded: claim          deposit, a reset past its
-         │               deposit:       refuses it)                episode, or the session
-         └───────────── newest wins,                               closed
-                        superseded += 1
+               deposit                 take                  claim
+    ┌───────┐ ────────► ┌──────┐ ─────────────► ┌──────┐ ─────────────────► empty: served
+    │ empty │           │ full │                │ held │ ── claim refused ─► empty: its episode
+    └───────┘ ◄──────── └──────┘                └──────┘    (not served)      was reset, or the
+               reset:     │  ▲                     │                         session closed
+               older      └──┘ deposit: newest     │ deposit
+               episode         wins, superseded+1  ▼
+                             ▲                 ┌─────────────┐
+                             └─ claim refused ─│ held + full │ (the held one is superseded)
+                                               └─────────────┘
 
 Every deposit that replaces a waiting or held observation counts one ``superseded``, reported
 with the next chunk served. Deposits of an older episode than the session's are dropped
