@@ -3,11 +3,12 @@
 N = 1, 2, 4, 8, 16 clients, each one request in flight, against a policy whose forward takes
 exactly 20 ms (ideal: 50 served requests/s), two 480x640 cameras sent raw (quality 0) and as
 JPEG q90, over TCP (``shared_memory = false`` on both ends: what a robot reaching a GPU box
-uses) and over Zenoh shared memory (same host), reported separately. The server runs in its own process (``python -m benches._fleet serve``), as deployed;
-the clients run in this process's event loop, each with its own Zenoh session — on a 2-vCPU
-machine one server process + one client process gives the server a core of its own, where N
-client processes would compete with it for the second core. A bare-zenoh echo process with the
-same payload and compute time is the same-run baseline (the transport floor).
+uses) and over Zenoh shared memory (same host), reported separately. The server runs in its
+own process (``python -m benches._fleet serve``), as deployed; the clients run in this
+process's event loop, each with its own Zenoh session — on a 2-vCPU machine one server
+process + one client process gives the server a core of its own, where N client processes
+would compete with it for the second core. A bare-zenoh echo process with the same payload
+and compute time is the same-run baseline (the transport floor).
 
 Per configuration (in ``extra_info`` and the printed table):
 
@@ -70,8 +71,18 @@ def _spawn(role: str, transport: str) -> Iterator[tuple[int, str]]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benches._fleet", role, "--port", str(port), "--compute-ms", str(COMPUTE_MS)]
-        + ["--transport", transport],
+        [
+            sys.executable,
+            "-m",
+            "benches._fleet",
+            role,
+            "--port",
+            str(port),
+            "--compute-ms",
+            str(COMPUTE_MS),
+            "--transport",
+            transport,
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -192,7 +203,8 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * 15]
     for r in rows:
         lines.append(
-            f"| {r['server']} | {r['transport']} | {r['payload']} | {r['clients']} | {r['served_rps']:.1f} | {r['pct_of_ideal']:.1f} | "
+            f"| {r['server']} | {r['transport']} | {r['payload']} | {r['clients']} | "
+            f"{r['served_rps']:.1f} | {r['pct_of_ideal']:.1f} | "
             f"{r['device_busy_pct'] if r['device_busy_pct'] is not None else '-'} | "
             f"{r['fairness']:.3f} | {r['overhead_ms_p50']:.2f} / {r['overhead_ms_p99']:.2f} | "
             f"{r['overhead_ex_queue_ms_p50']:.2f} / {r['overhead_ex_queue_ms_p99']:.2f} | "

@@ -321,7 +321,8 @@ class RemoteSession:
             session_id=self._wire_id,
         )
         key, publisher, sender = self.key, self._publisher, self._sender
-        assert publisher is not None and sender is not None
+        assert publisher is not None
+        assert sender is not None
         self._latest_seq = self._seq
         self._result = None
         self._result_ready = anyio.Event()
