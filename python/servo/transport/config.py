@@ -30,8 +30,8 @@ DROP_WAIT_US = 10_000
 #: Batches (64 KiB each) in a link's transmit queue at the observations' priority (Zenoh's
 #: default is 4, its maximum 16). A raw 2x480x640 observation is 29 batches: with 4, ``put``
 #: waited for the socket to drain most of it (2.1 ms p50 on loopback); with 16 it returned in
-#: 1.0-1.1 ms and the round trip fell from 2.8 to 1.7-2.1 ms (bare zenoh, SHM off, /tmp probe
-#: recorded in benches/results/link.md).
+#: 1.0-1.1 ms and the round trip fell from 2.8 to 1.7-2.1 ms (bare zenoh, SHM off, 1.84 MB ping
+#: with a 1.3 kB echo; benches/results/link.md).
 DATA_QUEUE_BATCHES = 16
 
 
