@@ -98,6 +98,25 @@ def test_a_deposit_while_held_supersedes_the_held_observation() -> None:
     assert registry.claim(session, item) == Claim(superseded=1, reset=False)
 
 
+def test_only_the_first_caller_decodes_and_a_superseded_observation_never_is() -> None:
+    registry = SessionRegistry()
+    session = make_session(registry)
+    first, second, third = raw(1), raw(2, episode=0), raw(3, episode=1)
+    registry.deposit(session, first)
+    registry.deposit(session, second)
+    assert first.decoded.cancelled()  # superseded before anyone started: dropped
+    assert not first.start()
+    assert second.start()  # the executor (on arrival) or the worker (when it needs it): one wins
+    assert not second.start()
+    registry.reset(session.session_id, 1)
+    registry.deposit(session, third)
+    assert not third.decoded.cancelled()
+    stale = raw(4, episode=1)
+    registry.deposit(session, stale)
+    registry.reset(session.session_id, 2)  # a waiting observation of an older episode: dropped
+    assert stale.decoded.cancelled()
+
+
 def test_a_deposit_for_a_replaced_session_is_dropped() -> None:
     """Authentication and deposit are two steps: a session replaced in between gets nothing."""
     registry = SessionRegistry()

@@ -143,6 +143,7 @@ class PolicyServer:
         self.registry = self.state.registry
         self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
+        self._worker: InferenceWorker | None = None
         self._trajectories = TrajectoryLibrary(manifest.trajectories)
         # Rejected observations: one log line per reason per second; notices: one per client per second.
         self._log_throttle = LogThrottle(1.0)
@@ -220,7 +221,7 @@ class PolicyServer:
             max_batch=m.serving.max_batch,
             linger_ms=m.serving.batch_linger_ms,
         )
-        worker = InferenceWorker(
+        worker = self._worker = InferenceWorker(
             runner,
             state,
             scheduler,
@@ -347,7 +348,8 @@ class PolicyServer:
                 self._tell_unknown_session(client_id, exc.header)
             return
         assert session is not None
-        outcome = self.registry.deposit(session, Pending(header, body, now))
+        assert self._worker is not None  # observations are subscribed to once it exists
+        outcome = self._worker.deposit(session, Pending(header, body, now))
         if outcome != "ok":
             self.metrics.observations_rejected.labels(outcome).inc()
 

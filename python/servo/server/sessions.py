@@ -30,6 +30,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -46,15 +47,28 @@ Deposit = Literal["ok", "session", "stale"]
 
 @dataclass(frozen=True)
 class Pending:
-    """A raw, authenticated observation waiting in a mailbox.
+    """A raw, authenticated observation waiting in a mailbox, and its decode.
 
     The body is already copied out of Zenoh: its MAC had to be checked before it could enter
-    the mailbox.
+    the mailbox. Its decode starts on arrival (on the worker's executor) or when the worker
+    needs it, whichever comes first (`start`); one superseded before anyone started is never
+    decoded (`drop`).
     """
 
     header: Header
     payload: bytes
     received_ns: int
+    decoded: Future[Decoded | Rejected] = field(default_factory=Future, repr=False, compare=False)
+    _started: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def start(self) -> bool:
+        """Claim the decode: True for the first caller only, who must then resolve ``decoded``."""
+        return self._started.acquire(blocking=False)
+
+    def drop(self) -> None:
+        """Nobody will serve this observation: cancel its decode unless it started."""
+        if self.start():
+            self.decoded.cancel()
 
 
 @dataclass(frozen=True)
@@ -248,6 +262,7 @@ class SessionRegistry:
             mailbox = session.mailbox
             if mailbox is not None and mailbox.header.episode_id < episode_id:
                 session.mailbox = None
+                mailbox.drop()
             session.episode_id = max(session.episode_id, episode_id)
             # If an observation of this episode was already served, the worker reset then.
             session.needs_reset = session.needs_reset or episode_id > session.served_episode
@@ -265,6 +280,8 @@ class SessionRegistry:
             if item.header.episode_id < session.episode_id:
                 self.stale_drops += 1
                 return "stale"
+            if session.mailbox is not None:
+                session.mailbox.drop()
             if session.mailbox is not None or session.held:
                 session.superseded += 1
             session.mailbox = item

@@ -3,10 +3,11 @@
 The worker's loop is the server's throughput: every microsecond it spends on something other
 than a forward pass is device time lost for every client. One thread and one small executor:
 
-* before each forward the worker takes every mailbox it does not hold yet (`SessionRegistry.take`)
-  and submits their decodes to the executor, so the next groups are decoded while this forward
-  runs (prefetch); it waits only for the decodes of the entries the scheduler may group (the
-  head alone for round-robin);
+* an observation's decode starts on the executor as soon as it is deposited (`deposit`), so the
+  next groups are decoded while the current forward runs (prefetch); before each forward the
+  worker takes every mailbox it does not hold yet (`SessionRegistry.take`) and waits only for
+  the decodes of the entries the scheduler may group (the head alone for round-robin), doing
+  one itself when the executor has not started it (no thread hop for an idle server);
 * the `Scheduler` picks the group to serve from the decoded entries, head first (round-robin,
   or a deadline-aware batch for a `BatchingPolicy`, which may linger a few ms for partners);
 * each member is claimed right before the forward: one superseded by a newer observation,
@@ -16,7 +17,7 @@ than a forward pass is device time lost for every client. One thread and one sma
 
 An entry in the worker's queue::
 
-    taken ──decode on executor──► decoded ──select──► claimed ──forward──► replied
+    taken ──decoded (executor or worker)──► select ──► claimed ──forward──► replied
       │                              │                   │
       └── decode failed: Rejected ───┴── served alone    └── refused: dropped (newer, reset, closed)
                                          as an error
@@ -24,6 +25,7 @@ An entry in the worker's queue::
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -40,7 +42,7 @@ from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.decoding import ObservationDecoder
 from servo.server.scheduler import Scheduler
-from servo.server.sessions import Claim, Decoded, Pending, Rejected, Session
+from servo.server.sessions import Claim, Decoded, Deposit, Pending, Rejected, Session
 from servo.server.state import ServerState
 from servo.wire import ActionChunk, ErrorEvent, encode, encode_tensor
 
@@ -60,16 +62,15 @@ class _Entry:
     Owned by the inference worker thread (the executor only completes ``future``).
     """
 
-    def __init__(self, session: Session, pending: Pending, future: Future[Decoded | Rejected], fps: float) -> None:
+    def __init__(self, session: Session, pending: Pending, fps: float) -> None:
         self.session = session
         self.pending = pending
-        self.future = future
         self._fps = fps
 
     @property
     def item(self) -> Decoded | Rejected:
-        """The decoded observation (waits for the decode)."""
-        return self.future.result()
+        """The decoded observation (waits for the decode: start it first)."""
+        return self.pending.decoded.result()
 
     @property
     def key(self) -> Hashable:
@@ -163,21 +164,42 @@ class InferenceWorker:
             except Exception:  # a bug here must cost one group, never the worker thread
                 log.exception("request handling failed")
 
+    def deposit(self, session: Session, pending: Pending) -> Deposit:
+        """Put an authenticated observation in its session's mailbox; start decoding it.
+
+        Called on a Zenoh callback thread. The decode runs on the executor, so the observation
+        is ready when its turn comes (prefetch).
+        """
+        outcome = self._registry.deposit(session, pending)
+        if outcome == "ok":
+            with contextlib.suppress(RuntimeError):  # stopped: nothing will be served any more
+                self._executor.submit(self._decode_once, pending, session)
+        return outcome
+
+    def _decode_once(self, pending: Pending, session: Session) -> None:
+        """Decode unless the executor or the worker started first (or it was dropped)."""
+        if pending.start():
+            pending.decoded.set_result(self._decode(pending, session))
+
     def _prefetch(self) -> None:
-        """Take every mailbox not held yet and start decoding it (runs during the next forward)."""
+        """Take every mailbox not held yet (their decodes started on arrival)."""
         for session, pending in self._registry.take():
-            future = self._executor.submit(self._decode, pending, session)
-            self._queue.append(_Entry(session, pending, future, self._fps))
+            self._queue.append(_Entry(session, pending, self._fps))
+
+    def _ready(self, entry: _Entry) -> Decoded | Rejected:
+        """The entry's decoded observation; decoded here if the executor has not started it."""
+        self._decode_once(entry.pending, entry.session)
+        return entry.item
 
     def _serve_next(self) -> None:
         head = self._queue[0]
-        if isinstance(head.item, Rejected):  # waits for the head's decode
+        if isinstance(self._ready(head), Rejected):
             group = [head]
         else:
-            # Waits for the decodes of the entries the scheduler may group (mostly done already:
-            # they ran during the last forward).
+            # The decodes of the entries the scheduler may group (mostly done already: they
+            # started when the observations arrived, during the last forward).
             window = itertools.islice(self._queue, self._scheduler.max_batch)
-            decoded = [e for e in window if isinstance(e.item, Decoded)]
+            decoded = [e for e in window if isinstance(self._ready(e), Decoded)]
             now_ns = time.monotonic_ns()
             group = self._scheduler.select(decoded, now_ns)
             since_ns = max(head.received_ns, self._device_free_ns)
