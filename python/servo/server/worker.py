@@ -128,6 +128,9 @@ class InferenceWorker:
         self._queue: deque[_Entry] = deque()
         self._replies: list[Future[None]] = []
         self._device_free_ns = 0  # when the last forward ended
+        # Written by the worker around forwards, read by deposits: a stale read costs one
+        # redundant submit or one decode done by the worker instead, nothing more.
+        self._forwarding = False
 
     def start(self) -> None:
         """Start the worker thread."""
@@ -168,10 +171,11 @@ class InferenceWorker:
         """Put an authenticated observation in its session's mailbox; start decoding it.
 
         Called on a Zenoh callback thread. The decode runs on the executor, so the observation
-        is ready when its turn comes (prefetch).
+        is ready when its turn comes (prefetch) — unless the worker is idle and decodes it at once.
         """
         outcome = self._registry.deposit(session, pending)
-        if outcome == "ok":
+        # An idle worker wakes up and decodes it itself: no thread hop, no race for the GIL.
+        if outcome == "ok" and self._forwarding:
             with contextlib.suppress(RuntimeError):  # stopped: nothing will be served any more
                 self._executor.submit(self._decode_once, pending, session)
         return outcome
@@ -256,7 +260,11 @@ class InferenceWorker:
                 queue_wait_ms=round(queue_wait_ms, 3),
                 batch=len(claimed),
             )
-        outcomes = self._runner.infer_batch(requests)
+        self._forwarding = True
+        try:
+            outcomes = self._runner.infer_batch(requests)
+        finally:
+            self._forwarding = False
         self._device_free_ns = time.monotonic_ns()
         inference_ms = (self._device_free_ns - start_ns) / 1e6
         self._scheduler.record(len(claimed), inference_ms / 1e3)
