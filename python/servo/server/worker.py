@@ -1,19 +1,27 @@
 """The inference worker: the one thread that owns the policy and the device.
 
 The worker's loop is the server's throughput: every microsecond it spends on something other
-than a forward pass is device time lost for every client. One thread and one small executor:
+than a forward pass is device time lost for every client. One worker thread and one executor
+thread ("servo-io", FIFO):
 
-* an observation's decode starts on the executor as soon as it is deposited (`deposit`), so the
-  next groups are decoded while the current forward runs (prefetch); before each forward the
+* an observation deposited while a forward runs starts decoding on the executor at once
+  (`deposit`), so the next groups are decoded during the current forward (prefetch); an idle
+  worker is woken instead and decodes it itself (no thread hop). Before each forward the
   worker takes every mailbox it does not hold yet (`SessionRegistry.take`) and waits only for
   the decodes of the entries the scheduler may group (the head alone for round-robin), doing
-  one itself when the executor has not started it (no thread hop for an idle server);
+  any the executor has not started itself;
 * the `Scheduler` picks the group to serve from the decoded entries, head first (round-robin,
   or a deadline-aware batch for a `BatchingPolicy`, which may linger a few ms for partners);
 * each member is claimed right before the forward: one superseded by a newer observation,
   reset past its episode or closed meanwhile is dropped, never answered;
 * the replies (encode, put, metrics, audit) go to the executor when more work is waiting, so the
-  next forward starts at once; an idle worker publishes inline (one thread hop less).
+  next forward starts at once, and leave in the order they were served; an idle worker
+  publishes inline (one thread hop less).
+
+One executor thread, not two: in paired runs against the previous data plane (20 ms forwards,
+16 client processes, shared 2-core box) two threads served 0.5-2.3 points less of the ideal
+rate, one thread 0-1 point, and one keeps replies in order (the JPEG decoder still decodes an
+observation's cameras in parallel).
 
 An entry in the worker's queue::
 
@@ -50,8 +58,6 @@ log = get_logger(__name__)
 
 #: How often a stopping worker's join looks at the abandon flag.
 _JOIN_SLICE_S = 0.05
-#: Decodes (one per observation, cameras in parallel inside) and replies share this many threads.
-_EXECUTOR_THREADS = 2
 #: Refused requests and policy failures: one log line per code per second, with the count held back.
 _THROTTLE = LogThrottle(1.0)
 
@@ -59,7 +65,7 @@ _THROTTLE = LogThrottle(1.0)
 class _Entry:
     """An observation the worker took from a mailbox, with its decode in flight or done.
 
-    Owned by the inference worker thread (the executor only completes ``future``).
+    Owned by the inference worker thread (the executor only resolves ``pending.decoded``).
     """
 
     def __init__(self, session: Session, pending: Pending, fps: float) -> None:
@@ -98,8 +104,8 @@ class _Entry:
 class InferenceWorker:
     """Serves decoded observations, alone or in batches, in the order the scheduler picks.
 
-    Owns the `InferenceRunner` (policy, device), every session's processor and a small executor
-    for decodes and replies; runs on its own thread so the event loop never waits on a forward.
+    Owns the `InferenceRunner` (policy, device), every session's processor and a one-thread
+    executor for decodes and replies; runs on its own thread so the event loop never waits on a forward.
     """
 
     def __init__(
@@ -124,7 +130,7 @@ class InferenceWorker:
         self._decode = ObservationDecoder(
             runner.policy.spec, max_observation_bytes=max_observation_bytes, pin_task=state.replica.info.pin_task
         )
-        self._executor = ThreadPoolExecutor(_EXECUTOR_THREADS, thread_name_prefix="servo-io")
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="servo-io")
         self._queue: deque[_Entry] = deque()
         self._replies: list[Future[None]] = []
         self._device_free_ns = 0  # when the last forward ended
