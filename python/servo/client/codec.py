@@ -10,7 +10,8 @@ few samples per option, and picks:
 * the best-fidelity option (raw, then the qualities high to low) whose cost is within
   ``tolerance`` of the cheapest: a lower quality must buy a real saving;
 * hysteresis: the option in use is left for a cheaper one only when it costs ``hysteresis`` more
-  (plus ``hysteresis_ms``), and never twice within ``min_dwell`` requests, so noise cannot flap it;
+  (plus ``hysteresis_ms``), and never twice within ``min_dwell`` requests; a switch soon after
+  the previous one doubles that dwell (up to 16x), so options of nearly equal cost cannot flap;
 * re-probing: every option not in use is tried for one request after ``reprobe_every`` requests,
   the interval doubling (up to 16x) each time it loses again, so a link that speeds up or slows
   down is noticed without paying for the losing option often.
@@ -122,6 +123,7 @@ class CodecChooser:
         self.current = qualities[0]
         self._request = 0
         self._last_switch = 0
+        self._dwell = settings.min_dwell
         self.switches = 0
         self.probes = 0
 
@@ -179,7 +181,8 @@ class CodecChooser:
 
     def _decide(self) -> None:
         current = self._options[self.current].cost
-        if current is None or self._request - self._last_switch < self.settings.min_dwell:
+        since = self._request - self._last_switch
+        if current is None or since < self._dwell or not self._confirmed(self._options[self.current]):
             return
         costs = {
             q: c
@@ -196,6 +199,10 @@ class CodecChooser:
             1 + self.settings.tolerance
         )
         if cheaper or finer:
+            # Flap damping: a switch soon after the previous one doubles the dwell, a late one halves it.
+            recent = self.switches and since < 4 * max(self._dwell, self.settings.reprobe_every)
+            dwell = self._dwell * 2 if recent else self._dwell // 2
+            self._dwell = min(max(dwell, self.settings.min_dwell), self.settings.min_dwell * MAX_BACKOFF)
             self.current = target
             self._last_switch = self._request
             self.switches += 1

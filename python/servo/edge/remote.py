@@ -21,6 +21,7 @@ from servo.client import (
     SessionLost,
     SessionRejected,
 )
+from servo.client.codec import AutoCodec
 from servo.client.policy_client import RETRYABLE
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
@@ -97,6 +98,7 @@ class RemoteEngine(EngineBase):
                     zsession,
                     self.client_id,
                     jpeg_quality=self.config.jpeg_quality,
+                    auto_codec=AutoCodec(qualities=list(self.config.jpeg_auto_qualities)),
                     trusted=self.config.trusted(),
                     max_chunk_steps=self.config.max_chunk_steps,
                 )
