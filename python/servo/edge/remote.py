@@ -314,12 +314,17 @@ class RemoteEngine(EngineBase):
             log.warning("server reset not acknowledged", session_id=session.session_id, error=str(exc))
 
     def statistics(self) -> EngineStats:
-        """Counters snapshot, with what the client library refused (rejected chunks, rogue replicas)."""
+        """Counters snapshot, with client-side refusals and the current session's codec choice."""
         stats = super().statistics()
         if self.client is None:
             return stats
         refused = self.client.statistics()
-        return dataclasses.replace(stats, chunks_rejected=refused.chunks_rejected, rogue_servers=refused.rogue_servers)
+        return dataclasses.replace(
+            stats,
+            chunks_rejected=refused.chunks_rejected,
+            rogue_servers=refused.rogue_servers,
+            codec=None if self.session is None else self.session.codec.status(),
+        )
 
 
 def _same_model(a: PolicyInfo, b: PolicyInfo) -> bool:
