@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import numpy as np
@@ -24,7 +25,7 @@ import pytest
 from servo.client import PolicyClient, SendFailed, SessionLost
 from servo.transport import ZenohSettings
 from tests.server.test_cli import Lines
-from tests.support import free_port
+from tests.support import camera_frames, free_port
 
 pytestmark = [
     pytest.mark.anyio,
@@ -121,9 +122,11 @@ def _frames() -> dict[str, np.ndarray]:
 
 
 @asynccontextmanager
-async def client_of(link: Link, port: int) -> AsyncIterator[PolicyClient]:
+async def client_of(
+    link: Link, port: int, *, jpeg_quality: int | Literal["auto"] = 0
+) -> AsyncIterator[PolicyClient]:
     settings = ZenohSettings(mode="client", connect=[f"tcp/{link.server_ip}:{port}"], shared_memory=False)
-    async with PolicyClient.connect(settings, "slow-link", jpeg_quality=0) as client:
+    async with PolicyClient.connect(settings, "slow-link", jpeg_quality=jpeg_quality) as client:
         yield client
 
 
@@ -152,4 +155,20 @@ async def test_a_dead_link_fails_the_request_long_before_its_timeout(link: Link,
         with anyio.fail_after(4.0):  # the lease (1 s) and a little: not the 30 s request timeout
             with pytest.raises((SendFailed, SessionLost)):
                 await session.receive(seq, timeout=30.0)
+        await session.close()
+
+
+async def test_auto_picks_jpeg_on_a_100_mbit_link(link: Link, tmp_path: Path) -> None:
+    # The loopback / shared-memory half (auto picks raw) is tests/client/test_codec.py.
+    async with server_in(link, tmp_path) as port, client_of(link, port, jpeg_quality="auto") as client:
+        (server,) = await client.discover(app="link")
+        session = await client.open_session(server, features=server.status.policy.features, fps=30.0)
+        state, frames = np.zeros(6, np.float32), camera_frames(HEIGHT, WIDTH)
+        for _ in range(30):  # startup measures raw and each quality three times, then decides
+            await session.infer(state, frames, timeout=5.0)
+        status = session.codec.status()
+        assert status.current.startswith("jpeg"), status
+        assert status.cost_ms["raw"] > 2 * status.cost_ms[status.current], status
+        assert status.link_mbps is not None
+        assert status.link_mbps < RATE_MBIT, status  # raw crossed the shaped link
         await session.close()
