@@ -324,7 +324,7 @@ async def run_fleet(
                             )
                         )
             finally:
-                result.codec.append(session.codec.status())
+                result.codec.append(session.codec_status())
                 await session.close()
 
     async with anyio.create_task_group() as tg:
@@ -352,7 +352,7 @@ async def run_echo_fleet(
     from servo.transport import LoopBridge, ZenohSettings, open_session
     from servo.wire import Observation, encode, encode_tensor
 
-    settings = ZenohSettings(mode="client", connect=[f"tcp/{host}:{port}"], shared_memory=transport == "shm")
+    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=transport == "shm")
     result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
     clock = _Clock(n_clients, warmup_s, measure_s)
 

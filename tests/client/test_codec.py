@@ -203,4 +203,6 @@ async def test_auto_picks_raw_on_loopback_shared_memory(port: int) -> None:
         status = session.codec.status()
         assert status.current == "raw", status
         assert set(status.cost_ms) == {"raw", "jpeg95", "jpeg90", "jpeg80"}  # every option was measured
+        per_camera = session.codec_status().camera_encode_ms
+        assert set(per_camera) == {f"{camera}/jpeg{q}" for camera in frames for q in (95, 90, 80)}
         await session.close()

@@ -122,9 +122,7 @@ def _frames() -> dict[str, np.ndarray]:
 
 
 @asynccontextmanager
-async def client_of(
-    link: Link, port: int, *, jpeg_quality: int | Literal["auto"] = 0
-) -> AsyncIterator[PolicyClient]:
+async def client_of(link: Link, port: int, *, jpeg_quality: int | Literal["auto"] = 0) -> AsyncIterator[PolicyClient]:
     settings = ZenohSettings(mode="client", connect=[f"tcp/{link.server_ip}:{port}"], shared_memory=False)
     async with PolicyClient.connect(settings, "slow-link", jpeg_quality=jpeg_quality) as client:
         yield client

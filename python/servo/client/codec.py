@@ -13,8 +13,9 @@ few samples per option, and picks:
   (plus ``hysteresis_ms``), and never twice within ``min_dwell`` requests; a switch soon after
   the previous one doubles that dwell (up to 16x), so options of nearly equal cost cannot flap;
 * re-probing: every option not in use is tried for one request after ``reprobe_every`` requests,
-  the interval doubling (up to 16x) each time it loses again, so a link that speeds up or slows
-  down is noticed without paying for the losing option often.
+  the interval doubling (or growing by the factor it lost by, up to 16x) each time it loses
+  again, so a link that speeds up or slows down is noticed without paying for the losing option
+  often (a probe costs about 1/``reprobe_every`` of the mean cost).
 
 The effective link throughput shown in status lines is the largest option's bytes over its
 cost without the codec (``bytes / (rtt - compute - encode)``): a lower bound, since that time
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -80,6 +81,8 @@ class CodecStatus:
     requests: dict[str, int]
     switches: int
     probes: int
+    #: Latest JPEG encode time of each camera at each quality (``front/jpeg90``), on its thread.
+    camera_encode_ms: dict[str, float] = field(default_factory=dict)
 
 
 class _Option:
@@ -168,8 +171,12 @@ class CodecChooser:
             return
         self._decide()
         if quality != self.current:
-            # It lost again: try it less often (a switch resets every interval).
-            option.interval = min(option.interval * 2, self.settings.reprobe_every * MAX_BACKOFF)
+            # It lost again: try it less often (a switch resets every interval), and the more
+            # it lost by the rarer: a probe then adds about 1/reprobe_every to the mean cost.
+            current = self._options[self.current].cost or encode_ms + net_ms
+            ratio = (encode_ms + net_ms) / max(current, 1e-3)
+            interval = max(option.interval * 2, round(self.settings.reprobe_every * ratio))
+            option.interval = min(interval, self.settings.reprobe_every * MAX_BACKOFF)
             option.due = self._request + option.interval
 
     def _confirmed(self, option: _Option) -> bool:

@@ -8,6 +8,7 @@ is acted on only once it verified (`servo.client.verify` lists the checks and co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,7 @@ from servo._core import (
     SessionKey,
     decode_header,
 )
-from servo.client.codec import AutoCodec, CodecChooser
+from servo.client.codec import AutoCodec, CodecChooser, CodecStatus, codec_name
 from servo.client.encoder import FrameEncoder
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
 from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, check_chunk
@@ -239,6 +240,11 @@ class RemoteSession:
         if self._key is None:
             return b""
         return self._key.seal(self._control_header(), resume_body(client_key))
+
+    def codec_status(self) -> CodecStatus:
+        """The codec chooser's snapshot, with each camera's latest encode time per quality."""
+        per_camera = {f"{camera}/{codec_name(q)}": round(ms, 3) for (camera, q), ms in self._encoder.camera_ms.items()}
+        return dataclasses.replace(self.codec.status(), camera_encode_ms=per_camera)
 
     async def close(self, *, timeout: float = 0.5) -> None:
         """Tell the server (best effort, sealed) and undeclare everything. Idempotent."""

@@ -323,7 +323,7 @@ class RemoteEngine(EngineBase):
             stats,
             chunks_rejected=refused.chunks_rejected,
             rogue_servers=refused.rogue_servers,
-            codec=None if self.session is None else self.session.codec.status(),
+            codec=None if self.session is None else self.session.codec_status(),
         )
 
 
