@@ -348,7 +348,7 @@ async def run_echo_fleet(
     echo process and back; ``inference_ms`` is the echo's fixed compute time."""
     import zenoh
 
-    from servo.client.session import _encode_images
+    from servo.client.encoder import FrameEncoder
     from servo.transport import LoopBridge, ZenohSettings, open_session
     from servo.wire import Observation, encode, encode_tensor
 
@@ -373,6 +373,7 @@ async def run_echo_fleet(
             await matched.wait()
             images = frames(HEIGHT, WIDTH, index)
             state = np.full(len(JOINTS), float(index), dtype=np.float32)
+            encoder = FrameEncoder()  # the session's per-camera encoder threads
             clock.arrived()
             await clock.go.wait()
             sent = 0
@@ -380,7 +381,7 @@ async def run_echo_fleet(
                 while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
                     sent += 1
                     t0 = time.monotonic_ns()
-                    encoded = await _encode_images(images, quality)
+                    encoded = await encoder.encode(images, quality)
                     body = encode(Observation(state=encode_tensor(state), images=encoded))
                     encode_ms = (time.monotonic_ns() - t0) / 1e6
                     arrived = anyio.Event()
@@ -392,6 +393,7 @@ async def run_echo_fleet(
                         rtt_ms = (stamps[-1] - t0) / 1e6
                         result.samples.append(Sample(index, now, rtt_ms, encode_ms, compute_ms, 0.0, True))
             finally:
+                encoder.close()
                 bridge.closed = True
                 listener.undeclare()
                 pub.undeclare()
