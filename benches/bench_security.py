@@ -59,7 +59,6 @@ def _jpeg(frame: np.ndarray, quality: int) -> EncodedImage:
 @functools.cache
 def _bodies() -> dict[str, bytes]:
     big = np.zeros((BOMB, BOMB, 3), np.uint8)
-    big[::7, ::5] = 255  # enough texture for a ~1 MB JPEG
     bomb = _jpeg(big, 10)
     del big
     small = _jpeg(np.zeros((48, 64, 3), np.uint8), 90)

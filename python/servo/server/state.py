@@ -77,6 +77,7 @@ class ServerState:
         self.lifecycle: Lifecycle = "starting"
         self._grace_s = client_grace_s
         self._idle_s = idle_session_s
+        self._draining = anyio.Event()
         self._replica: Replica | None = None
         self._tg: TaskGroup | None = None
         self._changed = anyio.Event()
@@ -105,6 +106,7 @@ class ServerState:
         """Refuse new sessions from now on; False if already draining."""
         first = self.lifecycle != "draining"
         self.lifecycle = "draining"
+        self._draining.set()
         self.metrics.draining.set(1)
         return first
 
@@ -177,8 +179,11 @@ class ServerState:
 
     async def _evict_idle(self) -> None:
         # A quarter of the bound between sweeps: a session lives at most 1.25 x idle_session_s idle.
-        while True:
-            await anyio.sleep(self._idle_s / 4)
+        # Ends with the drain, which collects every session anyway.
+        while self.lifecycle != "draining":
+            with anyio.move_on_after(self._idle_s / 4):
+                await self._draining.wait()
+                return
             cutoff = time.monotonic_ns() - int(self._idle_s * 1e9)
             for session in self.registry.snapshot():
                 if session.auth.last_seen_ns < cutoff:
