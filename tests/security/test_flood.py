@@ -17,7 +17,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import anyio
 import numpy as np
@@ -81,16 +80,11 @@ health_port = 0
 
 async def test_a_robot_keeps_streaming_through_a_flood_and_the_server_stays_bounded(tmp_path: Path, port: int) -> None:
     with serve(tmp_path, port) as (server, log):
+        # the process warms its policy, then listens and logs "serving"
+        await eventually(lambda: "] serving" in log.read_text(errors="replace"), timeout=60)
         async with PolicyClient.connect(client_settings(port), "robot", jpeg_quality=90) as client:
-            found: list[Any] = []
-
-            async def discovered() -> bool:
-                found[:] = await client.discover()
-                return bool(found)
-
-            with anyio.fail_after(60):
-                while not await discovered():  # noqa: ASYNC110 - the server process warms up; nothing to wait on
-                    await anyio.sleep(0.1)
+            found = await client.discover()
+            assert found, "the server did not answer discovery"
             session = await client.open_session(found[0], features=found[0].status.policy.features, fps=30.0)
             state = np.arange(6, dtype=np.float32)
             images = {"front": np.full((48, 64, 3), 100, np.uint8)}
