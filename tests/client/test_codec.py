@@ -169,13 +169,18 @@ def test_edge_config_takes_auto_or_a_number() -> None:
 async def test_cameras_encode_on_threads_that_live_for_the_session() -> None:
     encoder = FrameEncoder()
     frames = camera_frames(96, 128)
+
+    def encoders() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("servo-encode-")}
+
+    before = encoders()  # other sessions' threads, possibly still ending
     try:
         first = await encoder.encode(frames, 90)
-        threads = {t.ident for t in threading.enumerate() if t.name.startswith("servo-jpeg-")}
+        mine = encoders() - before
+        assert sorted(t.name for t in mine) == ["servo-encode-front", "servo-encode-wrist"]
         for _ in range(5):
             again = await encoder.encode(frames, 90)
-        assert {t.ident for t in threading.enumerate() if t.name.startswith("servo-jpeg-")} == threads
-        assert len(threads) == len(frames)
+        assert encoders() - before == mine  # the same threads: no hand-off per request
         for name, frame in frames.items():
             assert first[name].codec == "jpeg"
             assert np.abs(decode_image(again[name]).astype(int) - frame).mean() < 8

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
+from servo.wire import CameraFeature
 from tests.server.helpers import connected, open_on
 from tests.server.policies import FixedComputePolicy
 from tests.support import make_manifest, running_server
@@ -59,7 +61,9 @@ async def test_frames_twice_the_policy_input_reach_it_scaled_when_jpeg(port: int
     async with running_server(make_manifest(port), policy=policy) as (_, ready):
         policy.seen.clear()
         async with connected(port, "robot", jpeg_quality=quality) as client:
-            session = await open_on(client, ready)
+            cameras = {name: CameraFeature(h, w) for name, (h, w) in sent.items()}
+            features = msgspec.structs.replace(ready.info.features, cameras=cameras)
+            session = await open_on(client, ready, features=features)  # declares the sizes it sends
             await session.infer(np.zeros(6, np.float32), frames, timeout=5)
             await session.close()
     (seen,) = policy.seen

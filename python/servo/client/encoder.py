@@ -41,7 +41,7 @@ class _CameraThread:
         self._wake = threading.Condition()
         self._job: _Job | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"servo-jpeg-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"servo-encode-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, job: _Job) -> None:
