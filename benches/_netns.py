@@ -1,8 +1,8 @@
 """A real slow link for benchmarks: a network namespace behind a veth pair shaped with ``tc tbf``.
 
-Needs root and ``ip``/``tc`` (`available`). The same set-up as tests/transport/test_slow_link.py
-(benches never import tests): the host keeps one end of the veth, the namespace the other, and
-both directions are shaped to ``rate_mbit``.
+Needs root and ``ip``/``tc`` (`available`); tests/transport/test_slow_link.py uses it too. The
+host keeps one end of the veth, the namespace the other, and both directions are shaped to
+``rate_mbit`` (observations leave through the host end, chunks through the namespace end).
 """
 
 from __future__ import annotations
