@@ -31,13 +31,16 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import numpy as np
 
 from servo.policy import DecodedObservation, PolicySpec, Prepared
 from servo.wire import CameraFeature, Features
+
+if TYPE_CHECKING:
+    from servo.client.codec import CodecStatus
 
 JOINTS = ("j0", "j1", "j2", "j3", "j4", "j5")
 CHUNK = 50
@@ -169,7 +172,9 @@ def spawn_server(role: str, *args: str) -> Iterator[int]:
         assert code == 0, f"{role} server exited with {code}"
 
 
-def manifest_text(port: int, *, max_sessions: int = 32, shared_memory: bool = True, max_batch: int = 16) -> str:
+def manifest_text(
+    port: int, *, max_sessions: int = 32, shared_memory: bool = True, host: str = "127.0.0.1", max_batch: int = 16
+) -> str:
     return f"""
 [model]
 source = "bench"
@@ -180,7 +185,7 @@ max_sessions = {max_sessions}
 max_batch = {max_batch}
 client_grace_s = 2.0
 [zenoh]
-listen = ["tcp/127.0.0.1:{port}"]
+listen = ["tcp/{host}:{port}"]
 shared_memory = {str(shared_memory).lower()}
 [ops]
 health_port = 0
@@ -197,7 +202,7 @@ async def _serve(args: argparse.Namespace) -> None:
         if args.per_sample_ms
         else FixedComputePolicy(args.compute_ms, args.height, args.width)
     )
-    text = manifest_text(args.port, shared_memory=args.transport == "shm", max_batch=args.max_batch)
+    text = manifest_text(args.port, shared_memory=args.transport == "shm", host=args.host, max_batch=args.max_batch)
     server = PolicyServer(parse_manifest(text), policy=policy)
     async with anyio.create_task_group() as tg:
 
@@ -256,6 +261,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benches._fleet")
     parser.add_argument("role", choices=("serve", "echo", "client"))
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="Address to listen on (serve)")
     parser.add_argument("--compute-ms", type=float, default=20.0, help="forward time (the base time with a cost model)")
     parser.add_argument("--per-sample-ms", type=float, default=0.0, help="> 0: CostModelPolicy, batch-friendly")
     parser.add_argument("--max-batch", type=int, default=16)
@@ -297,6 +303,7 @@ class FleetResult:
     errors: list[str] = field(default_factory=list)
     n_clients: int = 0
     window_s: float = 0.0
+    codec: list[CodecStatus] = field(default_factory=list)
 
 
 def frames(height: int, width: int, seed: int) -> dict[str, np.ndarray]:
@@ -338,20 +345,22 @@ async def run_fleet(
     port: int,
     n_clients: int,
     *,
-    quality: int,
+    quality: int | Literal["auto"],
     warmup_s: float,
     measure_s: float | None,
     max_requests: int | None = None,
     height: int = HEIGHT,
     width: int = WIDTH,
     transport: str = "tcp",
+    host: str = "127.0.0.1",
 ) -> FleetResult:
-    """N servo clients against the server on ``port``; samples completed inside the window
-    (``measure_s=None``: every request, each client stopping after ``max_requests``)."""
+    """N servo clients against the server on ``host``:``port``; samples completed inside the window
+    (``measure_s=None``: every request, each client stopping after ``max_requests``). ``codec``
+    of the result holds each client's codec status at the end."""
     from servo.client import PolicyClient
     from servo.transport import ZenohSettings
 
-    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=transport == "shm")
+    settings = ZenohSettings(mode="client", connect=[f"tcp/{host}:{port}"], shared_memory=transport == "shm")
     result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
     clock = _Clock(n_clients, warmup_s, measure_s)
 
@@ -364,6 +373,7 @@ async def run_fleet(
             try:
                 await _drive(session, index, clock, result, max_requests, height, width)
             finally:
+                result.codec.append(session.codec_status())
                 await session.close()
 
     async with anyio.create_task_group() as tg:
@@ -497,7 +507,7 @@ async def run_echo_fleet(
     echo process and back; ``inference_ms`` is the echo's fixed compute time."""
     import zenoh
 
-    from servo.client.session import _encode_images
+    from servo.client.encoder import FrameEncoder
     from servo.transport import LoopBridge, ZenohSettings, open_session
     from servo.wire import Observation, encode, encode_tensor
 
@@ -522,6 +532,7 @@ async def run_echo_fleet(
             await matched.wait()
             images = frames(HEIGHT, WIDTH, index)
             state = np.full(len(JOINTS), float(index), dtype=np.float32)
+            encoder = FrameEncoder()  # the session's per-camera encoder threads
             clock.arrived()
             await clock.go.wait()
             sent = 0
@@ -529,7 +540,7 @@ async def run_echo_fleet(
                 while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
                     sent += 1
                     t0 = time.monotonic_ns()
-                    encoded = await _encode_images(images, quality)
+                    encoded = await encoder.encode(images, quality)
                     body = encode(Observation(state=encode_tensor(state), images=encoded))
                     encode_ms = (time.monotonic_ns() - t0) / 1e6
                     arrived = anyio.Event()
@@ -541,6 +552,7 @@ async def run_echo_fleet(
                         rtt_ms = (stamps[-1] - t0) / 1e6
                         result.samples.append(Sample(index, now, rtt_ms, encode_ms, compute_ms, 0.0, True))
             finally:
+                encoder.close()
                 bridge.closed = True
                 listener.undeclare()
                 pub.undeclare()
