@@ -66,6 +66,11 @@ class Pending:
         """Claim the decode: True for the first caller only, who must then resolve ``decoded``."""
         return self._started.acquire(blocking=False)
 
+    @property
+    def started(self) -> bool:
+        """Whether somebody claimed the decode already."""
+        return self._started.locked()
+
     def drop(self) -> None:
         """Nobody will serve this observation: cancel its decode unless it started."""
         if self.start():

@@ -206,9 +206,13 @@ class InferenceWorker:
         if isinstance(self._ready(head), Rejected):
             group = [head]
         else:
-            # The decodes of the entries the scheduler may group (mostly done already: they
-            # started when the observations arrived, during the last forward).
-            window = itertools.islice(self._queue, self._scheduler.max_batch)
+            # The decodes of the entries the scheduler may group: mostly done already (they
+            # started when the observations arrived, during the last forward); the executor
+            # takes the rest while this thread decodes too.
+            window = list(itertools.islice(self._queue, self._scheduler.max_batch))
+            for entry in window[1:]:
+                if not entry.pending.started:
+                    self._executor.submit(self._decode_once, entry.pending, entry.session)
             decoded = [e for e in window if isinstance(self._ready(e), Decoded)]
             now_ns = time.monotonic_ns()
             group = self._scheduler.select(decoded, now_ns)
