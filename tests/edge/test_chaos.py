@@ -101,6 +101,6 @@ def test_server_back_with_a_different_model_is_dead(tmp_path: Path) -> None:
     assert summary["final_state"] == "dead"
     assert summary["parked"] is True  # safe teardown: rest pose, then disconnect
     assert "different model" in summary["stop_reason"]
-    assert "rev v2" in summary["stop_reason"]
+    assert "revision 'v2' (was 'v1')" in summary["stop_reason"]
     assert "rest pose reached" in output
     assert "disconnected" in output
