@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from servo.edge.failsafe import EngineState
@@ -158,3 +159,47 @@ async def test_a_restarted_replica_is_used_as_soon_as_its_token_appears(tmp_path
                 await run.stop()
         finally:
             server.stop()
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+async def test_revisions_change_only_at_an_episode_boundary_and_never_when_pinned(
+    tmp_path: Path, pinned: bool
+) -> None:
+    async with router() as router_port:
+        old = await anyio.to_thread.run_sync(start_server, replica_manifest(tmp_path / "a", router_port, "a"))
+        new = await anyio.to_thread.run_sync(
+            start_server, replica_manifest(tmp_path / "b", router_port, "b", revision="v2")
+        )
+        try:
+            config = edge_config(
+                router_port,
+                app="fleet",
+                max_offline_s=120.0,
+                revision="v1" if pinned else "",
+                replica="a",  # start on v1 whatever the placement
+            )
+            engine = RemoteEngine(config, small_sim().spec())
+            async with running_edge(small_sim(), engine) as run:
+                await eventually(lambda: engine.chunks_received >= 3, 15, "streaming on v1")
+                engine.config = msgspec.structs.replace(config, replica="")  # from now on: any replica
+                old.kill()  # mid-episode: only v2 is left
+                await eventually(lambda: engine.state is EngineState.RECONNECTING, 5, "RECONNECTING")
+                epoch = engine._epoch
+                # Positive control: two more attempts saw v2 (it was up all along) and took nothing.
+                await eventually(lambda: engine._epoch >= epoch + 2, 10, "two reconnect attempts")
+                assert engine.session is None
+                engine.reset()  # the episode boundary
+                if pinned:
+                    epoch = engine._epoch
+                    await eventually(lambda: engine._epoch >= epoch + 2, 10, "two attempts after the reset")
+                    assert engine.session is None
+                else:
+                    chunks = engine.chunks_received
+                    await eventually(lambda: engine.chunks_received > chunks, 10, "a chunk from v2")
+                    assert engine.server is not None
+                    assert engine.server.status.policy.revision == "v2"
+                    assert engine.state is EngineState.STREAMING
+                await run.stop()
+        finally:
+            old.stop()
+            new.stop()

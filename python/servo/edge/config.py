@@ -49,6 +49,10 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     app: Annotated[str, _doc("Only use servers of this app (a key segment); any when empty.")] = ""
     model: Annotated[str, _doc("Only use servers of this model key (e.g. servo-reference); any when empty.")] = ""
     replica: Annotated[str, _doc("Only use this replica; any when empty.")] = ""
+    revision: Annotated[
+        str,
+        _doc("Only use servers of this model revision; when empty, a new revision is taken at an episode boundary."),
+    ] = ""
     client_id: Annotated[
         str,
         _doc("This robot's id; when empty: tls_cert's common name, else auth_user, else random."),

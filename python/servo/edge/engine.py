@@ -276,6 +276,11 @@ class EngineBase:
         """Whether the engine's work has an end and reached it (trajectory replay)."""
         return False
 
+    @property
+    def episode_starting(self) -> bool:
+        """Whether the next request opens an episode (no request of this episode left yet)."""
+        return self._episode_start
+
     def take_episode_start(self) -> bool:
         """Worker: whether the next request opens an episode (cleared once read)."""
         start, self._episode_start = self._episode_start, False

@@ -179,7 +179,7 @@ class RemoteEngine(EngineBase):
             fps=self.spec.fps,
             app=cfg.app or None,
             model=cfg.model or None,
-            accept=(lambda s: s.keys.replica == cfg.replica) if cfg.replica else None,
+            accept=self._acceptable,
             task=cfg.task,
             rtc=cfg.rtc,
             epoch=self._epoch,
@@ -190,6 +190,10 @@ class RemoteEngine(EngineBase):
         self._previous = session
         assert session.ack is not None
         ack = session.ack
+        if not self._acceptable(session.server, ack.policy.revision):
+            await session.close()  # the status said otherwise: a replica mid-upgrade
+            raise _Reconnect(f"replica {session.server.keys.replica} serves revision {ack.policy.revision}")
+        # The revision was checked above; anything else that differs breaks the robot's contract.
         if self._identity is not None and (differences := model_differences(self._identity, ack.policy)):
             await session.close()
             self.failsafe.fatal(f"server came back with a different model: {'; '.join(differences)}")
@@ -208,6 +212,20 @@ class RemoteEngine(EngineBase):
                 client_id=self.client_id,
                 warning=warning,
             )
+
+    def _revision_may_change(self) -> bool:
+        """Unpinned edges take another revision only at an episode boundary (seeds/001 §8)."""
+        return not self.config.revision and self.episode_starting
+
+    def _acceptable(self, server: ServerInfo, revision: str | None = None) -> bool:
+        """Whether this edge may use ``server`` now: the replica and revision rules."""
+        cfg = self.config
+        revision = server.status.policy.revision if revision is None else revision
+        if cfg.replica and server.keys.replica != cfg.replica:
+            return False
+        if cfg.revision:
+            return revision == cfg.revision
+        return self._identity is None or self._revision_may_change() or revision == self._identity.revision
 
     async def _connection_loop(self, client: PolicyClient) -> None:
         backoff = self._backoff()
@@ -334,8 +352,9 @@ class RemoteEngine(EngineBase):
         return dataclasses.replace(stats, chunks_rejected=refused.chunks_rejected, rogue_servers=refused.rogue_servers)
 
 
-#: What a replica must share with the one an edge started on (seeds/001 §8): anything else is DEAD.
-SAME_MODEL_FIELDS = ("model", "revision", "chunk_size", "features")
+#: What every replica an edge uses must share with the first one: a difference is DEAD. The revision
+#: has its own rules (`RemoteEngine._acceptable`: pinned, or changed at an episode boundary only).
+SAME_MODEL_FIELDS = ("model", "chunk_size", "features")
 
 
 def model_differences(was: PolicyInfo, now: PolicyInfo) -> list[str]:
