@@ -159,8 +159,8 @@ async def _robots(args: argparse.Namespace) -> None:
                 async for _ in signals:
                     break
             tg.cancel_scope.cancel()
-    with open(args.out, "w") as out:
-        json.dump({"served": {str(k): v for k, v in served.items()}, "failures": failures}, out)
+    result = {"served": {str(k): v for k, v in served.items()}, "failures": failures}
+    await anyio.Path(args.out).write_text(json.dumps(result))
 
 
 def main(argv: list[str]) -> None:

@@ -124,6 +124,11 @@ async def until(predicate: Callable[[], bool], timeout: float, what: str) -> Non
         raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
 
 
+def replica_of(engine: RemoteEngine) -> str | None:
+    """The replica the engine's session is on."""
+    return None if engine.server is None else engine.server.keys.replica
+
+
 @asynccontextmanager
 async def fleet(workdir: Path) -> AsyncIterator[tuple[int, dict[str, Replica]]]:
     port = free_port()
@@ -179,12 +184,12 @@ async def measure(workdir: Path, kills: int, restarts: int) -> tuple[Times, floa
                     serving = merges[-1][1]
                     other = next(name for name in replicas if name != serving)
                     requests = engine.requests
-                    await until(lambda: engine.requests > requests, 10, "a request leaving")
+                    await until(lambda n=requests: engine.requests > n, 10, "a request leaving")
                     seen = len(merges)
                     killed = await anyio.to_thread.run_sync(replicas[serving].kill)
-                    await until(lambda: engine.server is not None and engine.server.keys.replica == other, 20, "handshake")
+                    await until(lambda o=other: replica_of(engine) == o, 20, "handshake")
                     times["handshake"].append((time.monotonic_ns() - killed) / 1e9)
-                    await until(lambda: any(r == other for _, r in merges[seen:]), 20, "failover")
+                    await until(lambda o=other, n=seen: any(r == o for _, r in merges[n:]), 20, "failover")
                     first = next(t for t, r in merges[seen:] if r == other)
                     times["failover"].append((first - killed) / 1e9)
                     await anyio.to_thread.run_sync(replicas[serving].start)
@@ -196,7 +201,7 @@ async def measure(workdir: Path, kills: int, restarts: int) -> tuple[Times, floa
                     await until(lambda: engine.session is None, 10, "nobody left")
                     seen, tokens = len(merges), len(appeared)
                     await anyio.to_thread.run_sync(replicas[serving].start)
-                    await until(lambda: len(merges) > seen, 20, "back")
+                    await until(lambda n=seen: len(merges) > n, 20, "back")
                     times["restart"].append((merges[seen][0] - appeared[tokens]) / 1e9)
                     await anyio.to_thread.run_sync(replicas[other].start)
                 runtime.request_stop("bench done")

@@ -94,10 +94,12 @@ async def test_kill_9_of_the_serving_replica_fails_over_at_once(tmp_path: Path) 
                 merged = len(log.merges)
                 servers[first].kill()
                 await eventually(
-                    lambda: engine.session is not None
-                    and serving_replica(engine) == other
-                    and len(log.merges) > merged
-                    and log.merges[-1].session_id == engine.session.session_id,
+                    lambda: (
+                        engine.session is not None
+                        and serving_replica(engine) == other
+                        and len(log.merges) > merged
+                        and log.merges[-1].session_id == engine.session.session_id
+                    ),
                     10,
                     "a fresh chunk from the other replica",
                 )
@@ -121,7 +123,7 @@ async def test_a_drain_notice_moves_the_edge_to_another_replica(tmp_path: Path) 
         manifests = {name: replica_manifest(tmp_path / name, router_port, name) for name in ("a", "b")}
         servers = {name: await anyio.to_thread.run_sync(start_server, path) for name, path in manifests.items()}
         try:
-            engine, log = fleet_edge(router_port)
+            engine, _ = fleet_edge(router_port)
             async with running_edge(small_sim(), engine) as run:
                 await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
                 first = serving_replica(engine)
@@ -162,9 +164,7 @@ async def test_a_restarted_replica_is_used_as_soon_as_its_token_appears(tmp_path
 
 
 @pytest.mark.parametrize("pinned", [False, True])
-async def test_revisions_change_only_at_an_episode_boundary_and_never_when_pinned(
-    tmp_path: Path, pinned: bool
-) -> None:
+async def test_revisions_change_only_at_an_episode_boundary_and_never_when_pinned(tmp_path: Path, pinned: bool) -> None:
     async with router() as router_port:
         old = await anyio.to_thread.run_sync(start_server, replica_manifest(tmp_path / "a", router_port, "a"))
         new = await anyio.to_thread.run_sync(

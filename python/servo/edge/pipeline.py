@@ -152,9 +152,11 @@ class ChunkPipeline:
         return Request(obs, idx_before, delay, prefix_model, prefix_robot, self.episode_id)
 
     def expected_latency_ns(self) -> int | None:
-        """The round trip the next chunk is expected to take (ns): the upper median of the last
-        `DELAY_WINDOW`, so one late chunk never moves it and a lasting change does within
-        ``DELAY_WINDOW // 2 + 1`` requests. None before the first chunk."""
+        """The round trip the next chunk is expected to take (ns); None before the first chunk.
+
+        The upper median of the last `DELAY_WINDOW`: one or two late chunks never move it, and a
+        lasting change moves it within ``DELAY_WINDOW // 2 + 1`` requests.
+        """
         return self.recent.percentile(DELAY_QUANTILE)
 
     def complete(
