@@ -91,7 +91,8 @@ async def _robots(args: argparse.Namespace) -> None:
 
     settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{args.router}"])
     period = 1.0 / args.rate
-    served: dict[int, list[tuple[float, str, bool, float]]] = {}
+    #: Per robot: (monotonic s, replica, fresh, round trip ms, queue wait ms, inference ms).
+    served: dict[int, list[tuple[float, str, bool, float, float, float]]] = {}
     failures: dict[int, int] = {}
     connected = 0
 
@@ -122,7 +123,10 @@ async def _robots(args: argparse.Namespace) -> None:
             timeouts = 0
             try:
                 while timeouts < 2:
-                    await anyio.sleep_until(next_at)
+                    with anyio.move_on_after(next_at - time.monotonic()):
+                        await session.lost.wait()  # a lost session re-places the robot at once
+                    if session.lost.is_set():
+                        break
                     next_at = max(next_at + period, time.monotonic())
                     seq += 1
                     state[1] = float(seq)
@@ -135,7 +139,9 @@ async def _robots(args: argparse.Namespace) -> None:
                         continue
                     timeouts = 0
                     fresh = bool(np.array_equal(chunk.chunk_robot[0], state))
-                    rows.append((time.monotonic(), replica, fresh, chunk.rtt_ns / 1e6))
+                    rows.append(
+                        (time.monotonic(), replica, fresh, chunk.rtt_ns / 1e6, chunk.queue_wait_ms, chunk.inference_ms)
+                    )
             except SessionLost:
                 pass
             finally:

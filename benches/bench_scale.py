@@ -150,16 +150,19 @@ def run_fleet(workdir: Path, robots: int, window_s: float, recovery_s: float) ->
 
 def analyse(run: dict[str, Any]) -> dict[str, Any]:
     served, (start, end), killed = run["served"], run["window"], run["killed"]
-    window_s = end - start
     in_window = {robot: [r for r in rows if start <= r[0] <= end] for robot, rows in served.items()}
-    rates = [len(rows) / window_s for rows in in_window.values()]
+    # Requests per second between a robot's first and last request of the window (no edge effects).
+    rates = [(len(rows) - 1) / (rows[-1][0] - rows[0][0]) if len(rows) > 1 else 0.0 for rows in in_window.values()]
     census = run["census"]
     total_rate = sum(rates)
     robots, t_s = run["robots"], run["compute_ms"] / 1e3
     per_replica = robots / len(REPLICAS)
-    rtt_s = float(np.median([r[3] for rows in in_window.values() for r in rows])) / 1e3
+    window_rows = [r for rows in in_window.values() for r in rows]
+    rtt_ms = np.array([r[3] for r in window_rows])
+    # The network part of a round trip: what is neither queue wait nor inference.
+    net_s = float(np.median(rtt_ms - np.array([r[4] + r[5] for r in window_rows]))) / 1e3
     n_max_throughput = UTILISATION / (RATE_HZ * t_s)
-    n_max_latency = (CHUNK / FPS / 2 - rtt_s) / t_s
+    n_max_latency = (CHUNK / FPS / 2 - net_s) / t_s
     predicted = min(n_max_throughput, per_replica) * len(REPLICAS) * RATE_HZ
     # The victim's robots: on it at the kill (their last row before the kill names it).
     victims = [
@@ -184,7 +187,8 @@ def analyse(run: dict[str, Any]) -> dict[str, Any]:
         "formula_served_rate_hz": round(predicted, 2),
         "formula_error": round(abs(total_rate - predicted) / predicted, 4),
         "formula_n_max_per_replica": {"throughput": round(n_max_throughput, 1), "latency": round(n_max_latency, 1)},
-        "rtt_ms_p50": round(rtt_s * 1e3, 2),
+        "rtt_ms": {name: round(float(np.percentile(rtt_ms, q)), 1) for name, q in (("p50", 50), ("p99", 99))},
+        "rtt_net_ms_p50": round(net_s * 1e3, 2),
         "killed": run["victim"],
         "victim_robots": len(victims),
         "victim_robots_served_again": len(recovered),

@@ -8,6 +8,7 @@ subprocesses (kill -9 is the point) behind a router opened in the test, on 127.0
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,7 +30,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 BACKOFF_S = 30.0
 
 
-def replica_manifest(directory: Path, router_port: int, replica: str, *, revision: str = "v1") -> Path:
+def replica_manifest(
+    directory: Path, router_port: int, replica: str, *, revision: str = "v1", lease_ms: int = 1000
+) -> Path:
     """A replica of the reference policy joining the router (its own identity in ``directory``)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "manifest.toml"
@@ -49,6 +52,7 @@ replica = "{replica}"
 mode = "peer"
 listen = ["tcp/127.0.0.1:{free_port()}"]
 connect = ["tcp/127.0.0.1:{router_port}"]
+lease_ms = {lease_ms}
 [ops]
 health_port = 0
 """
@@ -116,6 +120,39 @@ async def test_kill_9_of_the_serving_replica_fails_over_at_once(tmp_path: Path) 
                 server.stop()
     assert summary.reconnects == 1
     assert summary.parked
+
+
+async def test_a_hung_replica_is_left_when_its_lease_expires(tmp_path: Path) -> None:
+    # SIGSTOP sends no FIN (a frozen host, a pulled cable): only the 500 ms lease tells.
+    async with router() as router_port:
+        manifests = {name: replica_manifest(tmp_path / name, router_port, name, lease_ms=500) for name in ("a", "b")}
+        servers = {name: await anyio.to_thread.run_sync(start_server, path) for name, path in manifests.items()}
+        frozen = None
+        try:
+            engine, _ = fleet_edge(router_port)
+            async with running_edge(small_sim(), engine) as run:
+                await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
+                first = serving_replica(engine)
+                frozen = servers[first].popen
+                frozen.send_signal(signal.SIGSTOP)
+                chunks = engine.chunks_received
+                # Well inside the 2 x 5 s timeout streak: the lease, not the timeouts, moved it.
+                await eventually(
+                    lambda: (
+                        engine.session is not None
+                        and serving_replica(engine) != first
+                        and engine.chunks_received > chunks
+                    ),
+                    4,
+                    "a chunk from the other replica",
+                )
+                assert [reason for _, reason in engine.failsafe.transitions][-3] == "server liveliness lost"
+                await run.stop()
+        finally:
+            if frozen is not None:
+                frozen.send_signal(signal.SIGCONT)
+            for server in servers.values():
+                server.stop()
 
 
 async def test_a_drain_notice_moves_the_edge_to_another_replica(tmp_path: Path) -> None:
