@@ -108,7 +108,7 @@ class FixedComputePolicy:
 
 
 # ---------------------------------------------------------------------------- server processes
-def manifest_text(port: int, *, max_sessions: int = 32) -> str:
+def manifest_text(port: int, *, max_sessions: int = 32, shared_memory: bool = True) -> str:
     return f"""
 [model]
 source = "bench"
@@ -119,6 +119,7 @@ max_sessions = {max_sessions}
 client_grace_s = 2.0
 [zenoh]
 listen = ["tcp/127.0.0.1:{port}"]
+shared_memory = {str(shared_memory).lower()}
 [ops]
 health_port = 0
 """
@@ -130,7 +131,8 @@ async def _serve(args: argparse.Namespace) -> None:
     from servo.server.service import PolicyServer
 
     policy = FixedComputePolicy(args.compute_ms, args.height, args.width)
-    server = PolicyServer(parse_manifest(manifest_text(args.port)), policy=policy)
+    manifest = parse_manifest(manifest_text(args.port, shared_memory=args.transport == "shm"))
+    server = PolicyServer(manifest, policy=policy)
     async with anyio.create_task_group() as tg:
 
         async def run_server(*, task_status: Any) -> None:
@@ -153,7 +155,7 @@ def _echo(args: argparse.Namespace) -> None:
 
     from servo.transport import ZenohSettings
 
-    settings = ZenohSettings(listen=[f"tcp/127.0.0.1:{args.port}"])
+    settings = ZenohSettings(listen=[f"tcp/127.0.0.1:{args.port}"], shared_memory=args.transport == "shm")
     reply = b"\x00" * (2 * CHUNK * len(JOINTS) * 4 + 64)
     jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stop = threading.Event()
@@ -193,6 +195,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--compute-ms", type=float, default=20.0)
     parser.add_argument("--height", type=int, default=HEIGHT)
     parser.add_argument("--width", type=int, default=WIDTH)
+    parser.add_argument("--transport", choices=("tcp", "shm"), default="tcp", help="shm: Zenoh shared memory")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     from servo.logs import configure_logging
@@ -271,13 +274,14 @@ async def run_fleet(
     max_requests: int | None = None,
     height: int = HEIGHT,
     width: int = WIDTH,
+    transport: str = "tcp",
 ) -> FleetResult:
     """N servo clients against the server on ``port``; samples completed inside the window
     (``measure_s=None``: every request, each client stopping after ``max_requests``)."""
     from servo.client import PolicyClient
     from servo.transport import ZenohSettings
 
-    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"])
+    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=transport == "shm")
     result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
     clock = _Clock(n_clients, warmup_s, measure_s)
 
@@ -330,6 +334,7 @@ async def run_echo_fleet(
     measure_s: float | None,
     max_requests: int | None = None,
     compute_ms: float = 20.0,
+    transport: str = "tcp",
 ) -> FleetResult:
     """The baseline: the same payload (an encoded servo observation) through bare Zenoh to the
     echo process and back; ``inference_ms`` is the echo's fixed compute time."""
@@ -339,7 +344,7 @@ async def run_echo_fleet(
     from servo.transport import LoopBridge, ZenohSettings, open_session
     from servo.wire import Observation, encode, encode_tensor
 
-    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"])
+    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=transport == "shm")
     result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
     clock = _Clock(n_clients, warmup_s, measure_s)
 

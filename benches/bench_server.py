@@ -2,11 +2,13 @@
 
 N = 1, 2, 4, 8, 16 clients, each one request in flight, against a policy whose forward takes
 exactly 20 ms (ideal: 50 served requests/s), two 480x640 cameras sent raw (quality 0) and as
-JPEG q90. The server runs in its own process (``python -m benches._fleet serve``), as deployed;
-the clients run in this process's event loop, each with its own Zenoh session — on a 2-vCPU
-machine one server process + one client process gives the server a core of its own, where N
-client processes would compete with it for the second core. A bare-zenoh echo process with the
-same payload and compute time is the same-run baseline (the transport floor).
+JPEG q90, over TCP (``shared_memory = false`` on both ends: what a robot reaching a GPU box
+uses) and over Zenoh shared memory (same host), reported separately. The server runs in its
+own process (``python -m benches._fleet serve``), as deployed; the clients run in this
+process's event loop, each with its own Zenoh session — on a 2-vCPU machine one server
+process + one client process gives the server a core of its own, where N client processes
+would compete with it for the second core. A bare-zenoh echo process with the same payload
+and compute time is the same-run baseline (the transport floor).
 
 Per configuration (in ``extra_info`` and the printed table):
 
@@ -15,8 +17,9 @@ Per configuration (in ``extra_info`` and the printed table):
   inference time, which includes pre/post-processing): 100 % minus the server's overhead
   between forwards, independent of how exactly the emulated forward hits 20 ms.
 * ``fairness``: max/min of the per-client served rates ((n-1)/span of each client's chunks).
-* ``overhead_ms``: client publish -> chunk received, minus the server-reported inference time:
-  ``rtt - encode - inference``. At N = 1 this is the whole cost of the server and transport;
+* ``overhead_ms``: the full round trip (observation stamp -> chunk received, so client encode,
+  MAC, put and the client's wake-up are in) minus the server-reported inference time:
+  ``rtt - inference``. At N = 1 this is the whole cost of servo and the transport;
   at N >= 2 it includes waiting for the other clients' forwards, so ``overhead_ex_queue_ms``
   also subtracts the server-reported queue wait (the time the decoded observation waited for
   the device). p50/p99 from the Rust LatencyTracker.
@@ -61,13 +64,25 @@ SMOKE_REQUESTS = 8
 WARMUP_S = 1.5
 MEASURE_S = 8.0
 QUALITIES = {"raw": 0, "jpeg90": 90}
+TRANSPORTS = ("tcp", "shm")
 
 
-def _spawn(role: str) -> Iterator[int]:
+def _spawn(role: str, transport: str) -> Iterator[tuple[int, str]]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benches._fleet", role, "--port", str(port), "--compute-ms", str(COMPUTE_MS)],
+        [
+            sys.executable,
+            "-m",
+            "benches._fleet",
+            role,
+            "--port",
+            str(port),
+            "--compute-ms",
+            str(COMPUTE_MS),
+            "--transport",
+            transport,
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -82,7 +97,7 @@ def _spawn(role: str) -> Iterator[int]:
         timer.cancel()
     assert line.strip() == "READY", f"{role} server did not start (exit {proc.poll()})"
     try:
-        yield port
+        yield port, transport
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -94,14 +109,14 @@ def _spawn(role: str) -> Iterator[int]:
         assert code == 0, f"{role} server exited with {code}"
 
 
-@pytest.fixture(scope="module")
-def servo_server() -> Iterator[int]:
-    yield from _spawn("serve")
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def servo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
+    yield from _spawn("serve", request.param)
 
 
-@pytest.fixture(scope="module")
-def echo_server() -> Iterator[int]:
-    yield from _spawn("echo")
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def echo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
+    yield from _spawn("echo", request.param)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +154,7 @@ def summarize(result: FleetResult) -> dict[str, Any]:
     for client in range(result.n_clients):
         mine = sorted(x.t_done for x in s if x.client == client)
         rates.append((len(mine) - 1) / (mine[-1] - mine[0]) if len(mine) > 2 and mine[-1] > mine[0] else 0.0)
-    overhead = [x.rtt_ms - x.encode_ms - x.inference_ms for x in s]
+    overhead = [x.rtt_ms - x.inference_ms for x in s]
     overhead_ex_queue = [o - x.queue_wait_ms for o, x in zip(overhead, s, strict=True)]
     # A fixed window counts what completed inside it; without one (smoke) the span from the first
     # to the last completion holds all but one request per client.
@@ -182,13 +197,14 @@ def summarize(result: FleetResult) -> dict[str, Any]:
 
 def render(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| server | payload | N | served/s | % ideal | device busy % | fairness | overhead p50 / p99 ms | "
+        "| server | transport | payload | N | served/s | % ideal | device busy % | fairness | overhead p50 / p99 ms | "
         "ex-queue p50 / p99 ms | RTT p50 / p99 ms | inference ms | encode ms | lost | ok |"
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         lines.append(
-            f"| {r['server']} | {r['payload']} | {r['clients']} | {r['served_rps']:.1f} | {r['pct_of_ideal']:.1f} | "
+            f"| {r['server']} | {r['transport']} | {r['payload']} | {r['clients']} | "
+            f"{r['served_rps']:.1f} | {r['pct_of_ideal']:.1f} | "
             f"{r['device_busy_pct'] if r['device_busy_pct'] is not None else '-'} | "
             f"{r['fairness']:.3f} | {r['overhead_ms_p50']:.2f} / {r['overhead_ms_p99']:.2f} | "
             f"{r['overhead_ex_queue_ms_p50']:.2f} / {r['overhead_ex_queue_ms_p99']:.2f} | "
@@ -196,18 +212,24 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{r['encode_ms_p50']:.2f} | {r['lost_requests']} | {r['correct']} |"
         )
     mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
-    lines.append(f"\n{COMPUTE_MS:g} ms compute, ideal {IDEAL_RPS:g}/s; {mode}.")
+    lines.append(
+        f"\n{COMPUTE_MS:g} ms compute, ideal {IDEAL_RPS:g}/s; {mode}. Overhead = full round trip "
+        "(client encode and wake-up included) - server-reported inference; tcp = shared memory off."
+    )
     return "\n".join(lines)
 
 
-def _run(coro: Any, port: int, n: int, quality: int, smoke: bool) -> FleetResult:
+def _run(coro: Any, server: tuple[int, str], n: int, quality: int, smoke: bool) -> FleetResult:
+    port, transport = server
     kwargs: dict[str, Any] = (
         {"warmup_s": 0.0, "measure_s": None, "max_requests": SMOKE_REQUESTS}
         if smoke
         else {"warmup_s": WARMUP_S, "measure_s": MEASURE_S}
     )
     result: FleetResult = anyio.run(
-        lambda: coro(port, n, quality=quality, **kwargs), backend="asyncio", backend_options={"use_uvloop": True}
+        lambda: coro(port, n, quality=quality, transport=transport, **kwargs),
+        backend="asyncio",
+        backend_options={"use_uvloop": True},
     )
     return result
 
@@ -215,33 +237,39 @@ def _run(coro: Any, port: int, n: int, quality: int, smoke: bool) -> FleetResult
 @pytest.mark.parametrize("payload", QUALITIES, ids=QUALITIES)
 @pytest.mark.parametrize("n_clients", CLIENTS, ids=[f"N{n}" for n in CLIENTS])
 def test_servo_server(
-    benchmark: BenchmarkFixture, servo_server: int, table: list[dict[str, Any]], n_clients: int, payload: str
+    benchmark: BenchmarkFixture,
+    servo_server: tuple[int, str],
+    table: list[dict[str, Any]],
+    n_clients: int,
+    payload: str,
 ) -> None:
     smoke = benchmark.disabled
     if smoke and n_clients not in SMOKE_CLIENTS:
         pytest.skip(f"smoke mode runs N in {SMOKE_CLIENTS}")
-    benchmark.group = f"server-{payload}"
-    benchmark.name = f"servo-{payload}-N{n_clients}"
+    transport = servo_server[1]
+    benchmark.group = f"server-{transport}-{payload}"
+    benchmark.name = f"servo-{transport}-{payload}-N{n_clients}"
     result = benchmark.pedantic(
         _run, args=(run_fleet, servo_server, n_clients, QUALITIES[payload], smoke), rounds=1, iterations=1
     )
     stats = summarize(result)
-    benchmark.extra_info.update(stats, payload=payload, server="servo", compute_ms=COMPUTE_MS)
-    table.append({**stats, "server": "servo", "payload": payload, "smoke": smoke})
+    benchmark.extra_info.update(stats, payload=payload, server="servo", transport=transport, compute_ms=COMPUTE_MS)
+    table.append({**stats, "server": "servo", "transport": transport, "payload": payload, "smoke": smoke})
     assert stats["correct"], stats
 
 
 @pytest.mark.parametrize("payload", QUALITIES, ids=QUALITIES)
 def test_zenoh_echo_baseline(
-    benchmark: BenchmarkFixture, echo_server: int, table: list[dict[str, Any]], payload: str
+    benchmark: BenchmarkFixture, echo_server: tuple[int, str], table: list[dict[str, Any]], payload: str
 ) -> None:
     smoke = benchmark.disabled
-    benchmark.group = f"server-{payload}"
-    benchmark.name = f"zenoh-echo-{payload}-N1"
+    transport = echo_server[1]
+    benchmark.group = f"server-{transport}-{payload}"
+    benchmark.name = f"zenoh-echo-{transport}-{payload}-N1"
     result = benchmark.pedantic(
         _run, args=(run_echo_fleet, echo_server, 1, QUALITIES[payload], smoke), rounds=1, iterations=1
     )
     stats = summarize(result)
-    benchmark.extra_info.update(stats, payload=payload, server="zenoh-echo", compute_ms=COMPUTE_MS)
-    table.append({**stats, "server": "zenoh echo", "payload": payload, "smoke": smoke})
+    benchmark.extra_info.update(stats, payload=payload, server="zenoh-echo", transport=transport, compute_ms=COMPUTE_MS)
+    table.append({**stats, "server": "zenoh echo", "transport": transport, "payload": payload, "smoke": smoke})
     assert stats["correct"], stats

@@ -29,6 +29,14 @@ class RequestTimeout(ClientError, TimeoutError):
     """No chunk answered the request in time."""
 
 
+class SendFailed(RequestTimeout):
+    """The observation never left: no server subscribes to it, or Zenoh refused the put.
+
+    Raised by `RemoteSession.receive` as soon as the client knows, not after the request
+    timeout; a `RequestTimeout` to callers that treat both alike.
+    """
+
+
 class ServerError(ClientError):
     """The server answered a request with an error event (bad observation, policy failure)."""
 

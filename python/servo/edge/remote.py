@@ -16,6 +16,7 @@ from servo.client import (
     PolicyClient,
     RemoteSession,
     RequestTimeout,
+    SendFailed,
     ServerError,
     ServerInfo,
     SessionLost,
@@ -296,6 +297,11 @@ class RemoteEngine(EngineBase):
             request = self.pipeline.snapshot(obs)
             try:
                 produced = await self.produce(request, episode_start=self.take_episode_start())
+            except SendFailed:
+                # Logged by the session; counts toward the streak like a timeout, but at once.
+                if self.failsafe.request_timed_out():
+                    raise _Reconnect(f"{self.config.timeout_streak} observations in a row not sent") from None
+                continue
             except RequestTimeout:
                 if (suppressed := self._log_throttle.allow("timeout")) is not None:
                     bound.warning("request timed out", timeout_s=self.config.request_timeout_s, suppressed=suppressed)
