@@ -283,7 +283,8 @@ class PolicyClient:
             raise NoServerFound("no discovered server matches the requested model")
         live = [s for s in servers if not s.status.draining]
         if len(live) >= 2:
-            first = min(random.sample(live, 2), key=lambda s: placement_score(s.status))
+            # Ties go to the discovery order, so two replicas are always tried best first.
+            first = min(random.sample(live, 2), key=lambda s: (placement_score(s.status), servers.index(s)))
             servers = [first, *(s for s in servers if s is not first)]
         last: SessionRejected | RogueServer | None = None
         for server in servers:
