@@ -108,6 +108,8 @@ class ActionTap:
         self.seen: list[tuple[Header | None, bytes]] = []
 
     def _on(self, sample: zenoh.Sample) -> None:
+        if self._bridge.closed:
+            return  # scheduled on the loop just before `close`: the tap is gone
         header: Header | None
         try:
             header = None if sample.attachment is None else decode_header(sample.attachment.to_bytes())

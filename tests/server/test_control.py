@@ -6,7 +6,7 @@ import pytest
 
 from servo._core import MSG_CONTROL, MSG_CONTROL_ACK, SCHEMA_VERSION, Header, SessionKey
 from servo.client import RemoteSession, ServerError
-from servo.server.control import OpenBudget
+from servo.server.admission import TokenBucket
 from servo.transport import query
 from servo.wire import CloseRequest, ControlAck, Rejection, ResetRequest, decode, encode
 from tests.server.helpers import action_tap, connected, eventually, metric, observation, open_on, sealed
@@ -147,7 +147,7 @@ async def test_close_frees_capacity_and_unknown_sessions_are_refused(port: int) 
 def test_session_opens_are_rate_limited_by_a_token_bucket() -> None:
     """Opens are handshakes anybody may ask for: a burst passes, a flood is refused until it refills."""
     now = [0.0]
-    budget = OpenBudget(rate=10.0, burst=5, clock=lambda: now[0])
+    budget = TokenBucket(10.0, 5, clock=lambda: now[0])
     assert [budget.take() for _ in range(7)] == [True] * 5 + [False] * 2
     now[0] = 0.25  # 2.5 tokens back
     assert [budget.take() for _ in range(3)] == [True, True, False]

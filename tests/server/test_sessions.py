@@ -19,6 +19,7 @@ from servo._core import (
     SessionKey,
 )
 from servo.policy import DecodedObservation
+from servo.server.admission import ImageGate, TokenBucket
 from servo.server.auth import SessionAuth
 from servo.server.sessions import Decoded, Pending, Rejected, Session, SessionRegistry
 from servo.wire import reply_header
@@ -57,6 +58,8 @@ def make_session(registry: SessionRegistry, client: str = "c", *, epoch: int = 0
         schema_version=SCHEMA_VERSION,
         processor=RelativeProcessor(),
         publisher=FakePublisher(),  # type: ignore[arg-type]
+        images=ImageGate({}, max_bytes=1 << 20),
+        observations=TokenBucket(1000.0, 100),
     )
     registry.add(session)
     return session

@@ -47,6 +47,7 @@ from servo.wire import (
     encode,
     encode_image,
     encode_tensor,
+    jpeg_dimensions,
 )
 from servo.wire.messages import MESSAGE_TYPES
 
@@ -166,3 +167,40 @@ def test_recording_reader(tmp_path: Path, data: bytes) -> None:
     path.write_bytes(MAGIC + data)
     with contextlib.suppress(WireError):
         read_recording(path)
+
+
+JPEG = bytes(encode_image(np.zeros((24, 32, 3), np.uint8), 80).data)
+
+
+@given(
+    st.binary(max_size=256)
+    | st.builds(lambda cut, flip: _flip(JPEG[:cut], flip), st.integers(0, len(JPEG)), st.integers(0, 10**6))
+)
+def test_jpeg_frame_header_reader(data: bytes) -> None:
+    """`jpeg_dimensions` answers a size or a `WireError`, whatever the bytes, and never walks far."""
+    with contextlib.suppress(WireError):
+        height, width = jpeg_dimensions(data)
+        assert 1 <= height <= 65535
+        assert 1 <= width <= 65535
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    if not data:
+        return data
+    out = bytearray(data)
+    out[at % len(out)] ^= 0xFF
+    return bytes(out)
+
+
+def test_jpeg_frame_header_reader_agrees_with_libjpeg() -> None:
+    import simplejpeg
+
+    for shape in ((24, 32), (480, 640), (1, 1), (1080, 1920)):
+        data = bytes(encode_image(np.zeros((*shape, 3), np.uint8), 80).data)
+        assert jpeg_dimensions(data) == shape == simplejpeg.decode_jpeg_header(data)[:2]
+    lying = bytearray(JPEG)
+    sof = lying.index(b"\xff\xc0")
+    lying[sof + 5 : sof + 9] = (8192).to_bytes(2, "big") * 2
+    assert jpeg_dimensions(bytes(lying)) == (8192, 8192)
+    with pytest.raises(WireError, match="segments"):
+        jpeg_dimensions(b"\xff\xd8" + b"\xff\xe0\x00\x02" * 100 + JPEG[2:])

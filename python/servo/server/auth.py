@@ -49,7 +49,7 @@ from servo._core import (
 from servo.wire import SessionOpen, ack_transcript, resume_body
 
 #: Why a client message was refused (the ``reason`` label of the rejection counters).
-Reason = Literal["key", "header", "session", "too_large", "mac", "epoch", "replay", "stale"]
+Reason = Literal["key", "header", "session", "too_large", "mac", "epoch", "replay", "stale", "rate", "image"]
 
 
 class Refused(Exception):

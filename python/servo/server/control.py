@@ -16,7 +16,6 @@ Who may do what (see `servo.server.auth` for the checks themselves):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,7 +26,9 @@ from servo._core import MSG_CONTROL_ACK, Header, SessionKey
 from servo.logs import LogThrottle, get_logger
 from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
+from servo.server.admission import ImageGate, KeyedBuckets, TokenBucket, camera_shapes
 from servo.server.auth import Refused, SessionAuth, accept_handshake, takeover, verify_control
+from servo.server.manifest import LimitsSection
 from servo.server.sessions import Session
 from servo.server.state import ServerState
 from servo.server.trajectories import TrajectoryLibrary
@@ -52,11 +53,6 @@ log = get_logger(__name__)
 
 #: Largest control-plane request body (a session open with every field at its bound fits easily).
 MAX_CONTROL_BYTES = 64 * 1024
-#: Session opens are handshakes (an X25519 exchange, a signature, a processor, a publisher) that
-#: anybody may ask for: at most this many per second on average, in bursts of `OPEN_BURST`.
-OPEN_RATE_PER_S = 50.0
-OPEN_BURST = 50
-
 _THROTTLE = LogThrottle(1.0)
 
 
@@ -70,26 +66,6 @@ class Sealed:
 
 
 Handler = Callable[[zenoh.Query, bytes], msgspec.Struct | Sealed]
-
-
-class OpenBudget:
-    """A token bucket of session opens (refills at ``rate`` per second up to ``burst``). Event loop."""
-
-    def __init__(
-        self, rate: float = OPEN_RATE_PER_S, burst: int = OPEN_BURST, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._rate, self._burst, self._clock = rate, float(burst), clock
-        self._tokens, self._at = float(burst), clock()
-
-    def take(self) -> bool:
-        """Spend one open; False when the budget is exhausted."""
-        now = self._clock()
-        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
-        self._at = now
-        if self._tokens < 1.0:
-            return False
-        self._tokens -= 1.0
-        return True
 
 
 class _Versions(msgspec.Struct):
@@ -107,6 +83,9 @@ class ControlPlane:
         zsession: Declares the queryables and each session's action publisher.
         trajectories: The trajectory library.
         takeover_idle_s: See `servo.server.auth.takeover`.
+        limits: Rates and sizes a peer may ask for (`servo.server.admission`).
+        max_observation_bytes: The observation size bound (each session's image gate decodes
+            within it).
     """
 
     def __init__(
@@ -117,13 +96,20 @@ class ControlPlane:
         zsession: zenoh.Session,
         trajectories: TrajectoryLibrary,
         takeover_idle_s: float,
+        limits: LimitsSection,
+        max_observation_bytes: int,
     ) -> None:
         self._state = state
         self._policy = policy
         self._zsession = zsession
         self._trajectories = trajectories
         self._takeover_idle_s = takeover_idle_s
-        self._opens = OpenBudget()
+        self._limits = limits
+        self._max_observation_bytes = max_observation_bytes
+        # Session opens are handshakes (an X25519 exchange, a signature, a processor, a
+        # publisher) that anybody may ask for: bounded for everyone and per client id.
+        self._opens = TokenBucket(limits.session_opens_per_s, limits.session_open_burst)
+        self._client_opens = KeyedBuckets(limits.client_opens_per_s, limits.client_open_burst)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop."""
@@ -232,11 +218,18 @@ class ControlPlane:
             )
         if state.lifecycle != "serving":
             return self._reject("draining", "server is draining; open a session on another replica")
+        if not self._client_opens.take(client_id):
+            limit = self._limits.client_opens_per_s
+            return self._reject("rate_limited", f"more than {limit:g} session opens per second by {client_id!r}; retry")
         if not self._opens.take():
-            return self._reject("rate_limited", f"more than {OPEN_RATE_PER_S:g} session opens per second; retry")
+            limit = self._limits.session_opens_per_s
+            return self._reject("rate_limited", f"more than {limit:g} session opens per second; retry")
         verdict = validate_open(request, info)
         if isinstance(verdict, Rejection):
             return self._reject(verdict.code, verdict.reason, client_id=client_id)
+        shapes = camera_shapes(request.features, info.features, self._limits)
+        if isinstance(shapes, Rejection):
+            return self._reject(shapes.code, shapes.reason, client_id=client_id)
         previous = state.registry.by_client(client_id)
         if previous is not None:
             why = takeover(
@@ -264,7 +257,8 @@ class ControlPlane:
             handshake = accept_handshake(request, replica.identity, keys.replica)
         except Refused as exc:
             return self._reject("bad_request", str(exc), client_id=client_id)
-        session = self._create_session(request, verdict, handshake.auth, keys.client(client_id).action)
+        gate = ImageGate(shapes, max_bytes=self._max_observation_bytes)
+        session = self._create_session(request, verdict, handshake.auth, gate, keys.client(client_id).action)
         log.info(
             "session opened",
             session_id=session.session_id,
@@ -289,7 +283,9 @@ class ControlPlane:
             warnings=verdict.warnings,
         )
 
-    def _create_session(self, request: SessionOpen, verdict: Admission, auth: SessionAuth, action_key: str) -> Session:
+    def _create_session(
+        self, request: SessionOpen, verdict: Admission, auth: SessionAuth, images: ImageGate, action_key: str
+    ) -> Session:
         session = Session(
             auth=auth,
             client_id=request.client_id,
@@ -298,6 +294,8 @@ class ControlPlane:
             schema_version=verdict.schema_version,
             processor=self._policy.make_processor(),
             publisher=declare_action_publisher(self._zsession, action_key),
+            images=images,
+            observations=TokenBucket(self._limits.observations_per_s, self._limits.observation_burst),
         )
         self._state.register(session)
         return session

@@ -75,7 +75,7 @@ class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     strict_fps: Annotated[bool, msgspec.Meta(description="Refuse (instead of warn) robots at another fps.")] = False
     max_observation_bytes: Annotated[
         int, msgspec.Meta(ge=1024, description="Largest observation accepted (bytes).")
-    ] = 64 * 1024 * 1024
+    ] = 16 * 1024 * 1024
     client_grace_s: Annotated[
         float, msgspec.Meta(ge=0, description="How long a vanished client's session is kept (s).")
     ] = 3.0
@@ -87,6 +87,57 @@ class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             _segment("replica", self.replica)
         if self.pin_task and not self.default_task:
             raise FieldError("pin_task", "needs serving.default_task to pin")
+
+
+class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[limits]``: bounds on everything a remote peer controls (`servo.server.admission`).
+
+    Each bound is checked where the message enters, before the work it guards: image sizes on
+    the observation's declared and JPEG-header dimensions before any pixel is decoded, rates
+    before the handshake or the mailbox. A refusal is counted by reason and answered (or
+    dropped, for floods), never fatal.
+    """
+
+    max_image_pixels: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=8192 * 8192,
+            description="Largest camera frame accepted (height x width), checked on the JPEG header "
+            "before decoding; frames must also match the policy's camera shape.",
+        ),
+    ] = 2048 * 2048
+    decode_budget_pixels: Annotated[
+        int,
+        msgspec.Meta(ge=1, description="Pixels one observation may ask the server to decode, all cameras together."),
+    ] = 4 * 2048 * 2048
+    session_opens_per_s: Annotated[
+        float, msgspec.Meta(gt=0, description="Session opens accepted per second, all clients together (average).")
+    ] = 50.0
+    session_open_burst: Annotated[
+        int, msgspec.Meta(ge=1, description="Session opens accepted at once before the rate applies.")
+    ] = 50
+    client_opens_per_s: Annotated[
+        float, msgspec.Meta(gt=0, description="Session opens accepted per second under one client id (average).")
+    ] = 2.0
+    client_open_burst: Annotated[
+        int, msgspec.Meta(ge=1, description="Session opens accepted at once under one client id.")
+    ] = 5
+    observations_per_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="Authenticated observations one session may send per second; more are answered "
+            "with a rate_limited error, unserved.",
+        ),
+    ] = 5000.0
+    observation_burst: Annotated[
+        int, msgspec.Meta(ge=1, description="Observations one session may send at once before the rate applies.")
+    ] = 500
+    idle_session_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, description="A session without an authenticated message for this long is closed (s)."),
+    ] = 60.0
 
 
 class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -193,6 +244,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     zenoh: ZenohSettings = ZenohSettings(listen=[DEFAULT_LOCAL_ENDPOINT])
     ops: OpsSection = OpsSection()
     security: SecuritySection = SecuritySection()
+    limits: LimitsSection = LimitsSection()
     frontends: FrontendsSection = FrontendsSection()
     trajectories: list[TrajectoryEntry] = []
 

@@ -49,7 +49,7 @@ class ServerMetrics:
         self.observations_rejected = Counter(
             "servo_observations_rejected",
             "Observations dropped before the mailbox, unanswered "
-            "(key, header, session, too_large, mac, epoch, replay, stale)",
+            "(key, header, session, too_large, mac, epoch, replay, stale, rate, image)",
             ["reason"],
             registry=r,
         )

@@ -29,7 +29,7 @@ from servo.policy import Policy, load_policy
 from servo.policy.compatibility import describe
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
-from servo.server.auth import Refused, verify_observation
+from servo.server.auth import Reason, Refused, verify_observation
 from servo.server.control import ControlPlane
 from servo.server.identity import load_identity
 from servo.server.manifest import Manifest
@@ -137,7 +137,9 @@ class PolicyServer:
         self._hurry = threading.Event()
         self._scheduler = scheduler or RoundRobin()
         self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
-        self.state = ServerState(client_grace_s=manifest.serving.client_grace_s)
+        self.state = ServerState(
+            client_grace_s=manifest.serving.client_grace_s, idle_session_s=manifest.limits.idle_session_s
+        )
         self.metrics = self.state.metrics
         self.registry = self.state.registry
         self._stop = anyio.Event()
@@ -229,6 +231,8 @@ class PolicyServer:
                 zsession=zsession,
                 trajectories=self._trajectories,
                 takeover_idle_s=m.security.takeover_idle_s,
+                limits=m.limits,
+                max_observation_bytes=m.serving.max_observation_bytes,
             )
             declared += [
                 zsession.declare_subscriber(keys.all_obs, self._on_observation),
@@ -315,8 +319,11 @@ class PolicyServer:
 
         Nothing unauthenticated reaches a mailbox: a forged, replayed or foreign observation is
         dropped and counted in ``servo_observations_rejected_total{reason}``, never answered with
-        a chunk. Only a well-formed observation naming a session this replica does not know gets
-        the keyless ``unknown_session`` notice, so a client whose server restarted re-opens at once.
+        a chunk. An authenticated one beyond the session's rate is dropped too (``rate``); one
+        whose frames are not the sizes the session declared is answered with an error before any
+        pixel is decoded (``image``, `servo.server.admission`). Only a well-formed observation
+        naming a session this replica does not know gets the keyless ``unknown_session`` notice,
+        so a client whose server restarted re-opens at once.
         """
         now = time.monotonic_ns()
         try:
@@ -339,9 +346,24 @@ class PolicyServer:
                 self._tell_unknown_session(client_id, exc.header)
             return
         assert session is not None
+        # Answered, never queued: a one-in-flight client learns at once instead of timing out.
+        if not session.observations.take():
+            limit = self.manifest.limits.observations_per_s
+            self._refuse_admission(session, header, "rate", "rate_limited", f"more than {limit:g} observations/s")
+            return
+        try:
+            session.images.check(body)
+        except WireError as exc:
+            self._refuse_admission(session, header, "image", "bad_observation", str(exc))
+            return
         outcome = self.registry.deposit(session, Pending(header, body, now))
         if outcome != "ok":
             self.metrics.observations_rejected.labels(outcome).inc()
+
+    def _refuse_admission(self, session: Session, header: Header, reason: Reason, code: str, message: str) -> None:
+        self._reject_observation(Refused(reason, message, header), session.client_id)
+        self.metrics.requests.labels(code).inc()
+        session.publish(MSG_ERROR, encode(ErrorEvent(code, message)), header)
 
     def _reject_observation(self, refused: Refused, client_id: str | None) -> None:
         self.metrics.observations_rejected.labels(refused.reason).inc()

@@ -21,6 +21,7 @@ import zenoh
 
 from servo._core import Header
 from servo.policy import DecodedObservation, Processor
+from servo.server.admission import ImageGate, TokenBucket
 from servo.server.auth import SessionAuth
 from servo.wire import reply_header
 
@@ -81,6 +82,10 @@ class Session:
     schema_version: int
     processor: Processor
     publisher: zenoh.Publisher
+    #: Checks each observation's frame sizes before its mailbox (`servo.server.admission`).
+    images: ImageGate
+    #: Authenticated observations this session may still send (Zenoh callback threads).
+    observations: TokenBucket
     opened_ns: int = field(default_factory=time.monotonic_ns)
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0

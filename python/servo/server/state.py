@@ -6,6 +6,7 @@ they read and change the shared state through it instead of calling back into th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -65,13 +66,18 @@ class ServerState:
     Args:
         client_grace_s: How long a session whose client's liveliness token is gone (or never
             appeared) is kept before it is collected.
+        idle_session_s: A session without an authenticated message for this long is collected
+            (``idle``), whether or not its client's token is there: a squatter that declares a
+            token and never streams does not hold a slot for good.
     """
 
-    def __init__(self, *, client_grace_s: float) -> None:
+    def __init__(self, *, client_grace_s: float, idle_session_s: float = 60.0) -> None:
         self.registry = SessionRegistry()
         self.metrics = ServerMetrics()
         self.lifecycle: Lifecycle = "starting"
         self._grace_s = client_grace_s
+        self._idle_s = idle_session_s
+        self._draining = anyio.Event()
         self._replica: Replica | None = None
         self._tg: TaskGroup | None = None
         self._changed = anyio.Event()
@@ -88,6 +94,7 @@ class ServerState:
         """The policy is loaded: fix what is served; grace timers run in ``task_group``."""
         self._replica, self._tg = replica, task_group
         self.metrics.max_sessions.set(replica.max_sessions)
+        task_group.start_soon(self._evict_idle)
 
     def start_serving(self) -> None:
         """Warmed and declared: accept sessions (unless a drain came first)."""
@@ -99,6 +106,7 @@ class ServerState:
         """Refuse new sessions from now on; False if already draining."""
         first = self.lifecycle != "draining"
         self.lifecycle = "draining"
+        self._draining.set()
         self.metrics.draining.set(1)
         return first
 
@@ -168,6 +176,19 @@ class ServerState:
     def _collect_later(self, session_id: str) -> None:
         assert self._tg is not None, "bind() first"
         self._tg.start_soon(self._collect_if_gone, session_id)
+
+    async def _evict_idle(self) -> None:
+        # A quarter of the bound between sweeps: a session lives at most 1.25 x idle_session_s idle.
+        # Ends with the drain, which collects every session anyway.
+        while self.lifecycle != "draining":
+            with anyio.move_on_after(self._idle_s / 4):
+                await self._draining.wait()
+                return
+            cutoff = time.monotonic_ns() - int(self._idle_s * 1e9)
+            for session in self.registry.snapshot():
+                if session.auth.last_seen_ns < cutoff:
+                    log.info("session idle", session_id=session.session_id, client_id=session.client_id)
+                    self.collect(session, "idle")
 
     async def _collect_if_gone(self, session_id: str) -> None:
         await anyio.sleep(self._grace_s)

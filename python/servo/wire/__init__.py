@@ -3,7 +3,7 @@
 from servo.wire.codec import MAX_MESSAGE_BYTES, decode, encode
 from servo.wire.errors import WireError
 from servo.wire.header import reply_header
-from servo.wire.image import EncodedImage, check_frame, decode_image, encode_image
+from servo.wire.image import EncodedImage, check_frame, decode_image, encode_image, jpeg_dimensions
 from servo.wire.keys import ROOT, ClientKeys, ServerKeys, alive_selector, segment, slugify, status_selector
 from servo.wire.messages import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -66,6 +66,7 @@ __all__ = [
     "encode_image",
     "encode_tensor",
     "fingerprint",
+    "jpeg_dimensions",
     "parse_fingerprint",
     "reply_header",
     "resume_body",

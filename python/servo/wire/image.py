@@ -17,8 +17,15 @@ from servo.wire.errors import WireError
 
 Frame = npt.NDArray[np.uint8]
 
-#: Larger frames are refused before any decompression happens (8K x 8K).
+#: Larger frames are refused before any decompression happens (8K x 8K). A server refuses far
+#: smaller ones (its ``[limits]``, and the policy's own camera shapes) before decoding anything.
 MAX_IMAGE_PIXELS = 8192 * 8192
+#: Segments `jpeg_dimensions` walks before the frame header; encoders write about five (APPn,
+#: DQT, SOF), so a stream of thousands of tiny segments is refused instead of walked.
+MAX_JPEG_SEGMENTS = 64
+#: Start-of-frame markers (every SOFn except DHT 0xC4, JPG 0xC8 and DAC 0xCC).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_SOS, _EOI = 0xDA, 0xD9
 
 
 class EncodedImage(msgspec.Struct, frozen=True):
@@ -69,6 +76,43 @@ def encode_image(frame: Frame, quality: int) -> EncodedImage:
     return EncodedImage("jpeg", height, width, memoryview(jpeg))
 
 
+def jpeg_dimensions(data: bytes | memoryview, *, what: str = "image") -> tuple[int, int]:
+    """The (height, width) a JPEG's frame header declares, read without decompressing anything.
+
+    Walks the marker segments from SOI to the first SOFn (at most `MAX_JPEG_SEGMENTS`); costs
+    microseconds whatever the stream claims, so a decompression bomb is refused by its header.
+
+    Raises:
+        WireError: not a JPEG, truncated, no frame header before the scan, a height of 0 (defined
+            later by a DNL marker: not accepted), or too many segments.
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    if len(view) < 4 or view[0] != 0xFF or view[1] != 0xD8:
+        raise WireError(f"{what}: not a JPEG (no SOI marker)")
+    pos = 2
+    for _ in range(MAX_JPEG_SEGMENTS):
+        while pos < len(view) and view[pos] == 0xFF and pos + 1 < len(view) and view[pos + 1] == 0xFF:
+            pos += 1  # fill bytes before a marker
+        if pos + 4 > len(view) or view[pos] != 0xFF:
+            raise WireError(f"{what}: corrupt JPEG (no marker at byte {pos})")
+        marker = view[pos + 1]
+        length = (view[pos + 2] << 8) | view[pos + 3]
+        if marker in (_SOS, _EOI):
+            raise WireError(f"{what}: corrupt JPEG (no frame header before the scan)")
+        if marker in _SOF_MARKERS:
+            if length < 8 or pos + 9 > len(view):
+                raise WireError(f"{what}: corrupt JPEG (truncated frame header)")
+            height = (view[pos + 5] << 8) | view[pos + 6]
+            width = (view[pos + 7] << 8) | view[pos + 8]
+            if height == 0 or width == 0:
+                raise WireError(f"{what}: JPEG frame header declares {height}x{width}")
+            return height, width
+        if length < 2:
+            raise WireError(f"{what}: corrupt JPEG (segment length {length} at byte {pos})")
+        pos += 2 + length
+    raise WireError(f"{what}: JPEG has more than {MAX_JPEG_SEGMENTS} segments before its frame header")
+
+
 def decode_image(
     image: EncodedImage,
     *,
@@ -98,10 +142,10 @@ def decode_image(
         return np.frombuffer(image.data, dtype=np.uint8).reshape(h, w, 3)
     if image.codec != "jpeg":
         raise WireError(f"{what}: unknown codec {image.codec!r} (expected 'jpeg' or 'raw')")
+    jh, jw = jpeg_dimensions(image.data, what=what)
+    if (jh, jw) != (h, w):
+        raise WireError(f"{what}: JPEG is {jh}x{jw} but the message declares {h}x{w}")
     try:
-        jh, jw, _, _ = simplejpeg.decode_jpeg_header(image.data)
-        if (jh, jw) != (h, w):
-            raise WireError(f"{what}: JPEG is {jh}x{jw} but the message declares {h}x{w}")
         frame: Frame = simplejpeg.decode_jpeg(image.data, colorspace="RGB")
         # Read-only like a raw frame: a policy must not depend on the codec the robot chose.
         frame.flags.writeable = False

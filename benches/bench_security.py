@@ -1,0 +1,268 @@
+"""Hostile input against the policy server (issue 8): how cheaply bombs die, what a flood costs.
+
+* ``jpeg-bomb``: time to refuse an observation by its frame sizes (`servo.server.admission`,
+  the check the server's observation callback runs before anything is decoded): a 2 MB
+  observation carrying two real 8192x8192 JPEGs, and a 48x64 JPEG whose frame header claims
+  8192x8192. Same-run baselines: admitting a legitimate 2x480x640 JPEG observation, and
+  decoding it (what the server would have paid per camera without the gate). Target: < 1 ms.
+* ``flood``: a robot (``PolicyClient``, one request every 20 ms, 480x640 JPEG) against a
+  server process (``benches._fleet serve``, 5 ms forwards): rtt p50/p99 quiet, then while
+  ``benches._flood`` (another process) sends ``FLOOD_MESSAGES`` mutated observations, session
+  opens and control requests at the server's keys; the server's RSS before and after the flood.
+  Target: flood p99 <= 2x quiet p99, 0 errors, RSS growth < 50 MB.
+
+Smoke (CI): ``pytest benches/bench_security.py --benchmark-disable`` (a 2000-message flood).
+Measure: ``pytest benches/bench_security.py --benchmark-enable --benchmark-only``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+import simplejpeg
+from pytest_benchmark.fixture import BenchmarkFixture
+
+from benches._support import free_port
+from servo._core import LatencyTracker
+from servo.server.admission import ImageGate
+from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, encode, encode_tensor
+
+REPO = Path(__file__).resolve().parents[1]
+BOMB = 8192
+LEGIT = (480, 640)
+FLOOD_MESSAGES = 100_000
+SMOKE_FLOOD_MESSAGES = 2_000
+PACE_S = 0.02
+
+
+def _observation(images: dict[str, EncodedImage]) -> bytes:
+    return encode(Observation(state=encode_tensor(np.zeros(6, np.float32)), images=images))
+
+
+def _jpeg(frame: np.ndarray, quality: int) -> EncodedImage:
+    data = simplejpeg.encode_jpeg(frame, quality=quality, colorspace="RGB", colorsubsampling="420")
+    return EncodedImage("jpeg", frame.shape[0], frame.shape[1], memoryview(data))
+
+
+@functools.cache
+def _bodies() -> dict[str, bytes]:
+    big = np.zeros((BOMB, BOMB, 3), np.uint8)
+    bomb = _jpeg(big, 10)
+    del big
+    small = _jpeg(np.zeros((48, 64, 3), np.uint8), 90)
+    lying = bytearray(small.data)
+    sof = lying.index(b"\xff\xc0")
+    lying[sof + 5 : sof + 9] = BOMB.to_bytes(2, "big") * 2  # the frame header claims 8192x8192
+    rng = np.random.default_rng(0)
+    legit = {
+        name: _jpeg(np.clip(rng.normal(128, 30, (*LEGIT, 3)), 0, 255).astype(np.uint8), 90)
+        for name in ("front", "wrist")
+    }
+    return {
+        "two-8192-jpegs": _observation({"front": bomb, "wrist": bomb}),
+        "small-jpeg-huge-header": _observation(
+            {"front": EncodedImage("jpeg", *LEGIT, memoryview(bytes(lying))), "wrist": legit["wrist"]}
+        ),
+        "legit-admitted": _observation(legit),
+        "legit-decoded": _observation(legit),
+    }
+
+
+GATE = ImageGate({"front": LEGIT, "wrist": LEGIT}, max_bytes=16 << 20)
+
+
+def _refuse(body: bytes) -> bool:
+    try:
+        GATE.check(body)
+    except WireError:
+        return True
+    return False
+
+
+def _decode_all(body: bytes) -> bool:
+    GATE.check(body)
+    msg = decode(body, Observation)
+    return all(decode_image(image).shape == (*LEGIT, 3) for image in msg.images.values())
+
+
+@pytest.mark.parametrize("case", ["two-8192-jpegs", "small-jpeg-huge-header", "legit-admitted", "legit-decoded"])
+def test_jpeg_bomb_refusal(benchmark: BenchmarkFixture, case: str) -> None:
+    body = _bodies()[case]
+    benchmark.group = "jpeg-bomb"
+    benchmark.extra_info["body_bytes"] = len(body)
+    if case == "legit-decoded":
+        correct = benchmark(_decode_all, body)
+    elif case == "legit-admitted":
+        correct = not benchmark(_refuse, body)
+    else:
+        correct = benchmark(_refuse, body)
+    benchmark.extra_info["correct"] = correct
+    assert correct
+
+
+# ----------------------------------------------------------------------------- flood
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+def _server(port: int) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benches._fleet", "serve", "--port", str(port), "--compute-ms", "5"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+    )
+    assert proc.stdout is not None
+    timer = threading.Timer(120, proc.kill)
+    timer.start()
+    try:
+        assert proc.stdout.readline().strip() == "READY", f"server did not start (exit {proc.poll()})"
+    finally:
+        timer.cancel()
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def _p(values_ms: list[float], q: float) -> float:
+    tracker = LatencyTracker(window=max(1, len(values_ms)))
+    for v in values_ms:
+        tracker.add(int(v * 1e6))
+    got = tracker.percentiles([q])
+    return float("nan") if got is None else round(got[0] / 1e6, 3)
+
+
+async def _flood_run(port: int, server_pid: int, messages: int, quiet_requests: int) -> dict[str, Any]:
+    from benches._fleet import FPS, frames
+    from servo.client import PolicyClient
+    from servo.transport import ZenohSettings
+
+    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"])
+    quiet: list[float] = []
+    flooded: list[float] = []
+    errors: list[str] = []
+    async with PolicyClient.connect(settings, "robot", jpeg_quality=90) as client:
+        (server, *_) = await client.discover(app="bench")
+        session = await client.open_session(server, features=server.status.policy.features, fps=FPS)
+        images, state = frames(480, 640, 0), np.zeros(6, np.float32)
+        sink: list[float] = quiet
+        flooding = True
+
+        async def one() -> None:
+            try:
+                chunk = await session.infer(state, images, timeout=5)
+                sink.append(chunk.rtt_ns / 1e6)
+            except Exception as exc:  # recorded: the correctness flag fails
+                errors.append(f"{type(exc).__name__}: {exc}")
+            await anyio.sleep(PACE_S)
+
+        for _ in range(10):  # warm-up
+            await one()
+        quiet.clear()
+        for _ in range(quiet_requests):
+            await one()
+        rss_before = _rss_mb(server_pid)
+        sink = flooded
+        flood = subprocess.Popen(  # noqa: ASYNC220 - polled between requests, never waited on
+            [
+                sys.executable,
+                "-m",
+                "benches._flood",
+                "--port",
+                str(port),
+                "--prefix",
+                server.keys.prefix,
+                "--victim",
+                "robot",
+                "--count",
+                str(messages),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=_env(),
+        )
+        started = time.perf_counter()
+        while flooding:
+            await one()
+            flooding = flood.poll() is None
+        flood_s = time.perf_counter() - started
+        out, _ = flood.communicate()
+        rss_after = _rss_mb(server_pid)
+        await session.close()
+    return {
+        "quiet_p50_ms": _p(quiet, 0.5),
+        "quiet_p99_ms": _p(quiet, 0.99),
+        "flood_p50_ms": _p(flooded, 0.5),
+        "flood_p99_ms": _p(flooded, 0.99),
+        "p99_ratio": round(_p(flooded, 0.99) / _p(quiet, 0.99), 2) if quiet and flooded else float("nan"),
+        "served_quiet": len(quiet),
+        "served_during_flood": len(flooded),
+        "flood_messages": messages,
+        "flood_s": round(flood_s, 2),
+        "flood_output": out.strip(),
+        "rss_before_mb": round(rss_before, 1),
+        "rss_after_mb": round(rss_after, 1),
+        "rss_growth_mb": round(rss_after - rss_before, 1),
+        "errors": errors[:5],
+        "n_errors": len(errors),
+    }
+
+
+def test_flood(benchmark: BenchmarkFixture) -> None:
+    smoke = benchmark.disabled
+    messages = SMOKE_FLOOD_MESSAGES if smoke else FLOOD_MESSAGES
+    port = free_port()
+    benchmark.group = "flood"
+    server = _server(port)
+    pid = next(server).pid
+    try:
+        stats: dict[str, Any] = benchmark.pedantic(
+            lambda: anyio.run(
+                _flood_run,
+                port,
+                pid,
+                messages,
+                20 if smoke else 300,
+                backend="asyncio",
+                backend_options={"use_uvloop": True},
+            ),
+            rounds=1,
+            iterations=1,
+        )
+    finally:
+        server.close()
+    benchmark.extra_info.update(stats)
+    benchmark.extra_info["correct"] = stats["n_errors"] == 0 and stats["served_during_flood"] > 0
+    benchmark.extra_info["meets_target"] = (
+        stats["p99_ratio"] <= 2.0 and stats["rss_growth_mb"] < 50 and stats["n_errors"] == 0
+    )
+    print("\n", stats, flush=True)
+    assert benchmark.extra_info["correct"], stats
