@@ -23,13 +23,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import numpy as np
 
 from servo.policy import DecodedObservation, PolicySpec, Prepared
 from servo.wire import CameraFeature, Features
+
+if TYPE_CHECKING:
+    from servo.client.codec import CodecStatus
 
 JOINTS = ("j0", "j1", "j2", "j3", "j4", "j5")
 CHUNK = 50
@@ -108,7 +111,7 @@ class FixedComputePolicy:
 
 
 # ---------------------------------------------------------------------------- server processes
-def manifest_text(port: int, *, max_sessions: int = 32, shared_memory: bool = True) -> str:
+def manifest_text(port: int, *, max_sessions: int = 32, shared_memory: bool = True, host: str = "127.0.0.1") -> str:
     return f"""
 [model]
 source = "bench"
@@ -118,7 +121,7 @@ app = "bench"
 max_sessions = {max_sessions}
 client_grace_s = 2.0
 [zenoh]
-listen = ["tcp/127.0.0.1:{port}"]
+listen = ["tcp/{host}:{port}"]
 shared_memory = {str(shared_memory).lower()}
 [ops]
 health_port = 0
@@ -131,7 +134,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from servo.server.service import PolicyServer
 
     policy = FixedComputePolicy(args.compute_ms, args.height, args.width)
-    manifest = parse_manifest(manifest_text(args.port, shared_memory=args.transport == "shm"))
+    manifest = parse_manifest(manifest_text(args.port, shared_memory=args.transport == "shm", host=args.host))
     server = PolicyServer(manifest, policy=policy)
     async with anyio.create_task_group() as tg:
 
@@ -192,6 +195,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benches._fleet")
     parser.add_argument("role", choices=("serve", "echo"))
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="Address to listen on (serve)")
     parser.add_argument("--compute-ms", type=float, default=20.0)
     parser.add_argument("--height", type=int, default=HEIGHT)
     parser.add_argument("--width", type=int, default=WIDTH)
@@ -227,6 +231,7 @@ class FleetResult:
     errors: list[str] = field(default_factory=list)
     n_clients: int = 0
     window_s: float = 0.0
+    codec: list[CodecStatus] = field(default_factory=list)
 
 
 def frames(height: int, width: int, seed: int) -> dict[str, np.ndarray]:
@@ -268,20 +273,22 @@ async def run_fleet(
     port: int,
     n_clients: int,
     *,
-    quality: int,
+    quality: int | Literal["auto"],
     warmup_s: float,
     measure_s: float | None,
     max_requests: int | None = None,
     height: int = HEIGHT,
     width: int = WIDTH,
     transport: str = "tcp",
+    host: str = "127.0.0.1",
 ) -> FleetResult:
-    """N servo clients against the server on ``port``; samples completed inside the window
-    (``measure_s=None``: every request, each client stopping after ``max_requests``)."""
+    """N servo clients against the server on ``host``:``port``; samples completed inside the window
+    (``measure_s=None``: every request, each client stopping after ``max_requests``). ``codec``
+    of the result holds each client's codec status at the end."""
     from servo.client import PolicyClient
     from servo.transport import ZenohSettings
 
-    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=transport == "shm")
+    settings = ZenohSettings(mode="client", connect=[f"tcp/{host}:{port}"], shared_memory=transport == "shm")
     result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
     clock = _Clock(n_clients, warmup_s, measure_s)
 
@@ -317,6 +324,7 @@ async def run_fleet(
                             )
                         )
             finally:
+                result.codec.append(session.codec_status())
                 await session.close()
 
     async with anyio.create_task_group() as tg:
@@ -340,7 +348,7 @@ async def run_echo_fleet(
     echo process and back; ``inference_ms`` is the echo's fixed compute time."""
     import zenoh
 
-    from servo.client.session import _encode_images
+    from servo.client.encoder import FrameEncoder
     from servo.transport import LoopBridge, ZenohSettings, open_session
     from servo.wire import Observation, encode, encode_tensor
 
@@ -365,6 +373,7 @@ async def run_echo_fleet(
             await matched.wait()
             images = frames(HEIGHT, WIDTH, index)
             state = np.full(len(JOINTS), float(index), dtype=np.float32)
+            encoder = FrameEncoder()  # the session's per-camera encoder threads
             clock.arrived()
             await clock.go.wait()
             sent = 0
@@ -372,7 +381,7 @@ async def run_echo_fleet(
                 while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
                     sent += 1
                     t0 = time.monotonic_ns()
-                    encoded = await _encode_images(images, quality)
+                    encoded = await encoder.encode(images, quality)
                     body = encode(Observation(state=encode_tensor(state), images=encoded))
                     encode_ms = (time.monotonic_ns() - t0) / 1e6
                     arrived = anyio.Event()
@@ -384,6 +393,7 @@ async def run_echo_fleet(
                         rtt_ms = (stamps[-1] - t0) / 1e6
                         result.samples.append(Sample(index, now, rtt_ms, encode_ms, compute_ms, 0.0, True))
             finally:
+                encoder.close()
                 bridge.closed = True
                 listener.undeclare()
                 pub.undeclare()

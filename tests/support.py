@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import numpy as np
 
 from servo.policy import Policy
 from servo.server.manifest import Manifest, parse_manifest
@@ -56,3 +57,16 @@ async def running_server(
             yield server, ready
         finally:
             server.drain()
+
+
+def camera_frames(height: int, width: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Two camera-like RGB frames (``front``, ``wrist``): smooth gradients plus sensor noise, so
+    JPEG compresses them about as much as a real camera image (pure noise would not shrink)."""
+    rng = np.random.default_rng(seed)
+    y = np.linspace(0, 255, height, dtype=np.float32)[:, None] * np.ones((1, width), np.float32)
+    x = np.linspace(0, 255, width, dtype=np.float32)[None, :] * np.ones((height, 1), np.float32)
+    out = {}
+    for i, name in enumerate(("front", "wrist")):
+        base = np.stack([(y + x * (i + 1)) % 256, (x * 0.5 + seed) % 256, (y * 0.7) % 256], axis=-1)
+        out[name] = np.clip(base + rng.normal(0, 4, size=base.shape), 0, 255).astype(np.uint8)
+    return out

@@ -112,6 +112,11 @@ def test_summary_against_servo_serve(tmp_path: Path) -> None:
     assert summary["parked"] is True
     assert 0 < summary["rtt_ms"]["p50"] <= summary["rtt_ms"]["p99"]
     assert summary["tick_jitter_ms"]["p99"] <= summary["tick_jitter_ms"]["max"]
+    # jpeg_quality = auto (the default): the summary says what it chose and what it measured
+    codec = summary["codec"]
+    assert codec["auto"] is True
+    assert codec["current"] in codec["requests"]
+    assert sum(codec["requests"].values()) >= summary["chunks_received"]
     frames = read_recording(record).frames
     assert len(frames) == summary["ticks"]
     running = [f for f in frames if f.source != "park"]  # the park at the end adds its own ticks

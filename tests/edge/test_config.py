@@ -25,7 +25,8 @@ def load(tmp_path: Path, toml: str | None, *flags: str) -> EdgeConfig:
 def test_defaults_are_the_seeds_defaults(tmp_path: Path) -> None:
     config = load(tmp_path, None)
     assert config == EdgeConfig()
-    assert (config.jpeg_quality, config.buffer_time_s, config.max_action_age_s) == (90, 0.5, 3.0)
+    # jpeg_quality: "auto" since issue 10 (the seeds' default was 90).
+    assert (config.jpeg_quality, config.buffer_time_s, config.max_action_age_s) == ("auto", 0.5, 3.0)
     assert (config.degraded_after_s, config.request_timeout_s) == (1.0, 5.0)
     assert (config.reconnect_initial_backoff_s, config.reconnect_max_backoff_s) == (0.5, 10.0)
     assert (config.max_offline_s, config.fallback, config.rtc) == (60.0, "hold", True)
@@ -164,3 +165,13 @@ def test_a_password_fleet_robot_joins_as_its_user(tmp_path: Path) -> None:
     assert (settings.auth.user, settings.auth.password_file) == ("robot-7", str(secret))
     assert config.resolved_client_id("random") == "robot-7"  # the router names it by its user
     assert load(tmp_path, None).resolved_client_id("random") == "random"
+
+
+@pytest.mark.parametrize(("flag", "expected"), [("auto", "auto"), ("0", 0), ("75", 75)])
+def test_jpeg_quality_flag_takes_auto_or_a_number(tmp_path: Path, flag: str, expected: object) -> None:
+    assert load(tmp_path, None, "--jpeg-quality", flag).jpeg_quality == expected
+
+
+def test_a_bad_jpeg_quality_flag_is_one_line_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(EdgeConfigError, match="jpeg_quality"):
+        load(tmp_path, None, "--jpeg-quality", "101")

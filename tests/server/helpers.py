@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import Literal
 
 import anyio
 import numpy as np
@@ -55,7 +56,9 @@ def cameras_of(ready: ServerReady) -> dict[str, tuple[int, int]]:
 
 
 @asynccontextmanager
-async def connected(port: int, client_id: str, *, jpeg_quality: int = 0) -> AsyncIterator[PolicyClient]:
+async def connected(
+    port: int, client_id: str, *, jpeg_quality: int | Literal["auto"] = 0
+) -> AsyncIterator[PolicyClient]:
     async with PolicyClient.connect(client_settings(port), client_id, jpeg_quality=jpeg_quality) as client:
         yield client
 

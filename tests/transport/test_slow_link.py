@@ -9,28 +9,28 @@ root and ``ip``/``tc``; skipped otherwise. Each test creates and deletes its own
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import numpy as np
 import pytest
+from benches._netns import Link, available, shaped_link
 
 from servo.client import PolicyClient, SendFailed, SessionLost
 from servo.transport import ZenohSettings
 from tests.server.test_cli import Lines
-from tests.support import free_port
+from tests.support import camera_frames, free_port
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.slow,
     pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+        not available(),
         reason="needs root, ip and tc (network namespace + veth + tbf)",
     ),
 ]
@@ -43,41 +43,10 @@ RAW_BYTES = 2 * HEIGHT * WIDTH * 3
 MIN_TRANSFER_S = RAW_BYTES * 8 / (RATE_MBIT * 1e6)
 
 
-@dataclass(frozen=True)
-class Link:
-    """A namespace reached from the host through a shaped veth pair."""
-
-    namespace: str
-    host_veth: str
-    server_ip: str
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture
 def link() -> Iterator[Link]:
-    tag = f"{os.getpid() % 10_000}{free_port() % 100}"
-    ns, host, peer = f"servo-link-{tag}", f"svh{tag}", f"svp{tag}"
-    subnet = f"10.{200 + os.getpid() % 50}.{free_port() % 250}"
-    _ip("netns", "add", ns)
-    try:
-        _ip("link", "add", host, "type", "veth", "peer", "name", peer)
-        _ip("link", "set", peer, "netns", ns)
-        _ip("addr", "add", f"{subnet}.1/30", "dev", host)
-        _ip("link", "set", host, "up")
-        _ip("-n", ns, "addr", "add", f"{subnet}.2/30", "dev", peer)
-        _ip("-n", ns, "link", "set", peer, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        # Both directions shaped: observations leave through `host`, chunks through `peer`.
-        shape = ["root", "tbf", "rate", f"{RATE_MBIT}mbit", "burst", "32kbit", "latency", "20ms"]
-        subprocess.run(["tc", "qdisc", "add", "dev", host, *shape], check=True, capture_output=True)
-        subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", peer, *shape], check=True)
-        yield Link(ns, host, f"{subnet}.2")
-    finally:
-        subprocess.run(["ip", "link", "del", host], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with shaped_link(RATE_MBIT) as made:
+        yield made
 
 
 @asynccontextmanager
@@ -121,9 +90,9 @@ def _frames() -> dict[str, np.ndarray]:
 
 
 @asynccontextmanager
-async def client_of(link: Link, port: int) -> AsyncIterator[PolicyClient]:
+async def client_of(link: Link, port: int, *, jpeg_quality: int | Literal["auto"] = 0) -> AsyncIterator[PolicyClient]:
     settings = ZenohSettings(mode="client", connect=[f"tcp/{link.server_ip}:{port}"], shared_memory=False)
-    async with PolicyClient.connect(settings, "slow-link", jpeg_quality=0) as client:
+    async with PolicyClient.connect(settings, "slow-link", jpeg_quality=jpeg_quality) as client:
         yield client
 
 
@@ -147,9 +116,26 @@ async def test_a_dead_link_fails_the_request_long_before_its_timeout(link: Link,
         session = await client.open_session(server, features=server.status.policy.features, fps=30.0)
         state, frames = np.zeros(6, np.float32), _frames()
         await session.infer(state, frames, timeout=5.0)
-        _ip("link", "set", link.host_veth, "down")  # mid-transfer: the put blocks, then the lease ends
+        # Mid-transfer: the put blocks, then the lease ends.
+        await anyio.run_process(["ip", "link", "set", link.host_veth, "down"])
         seq = await session.send(state, frames)
         with anyio.fail_after(4.0):  # the lease (1 s) and a little: not the 30 s request timeout
             with pytest.raises((SendFailed, SessionLost)):
                 await session.receive(seq, timeout=30.0)
+        await session.close()
+
+
+async def test_auto_picks_jpeg_on_a_100_mbit_link(link: Link, tmp_path: Path) -> None:
+    # The loopback / shared-memory half (auto picks raw) is tests/client/test_codec.py.
+    async with server_in(link, tmp_path) as port, client_of(link, port, jpeg_quality="auto") as client:
+        (server,) = await client.discover(app="link")
+        session = await client.open_session(server, features=server.status.policy.features, fps=30.0)
+        state, frames = np.zeros(6, np.float32), camera_frames(HEIGHT, WIDTH)
+        for _ in range(30):  # startup measures raw and each quality three times, then decides
+            await session.infer(state, frames, timeout=5.0)
+        status = session.codec.status()
+        assert status.current.startswith("jpeg"), status
+        assert status.cost_ms["raw"] > 2 * status.cost_ms[status.current], status
+        assert status.link_mbps is not None
+        assert status.link_mbps < RATE_MBIT, status  # raw crossed the shaped link
         await session.close()

@@ -101,3 +101,46 @@ def test_jpeg_codec_releases_the_gil() -> None:
         spinner.join(5)
     assert sum(a > 0 for a in encode_advance) >= 4, encode_advance
     assert sum(a > 0 for a in decode_advance) >= 4, decode_advance
+
+
+def _camera_like(h: int, w: int) -> np.ndarray:
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    base = np.stack([x * 255 / w, y * 255 / h, 128 + 100 * np.sin(x / 23) * np.cos(y / 17)], axis=-1)
+    noise = np.random.default_rng(2).normal(0, 3, size=base.shape)
+    return np.clip(base + noise, 0, 255).astype(np.uint8)
+
+
+def _area_resize(frame: np.ndarray, factor: int) -> np.ndarray:
+    h, w = frame.shape[0] // factor, frame.shape[1] // factor
+    return frame.reshape(h, factor, w, factor, 3).astype(np.float64).mean(axis=(1, 3))
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_a_policy_input_half_the_frame_or_less_is_decoded_scaled(factor: int) -> None:
+    frame = _camera_like(480, 640)
+    target = (480 // factor, 640 // factor)
+    image = encode_image(frame, 90)
+    scaled = decode_image(image, target=target)
+    assert scaled.shape == (*target, 3)
+    assert not scaled.flags.writeable
+    reference = _area_resize(decode_image(image), factor)  # full decode, then resize
+    difference = np.abs(scaled.astype(np.float64) - reference)
+    assert difference.mean() < 2.0
+    assert np.percentile(difference, 99) < 12
+
+
+def test_scaled_decode_covers_a_target_that_is_no_scale_factor() -> None:
+    # 224x224 from 480x640: libjpeg-turbo's 1/2 is the smallest scale that still covers it.
+    image = encode_image(_camera_like(480, 640), 90)
+    assert decode_image(image, target=(224, 224)).shape == (240, 320, 3)
+
+
+@pytest.mark.parametrize("target", [(300, 400), (480, 640), (240, 400), None])
+def test_more_than_half_the_frame_is_decoded_in_full(target: tuple[int, int] | None) -> None:
+    image = encode_image(_camera_like(480, 640), 90)
+    assert decode_image(image, target=target).shape == (480, 640, 3)
+
+
+def test_raw_frames_are_never_resized() -> None:
+    frame = _camera_like(96, 128)
+    np.testing.assert_array_equal(decode_image(encode_image(frame, 0), target=(24, 32)), frame)

@@ -49,17 +49,23 @@ def struct_flag_values(args: argparse.Namespace, kind: type[Any]) -> dict[str, A
             continue
         if doc.type_text.startswith("table of"):
             value = dict(_pair(item, doc, raw=doc.type_text == "table of str") for item in value)
-        elif not doc.choices and doc.type_text in ("int", "float"):
+        elif not doc.choices and _numeric(doc) is not None:
             value = _number(value, doc)
         out[doc.name] = value
     return out
 
 
+def _numeric(doc: FieldDoc) -> str | None:
+    """``int`` or ``float`` for a number field, also one that takes a word instead (``int or auto``)."""
+    kind = doc.type_text.split(" or ")[0]
+    return kind if kind in ("int", "float") else None
+
+
 def _number(text: str, doc: FieldDoc) -> Any:
     try:
-        return int(text) if doc.type_text == "int" else float(text)
+        return int(text) if _numeric(doc) == "int" else float(text)
     except ValueError:
-        # Left as text: the conversion names the option and the expected type.
+        # Left as text: the conversion names the option and the expected type (or takes the word).
         return text
 
 

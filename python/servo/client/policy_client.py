@@ -13,11 +13,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Literal
 
 import anyio
 import zenoh
 
 from servo._core import KeyPair
+from servo.client.codec import AutoCodec
 from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, SessionRejected
 from servo.client.replies import request
 from servo.client.session import RemoteSession, ServerInfo
@@ -69,9 +71,11 @@ class PolicyClient:
     Args:
         zsession: An open Zenoh session (see `connect` to have one opened and closed for you).
         client_id: This robot's id (a key segment); a random one when omitted.
-        jpeg_quality: JPEG quality for camera frames, 0 sends raw pixels.
+        jpeg_quality: JPEG quality for camera frames, 0 sends raw pixels, ``"auto"`` picks raw or
+            JPEG per request from measured link and codec costs (`servo.client.codec`).
         trusted: The servers to trust (pins); every replica when omitted.
         max_chunk_steps: Longest chunk accepted (steps); longer ones are rejected.
+        auto_codec: How ``"auto"`` chooses (defaults of `AutoCodec` when omitted).
     """
 
     def __init__(
@@ -79,15 +83,17 @@ class PolicyClient:
         zsession: zenoh.Session,
         client_id: str | None = None,
         *,
-        jpeg_quality: int = 90,
+        jpeg_quality: int | Literal["auto"] = 90,
         trusted: TrustedServers | None = None,
         max_chunk_steps: int = MAX_CHUNK_STEPS,
+        auto_codec: AutoCodec | None = None,
     ) -> None:
         self.zsession = zsession
         self.client_id = segment(client_id or f"robot-{uuid.uuid4().hex[:12]}", what="client_id")
         self.jpeg_quality = jpeg_quality
         self.trusted = trusted or TrustedServers()
         self.max_chunk_steps = max_chunk_steps
+        self.auto_codec = auto_codec
         self.counters = ClientCounters()
 
     @classmethod
@@ -97,13 +103,21 @@ class PolicyClient:
         settings: ZenohSettings,
         client_id: str | None = None,
         *,
-        jpeg_quality: int = 90,
+        jpeg_quality: int | Literal["auto"] = 90,
         trusted: TrustedServers | None = None,
         max_chunk_steps: int = MAX_CHUNK_STEPS,
+        auto_codec: AutoCodec | None = None,
     ) -> AsyncIterator[PolicyClient]:
         """Open a Zenoh session for the client and close it on exit (options as for the constructor)."""
         async with open_session(settings) as zsession:
-            yield cls(zsession, client_id, jpeg_quality=jpeg_quality, trusted=trusted, max_chunk_steps=max_chunk_steps)
+            yield cls(
+                zsession,
+                client_id,
+                jpeg_quality=jpeg_quality,
+                trusted=trusted,
+                max_chunk_steps=max_chunk_steps,
+                auto_codec=auto_codec,
+            )
 
     def statistics(self) -> ClientStatistics:
         """What this client refused so far (rejected chunks by reason, rogue replicas, …)."""
@@ -188,6 +202,7 @@ class PolicyClient:
             action_dim=len(features.action_names),
             counters=self.counters,
             max_chunk_steps=self.max_chunk_steps,
+            auto_codec=self.auto_codec,
         )
         session.declare()
         try:

@@ -8,10 +8,12 @@ is acted on only once it verified (`servo.client.verify` lists the checks and co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Literal
 
 import anyio
 import numpy as np
@@ -35,6 +37,8 @@ from servo._core import (
     SessionKey,
     decode_header,
 )
+from servo.client.codec import AutoCodec, CodecChooser, CodecStatus, codec_name
+from servo.client.encoder import FrameEncoder
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
 from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, check_chunk
 from servo.logs import LogThrottle, get_logger
@@ -45,7 +49,6 @@ from servo.wire import (
     CloseRequest,
     ControlAck,
     ControlRequest,
-    EncodedImage,
     ErrorEvent,
     Observation,
     Rejection,
@@ -54,10 +57,8 @@ from servo.wire import (
     SessionAck,
     StatusReply,
     WireError,
-    check_frame,
     decode,
     encode,
-    encode_image,
     encode_tensor,
     resume_body,
 )
@@ -92,6 +93,17 @@ class ChunkResult:
     inference_ms: float
     superseded: int
     server_load: float
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """The request in flight as the codec chooser needs it (`time.monotonic_ns` stamps)."""
+
+    seq_id: int
+    quality: int
+    started_ns: int
+    encode_ms: float
+    nbytes: int
 
 
 @dataclass
@@ -135,16 +147,19 @@ class RemoteSession:
         keys: ClientKeys,
         *,
         epoch: int,
-        jpeg_quality: int,
+        jpeg_quality: int | Literal["auto"],
         action_dim: int,
         counters: ClientCounters | None = None,
         max_chunk_steps: int = MAX_CHUNK_STEPS,
+        auto_codec: AutoCodec | None = None,
     ) -> None:
         self.server = server
         self.keys = keys
         self.epoch = epoch
         self.ack: SessionAck | None = None
         self.jpeg_quality = jpeg_quality
+        #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs.
+        self.codec = CodecChooser(jpeg_quality, auto_codec)
         self.action_dim = action_dim
         self.max_chunk_steps = max_chunk_steps
         self.counters = counters if counters is not None else ClientCounters()
@@ -164,6 +179,8 @@ class RemoteSession:
         self._matching = anyio.Event()
         self._matched = False
         self._sender: ThreadPoolExecutor | None = None
+        self._encoder = FrameEncoder()
+        self._sent: _Sent | None = None
         self._server_seen = False
         self._send_throttle = LogThrottle(1.0)
         self._entities: list[zenoh.Subscriber[None] | zenoh.LivelinessToken | zenoh.MatchingListener[None]] = []
@@ -224,6 +241,11 @@ class RemoteSession:
             return b""
         return self._key.seal(self._control_header(), resume_body(client_key))
 
+    def codec_status(self) -> CodecStatus:
+        """The codec chooser's snapshot, with each camera's latest encode time per quality."""
+        per_camera = {f"{camera}/{codec_name(q)}": round(ms, 3) for (camera, q), ms in self._encoder.camera_ms.items()}
+        return dataclasses.replace(self.codec.status(), camera_encode_ms=per_camera)
+
     async def close(self, *, timeout: float = 0.5) -> None:
         """Tell the server (best effort, sealed) and undeclare everything. Idempotent."""
         if self.ack is not None and not self.lost.is_set():
@@ -239,6 +261,7 @@ class RemoteSession:
             # A put blocked on a stalled link ends when Zenoh closes the link; nobody waits for it.
             self._sender.shutdown(wait=False, cancel_futures=True)
             self._sender = None
+        self._encoder.close()
         if self._publisher is not None:
             with contextlib.suppress(zenoh.ZError):
                 self._publisher.undeclare()
@@ -273,10 +296,11 @@ class RemoteSession:
         prefix_robot: FloatArray | None = None,
         episode_start: bool = False,
     ) -> int:
-        """Encode (JPEG off the loop, one thread per camera) and publish one observation.
+        """Encode (JPEG on the session's per-camera threads) and publish one observation.
 
-        A newer request supersedes any request still in flight. Returns its seq_id. The seal
-        and the put run on the session's sender thread; an observation that cannot leave (no
+        The codec is the pick of the session's `CodecChooser` (``codec``) for this request. A
+        newer request supersedes any request still in flight. Returns its seq_id. The seal and
+        the put run on the session's sender thread; an observation that cannot leave (no
         server subscribes to it, or the put fails) fails its `receive` at once with `SendFailed`
         and is counted in ``stats.send_failed``.
 
@@ -294,8 +318,9 @@ class RemoteSession:
         if self.lost.is_set():
             raise SessionLost(self.lost_reason)
         stamp = time.monotonic_ns() if mono_ns is None else mono_ns
-        started = time.perf_counter_ns()
-        encoded = await _encode_images(images, self.jpeg_quality)
+        started = time.monotonic_ns()
+        quality = self.codec.next()
+        encoded = await self._encoder.encode(images, quality)
         body = encode(
             Observation(
                 state=encode_tensor(np.asarray(state, dtype=np.float32)),
@@ -306,7 +331,7 @@ class RemoteSession:
                 prefix_robot=None if prefix_robot is None else encode_tensor(prefix_robot),
             )
         )
-        encode_ns = time.perf_counter_ns() - started
+        encode_ns = time.monotonic_ns() - started
         self.stats.encode.add(encode_ns)
         self.stats.last_encode_ms = encode_ns / 1e6
         self._seq += 1
@@ -324,6 +349,7 @@ class RemoteSession:
         assert publisher is not None
         assert sender is not None
         self._latest_seq = self._seq
+        self._sent = _Sent(self._seq, quality, started, encode_ns / 1e6, sum(len(i.data) for i in encoded.values()))
         self._result = None
         self._result_ready = anyio.Event()
         if not self._matched:
@@ -376,6 +402,7 @@ class RemoteSession:
             raise result
         if self.lost.is_set():
             raise SessionLost(self.lost_reason)
+        self._codec_sample(seq_id, time.monotonic_ns(), server_ms=0.0)  # what it cost to get nothing
         raise RequestTimeout(f"no chunk for seq {seq_id} within {timeout:.3g} s")
 
     async def infer(
@@ -508,8 +535,9 @@ class RemoteSession:
             return
         try:
             if header.msg_type == MSG_CHUNK:
-                self._result = self._chunk(header, payload, now)
+                self._result = chunk = self._chunk(header, payload, now)
                 self.stats.chunks += 1
+                self._codec_sample(header.seq_id, now, server_ms=chunk.queue_wait_ms + chunk.inference_ms)
             else:
                 event = decode(payload, ErrorEvent)
                 self._result = ServerError(event.code, event.message)
@@ -523,6 +551,15 @@ class RemoteSession:
             self.counters.reject("undecodable", str(exc), session_id=self.session_id, seq_id=header.seq_id)
             self._result = ServerError("undecodable", str(exc))
         self._result_ready.set()
+
+    def _codec_sample(self, seq_id: int, now_ns: int, *, server_ms: float) -> None:
+        """Tell the codec chooser what request ``seq_id`` cost, the server's compute excluded."""
+        sent = self._sent
+        if sent is None or sent.seq_id != seq_id:
+            return
+        self._sent = None
+        net_ms = (now_ns - sent.started_ns) / 1e6 - sent.encode_ms - server_ms
+        self.codec.record(sent.quality, encode_ms=sent.encode_ms, net_ms=max(0.0, net_ms), nbytes=sent.nbytes)
 
     def _authenticate(self, attachment: bytes | None, payload: bytes) -> Header | None:
         """The verified header of a server message, or None for a keyless hint acted upon.
@@ -586,27 +623,3 @@ class RemoteSession:
             superseded=body.superseded,
             server_load=body.server_load,
         )
-
-
-async def _encode_images(frames: Mapping[str, npt.NDArray[np.uint8]], quality: int) -> dict[str, EncodedImage]:
-    # Checked here, before any camera is handed to a thread: a bad frame is one WireError naming
-    # its camera, not an exception group out of the encoding task group.
-    for name, frame in frames.items():
-        check_frame(frame, what=f"camera {name!r}")
-    if quality == 0 or len(frames) <= 1:
-        return {name: await _encode_one(frame, quality) for name, frame in frames.items()}
-    out: dict[str, EncodedImage] = {}
-
-    async def one(name: str, frame: npt.NDArray[np.uint8]) -> None:
-        out[name] = await _encode_one(frame, quality)
-
-    async with anyio.create_task_group() as tg:
-        for name, frame in frames.items():
-            tg.start_soon(one, name, frame)
-    return {name: out[name] for name in frames}
-
-
-async def _encode_one(frame: npt.NDArray[np.uint8], quality: int) -> EncodedImage:
-    if quality == 0:
-        return encode_image(frame, 0)  # no compression: a zero-copy view, nothing to offload
-    return await anyio.to_thread.run_sync(encode_image, frame, quality)

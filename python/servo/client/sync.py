@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import anyio
 from anyio.from_thread import BlockingPortal
@@ -50,7 +50,7 @@ class SyncPolicyClient:
         task: The session's task (VLA prompt) when an observation names none.
         observation: Where state, frames and prompt are in the observation dicts.
         client_id: This client's id (a key segment); a random one when omitted.
-        jpeg_quality: JPEG quality for frames, 0 sends raw pixels.
+        jpeg_quality: JPEG quality for frames, 0 sends raw pixels, ``"auto"`` measures and picks.
         timeout: Per-request timeout (s).
         trusted_servers: Pins (``ed25519:…`` fingerprints and/or replica ids, see
             `TrustedServers`); any server when empty.
@@ -73,7 +73,7 @@ class SyncPolicyClient:
         task: str = "",
         observation: ObservationKeys | None = None,
         client_id: str | None = None,
-        jpeg_quality: int = 90,
+        jpeg_quality: int | Literal["auto"] = 90,
         timeout: float = 5.0,
         trusted_servers: Sequence[str] = (),
     ) -> None:
@@ -101,7 +101,7 @@ class SyncPolicyClient:
         fps: float | None,
         task: str,
         client_id: str | None,
-        jpeg_quality: int,
+        jpeg_quality: int | Literal["auto"],
     ) -> RemoteSession:
         client = await self._stack.enter_async_context(
             PolicyClient.connect(self._settings, client_id, jpeg_quality=jpeg_quality, trusted=self._trusted)

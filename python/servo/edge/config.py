@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from servo.client import TrustedServers
+from servo.client.codec import AutoCodec, JpegQuality
 from servo.client.verify import MAX_CHUNK_STEPS
 from servo.config import ConfigError, FieldError, convert, load_toml
 from servo.transport import (
@@ -58,7 +59,14 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _doc("This robot's id; when empty: tls_cert's common name, else auth_user, else random."),
     ] = ""
     task: Annotated[str, _doc("Task instruction sent with every observation (the prompt of a VLA).")] = ""
-    jpeg_quality: Annotated[int, _doc("JPEG quality of camera frames, 1-100; 0 sends raw pixels.", ge=0, le=100)] = 90
+    jpeg_quality: Annotated[
+        JpegQuality,
+        _doc("Camera frames: auto (raw or JPEG per request, from measured costs), 0 raw, or a JPEG quality 1-100."),
+    ] = "auto"
+    jpeg_auto_qualities: Annotated[
+        list[Annotated[int, msgspec.Meta(ge=1, le=100)]],
+        _doc("JPEG qualities jpeg_quality = auto may use besides raw pixels.", min_length=1, max_length=8),
+    ] = msgspec.field(default_factory=lambda: list(AutoCodec().qualities))
     buffer_time_s: Annotated[
         float, _doc("Send the next observation when the queue holds less than this many seconds.", gt=0)
     ] = 0.5

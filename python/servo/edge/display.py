@@ -132,6 +132,7 @@ class Display:
         self._last_tick = 0
         self._last_ns = 0
         self._state = ""
+        self._codec = ""
         #: Batches dropped because the display thread lagged.
         self.dropped = 0
         #: Why the display stopped early ("" while it works).
@@ -270,6 +271,12 @@ class Display:
         stream.log("engine/delay_steps", rr.Scalars(float(stats.delay_steps)))
         if stats.rtt_ms_p50 is not None:
             stream.log("engine/rtt_ms", rr.Scalars(stats.rtt_ms_p50))
+        if stats.codec is not None:
+            if stats.codec.link_mbps is not None:
+                stream.log("engine/link_mbps", rr.Scalars(stats.codec.link_mbps))
+            if stats.codec.current != self._codec:
+                self._codec = stats.codec.current
+                stream.log("engine/codec", rr.TextLog(stats.codec.current))
         if stats.state != self._state:
             self._state = stats.state
             stream.log("engine/state", rr.TextLog(stats.state))

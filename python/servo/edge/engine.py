@@ -21,6 +21,7 @@ from anyio.abc import TaskStatus
 
 from servo._core import LatencyTracker, QueueError
 from servo.client import REJECT_REASONS
+from servo.client.codec import CodecStatus
 from servo.edge.actions import Action
 from servo.edge.config import EdgeConfig
 from servo.edge.failsafe import EngineState, FailSafe
@@ -64,6 +65,8 @@ class EngineStats:
     rtt_ms_p99: float | None
     chunks_rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
     rogue_servers: int = 0
+    #: Remote engines: the current session's codec choice and what it measured.
+    codec: CodecStatus | None = None
 
 
 @dataclass(frozen=True)

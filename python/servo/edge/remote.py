@@ -22,6 +22,7 @@ from servo.client import (
     SessionLost,
     SessionRejected,
 )
+from servo.client.codec import AutoCodec
 from servo.client.policy_client import RETRYABLE
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
@@ -103,6 +104,7 @@ class RemoteEngine(EngineBase):
                     zsession,
                     self.client_id,
                     jpeg_quality=self.config.jpeg_quality,
+                    auto_codec=AutoCodec(qualities=list(self.config.jpeg_auto_qualities)),
                     trusted=self.config.trusted(),
                     max_chunk_steps=self.config.max_chunk_steps,
                 )
@@ -350,12 +352,17 @@ class RemoteEngine(EngineBase):
             log.warning("server reset not acknowledged", session_id=session.session_id, error=str(exc))
 
     def statistics(self) -> EngineStats:
-        """Counters snapshot, with what the client library refused (rejected chunks, rogue replicas)."""
+        """Counters snapshot, with client-side refusals and the current session's codec choice."""
         stats = super().statistics()
         if self.client is None:
             return stats
         refused = self.client.statistics()
-        return dataclasses.replace(stats, chunks_rejected=refused.chunks_rejected, rogue_servers=refused.rogue_servers)
+        return dataclasses.replace(
+            stats,
+            chunks_rejected=refused.chunks_rejected,
+            rogue_servers=refused.rogue_servers,
+            codec=None if self.session is None else self.session.codec_status(),
+        )
 
 
 #: What every replica an edge uses must share with the first one: a difference is DEAD. The revision

@@ -10,19 +10,21 @@ loop still ticks, and the summary's ``final_state``, ``stop_reason`` and ``fault
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import numpy as np
 from anyio.abc import TaskStatus
 
 from servo._core import LatencyTracker
+from servo.client.codec import CodecStatus
 from servo.config import ConfigError
 from servo.edge.channel import ControlChannel, lateness_percentiles_ms
 from servo.edge.config import EdgeConfig
@@ -83,7 +85,9 @@ class RunSummary:
     10 ms), ``max`` is exact. ``fault`` is the control fault that ended the run, if one did.
     ``chunks_rejected`` counts the server messages that never reached the queue, by reason
     (forged, replayed, malformed, non-finite…); ``rogue_servers`` the replicas skipped as
-    untrusted or forged.
+    untrusted or forged. ``codec`` (remote engines) is the last session's codec choice: the option
+    in use, each option's measured cost (ms, median), frame bytes and requests, the effective
+    link throughput (Mbit/s), switches and probes (`servo.client.codec.CodecStatus`).
     """
 
     ticks: int
@@ -111,6 +115,7 @@ class RunSummary:
     transitions: list[list[str]] = field(default_factory=list)
     chunks_rejected: dict[str, int] = field(default_factory=dict)
     rogue_servers: int = 0
+    codec: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Pretty JSON."""
@@ -346,6 +351,7 @@ class EdgeRuntime:
             transitions=[[state.value, reason] for state, reason in self.engine.failsafe.transitions],
             chunks_rejected=stats.chunks_rejected,
             rogue_servers=stats.rogue_servers,
+            codec={} if stats.codec is None else dataclasses.asdict(stats.codec),
         )
 
     async def _status_line(self, show: Callable[[str], None]) -> None:
@@ -362,11 +368,21 @@ class EdgeRuntime:
             rtt = f"{stats.rtt_ms_p50:.1f}" if stats.rtt_ms_p50 is not None else "-"
             show(
                 f"[{stats.state.upper()}] rtt {rtt} ms | delay {stats.delay_steps} | queue {stats.queue_depth} | "
-                f"fallback {stats.fallback_ticks} | jitter p99 {p99} ms | ticks {loop.ticks}"
+                f"fallback {stats.fallback_ticks} | jitter p99 {p99} ms | ticks {loop.ticks}{_codec_text(stats.codec)}"
             )
             if self.engine.state is EngineState.DEAD:
                 return
             await anyio.sleep(_STATUS_S)
+
+
+def _codec_text(codec: CodecStatus | None) -> str:
+    """`` | codec jpeg90 (auto, link 97 Mbit/s)``, or nothing for a local engine."""
+    if codec is None:
+        return ""
+    if not codec.auto:
+        return f" | codec {codec.current}"
+    link = "-" if codec.link_mbps is None else f"{codec.link_mbps:.0f}"
+    return f" | codec {codec.current} (auto, link {link} Mbit/s)"
 
 
 def _percentiles_ms(tracker: LatencyTracker | None, *points: tuple[str, float]) -> dict[str, float | None]:

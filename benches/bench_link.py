@@ -1,0 +1,165 @@
+"""The link-aware codec on a 100 Mbit/s link (issue 10): raw, JPEG q90 and ``auto`` in one run.
+
+The server (``python -m benches._fleet serve``, 20 ms compute, two 480x640 cameras) runs in a
+network namespace behind a veth shaped to 100 Mbit/s both ways (`benches._netns`, shared memory
+off: TCP through the shaped link); one client in this process sends camera-like frames
+(`benches._fleet.frames`). The three modes run interleaved, ``ROUNDS`` times A B C, each round a
+new session (so ``auto`` starts from nothing every time and its start-up probes of raw fall in
+the warm-up), and are reported as:
+
+* ``rtt_ms``: observation stamp -> chunk received (client encode, transfer both ways, server
+  decode and the 20 ms forward), p50 / p99 over every round's window;
+* ``overhead_ms``: the same minus the server-reported inference time;
+* for ``auto``: what it chose (codec requests by option) and the link it measured.
+
+Done when (issue 10): ``auto`` rtt p50 <= 1.1 x the better of raw and JPEG q90. Needs root
+(``ip netns``, ``tc``); skipped otherwise. Smoke (``--benchmark-disable``): 6 requests per
+mode, no timing claims. Measure: ``pytest benches/bench_link.py --benchmark-enable
+--benchmark-only`` (writes ``benches/results/link_codec.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
+
+from benches import _netns
+from benches._fleet import FleetResult, Sample, run_fleet
+from benches._support import free_port
+from benches.bench_server import _percentiles_ms
+
+pytestmark = pytest.mark.skipif(not _netns.available(), reason="needs root, ip and tc (network namespace + tbf)")
+
+REPO = Path(__file__).resolve().parents[1]
+RATE_MBIT = 100
+COMPUTE_MS = 20.0
+ROUNDS = 3
+WARMUP_S = 3.0
+MEASURE_S = 6.0
+SMOKE_REQUESTS = 6
+MODES: dict[str, int | Literal["auto"]] = {"raw": 0, "jpeg90": 90, "auto": "auto"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, int]]:
+    """The bench server in a namespace behind the shaped link; yields its address and port."""
+    with _netns.shaped_link(RATE_MBIT) as link:
+        port = free_port()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        command = [
+            *("ip", "netns", "exec", link.namespace, sys.executable, "-m", "benches._fleet", "serve"),
+            *("--host", link.server_ip, "--port", str(port), "--compute-ms", str(COMPUTE_MS), "--transport", "tcp"),
+        ]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
+        assert proc.stdout is not None
+        timer = threading.Timer(120, proc.kill)  # a server that never gets ready must not hang the run
+        timer.start()
+        try:
+            line = proc.stdout.readline()
+        finally:
+            timer.cancel()
+        try:
+            assert line.strip() == "READY", f"server did not start (exit {proc.poll()})"
+            yield link.server_ip, port
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+
+
+def _run(host: str, port: int, quality: int | Literal["auto"], smoke: bool) -> FleetResult:
+    kwargs: dict[str, Any] = (
+        {"warmup_s": 0.0, "measure_s": None, "max_requests": SMOKE_REQUESTS}
+        if smoke
+        else {"warmup_s": WARMUP_S, "measure_s": MEASURE_S}
+    )
+    result: FleetResult = anyio.run(
+        lambda: run_fleet(port, 1, quality=quality, transport="tcp", host=host, **kwargs),
+        backend="asyncio",
+        backend_options={"use_uvloop": True},
+    )
+    return result
+
+
+def _summary(samples: list[Sample], results: list[FleetResult]) -> dict[str, Any]:
+    r50, r99 = _percentiles_ms([s.rtt_ms for s in samples])
+    o50, o99 = _percentiles_ms([s.rtt_ms - s.inference_ms for s in samples])
+    used: Counter[str] = Counter()
+    links = []
+    for result in results:
+        for status in result.codec:
+            used.update(status.requests)
+            if status.link_mbps is not None:
+                links.append(round(status.link_mbps, 1))
+    return {
+        "samples": len(samples),
+        "rtt_ms_p50": round(r50, 2),
+        "rtt_ms_p99": round(r99, 2),
+        "overhead_ms_p50": round(o50, 2),
+        "overhead_ms_p99": round(o99, 2),
+        "codec_requests": dict(used),
+        "final_codec": [status.current for result in results for status in result.codec],
+        "link_mbps": links,
+        "errors": [e for result in results for e in result.errors][:5],
+    }
+
+
+def render(rows: dict[str, dict[str, Any]], smoke: bool) -> str:
+    lines = [
+        "| mode | rtt p50 / p99 ms | overhead p50 / p99 ms | requests by codec | chosen at the end | link Mbit/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mode, r in rows.items():
+        lines.append(
+            f"| {mode} | {r['rtt_ms_p50']:.1f} / {r['rtt_ms_p99']:.1f} | {r['overhead_ms_p50']:.1f} / "
+            f"{r['overhead_ms_p99']:.1f} | {r['codec_requests']} | {', '.join(r['final_codec'])} | "
+            f"{', '.join(map(str, r['link_mbps'])) or '-'} |"
+        )
+    window = "smoke" if smoke else f"{ROUNDS} interleaved rounds of {MEASURE_S:g} s after {WARMUP_S:g} s warm-up"
+    lines.append(
+        f"\nTCP through a veth shaped to {RATE_MBIT} Mbit/s (tc tbf) both ways, server in a network namespace; "
+        f"N = 1, two 480x640 camera-like frames, {COMPUTE_MS:g} ms compute; {window}. rtt = observation stamp -> "
+        "chunk received (client encode included); overhead = rtt - server-reported inference."
+    )
+    return "\n".join(lines)
+
+
+def test_codec_on_a_100_mbit_link(benchmark: BenchmarkFixture, server: tuple[str, int]) -> None:
+    smoke = benchmark.disabled
+    host, port = server
+    results: dict[str, list[FleetResult]] = {mode: [] for mode in MODES}
+
+    def run_all() -> None:
+        for _ in range(1 if smoke else ROUNDS):
+            for mode, quality in MODES.items():
+                results[mode].append(_run(host, port, quality, smoke))
+
+    benchmark.group = "link-100mbit"
+    benchmark.name = "codec-raw-jpeg90-auto"
+    benchmark.pedantic(run_all, rounds=1, iterations=1)
+    rows = {mode: _summary([s for r in rs for s in r.samples], rs) for mode, rs in results.items()}
+    benchmark.extra_info.update(rows, rate_mbit=RATE_MBIT, compute_ms=COMPUTE_MS)
+    text = render(rows, smoke)
+    print("\n" + text)
+    for mode, row in rows.items():
+        assert row["samples"], (mode, row)
+        assert not row["errors"], (mode, row)
+    if smoke:
+        return
+    (REPO / "benches" / "results" / "link_codec.md").write_text(text + "\n")
+    best = min(rows["raw"]["rtt_ms_p50"], rows["jpeg90"]["rtt_ms_p50"])
+    assert rows["auto"]["rtt_ms_p50"] <= 1.1 * best, rows

@@ -1,0 +1,240 @@
+"""Link-aware codec choice: raw pixels or JPEG (and which quality), per request.
+
+What a request costs the robot, besides the server's compute, is ``encode + transfer + server
+decode + fixed overheads``; JPEG trades codec time for bytes. On shared memory or a fast LAN raw
+wins (no codec at all), on a 100 Mbit/s link JPEG wins by 5x. `CodecChooser` measures that cost
+for every option it tries — from the moment the observation is handed to the session until its
+chunk arrives, minus the server-reported queue wait and inference — keeps the median of the last
+few samples per option, and picks:
+
+* the best-fidelity option (raw, then the qualities high to low) whose cost is within
+  ``tolerance`` of the cheapest: a lower quality must buy a real saving;
+* hysteresis: the option in use is left for a cheaper one only when it costs ``hysteresis`` more
+  (plus ``hysteresis_ms``), and never twice within ``min_dwell`` requests; a switch soon after
+  the previous one doubles that dwell (up to 16x), so options of nearly equal cost cannot flap;
+* re-probing: every option not in use is tried for one request after ``reprobe_every`` requests,
+  the interval doubling (or growing by the factor it lost by, up to 16x) each time it loses
+  again, so a link that speeds up or slows down is noticed without paying for the losing option
+  often (a probe costs about 1/``reprobe_every`` of the mean cost).
+
+The effective link throughput shown in status lines is the largest option's bytes over its
+cost without the codec (``bytes / (rtt - compute - encode)``): a lower bound, since that time
+also holds the fixed per-request overheads.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+#: ``jpeg_quality`` of raw pixels (no codec).
+RAW = 0
+#: The re-probe interval of a losing option grows up to this multiple of ``reprobe_every``.
+MAX_BACKOFF = 16
+#: Samples an option not in use needs before it can be switched to (one could be noise).
+CONFIRM = 3
+
+JpegQuality = Annotated[int, msgspec.Meta(ge=0, le=100)] | Literal["auto"]
+
+
+def _doc(text: str, **constraints: Any) -> msgspec.Meta:
+    return msgspec.Meta(description=text, **constraints)
+
+
+class AutoCodec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How ``jpeg_quality = "auto"`` chooses (see the module docstring)."""
+
+    qualities: Annotated[
+        list[Annotated[int, msgspec.Meta(ge=1, le=100)]],
+        _doc("JPEG qualities auto may use besides raw pixels.", min_length=1, max_length=8),
+    ] = msgspec.field(default_factory=lambda: [95, 90, 80])
+    tolerance: Annotated[
+        float, _doc("A better-fidelity option wins while it costs at most this fraction more.", ge=0, le=1)
+    ] = 0.05
+    hysteresis: Annotated[
+        float, _doc("The option in use is dropped only for one this fraction cheaper.", ge=0, le=10)
+    ] = 0.15
+    hysteresis_ms: Annotated[float, _doc("...and at least this much cheaper (ms).", ge=0)] = 0.3
+    min_dwell: Annotated[int, _doc("Requests at least between two switches.", ge=1)] = 8
+    reprobe_every: Annotated[int, _doc("Requests before an option not in use is tried again.", ge=1)] = 32
+    window: Annotated[int, _doc("Samples per option whose median is its cost.", ge=1, le=100)] = 5
+
+
+def codec_name(quality: int) -> str:
+    """``raw`` or ``jpeg<quality>``."""
+    return "raw" if quality == RAW else f"jpeg{quality}"
+
+
+@dataclass(frozen=True)
+class CodecStatus:
+    """A snapshot of the chooser: what it uses, and what it measured (ms, bytes, Mbit/s)."""
+
+    auto: bool
+    current: str
+    link_mbps: float | None
+    cost_ms: dict[str, float]
+    bytes: dict[str, int]
+    requests: dict[str, int]
+    switches: int
+    probes: int
+    #: Latest JPEG encode time of each camera at each quality (``front/jpeg90``), on its thread.
+    camera_encode_ms: dict[str, float] = field(default_factory=dict)
+
+
+class _Option:
+    """What one codec option was measured to cost (owned by its `CodecChooser`)."""
+
+    def __init__(self, quality: int, window: int, interval: int) -> None:
+        self.quality = quality
+        self.cost_ms: deque[float] = deque(maxlen=window)
+        self.net_ms: deque[float] = deque(maxlen=window)
+        self.nbytes: deque[int] = deque(maxlen=window)
+        self.requests = 0
+        self.interval = interval
+        self.due = 0
+        self.sampled_at = 0
+
+    @property
+    def cost(self) -> float | None:
+        return statistics.median(self.cost_ms) if self.cost_ms else None
+
+    def forget(self) -> None:
+        self.cost_ms.clear()
+        self.net_ms.clear()
+        self.nbytes.clear()
+
+
+class CodecChooser:
+    """Picks each request's codec from measured costs; owned by the event loop of its session.
+
+    Args:
+        quality: ``"auto"``, or a fixed quality (0 raw, 1..100 JPEG) it then always returns.
+        settings: How auto chooses.
+    """
+
+    def __init__(self, quality: int | Literal["auto"], settings: AutoCodec | None = None) -> None:
+        self.settings = settings = settings or AutoCodec()
+        self.auto = quality == "auto"
+        qualities = [RAW, *sorted(set(settings.qualities), reverse=True)] if quality == "auto" else [int(quality)]
+        #: Best fidelity first.
+        self._options = {q: _Option(q, settings.window, settings.reprobe_every) for q in qualities}
+        self._rank = {q: i for i, q in enumerate(qualities)}
+        self.current = qualities[0]
+        self._request = 0
+        self._last_switch = 0
+        self._dwell = settings.min_dwell
+        self.switches = 0
+        self.probes = 0
+
+    def next(self) -> int:
+        """The quality of the next request: the current option, or one being (re-)probed."""
+        self._request += 1
+        chosen = self.current
+        if self.auto:
+            # Options not in use start due: each is measured before the first decision.
+            due = [o for o in self._options.values() if o.quality != self.current and o.due <= self._request]
+            if due:
+                probe = min(due, key=lambda o: o.due)
+                if probe.sampled_at < self._request - self.settings.reprobe_every:
+                    probe.forget()  # its samples describe the link as it was long ago
+                probe.due = self._request + probe.interval  # `record` reschedules it
+                self.probes += 1
+                chosen = probe.quality
+        self._options[chosen].requests += 1
+        return chosen
+
+    def record(self, quality: int, *, encode_ms: float, net_ms: float, nbytes: int) -> None:
+        """One request's measured cost; may switch the option in use.
+
+        Args:
+            quality: The option the request used (what `next` returned).
+            encode_ms: Time to encode its frames on this side.
+            net_ms: Everything else but the server's compute: transfer both ways, server decode
+                and fixed overheads (for a request that failed: how long it took to fail).
+            nbytes: Bytes of its encoded frames.
+        """
+        option = self._options.get(quality)
+        if option is None:
+            return
+        option.cost_ms.append(encode_ms + net_ms)
+        option.net_ms.append(net_ms)
+        option.nbytes.append(nbytes)
+        option.sampled_at = self._request
+        if not self.auto:
+            return
+        if quality != self.current and not self._confirmed(option) and self._promising(option):
+            option.due = self._request + 1  # one sample could be noise: confirm before it counts
+            return
+        self._decide()
+        if quality != self.current:
+            # It lost again: try it less often (a switch resets every interval), and the more
+            # it lost by the rarer: a probe then adds about 1/reprobe_every to the mean cost.
+            current = self._options[self.current].cost or encode_ms + net_ms
+            ratio = (encode_ms + net_ms) / max(current, 1e-3)
+            interval = max(option.interval * 2, round(self.settings.reprobe_every * ratio))
+            option.interval = min(interval, self.settings.reprobe_every * MAX_BACKOFF)
+            option.due = self._request + option.interval
+
+    def _confirmed(self, option: _Option) -> bool:
+        return len(option.cost_ms) >= min(CONFIRM, self.settings.window)
+
+    def _promising(self, option: _Option) -> bool:
+        current = self._options[self.current].cost
+        return current is None or option.cost_ms[-1] <= current * (1 + self.settings.tolerance)
+
+    def _decide(self) -> None:
+        current = self._options[self.current].cost
+        since = self._request - self._last_switch
+        if current is None or since < self._dwell or not self._confirmed(self._options[self.current]):
+            return
+        costs = {
+            q: c
+            for q, o in self._options.items()
+            if (q == self.current or self._confirmed(o)) and (c := o.cost) is not None
+        }
+        best = min(costs.values())
+        target = next(q for q, c in costs.items() if c <= best * (1 + self.settings.tolerance))
+        if target == self.current:
+            return
+        cheaper = current > costs[target] * (1 + self.settings.hysteresis) + self.settings.hysteresis_ms
+        # Back to a better fidelity as soon as it costs no more than the tolerance allows.
+        finer = self._rank[target] < self._rank[self.current] and costs[target] <= current * (
+            1 + self.settings.tolerance
+        )
+        if cheaper or finer:
+            # Flap damping: a switch soon after the previous one doubles the dwell, a late one halves it.
+            recent = self.switches and since < 4 * max(self._dwell, self.settings.reprobe_every)
+            dwell = self._dwell * 2 if recent else self._dwell // 2
+            self._dwell = min(max(dwell, self.settings.min_dwell), self.settings.min_dwell * MAX_BACKOFF)
+            self.current = target
+            self._last_switch = self._request
+            self.switches += 1
+            for option in self._options.values():
+                option.interval = self.settings.reprobe_every
+                option.due = self._request + option.interval
+
+    def link_mbps(self) -> float | None:
+        """Effective link throughput (Mbit/s) seen by the largest option measured, if any."""
+        sizes = [(statistics.median(o.nbytes), statistics.median(o.net_ms)) for o in self._options.values() if o.nbytes]
+        if not sizes:
+            return None
+        nbytes, net_ms = max(sizes)
+        return nbytes * 8 / (max(net_ms, 1e-3) * 1e3)
+
+    def status(self) -> CodecStatus:
+        """Snapshot for status lines, summaries and metrics."""
+        options = self._options.values()
+        return CodecStatus(
+            auto=self.auto,
+            current=codec_name(self.current),
+            link_mbps=self.link_mbps(),
+            cost_ms={codec_name(o.quality): round(c, 3) for o in options if (c := o.cost) is not None},
+            bytes={codec_name(o.quality): int(statistics.median(o.nbytes)) for o in options if o.nbytes},
+            requests={codec_name(o.quality): o.requests for o in options},
+            switches=self.switches,
+            probes=self.probes,
+        )

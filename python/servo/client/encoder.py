@@ -1,0 +1,129 @@
+"""JPEG encoding on persistent per-camera threads.
+
+One thread per camera lives as long as the session: the cameras of an observation encode in
+parallel (libjpeg-turbo releases the GIL) without a thread hand-off per camera per request, and
+each thread holds one job at most, the newest: a frame whose request was abandoned before its
+encode started is skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+
+from servo.transport import LoopBridge
+from servo.wire import EncodedImage, check_frame, encode_image
+
+Frame = npt.NDArray[np.uint8]
+
+#: What a worker reports: the camera, its encoded frame (or the error) and the encode time (ns).
+Report = Callable[[str, EncodedImage | BaseException, int], None]
+
+
+@dataclass(frozen=True)
+class _Job:
+    frame: Frame
+    quality: int
+    report: Report
+
+
+class _CameraThread:
+    """One camera's encoder: its own thread, fed through a newest-wins slot by the event loop."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._wake = threading.Condition()
+        self._job: _Job | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"servo-encode-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: _Job) -> None:
+        with self._wake:
+            self._job = job  # replaces a job not started yet: its request was abandoned
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._job is None and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                job, self._job = self._job, None
+            assert job is not None
+            started = time.perf_counter_ns()
+            try:
+                result: EncodedImage | BaseException = encode_image(job.frame, job.quality)
+            except Exception as exc:  # handed to the requester, who raises it
+                result = exc
+            job.report(self.name, result, time.perf_counter_ns() - started)
+
+
+class FrameEncoder:
+    """Encodes an observation's frames on per-camera threads; owned by one session's event loop.
+
+    Threads start with the first frame of their camera and stop at `close`. Raw frames (quality
+    0) are zero-copy views and never leave the loop.
+    """
+
+    def __init__(self) -> None:
+        self._bridge: LoopBridge | None = None
+        self._threads: dict[str, _CameraThread] = {}
+        #: Encode time of the latest frame of each camera (ms), by quality.
+        self.camera_ms: dict[tuple[str, int], float] = {}
+
+    async def encode(self, frames: Mapping[str, Frame], quality: int) -> dict[str, EncodedImage]:
+        """Encode every frame at ``quality`` (0: raw), in the order given.
+
+        Raises:
+            WireError: a frame is not RGB uint8 (H, W, 3) (checked before any work starts,
+                naming its camera).
+        """
+        for name, frame in frames.items():
+            check_frame(frame, what=f"camera {name!r}")
+        if quality == 0 or not frames:
+            return {name: encode_image(frame, 0) for name, frame in frames.items()}
+        if self._bridge is None:
+            self._bridge = LoopBridge()
+        bridge, done = self._bridge, anyio.Event()
+        results: dict[str, EncodedImage | BaseException] = {}
+
+        def arrived(name: str, result: EncodedImage | BaseException, ns: int) -> None:
+            results[name] = result
+            self.camera_ms[(name, quality)] = ns / 1e6
+            if len(results) == len(frames):
+                done.set()
+
+        def report(name: str, result: EncodedImage | BaseException, ns: int) -> None:
+            bridge.call(arrived, name, result, ns)
+
+        for name, frame in frames.items():
+            if name not in self._threads:
+                self._threads[name] = _CameraThread(name)
+            self._threads[name].submit(_Job(frame, quality, report))
+        await done.wait()
+        out = {}
+        for name in frames:
+            result = results[name]
+            if isinstance(result, BaseException):
+                raise result
+            out[name] = result
+        return out
+
+    def close(self) -> None:
+        """Stop every camera thread (each after the frame it is encoding, if any)."""
+        for thread in self._threads.values():
+            thread.close()
+        self._threads.clear()
