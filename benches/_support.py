@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
+import pytest
 
 from servo.policy import Policy
 from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer, ServerReady
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def publish(request: pytest.FixtureRequest, text: str, name: str, *, smoke: bool) -> None:
+    """Print a results table past pytest's capture; a real (not smoke) run also writes it to results/."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print("\n" + text, flush=True)
+    if not smoke:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / name).write_text(text + "\n")
 
 
 def free_port() -> int:

@@ -22,18 +22,16 @@ requests each. Measure: ``pytest benches/bench_batching.py --benchmark-enable --
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import FleetResult, run_process_fleet, spawn_server
+from benches._support import publish
 from benches.bench_server import summarize
 
-REPO = Path(__file__).resolve().parents[1]
 CLIENTS = 16
 SMOKE_CLIENTS = 2
 SMOKE_REQUESTS = 8
@@ -60,14 +58,7 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
     yield rows
     if not rows:
         return
-    text = render(rows)
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        print("\n" + text, flush=True)
-    if not rows[0]["smoke"]:
-        out = REPO / "benches" / "results" / "batching.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
+    publish(request, render(rows), "batching.md", smoke=rows[0]["smoke"])
 
 
 def render(rows: list[dict[str, Any]]) -> str:

@@ -26,7 +26,6 @@ Measure: ``pytest benches/bench_openpi.py --benchmark-enable --benchmark-only
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -43,6 +42,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import CAMERAS, HEIGHT, WIDTH
+from benches._support import publish
 from servo._core import LatencyTracker
 
 pytestmark = pytest.mark.filterwarnings(
@@ -97,13 +97,7 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
     yield rows
     if not rows:
         return
-    text = render(rows)
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        print("\n" + text, flush=True)
-    if not rows[0]["smoke"]:
-        out = REPO / "benches" / "results" / "openpi.md"
-        out.write_text(text + "\n")
+    publish(request, render(rows), "openpi.md", smoke=rows[0]["smoke"])
 
 
 def _client(port: int, index: int, until: dict[str, float], smoke: bool, out: list[tuple[float, float, bool]]) -> None:

@@ -36,9 +36,7 @@ JPEG overhead p50 <= 3 ms, >= 97 % of ideal at N >= 2, fairness <= 1.1.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -47,9 +45,9 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import FleetResult, run_echo_fleet, run_fleet, spawn_server
+from benches._support import publish
 from servo._core import LatencyTracker
 
-REPO = Path(__file__).resolve().parents[1]
 COMPUTE_MS = 20.0
 IDEAL_RPS = 1000.0 / COMPUTE_MS
 CLIENTS = (1, 2, 4, 8, 16)
@@ -82,14 +80,7 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
     yield rows
     if not rows:
         return
-    text = render(rows)
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        print("\n" + text, flush=True)
-    if not rows[0]["smoke"]:
-        out = REPO / "benches" / "results" / "server.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
+    publish(request, render(rows), "server.md", smoke=rows[0]["smoke"])
 
 
 def _percentiles_ms(values_ms: list[float]) -> tuple[float, float]:

@@ -246,3 +246,40 @@ async def test_the_python_api_deploys_waits_and_drains(ray_head: RayHead, router
             assert await driver.wait() == 0
     stopped = [msgspec.json.decode(line, type=ReplicaStopped) for line in json_lines(text)[2:]]
     assert stopped == [ReplicaStopped(r, drained=True) for r in ("reference-0", "reference-1")]
+
+
+@pytest.mark.slow
+async def test_sighup_restarts_the_replicas_one_at_a_time(ray_head: RayHead, router: int, tmp_path: Path) -> None:
+    manifest = ray_manifest(tmp_path, router)
+    async with serve_process(manifest, *ray_args(ray_head, 2)) as (process, lines):
+        pids = await ready_lines(lines, 2)
+        await lines.until(lambda line: "servo-serve: ready" in line, timeout=10)
+        async with PolicyClient.connect(client_settings(router), "robot") as client:
+            with watching(client.zsession, f"@servo/{APP}/*/*/alive") as presence:
+                await presence.until(lambda alive: len(alive) == 2, timeout=10)
+                tokens = set(presence.alive)
+                sessions = [await open_on(client, server) for server in await client.discover(app=APP)]
+                process.send_signal(signal.SIGHUP)
+                for _ in range(2):  # each token goes and comes back
+                    await presence.until(lambda alive: len(alive) == 1, timeout=15)
+                    await presence.until(lambda alive: len(alive) == 2, timeout=START_TIMEOUT_S)
+                await lines.until(lambda line: "servo-serve: rolling restart done" in line, timeout=10)
+                for session in sessions:
+                    assert session.lost_reason == "server draining"
+                    await session.close()
+                # One at a time: never both gone, and the first was back before the second left.
+                gone = [key for key, up in presence.changes[-4:] if not up]
+                assert presence.changes[-4:] == [(gone[0], False), (gone[0], True), (gone[1], False), (gone[1], True)]
+                assert set(gone) == tokens
+                servers = await client.discover(app=APP)
+                assert sorted(s.keys.replica for s in servers) == ["reference-0", "reference-1"]
+                session = await open_on(client, servers[0])
+                assert await serves(session)
+                await session.close()
+        again = re.compile(r"rolling restart: replica (\S+) serves again \(pid (\d+)\)")
+        restarted = {match[1]: int(match[2]) for line in lines.seen if (match := again.search(line))}
+        assert restarted.keys() == pids.keys()
+        assert all(restarted[replica] != pid for replica, pid in pids.items())
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            assert await process.wait() == 0

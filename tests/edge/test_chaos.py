@@ -89,7 +89,8 @@ def test_server_back_with_a_different_model_is_dead(tmp_path: Path) -> None:
         edge.wait_line("state=streaming", 30)
         server.kill()
         edge.wait_line("state=reconnecting", 10)
-        server = start_server(write_manifest(tmp_path / "b.toml", port, revision="v2"))
+        chunk_25 = "cameras = {front = [48, 64]}\nchunk_size = 25"
+        server = start_server(write_manifest(tmp_path / "b.toml", port, options=chunk_25))
         rc = edge.wait(30)
     finally:
         edge.kill()
@@ -101,6 +102,6 @@ def test_server_back_with_a_different_model_is_dead(tmp_path: Path) -> None:
     assert summary["final_state"] == "dead"
     assert summary["parked"] is True  # safe teardown: rest pose, then disconnect
     assert "different model" in summary["stop_reason"]
-    assert "rev v2" in summary["stop_reason"]
+    assert "chunk_size 25 (was 20)" in summary["stop_reason"]
     assert "rest pose reached" in output
     assert "disconnected" in output

@@ -57,6 +57,26 @@ def test_degraded_when_a_request_is_out_too_long(fs: FailSafe, clock: FakeClock)
     assert fs.state is EngineState.STREAMING
 
 
+def test_degraded_when_the_queue_runs_dry_before_the_chunk_is_due(fs: FailSafe, clock: FakeClock) -> None:
+    fs.merged()
+    fs.request_sent()
+    # 0.5 s of actions left, chunks take 0.4 s: they arrive in time.
+    assert fs.tick(starved_since_ns=0, runway_ns=S // 2, expected_rtt_ns=4 * S // 10) is EngineState.STREAMING
+    # The server slowed down: 0.7 s round trips against 0.5 s of actions. Forecast, long before 1 s.
+    assert fs.tick(starved_since_ns=0, runway_ns=S // 2, expected_rtt_ns=7 * S // 10) is EngineState.DEGRADED
+    assert fs.reason == "the queue runs dry before the chunk is expected back"
+    fs.merged()
+    assert fs.state is EngineState.STREAMING
+
+
+def test_an_overdue_request_is_degraded_just_before_the_queue_is_dry(fs: FailSafe, clock: FakeClock) -> None:
+    fs.merged()
+    fs.request_sent()
+    clock.advance(0.5)  # expected back after 0.2 s: overdue
+    assert fs.tick(starved_since_ns=0, runway_ns=S // 10, expected_rtt_ns=S // 5) is EngineState.STREAMING
+    assert fs.tick(starved_since_ns=0, runway_ns=S // 25, expected_rtt_ns=S // 5) is EngineState.DEGRADED
+
+
 def test_no_degraded_while_idle(fs: FailSafe, clock: FakeClock) -> None:
     fs.merged()  # nothing outstanding: the queue is simply full
     clock.advance(30.0)

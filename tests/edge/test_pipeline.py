@@ -52,17 +52,48 @@ def chunk(length: int, base: float) -> tuple[np.ndarray, np.ndarray]:
     return rows, rows + np.float32(0.5)
 
 
-def test_snapshot_delay_comes_from_the_worst_tracked_latency() -> None:
+def round_trip(pipe: ChunkPipeline, latency_ms: float, seq: int) -> int:
+    """One request answered after ``latency_ms``; returns the delay estimate the request carried."""
+    start = seq * 10 * DT_NS
+    request = pipe.snapshot(obs(start))
+    model, robot = chunk(10, float(seq))
+    pipe.complete(request, model, robot, start + round(latency_ms * 1e6), session_id=sid(1), seq_id=seq)
+    return request.delay_steps
+
+
+def test_snapshot_delay_is_the_median_of_recent_round_trips() -> None:
     pipe = make_pipeline()
-    assert pipe.snapshot(obs(0)).delay_steps == 0  # no sample yet
-    for ms in (50, 210, 120):  # the window max (210 ms) rules: ceil(2.1) = 3 steps
-        pipe.latency.add(ms * 1_000_000)
     request = pipe.snapshot(obs(0))
-    assert request.delay_steps == 3 == pipe.last_delay_steps
+    assert request.delay_steps == 0 == pipe.last_delay_steps  # no sample yet
     assert request.idx_before == 0
     assert request.episode_id == 0
     assert request.prefix_model is None
     assert request.prefix_robot is None
+    for seq, ms in enumerate((50, 210, 120), 1):
+        round_trip(pipe, ms, seq)
+    # The median (120 ms) rules, not the worst: ceil(1.2) = 2 steps at 10 fps.
+    assert pipe.snapshot(obs(0)).delay_steps == 2 == pipe.last_delay_steps
+
+
+@pytest.mark.parametrize(("outliers", "wrong"), [(1, 0), (2, 0), (3, 3)])
+def test_delay_estimate_is_back_to_the_true_delay_within_five_requests_after_an_outlier(
+    outliers: int, wrong: int
+) -> None:
+    pipe = make_pipeline()
+    seq = 0
+    for _ in range(8):  # steady state: 250 ms = 3 steps at 10 fps
+        seq += 1
+        round_trip(pipe, 250, seq)
+    for _ in range(outliers):  # chunks 4 s late (a hung server)
+        seq += 1
+        round_trip(pipe, 4000, seq)
+    carried = []
+    for _ in range(5):
+        seq += 1
+        carried.append(round_trip(pipe, 250, seq))
+    # One or two late chunks never move the estimate; three hold it for three requests.
+    assert carried == [40] * wrong + [3] * (5 - wrong)
+    assert pipe.latency.max() == 4000 * 1_000_000  # the run summary still sees the outlier
 
 
 def test_snapshot_ships_the_unexecuted_prefix_capped_by_the_horizon() -> None:

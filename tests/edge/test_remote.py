@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -273,3 +274,56 @@ def _spec(*, joints: int, cameras: dict[str, Any]) -> RobotSpec:
 def _server_episode(server: Any, session_id: int) -> int | None:
     session = server.registry.get(session_id)
     return None if session is None else int(session.episode_id)
+
+
+async def test_a_slow_server_shows_degraded_before_the_queue_runs_dry(port: int) -> None:
+    # 0.7 s forwards against the default 0.5 s buffer: every chunk lands after the queue ran dry.
+    async with running_server(make_manifest(port, options="cameras = {front = [48, 64]}\ncompute_ms = 700")):
+        sim = small_sim()
+        engine = RemoteEngine(edge_config(port), sim.spec())  # default timing options
+        async with running_edge(sim, engine) as run:
+            await eventually(lambda: engine.chunks_received >= 3, 20, "three chunks")
+            summary = await run.stop()
+    states = [state for state, _ in summary.transitions]
+    assert "degraded" in states
+    # After the first chunk (no round trip measured before it) the forecast precedes every stall.
+    first_stream = states.index("streaming")
+    for i, state in enumerate(states[first_stream + 1 :], first_stream + 1):
+        if state == "stalled":
+            assert states[i - 1] == "degraded", states
+
+
+@pytest.mark.parametrize("teardown", [False, True])
+async def test_no_reconnect_once_the_teardown_began(port: int, teardown: bool) -> None:
+    async with running_server(make_manifest(port, options=CHUNK_20)) as (server, _):
+        sim = small_sim()
+        engine = RemoteEngine(edge_config(port), sim.spec())
+        async with running_edge(sim, engine) as run:
+            await eventually(lambda: engine.chunks_received >= 2, 10, "two chunks")
+            epoch = engine.session.epoch if engine.session is not None else -1
+            if teardown:
+                engine.begin_teardown()  # what the runtime does before it parks the arm
+            server.drain()  # the drain notice ends the session
+            # The reconnect attempt (if any) starts in the same step that drops the session.
+            await eventually(lambda: engine.session is None or engine.session.epoch != epoch, 5, "session lost")
+            reconnected = engine.failsafe.reconnects == 1 and engine._epoch > epoch
+            assert reconnected is not teardown
+            await run.stop()
+
+
+def test_the_dead_reason_names_every_field_that_differed() -> None:
+    from servo.edge.remote import model_differences
+    from servo.policy.compatibility import describe
+
+    info = describe(make_reference_policy(cameras={"front": (48, 64)}).spec, serving_mode="shared", revision="v1")
+    assert model_differences(info, info) == []
+    other = msgspec.structs.replace(
+        info,
+        chunk_size=info.chunk_size + 5,
+        features=msgspec.structs.replace(info.features, action_names=[*info.features.action_names[:-1], "grip"]),
+    )
+    differences = model_differences(info, other)
+    assert differences == [
+        f"chunk_size {info.chunk_size + 5} (was {info.chunk_size})",
+        f"features.action_names {other.features.action_names!r} (was {info.features.action_names!r})",
+    ]

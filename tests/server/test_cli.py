@@ -7,12 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
+import zenoh
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
@@ -139,17 +141,27 @@ async def test_second_sigterm_stops_without_waiting_for_a_hung_forward(tmp_path:
     port = free_port()
     manifest = tmp_path / "manifest.toml"
     manifest.write_text(reference_manifest(port, compute_ms=60_000))
-    async with serve_process(manifest, "--json-logs") as (process, lines):
+    async with serve_process(manifest, "--log-level", "debug", "--json-logs") as (process, lines):
         await lines.until(lambda line: "servo-serve: ready" in line, timeout=60)
         async with connected(port, "robot") as client:
             (server,) = await client.discover(app="cli")
             session = await client.open_session(
                 server, features=server.status.policy.features, fps=server.status.policy.fps
             )
+            withdrawn = threading.Event()
+            watcher = client.zsession.liveliness().declare_subscriber(
+                server.keys.alive, lambda s: withdrawn.set() if s.kind == zenoh.SampleKind.DELETE else None
+            )
             await session.send(*observation(5.0))
+            await lines.until(is_event("inference started"), timeout=10)  # the forward hangs now
             process.send_signal(signal.SIGTERM)
             with anyio.fail_after(5):
                 await session.lost.wait()
+            assert session.lost_reason == "server draining"
+            # The token goes too, while the forward still hangs: edges that missed the notice fail over.
+            assert await anyio.to_thread.run_sync(withdrawn.wait, 5)
+            assert process.returncode is None
+            watcher.undeclare()
             await session.close()
         process.send_signal(signal.SIGTERM)
         await lines.until(lambda line: "interrupted again" in line, timeout=5)

@@ -1,8 +1,8 @@
 """``servo-serve manifest.toml``: load, warm and serve one policy until Ctrl-C / SIGTERM.
 
 With ``--ray``, start ``--replicas`` servers of the manifest as actors on an existing Ray cluster
-instead, print one line per replica as it becomes ready (again after Ray restarts it), and drain
-them all on Ctrl-C / SIGTERM.
+instead, print one line per replica as it becomes ready (again after Ray restarts it), drain and
+restart them one at a time on SIGHUP (a rolling restart), and drain them all on Ctrl-C / SIGTERM.
 
 Exit codes: 0 after a clean drain, 1 when the network or a port is unusable, 2 for a manifest or
 policy problem (one line naming the key), 130 when a third Ctrl-C cut the drain short.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -159,6 +160,7 @@ async def supervise(deployment: Deployment, console: Console) -> int:
     async with anyio.create_task_group() as tg:
         what = "ending the replicas without waiting for their drain"
         tg.start_soon(lambda: on_signal(report.cancel, drain.cancel, say=say, what=what))
+        tg.start_soon(_rolling_restarts, deployment, say)
         with report:
             code = await _report(deployment, say)
         with drain:
@@ -166,6 +168,14 @@ async def supervise(deployment: Deployment, console: Console) -> int:
                 say(f"replica {stopped.replica} " + ("drained" if stopped.drained else f"not drained: {stopped.error}"))
         tg.cancel_scope.cancel()
     return code
+
+
+async def _rolling_restarts(deployment: Deployment, say: Callable[[str], None]) -> None:
+    """A rolling restart per SIGHUP (one that arrives meanwhile starts another after it)."""
+    with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            if await deployment.rolling_restart(say):
+                say("rolling restart done")
 
 
 async def _report(deployment: Deployment, say: Callable[[str], None]) -> int:

@@ -8,6 +8,7 @@ by the replica's identity (`servo.client.trust`).
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -19,7 +20,7 @@ import zenoh
 
 from servo._core import KeyPair
 from servo.client.codec import AutoCodec
-from servo.client.errors import NoServerFound, RogueServer, SessionRejected
+from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, SessionRejected
 from servo.client.replies import request
 from servo.client.session import RemoteSession, ServerInfo
 from servo.client.trust import TrustedServers, pick_ack
@@ -45,6 +46,23 @@ log = get_logger(__name__)
 
 #: Refusals another replica (or a later attempt) may not repeat.
 RETRYABLE = frozenset({"capacity", "draining", "session_exists", "rate_limited"})
+#: Recent queue wait that weighs as much as a full replica in the placement score (ms).
+QUEUE_WAIT_FULL_MS = 1000.0
+#: Looks at the fleet after a session opened, at most (see `PolicyClient.connect_best`).
+SETTLE_ROUNDS = 24
+#: Consecutive balanced looks that end the settling: robots that moved last still look after it.
+SETTLED_LOOKS = 3
+#: Each look waits a random time up to this first (s): simultaneous robots look at different times.
+SETTLE_JITTER_S = 0.03
+
+
+def placement_score(status: StatusReply) -> float:
+    """Lower is better: the share of capacity in use plus the recent queue wait.
+
+    Computed from validated fields only (`StatusReply` refuses impossible values), and from the
+    session count rather than the advertised ``load``, which the count already bounds.
+    """
+    return status.active_sessions / status.max_sessions + status.queue_wait_ms / QUEUE_WAIT_FULL_MS
 
 
 class PolicyClient:
@@ -140,7 +158,7 @@ class PolicyClient:
             # Zenoh ends a query at once when no queryable matches: say so instead of a timeout.
             why = f"within {timeout:g} s" if waited >= timeout else "(none is reachable)"
             raise NoServerFound(f"no servo server answered on {where} {why}")
-        return sorted(servers, key=lambda s: (s.status.draining, s.status.load, s.keys.replica))
+        return sorted(servers, key=lambda s: (s.status.draining, placement_score(s.status), s.keys.replica))
 
     async def open_session(
         self,
@@ -253,26 +271,90 @@ class PolicyClient:
         app: str | None = None,
         model: str | None = None,
         accept: Callable[[ServerInfo], bool] | None = None,
+        settle: bool = True,
         **options: object,
     ) -> RemoteSession:
-        """Discover, then open a session on the least-loaded replica that accepts us.
+        """Discover, then open a session on a lightly loaded replica that accepts us.
+
+        Placement spreads a burst of simultaneous connects: the first choice is the better of two
+        random usable replicas by `placement_score` (power of two choices), the rest follow by
+        score. Then, with ``settle``, the client looks at the fleet again (up to `SETTLE_ROUNDS`
+        times, each after a random wait up to `SETTLE_JITTER_S`): while its replica holds two or
+        more sessions than the emptiest one, it moves there with the probability that makes the
+        expected number of movers the replica's excess over the mean, opening the new session
+        before closing the old one. It stops after `SETTLED_LOOKS` looks in a row found the fleet
+        balanced (robots still settling elsewhere may unbalance it meanwhile).
 
         A replica that is full, draining, still holds our previous session (``session_exists``)
         or whose ack fails verification is skipped; any other rejection is final (the next
         replica of the same model would refuse for the same reason).
         """
-        servers = [s for s in await self.discover(app=app, model=model) if accept is None or accept(s)]
+
+        def usable(server: ServerInfo) -> bool:
+            return accept is None or accept(server)
+
+        servers = [s for s in await self.discover(app=app, model=model) if usable(s)]
         if not servers:
             raise NoServerFound("no discovered server matches the requested model")
+        live = [s for s in servers if not s.status.draining]
+        if len(live) >= 2:
+            # Ties go to the discovery order, so two replicas are always tried best first.
+            first = min(random.sample(live, 2), key=lambda s: (placement_score(s.status), servers.index(s)))
+            servers = [first, *(s for s in servers if s is not first)]
         last: SessionRejected | RogueServer | None = None
         for server in servers:
             try:
-                return await self.open_session(server, features=features, fps=fps, **options)  # type: ignore[arg-type]
+                session = await self.open_session(server, features=features, fps=fps, **options)  # type: ignore[arg-type]
             except SessionRejected as exc:
                 if exc.rejection.code not in RETRYABLE:
                     raise
                 last = exc
+                continue
             except RogueServer as exc:
                 last = exc
+                continue
+            if settle:
+                options.pop("previous", None)  # it proves a session on the first replica only
+                session = await self._settle(session, app, model, usable, features=features, fps=fps, **options)
+            return session
         assert last is not None
         raise last
+
+    async def _settle(
+        self,
+        session: RemoteSession,
+        app: str | None,
+        model: str | None,
+        usable: Callable[[ServerInfo], bool],
+        **options: object,
+    ) -> RemoteSession:
+        """Move to the emptiest replica while this one holds 2+ sessions more (see `connect_best`)."""
+        balanced = 0
+        for _ in range(SETTLE_ROUNDS):
+            await anyio.sleep(random.uniform(0.0, SETTLE_JITTER_S))
+            try:
+                servers = [s for s in await self.discover(app=app, model=model, timeout=0.5) if usable(s)]
+            except NoServerFound:
+                return session
+            mine = next((s for s in servers if s.keys == session.server.keys), None)
+            others = [s for s in servers if s is not mine and not s.status.draining]
+            if mine is None or not others:
+                return session
+            target = min(others, key=lambda s: (s.status.active_sessions, placement_score(s.status)))
+            here = mine.status.active_sessions
+            if here - target.status.active_sessions < 2:
+                balanced += 1
+                if balanced >= SETTLED_LOOKS:
+                    return session
+                continue
+            balanced = 0
+            mean = sum(s.status.active_sessions for s in [mine, *others]) / (len(others) + 1)
+            if random.random() >= (here - mean) / here:
+                continue
+            try:
+                moved = await self.open_session(target, **options)  # type: ignore[arg-type]
+            except (SessionRejected, RogueServer, RequestTimeout):
+                continue
+            await session.close()
+            session = moved
+        return session

@@ -18,8 +18,10 @@ token; edges fail over meanwhile. A server that stops by itself ends its actor's
 Ray restarts it the same way.
 
 **Draining**: `Deployment.drain` (``servo-serve`` does it on SIGTERM/Ctrl-C), which then ends
-the actors. SIGTERM to an actor's process drains the replica, then ends the process (Ray then
-restarts it: a drain-and-restart of one replica). A node being drained (SIGTERM to ``ray start --block``
+the actors. `Deployment.rolling_restart` (``servo-serve`` on SIGHUP) drains and restarts one
+replica at a time, each serving again before the next drains. SIGTERM to an actor's process
+drains the replica, then ends the process (Ray then restarts it: a drain-and-restart of one
+replica). A node being drained (SIGTERM to ``ray start --block``
 makes Ray drain its node) drains its replicas, which then exit so Ray can place them elsewhere.
 ``ray stop`` runs no code in the actor: it SIGTERMs the raylet, which unregisters the node and
 sends SIGTERM then SIGKILL to every worker's process group in the same millisecond (Ray 2.60).
@@ -29,10 +31,12 @@ process's sockets, and fail over; stop the driver first for drain notices.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -138,6 +142,13 @@ class ReplicaActor:
         self._asked.set()
         return encode_status(self._host.drain(self._drain_timeout))
 
+    def restart(self) -> None:
+        """Drain the replica, then end the process so that Ray starts it again (a rolling restart).
+
+        The call never returns: the caller learns the end from the actor's death.
+        """
+        self._drain_and_exit("rolling restart")
+
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         """Main thread: drain, then end the process (replacing Ray's handler, see the class)."""
         self._drain_and_exit("SIGTERM")
@@ -231,6 +242,28 @@ class Deployment:
         async with send, anyio.create_task_group() as tg:
             for replica in self.replicas:
                 tg.start_soon(_follow, replica, send.clone())
+
+    async def rolling_restart(self, say: Callable[[str], None] = lambda _: None) -> bool:
+        """Drain and restart the replicas one at a time, each serving again before the next drains.
+
+        Edges of the replica being restarted fail over to the others (its drain notice and token
+        withdrawal come first); Ray re-runs the actor with the same manifest, so what changes is
+        what the nodes hold: the installed code, a checkpoint replaced at the same path. False,
+        with the reason said, when a replica does not come back (the rest are left untouched).
+        """
+        if self.options.max_restarts == 0:
+            say("rolling restart refused: the replicas are not restarted by Ray (--ray-max-restarts 0)")
+            return False
+        for replica in self.replicas:
+            say(f"rolling restart: draining replica {replica.replica_id}")
+            with contextlib.suppress(RayActorError):
+                await replica.actor.restart.remote()
+            ready = await replica.wait_ready()
+            if isinstance(ready, ReplicaFailed):
+                say(f"rolling restart stopped: replica {replica.replica_id} failed: {ready.error}")
+                return False
+            say(f"rolling restart: replica {replica.replica_id} serves again (pid {ready.pid})")
+        return True
 
     async def drain(self) -> list[ReplicaStopped]:
         """Drain every replica at once, then end their actors (no restart)."""

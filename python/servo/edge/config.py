@@ -50,6 +50,10 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     app: Annotated[str, _doc("Only use servers of this app (a key segment); any when empty.")] = ""
     model: Annotated[str, _doc("Only use servers of this model key (e.g. servo-reference); any when empty.")] = ""
     replica: Annotated[str, _doc("Only use this replica; any when empty.")] = ""
+    revision: Annotated[
+        str,
+        _doc("Only use servers of this model revision; when empty, a new revision is taken at an episode boundary."),
+    ] = ""
     client_id: Annotated[
         str,
         _doc("This robot's id; when empty: tls_cert's common name, else auth_user, else random."),
@@ -70,7 +74,7 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         float, _doc("Never execute an action whose observation is older than this (staleness bound, s).", gt=0)
     ] = 3.0
     degraded_after_s: Annotated[
-        float, _doc("A request outstanding this long without a chunk -> DEGRADED (s).", gt=0)
+        float, _doc("A request outstanding this long -> DEGRADED, even with actions queued (s).", gt=0)
     ] = 1.0
     request_timeout_s: Annotated[float, _doc("Per-request watchdog: a hung server (s).", gt=0)] = 5.0
     connect_timeout_s: Annotated[float, _doc("How long to look for a server at start before giving up (s).", gt=0)] = (
@@ -78,7 +82,7 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     )
     timeout_streak: Annotated[int, _doc("Request timeouts in a row that count as a lost server.", ge=1)] = 2
     reconnect_initial_backoff_s: Annotated[
-        float, _doc("First delay before reconnecting when nobody answers (doubles each attempt, s).", gt=0)
+        float, _doc("First wait when no usable server answers (doubles; a server token ends it, s).", gt=0)
     ] = 0.5
     reconnect_max_backoff_s: Annotated[float, _doc("Ceiling of the reconnect delay (s).", gt=0)] = 10.0
     max_offline_s: Annotated[float, _doc("Offline this long -> DEAD: park the arm and exit (s).", gt=0)] = 60.0

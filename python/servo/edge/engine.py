@@ -142,6 +142,10 @@ class InferenceEngine(Protocol):
         """Request chunks again."""
         ...
 
+    def begin_teardown(self) -> None:
+        """The arm is parking: stop requesting, and never (re)connect from now on."""
+        ...
+
     def statistics(self) -> EngineStats:
         """Counters snapshot."""
         ...
@@ -192,6 +196,8 @@ class EngineBase:
         self.paused = False
         #: Set by a second interrupt: teardown skips waiting on the network.
         self.hurried = False
+        #: Set once the safe teardown began: no session may be opened any more.
+        self.tearing_down = False
         #: The task the policy runs with: the configured one until a server says otherwise.
         self.task = config.task
         self.chunks_received = 0
@@ -249,7 +255,12 @@ class EngineBase:
     async def tick_failsafe(self) -> None:
         """Evaluate the fail-safe state machine every `TICK_S` until cancelled."""
         while True:
-            self.failsafe.tick(starved_since_ns=self.pipeline.last_starved_ns)
+            pipeline = self.pipeline
+            self.failsafe.tick(
+                starved_since_ns=pipeline.last_starved_ns,
+                runway_ns=pipeline.queued() * pipeline.dt_ns,
+                expected_rtt_ns=pipeline.expected_latency_ns(),
+            )
             await anyio.sleep(TICK_S)
 
     def latest_observation(self) -> ObservationInput | None:
@@ -267,6 +278,11 @@ class EngineBase:
     def is_finished(self) -> bool:
         """Whether the engine's work has an end and reached it (trajectory replay)."""
         return False
+
+    @property
+    def episode_starting(self) -> bool:
+        """Whether the next request opens an episode (no request of this episode left yet)."""
+        return self._episode_start
 
     def take_episode_start(self) -> bool:
         """Worker: whether the next request opens an episode (cleared once read)."""
@@ -289,6 +305,11 @@ class EngineBase:
     def resume(self) -> None:
         """Request chunks again."""
         self.paused = False
+
+    def begin_teardown(self) -> None:
+        """The arm is parking: stop requesting chunks and never (re)connect from now on."""
+        self.tearing_down = True
+        self.pause()
 
     def merge(self, request: Request, produced: Produced, now_ns: int) -> int | None:
         """Merge a produced chunk (the same call for every engine).

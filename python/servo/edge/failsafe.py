@@ -2,7 +2,7 @@
 
 ::
 
-    CONNECTING ──first merge──► STREAMING ──request out > degraded_after_s──► DEGRADED
+    CONNECTING ──first merge──► STREAMING ──queue runs dry before the chunk is due──► DEGRADED
          ▲                        ▲    │ control loop starved (queue empty / stale)  │
          │ re-handshake           │    └──────────────► STALLED ◄──────────────────────┘
          │                        └── merge ─────────────┘
@@ -10,6 +10,11 @@
          │ offline > max_offline_s, or the server came back with another model
          ▼
         DEAD  (safe teardown)
+
+DEGRADED is a forecast, so it comes before STALLED: a request is outstanding and the actions
+left in the queue end before its chunk is expected back (sent + the expected round trip, and for
+an overdue request no sooner than `DRY_MARGIN_S` from now), or it is outstanding longer than
+``degraded_after_s`` whatever the queue holds.
 
 Watchdogs are layered: the per-request timeout catches a hung server, liveliness a dead
 server or router, and the staleness bound (enforced by the control loop itself) holds
@@ -40,6 +45,10 @@ class EngineState(enum.Enum):
     DEAD = "dead"
 
 
+#: An overdue request is expected back no sooner than this from now: the state machine is
+#: evaluated every 20 ms, and DEGRADED must show before the control loop starves.
+DRY_MARGIN_S = 0.05
+
 _LIVE = (EngineState.STREAMING, EngineState.DEGRADED, EngineState.STALLED)
 #: Transitions kept for the run summary: a link that flaps for hours must not grow memory.
 MAX_TRANSITIONS = 1000
@@ -51,7 +60,7 @@ class FailSafe:
     Transitions are driven by the engine's worker; the control loop only reads `state` and `dead`.
 
     Args:
-        degraded_after_s: A request outstanding this long -> DEGRADED.
+        degraded_after_s: A request outstanding this long -> DEGRADED (whatever the queue holds).
         timeout_streak: Consecutive request timeouts that mean the server is gone.
         max_offline_s: Time without a merged chunk after which a disconnected edge gives up.
         clock: Monotonic clock in ns (injectable for tests).
@@ -131,11 +140,15 @@ class FailSafe:
         """A contract violation (e.g. the server came back with another model): never recover."""
         self._go(EngineState.DEAD, reason)
 
-    def tick(self, *, starved_since_ns: int) -> EngineState:
+    def tick(
+        self, *, starved_since_ns: int, runway_ns: int | None = None, expected_rtt_ns: int | None = None
+    ) -> EngineState:
         """Periodic evaluation.
 
         Args:
             starved_since_ns: When the control loop last had no fresh action (0 = never).
+            runway_ns: How long the queued actions last (None: unknown).
+            expected_rtt_ns: The round trip a request is expected to take (None: no estimate yet).
         """
         now = self._clock()
         if self.state in (EngineState.CONNECTING, EngineState.RECONNECTING):
@@ -146,10 +159,14 @@ class FailSafe:
             return self.state
         if starved_since_ns > self._last_good_ns:
             self._go(EngineState.STALLED, "no fresh action for the control loop")
-        elif (
-            self.state is EngineState.STREAMING
-            and self._request_out_ns is not None
-            and now - self._request_out_ns > self._degraded_ns
-        ):
-            self._go(EngineState.DEGRADED, "request outstanding too long")
+        elif self.state is EngineState.STREAMING and self._request_out_ns is not None:
+            outstanding = now - self._request_out_ns
+            if outstanding > self._degraded_ns:
+                self._go(EngineState.DEGRADED, "request outstanding too long")
+            elif (
+                runway_ns is not None
+                and expected_rtt_ns is not None
+                and runway_ns < max(expected_rtt_ns - outstanding, round(DRY_MARGIN_S * 1e9))
+            ):
+                self._go(EngineState.DEGRADED, "the queue runs dry before the chunk is expected back")
         return self.state

@@ -36,6 +36,11 @@ from servo.edge.observation import ObservationInput
 
 FloatArray = npt.NDArray[np.float32]
 
+#: Round trips the delay estimate looks at: a late chunk leaves it within this many requests.
+DELAY_WINDOW = 5
+#: Nearest-rank quantile of that window: the upper median (the 3rd of 5, the 3rd of 4, the max of 2).
+DELAY_QUANTILE = 0.6
+
 
 @dataclass(frozen=True)
 class Request:
@@ -83,6 +88,8 @@ class ChunkPipeline:
         self.feed_config = FeedConfig(max_action_age_s=max_action_age_s, fallback=fallback)
         self._feed = ActionFeed(self.queue, self.counters, self.feed_config)
         self.latency = LatencyTracker(latency_window)
+        #: The last `DELAY_WINDOW` round trips: the delay estimate (robust to one outlier).
+        self.recent = LatencyTracker(DELAY_WINDOW)
         self.episode_id = 0
         self.last_delay_steps = 0
         self.last_real_delay = 0
@@ -131,8 +138,8 @@ class ChunkPipeline:
     def snapshot(self, obs: ObservationInput) -> Request:
         """Snapshot the queue index, the RTC prefixes and the delay estimate for ``obs``."""
         idx_before = self.queue.get_action_index()
-        worst = self.latency.max()
-        delay = 0 if worst is None else math.ceil(worst / self.dt_ns)
+        expected = self.expected_latency_ns()
+        delay = 0 if expected is None else math.ceil(expected / self.dt_ns)
         self.last_delay_steps = delay
         prefix_model = prefix_robot = None
         if self.rtc and self.execution_horizon > 0:
@@ -143,6 +150,14 @@ class ChunkPipeline:
             if left_robot is not None and len(left_robot):
                 prefix_robot = left_robot[: self.execution_horizon]
         return Request(obs, idx_before, delay, prefix_model, prefix_robot, self.episode_id)
+
+    def expected_latency_ns(self) -> int | None:
+        """The round trip the next chunk is expected to take (ns); None before the first chunk.
+
+        The upper median of the last `DELAY_WINDOW`: one or two late chunks never move it, and a
+        lasting change moves it within ``DELAY_WINDOW // 2 + 1`` requests.
+        """
+        return self.recent.percentile(DELAY_QUANTILE)
 
     def complete(
         self,
@@ -164,6 +179,7 @@ class ChunkPipeline:
                 return None
             latency = max(0, now_ns - request.obs.mono_ns)
             self.latency.add(latency)
+            self.recent.add(latency)
             real_delay = math.ceil(latency / self.dt_ns)
             self.last_real_delay = real_delay
             provenance = Provenance(session_id, seq_id, request.episode_id, request.obs.mono_ns)

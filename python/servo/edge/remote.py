@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -31,17 +32,13 @@ from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import Request
 from servo.logs import LogThrottle, get_logger
 from servo.robots.protocol import RobotSpec
-from servo.wire import PolicyInfo
+from servo.wire import PolicyInfo, alive_selector
 
 log = get_logger(__name__)
 
 
 class _Reconnect(Exception):
-    """Internal: leave the current session and reconnect (``at_once``: skip the backoff)."""
-
-    def __init__(self, reason: str, *, at_once: bool = False) -> None:
-        super().__init__(reason)
-        self.at_once = at_once
+    """Internal: leave the current session and re-handshake at once (on any usable replica)."""
 
 
 class RemoteEngine(EngineBase):
@@ -55,6 +52,12 @@ class RemoteEngine(EngineBase):
     queue (`servo.client.verify`); a rejected one is counted, and the request retried. Only the
     spec's reasons kill the engine (seeds/001 §9.2): offline longer than ``max_offline_s``, or a
     server that comes back with another model or refuses the robot's capabilities.
+
+    Failover is driven by events, not timers: a lost session (the replica's liveliness token
+    vanished, a drain notice, a timeout streak, a server that forgot the session) re-handshakes
+    at once on the best usable replica while the fallback ladder holds the arm. Only when nobody
+    usable answers does the engine back off, and a replica token appearing (a restarted or new
+    server) ends that wait at once.
     """
 
     def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
@@ -72,6 +75,8 @@ class RemoteEngine(EngineBase):
         self._epoch = 0
         self._receive_scope: anyio.CancelScope | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        #: Set when a replica's liveliness token appears: ends a reconnect backoff at once.
+        self._replica_appeared = anyio.Event()
 
     # ------------------------------------------------------------------ control-loop side
     def reset(self) -> None:
@@ -93,6 +98,7 @@ class RemoteEngine(EngineBase):
             self._tg = tg
             tg.start_soon(self.tick_failsafe)
             zsession = await self._open_zenoh()
+            watcher = self._watch_replicas(zsession)
             try:
                 client = self.client = PolicyClient(
                     zsession,
@@ -111,12 +117,28 @@ class RemoteEngine(EngineBase):
                         # Telling the server is a courtesy (it collects vanished clients anyway).
                         await self.session.close(timeout=0.01 if self.hurried else 0.5)
                     self.detach_loop()
+                    with contextlib.suppress(zenoh.ZError):
+                        watcher.undeclare()
                     await anyio.to_thread.run_sync(zsession.close)
                 tg.cancel_scope.cancel()
 
     def _backoff(self, *, deadline_s: float | None = None) -> Backoff:
         cfg = self.config
         return Backoff(cfg.reconnect_initial_backoff_s, cfg.reconnect_max_backoff_s, deadline_s=deadline_s)
+
+    def _watch_replicas(self, zsession: zenoh.Session) -> zenoh.Subscriber[None]:
+        """Liveliness of every replica this edge may use: a new token ends a reconnect backoff."""
+        bridge = self._bridge
+        assert bridge is not None
+        cfg = self.config
+        return zsession.liveliness().declare_subscriber(
+            alive_selector(cfg.app or None, cfg.model or None),
+            lambda sample: bridge.call(self._on_replica_liveliness, sample.kind),
+        )
+
+    def _on_replica_liveliness(self, kind: zenoh.SampleKind) -> None:
+        if kind == zenoh.SampleKind.PUT:
+            self._replica_appeared.set()
 
     async def _open_zenoh(self) -> zenoh.Session:
         # A Zenoh client's open() fails at once while nothing listens (ZENOH_FACTS §1).
@@ -160,7 +182,7 @@ class RemoteEngine(EngineBase):
             fps=self.spec.fps,
             app=cfg.app or None,
             model=cfg.model or None,
-            accept=(lambda s: s.keys.replica == cfg.replica) if cfg.replica else None,
+            accept=self._acceptable,
             task=cfg.task,
             rtc=cfg.rtc,
             epoch=self._epoch,
@@ -171,12 +193,13 @@ class RemoteEngine(EngineBase):
         self._previous = session
         assert session.ack is not None
         ack = session.ack
-        if self._identity is not None and not _same_model(self._identity, ack.policy):
+        if not self._acceptable(session.server, ack.policy.revision):
+            await session.close()  # the status said otherwise: a replica mid-upgrade
+            raise _Reconnect(f"replica {session.server.keys.replica} serves revision {ack.policy.revision}")
+        # The revision was checked above; anything else that differs breaks the robot's contract.
+        if self._identity is not None and (differences := model_differences(self._identity, ack.policy)):
             await session.close()
-            self.failsafe.fatal(
-                f"server came back with a different model ({ack.policy.model} rev {ack.policy.revision}, "
-                f"was {self._identity.model} rev {self._identity.revision})"
-            )
+            self.failsafe.fatal(f"server came back with a different model: {'; '.join(differences)}")
             raise _Reconnect("different model")
         self._identity = ack.policy
         self.task = ack.task  # the effective task (the server's default when the edge names none)
@@ -193,36 +216,51 @@ class RemoteEngine(EngineBase):
                 warning=warning,
             )
 
+    def _revision_may_change(self) -> bool:
+        """Unpinned edges take another revision only at an episode boundary (seeds/001 §8)."""
+        return not self.config.revision and self.episode_starting
+
+    def _acceptable(self, server: ServerInfo, revision: str | None = None) -> bool:
+        """Whether this edge may use ``server`` now: the replica and revision rules."""
+        cfg = self.config
+        revision = server.status.policy.revision if revision is None else revision
+        if cfg.replica and server.keys.replica != cfg.replica:
+            return False
+        if cfg.revision:
+            return revision == cfg.revision
+        return self._identity is None or self._revision_may_change() or revision == self._identity.revision
+
     async def _connection_loop(self, client: PolicyClient) -> None:
         backoff = self._backoff()
         while not self.failsafe.dead.is_set():
-            at_once = False
             if self.session is not None:
                 try:
                     await self._stream(self.session)
                 except _Reconnect as exc:
                     self.failsafe.lost(str(exc))
-                    at_once = exc.at_once
                 with anyio.CancelScope(shield=True):
                     await self.session.close()
                 self.session = None
                 backoff.reset()
-            if self.failsafe.dead.is_set():
-                return
-            if not at_once:
-                await backoff.wait()
+            if self.failsafe.dead.is_set() or self.tearing_down:
+                return  # the arm is parking: nothing may start a session now
+            # A token that appears while this attempt runs must still cut the next wait short.
+            appeared = self._replica_appeared = anyio.Event()
             try:
                 await self._open(client)
+                continue
             except SessionRejected as exc:
                 if exc.rejection.code not in RETRYABLE:
                     self.failsafe.fatal(f"server refused this robot on reconnect: {exc.rejection.reason}")
+                    continue
+                problem = str(exc)
             except (NoServerFound, RequestTimeout, _Reconnect) as exc:
-                log.info(
-                    "reconnect attempt failed",
-                    client_id=self.client_id,
-                    error=str(exc),
-                    retry_in_s=backoff.delay,
-                )
+                problem = str(exc)
+            delay = backoff.next_delay()
+            assert delay is not None  # no deadline: always a delay
+            log.info("reconnect attempt failed", client_id=self.client_id, error=problem, retry_in_s=delay)
+            with anyio.move_on_after(delay):
+                await appeared.wait()
 
     async def produce(self, request: Request, *, episode_start: bool) -> Produced | None:
         """Send the request's observation and wait for its chunk (None: abandoned by a reset).
@@ -276,8 +314,8 @@ class RemoteEngine(EngineBase):
                 self.errors += 1
                 self.failsafe.request_failed()
                 if exc.code == "unknown_session":
-                    # The server restarted or collected us: re-handshake now, no backoff.
-                    raise _Reconnect("server no longer knows this session", at_once=True) from None
+                    # The server restarted or collected us: re-handshake now.
+                    raise _Reconnect("server no longer knows this session") from None
                 if (suppressed := self._log_throttle.allow(exc.code)) is not None:
                     bound.warning("server refused request", code=exc.code, reason=exc.message, suppressed=suppressed)
                 continue
@@ -327,10 +365,22 @@ class RemoteEngine(EngineBase):
         )
 
 
-def _same_model(a: PolicyInfo, b: PolicyInfo) -> bool:
-    return (a.model, a.revision, a.features, a.chunk_size) == (
-        b.model,
-        b.revision,
-        b.features,
-        b.chunk_size,
-    )
+#: What every replica an edge uses must share with the first one: a difference is DEAD. The revision
+#: has its own rules (`RemoteEngine._acceptable`: pinned, or changed at an episode boundary only).
+SAME_MODEL_FIELDS = ("model", "chunk_size", "features")
+
+
+def model_differences(was: PolicyInfo, now: PolicyInfo) -> list[str]:
+    """Every field of `SAME_MODEL_FIELDS` that differs, as ``field now (was …)``; empty when the same."""
+    differences = []
+    for name in SAME_MODEL_FIELDS:
+        old, new = getattr(was, name), getattr(now, name)
+        if name == "features":
+            differences += [
+                f"features.{field} {getattr(new, field)!r} (was {getattr(old, field)!r})"
+                for field in old.__struct_fields__
+                if getattr(old, field) != getattr(new, field)
+            ]
+        elif old != new:
+            differences.append(f"{name} {new!r} (was {old!r})")
+    return differences

@@ -296,7 +296,7 @@ class EdgeRuntime:
         assert loop is not None
         if not loop.running:
             return False
-        self.engine.pause()
+        self.engine.begin_teardown()
         rest = np.asarray(self.engine.spec.rest_pose, dtype=np.float32)
         parked = await loop.park(rest, tolerance=self.options.rest_tolerance, timeout=self.options.park_timeout_s)
         log.info(

@@ -166,6 +166,7 @@ class ControlPlane:
             max_sessions=replica.max_sessions,
             load=state.load,
             identity=replica.identity.public_key,
+            queue_wait_ms=state.metrics.queue_wait_ms.recent_median(),
         )
 
     def _reject(self, code: str, reason: str, **context: object) -> Rejection:

@@ -2,10 +2,37 @@
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _MS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
+#: Requests the status reply's recent queue wait looks at.
+RECENT_WINDOW = 64
+
+
+class RecentHistogram(Histogram):
+    """A histogram that also keeps its last `RECENT_WINDOW` observations.
+
+    Observed from the inference worker thread, read from the event loop (`recent_median`):
+    ``deque.append`` and ``list(deque)`` are atomic under the GIL.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._recent: deque[float] = deque(maxlen=RECENT_WINDOW)
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        """Record ``amount`` in the histogram and the recent window."""
+        super().observe(amount, exemplar)
+        self._recent.append(amount)
+
+    def recent_median(self) -> float:
+        """Median of the recent window (0 before the first observation)."""
+        recent = list(self._recent)
+        return statistics.median(recent) if recent else 0.0
 
 
 class ServerMetrics:
@@ -43,7 +70,7 @@ class ServerMetrics:
         self.sessions_collected = Counter(
             "servo_sessions_collected", "Sessions closed by the server", ["reason"], registry=r
         )
-        self.queue_wait_ms = Histogram(
+        self.queue_wait_ms = RecentHistogram(
             "servo_queue_wait_ms",
             "Observation wait before inference (ms)",
             buckets=_MS_BUCKETS,

@@ -4,7 +4,7 @@ from servo.wire.codec import MAX_MESSAGE_BYTES, decode, encode
 from servo.wire.errors import WireError
 from servo.wire.header import reply_header
 from servo.wire.image import EncodedImage, check_frame, decode_image, encode_image, jpeg_dimensions
-from servo.wire.keys import ROOT, ClientKeys, ServerKeys, segment, slugify, status_selector
+from servo.wire.keys import ROOT, ClientKeys, ServerKeys, alive_selector, segment, slugify, status_selector
 from servo.wire.messages import (
     SUPPORTED_SCHEMA_VERSIONS,
     ActionChunk,
@@ -57,6 +57,7 @@ __all__ = [
     "TrajectoryRequest",
     "WireError",
     "ack_transcript",
+    "alive_selector",
     "check_frame",
     "decode",
     "decode_image",

@@ -165,3 +165,8 @@ def status_selector(app: str | None = None, model: str | None = None) -> str:
     a = "*" if app is None else segment(app, what="app")
     m = "*" if model is None else segment(model, what="model")
     return f"{ROOT}/{a}/{m}/*/status"
+
+
+def alive_selector(app: str | None = None, model: str | None = None) -> str:
+    """Selector matching the liveliness token of every replica (optionally of one app/model)."""
+    return status_selector(app, model).removesuffix("status") + "alive"

@@ -107,11 +107,15 @@ class StatusReply(msgspec.Struct, frozen=True):
     max_sessions: Annotated[int, msgspec.Meta(ge=1)]
     load: Annotated[float, msgspec.Meta(ge=0.0)]
     identity: PublicKey
+    #: Median wait of the replica's recent observations before inference (ms); placement uses it.
+    queue_wait_ms: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
 
     def __post_init__(self) -> None:
         """Refuse an impossible load (msgspec turns the ValueError into a decode error)."""
         if not math.isfinite(self.load):
             raise ValueError(f"load {self.load} is not finite")
+        if not math.isfinite(self.queue_wait_ms):
+            raise ValueError(f"queue_wait_ms {self.queue_wait_ms} is not finite")
         if self.active_sessions > self.max_sessions:
             raise ValueError(f"active_sessions {self.active_sessions} exceeds max_sessions {self.max_sessions}")
 

@@ -1,0 +1,192 @@
+"""Processes of the fleet benchmark (bench_scale.py): a router, replicas, and light robots.
+
+* ``python -m benches._scale router --port P`` — a plain Zenoh router (a Python session in router
+  mode; servo-router's per-robot access control needs one Zenoh session per robot, and these robots
+  share one per process). Prints ``READY``; SIGTERM ends it.
+* ``python -m benches._scale serve --router P --replica NAME --compute-ms T`` — a `PolicyServer` of
+  `benches._fleet.FixedComputePolicy` (forwards of exactly T ms, one small camera) joining the
+  router. Prints ``READY``; SIGTERM drains it.
+* ``python -m benches._scale robots --router P --first I --count M --rate R --out FILE`` — M light
+  robots sharing one Zenoh client session: each places itself (`PolicyClient.connect_best`), then
+  sends one observation every 1/R s (a small JPEG frame, a state unique to the robot and request)
+  and checks that the chunk answers exactly that state. A lost session (token gone, drain notice,
+  two timeouts in a row) re-places the robot at once. Prints ``CONNECTED`` once every robot has a
+  session; on SIGTERM writes every served request (time, replica, fresh?) as JSON and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+
+from benches._fleet import FPS, JOINTS, FixedComputePolicy
+
+APP = "scale"
+HEIGHT, WIDTH = 48, 64
+#: Sessions a replica accepts: more than the fleet needs, so placement (not refusals) spreads it.
+MAX_SESSIONS = 400
+
+
+def manifest_text(router_port: int, listen_port: int, replica: str) -> str:
+    return f"""
+[model]
+source = "bench"
+warmup = 2
+[serving]
+app = "{APP}"
+replica = "{replica}"
+max_sessions = {MAX_SESSIONS}
+client_grace_s = 2.0
+[zenoh]
+mode = "peer"
+listen = ["tcp/127.0.0.1:{listen_port}"]
+connect = ["tcp/127.0.0.1:{router_port}"]
+[ops]
+health_port = 0
+"""
+
+
+async def _router(args: argparse.Namespace) -> None:
+    from servo.transport import ZenohSettings, open_session
+
+    async with open_session(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{args.port}"])):
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            print("READY", flush=True)
+            async for _ in signals:
+                break
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from benches._support import free_port
+    from servo.cli.lifecycle import on_signal
+    from servo.server.manifest import parse_manifest
+    from servo.server.service import PolicyServer
+
+    policy = FixedComputePolicy(args.compute_ms, HEIGHT, WIDTH)
+    manifest = parse_manifest(manifest_text(args.router, free_port(), args.replica))
+    server = PolicyServer(manifest, policy=policy)
+    async with anyio.create_task_group() as tg:
+
+        async def run_server(*, task_status: Any) -> None:
+            await server.run(task_status=task_status)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(lambda: on_signal(server.drain, server.hurry, say=lambda _: None, what="stopping"))
+        await tg.start(run_server)
+        print("READY", flush=True)
+
+
+async def _robots(args: argparse.Namespace) -> None:
+    from benches._fleet import frames
+    from servo.client import PolicyClient, RequestTimeout, ServerError, SessionLost
+    from servo.client.errors import NoServerFound, SessionRejected
+    from servo.transport import ZenohSettings, open_session
+
+    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{args.router}"])
+    period = 1.0 / args.rate
+    #: Per robot: (monotonic s, replica, fresh, round trip ms, queue wait ms, inference ms).
+    served: dict[int, list[tuple[float, str, bool, float, float, float]]] = {}
+    failures: dict[int, int] = {}
+    connected = 0
+
+    async def robot(index: int, zsession: Any) -> None:
+        nonlocal connected
+        client = PolicyClient(zsession, f"robot-{index}", jpeg_quality=80)
+        images = frames(HEIGHT, WIDTH, index)
+        state = np.zeros(len(JOINTS), dtype=np.float32)
+        state[0] = float(index)
+        rows = served.setdefault(index, [])
+        seq = 0
+        first = True
+        # Robots start their cadence at random phases, as independent robots would.
+        next_at = time.monotonic() + float(np.random.default_rng(index).uniform(0, period))
+        while True:
+            try:
+                session = await client.connect_best(features=features, fps=FPS, app=APP)
+            except (NoServerFound, SessionRejected, RequestTimeout):
+                failures[index] = failures.get(index, 0) + 1
+                await anyio.sleep(0.1)  # nobody usable: the only case that waits
+                continue
+            if first:
+                first = False
+                connected += 1
+                if connected == args.count:
+                    print("CONNECTED", flush=True)
+            replica = session.server.keys.replica
+            timeouts = 0
+            try:
+                while timeouts < 2:
+                    with anyio.move_on_after(next_at - time.monotonic()):
+                        await session.lost.wait()  # a lost session re-places the robot at once
+                    if session.lost.is_set():
+                        break
+                    next_at = max(next_at + period, time.monotonic())
+                    seq += 1
+                    state[1] = float(seq)
+                    try:
+                        chunk = await session.infer(state, images, timeout=5.0)
+                    except RequestTimeout:
+                        timeouts += 1
+                        continue
+                    except ServerError:
+                        continue
+                    timeouts = 0
+                    fresh = bool(np.array_equal(chunk.chunk_robot[0], state))
+                    rows.append(
+                        (time.monotonic(), replica, fresh, chunk.rtt_ns / 1e6, chunk.queue_wait_ms, chunk.inference_ms)
+                    )
+            except SessionLost:
+                pass
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await session.close(timeout=0.1)
+
+    async with open_session(settings) as zsession:
+        probe = PolicyClient(zsession, f"probe-{args.first}")
+        with anyio.fail_after(60):
+            while True:
+                try:
+                    (server, *_) = await probe.discover(app=APP)
+                    break
+                except NoServerFound:
+                    await anyio.sleep(0.2)
+        features = server.status.policy.features
+        async with anyio.create_task_group() as tg:
+            for i in range(args.first, args.first + args.count):
+                tg.start_soon(robot, i, zsession)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    break
+            tg.cancel_scope.cancel()
+    result = {"served": {str(k): v for k, v in served.items()}, "failures": failures}
+    await anyio.Path(args.out).write_text(json.dumps(result))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benches._scale")
+    parser.add_argument("role", choices=("router", "serve", "robots"))
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--router", type=int)
+    parser.add_argument("--replica", default="r0")
+    parser.add_argument("--compute-ms", type=float, default=10.0)
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--count", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=0.5)
+    parser.add_argument("--out", default="robots.json")
+    args = parser.parse_args(argv)
+    from servo.logs import configure_logging
+
+    configure_logging("error")
+    role = {"router": _router, "serve": _serve, "robots": _robots}[args.role]
+    anyio.run(role, args, backend="asyncio", backend_options={"use_uvloop": True})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

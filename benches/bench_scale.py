@@ -1,0 +1,227 @@
+"""Fleet at scale (issue 9 item 6): light robots through one router to 3 replicas, one killed.
+
+Processes (see `benches._scale`): a Zenoh router, three replicas of a fixed-compute policy (two
+48x64 cameras, JPEG q80), and robot processes of 50 robots each sharing one Zenoh session. Each
+robot sends one observation every 1/r s (r = 0.5 Hz) and checks the chunk answers that very
+observation. The forward time t is set from the capacity formula of seeds/001 P10 so the fleet runs
+exactly at its throughput capacity: N_max = 0.8 / (r·t) per replica, so t = 0.8 / (r·N/3).
+
+Timeline: every robot connected → warm-up → measurement window (sessions per replica, served-rate
+fairness, served rate against the formula) → kill -9 of one replica → recovery window (each of its
+robots served again by another replica; 0 stale or crossed chunks over the whole run).
+
+Smoke (CI, ``make test``): ``pytest benches/bench_scale.py --benchmark-disable`` (30 robots, short).
+Measure::
+
+    pytest benches/bench_scale.py --benchmark-enable --benchmark-only -s
+
+``SCALE_BENCH_ROBOTS`` (default 300), ``SCALE_BENCH_WINDOW_S`` (default 20).
+Targets: sessions per replica max/min <= 1.1; per-robot served rate max/min <= 1.2; measured
+served rate within 15 % of the formula's N·r; after the kill every robot of the killed replica
+served again by another one; 0 stale actions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+from pytest_benchmark.fixture import BenchmarkFixture
+
+from benches._fleet import CHUNK, FPS
+from benches._support import free_port
+from servo.client import PolicyClient
+from servo.transport import ZenohSettings, open_session
+
+RATE_HZ = 0.5
+REPLICAS = ("r0", "r1", "r2")
+PER_PROCESS = 50
+UTILISATION = 0.8
+
+
+class Child:
+    """A child process of `benches._scale` whose stdout lines are waited on."""
+
+    def __init__(self, workdir: Path, name: str, *args: str) -> None:
+        self.log = workdir / f"{name}.log"
+        with self.log.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "benches._scale", *args],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def wait_for(self, word: str, timeout: float) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        for line in self.proc.stdout:
+            if word in line:
+                return
+            if time.monotonic() > deadline:
+                break
+        raise RuntimeError(f"{word} never came ({self.proc.poll()}):\n{self.log.read_text()[-2000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+async def sessions_per_replica(router_port: int) -> dict[str, int]:
+    async with open_session(ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{router_port}"])) as z:
+        servers = await PolicyClient(z, "census").discover(app="scale")
+    return {s.keys.replica: s.status.active_sessions for s in servers}
+
+
+def run_fleet(workdir: Path, robots: int, window_s: float, recovery_s: float) -> dict[str, Any]:
+    per_replica = robots / len(REPLICAS)
+    compute_ms = 1e3 * UTILISATION / (RATE_HZ * per_replica)  # the formula's N_max is the fleet
+    router_port = free_port()
+    children: list[Child] = []
+    try:
+        router = Child(workdir, "router", "router", "--port", str(router_port))
+        children.append(router)
+        router.wait_for("READY", 30)
+        replicas = {}
+        for name in REPLICAS:
+            replicas[name] = Child(
+                workdir, name, "serve", "--router", str(router_port), "--replica", name, "--compute-ms", f"{compute_ms}"
+            )
+            children.append(replicas[name])
+        for child in replicas.values():
+            child.wait_for("READY", 60)
+        outputs = []
+        fleet = []
+        for first in range(0, robots, PER_PROCESS):
+            count = min(PER_PROCESS, robots - first)
+            out = workdir / f"robots-{first}.json"
+            outputs.append(out)
+            args = ["robots", "--router", str(router_port), "--first", str(first), "--count", str(count)]
+            child = Child(workdir, f"robots-{first}", *args, "--rate", str(RATE_HZ), "--out", str(out))
+            fleet.append(child)
+            children.append(child)
+        for child in fleet:
+            child.wait_for("CONNECTED", 120)
+        time.sleep(max(3.0, 2 / RATE_HZ))  # warm-up: every robot past its first request
+        start = time.monotonic()
+        time.sleep(window_s)
+        end = time.monotonic()
+        census = anyio.run(sessions_per_replica, router_port)
+        victim = max(census, key=lambda name: census[name])
+        replicas[victim].proc.kill()
+        killed = time.monotonic()
+        time.sleep(recovery_s)
+        for child in fleet:
+            child.stop()
+        served: dict[int, list[list[Any]]] = {}
+        for out in outputs:
+            served.update({int(k): v for k, v in json.loads(out.read_text())["served"].items()})
+    finally:
+        for child in reversed(children):
+            child.stop()
+    return {
+        "served": served,
+        "census": census,
+        "victim": victim,
+        "window": (start, end),
+        "killed": killed,
+        "compute_ms": compute_ms,
+        "robots": robots,
+    }
+
+
+def analyse(run: dict[str, Any]) -> dict[str, Any]:
+    served, (start, end), killed = run["served"], run["window"], run["killed"]
+    in_window = {robot: [r for r in rows if start <= r[0] <= end] for robot, rows in served.items()}
+    # Requests per second between a robot's first and last request of the window (no edge effects).
+    rates = [(len(rows) - 1) / (rows[-1][0] - rows[0][0]) if len(rows) > 1 else 0.0 for rows in in_window.values()]
+    census = run["census"]
+    total_rate = sum(rates)
+    robots, t_s = run["robots"], run["compute_ms"] / 1e3
+    per_replica = robots / len(REPLICAS)
+    window_rows = [r for rows in in_window.values() for r in rows]
+    rtt_ms = np.array([r[3] for r in window_rows])
+    # The network part of a round trip: what is neither queue wait nor inference.
+    net_s = float(np.median(rtt_ms - np.array([r[4] + r[5] for r in window_rows]))) / 1e3
+    n_max_throughput = UTILISATION / (RATE_HZ * t_s)
+    n_max_latency = (CHUNK / FPS / 2 - net_s) / t_s
+    predicted = min(n_max_throughput, per_replica) * len(REPLICAS) * RATE_HZ
+    # The victim's robots: on it at the kill (their last row before the kill names it).
+    victims = [
+        robot
+        for robot, rows in served.items()
+        if (before := [r for r in rows if r[0] < killed]) and before[-1][1] == run["victim"]
+    ]
+    recovered = [robot for robot in victims if any(r[0] > killed and r[1] != run["victim"] for r in served[robot])]
+    back_after = [
+        min(r[0] for r in served[robot] if r[0] > killed and r[1] != run["victim"]) - killed for robot in recovered
+    ]
+    stale = sum(1 for rows in served.values() for r in rows if not r[2])
+    info: dict[str, Any] = {
+        "robots": robots,
+        "replicas": len(REPLICAS),
+        "compute_ms": round(run["compute_ms"], 3),
+        "rate_hz": RATE_HZ,
+        "sessions_per_replica": census,
+        "sessions_max_min": max(census.values()) / max(1, min(census.values())),
+        "served_rate_fairness": max(rates) / min(rates) if min(rates) > 0 else math.inf,
+        "served_rate_hz": round(total_rate, 2),
+        "formula_served_rate_hz": round(predicted, 2),
+        "formula_error": round(abs(total_rate - predicted) / predicted, 4),
+        "formula_n_max_per_replica": {"throughput": round(n_max_throughput, 1), "latency": round(n_max_latency, 1)},
+        "rtt_ms": {name: round(float(np.percentile(rtt_ms, q)), 1) for name, q in (("p50", 50), ("p99", 99))},
+        "rtt_net_ms_p50": round(net_s * 1e3, 2),
+        "killed": run["victim"],
+        "victim_robots": len(victims),
+        "victim_robots_served_again": len(recovered),
+        "served_again_s": {
+            "p50": float(np.percentile(back_after, 50)) if back_after else None,
+            "max": max(back_after) if back_after else None,
+        },
+        "stale_actions": stale,
+        "requests_served": sum(len(rows) for rows in served.values()),
+    }
+    info["target_met"] = bool(
+        info["sessions_max_min"] <= 1.1
+        and info["served_rate_fairness"] <= 1.2
+        and info["formula_error"] <= 0.15
+        and len(recovered) == len(victims) > 0
+        and stale == 0
+    )
+    return info
+
+
+def test_fleet_scale(benchmark: BenchmarkFixture, tmp_path: Path) -> None:
+    benchmark.group = "fleet scale"
+    robots = 30 if benchmark.disabled else int(os.environ.get("SCALE_BENCH_ROBOTS", "300"))
+    window_s = 4.0 if benchmark.disabled else float(os.environ.get("SCALE_BENCH_WINDOW_S", "20"))
+    recovery_s = 5.0 if benchmark.disabled else 12.0
+
+    def run() -> dict[str, Any]:
+        return analyse(run_fleet(tmp_path, robots, window_s, recovery_s))
+
+    info = benchmark.pedantic(run, rounds=1, iterations=1)
+    benchmark.extra_info.update(info)
+    print(f"\nfleet: {json.dumps(info)}")
+    assert sum(info["sessions_per_replica"].values()) == robots
+    assert info["stale_actions"] == 0
+    assert info["victim_robots_served_again"] == info["victim_robots"] > 0
+    assert Counter(info["sessions_per_replica"]).total() == robots

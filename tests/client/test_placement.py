@@ -1,0 +1,102 @@
+"""Placement: a validated score, and a burst of simultaneous connects spread over the replicas.
+
+Three in-process replicas join a router opened by the test; robots share one client session.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+import msgspec
+import pytest
+
+from servo.client import PolicyClient, RemoteSession
+from servo.client.policy_client import placement_score
+from servo.server.manifest import parse_manifest
+from servo.transport import ZenohSettings, open_session
+from servo.wire import StatusReply
+from tests.client.test_verify import status
+from tests.support import client_settings, free_port, running_server
+
+pytestmark = pytest.mark.anyio
+
+
+def test_the_score_counts_sessions_and_recent_queue_wait_not_the_advertised_load() -> None:
+    idle = msgspec.structs.replace(status(bytes(32)), active_sessions=0, max_sessions=8, load=0.0)
+    busy = msgspec.structs.replace(idle, active_sessions=4)
+    lying = msgspec.structs.replace(busy, load=0.0)  # four sessions, advertised as idle
+    waiting = msgspec.structs.replace(idle, queue_wait_ms=750.0)
+    assert placement_score(idle) == 0.0
+    assert placement_score(busy) == placement_score(lying) == 0.5
+    assert placement_score(waiting) == 0.75
+
+
+def test_an_impossible_queue_wait_does_not_decode() -> None:
+    reply = msgspec.structs.asdict(status(bytes(32)))
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert({**reply, "queue_wait_ms": bad}, StatusReply)
+
+
+@asynccontextmanager
+async def three_replicas() -> AsyncIterator[int]:
+    """A router and three replicas of the reference policy joined to it; yields the router port."""
+    router_port = free_port()
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(
+            open_session(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{router_port}"]))
+        )
+        for name in ("r0", "r1", "r2"):
+            manifest = parse_manifest(
+                f"""
+[model]
+source = "reference"
+warmup = 1
+[model.options]
+cameras = {{front = [48, 64]}}
+[serving]
+app = "spread"
+replica = "{name}"
+max_sessions = 16
+[zenoh]
+mode = "peer"
+listen = ["tcp/127.0.0.1:{free_port()}"]
+connect = ["tcp/127.0.0.1:{router_port}"]
+[ops]
+health_port = 0
+"""
+            )
+            await stack.enter_async_context(running_server(manifest))
+        yield router_port
+
+
+async def test_thirty_simultaneous_connects_split_evenly_over_three_replicas() -> None:
+    async with three_replicas() as router_port, open_session(client_settings(router_port)) as zsession:
+        probe = PolicyClient(zsession, "probe")
+        with anyio.fail_after(10):
+            while len(await probe.discover(app="spread")) < 3:  # noqa: ASYNC110 - joins have no event
+                await anyio.sleep(0.05)
+        (server, *_) = await probe.discover(app="spread")
+        policy = server.status.policy
+        sessions: list[RemoteSession] = []
+
+        async def robot(i: int) -> None:
+            client = PolicyClient(zsession, f"robot-{i}")
+            sessions.append(await client.connect_best(features=policy.features, fps=policy.fps, app="spread"))
+
+        try:
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for i in range(30):
+                        tg.start_soon(robot, i)
+            mine = Counter(session.server.keys.replica for session in sessions)
+            seen = {s.keys.replica: s.status.active_sessions for s in await probe.discover(app="spread")}
+        finally:
+            for session in sessions:
+                await session.close()
+    assert len(sessions) == 30
+    assert seen == dict(mine)  # the servers count what the robots hold: nobody left a session behind
+    assert max(mine.values()) / min(mine.values()) <= 1.1, mine

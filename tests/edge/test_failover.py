@@ -1,0 +1,242 @@
+"""Failover driven by events (issue 9): replicas behind a router, the edge re-handshakes when its
+replica's token vanishes or a drain notice comes, and a restarted replica's token ends a backoff.
+
+The backoff is set to 30 s in these tests: an edge that waited for it would fail every deadline,
+so passing them shows the events, not a timer, drove the reconnects. Real ``servo-serve``
+subprocesses (kill -9 is the point) behind a router opened in the test, on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from servo.edge.failsafe import EngineState
+from servo.edge.remote import RemoteEngine
+from servo.transport import ZenohSettings, open_session
+from tests.edge.fakes import eventually
+from tests.edge.harness import MergeLog, Proc, edge_config, running_edge, small_sim, start_server
+from tests.support import free_port
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+#: Longer than every deadline below: reaching one through a backoff is impossible.
+BACKOFF_S = 30.0
+
+
+def replica_manifest(
+    directory: Path, router_port: int, replica: str, *, revision: str = "v1", lease_ms: int = 1000
+) -> Path:
+    """A replica of the reference policy joining the router (its own identity in ``directory``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "manifest.toml"
+    path.write_text(
+        f"""
+[model]
+source = "reference"
+revision = "{revision}"
+warmup = 1
+[model.options]
+cameras = {{front = [48, 64]}}
+chunk_size = 20
+[serving]
+app = "fleet"
+replica = "{replica}"
+[zenoh]
+mode = "peer"
+listen = ["tcp/127.0.0.1:{free_port()}"]
+connect = ["tcp/127.0.0.1:{router_port}"]
+lease_ms = {lease_ms}
+[ops]
+health_port = 0
+"""
+    )
+    return path
+
+
+@asynccontextmanager
+async def router() -> AsyncIterator[int]:
+    """A plain Zenoh router on a free port, for the whole block."""
+    port = free_port()
+    async with open_session(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{port}"])):
+        yield port
+
+
+def fleet_edge(router_port: int) -> tuple[RemoteEngine, MergeLog]:
+    config = edge_config(
+        router_port,
+        app="fleet",
+        max_offline_s=120.0,
+        reconnect_initial_backoff_s=BACKOFF_S,
+        reconnect_max_backoff_s=BACKOFF_S,
+    )
+    engine = RemoteEngine(config, small_sim().spec())
+    return engine, MergeLog.attach(engine)
+
+
+def serving_replica(engine: RemoteEngine) -> str:
+    assert engine.server is not None
+    return engine.server.keys.replica
+
+
+async def test_kill_9_of_the_serving_replica_fails_over_at_once(tmp_path: Path) -> None:
+    async with router() as router_port:
+        manifests = {name: replica_manifest(tmp_path / name, router_port, name) for name in ("a", "b")}
+        servers = {name: await anyio.to_thread.run_sync(start_server, path) for name, path in manifests.items()}
+        try:
+            engine, log = fleet_edge(router_port)
+            async with running_edge(small_sim(), engine) as run:
+                await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
+                first = serving_replica(engine)
+                other = "b" if first == "a" else "a"
+                merged = len(log.merges)
+                servers[first].kill()
+                await eventually(
+                    lambda: (
+                        engine.session is not None
+                        and serving_replica(engine) == other
+                        and len(log.merges) > merged
+                        and log.merges[-1].session_id == engine.session.session_id
+                    ),
+                    10,
+                    "a fresh chunk from the other replica",
+                )
+                assert engine.failsafe.reconnects == 1
+                assert engine.state is EngineState.STREAMING
+                # The killed replica restarts: the edge stays where it is (no needless move).
+                servers[first] = await anyio.to_thread.run_sync(start_server, manifests[first])
+                chunks = engine.chunks_received
+                await eventually(lambda: engine.chunks_received >= chunks + 3, 10, "streaming on")
+                assert serving_replica(engine) == other
+                summary = await run.stop()
+        finally:
+            for server in servers.values():
+                server.stop()
+    assert summary.reconnects == 1
+    assert summary.parked
+
+
+async def test_a_hung_replica_is_left_when_its_lease_expires(tmp_path: Path) -> None:
+    # SIGSTOP sends no FIN (a frozen host, a pulled cable): only the 500 ms lease tells.
+    async with router() as router_port:
+        manifests = {name: replica_manifest(tmp_path / name, router_port, name, lease_ms=500) for name in ("a", "b")}
+        servers = {name: await anyio.to_thread.run_sync(start_server, path) for name, path in manifests.items()}
+        frozen = None
+        try:
+            engine, _ = fleet_edge(router_port)
+            async with running_edge(small_sim(), engine) as run:
+                await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
+                first = serving_replica(engine)
+                frozen = servers[first].popen
+                frozen.send_signal(signal.SIGSTOP)
+                chunks = engine.chunks_received
+                # Well inside the 2 x 5 s timeout streak: the lease, not the timeouts, moved it.
+                await eventually(
+                    lambda: (
+                        engine.session is not None
+                        and serving_replica(engine) != first
+                        and engine.chunks_received > chunks
+                    ),
+                    4,
+                    "a chunk from the other replica",
+                )
+                assert [reason for _, reason in engine.failsafe.transitions][-3] == "server liveliness lost"
+                await run.stop()
+        finally:
+            if frozen is not None:
+                frozen.send_signal(signal.SIGCONT)
+            for server in servers.values():
+                server.stop()
+
+
+async def test_a_drain_notice_moves_the_edge_to_another_replica(tmp_path: Path) -> None:
+    async with router() as router_port:
+        manifests = {name: replica_manifest(tmp_path / name, router_port, name) for name in ("a", "b")}
+        servers = {name: await anyio.to_thread.run_sync(start_server, path) for name, path in manifests.items()}
+        try:
+            engine, _ = fleet_edge(router_port)
+            async with running_edge(small_sim(), engine) as run:
+                await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
+                first = serving_replica(engine)
+                servers[first].popen.terminate()  # SIGTERM: drain
+                await eventually(
+                    lambda: engine.session is not None and serving_replica(engine) != first,
+                    10,
+                    "a session on the other replica",
+                )
+                assert "draining" in [reason for _, reason in engine.failsafe.transitions][-2]
+                chunks = engine.chunks_received
+                await eventually(lambda: engine.chunks_received >= chunks + 3, 10, "streaming there")
+                await run.stop()
+        finally:
+            for server in servers.values():
+                server.stop()
+
+
+async def test_a_restarted_replica_is_used_as_soon_as_its_token_appears(tmp_path: Path) -> None:
+    async with router() as router_port:
+        manifest = replica_manifest(tmp_path / "a", router_port, "a")
+        server: Proc = await anyio.to_thread.run_sync(start_server, manifest)
+        try:
+            engine, _ = fleet_edge(router_port)
+            async with running_edge(small_sim(), engine) as run:
+                await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
+                server.kill()
+                # Nobody answers now: the edge backs off (30 s) until a replica token appears.
+                await eventually(lambda: engine.state is EngineState.RECONNECTING, 5, "RECONNECTING")
+                await eventually(lambda: engine.session is None, 5, "the dead session closed")
+                chunks = engine.chunks_received
+                server = await anyio.to_thread.run_sync(start_server, manifest)
+                await eventually(lambda: engine.chunks_received > chunks, 10, "a chunk from the restarted replica")
+                assert engine.state is EngineState.STREAMING
+                await run.stop()
+        finally:
+            server.stop()
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+async def test_revisions_change_only_at_an_episode_boundary_and_never_when_pinned(tmp_path: Path, pinned: bool) -> None:
+    async with router() as router_port:
+        old = await anyio.to_thread.run_sync(start_server, replica_manifest(tmp_path / "a", router_port, "a"))
+        new = await anyio.to_thread.run_sync(
+            start_server, replica_manifest(tmp_path / "b", router_port, "b", revision="v2")
+        )
+        try:
+            config = edge_config(
+                router_port,
+                app="fleet",
+                max_offline_s=120.0,
+                revision="v1" if pinned else "",
+                replica="a",  # start on v1 whatever the placement
+            )
+            engine = RemoteEngine(config, small_sim().spec())
+            async with running_edge(small_sim(), engine) as run:
+                await eventually(lambda: engine.chunks_received >= 3, 15, "streaming on v1")
+                engine.config = msgspec.structs.replace(config, replica="")  # from now on: any replica
+                old.kill()  # mid-episode: only v2 is left
+                await eventually(lambda: engine.state is EngineState.RECONNECTING, 5, "RECONNECTING")
+                epoch = engine._epoch
+                # Positive control: two more attempts saw v2 (it was up all along) and took nothing.
+                await eventually(lambda: engine._epoch >= epoch + 2, 10, "two reconnect attempts")
+                assert engine.session is None
+                engine.reset()  # the episode boundary
+                if pinned:
+                    epoch = engine._epoch
+                    await eventually(lambda: engine._epoch >= epoch + 2, 10, "two attempts after the reset")
+                    assert engine.session is None
+                else:
+                    chunks = engine.chunks_received
+                    await eventually(lambda: engine.chunks_received > chunks, 10, "a chunk from v2")
+                    assert engine.server is not None
+                    assert engine.server.status.policy.revision == "v2"
+                    assert engine.state is EngineState.STREAMING
+                await run.stop()
+        finally:
+            old.stop()
+            new.stop()
