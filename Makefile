@@ -98,4 +98,4 @@ study: setup
 	$(PY) -m benches.smoothness
 
 clean:
-	rm -rf $(VENV) $(LEROBOT_VENV) target dist .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(LEROBOT_VENV) target dist .fuzz .pytest_cache .ruff_cache .mypy_cache
