@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 
+from servo._core import LatencyTracker
 from servo.policy import Policy
 from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer, ServerReady
@@ -26,6 +27,24 @@ def publish(request: pytest.FixtureRequest, text: str, name: str, *, smoke: bool
     if not smoke:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / name).write_text(text + "\n")
+
+
+def percentiles_ms(values_ms: Iterable[float], qs: Sequence[float]) -> list[float]:
+    """Quantiles ``qs`` of ``values_ms`` through the Rust LatencyTracker (servo's own); NaN when empty."""
+    values = list(values_ms)
+    tracker = LatencyTracker(window=max(1, len(values)))
+    for v in values:
+        tracker.add(max(0, int(v * 1e6)))
+    got = tracker.percentiles(list(qs))
+    return [float("nan")] * len(qs) if got is None else [g / 1e6 for g in got]
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of process ``pid`` in MiB (``/proc/<pid>/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def free_port() -> int:

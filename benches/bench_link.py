@@ -35,8 +35,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches import _netns
 from benches._fleet import FleetResult, Sample, run_fleet
-from benches._support import free_port
-from benches.bench_server import _percentiles_ms
+from benches._support import free_port, percentiles_ms
 
 pytestmark = pytest.mark.skipif(not _netns.available(), reason="needs root, ip and tc (network namespace + tbf)")
 
@@ -96,8 +95,8 @@ def _run(host: str, port: int, quality: int | Literal["auto"], smoke: bool) -> F
 
 
 def _summary(samples: list[Sample], results: list[FleetResult]) -> dict[str, Any]:
-    r50, r99 = _percentiles_ms([s.rtt_ms for s in samples])
-    o50, o99 = _percentiles_ms([s.rtt_ms - s.inference_ms for s in samples])
+    r50, r99 = percentiles_ms([s.rtt_ms for s in samples], (0.5, 0.99))
+    o50, o99 = percentiles_ms([s.rtt_ms - s.inference_ms for s in samples], (0.5, 0.99))
     used: Counter[str] = Counter()
     links = []
     for result in results:

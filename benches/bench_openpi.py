@@ -42,8 +42,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import CAMERAS, HEIGHT, WIDTH
-from benches._support import publish
-from servo._core import LatencyTracker
+from benches._support import percentiles_ms, publish
 
 pytestmark = pytest.mark.filterwarnings(
     # openpi-client 0.1.2 connects the way websockets >= 17.1 deprecates (its code, unchanged)
@@ -138,14 +137,6 @@ def _run(port: int, n_clients: int, smoke: bool) -> tuple[list[tuple[float, floa
     return samples, window
 
 
-def _p(values: list[float], q: float) -> float:
-    tracker = LatencyTracker(window=max(1, len(values)))
-    for v in values:
-        tracker.add(max(0, int(v * 1e6)))
-    got = tracker.percentiles([q])
-    return float("nan") if got is None else got[0] / 1e6
-
-
 def render(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| server | N | requests/s | % ideal | overhead p50 / p99 ms | ok |",
@@ -175,14 +166,14 @@ def test_openpi_client(
     samples, window = benchmark.pedantic(_run, args=(port, n_clients, smoke), rounds=1, iterations=1)
     served = len(samples) if not smoke else len(samples) - n_clients
     rps = served / window if window and window > 0 else float("nan")
-    overhead = [s[1] for s in samples]
+    o50, o99 = percentiles_ms([s[1] for s in samples], (0.5, 0.99))
     stats = {
         "clients": n_clients,
         "samples": len(samples),
         "requests_per_s": round(rps, 2),
         "pct_of_ideal": round(100 * rps / IDEAL_RPS, 1),
-        "overhead_ms_p50": round(_p(overhead, 0.5), 3),
-        "overhead_ms_p99": round(_p(overhead, 0.99), 3),
+        "overhead_ms_p50": round(o50, 3),
+        "overhead_ms_p99": round(o99, 3),
         "correct": bool(samples) and all(s[2] for s in samples),
     }
     benchmark.extra_info.update(stats, server=name, compute_ms=COMPUTE_MS)

@@ -34,8 +34,7 @@ import pytest
 import simplejpeg
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._support import free_port
-from servo._core import LatencyTracker
+from benches._support import free_port, percentiles_ms, rss_mb
 from servo.server.admission import ImageGate
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, encode, encode_tensor
 
@@ -113,13 +112,6 @@ def test_jpeg_bomb_refusal(benchmark: BenchmarkFixture, case: str) -> None:
 
 
 # ----------------------------------------------------------------------------- flood
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
@@ -152,11 +144,7 @@ def _server(port: int) -> Iterator[subprocess.Popen[str]]:
 
 
 def _p(values_ms: list[float], q: float) -> float:
-    tracker = LatencyTracker(window=max(1, len(values_ms)))
-    for v in values_ms:
-        tracker.add(int(v * 1e6))
-    got = tracker.percentiles([q])
-    return float("nan") if got is None else round(got[0] / 1e6, 3)
+    return round(percentiles_ms(values_ms, [q])[0], 3)
 
 
 async def _flood_run(port: int, server_pid: int, messages: int, quiet_requests: int) -> dict[str, Any]:
@@ -188,7 +176,7 @@ async def _flood_run(port: int, server_pid: int, messages: int, quiet_requests: 
         quiet.clear()
         for _ in range(quiet_requests):
             await one()
-        rss_before = _rss_mb(server_pid)
+        rss_before = rss_mb(server_pid)
         sink = flooded
         flood = subprocess.Popen(  # noqa: ASYNC220 - polled between requests, never waited on
             [
@@ -215,7 +203,7 @@ async def _flood_run(port: int, server_pid: int, messages: int, quiet_requests: 
             flooding = flood.poll() is None
         flood_s = time.perf_counter() - started
         out, _ = flood.communicate()
-        rss_after = _rss_mb(server_pid)
+        rss_after = rss_mb(server_pid)
         await session.close()
     return {
         "quiet_p50_ms": _p(quiet, 0.5),

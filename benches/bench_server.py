@@ -45,8 +45,7 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import FleetResult, run_echo_fleet, run_fleet, spawn_server
-from benches._support import publish
-from servo._core import LatencyTracker
+from benches._support import percentiles_ms, publish
 
 COMPUTE_MS = 20.0
 IDEAL_RPS = 1000.0 / COMPUTE_MS
@@ -57,6 +56,7 @@ WARMUP_S = 1.5
 MEASURE_S = 8.0
 QUALITIES = {"raw": 0, "jpeg90": 90}
 TRANSPORTS = ("tcp", "shm")
+P50_P99 = (0.5, 0.99)
 
 
 def _spawn(role: str, transport: str) -> Iterator[tuple[int, str]]:
@@ -83,16 +83,6 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
     publish(request, render(rows), "server.md", smoke=rows[0]["smoke"])
 
 
-def _percentiles_ms(values_ms: list[float]) -> tuple[float, float]:
-    tracker = LatencyTracker(window=max(1, len(values_ms)))
-    for v in values_ms:
-        tracker.add(max(0, int(v * 1e6)))
-    got = tracker.percentiles([0.5, 0.99])
-    if got is None:
-        return float("nan"), float("nan")
-    return got[0] / 1e6, got[1] / 1e6
-
-
 def summarize(result: FleetResult) -> dict[str, Any]:
     s = result.samples
     lost = [e for e in result.errors if "RequestTimeout" in e]
@@ -108,9 +98,9 @@ def summarize(result: FleetResult) -> dict[str, Any]:
     # to the last completion holds all but one request per client.
     served = len(s) if result.window_s else len(s) - result.n_clients
     served_rps = served / window if window and window > 0 else float("nan")
-    o50, o99 = _percentiles_ms(overhead)
-    q50, q99 = _percentiles_ms(overhead_ex_queue)
-    r50, r99 = _percentiles_ms([x.rtt_ms for x in s])
+    o50, o99 = percentiles_ms(overhead, P50_P99)
+    q50, q99 = percentiles_ms(overhead_ex_queue, P50_P99)
+    r50, r99 = percentiles_ms([x.rtt_ms for x in s], P50_P99)
     return {
         "clients": result.n_clients,
         "samples": len(s),
