@@ -26,14 +26,10 @@ Measure: ``pytest benches/bench_openpi.py --benchmark-enable --benchmark-only
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,14 +38,13 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import CAMERAS, HEIGHT, WIDTH
-from benches._support import percentiles_ms, publish
+from benches._support import percentiles_ms, publish, ready_process
 
 pytestmark = pytest.mark.filterwarnings(
     # openpi-client 0.1.2 connects the way websockets >= 17.1 deprecates (its code, unchanged)
     "ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"
 )
 
-REPO = Path(__file__).resolve().parents[1]
 COMPUTE_MS = 20.0
 IDEAL_RPS = 1000.0 / COMPUTE_MS
 CLIENTS = (1, 4)
@@ -61,33 +56,9 @@ SERVERS = {"servo": "servo front door", "baseline": "openpi-protocol baseline"}
 
 @pytest.fixture(scope="module", params=list(SERVERS))
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benches._openpi", request.param, "--compute-ms", str(COMPUTE_MS)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
-    assert proc.stdout is not None
-    timer = threading.Timer(120, proc.kill)  # a server that never gets ready must not hang the run
-    timer.start()
-    try:
-        line = proc.stdout.readline().split()
-    finally:
-        timer.cancel()
-    assert line[:1] == ["READY"], f"{request.param} server did not start (exit {proc.poll()})"
-    try:
+    command = [sys.executable, "-m", "benches._openpi", request.param, "--compute-ms", str(COMPUTE_MS)]
+    with ready_process(command, f"{request.param} server") as (_, line):
         yield request.param, int(line[1])
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        proc.stdout.close()
-        assert code == 0, f"{request.param} server exited with {code}"
 
 
 @pytest.fixture(scope="module")
