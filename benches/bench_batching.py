@@ -80,7 +80,11 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"p99 RTT {batched['rtt_ms_p99']:.1f} vs {rr['rtt_ms_p99']:.1f} ms."
         )
     mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
-    lines.append(f"\ncost model t(b) = {BASE_MS:g} + {PER_SAMPLE_MS:g} b ms; fixed {FIXED_MS:g} ms; {mode}.")
+    lines.append(
+        f"\ncost model t(b) = {BASE_MS:g} + {PER_SAMPLE_MS:g} b ms; fixed {FIXED_MS:g} ms; {mode}. Zenoh over TCP "
+        "on 127.0.0.1 (shared_memory = false on both ends), server and every client in its own process; "
+        "served/s = chunks received inside the window; RTT = observation stamp -> chunk received."
+    )
     return "\n".join(lines)
 
 

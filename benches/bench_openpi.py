@@ -121,7 +121,9 @@ def render(rows: list[dict[str, Any]]) -> str:
     mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
     lines.append(
         f"\nopenpi-client 0.1.2; two {HEIGHT}x{WIDTH}x3 uint8 frames + 6-d state + prompt, 50x6 chunk, "
-        f"{COMPUTE_MS:g} ms compute (ideal {IDEAL_RPS:g}/s); {mode}."
+        f"{COMPUTE_MS:g} ms compute (ideal {IDEAL_RPS:g}/s); {mode}. WebSocket on 127.0.0.1, server in its own "
+        "process, one client thread each; requests/s = replies received inside the window; overhead = client "
+        "round trip (msgpack encode included) - server-reported forward (policy_timing.infer_ms)."
     )
     return "\n".join(lines)
 

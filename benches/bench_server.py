@@ -57,6 +57,10 @@ MEASURE_S = 8.0
 QUALITIES = {"raw": 0, "jpeg90": 90}
 TRANSPORTS = ("tcp", "shm")
 P50_P99 = (0.5, 0.99)
+TRANSPORT_NOTE = (
+    "Zenoh on 127.0.0.1, server in its own process; tcp = shared_memory = false on both ends, "
+    "shm = same-host Zenoh shared memory."
+)
 
 
 def _spawn(role: str, transport: str) -> Iterator[tuple[int, str]]:
@@ -151,8 +155,9 @@ def render(rows: list[dict[str, Any]]) -> str:
         )
     mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
     lines.append(
-        f"\n{COMPUTE_MS:g} ms compute, ideal {IDEAL_RPS:g}/s; {mode}. Overhead = full round trip "
-        "(client encode and wake-up included) - server-reported inference; tcp = shared memory off."
+        f"\n{COMPUTE_MS:g} ms compute, ideal {IDEAL_RPS:g}/s; {mode}. {TRANSPORT_NOTE} served/s = chunks "
+        "received inside the window; RTT = observation stamp -> chunk received; overhead = RTT (client "
+        "encode and wake-up included) - server-reported inference; ex-queue also minus the queue wait."
     )
     return "\n".join(lines)
 
