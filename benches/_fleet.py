@@ -291,6 +291,14 @@ def frames(height: int, width: int, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+def window(smoke: bool, *, smoke_requests: int, warmup_s: float, measure_s: float) -> dict[str, Any]:
+    """`run_fleet` / `run_process_fleet` keywords: ``smoke_requests`` per client and no window in
+    a smoke run, else ``measure_s`` after ``warmup_s``."""
+    if smoke:
+        return {"warmup_s": 0.0, "measure_s": None, "max_requests": smoke_requests}
+    return {"warmup_s": warmup_s, "measure_s": measure_s}
+
+
 class _Clock:
     """Shared start line and measurement window of one run (event loop only)."""
 

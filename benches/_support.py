@@ -8,9 +8,10 @@ import signal
 import socket
 import subprocess
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -32,6 +33,17 @@ def publish(request: pytest.FixtureRequest, text: str, name: str, *, smoke: bool
     if not smoke:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / name).write_text(text + "\n")
+
+
+def results_table(
+    request: pytest.FixtureRequest, render: Callable[[list[dict[str, Any]]], str], name: str
+) -> Iterator[list[dict[str, Any]]]:
+    """Body of a module-scoped ``table`` fixture: the tests append rows (each with ``smoke``);
+    at teardown `render` them and `publish` as ``name``."""
+    rows: list[dict[str, Any]] = []
+    yield rows
+    if rows:
+        publish(request, render(rows), name, smoke=rows[0]["smoke"])
 
 
 def percentiles_ms(values_ms: Iterable[float], qs: Sequence[float]) -> list[float]:

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._fleet import FleetResult, run_process_fleet, spawn_server
-from benches._support import publish
+from benches._fleet import FleetResult, run_process_fleet, spawn_server, window
+from benches._support import results_table
 from benches.bench_server import summarize
 
 CLIENTS = 16
@@ -54,11 +54,7 @@ def _ideal_rps(scheduler: str, n: int) -> float:
 
 @pytest.fixture(scope="module")
 def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
-    rows: list[dict[str, Any]] = []
-    yield rows
-    if not rows:
-        return
-    publish(request, render(rows), "batching.md", smoke=rows[0]["smoke"])
+    yield from results_table(request, render, "batching.md")
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -89,11 +85,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 def _run(port: int, n: int, frame: tuple[int, int], smoke: bool) -> FleetResult:
-    kwargs: dict[str, Any] = (
-        {"warmup_s": 0.0, "measure_s": None, "max_requests": SMOKE_REQUESTS}
-        if smoke
-        else {"warmup_s": WARMUP_S, "measure_s": MEASURE_S}
-    )
+    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     return run_process_fleet(port, n, quality=0, height=frame[0], width=frame[1], **kwargs)
 
 

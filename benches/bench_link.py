@@ -30,7 +30,7 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches import _netns
-from benches._fleet import FleetResult, Sample, run_fleet
+from benches._fleet import FleetResult, Sample, run_fleet, window
 from benches._support import free_port, percentiles_ms, publish, ready_process
 
 pytestmark = pytest.mark.skipif(not _netns.available(), reason="needs root, ip and tc (network namespace + tbf)")
@@ -58,11 +58,7 @@ def server() -> Iterator[tuple[str, int]]:
 
 
 def _run(host: str, port: int, quality: int | Literal["auto"], smoke: bool) -> FleetResult:
-    kwargs: dict[str, Any] = (
-        {"warmup_s": 0.0, "measure_s": None, "max_requests": SMOKE_REQUESTS}
-        if smoke
-        else {"warmup_s": WARMUP_S, "measure_s": MEASURE_S}
-    )
+    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     result: FleetResult = anyio.run(
         lambda: run_fleet(port, 1, quality=quality, transport="tcp", host=host, **kwargs),
         backend="asyncio",

@@ -38,7 +38,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import CAMERAS, HEIGHT, WIDTH
-from benches._support import percentiles_ms, publish, ready_process
+from benches._support import percentiles_ms, ready_process, results_table
 
 pytestmark = pytest.mark.filterwarnings(
     # openpi-client 0.1.2 connects the way websockets >= 17.1 deprecates (its code, unchanged)
@@ -63,11 +63,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
 
 @pytest.fixture(scope="module")
 def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
-    rows: list[dict[str, Any]] = []
-    yield rows
-    if not rows:
-        return
-    publish(request, render(rows), "openpi.md", smoke=rows[0]["smoke"])
+    yield from results_table(request, render, "openpi.md")
 
 
 def _client(port: int, index: int, until: dict[str, float], smoke: bool, out: list[tuple[float, float, bool]]) -> None:

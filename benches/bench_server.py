@@ -44,8 +44,8 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._fleet import FleetResult, run_echo_fleet, run_fleet, spawn_server
-from benches._support import percentiles_ms, publish
+from benches._fleet import FleetResult, run_echo_fleet, run_fleet, spawn_server, window
+from benches._support import percentiles_ms, results_table
 
 COMPUTE_MS = 20.0
 IDEAL_RPS = 1000.0 / COMPUTE_MS
@@ -80,11 +80,7 @@ def echo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
 
 @pytest.fixture(scope="module")
 def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
-    rows: list[dict[str, Any]] = []
-    yield rows
-    if not rows:
-        return
-    publish(request, render(rows), "server.md", smoke=rows[0]["smoke"])
+    yield from results_table(request, render, "server.md")
 
 
 def summarize(result: FleetResult) -> dict[str, Any]:
@@ -164,11 +160,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 def _run(coro: Any, server: tuple[int, str], n: int, quality: int, smoke: bool) -> FleetResult:
     port, transport = server
-    kwargs: dict[str, Any] = (
-        {"warmup_s": 0.0, "measure_s": None, "max_requests": SMOKE_REQUESTS}
-        if smoke
-        else {"warmup_s": WARMUP_S, "measure_s": MEASURE_S}
-    )
+    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     result: FleetResult = anyio.run(
         lambda: coro(port, n, quality=quality, transport=transport, **kwargs),
         backend="asyncio",
