@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -30,7 +29,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import astuple, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -139,37 +137,11 @@ class CostModelPolicy(FixedComputePolicy):
 @contextlib.contextmanager
 def spawn_server(role: str, *args: str) -> Iterator[int]:
     """Run ``python -m benches._fleet <role> --port P <args>`` until the block exits; yields P."""
-    from benches._support import free_port
+    from benches._support import free_port, ready_process
 
     port = free_port()
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benches._fleet", role, "--port", str(port), *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=repo,
-        env=env,
-    )
-    assert proc.stdout is not None
-    timer = threading.Timer(120, proc.kill)  # a server that never gets ready must not hang the run
-    timer.start()
-    try:
-        line = proc.stdout.readline()
-    finally:
-        timer.cancel()
-    assert line.strip() == "READY", f"{role} server did not start (exit {proc.poll()})"
-    try:
+    with ready_process([sys.executable, "-m", "benches._fleet", role, "--port", str(port), *args], f"{role} server"):
         yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        proc.stdout.close()
-        assert code == 0, f"{role} server exited with {code}"
 
 
 def manifest_text(
@@ -319,6 +291,14 @@ def frames(height: int, width: int, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+def window(smoke: bool, *, smoke_requests: int, warmup_s: float, measure_s: float) -> dict[str, Any]:
+    """`run_fleet` / `run_process_fleet` keywords: ``smoke_requests`` per client and no window in
+    a smoke run, else ``measure_s`` after ``warmup_s``."""
+    if smoke:
+        return {"warmup_s": 0.0, "measure_s": None, "max_requests": smoke_requests}
+    return {"warmup_s": warmup_s, "measure_s": measure_s}
+
+
 class _Clock:
     """Shared start line and measurement window of one run (event loop only)."""
 
@@ -448,8 +428,8 @@ def run_process_fleet(
 ) -> FleetResult:
     """Like `run_fleet`, with every client in its own process (``python -m benches._fleet client``);
     client ``i`` starts ``i * START_STAGGER_S`` after the first, all inside the warm-up."""
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    from benches._support import REPO, bench_env
+
     base = [sys.executable, "-m", "benches._fleet", "client", "--port", str(port), "--quality", str(quality)]
     size = ["--height", str(height), "--width", str(width)]
     procs = [
@@ -458,8 +438,8 @@ def run_process_fleet(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            cwd=repo,
-            env=env,
+            cwd=REPO,
+            env=bench_env(),
         )
         for i in range(n_clients)
     ]

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._fleet import FleetResult, run_process_fleet, spawn_server
-from benches._support import publish
+from benches._fleet import FleetResult, run_process_fleet, spawn_server, window
+from benches._support import results_table
 from benches.bench_server import summarize
 
 CLIENTS = 16
@@ -54,11 +54,7 @@ def _ideal_rps(scheduler: str, n: int) -> float:
 
 @pytest.fixture(scope="module")
 def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
-    rows: list[dict[str, Any]] = []
-    yield rows
-    if not rows:
-        return
-    publish(request, render(rows), "batching.md", smoke=rows[0]["smoke"])
+    yield from results_table(request, render, "batching.md")
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -80,16 +76,16 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"p99 RTT {batched['rtt_ms_p99']:.1f} vs {rr['rtt_ms_p99']:.1f} ms."
         )
     mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
-    lines.append(f"\ncost model t(b) = {BASE_MS:g} + {PER_SAMPLE_MS:g} b ms; fixed {FIXED_MS:g} ms; {mode}.")
+    lines.append(
+        f"\ncost model t(b) = {BASE_MS:g} + {PER_SAMPLE_MS:g} b ms; fixed {FIXED_MS:g} ms; {mode}. Zenoh over TCP "
+        "on 127.0.0.1 (shared_memory = false on both ends), server and every client in its own process; "
+        "served/s = chunks received inside the window; RTT = observation stamp -> chunk received."
+    )
     return "\n".join(lines)
 
 
 def _run(port: int, n: int, frame: tuple[int, int], smoke: bool) -> FleetResult:
-    kwargs: dict[str, Any] = (
-        {"warmup_s": 0.0, "measure_s": None, "max_requests": SMOKE_REQUESTS}
-        if smoke
-        else {"warmup_s": WARMUP_S, "measure_s": MEASURE_S}
-    )
+    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     return run_process_fleet(port, n, quality=0, height=frame[0], width=frame[1], **kwargs)
 
 

@@ -20,13 +20,9 @@ mode, no timing claims. Measure: ``pytest benches/bench_link.py --benchmark-enab
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -34,13 +30,11 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches import _netns
-from benches._fleet import FleetResult, Sample, run_fleet
-from benches._support import free_port
-from benches.bench_server import _percentiles_ms
+from benches._fleet import FleetResult, Sample, run_fleet, window
+from benches._support import free_port, percentiles_ms, publish, ready_process
 
 pytestmark = pytest.mark.skipif(not _netns.available(), reason="needs root, ip and tc (network namespace + tbf)")
 
-REPO = Path(__file__).resolve().parents[1]
 RATE_MBIT = 100
 COMPUTE_MS = 20.0
 ROUNDS = 3
@@ -55,38 +49,16 @@ def server() -> Iterator[tuple[str, int]]:
     """The bench server in a namespace behind the shaped link; yields its address and port."""
     with _netns.shaped_link(RATE_MBIT) as link:
         port = free_port()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         command = [
             *("ip", "netns", "exec", link.namespace, sys.executable, "-m", "benches._fleet", "serve"),
             *("--host", link.server_ip, "--port", str(port), "--compute-ms", str(COMPUTE_MS), "--transport", "tcp"),
         ]
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
-        assert proc.stdout is not None
-        timer = threading.Timer(120, proc.kill)  # a server that never gets ready must not hang the run
-        timer.start()
-        try:
-            line = proc.stdout.readline()
-        finally:
-            timer.cancel()
-        try:
-            assert line.strip() == "READY", f"server did not start (exit {proc.poll()})"
+        with ready_process(command, "server in the namespace", check=False):
             yield link.server_ip, port
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
 
 
 def _run(host: str, port: int, quality: int | Literal["auto"], smoke: bool) -> FleetResult:
-    kwargs: dict[str, Any] = (
-        {"warmup_s": 0.0, "measure_s": None, "max_requests": SMOKE_REQUESTS}
-        if smoke
-        else {"warmup_s": WARMUP_S, "measure_s": MEASURE_S}
-    )
+    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     result: FleetResult = anyio.run(
         lambda: run_fleet(port, 1, quality=quality, transport="tcp", host=host, **kwargs),
         backend="asyncio",
@@ -96,8 +68,8 @@ def _run(host: str, port: int, quality: int | Literal["auto"], smoke: bool) -> F
 
 
 def _summary(samples: list[Sample], results: list[FleetResult]) -> dict[str, Any]:
-    r50, r99 = _percentiles_ms([s.rtt_ms for s in samples])
-    o50, o99 = _percentiles_ms([s.rtt_ms - s.inference_ms for s in samples])
+    r50, r99 = percentiles_ms([s.rtt_ms for s in samples], (0.5, 0.99))
+    o50, o99 = percentiles_ms([s.rtt_ms - s.inference_ms for s in samples], (0.5, 0.99))
     used: Counter[str] = Counter()
     links = []
     for result in results:
@@ -138,7 +110,9 @@ def render(rows: dict[str, dict[str, Any]], smoke: bool) -> str:
     return "\n".join(lines)
 
 
-def test_codec_on_a_100_mbit_link(benchmark: BenchmarkFixture, server: tuple[str, int]) -> None:
+def test_codec_on_a_100_mbit_link(
+    request: pytest.FixtureRequest, benchmark: BenchmarkFixture, server: tuple[str, int]
+) -> None:
     smoke = benchmark.disabled
     host, port = server
     results: dict[str, list[FleetResult]] = {mode: [] for mode in MODES}
@@ -153,13 +127,11 @@ def test_codec_on_a_100_mbit_link(benchmark: BenchmarkFixture, server: tuple[str
     benchmark.pedantic(run_all, rounds=1, iterations=1)
     rows = {mode: _summary([s for r in rs for s in r.samples], rs) for mode, rs in results.items()}
     benchmark.extra_info.update(rows, rate_mbit=RATE_MBIT, compute_ms=COMPUTE_MS)
-    text = render(rows, smoke)
-    print("\n" + text)
     for mode, row in rows.items():
         assert row["samples"], (mode, row)
         assert not row["errors"], (mode, row)
+    publish(request, render(rows, smoke), "link_codec.md", smoke=smoke)
     if smoke:
         return
-    (REPO / "benches" / "results" / "link_codec.md").write_text(text + "\n")
     best = min(rows["raw"]["rtt_ms_p50"], rows["jpeg90"]["rtt_ms_p50"])
     assert rows["auto"]["rtt_ms_p50"] <= 1.1 * best, rows

@@ -26,14 +26,10 @@ Measure: ``pytest benches/bench_openpi.py --benchmark-enable --benchmark-only
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,15 +38,13 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import CAMERAS, HEIGHT, WIDTH
-from benches._support import publish
-from servo._core import LatencyTracker
+from benches._support import percentiles_ms, ready_process, results_table
 
 pytestmark = pytest.mark.filterwarnings(
     # openpi-client 0.1.2 connects the way websockets >= 17.1 deprecates (its code, unchanged)
     "ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"
 )
 
-REPO = Path(__file__).resolve().parents[1]
 COMPUTE_MS = 20.0
 IDEAL_RPS = 1000.0 / COMPUTE_MS
 CLIENTS = (1, 4)
@@ -62,42 +56,14 @@ SERVERS = {"servo": "servo front door", "baseline": "openpi-protocol baseline"}
 
 @pytest.fixture(scope="module", params=list(SERVERS))
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benches._openpi", request.param, "--compute-ms", str(COMPUTE_MS)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
-    assert proc.stdout is not None
-    timer = threading.Timer(120, proc.kill)  # a server that never gets ready must not hang the run
-    timer.start()
-    try:
-        line = proc.stdout.readline().split()
-    finally:
-        timer.cancel()
-    assert line[:1] == ["READY"], f"{request.param} server did not start (exit {proc.poll()})"
-    try:
+    command = [sys.executable, "-m", "benches._openpi", request.param, "--compute-ms", str(COMPUTE_MS)]
+    with ready_process(command, f"{request.param} server") as (_, line):
         yield request.param, int(line[1])
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        proc.stdout.close()
-        assert code == 0, f"{request.param} server exited with {code}"
 
 
 @pytest.fixture(scope="module")
 def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
-    rows: list[dict[str, Any]] = []
-    yield rows
-    if not rows:
-        return
-    publish(request, render(rows), "openpi.md", smoke=rows[0]["smoke"])
+    yield from results_table(request, render, "openpi.md")
 
 
 def _client(port: int, index: int, until: dict[str, float], smoke: bool, out: list[tuple[float, float, bool]]) -> None:
@@ -138,14 +104,6 @@ def _run(port: int, n_clients: int, smoke: bool) -> tuple[list[tuple[float, floa
     return samples, window
 
 
-def _p(values: list[float], q: float) -> float:
-    tracker = LatencyTracker(window=max(1, len(values)))
-    for v in values:
-        tracker.add(max(0, int(v * 1e6)))
-    got = tracker.percentiles([q])
-    return float("nan") if got is None else got[0] / 1e6
-
-
 def render(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| server | N | requests/s | % ideal | overhead p50 / p99 ms | ok |",
@@ -159,7 +117,9 @@ def render(rows: list[dict[str, Any]]) -> str:
     mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
     lines.append(
         f"\nopenpi-client 0.1.2; two {HEIGHT}x{WIDTH}x3 uint8 frames + 6-d state + prompt, 50x6 chunk, "
-        f"{COMPUTE_MS:g} ms compute (ideal {IDEAL_RPS:g}/s); {mode}."
+        f"{COMPUTE_MS:g} ms compute (ideal {IDEAL_RPS:g}/s); {mode}. WebSocket on 127.0.0.1, server in its own "
+        "process, one client thread each; requests/s = replies received inside the window; overhead = client "
+        "round trip (msgpack encode included) - server-reported forward (policy_timing.infer_ms)."
     )
     return "\n".join(lines)
 
@@ -175,14 +135,14 @@ def test_openpi_client(
     samples, window = benchmark.pedantic(_run, args=(port, n_clients, smoke), rounds=1, iterations=1)
     served = len(samples) if not smoke else len(samples) - n_clients
     rps = served / window if window and window > 0 else float("nan")
-    overhead = [s[1] for s in samples]
+    o50, o99 = percentiles_ms([s[1] for s in samples], (0.5, 0.99))
     stats = {
         "clients": n_clients,
         "samples": len(samples),
         "requests_per_s": round(rps, 2),
         "pct_of_ideal": round(100 * rps / IDEAL_RPS, 1),
-        "overhead_ms_p50": round(_p(overhead, 0.5), 3),
-        "overhead_ms_p99": round(_p(overhead, 0.99), 3),
+        "overhead_ms_p50": round(o50, 3),
+        "overhead_ms_p99": round(o99, 3),
         "correct": bool(samples) and all(s[2] for s in samples),
     }
     benchmark.extra_info.update(stats, server=name, compute_ms=COMPUTE_MS)

@@ -18,14 +18,9 @@ Measure: ``pytest benches/bench_security.py --benchmark-enable --benchmark-only`
 from __future__ import annotations
 
 import functools
-import os
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -34,12 +29,10 @@ import pytest
 import simplejpeg
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._support import free_port
-from servo._core import LatencyTracker
+from benches._support import REPO, bench_env, free_port, percentiles_ms, ready_process, rss_mb
 from servo.server.admission import ImageGate
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, encode, encode_tensor
 
-REPO = Path(__file__).resolve().parents[1]
 BOMB = 8192
 LEGIT = (480, 640)
 FLOOD_MESSAGES = 100_000
@@ -113,50 +106,8 @@ def test_jpeg_bomb_refusal(benchmark: BenchmarkFixture, case: str) -> None:
 
 
 # ----------------------------------------------------------------------------- flood
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-
-
-def _server(port: int) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benches._fleet", "serve", "--port", str(port), "--compute-ms", "5"],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=_env(),
-    )
-    assert proc.stdout is not None
-    timer = threading.Timer(120, proc.kill)
-    timer.start()
-    try:
-        assert proc.stdout.readline().strip() == "READY", f"server did not start (exit {proc.poll()})"
-    finally:
-        timer.cancel()
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-
-
 def _p(values_ms: list[float], q: float) -> float:
-    tracker = LatencyTracker(window=max(1, len(values_ms)))
-    for v in values_ms:
-        tracker.add(int(v * 1e6))
-    got = tracker.percentiles([q])
-    return float("nan") if got is None else round(got[0] / 1e6, 3)
+    return round(percentiles_ms(values_ms, [q])[0], 3)
 
 
 async def _flood_run(port: int, server_pid: int, messages: int, quiet_requests: int) -> dict[str, Any]:
@@ -188,7 +139,7 @@ async def _flood_run(port: int, server_pid: int, messages: int, quiet_requests: 
         quiet.clear()
         for _ in range(quiet_requests):
             await one()
-        rss_before = _rss_mb(server_pid)
+        rss_before = rss_mb(server_pid)
         sink = flooded
         flood = subprocess.Popen(  # noqa: ASYNC220 - polled between requests, never waited on
             [
@@ -207,7 +158,7 @@ async def _flood_run(port: int, server_pid: int, messages: int, quiet_requests: 
             stdout=subprocess.PIPE,
             text=True,
             cwd=REPO,
-            env=_env(),
+            env=bench_env(),
         )
         started = time.perf_counter()
         while flooding:
@@ -215,7 +166,7 @@ async def _flood_run(port: int, server_pid: int, messages: int, quiet_requests: 
             flooding = flood.poll() is None
         flood_s = time.perf_counter() - started
         out, _ = flood.communicate()
-        rss_after = _rss_mb(server_pid)
+        rss_after = rss_mb(server_pid)
         await session.close()
     return {
         "quiet_p50_ms": _p(quiet, 0.5),
@@ -241,14 +192,13 @@ def test_flood(benchmark: BenchmarkFixture) -> None:
     messages = SMOKE_FLOOD_MESSAGES if smoke else FLOOD_MESSAGES
     port = free_port()
     benchmark.group = "flood"
-    server = _server(port)
-    pid = next(server).pid
-    try:
+    command = [sys.executable, "-m", "benches._fleet", "serve", "--port", str(port), "--compute-ms", "5"]
+    with ready_process(command, "server") as (server, _):
         stats: dict[str, Any] = benchmark.pedantic(
             lambda: anyio.run(
                 _flood_run,
                 port,
-                pid,
+                server.pid,
                 messages,
                 20 if smoke else 300,
                 backend="asyncio",
@@ -257,8 +207,6 @@ def test_flood(benchmark: BenchmarkFixture) -> None:
             rounds=1,
             iterations=1,
         )
-    finally:
-        server.close()
     benchmark.extra_info.update(stats)
     benchmark.extra_info["correct"] = stats["n_errors"] == 0 and stats["served_during_flood"] > 0
     benchmark.extra_info["meets_target"] = (

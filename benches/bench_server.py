@@ -44,9 +44,8 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._fleet import FleetResult, run_echo_fleet, run_fleet, spawn_server
-from benches._support import publish
-from servo._core import LatencyTracker
+from benches._fleet import FleetResult, run_echo_fleet, run_fleet, spawn_server, window
+from benches._support import percentiles_ms, results_table
 
 COMPUTE_MS = 20.0
 IDEAL_RPS = 1000.0 / COMPUTE_MS
@@ -57,6 +56,11 @@ WARMUP_S = 1.5
 MEASURE_S = 8.0
 QUALITIES = {"raw": 0, "jpeg90": 90}
 TRANSPORTS = ("tcp", "shm")
+P50_P99 = (0.5, 0.99)
+TRANSPORT_NOTE = (
+    "Zenoh on 127.0.0.1, server in its own process; tcp = shared_memory = false on both ends, "
+    "shm = same-host Zenoh shared memory."
+)
 
 
 def _spawn(role: str, transport: str) -> Iterator[tuple[int, str]]:
@@ -76,21 +80,7 @@ def echo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
 
 @pytest.fixture(scope="module")
 def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
-    rows: list[dict[str, Any]] = []
-    yield rows
-    if not rows:
-        return
-    publish(request, render(rows), "server.md", smoke=rows[0]["smoke"])
-
-
-def _percentiles_ms(values_ms: list[float]) -> tuple[float, float]:
-    tracker = LatencyTracker(window=max(1, len(values_ms)))
-    for v in values_ms:
-        tracker.add(max(0, int(v * 1e6)))
-    got = tracker.percentiles([0.5, 0.99])
-    if got is None:
-        return float("nan"), float("nan")
-    return got[0] / 1e6, got[1] / 1e6
+    yield from results_table(request, render, "server.md")
 
 
 def summarize(result: FleetResult) -> dict[str, Any]:
@@ -108,9 +98,9 @@ def summarize(result: FleetResult) -> dict[str, Any]:
     # to the last completion holds all but one request per client.
     served = len(s) if result.window_s else len(s) - result.n_clients
     served_rps = served / window if window and window > 0 else float("nan")
-    o50, o99 = _percentiles_ms(overhead)
-    q50, q99 = _percentiles_ms(overhead_ex_queue)
-    r50, r99 = _percentiles_ms([x.rtt_ms for x in s])
+    o50, o99 = percentiles_ms(overhead, P50_P99)
+    q50, q99 = percentiles_ms(overhead_ex_queue, P50_P99)
+    r50, r99 = percentiles_ms([x.rtt_ms for x in s], P50_P99)
     return {
         "clients": result.n_clients,
         "samples": len(s),
@@ -161,19 +151,16 @@ def render(rows: list[dict[str, Any]]) -> str:
         )
     mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
     lines.append(
-        f"\n{COMPUTE_MS:g} ms compute, ideal {IDEAL_RPS:g}/s; {mode}. Overhead = full round trip "
-        "(client encode and wake-up included) - server-reported inference; tcp = shared memory off."
+        f"\n{COMPUTE_MS:g} ms compute, ideal {IDEAL_RPS:g}/s; {mode}. {TRANSPORT_NOTE} served/s = chunks "
+        "received inside the window; RTT = observation stamp -> chunk received; overhead = RTT (client "
+        "encode and wake-up included) - server-reported inference; ex-queue also minus the queue wait."
     )
     return "\n".join(lines)
 
 
 def _run(coro: Any, server: tuple[int, str], n: int, quality: int, smoke: bool) -> FleetResult:
     port, transport = server
-    kwargs: dict[str, Any] = (
-        {"warmup_s": 0.0, "measure_s": None, "max_requests": SMOKE_REQUESTS}
-        if smoke
-        else {"warmup_s": WARMUP_S, "measure_s": MEASURE_S}
-    )
+    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     result: FleetResult = anyio.run(
         lambda: coro(port, n, quality=quality, transport=transport, **kwargs),
         backend="asyncio",

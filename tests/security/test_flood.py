@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+from benches._support import rss_mb
 
 from servo.client import PolicyClient
 from tests.server.helpers import eventually
@@ -31,13 +32,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 MESSAGES = 100_000
 RSS_GROWTH_LIMIT_MB = 50.0
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 @contextmanager
