@@ -310,9 +310,11 @@ class ControlPlane:
         session = state.registry.by_client(client_id)
         attachment = None if query.attachment is None else query.attachment.to_bytes()
         try:
-            header = verify_control(None if session is None else session.auth, attachment, payload)
+            header = verify_control(
+                None if session is None else session.auth, attachment, payload, max_bytes=MAX_CONTROL_BYTES
+            )
         except Refused as exc:
-            code = "unknown_session" if exc.reason == "session" else "unauthenticated"
+            code = {"session": "unknown_session", "too_large": "bad_request"}.get(exc.reason, "unauthenticated")
             return self._refuse_control(exc.reason, code, f"{exc} (client {client_id!r})")
         assert session is not None
         try:
