@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -129,7 +128,6 @@ class Session:
     images: ImageGate
     #: Authenticated observations this session may still send (Zenoh callback threads).
     observations: TokenBucket
-    opened_ns: int = field(default_factory=time.monotonic_ns)
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0
     mailbox: Pending | None = None
