@@ -137,7 +137,6 @@ class Session:
     # Worker-owned: the episode of the last observation served. -1 (none yet) makes a session's
     # first observation an episode start, so a chunk-stateful policy forgets the previous session.
     served_episode: int = -1
-    alive: bool = False
     #: The client's liveliness token vanished at least once since the open: whoever holds the
     #: name now (a token under it again) may be a restarted client (see `servo.server.auth.takeover`).
     token_lost: bool = False
@@ -226,8 +225,6 @@ class SessionRegistry:
         with self._lock:
             old_id = self._by_client.get(session.client_id)
             old = self._sessions.pop(old_id, None) if old_id is not None else None
-            # The client's liveliness token usually arrives before its session-open query.
-            session.alive = session.client_id in self._alive_clients
             self._sessions[session.session_id] = session
             self._by_client[session.client_id] = session.session_id
             return old
@@ -239,6 +236,11 @@ class SessionRegistry:
             if session is not None and self._by_client.get(session.client_id) == session_id:
                 del self._by_client[session.client_id]
             return session
+
+    def client_alive(self, client_id: str) -> bool:
+        """Whether the client's liveliness token is there now (it usually arrives before its open)."""
+        with self._lock:
+            return client_id in self._alive_clients
 
     def holder_present(self, session: Session) -> bool:
         """Whether the client that opened ``session`` is still there: its token never vanished since."""
@@ -255,7 +257,6 @@ class SessionRegistry:
             sid = self._by_client.get(client_id)
             session = None if sid is None else self._sessions.get(sid)
             if session is not None:
-                session.alive = alive
                 session.token_lost = session.token_lost or not alive
             return session
 
