@@ -34,6 +34,7 @@ An entry in the worker's queue::
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import time
@@ -66,6 +67,8 @@ class _Entry:
     """An observation the worker took from a mailbox, with its decode in flight or done.
 
     Owned by the inference worker thread (the executor only resolves ``pending.decoded``).
+    ``key`` and ``deadline_ns`` are computed once: the scheduler reads them for every entry of
+    its window on every pass.
     """
 
     def __init__(self, session: Session, pending: Pending, fps: float) -> None:
@@ -78,7 +81,7 @@ class _Entry:
         """The decoded observation (waits for the decode: start it first)."""
         return self.pending.decoded.result()
 
-    @property
+    @functools.cached_property
     def key(self) -> Hashable:
         """State and camera shapes: observations with equal keys stack into one forward."""
         item = self.item
@@ -92,7 +95,7 @@ class _Entry:
         """When the observation arrived."""
         return self.pending.received_ns
 
-    @property
+    @functools.cached_property
     def deadline_ns(self) -> int | None:
         """When the client expects the chunk: its inference delay after the observation arrived."""
         item = self.item
