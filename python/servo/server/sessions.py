@@ -343,11 +343,6 @@ class SessionRegistry:
             self._ring_after = session.session_id
             return claim
 
-    @property
-    def closed(self) -> bool:
-        """Whether `close` was called."""
-        return self._closed
-
     def close(self) -> None:
         """Stop handing out work; wakes a waiting worker."""
         with self._lock:
