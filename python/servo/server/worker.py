@@ -18,10 +18,11 @@ thread ("servo-io", FIFO):
   next forward starts at once, and leave in the order they were served; an idle worker
   publishes inline (one thread hop less).
 
-One executor thread, not two: in paired runs against the previous data plane (20 ms forwards,
-16 client processes, shared 2-core box) two threads served 0.5-2.3 points less of the ideal
-rate, one thread 0-1 point, and one keeps replies in order (the JPEG decoder still decodes an
-observation's cameras in parallel).
+One executor thread, not two: in paired runs against the previous data plane
+(``benches/bench_batching.py``'s fixed policy: 20 ms forwards, 16 client processes over TCP on
+127.0.0.1, shared 2-core box) two threads served 0.5-2.3 percentage points less of the ideal
+50 chunks/s, one thread 0-1 point, and one keeps replies in order (the JPEG decoder still
+decodes an observation's cameras in parallel).
 
 An entry in the worker's queue::
 
