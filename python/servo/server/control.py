@@ -345,4 +345,4 @@ class ControlPlane:
 
     def trajectory(self, query: zenoh.Query, payload: bytes) -> msgspec.Struct:
         """A whole trajectory of the library (or the list of names)."""
-        return self._trajectories.answer(payload)
+        return self._trajectories.answer(payload, max_bytes=MAX_CONTROL_BYTES)
