@@ -48,6 +48,7 @@ from servo.wire import (
     encode,
     reply_header,
 )
+from servo.wire.messages import SchemaVersions
 
 log = get_logger(__name__)
 
@@ -69,9 +70,12 @@ Handler = Callable[[zenoh.Query, bytes], msgspec.Struct | Sealed]
 
 
 class _Versions(msgspec.Struct):
-    """What any version of a session open carries: enough to refuse it by schema version."""
+    """What any version of a session open carries: enough to refuse it by schema version.
 
-    schema_versions: list[int] = []
+    Bounded like `SessionOpen`'s: the versions are echoed in the refusal.
+    """
+
+    schema_versions: SchemaVersions = []
 
 
 class ControlPlane:
