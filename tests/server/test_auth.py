@@ -149,13 +149,26 @@ def test_control_requests_have_their_own_seq_stream() -> None:
     body = b"reset"
     verify_observation(auth, key.seal(obs(auth, 10), b"o"), b"o", max_bytes=64)
     control = obs(auth, 1, msg_type=MSG_CONTROL)
-    assert verify_control(auth, key.seal(control, body), body).seq_id == 1
+    assert verify_control(auth, key.seal(control, body), body, max_bytes=64).seq_id == 1
     with pytest.raises(Refused, match="not above"):
-        verify_control(auth, key.seal(control, body), body)
+        verify_control(auth, key.seal(control, body), body, max_bytes=64)
     with pytest.raises(Refused) as info:  # an observation's attachment is no control request
-        verify_control(auth, key.seal(obs(auth, 11), body), body)
+        verify_control(auth, key.seal(obs(auth, 11), body), body, max_bytes=64)
     assert info.value.reason == "header"
     assert verify_observation(auth, key.seal(obs(auth, 11), b"o"), b"o", max_bytes=64)[0].seq_id == 11
+
+
+def test_an_oversized_control_request_is_refused_before_its_mac_and_takes_no_seq_id() -> None:
+    auth, key = handshake()
+    big = b"x" * 65
+    with pytest.raises(Refused) as info:
+        verify_control(auth, key.seal(obs(auth, 1, msg_type=MSG_CONTROL), big), big, max_bytes=64)
+    assert info.value.reason == "too_large"
+    assert auth.last_control_seq == 0
+    # Bounded before the MAC: a forged oversized body is refused for its size, not its key.
+    with pytest.raises(Refused) as info:
+        verify_control(auth, unauthenticated(obs(auth, 1, msg_type=MSG_CONTROL)), big, max_bytes=64)
+    assert info.value.reason == "too_large"
 
 
 def test_a_live_session_is_replaced_only_by_proof_absence_or_silence() -> None:

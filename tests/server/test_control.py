@@ -153,3 +153,16 @@ def test_session_opens_are_rate_limited_by_a_token_bucket() -> None:
     assert [budget.take() for _ in range(3)] == [True, True, False]
     now[0] = 100.0  # never more than the burst
     assert sum(budget.take() for _ in range(10)) == 5
+
+
+async def test_an_oversized_trajectory_request_is_refused_by_size(port: int) -> None:
+    """The trajectory queryable is public: its request is bounded like every control request."""
+    async with (
+        running_server(make_manifest(port), policy=FixedComputePolicy()) as (_, ready),
+        connected(port, "robot") as client,
+    ):
+        (reply,) = await query(client.zsession, ready.keys.trajectory, payload=b"\x00" * 70_000, timeout=2)
+        assert reply.err is not None
+        rejection = decode(reply.err.payload.to_bytes(), Rejection)
+        assert rejection.code == "bad_request"
+        assert "exceeds the limit of 65536" in rejection.reason

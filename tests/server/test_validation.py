@@ -204,6 +204,7 @@ OVERSIZED = {
     "a tag key of 129 characters": (encode(open_request("robot", tags={"k" * 129: "v"})), "$.tags"),
     "a client id of 129 characters": (encode(open_request("r" * 129)), "$.client_id"),
     "a low-order client key": (encode(open_request("robot", client_key=bytes(32))), "client_key"),
+    "5000 schema versions": (msgspec.msgpack.encode({"schema_versions": [9] * 5000}), "$.schema_versions"),
 }
 
 

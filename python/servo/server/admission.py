@@ -119,7 +119,8 @@ class ImageGate:
     """
 
     def __init__(self, shapes: Shapes, *, max_bytes: int) -> None:
-        self._shapes = dict(shapes)
+        # The field path each camera's errors name, formatted once per session, not per observation.
+        self._frames = {name: (shape, f"observation.images[{name!r}]") for name, shape in shapes.items()}
         self._max_bytes = max_bytes
 
     def check(self, body: bytes) -> None:
@@ -129,11 +130,10 @@ class ImageGate:
             WireError: naming the camera and both sizes.
         """
         images = decode(body, _Images, max_bytes=self._max_bytes).images
-        for name, (height, width) in self._shapes.items():
+        for name, ((height, width), what) in self._frames.items():
             image = images.get(name)
             if image is None:
                 raise WireError(f"observation has no image for camera {name!r}")
-            what = f"observation.images[{name!r}]"
             if (image.height, image.width) != (height, width):
                 raise WireError(f"{what}: size {image.height}x{image.width}, the session declared {height}x{width}")
             if image.codec == "jpeg":

@@ -189,16 +189,21 @@ def verify_observation(
     return auth.open(attachment, body, "obs"), body
 
 
-def verify_control(auth: SessionAuth | None, attachment: bytes | None, payload: bytes) -> Header:
+def verify_control(auth: SessionAuth | None, attachment: bytes | None, payload: bytes, *, max_bytes: int) -> Header:
     """Authenticate one control request (reset, close) of the client whose session is ``auth``.
 
+    The size bound comes before the MAC, as for observations: nobody makes the event loop hash
+    an unbounded body.
+
     Raises:
-        Refused: ``header``, ``session``, ``mac``, ``epoch`` or ``replay``.
+        Refused: ``header``, ``session``, ``too_large``, ``mac``, ``epoch`` or ``replay``.
     """
     claimed = peek(attachment, MSG_CONTROL)
     assert attachment is not None
     if auth is None or claimed.session_id != auth.wire_id:
         raise Refused("session", f"no session {claimed.session_id.hex()} for this client", claimed)
+    if len(payload) > max_bytes:
+        raise Refused("too_large", f"control request of {len(payload)} bytes exceeds the limit of {max_bytes}", claimed)
     return auth.open(attachment, payload, "control")
 
 

@@ -48,6 +48,7 @@ from servo.wire import (
     encode,
     reply_header,
 )
+from servo.wire.messages import SchemaVersions
 
 log = get_logger(__name__)
 
@@ -69,9 +70,12 @@ Handler = Callable[[zenoh.Query, bytes], msgspec.Struct | Sealed]
 
 
 class _Versions(msgspec.Struct):
-    """What any version of a session open carries: enough to refuse it by schema version."""
+    """What any version of a session open carries: enough to refuse it by schema version.
 
-    schema_versions: list[int] = []
+    Bounded like `SessionOpen`'s: the versions are echoed in the refusal.
+    """
+
+    schema_versions: SchemaVersions = []
 
 
 class ControlPlane:
@@ -310,9 +314,11 @@ class ControlPlane:
         session = state.registry.by_client(client_id)
         attachment = None if query.attachment is None else query.attachment.to_bytes()
         try:
-            header = verify_control(None if session is None else session.auth, attachment, payload)
+            header = verify_control(
+                None if session is None else session.auth, attachment, payload, max_bytes=MAX_CONTROL_BYTES
+            )
         except Refused as exc:
-            code = "unknown_session" if exc.reason == "session" else "unauthenticated"
+            code = {"session": "unknown_session", "too_large": "bad_request"}.get(exc.reason, "unauthenticated")
             return self._refuse_control(exc.reason, code, f"{exc} (client {client_id!r})")
         assert session is not None
         try:
@@ -343,4 +349,4 @@ class ControlPlane:
 
     def trajectory(self, query: zenoh.Query, payload: bytes) -> msgspec.Struct:
         """A whole trajectory of the library (or the list of names)."""
-        return self._trajectories.answer(payload)
+        return self._trajectories.answer(payload, max_bytes=MAX_CONTROL_BYTES)

@@ -38,6 +38,7 @@ class ObservationDecoder:
         self._cameras = tuple(spec.features.cameras)
         # The policy's input size: a JPEG twice as large or more is decoded scaled down (DCT domain).
         self._targets = {name: (cam.height, cam.width) for name, cam in spec.features.cameras.items()}
+        self._what = {name: f"observation.images[{name!r}]" for name in self._cameras}
         self._chunk_size = spec.chunk_size
         self._max_bytes = max_observation_bytes
         self._pin_task = pin_task
@@ -100,18 +101,14 @@ class ObservationDecoder:
                 raise WireError(f"observation has no image for camera {name!r}")
         jpegs = [name for name in self._cameras if images[name].codec == "jpeg"]
         futures = {
-            name: self._pool.submit(
-                decode_image, images[name], target=self._targets[name], what=f"observation.images[{name!r}]"
-            )
+            name: self._pool.submit(decode_image, images[name], target=self._targets[name], what=self._what[name])
             for name in jpegs[1:]
         }
         out = {}
         try:
             for name in self._cameras:
                 if name not in futures:
-                    out[name] = decode_image(
-                        images[name], target=self._targets[name], what=f"observation.images[{name!r}]"
-                    )
+                    out[name] = decode_image(images[name], target=self._targets[name], what=self._what[name])
         finally:
             for name, future in futures.items():
                 out[name] = future.result()  # re-raises the camera's WireError

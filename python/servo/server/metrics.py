@@ -56,7 +56,7 @@ class ServerMetrics:
         )
         self.control_rejected = Counter(
             "servo_control_rejected",
-            "Control requests (reset, close) refused before acting (header, session, mac, epoch, replay)",
+            "Control requests (reset, close) refused before acting (header, session, too_large, mac, epoch, replay)",
             ["reason"],
             registry=r,
         )

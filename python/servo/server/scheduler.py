@@ -150,11 +150,11 @@ class DeadlineBatcher:
             return []
         head = ready[0]
         group = [head]
-        earliest = head.deadline_ns
+        key, earliest = head.key, head.deadline_ns
         for entry in ready[1:]:
             if len(group) == self.max_batch:
                 break
-            if entry.key != head.key:
+            if entry.key != key:
                 continue
             deadline = entry.deadline_ns
             tightest = deadline if earliest is None else earliest if deadline is None else min(earliest, deadline)

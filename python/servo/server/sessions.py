@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -129,7 +128,6 @@ class Session:
     images: ImageGate
     #: Authenticated observations this session may still send (Zenoh callback threads).
     observations: TokenBucket
-    opened_ns: int = field(default_factory=time.monotonic_ns)
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0
     mailbox: Pending | None = None
@@ -139,7 +137,6 @@ class Session:
     # Worker-owned: the episode of the last observation served. -1 (none yet) makes a session's
     # first observation an episode start, so a chunk-stateful policy forgets the previous session.
     served_episode: int = -1
-    alive: bool = False
     #: The client's liveliness token vanished at least once since the open: whoever holds the
     #: name now (a token under it again) may be a restarted client (see `servo.server.auth.takeover`).
     token_lost: bool = False
@@ -228,8 +225,6 @@ class SessionRegistry:
         with self._lock:
             old_id = self._by_client.get(session.client_id)
             old = self._sessions.pop(old_id, None) if old_id is not None else None
-            # The client's liveliness token usually arrives before its session-open query.
-            session.alive = session.client_id in self._alive_clients
             self._sessions[session.session_id] = session
             self._by_client[session.client_id] = session.session_id
             return old
@@ -241,6 +236,11 @@ class SessionRegistry:
             if session is not None and self._by_client.get(session.client_id) == session_id:
                 del self._by_client[session.client_id]
             return session
+
+    def client_alive(self, client_id: str) -> bool:
+        """Whether the client's liveliness token is there now (it usually arrives before its open)."""
+        with self._lock:
+            return client_id in self._alive_clients
 
     def holder_present(self, session: Session) -> bool:
         """Whether the client that opened ``session`` is still there: its token never vanished since."""
@@ -257,7 +257,6 @@ class SessionRegistry:
             sid = self._by_client.get(client_id)
             session = None if sid is None else self._sessions.get(sid)
             if session is not None:
-                session.alive = alive
                 session.token_lost = session.token_lost or not alive
             return session
 
@@ -343,11 +342,6 @@ class SessionRegistry:
             session.superseded, session.needs_reset = 0, False
             self._ring_after = session.session_id
             return claim
-
-    @property
-    def closed(self) -> bool:
-        """Whether `close` was called."""
-        return self._closed
 
     def close(self) -> None:
         """Stop handing out work; wakes a waiting worker."""

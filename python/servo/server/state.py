@@ -193,5 +193,5 @@ class ServerState:
     async def _collect_if_gone(self, session_id: str) -> None:
         await anyio.sleep(self._grace_s)
         session = self.registry.get(session_id)
-        if session is not None and not session.alive:
+        if session is not None and not self.registry.client_alive(session.client_id):
             self.collect(session, "vanished")

@@ -18,10 +18,11 @@ thread ("servo-io", FIFO):
   next forward starts at once, and leave in the order they were served; an idle worker
   publishes inline (one thread hop less).
 
-One executor thread, not two: in paired runs against the previous data plane (20 ms forwards,
-16 client processes, shared 2-core box) two threads served 0.5-2.3 points less of the ideal
-rate, one thread 0-1 point, and one keeps replies in order (the JPEG decoder still decodes an
-observation's cameras in parallel).
+One executor thread, not two: in paired runs against the previous data plane
+(``benches/bench_batching.py``'s fixed policy: 20 ms forwards, 16 client processes over TCP on
+127.0.0.1, shared 2-core box) two threads served 0.5-2.3 percentage points less of the ideal
+50 chunks/s, one thread 0-1 point, and one keeps replies in order (the JPEG decoder still
+decodes an observation's cameras in parallel).
 
 An entry in the worker's queue::
 
@@ -34,6 +35,7 @@ An entry in the worker's queue::
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import time
@@ -66,6 +68,8 @@ class _Entry:
     """An observation the worker took from a mailbox, with its decode in flight or done.
 
     Owned by the inference worker thread (the executor only resolves ``pending.decoded``).
+    ``key`` and ``deadline_ns`` are computed once: the scheduler reads them for every entry of
+    its window on every pass.
     """
 
     def __init__(self, session: Session, pending: Pending, fps: float) -> None:
@@ -78,7 +82,7 @@ class _Entry:
         """The decoded observation (waits for the decode: start it first)."""
         return self.pending.decoded.result()
 
-    @property
+    @functools.cached_property
     def key(self) -> Hashable:
         """State and camera shapes: observations with equal keys stack into one forward."""
         item = self.item
@@ -92,7 +96,7 @@ class _Entry:
         """When the observation arrived."""
         return self.pending.received_ns
 
-    @property
+    @functools.cached_property
     def deadline_ns(self) -> int | None:
         """When the client expects the chunk: its inference delay after the observation arrived."""
         item = self.item

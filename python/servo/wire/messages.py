@@ -45,6 +45,8 @@ PublicKey = Annotated[bytes, msgspec.Meta(min_length=_core.PUBLIC_KEY_SIZE, max_
 Signature = Annotated[bytes, msgspec.Meta(min_length=_core.SIGNATURE_SIZE, max_length=_core.SIGNATURE_SIZE)]
 Pixels = Annotated[int, msgspec.Meta(ge=1, le=65_535)]
 Fps = Annotated[float, msgspec.Meta(gt=0.0, le=100_000.0)]
+#: The schema versions a client offers at open (the server reads them before the rest of the open).
+SchemaVersions = Annotated[list[int], msgspec.Meta(max_length=16)]
 
 
 class CameraFeature(msgspec.Struct, frozen=True):
@@ -131,7 +133,7 @@ class SessionOpen(msgspec.Struct, frozen=True):
     """
 
     client_id: Name
-    schema_versions: Annotated[list[int], msgspec.Meta(max_length=16)]
+    schema_versions: SchemaVersions
     features: Features
     fps: Fps
     client_key: PublicKey
