@@ -40,6 +40,7 @@ from servo._core import (
 from servo.client.codec import AutoCodec, CodecChooser, CodecStatus, codec_name
 from servo.client.encoder import FrameEncoder
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
+from servo.client.replies import rejection_of
 from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, check_chunk
 from servo.logs import LogThrottle, get_logger
 from servo.transport import LoopBridge, declare_obs_publisher, query
@@ -466,8 +467,7 @@ class RemoteSession:
         rejection: Rejection | None = None
         for reply in replies:
             if reply.err is not None:
-                with contextlib.suppress(WireError):
-                    rejection = decode(reply.err.payload.to_bytes(), Rejection)
+                rejection = rejection_of(reply) or rejection
                 continue
             if reply.ok is None:
                 continue
