@@ -589,19 +589,14 @@ class RemoteSession:
         It re-opens the session (nothing more): a forger gains at most a re-handshake, and only
         by echoing the session id and seq_id of the request in flight.
         """
-        try:
+        event = None
+        with contextlib.suppress(HeaderError, WireError):
             header = decode_header(attachment)
-            event = decode(payload, ErrorEvent) if header.msg_type == MSG_ERROR else None
-        except (HeaderError, WireError):
-            header, event = None, None
-        if (
-            header is None
-            or event is None
-            or event.code != "unknown_session"
-            or header.session_id != self._wire_id
-            or header.seq_id != self._latest_seq
-            or self._result is not None
-        ):
+            # The cheap header checks first: an unauthenticated body is decoded only when it
+            # could be the hint for the request in flight.
+            if (header.msg_type, header.session_id, header.seq_id) == (MSG_ERROR, self._wire_id, self._latest_seq):
+                event = decode(payload, ErrorEvent)
+        if event is None or event.code != "unknown_session" or self._result is not None:
             self.counters.reject("mac", "unauthenticated message", session_id=self.session_id)
             return
         self.counters.unknown_session_hints += 1
