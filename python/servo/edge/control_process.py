@@ -159,7 +159,7 @@ class ProcessControlLoop(ControlLoop):
             # Not a log record: the interpreter's own output (a traceback, a fatal error).
             if line.strip():
                 self._tail.append(line)
-                log.warning(line, process="control")
+                log.warning("control process output", process="control", line=line)
             return
         level = logging.getLevelNamesMapping().get(str(record.pop("level", "info")).upper(), logging.INFO)
         record.pop("timestamp", None)
