@@ -158,7 +158,6 @@ class RemoteSession:
         self.keys = keys
         self.epoch = epoch
         self.ack: SessionAck | None = None
-        self.jpeg_quality = jpeg_quality
         #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs.
         self.codec = CodecChooser(jpeg_quality, auto_codec)
         self.action_dim = action_dim
