@@ -46,6 +46,14 @@ class FieldDoc:
     choices: tuple[Any, ...] = ()
 
 
+def doc(text: str, **constraints: Any) -> msgspec.Meta:
+    """The metadata of a configuration field: its one-sentence description and its constraints.
+
+    Used as ``Annotated[float, doc("Staleness bound (s).", gt=0)]``.
+    """
+    return msgspec.Meta(description=text, **constraints)
+
+
 def parse_toml(text: str | bytes, kind: type[T], *, origin: str, overrides: Mapping[str, Any] | None = None) -> T:
     """Decode TOML text into ``kind``.
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
+
+from servo.config import doc
 
 #: ``jpeg_quality`` of raw pixels (no codec).
 RAW = 0
@@ -41,27 +43,23 @@ CONFIRM = 3
 JpegQuality = Annotated[int, msgspec.Meta(ge=0, le=100)] | Literal["auto"]
 
 
-def _doc(text: str, **constraints: Any) -> msgspec.Meta:
-    return msgspec.Meta(description=text, **constraints)
-
-
 class AutoCodec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How ``jpeg_quality = "auto"`` chooses (see the module docstring)."""
 
     qualities: Annotated[
         list[Annotated[int, msgspec.Meta(ge=1, le=100)]],
-        _doc("JPEG qualities auto may use besides raw pixels.", min_length=1, max_length=8),
+        doc("JPEG qualities auto may use besides raw pixels.", min_length=1, max_length=8),
     ] = msgspec.field(default_factory=lambda: [95, 90, 80])
     tolerance: Annotated[
-        float, _doc("A better-fidelity option wins while it costs at most this fraction more.", ge=0, le=1)
+        float, doc("A better-fidelity option wins while it costs at most this fraction more.", ge=0, le=1)
     ] = 0.05
     hysteresis: Annotated[
-        float, _doc("The option in use is dropped only for one this fraction cheaper.", ge=0, le=10)
+        float, doc("The option in use is dropped only for one this fraction cheaper.", ge=0, le=10)
     ] = 0.15
-    hysteresis_ms: Annotated[float, _doc("...and at least this much cheaper (ms).", ge=0)] = 0.3
-    min_dwell: Annotated[int, _doc("Requests at least between two switches.", ge=1)] = 8
-    reprobe_every: Annotated[int, _doc("Requests before an option not in use is tried again.", ge=1)] = 32
-    window: Annotated[int, _doc("Samples per option whose median is its cost.", ge=1, le=100)] = 5
+    hysteresis_ms: Annotated[float, doc("...and at least this much cheaper (ms).", ge=0)] = 0.3
+    min_dwell: Annotated[int, doc("Requests at least between two switches.", ge=1)] = 8
+    reprobe_every: Annotated[int, doc("Requests before an option not in use is tried again.", ge=1)] = 32
+    window: Annotated[int, doc("Samples per option whose median is its cost.", ge=1, le=100)] = 5
 
 
 def codec_name(quality: int) -> str:

@@ -27,6 +27,16 @@ def server_error(rejection: Rejection) -> ClientError:
     return ServerError(rejection.code, rejection.reason)
 
 
+def rejection_of(reply: zenoh.Reply) -> Rejection | None:
+    """The server's `Rejection` in an error reply; None for an answer or one of Zenoh's own errors."""
+    if reply.err is None:
+        return None
+    try:
+        return decode(reply.err.payload.to_bytes(), Rejection)
+    except WireError:
+        return None  # Zenoh's own errors (e.g. b"Timeout") are not Rejections
+
+
 def read_reply(
     replies: Iterable[zenoh.Reply],
     reply_type: type[T],
@@ -50,11 +60,7 @@ def read_reply(
     for reply in replies:
         if reply.ok is not None:
             return decode(reply.ok.payload.to_bytes(), reply_type)
-        if reply.err is not None:
-            try:
-                rejection = decode(reply.err.payload.to_bytes(), Rejection)
-            except WireError:
-                continue  # Zenoh's own errors (e.g. b"Timeout") are not Rejections
+        if (rejection := rejection_of(reply)) is not None:
             raise rejected(rejection)
     raise RequestTimeout(unanswered)
 

@@ -40,6 +40,7 @@ from servo._core import (
 from servo.client.codec import AutoCodec, CodecChooser, CodecStatus, codec_name
 from servo.client.encoder import FrameEncoder
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
+from servo.client.replies import rejection_of
 from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, check_chunk
 from servo.logs import LogThrottle, get_logger
 from servo.transport import LoopBridge, declare_obs_publisher, query
@@ -157,7 +158,6 @@ class RemoteSession:
         self.keys = keys
         self.epoch = epoch
         self.ack: SessionAck | None = None
-        self.jpeg_quality = jpeg_quality
         #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs.
         self.codec = CodecChooser(jpeg_quality, auto_codec)
         self.action_dim = action_dim
@@ -466,8 +466,7 @@ class RemoteSession:
         rejection: Rejection | None = None
         for reply in replies:
             if reply.err is not None:
-                with contextlib.suppress(WireError):
-                    rejection = decode(reply.err.payload.to_bytes(), Rejection)
+                rejection = rejection_of(reply) or rejection
                 continue
             if reply.ok is None:
                 continue
@@ -589,19 +588,14 @@ class RemoteSession:
         It re-opens the session (nothing more): a forger gains at most a re-handshake, and only
         by echoing the session id and seq_id of the request in flight.
         """
-        try:
+        event = None
+        with contextlib.suppress(HeaderError, WireError):
             header = decode_header(attachment)
-            event = decode(payload, ErrorEvent) if header.msg_type == MSG_ERROR else None
-        except (HeaderError, WireError):
-            header, event = None, None
-        if (
-            header is None
-            or event is None
-            or event.code != "unknown_session"
-            or header.session_id != self._wire_id
-            or header.seq_id != self._latest_seq
-            or self._result is not None
-        ):
+            # The cheap header checks first: an unauthenticated body is decoded only when it
+            # could be the hint for the request in flight.
+            if (header.msg_type, header.session_id, header.seq_id) == (MSG_ERROR, self._wire_id, self._latest_seq):
+                event = decode(payload, ErrorEvent)
+        if event is None or event.code != "unknown_session" or self._result is not None:
             self.counters.reject("mac", "unauthenticated message", session_id=self.session_id)
             return
         self.counters.unknown_session_hints += 1

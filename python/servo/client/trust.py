@@ -17,7 +17,6 @@ Fingerprint pins hold on any network.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ import zenoh
 
 from servo._core import verify_signature
 from servo.client.errors import RequestTimeout, RogueServer, SessionRejected
+from servo.client.replies import rejection_of
 from servo.client.verify import ClientCounters
 from servo.wire import (
     Rejection,
@@ -109,9 +109,7 @@ def pick_ack(
     forged = 0
     for reply in replies:
         if reply.err is not None:
-            # Zenoh's own errors (e.g. b"Timeout") are not Rejections.
-            with contextlib.suppress(WireError):
-                rejection = decode(reply.err.payload.to_bytes(), Rejection)
+            rejection = rejection_of(reply) or rejection
             continue
         if reply.ok is None:
             continue

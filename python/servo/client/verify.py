@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -27,16 +27,7 @@ FloatArray = npt.NDArray[np.float32]
 
 #: Why a server message was not merged (the keys of `ClientStatistics.chunks_rejected`).
 RejectReason = Literal["mac", "session", "epoch", "stale_seq", "shape", "dtype", "non_finite", "undecodable"]
-REJECT_REASONS: tuple[RejectReason, ...] = (
-    "mac",
-    "session",
-    "epoch",
-    "stale_seq",
-    "shape",
-    "dtype",
-    "non_finite",
-    "undecodable",
-)
+REJECT_REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
 #: Longest chunk a client accepts by default (steps); the robot's queue holds 4096 rows.
 MAX_CHUNK_STEPS = 1024
 

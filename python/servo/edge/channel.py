@@ -200,7 +200,13 @@ class ControlChannel:
         self._lateness = memory.counters(at["lateness"], LATENESS_BINS)
         self._records = memory.ring(at["records"], self.record_bytes, RECORD_SLOTS)
         self._command_version = 0
-        self._empty = np.zeros(action_dim, dtype=np.float32)
+        # The loop's writes are packed into these buffers (one per message kind), so a tick
+        # builds no bytes objects of its own; the seqlock and the ring copy them in.
+        self._observation_out = bytearray(_OBSERVATION_HEAD.size + state_bytes)
+        self._observation_state = np.frombuffer(self._observation_out, np.float32, action_dim, _OBSERVATION_HEAD.size)
+        self._record_out = bytearray(self.record_bytes)
+        self._record_state = np.frombuffer(self._record_out, np.float32, action_dim, _RECORD_HEAD.size)
+        self._record_command = np.frombuffer(self._record_out, np.float32, action_dim, _RECORD_HEAD.size + state_bytes)
 
     @staticmethod
     def size(action_dim: int) -> int:
@@ -226,7 +232,9 @@ class ControlChannel:
     # ------------------------------------------------------------------ control loop side
     def publish(self, tick: int, mono_ns: int, state: FloatArray) -> None:
         """Loop: the newest observation (newest wins)."""
-        self._observation.write(_OBSERVATION_HEAD.pack(tick, mono_ns) + np.asarray(state, np.float32).tobytes())
+        _OBSERVATION_HEAD.pack_into(self._observation_out, 0, tick, mono_ns)
+        self._observation_state[:] = state
+        self._observation.write(self._observation_out)
 
     def set_state(self, state: LoopState, *, realtime: bool | None = None) -> None:
         """Loop: where it is (and, once running, whether it got real-time scheduling)."""
@@ -299,12 +307,10 @@ class ControlChannel:
             if provenance
             else (b"", 0, 0, 0)
         )
-        values = self._empty if command is None else command
-        self._records.push(
-            _RECORD_HEAD.pack(tick, mono_ns, flags, *prov)
-            + np.asarray(state, np.float32).tobytes()
-            + np.asarray(values, np.float32).tobytes()
-        )
+        _RECORD_HEAD.pack_into(self._record_out, 0, tick, mono_ns, flags, *prov)
+        self._record_state[:] = state
+        self._record_command[:] = 0.0 if command is None else command
+        self._records.push(self._record_out)
 
     # ------------------------------------------------------------------ main process side
     def latest(self) -> tuple[int, int, FloatArray] | None:

@@ -16,7 +16,7 @@ import msgspec
 from servo.client import TrustedServers
 from servo.client.codec import AutoCodec, JpegQuality
 from servo.client.verify import MAX_CHUNK_STEPS
-from servo.config import ConfigError, FieldError, convert, load_toml
+from servo.config import ConfigError, FieldError, convert, doc, load_toml
 from servo.transport import (
     DEFAULT_LOCAL_ENDPOINT,
     CertificateError,
@@ -34,97 +34,93 @@ InferenceMode = Literal["remote", "sync", "rtc"]
 EdgeConfigError = ConfigError
 
 
-def _doc(text: str, **constraints: Any) -> msgspec.Meta:
-    return msgspec.Meta(description=text, **constraints)
-
-
 class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What the edge runtime needs besides the robot (see each field's description)."""
 
-    connect: Annotated[list[str], _doc("Zenoh endpoint(s) of the server or router to connect to.")] = msgspec.field(
+    connect: Annotated[list[str], doc("Zenoh endpoint(s) of the server or router to connect to.")] = msgspec.field(
         default_factory=lambda: [DEFAULT_LOCAL_ENDPOINT]
     )
     zenoh_mode: Annotated[
-        Literal["client", "peer"], _doc("client: this robot dials out (fleets); peer: a direct link.")
+        Literal["client", "peer"], doc("client: this robot dials out (fleets); peer: a direct link.")
     ] = "client"
-    app: Annotated[str, _doc("Only use servers of this app (a key segment); any when empty.")] = ""
-    model: Annotated[str, _doc("Only use servers of this model key (e.g. servo-reference); any when empty.")] = ""
-    replica: Annotated[str, _doc("Only use this replica; any when empty.")] = ""
+    app: Annotated[str, doc("Only use servers of this app (a key segment); any when empty.")] = ""
+    model: Annotated[str, doc("Only use servers of this model key (e.g. servo-reference); any when empty.")] = ""
+    replica: Annotated[str, doc("Only use this replica; any when empty.")] = ""
     revision: Annotated[
         str,
-        _doc("Only use servers of this model revision; when empty, a new revision is taken at an episode boundary."),
+        doc("Only use servers of this model revision; when empty, a new revision is taken at an episode boundary."),
     ] = ""
     client_id: Annotated[
         str,
-        _doc("This robot's id; when empty: tls_cert's common name, else auth_user, else random."),
+        doc("This robot's id; when empty: tls_cert's common name, else auth_user, else random."),
     ] = ""
-    task: Annotated[str, _doc("Task instruction sent with every observation (the prompt of a VLA).")] = ""
+    task: Annotated[str, doc("Task instruction sent with every observation (the prompt of a VLA).")] = ""
     jpeg_quality: Annotated[
         JpegQuality,
-        _doc("Camera frames: auto (raw or JPEG per request, from measured costs), 0 raw, or a JPEG quality 1-100."),
+        doc("Camera frames: auto (raw or JPEG per request, from measured costs), 0 raw, or a JPEG quality 1-100."),
     ] = "auto"
     jpeg_auto_qualities: Annotated[
         list[Annotated[int, msgspec.Meta(ge=1, le=100)]],
-        _doc("JPEG qualities jpeg_quality = auto may use besides raw pixels.", min_length=1, max_length=8),
+        doc("JPEG qualities jpeg_quality = auto may use besides raw pixels.", min_length=1, max_length=8),
     ] = msgspec.field(default_factory=lambda: list(AutoCodec().qualities))
     buffer_time_s: Annotated[
-        float, _doc("Send the next observation when the queue holds less than this many seconds.", gt=0)
+        float, doc("Send the next observation when the queue holds less than this many seconds.", gt=0)
     ] = 0.5
     max_action_age_s: Annotated[
-        float, _doc("Never execute an action whose observation is older than this (staleness bound, s).", gt=0)
+        float, doc("Never execute an action whose observation is older than this (staleness bound, s).", gt=0)
     ] = 3.0
     degraded_after_s: Annotated[
-        float, _doc("A request outstanding this long -> DEGRADED, even with actions queued (s).", gt=0)
+        float, doc("A request outstanding this long -> DEGRADED, even with actions queued (s).", gt=0)
     ] = 1.0
-    request_timeout_s: Annotated[float, _doc("Per-request watchdog: a hung server (s).", gt=0)] = 5.0
-    connect_timeout_s: Annotated[float, _doc("How long to look for a server at start before giving up (s).", gt=0)] = (
+    request_timeout_s: Annotated[float, doc("Per-request watchdog: a hung server (s).", gt=0)] = 5.0
+    connect_timeout_s: Annotated[float, doc("How long to look for a server at start before giving up (s).", gt=0)] = (
         10.0
     )
-    timeout_streak: Annotated[int, _doc("Request timeouts in a row that count as a lost server.", ge=1)] = 2
+    timeout_streak: Annotated[int, doc("Request timeouts in a row that count as a lost server.", ge=1)] = 2
     reconnect_initial_backoff_s: Annotated[
-        float, _doc("First wait when no usable server answers (doubles; a server token ends it, s).", gt=0)
+        float, doc("First wait when no usable server answers (doubles; a server token ends it, s).", gt=0)
     ] = 0.5
-    reconnect_max_backoff_s: Annotated[float, _doc("Ceiling of the reconnect delay (s).", gt=0)] = 10.0
-    max_offline_s: Annotated[float, _doc("Offline this long -> DEAD: park the arm and exit (s).", gt=0)] = 60.0
+    reconnect_max_backoff_s: Annotated[float, doc("Ceiling of the reconnect delay (s).", gt=0)] = 10.0
+    max_offline_s: Annotated[float, doc("Offline this long -> DEAD: park the arm and exit (s).", gt=0)] = 60.0
     fallback: Annotated[
-        Fallback, _doc("What the robot does when no fresh action exists: hold, repeat_last or zero.")
+        Fallback, doc("What the robot does when no fresh action exists: hold, repeat_last or zero.")
     ] = "hold"
     velocity_scale: Annotated[
-        float, _doc("Scales every joint's velocity limit (below 1 slows every motion down).", gt=0, le=10)
+        float, doc("Scales every joint's velocity limit (below 1 slows every motion down).", gt=0, le=10)
     ] = 1.0
-    rtc: Annotated[bool, _doc("Real-time chunking: replace the queue's rest with each chunk (else append).")] = True
+    rtc: Annotated[bool, doc("Real-time chunking: replace the queue's rest with each chunk (else append).")] = True
     execution_horizon: Annotated[
-        int, _doc("Queued steps shipped with each request as the RTC prefix.", ge=0, le=10_000)
+        int, doc("Queued steps shipped with each request as the RTC prefix.", ge=0, le=10_000)
     ] = 10
     inference: Annotated[
-        InferenceMode, _doc("remote (a policy server), or sync / rtc: run the policy in this process (torch).")
+        InferenceMode, doc("remote (a policy server), or sync / rtc: run the policy in this process (torch).")
     ] = "remote"
-    policy: Annotated[str, _doc("Local engines: policy source, a built-in name or package.module:factory.")] = (
+    policy: Annotated[str, doc("Local engines: policy source, a built-in name or package.module:factory.")] = (
         "reference"
     )
     policy_options: Annotated[
-        dict[str, Any], _doc("Local engines: keyword arguments of the policy factory (values are JSON).")
+        dict[str, Any], doc("Local engines: keyword arguments of the policy factory (values are JSON).")
     ] = {}
-    device: Annotated[str, _doc("Local engines: torch device the policy runs on (cpu, cuda, cuda:N, mps).")] = "cpu"
-    tls_root_ca: Annotated[str, _doc("TLS: CA certificate trusted for the server or router.")] = ""
-    tls_cert: Annotated[str, _doc("mTLS: this robot's certificate.")] = ""
-    tls_key: Annotated[str, _doc("mTLS: this robot's private key.")] = ""
-    auth_user: Annotated[str, _doc("User/password fleets: this robot's user name in the router's passwords file.")] = ""
-    auth_password_file: Annotated[str, _doc("User/password fleets: a file holding only this robot's password.")] = ""
+    device: Annotated[str, doc("Local engines: torch device the policy runs on (cpu, cuda, cuda:N, mps).")] = "cpu"
+    tls_root_ca: Annotated[str, doc("TLS: CA certificate trusted for the server or router.")] = ""
+    tls_cert: Annotated[str, doc("mTLS: this robot's certificate.")] = ""
+    tls_key: Annotated[str, doc("mTLS: this robot's private key.")] = ""
+    auth_user: Annotated[str, doc("User/password fleets: this robot's user name in the router's passwords file.")] = ""
+    auth_password_file: Annotated[str, doc("User/password fleets: a file holding only this robot's password.")] = ""
     trusted_servers: Annotated[
         list[str],
-        _doc(
+        doc(
             "Servers to trust: ed25519:… fingerprints (printed by servo-serve) and/or replica ids "
             "(meaningful only behind a servo-router); any server when empty."
         ),
     ] = []
     max_chunk_steps: Annotated[
-        int, _doc("Longest chunk accepted (steps); longer ones are rejected, never merged.", ge=1, le=4096)
+        int, doc("Longest chunk accepted (steps); longer ones are rejected, never merged.", ge=1, le=4096)
     ] = MAX_CHUNK_STEPS
-    lease_ms: Annotated[int, _doc("Zenoh lease this robot announces: how fast its death is noticed (ms).", ge=100)] = (
+    lease_ms: Annotated[int, doc("Zenoh lease this robot announces: how fast its death is noticed (ms).", ge=100)] = (
         1000
     )
-    tags: Annotated[dict[str, str], _doc("Free-form labels sent at session open (KEY=VALUE).")] = {}
+    tags: Annotated[dict[str, str], doc("Free-form labels sent at session open (KEY=VALUE).")] = {}
 
     def check(self) -> None:
         """Rules that span options; raises `FieldError` naming the option."""

@@ -28,13 +28,14 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio
 import msgspec
 from anyio.abc import ByteReceiveStream, Process, TaskGroup
 
 from servo._core import SharedMemory
+from servo.config import doc
 from servo.edge.actions import ActionFeed, FeedConfig
 from servo.edge.channel import Bell, ControlChannel, LoopState
 from servo.edge.control_loop import ControlLoop
@@ -47,24 +48,20 @@ from servo.robots.registry import RobotDescription
 log = get_logger(__name__)
 
 
-def _doc(text: str, **constraints: Any) -> msgspec.Meta:
-    return msgspec.Meta(description=text, **constraints)
-
-
 class ControlSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything the control process needs (one JSON line on its stdin)."""
 
-    robot: Annotated[RobotDescription, _doc("The robot to build and drive.")]
-    feed: Annotated[FeedConfig, _doc("Staleness bound, fallback and action label.")]
-    action_dim: Annotated[int, _doc("Joints of the robot (checked against the built driver).", ge=1)]
-    pipeline_fd: Annotated[int, _doc("Descriptor of the pipeline block (queue and its counters).", ge=0)]
-    channel_fd: Annotated[int, _doc("Descriptor of the ControlChannel block.", ge=0)]
-    bell_fd: Annotated[int, _doc("Write end of the bell pipe.", ge=0)]
-    velocity_scale: Annotated[float, _doc("Scales every joint's velocity limit.", gt=0)]
-    realtime: Annotated[bool, _doc("Ask for SCHED_FIFO.")]
-    log_level: Annotated[str, _doc("Level of the records sent to the parent.")]
-    rest_tolerance: Annotated[float, _doc("How close to the rest pose counts as parked.", gt=0)]
-    orphan_park_timeout_s: Annotated[float, _doc("How long to park when the edge is gone (s).", ge=0)]
+    robot: Annotated[RobotDescription, doc("The robot to build and drive.")]
+    feed: Annotated[FeedConfig, doc("Staleness bound, fallback and action label.")]
+    action_dim: Annotated[int, doc("Joints of the robot (checked against the built driver).", ge=1)]
+    pipeline_fd: Annotated[int, doc("Descriptor of the pipeline block (queue and its counters).", ge=0)]
+    channel_fd: Annotated[int, doc("Descriptor of the ControlChannel block.", ge=0)]
+    bell_fd: Annotated[int, doc("Write end of the bell pipe.", ge=0)]
+    velocity_scale: Annotated[float, doc("Scales every joint's velocity limit.", gt=0)]
+    realtime: Annotated[bool, doc("Ask for SCHED_FIFO.")]
+    log_level: Annotated[str, doc("Level of the records sent to the parent.")]
+    rest_tolerance: Annotated[float, doc("How close to the rest pose counts as parked.", gt=0)]
+    orphan_park_timeout_s: Annotated[float, doc("How long to park when the edge is gone (s).", ge=0)]
 
 
 #: Child stderr lines kept for the error message when it fails to start.
@@ -162,7 +159,7 @@ class ProcessControlLoop(ControlLoop):
             # Not a log record: the interpreter's own output (a traceback, a fatal error).
             if line.strip():
                 self._tail.append(line)
-                log.warning(line, process="control")
+                log.warning("control process output", process="control", line=line)
             return
         level = logging.getLevelNamesMapping().get(str(record.pop("level", "info")).upper(), logging.INFO)
         record.pop("timestamp", None)

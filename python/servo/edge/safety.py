@@ -28,6 +28,7 @@ class SafetyLimiter:
         self.lower = np.asarray(spec.lower, dtype=np.float32)
         self.upper = np.asarray(spec.upper, dtype=np.float32)
         self.max_step = np.asarray(spec.max_velocity, dtype=np.float32) * np.float32(velocity_scale / spec.fps)
+        self._min_step = -self.max_step
         self.last: FloatArray | None = None
         self.clamped_ticks = 0
         self.slewed_ticks = 0
@@ -52,7 +53,7 @@ class SafetyLimiter:
         clamped = not np.array_equal(out, wanted)
         slewed = False
         if self.last is not None:
-            step = np.clip(out - self.last, -self.max_step, self.max_step)
+            step = np.clip(out - self.last, self._min_step, self.max_step)
             limited = self.last + step
             slewed = not np.array_equal(limited, out)
             out = limited
@@ -60,5 +61,5 @@ class SafetyLimiter:
             raise UnsafeTarget(f"command would be non-finite {out.tolist()} (last command {self.last})")
         self.clamped_ticks += clamped
         self.slewed_ticks += slewed
-        self.last = out.astype(np.float32)
-        return self.last
+        self.last = out  # a fresh float32 array (clip's or the sum's): nobody else holds it
+        return out

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from servo.config import FieldError
+from servo.config import FieldError, doc
 
 from .cameras import CameraGroup, OpenCVCamera, OpenCVCameraConfig
 from .protocol import Cameras, PoseSource, RobotParts
@@ -78,10 +78,6 @@ def parse_cameras(value: str) -> list[CameraEntry]:
     return entries
 
 
-def _doc(text: str, **constraints: Any) -> msgspec.Meta:
-    return msgspec.Meta(description=text, **constraints)
-
-
 def _checked_cameras(value: str) -> list[CameraEntry]:
     try:
         return parse_cameras(value)
@@ -92,17 +88,17 @@ def _checked_cameras(value: str) -> list[CameraEntry]:
 class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Options of the simulated SO-100 (``--robot sim``)."""
 
-    fps: Annotated[float, _doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
-    cameras: Annotated[str, _doc("Simulated cameras, e.g. 'front,wrist' or 'front:640x480@30'; 'none' for none.")] = (
+    fps: Annotated[float, doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
+    cameras: Annotated[str, doc("Simulated cameras, e.g. 'front,wrist' or 'front:640x480@30'; 'none' for none.")] = (
         "front,wrist"
     )
-    time_constant_s: Annotated[float, _doc("First-order time constant of every joint (s).", gt=0)] = 0.075
-    noise_std: Annotated[float, _doc("Gaussian noise added to every state reading (joint units).", ge=0)] = 0.0
-    seed: Annotated[int, _doc("Seed of the sensor noise and the rendered textures.")] = 0
+    time_constant_s: Annotated[float, doc("First-order time constant of every joint (s).", gt=0)] = 0.075
+    noise_std: Annotated[float, doc("Gaussian noise added to every state reading (joint units).", ge=0)] = 0.0
+    seed: Annotated[int, doc("Seed of the sensor noise and the rendered textures.")] = 0
     initial_pose: Annotated[
-        tuple[float, ...] | None, _doc("Six comma-separated joint values to start from (default: rest pose).")
+        tuple[float, ...] | None, doc("Six comma-separated joint values to start from (default: rest pose).")
     ] = None
-    realtime: Annotated[bool, _doc("Advance the simulation with the monotonic clock.")] = True
+    realtime: Annotated[bool, doc("Advance the simulation with the monotonic clock.")] = True
 
     def check(self) -> None:
         """Camera syntax: simulated cameras take a size but no device."""
@@ -116,23 +112,23 @@ class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class SOFollowerOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Options of the real SO-100 and SO-101 follower arms (``--robot so100``, ``--robot so101``)."""
 
-    port: Annotated[str, _doc("Serial port of the servo bus, e.g. /dev/ttyACM0.", min_length=1)]
-    calibration: Annotated[str, _doc("Path of a LeRobot calibration JSON (or give id).")] = ""
-    id: Annotated[str, _doc("LeRobot robot id: its calibration file is found where LeRobot writes it.")] = ""
+    port: Annotated[str, doc("Serial port of the servo bus, e.g. /dev/ttyACM0.", min_length=1)]
+    calibration: Annotated[str, doc("Path of a LeRobot calibration JSON (or give id).")] = ""
+    id: Annotated[str, doc("LeRobot robot id: its calibration file is found where LeRobot writes it.")] = ""
     write_calibration: Annotated[
-        bool, _doc("Write the calibration file into motors that hold another one (else refuse to start).")
+        bool, doc("Write the calibration file into motors that hold another one (else refuse to start).")
     ] = False
-    cameras: Annotated[str, _doc("OpenCV cameras, e.g. 'front:0:640x480@30,wrist:/dev/video2'.")] = ""
+    cameras: Annotated[str, doc("OpenCV cameras, e.g. 'front:0:640x480@30,wrist:/dev/video2'.")] = ""
     max_relative_target: Annotated[
         Annotated[float, msgspec.Meta(gt=0)] | None,
-        _doc("Largest move per command from the measured position (joint units)."),
+        doc("Largest move per command from the measured position (joint units)."),
     ] = None
-    use_degrees: Annotated[bool, _doc("Arm joints in degrees (false: LeRobot's -100..100 range).")] = True
-    disable_torque_on_disconnect: Annotated[bool, _doc("Release torque when the edge disconnects.")] = True
-    fps: Annotated[float, _doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
-    baudrate: Annotated[int, _doc("Bus baud rate.", gt=0)] = 1_000_000
-    timeout_s: Annotated[float, _doc("Reply timeout of each bus packet (s).", gt=0)] = 0.05
-    retries: Annotated[int, _doc("Bus retries after a bad or missing reply.", ge=0, le=10)] = 2
+    use_degrees: Annotated[bool, doc("Arm joints in degrees (false: LeRobot's -100..100 range).")] = True
+    disable_torque_on_disconnect: Annotated[bool, doc("Release torque when the edge disconnects.")] = True
+    fps: Annotated[float, doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
+    baudrate: Annotated[int, doc("Bus baud rate.", gt=0)] = 1_000_000
+    timeout_s: Annotated[float, doc("Reply timeout of each bus packet (s).", gt=0)] = 0.05
+    retries: Annotated[int, doc("Bus retries after a bad or missing reply.", ge=0, le=10)] = 2
 
     def check(self) -> None:
         """Exactly one calibration source; camera syntax (every camera needs a device)."""
