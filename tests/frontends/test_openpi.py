@@ -88,7 +88,7 @@ def expected_chunk(state: np.ndarray) -> np.ndarray:
 
 
 async def test_openpi_client_gets_actions_computed_from_its_observation() -> None:
-    policy = FixedComputePolicy()
+    policy = FixedComputePolicy(compute_ms=20)  # a forward pass the timing fields must show
     async with front_door(policy, openpi="metadata = {reset_pose = [0.0, 1.5]}") as (server, ready, port):
 
         def run() -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -110,7 +110,9 @@ async def test_openpi_client_gets_actions_computed_from_its_observation() -> Non
             assert reply["actions"].dtype == np.float32
             np.testing.assert_allclose(reply["actions"], expected_chunk(np.full(6, state)), rtol=1e-6)
             assert {"infer_ms", "queue_wait_ms"} <= set(reply["server_timing"])
-            assert reply["policy_timing"]["infer_ms"] >= 0
+            # the forward pass, and the whole request around it
+            assert reply["policy_timing"]["infer_ms"] >= 20
+            assert reply["server_timing"]["infer_ms"] >= reply["policy_timing"]["infer_ms"]
         assert "prev_total_ms" in replies[1]["server_timing"]  # openpi reports the previous cycle
         assert [r["servo"]["seq_id"] for r in replies] == [1, 2]
         assert policy.served[-2:] == [3, 7]
