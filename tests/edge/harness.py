@@ -241,6 +241,11 @@ def edge_argv(command_line: str) -> list[str]:
     return [sys.executable, "-m", "servo.cli.edge", "--no-status", *shlex.split(command_line)]
 
 
+def run_edge(command_line: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run ``servo-edge --no-status <command_line>`` to its exit, its output captured as text."""
+    return subprocess.run(edge_argv(command_line), capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def first_error(exc: BaseException) -> BaseException:
     """The single exception inside (nested) exception groups."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
