@@ -22,9 +22,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from servo.frontends import frontends_of
 from servo.policy import DecodedObservation, Prepared
-from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer, ServerReady
-from tests.server.helpers import connected, eventually, metric, observation, open_on
+from tests.server.helpers import connected, eventually, metric, observation, open_on, server_manifest
 from tests.server.policies import CHUNK, FixedComputePolicy, RelativeProcessor
 from tests.support import free_port
 
@@ -38,29 +37,14 @@ pytestmark = [
 T = TypeVar("T")
 
 
-def manifest_text(port: int, *, openpi: str = "", serving: str = "") -> str:
-    return f"""
-[model]
-source = "injected"
-warmup = 1
-[serving]
-{serving}
-[zenoh]
-listen = ["tcp/127.0.0.1:{port}"]
-[ops]
-health_port = 0
-[frontends.openpi]
-listen = "127.0.0.1:0"
-{openpi}
-"""
-
-
 @asynccontextmanager
 async def front_door(
     policy: FixedComputePolicy, *, openpi: str = "", serving: str = ""
 ) -> AsyncIterator[tuple[PolicyServer, ServerReady, int]]:
     """A server with its openpi front door; yields the server, its ready info and the port."""
-    manifest = parse_manifest(manifest_text(free_port(), openpi=openpi, serving=serving))
+    manifest = server_manifest(
+        free_port(), serving=serving, extra=f'[frontends.openpi]\nlisten = "127.0.0.1:0"\n{openpi}'
+    )
     server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest.frontends))
     async with anyio.create_task_group() as tg:
         ready: ServerReady = await tg.start(server.run)
