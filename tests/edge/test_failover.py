@@ -21,7 +21,7 @@ from servo.edge.failsafe import EngineState
 from servo.edge.remote import RemoteEngine
 from servo.transport import ZenohSettings, open_session
 from tests.edge.fakes import eventually
-from tests.edge.harness import MergeLog, Proc, edge_config, running_edge, small_sim, start_server
+from tests.edge.harness import MergeLog, Proc, edge_config, running_edge, small_sim, start_server, write_manifest
 from tests.support import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -35,29 +35,9 @@ def replica_manifest(
 ) -> Path:
     """A replica of the reference policy joining the router (its own identity in ``directory``)."""
     directory.mkdir(parents=True, exist_ok=True)
+    serving = f'[serving]\napp = "fleet"\nreplica = "{replica}"'
     path = directory / "manifest.toml"
-    path.write_text(
-        f"""
-[model]
-source = "reference"
-revision = "{revision}"
-warmup = 1
-[model.options]
-cameras = {{front = [48, 64]}}
-chunk_size = 20
-[serving]
-app = "fleet"
-replica = "{replica}"
-[zenoh]
-mode = "peer"
-listen = ["tcp/127.0.0.1:{free_port()}"]
-connect = ["tcp/127.0.0.1:{router_port}"]
-lease_ms = {lease_ms}
-[ops]
-health_port = 0
-"""
-    )
-    return path
+    return write_manifest(path, free_port(), revision=revision, connect=router_port, lease_ms=lease_ms, extra=serving)
 
 
 @asynccontextmanager
