@@ -95,6 +95,16 @@ def _served(server: PolicyServer) -> tuple[float, float]:
     return ok, registry.get_sample_value("servo_superseded_observations_total") or 0.0
 
 
+def _rejected(server: PolicyServer) -> dict[str, float]:
+    """``servo_observations_rejected_total`` by reason: what reached the server and was dropped."""
+    return {
+        sample.labels["reason"]: sample.value
+        for family in server.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "servo_observations_rejected_total" and sample.value
+    }
+
+
 @asynccontextmanager
 async def _mtls_fleet(
     creds: Credentials, tmp_path: Path
@@ -142,6 +152,7 @@ async def test_robot_streams_through_the_router_and_another_robot_cannot_touch_i
         await robot8.close()
     # The server has drained: every request it took is accounted for.
     assert _served(server) == (4.0, 0.0)  # 3 for robot-7, 1 for robot-8; the forgery never arrived
+    assert _rejected(server) == {}  # not even to be dropped unauthenticated: the router stopped it
     assert sniffed.items == []
 
 
