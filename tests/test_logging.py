@@ -53,6 +53,8 @@ def test_library_use_prints_nothing_until_the_application_configures_logging() -
     silenced = run(
         'import logging; logging.basicConfig(level=logging.DEBUG); logging.getLogger("servo").setLevel(logging.ERROR)'
     )
+    assert silenced.returncode == 0, silenced.stderr  # silenced because filtered, not because it never ran
+    assert silenced.stdout == "RESULT ok\n"
     assert "session opened" not in silenced.stderr
 
 

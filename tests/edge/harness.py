@@ -132,8 +132,15 @@ def write_manifest(
     *,
     revision: str = "v1",
     options: str = "cameras = {front = [48, 64]}\nchunk_size = 20",
+    connect: int | None = None,
+    lease_ms: int = 1000,
+    extra: str = "",
 ) -> Path:
-    """A servo-serve manifest for a subprocess server listening on ``port``."""
+    """A servo-serve manifest for a subprocess server listening on ``port``.
+
+    ``connect`` is a router's port to join; ``extra`` is appended as more tables.
+    """
+    joins = "" if connect is None else f'connect = ["tcp/127.0.0.1:{connect}"]'
     path.write_text(
         f"""
 [model]
@@ -145,9 +152,11 @@ warmup = 1
 [zenoh]
 mode = "peer"
 listen = ["tcp/127.0.0.1:{port}"]
-lease_ms = 1000
+{joins}
+lease_ms = {lease_ms}
 [ops]
 health_port = 0
+{extra}
 """
     )
     return path
@@ -239,6 +248,11 @@ def start_server(manifest: Path, timeout: float = 60.0) -> Proc:
 def edge_argv(command_line: str) -> list[str]:
     """``servo-edge --no-status <command_line>`` (split like a shell would) as a child argv."""
     return [sys.executable, "-m", "servo.cli.edge", "--no-status", *shlex.split(command_line)]
+
+
+def run_edge(command_line: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run ``servo-edge --no-status <command_line>`` to its exit, its output captured as text."""
+    return subprocess.run(edge_argv(command_line), capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def first_error(exc: BaseException) -> BaseException:

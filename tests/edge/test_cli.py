@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from servo.recording import read_recording
-from tests.edge.harness import Proc, edge_argv, start_server, write_manifest
+from tests.edge.harness import Proc, edge_argv, run_edge, start_server, write_manifest
 from tests.support import free_port, make_manifest, running_server
 
 SUMMARY_KEYS = {
@@ -51,15 +51,8 @@ async def test_capability_mismatch_exits_2_with_the_reason(port: int) -> None:
 
 def test_unreachable_server_exits_1() -> None:
     port = free_port()
-    result = subprocess.run(
-        edge_argv(
-            f"--robot sim --robot-opt cameras=none --connect tcp/127.0.0.1:{port} --connect-timeout-s 1 "
-            "--log-level warning"
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = run_edge(
+        f"--robot sim --robot-opt cameras=none --connect tcp/127.0.0.1:{port} --connect-timeout-s 1 --log-level warning"
     )
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
@@ -69,13 +62,7 @@ def test_unreachable_server_exits_1() -> None:
 
 
 def test_bad_option_exits_2() -> None:
-    result = subprocess.run(
-        edge_argv("--robot sim --buffer-time-s 0"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_edge("--robot sim --buffer-time-s 0")
     assert result.returncode == 2
     (line,) = error_lines(result.stderr)
     assert "buffer_time_s" in line
@@ -88,15 +75,9 @@ def test_summary_against_servo_serve(tmp_path: Path) -> None:
     server = start_server(write_manifest(tmp_path / "manifest.toml", port))
     summary_path, record = tmp_path / "run.json", tmp_path / "ep.servo"
     try:
-        result = subprocess.run(
-            edge_argv(
-                f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{port} --duration 3 "
-                f"--summary {summary_path} --record {record}"
-            ),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        result = run_edge(
+            f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{port} --duration 3 "
+            f"--summary {summary_path} --record {record}"
         )
     finally:
         server.stop()
@@ -190,13 +171,7 @@ def test_second_interrupt_still_parks_and_a_third_exits_at_once(tmp_path: Path) 
 def test_record_never_replaces_a_file_unless_asked(tmp_path: Path) -> None:
     replay = far_trajectory(tmp_path / "far.servo")
     before = replay.read_bytes()
-    result = subprocess.run(
-        edge_argv(f"--robot sim --robot-opt cameras=none --replay {replay} --record {replay}"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_edge(f"--robot sim --robot-opt cameras=none --replay {replay} --record {replay}")
     assert result.returncode == 2, result.stderr
     (line,) = error_lines(result.stderr)
     assert line == f"servo-edge: error: --record: {replay} exists; pass --overwrite to replace it"
@@ -205,13 +180,7 @@ def test_record_never_replaces_a_file_unless_asked(tmp_path: Path) -> None:
 
 def test_replay_summary_line_has_no_missing_values(tmp_path: Path) -> None:
     replay = far_trajectory(tmp_path / "far.servo")
-    result = subprocess.run(
-        edge_argv(f"--robot sim --robot-opt cameras=none --replay {replay} --log-level warning"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_edge(f"--robot sim --robot-opt cameras=none --replay {replay} --log-level warning")
     assert result.returncode == 0, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("servo-edge: finished;")
@@ -236,15 +205,9 @@ def test_a_nan_replay_is_refused_before_anything_moves(tmp_path: Path) -> None:
             pose[1] = np.nan
         writer.write(FrameRecord(i, i, encode_tensor(pose), encode_tensor(pose), "policy"))
     writer.close()
-    result = subprocess.run(
-        edge_argv(
-            f"--robot sim --robot-opt cameras=none --replay {replay} --summary {summary_path} "
-            "--duration 30 --log-level warning"
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = run_edge(
+        f"--robot sim --robot-opt cameras=none --replay {replay} --summary {summary_path} "
+        "--duration 30 --log-level warning"
     )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr

@@ -21,7 +21,7 @@ from servo.edge.engine import EngineStats
 from servo.recording import read_recording
 from servo.robots import SimCameraConfig, SimConfig, SimSO100
 from servo.wire import decode_tensor
-from tests.edge.harness import edge_argv, start_server, write_manifest
+from tests.edge.harness import run_edge, start_server, write_manifest
 from tests.edge.test_cli import error_lines, far_trajectory
 from tests.support import free_port
 
@@ -151,15 +151,9 @@ def test_the_edge_shows_what_it_records(tmp_path: Path) -> None:
     """End to end through servo-edge and its control process: the view is the recording."""
     replay = far_trajectory(tmp_path / "far.servo")
     record, view, summary = tmp_path / "out.servo", tmp_path / "run.rrd", tmp_path / "run.json"
-    result = subprocess.run(
-        edge_argv(
-            f"--robot sim --robot-opt cameras=front:64x48 --replay {replay} --record {record} "
-            f"--display-save {view} --summary {summary} --log-level warning"
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = run_edge(
+        f"--robot sim --robot-opt cameras=front:64x48 --replay {replay} --record {record} "
+        f"--display-save {view} --summary {summary} --log-level warning"
     )
     assert result.returncode == 0, result.stderr
     frames = read_recording(record).frames
@@ -197,13 +191,7 @@ def test_without_rerun_the_edge_says_how_to_install_it(tmp_path: Path) -> None:
 
 
 def test_display_flags_are_checked_like_options() -> None:
-    result = subprocess.run(
-        edge_argv("--robot sim --display-save x.rrd --display-camera-fps 0"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_edge("--robot sim --display-save x.rrd --display-camera-fps 0")
     assert result.returncode == 2
     (line,) = error_lines(result.stderr)
     assert line == "servo-edge: error: --display: camera_fps = '0': expected float > 0.0"
@@ -215,15 +203,9 @@ def test_against_a_server_the_view_has_the_round_trip_and_the_delay(tmp_path: Pa
     server = start_server(write_manifest(tmp_path / "manifest.toml", port))
     view = tmp_path / "run.rrd"
     try:
-        result = subprocess.run(
-            edge_argv(
-                f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{port} --duration 3 "
-                f"--display-save {view} --log-level warning"
-            ),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        result = run_edge(
+            f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{port} --duration 3 "
+            f"--display-save {view} --log-level warning"
         )
     finally:
         server.stop()

@@ -21,7 +21,7 @@ from servo.edge.failsafe import EngineState
 from servo.edge.remote import RemoteEngine
 from servo.transport import ZenohSettings, open_session
 from tests.edge.fakes import eventually
-from tests.edge.harness import MergeLog, Proc, edge_config, running_edge, small_sim, start_server
+from tests.edge.harness import MergeLog, Proc, edge_config, running_edge, small_sim, start_server, write_manifest
 from tests.support import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -35,29 +35,9 @@ def replica_manifest(
 ) -> Path:
     """A replica of the reference policy joining the router (its own identity in ``directory``)."""
     directory.mkdir(parents=True, exist_ok=True)
+    serving = f'[serving]\napp = "fleet"\nreplica = "{replica}"'
     path = directory / "manifest.toml"
-    path.write_text(
-        f"""
-[model]
-source = "reference"
-revision = "{revision}"
-warmup = 1
-[model.options]
-cameras = {{front = [48, 64]}}
-chunk_size = 20
-[serving]
-app = "fleet"
-replica = "{replica}"
-[zenoh]
-mode = "peer"
-listen = ["tcp/127.0.0.1:{free_port()}"]
-connect = ["tcp/127.0.0.1:{router_port}"]
-lease_ms = {lease_ms}
-[ops]
-health_port = 0
-"""
-    )
-    return path
+    return write_manifest(path, free_port(), revision=revision, connect=router_port, lease_ms=lease_ms, extra=serving)
 
 
 @asynccontextmanager
@@ -66,6 +46,24 @@ async def router() -> AsyncIterator[int]:
     port = free_port()
     async with open_session(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{port}"])):
         yield port
+
+
+@asynccontextmanager
+async def two_replicas(
+    tmp_path: Path, *, lease_ms: int = 1000
+) -> AsyncIterator[tuple[int, dict[str, Path], dict[str, Proc]]]:
+    """A router and replicas ``a`` and ``b`` joined to it; yields the router port, the replicas'
+    manifests and processes (a test may replace one). Every process is stopped at the end."""
+    async with router() as router_port:
+        manifests = {name: replica_manifest(tmp_path / name, router_port, name, lease_ms=lease_ms) for name in "ab"}
+        servers: dict[str, Proc] = {}
+        try:
+            for name, path in manifests.items():
+                servers[name] = await anyio.to_thread.run_sync(start_server, path)
+            yield router_port, manifests, servers
+        finally:
+            for server in servers.values():
+                server.stop()
 
 
 def fleet_edge(router_port: int) -> tuple[RemoteEngine, MergeLog]:
@@ -86,47 +84,39 @@ def serving_replica(engine: RemoteEngine) -> str:
 
 
 async def test_kill_9_of_the_serving_replica_fails_over_at_once(tmp_path: Path) -> None:
-    async with router() as router_port:
-        manifests = {name: replica_manifest(tmp_path / name, router_port, name) for name in ("a", "b")}
-        servers = {name: await anyio.to_thread.run_sync(start_server, path) for name, path in manifests.items()}
-        try:
-            engine, log = fleet_edge(router_port)
-            async with running_edge(small_sim(), engine) as run:
-                await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
-                first = serving_replica(engine)
-                other = "b" if first == "a" else "a"
-                merged = len(log.merges)
-                servers[first].kill()
-                await eventually(
-                    lambda: (
-                        engine.session is not None
-                        and serving_replica(engine) == other
-                        and len(log.merges) > merged
-                        and log.merges[-1].session_id == engine.session.session_id
-                    ),
-                    10,
-                    "a fresh chunk from the other replica",
-                )
-                assert engine.failsafe.reconnects == 1
-                assert engine.state is EngineState.STREAMING
-                # The killed replica restarts: the edge stays where it is (no needless move).
-                servers[first] = await anyio.to_thread.run_sync(start_server, manifests[first])
-                chunks = engine.chunks_received
-                await eventually(lambda: engine.chunks_received >= chunks + 3, 10, "streaming on")
-                assert serving_replica(engine) == other
-                summary = await run.stop()
-        finally:
-            for server in servers.values():
-                server.stop()
+    async with two_replicas(tmp_path) as (router_port, manifests, servers):
+        engine, log = fleet_edge(router_port)
+        async with running_edge(small_sim(), engine) as run:
+            await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
+            first = serving_replica(engine)
+            other = "b" if first == "a" else "a"
+            merged = len(log.merges)
+            servers[first].kill()
+            await eventually(
+                lambda: (
+                    engine.session is not None
+                    and serving_replica(engine) == other
+                    and len(log.merges) > merged
+                    and log.merges[-1].session_id == engine.session.session_id
+                ),
+                10,
+                "a fresh chunk from the other replica",
+            )
+            assert engine.failsafe.reconnects == 1
+            assert engine.state is EngineState.STREAMING
+            # The killed replica restarts: the edge stays where it is (no needless move).
+            servers[first] = await anyio.to_thread.run_sync(start_server, manifests[first])
+            chunks = engine.chunks_received
+            await eventually(lambda: engine.chunks_received >= chunks + 3, 10, "streaming on")
+            assert serving_replica(engine) == other
+            summary = await run.stop()
     assert summary.reconnects == 1
     assert summary.parked
 
 
 async def test_a_hung_replica_is_left_when_its_lease_expires(tmp_path: Path) -> None:
     # SIGSTOP sends no FIN (a frozen host, a pulled cable): only the 500 ms lease tells.
-    async with router() as router_port:
-        manifests = {name: replica_manifest(tmp_path / name, router_port, name, lease_ms=500) for name in ("a", "b")}
-        servers = {name: await anyio.to_thread.run_sync(start_server, path) for name, path in manifests.items()}
+    async with two_replicas(tmp_path, lease_ms=500) as (router_port, _, servers):
         frozen = None
         try:
             engine, _ = fleet_edge(router_port)
@@ -149,34 +139,26 @@ async def test_a_hung_replica_is_left_when_its_lease_expires(tmp_path: Path) -> 
                 assert [reason for _, reason in engine.failsafe.transitions][-3] == "server liveliness lost"
                 await run.stop()
         finally:
-            if frozen is not None:
+            if frozen is not None:  # thawed before two_replicas stops it: a stopped process cannot drain
                 frozen.send_signal(signal.SIGCONT)
-            for server in servers.values():
-                server.stop()
 
 
 async def test_a_drain_notice_moves_the_edge_to_another_replica(tmp_path: Path) -> None:
-    async with router() as router_port:
-        manifests = {name: replica_manifest(tmp_path / name, router_port, name) for name in ("a", "b")}
-        servers = {name: await anyio.to_thread.run_sync(start_server, path) for name, path in manifests.items()}
-        try:
-            engine, _ = fleet_edge(router_port)
-            async with running_edge(small_sim(), engine) as run:
-                await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
-                first = serving_replica(engine)
-                servers[first].popen.terminate()  # SIGTERM: drain
-                await eventually(
-                    lambda: engine.session is not None and serving_replica(engine) != first,
-                    10,
-                    "a session on the other replica",
-                )
-                assert "draining" in [reason for _, reason in engine.failsafe.transitions][-2]
-                chunks = engine.chunks_received
-                await eventually(lambda: engine.chunks_received >= chunks + 3, 10, "streaming there")
-                await run.stop()
-        finally:
-            for server in servers.values():
-                server.stop()
+    async with two_replicas(tmp_path) as (router_port, _, servers):
+        engine, _ = fleet_edge(router_port)
+        async with running_edge(small_sim(), engine) as run:
+            await eventually(lambda: engine.chunks_received >= 3, 15, "streaming")
+            first = serving_replica(engine)
+            servers[first].popen.terminate()  # SIGTERM: drain
+            await eventually(
+                lambda: engine.session is not None and serving_replica(engine) != first,
+                10,
+                "a session on the other replica",
+            )
+            assert "draining" in [reason for _, reason in engine.failsafe.transitions][-2]
+            chunks = engine.chunks_received
+            await eventually(lambda: engine.chunks_received >= chunks + 3, 10, "streaming there")
+            await run.stop()
 
 
 async def test_a_restarted_replica_is_used_as_soon_as_its_token_appears(tmp_path: Path) -> None:

@@ -22,9 +22,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from servo.frontends import frontends_of
 from servo.policy import DecodedObservation, Prepared
-from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer, ServerReady
-from tests.server.helpers import connected, eventually, metric, observation, open_on
+from tests.server.helpers import connected, eventually, metric, observation, open_on, server_manifest
 from tests.server.policies import CHUNK, FixedComputePolicy, RelativeProcessor
 from tests.support import free_port
 
@@ -38,29 +37,14 @@ pytestmark = [
 T = TypeVar("T")
 
 
-def manifest_text(port: int, *, openpi: str = "", serving: str = "") -> str:
-    return f"""
-[model]
-source = "injected"
-warmup = 1
-[serving]
-{serving}
-[zenoh]
-listen = ["tcp/127.0.0.1:{port}"]
-[ops]
-health_port = 0
-[frontends.openpi]
-listen = "127.0.0.1:0"
-{openpi}
-"""
-
-
 @asynccontextmanager
 async def front_door(
     policy: FixedComputePolicy, *, openpi: str = "", serving: str = ""
 ) -> AsyncIterator[tuple[PolicyServer, ServerReady, int]]:
     """A server with its openpi front door; yields the server, its ready info and the port."""
-    manifest = parse_manifest(manifest_text(free_port(), openpi=openpi, serving=serving))
+    manifest = server_manifest(
+        free_port(), serving=serving, extra=f'[frontends.openpi]\nlisten = "127.0.0.1:0"\n{openpi}'
+    )
     server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest.frontends))
     async with anyio.create_task_group() as tg:
         ready: ServerReady = await tg.start(server.run)
@@ -88,7 +72,7 @@ def expected_chunk(state: np.ndarray) -> np.ndarray:
 
 
 async def test_openpi_client_gets_actions_computed_from_its_observation() -> None:
-    policy = FixedComputePolicy()
+    policy = FixedComputePolicy(compute_ms=20)  # a forward pass the timing fields must show
     async with front_door(policy, openpi="metadata = {reset_pose = [0.0, 1.5]}") as (server, ready, port):
 
         def run() -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -110,7 +94,9 @@ async def test_openpi_client_gets_actions_computed_from_its_observation() -> Non
             assert reply["actions"].dtype == np.float32
             np.testing.assert_allclose(reply["actions"], expected_chunk(np.full(6, state)), rtol=1e-6)
             assert {"infer_ms", "queue_wait_ms"} <= set(reply["server_timing"])
-            assert reply["policy_timing"]["infer_ms"] >= 0
+            # the forward pass, and the whole request around it
+            assert reply["policy_timing"]["infer_ms"] >= 20
+            assert reply["server_timing"]["infer_ms"] >= reply["policy_timing"]["infer_ms"]
         assert "prev_total_ms" in replies[1]["server_timing"]  # openpi reports the previous cycle
         assert [r["servo"]["seq_id"] for r in replies] == [1, 2]
         assert policy.served[-2:] == [3, 7]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +19,9 @@ from servo.server.manifest import Manifest, parse_manifest
 from tests.edge.fakes import eventually
 from tests.edge.harness import (
     MergeLog,
-    edge_argv,
     edge_config,
     first_error,
+    run_edge,
     running_edge,
     small_sim,
     start_server,
@@ -151,15 +150,10 @@ def test_three_line_manifest_with_servo_serve_and_servo_edge(
     server = start_server(manifest, timeout=120)
     summary_path, record = tmp_path / "run.json", tmp_path / "ep.servo"
     try:
-        result = subprocess.run(
-            edge_argv(
-                f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{port} --duration 3 "
-                f"--summary {summary_path} --record {record}"
-            ),
-            capture_output=True,
-            text=True,
+        result = run_edge(
+            f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{port} --duration 3 "
+            f"--summary {summary_path} --record {record}",
             timeout=120,
-            check=False,
         )
     finally:
         server.stop()

@@ -8,18 +8,21 @@ sees the forgery (its request counters prove it) and robot-8 never sees a chunk 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import numpy as np
 import pytest
+import zenoh
 
 from servo._core import MSG_OBS, SCHEMA_VERSION, Header, KeyPair, unauthenticated
 from servo.client import PolicyClient, RemoteSession, RequestTimeout
 from servo.edge.remote import RemoteEngine
 from servo.router import load_fleet, run_router
 from servo.server.manifest import parse_manifest
-from servo.server.service import PolicyServer
+from servo.server.service import PolicyServer, ServerReady
 from servo.transport import declare_obs_publisher, open_session, query
 from servo.wire import Observation, Rejection, SessionOpen, decode, encode, encode_image, encode_tensor
 from tests.edge.fakes import eventually
@@ -92,43 +95,64 @@ def _served(server: PolicyServer) -> tuple[float, float]:
     return ok, registry.get_sample_value("servo_superseded_observations_total") or 0.0
 
 
-async def test_robot_streams_through_the_router_and_another_robot_cannot_touch_its_session(
+def _rejected(server: PolicyServer) -> dict[str, float]:
+    """``servo_observations_rejected_total`` by reason: what reached the server and was dropped."""
+    return {
+        sample.labels["reason"]: sample.value
+        for family in server.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "servo_observations_rejected_total" and sample.value
+    }
+
+
+@asynccontextmanager
+async def _mtls_fleet(
     creds: Credentials, tmp_path: Path
-) -> None:
+) -> AsyncIterator[tuple[PolicyServer, ServerReady, zenoh.Session, zenoh.Session]]:
+    """An mTLS router, the server behind it and the sessions of robot-7 and robot-8 (fleet members).
+
+    The server has drained when the block ends.
+    """
     port = free_port()
     fleet_file = tmp_path / "fleet.toml"
     fleet_file.write_text(fleet_toml("mtls", port, creds.pki, None))
     async with anyio.create_task_group() as tg:
         await tg.start(run_router, load_fleet(fleet_file))
+        policy = FixedComputePolicy(cameras={"front": SHAPE})
         async with (
-            running_server(parse_manifest(_manifest(creds, port)), FixedComputePolicy(cameras={"front": SHAPE})) as (
-                server,
-                _,
-            ),
+            running_server(parse_manifest(_manifest(creds, port)), policy) as (server, ready),
             open_session(creds.mtls("robot-7", port)) as z7,
             open_session(creds.mtls("robot-8", port)) as z8,
         ):
-            robot7 = await _open(PolicyClient(z7, "robot-7"))
-            assert (await robot7.infer(*_obs(), timeout=10)).chunk_robot.shape == (CHUNK, 6)
-
-            sniffed = Inbox()
-            z8.declare_subscriber(robot7.keys.action, sniffed.samples())
-            forged = declare_obs_publisher(z8, robot7.keys.obs)
-            wait_matching(forged)  # robot-8 sees the server's c/*/obs subscriber: the put leaves it
-            body, attachment = _forged_observation()
-            forged.put(body, attachment=attachment)
-
-            assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 2
-            # Positive control: robot-8's own session, opened and served after the forgery and
-            # after robot-7's second chunk, over the same link.
-            robot8 = await _open(PolicyClient(z8, "robot-8"))
-            assert (await robot8.infer(*_obs(), timeout=10)).chunk_robot.shape == (CHUNK, 6)
-            assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 3
-            await robot7.close()
-            await robot8.close()
+            yield server, ready, z7, z8
         tg.cancel_scope.cancel()
+
+
+async def test_robot_streams_through_the_router_and_another_robot_cannot_touch_its_session(
+    creds: Credentials, tmp_path: Path
+) -> None:
+    async with _mtls_fleet(creds, tmp_path) as (server, _, z7, z8):
+        robot7 = await _open(PolicyClient(z7, "robot-7"))
+        assert (await robot7.infer(*_obs(), timeout=10)).chunk_robot.shape == (CHUNK, 6)
+
+        sniffed = Inbox()
+        z8.declare_subscriber(robot7.keys.action, sniffed.samples())
+        forged = declare_obs_publisher(z8, robot7.keys.obs)
+        wait_matching(forged)  # robot-8 sees the server's c/*/obs subscriber: the put leaves it
+        body, attachment = _forged_observation()
+        forged.put(body, attachment=attachment)
+
+        assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 2
+        # Positive control: robot-8's own session, opened and served after the forgery and
+        # after robot-7's second chunk, over the same link.
+        robot8 = await _open(PolicyClient(z8, "robot-8"))
+        assert (await robot8.infer(*_obs(), timeout=10)).chunk_robot.shape == (CHUNK, 6)
+        assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 3
+        await robot7.close()
+        await robot8.close()
     # The server has drained: every request it took is accounted for.
     assert _served(server) == (4.0, 0.0)  # 3 for robot-7, 1 for robot-8; the forgery never arrived
+    assert _rejected(server) == {}  # not even to be dropped unauthenticated: the router stopped it
     assert sniffed.items == []
 
 
@@ -136,36 +160,23 @@ async def test_another_robot_cannot_open_or_replace_a_robots_session(creds: Cred
     """robot-8 (valid fleet certificate) tries to open a session named robot-7, which used to replace
     robot-7's: on robot-7's session key the router drops the query, and on its own key, naming
     robot-7 in the body, the server refuses. robot-7's session is untouched and keeps streaming."""
-    port = free_port()
-    fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(fleet_toml("mtls", port, creds.pki, None))
-    async with anyio.create_task_group() as tg:
-        await tg.start(run_router, load_fleet(fleet_file))
-        async with (
-            running_server(parse_manifest(_manifest(creds, port)), FixedComputePolicy(cameras={"front": SHAPE})) as (
-                server,
-                ready,
-            ),
-            open_session(creds.mtls("robot-7", port)) as z7,
-            open_session(creds.mtls("robot-8", port)) as z8,
-        ):
-            robot7 = await _open(PolicyClient(z7, "robot-7"))
-            assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 1
-            impostor = PolicyClient(z8, "robot-7")
-            (seen,) = await impostor.discover()
-            with pytest.raises(RequestTimeout):  # robot-7's session key: denied by the router
-                await impostor.open_session(seen, features=ready.info.features, fps=30, timeout=1.0)
-            squat = SessionOpen("robot-7", [2], ready.info.features, 30.0, KeyPair().public_key)
-            (reply,) = await query(z8, ready.keys.client("robot-8").session, payload=encode(squat), timeout=2)
-            assert reply.err is not None
-            rejection = decode(reply.err.payload.to_bytes(), Rejection)
-            assert rejection.code == "bad_request"
-            assert "does not match the key's 'robot-8'" in rejection.reason
-            assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 2
-            (session,) = server.registry.snapshot()
-            assert (session.client_id, session.session_id) == ("robot-7", robot7.session_id)
-            await robot7.close()
-        tg.cancel_scope.cancel()
+    async with _mtls_fleet(creds, tmp_path) as (server, ready, z7, z8):
+        robot7 = await _open(PolicyClient(z7, "robot-7"))
+        assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 1
+        impostor = PolicyClient(z8, "robot-7")
+        (seen,) = await impostor.discover()
+        with pytest.raises(RequestTimeout):  # robot-7's session key: denied by the router
+            await impostor.open_session(seen, features=ready.info.features, fps=30, timeout=1.0)
+        squat = SessionOpen("robot-7", [2], ready.info.features, 30.0, KeyPair().public_key)
+        (reply,) = await query(z8, ready.keys.client("robot-8").session, payload=encode(squat), timeout=2)
+        assert reply.err is not None
+        rejection = decode(reply.err.payload.to_bytes(), Rejection)
+        assert rejection.code == "bad_request"
+        assert "does not match the key's 'robot-8'" in rejection.reason
+        assert (await robot7.infer(*_obs(), timeout=10)).seq_id == 2
+        (session,) = server.registry.snapshot()
+        assert (session.client_id, session.session_id) == ("robot-7", robot7.session_id)
+        await robot7.close()
     assert server.metrics.registry.get_sample_value("servo_sessions_opened_total") == 1
 
 

@@ -33,8 +33,11 @@ def observation(
     return values, frames
 
 
-def server_manifest(port: int, *, serving: str = "", ops: str = "health_port = 0", zenoh: str = "") -> Manifest:
-    """A manifest for an in-process server (the policy is injected, ``model.source`` unused)."""
+def server_manifest(
+    port: int, *, serving: str = "", ops: str = "health_port = 0", zenoh: str = "", extra: str = ""
+) -> Manifest:
+    """A manifest for an in-process server (the policy is injected, ``model.source`` unused);
+    ``extra`` is appended as more tables (e.g. a front door)."""
     return parse_manifest(
         f"""
 [model]
@@ -47,6 +50,7 @@ listen = ["tcp/127.0.0.1:{port}"]
 {zenoh}
 [ops]
 {ops}
+{extra}
 """
     )
 

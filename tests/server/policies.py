@@ -133,10 +133,11 @@ class BatchingFixedPolicy(FixedComputePolicy):
         return np.stack([self._chunk] * len(batches))
 
 
-class GatedBatchingPolicy(BatchingFixedPolicy):
-    """`BatchingFixedPolicy` whose single forwards block like `GatedPolicy`'s once ``armed``.
+class GatedPolicy(FixedComputePolicy):
+    """``predict_chunk`` sets ``entered`` and blocks until ``gate`` opens (cross-thread Events).
 
-    A test holds the device with one session's forward while others' observations queue up.
+    The gate is open during warm-up (``armed`` is False until a test arms it); an armed forward
+    that finds the gate already open passes without setting ``entered``.
     """
 
     def __init__(self, **spec: Any) -> None:
@@ -151,6 +152,13 @@ class GatedBatchingPolicy(BatchingFixedPolicy):
             if not self.gate.wait(10):
                 raise TimeoutError("gate never opened")
         return super().predict_chunk(batch, inference_delay, prefix)
+
+
+class GatedBatchingPolicy(GatedPolicy, BatchingFixedPolicy):
+    """`BatchingFixedPolicy` whose single forwards block at `GatedPolicy`'s gate once ``armed``.
+
+    A test holds the device with one session's forward while others' observations queue up.
+    """
 
 
 class StickyProcessor:
@@ -189,26 +197,6 @@ class StickyPolicy(FixedComputePolicy):
         if self.compute_s:
             time.sleep(self.compute_s)
         return np.zeros_like(self._chunk)
-
-
-class GatedPolicy(FixedComputePolicy):
-    """``predict_chunk`` sets ``entered`` and blocks until ``gate`` opens (cross-thread Events).
-
-    The gate is open during warm-up (``armed`` is False until a test arms it).
-    """
-
-    def __init__(self, **spec: Any) -> None:
-        super().__init__(**spec)
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-        self.armed = False
-
-    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
-        if self.armed:
-            self.entered.set()
-            if not self.gate.wait(10):
-                raise TimeoutError("gate never opened")
-        return super().predict_chunk(batch, inference_delay, prefix)
 
 
 class WarmupGatedPolicy(FixedComputePolicy):

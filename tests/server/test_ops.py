@@ -156,7 +156,8 @@ async def test_metrics_expose_the_documented_series(port: int) -> None:
 async def test_audit_log_has_one_json_line_per_request(port: int, tmp_path: Path) -> None:
     audit = tmp_path / "audit.jsonl"
     manifest = server_manifest(port, ops=f'health_port = 0\naudit_log = "{audit}"')
-    async with running_server(manifest, policy=FixedComputePolicy()) as (_, ready), connected(port, "robot") as client:
+    policy = FixedComputePolicy(compute_ms=5)  # a forward pass the log must account for
+    async with running_server(manifest, policy=policy) as (_, ready), connected(port, "robot") as client:
         session = await open_on(client, ready)
         for i in range(4):
             await session.infer(*observation(i), timeout=5)
@@ -176,6 +177,7 @@ async def test_audit_log_has_one_json_line_per_request(port: int, tmp_path: Path
     assert [line["episode_id"] for line in lines] == [0, 0, 0, 0, 2, 2]
     assert [line["outcome"] for line in lines] == ["ok"] * 5 + ["bad_observation"]
     assert all(line["inference_ms"] >= 0 and line["queue_wait_ms"] >= 0 for line in lines)
+    assert all(line["inference_ms"] >= 5 for line in lines if line["outcome"] == "ok")
 
 
 async def test_busy_health_port_error_names_the_port() -> None:
