@@ -13,10 +13,9 @@ import pytest
 
 from servo._core import SessionKey
 from servo.client import PolicyClient
-from tests.edge.fakes import eventually
 from tests.security.peers import ChunkForger, Tap, closing, edge_rig, peer_settings, sim_policy_spec
 from tests.server.policies import FixedComputePolicy
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 

@@ -9,10 +9,10 @@ from servo.client import RemoteSession, ServerError
 from servo.server.admission import TokenBucket
 from servo.transport import query
 from servo.wire import CloseRequest, ControlAck, Rejection, ResetRequest, decode, encode
-from tests.server.helpers import action_tap, connected, eventually, metric, observation, open_on, sealed
+from tests.server.helpers import action_tap, connected, metric, observation, open_on, sealed
 from tests.server.policies import FixedComputePolicy
 from tests.server.test_malformed import body
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 

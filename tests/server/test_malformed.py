@@ -33,7 +33,6 @@ from tests.server.helpers import (
     ActionTap,
     action_tap,
     connected,
-    eventually,
     metric,
     obs_header,
     observation,
@@ -41,7 +40,7 @@ from tests.server.helpers import (
     sealed,
 )
 from tests.server.policies import CHUNK, FailingPolicy, FixedComputePolicy
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 
