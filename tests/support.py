@@ -27,8 +27,13 @@ def client_settings(port: int) -> ZenohSettings:
     return ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"])
 
 
-def make_manifest(port: int, *, extra: str = "", options: str = "cameras = {front = [48, 64]}") -> Manifest:
-    """A manifest for an in-process test server on ``port`` (no health port, fast warm-up)."""
+def make_manifest(
+    port: int, *, extra: str = "", options: str = "cameras = {front = [48, 64]}", zenoh: str = ""
+) -> Manifest:
+    """A manifest for an in-process test server on ``port`` (no health port, fast warm-up).
+
+    ``zenoh`` adds lines to the ``[zenoh]`` table (e.g. a router to connect to); ``extra`` adds tables.
+    """
     return parse_manifest(
         f"""
 [model]
@@ -38,6 +43,7 @@ warmup = 1
 {options}
 [zenoh]
 listen = ["tcp/127.0.0.1:{port}"]
+{zenoh}
 [ops]
 health_port = 0
 {extra}
