@@ -1,9 +1,9 @@
-"""Helpers shared by tests: free loopback ports, manifests, in-process servers."""
+"""Helpers shared by tests: free loopback ports, manifests, in-process servers, waiting on state."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -27,8 +27,13 @@ def client_settings(port: int) -> ZenohSettings:
     return ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"])
 
 
-def make_manifest(port: int, *, extra: str = "", options: str = "cameras = {front = [48, 64]}") -> Manifest:
-    """A manifest for an in-process test server on ``port`` (no health port, fast warm-up)."""
+def make_manifest(
+    port: int, *, extra: str = "", options: str = "cameras = {front = [48, 64]}", zenoh: str = ""
+) -> Manifest:
+    """A manifest for an in-process test server on ``port`` (no health port, fast warm-up).
+
+    ``zenoh`` adds lines to the ``[zenoh]`` table (e.g. a router to connect to); ``extra`` adds tables.
+    """
     return parse_manifest(
         f"""
 [model]
@@ -38,6 +43,7 @@ warmup = 1
 {options}
 [zenoh]
 listen = ["tcp/127.0.0.1:{port}"]
+{zenoh}
 [ops]
 health_port = 0
 {extra}
@@ -70,3 +76,20 @@ def camera_frames(height: int, width: int, seed: int = 0) -> dict[str, np.ndarra
         base = np.stack([(y + x * (i + 1)) % 256, (x * 0.5 + seed) % 256, (y * 0.7) % 256], axis=-1)
         out[name] = np.clip(base + rng.normal(0, 4, size=base.shape), 0, 255).astype(np.uint8)
     return out
+
+
+async def eventually(
+    predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition", poll: float = 0.005
+) -> None:
+    """Wait until ``predicate()`` holds (checked every ``poll`` s), or fail after ``timeout`` s.
+
+    The conditions are counters and states written by other threads (the control loop, Zenoh
+    callbacks) that expose no event to wait on, so the wait re-checks them on a short period
+    under a deadline; nothing ever waits a fixed time and hopes.
+    """
+    try:
+        with anyio.fail_after(timeout):
+            while not predicate():  # noqa: ASYNC110 - see the docstring
+                await anyio.sleep(poll)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None

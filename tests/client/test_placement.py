@@ -15,11 +15,10 @@ import pytest
 
 from servo.client import PolicyClient, RemoteSession
 from servo.client.policy_client import placement_score
-from servo.server.manifest import parse_manifest
 from servo.transport import ZenohSettings, open_session
 from servo.wire import StatusReply
 from tests.client.test_verify import status
-from tests.support import client_settings, free_port, running_server
+from tests.support import client_settings, free_port, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -50,24 +49,10 @@ async def three_replicas() -> AsyncIterator[int]:
             open_session(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{router_port}"]))
         )
         for name in ("r0", "r1", "r2"):
-            manifest = parse_manifest(
-                f"""
-[model]
-source = "reference"
-warmup = 1
-[model.options]
-cameras = {{front = [48, 64]}}
-[serving]
-app = "spread"
-replica = "{name}"
-max_sessions = 16
-[zenoh]
-mode = "peer"
-listen = ["tcp/127.0.0.1:{free_port()}"]
-connect = ["tcp/127.0.0.1:{router_port}"]
-[ops]
-health_port = 0
-"""
+            manifest = make_manifest(
+                free_port(),
+                zenoh=f'mode = "peer"\nconnect = ["tcp/127.0.0.1:{router_port}"]',
+                extra=f'[serving]\napp = "spread"\nreplica = "{name}"\nmax_sessions = 16',
             )
             await stack.enter_async_context(running_server(manifest))
         yield router_port

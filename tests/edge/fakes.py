@@ -6,7 +6,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import anyio
 import numpy as np
 import numpy.typing as npt
 
@@ -75,23 +74,6 @@ class SpyRobot:
     def send_action(self, target: FloatArray) -> None:
         self.commands.append(np.array(target, copy=True))
         self.sim.send_action(target)
-
-
-async def eventually(
-    predicate: Callable[[], bool], timeout: float, what: str = "condition", poll: float = 0.005
-) -> None:
-    """Wait until ``predicate()`` holds (checked every ``poll`` s), or fail after ``timeout`` s.
-
-    The conditions are counters and states written by other threads (the control loop, Zenoh
-    callbacks) that expose no event to wait on, so the wait re-checks them on a short period
-    under a deadline; nothing ever waits a fixed time and hopes.
-    """
-    try:
-        with anyio.fail_after(timeout):
-            while not predicate():  # noqa: ASYNC110 - see the docstring
-                await anyio.sleep(poll)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str = "condition") -> None:

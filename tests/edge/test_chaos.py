@@ -12,7 +12,6 @@ import pytest
 from servo.edge.failsafe import EngineState
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
-from tests.edge.fakes import eventually
 from tests.edge.harness import (
     Proc,
     edge_argv,
@@ -22,7 +21,7 @@ from tests.edge.harness import (
     start_server,
     write_manifest,
 )
-from tests.support import free_port
+from tests.support import eventually, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

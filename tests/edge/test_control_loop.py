@@ -19,7 +19,8 @@ from servo.edge.safety import SafetyLimiter
 from servo.edge.ticker import Ticker
 from servo.robots import NoCameras
 from servo.robots.sim import SimConfig, SimSO100
-from tests.edge.fakes import ScriptedActions, SpyRobot, eventually
+from tests.edge.fakes import ScriptedActions, SpyRobot
+from tests.support import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -26,7 +26,7 @@ from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import ChunkPipeline
 from servo.edge.ticker import request_realtime
 from servo.robots import RobotDescription
-from tests.edge.fakes import eventually
+from tests.support import eventually
 
 pytestmark = pytest.mark.anyio
 

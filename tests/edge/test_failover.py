@@ -20,9 +20,8 @@ import pytest
 from servo.edge.failsafe import EngineState
 from servo.edge.remote import RemoteEngine
 from servo.transport import ZenohSettings, open_session
-from tests.edge.fakes import eventually
 from tests.edge.harness import MergeLog, Proc, edge_config, running_edge, small_sim, start_server, write_manifest
-from tests.support import free_port
+from tests.support import eventually, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

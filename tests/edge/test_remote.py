@@ -21,7 +21,6 @@ from servo.policy.reference import make_reference_policy
 from servo.recording import read_recording
 from servo.robots.protocol import RobotSpec
 from servo.robots.sim import SimConfig, SimSO100
-from tests.edge.fakes import eventually
 from tests.edge.harness import (
     MergeLog,
     edge_config,
@@ -29,7 +28,7 @@ from tests.edge.harness import (
     running_edge,
     small_sim,
 )
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,7 @@ from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, read_recording
 from servo.robots import RobotDescription
 from servo.wire import encode_tensor
-from tests.edge.fakes import eventually
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 

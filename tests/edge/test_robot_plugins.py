@@ -4,17 +4,12 @@ whose joints are built by the plugin inside the control process."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-from tests.edge.harness import edge_argv
+from tests.edge.harness import run_edge
 from tests.edge.test_cli import error_lines, far_trajectory
 
 TWIN = "tests.robots.plugin_arms:twin"
-
-
-def run_edge(command_line: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(edge_argv(command_line), capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_a_plugin_drives_the_arm_from_the_control_process(tmp_path: Path) -> None:

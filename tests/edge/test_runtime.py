@@ -21,7 +21,7 @@ from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.recording import read_recording
 from servo.robots import RobotDescription
 from servo.wire import decode_tensor
-from tests.edge.fakes import eventually
+from tests.support import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -23,9 +23,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from servo.frontends import frontends_of
 from servo.policy import DecodedObservation, Prepared
 from servo.server.service import PolicyServer, ServerReady
-from tests.server.helpers import connected, eventually, metric, observation, open_on, server_manifest
+from tests.server.helpers import connected, metric, observation, open_on, server_manifest
 from tests.server.policies import CHUNK, FixedComputePolicy, RelativeProcessor
-from tests.support import free_port
+from tests.support import eventually, free_port
 
 pytestmark = [
     pytest.mark.anyio,

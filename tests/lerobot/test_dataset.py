@@ -19,9 +19,8 @@ from servo.edge.runtime import RunOptions
 from servo.lerobot_dataset import ExportError, export_recordings
 from servo.recording import read_recording
 from servo.robots.sim import SimCameraConfig, SimConfig, SimSO100
-from tests.edge.fakes import eventually
 from tests.edge.harness import edge_config, running_edge, small_sim
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 JOINTS = 6
 #: The in-process test server's camera (tests.support.make_manifest), as small_sim() has it.

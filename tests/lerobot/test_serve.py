@@ -16,7 +16,6 @@ from servo.edge.remote import EdgeStartError, RemoteEngine
 from servo.edge.runtime import RunOptions
 from servo.recording import read_recording
 from servo.server.manifest import Manifest, parse_manifest
-from tests.edge.fakes import eventually
 from tests.edge.harness import (
     MergeLog,
     edge_config,
@@ -27,7 +26,7 @@ from tests.edge.harness import (
     start_server,
 )
 from tests.server.helpers import connected, open_on
-from tests.support import free_port, running_server
+from tests.support import eventually, free_port, running_server
 
 
 def lerobot_manifest(port: int, checkpoint: Path, *, options: str = "", serving: str = "") -> Manifest:

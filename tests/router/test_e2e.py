@@ -25,11 +25,10 @@ from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.transport import declare_obs_publisher, open_session, query
 from servo.wire import Observation, Rejection, SessionOpen, decode, encode, encode_image, encode_tensor
-from tests.edge.fakes import eventually
 from tests.edge.harness import edge_config, running_edge, small_sim
 from tests.router.harness import Credentials, Inbox, fleet_toml, wait_matching
 from tests.server.policies import CHUNK, FixedComputePolicy
-from tests.support import free_port, running_server
+from tests.support import eventually, free_port, running_server
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,6 @@ import pytest
 from servo._core import MSG_ERROR
 from servo.client import PolicyClient
 from servo.wire import ErrorEvent, ServerKeys, encode
-from tests.edge.fakes import eventually
 from tests.security.peers import (
     SIM,
     ChunkForger,
@@ -31,7 +30,7 @@ from tests.security.peers import (
     sim_policy_spec,
 )
 from tests.server.policies import FixedComputePolicy
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 

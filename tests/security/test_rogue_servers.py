@@ -18,11 +18,10 @@ from servo.client import PolicyClient
 from servo.edge.errors import EdgeStartError
 from servo.edge.remote import RemoteEngine
 from servo.wire import ServerKeys, SessionAck, SessionOpen, StatusReply, encode, parse_fingerprint
-from tests.edge.fakes import eventually
 from tests.edge.harness import edge_config, first_error, running_edge, small_sim
 from tests.security.peers import RogueReplica, closing, edge_rig, peer_settings, sim_policy_spec, with_status
 from tests.server.policies import FixedComputePolicy
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 

@@ -33,9 +33,9 @@ from servo.wire import (
     resume_body,
 )
 from tests.security.peers import Capture, Tap, closing, peer_settings
-from tests.server.helpers import eventually, metric, observation, open_on
+from tests.server.helpers import metric, observation, open_on
 from tests.server.policies import FixedComputePolicy
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 

@@ -17,6 +17,7 @@ from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.transport import LoopBridge
 from tests.support import client_settings
+from tests.support import eventually as eventually  # re-exported: tests/security/test_flood.py imports it here
 
 
 def observation(
@@ -149,11 +150,3 @@ async def action_tap(zsession: zenoh.Session, key: str) -> AsyncIterator[ActionT
         yield tap
     finally:
         tap.close()
-
-
-async def eventually(condition: Callable[[], bool], *, timeout: float = 5.0) -> None:
-    """Wait until ``condition()`` holds, checking at short checkpoints (for state that another
-    thread changes and that has no event of its own, e.g. a counter bumped by a Zenoh callback)."""
-    with anyio.fail_after(timeout):
-        while not condition():  # noqa: ASYNC110 - the condition has no event to wait on
-            await anyio.sleep(0.005)

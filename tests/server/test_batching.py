@@ -19,9 +19,9 @@ import pytest
 
 from servo.client import RemoteSession, ServerError
 from servo.server.service import PolicyServer
-from tests.server.helpers import connected, eventually, metric, observation, open_on
+from tests.server.helpers import connected, metric, observation, open_on
 from tests.server.policies import CHUNK, GatedBatchingPolicy
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 

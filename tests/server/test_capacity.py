@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from servo.client import SessionRejected
-from tests.server.helpers import connected, eventually, metric, observation, open_on
+from tests.server.helpers import connected, metric, observation, open_on
 from tests.server.policies import FixedComputePolicy
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 

@@ -9,10 +9,10 @@ from servo.client import RemoteSession, ServerError
 from servo.server.admission import TokenBucket
 from servo.transport import query
 from servo.wire import CloseRequest, ControlAck, Rejection, ResetRequest, decode, encode
-from tests.server.helpers import action_tap, connected, eventually, metric, observation, open_on, sealed
+from tests.server.helpers import action_tap, connected, metric, observation, open_on, sealed
 from tests.server.policies import FixedComputePolicy
 from tests.server.test_malformed import body
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -55,7 +55,7 @@ async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int
 
 async def test_reset_ack_on_the_wire_is_sealed(port: int) -> None:
     async with (
-        running_server(make_manifest(port), policy=FixedComputePolicy()) as (_, ready),
+        running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready),
         connected(port, "robot") as client,
     ):
         session = await open_on(client, ready)
@@ -83,6 +83,9 @@ async def test_reset_ack_on_the_wire_is_sealed(port: int) -> None:
         )
         assert reply.err is not None
         assert decode(reply.err.payload.to_bytes(), Rejection).code == "unauthenticated"
+        assert metric(server, "servo_control_rejected_total", reason="replay") == 1  # refused as a replay
+        (kept,) = server.registry.snapshot()
+        assert kept.episode_id == 4  # the replayed seq did not reset to episode 9
         await session.close()
 
 

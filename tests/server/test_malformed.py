@@ -33,7 +33,6 @@ from tests.server.helpers import (
     ActionTap,
     action_tap,
     connected,
-    eventually,
     metric,
     obs_header,
     observation,
@@ -41,11 +40,12 @@ from tests.server.helpers import (
     sealed,
 )
 from tests.server.policies import CHUNK, FailingPolicy, FixedComputePolicy
-from tests.support import make_manifest, running_server
+from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 
 LIMIT = 200_000
+SERVING = f"[serving]\nmax_observation_bytes = {LIMIT}\n"
 FRAME = np.zeros((24, 32, 3), np.uint8)
 
 
@@ -156,12 +156,8 @@ async def expect_error(tap: ActionTap, seq: int) -> ErrorEvent:
     return decode(payload, ErrorEvent)
 
 
-def manifest_for(port: int) -> str:
-    return f"[serving]\nmax_observation_bytes = {LIMIT}\n"
-
-
 async def test_malformed_observations_are_answered_and_do_not_disturb_others(port: int) -> None:
-    manifest = make_manifest(port, extra=manifest_for(port))
+    manifest = make_manifest(port, extra=SERVING)
     async with (
         running_server(manifest, policy=FixedComputePolicy(compute_ms=2)) as (server, ready),
         connected(port, "victim") as victim,
@@ -193,7 +189,7 @@ async def test_malformed_observations_are_answered_and_do_not_disturb_others(por
 
 async def test_unauthenticated_observations_are_dropped_unanswered(port: int) -> None:
     """Nothing that fails authentication is served or answered; each is counted by reason."""
-    manifest = make_manifest(port, extra=manifest_for(port))
+    manifest = make_manifest(port, extra=SERVING)
     async with (
         running_server(manifest, policy=FixedComputePolicy(compute_ms=2)) as (server, ready),
         connected(port, "victim") as victim,

@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from servo.client import SessionLost
+from servo.client import ServerError, SessionLost
 from servo.server.ops import OpsEndpoint
 from servo.server.service import PolicyServer, ServerReady
 from tests.server.helpers import connected, observation, open_on, server_manifest
@@ -163,7 +163,7 @@ async def test_audit_log_has_one_json_line_per_request(port: int, tmp_path: Path
             await session.infer(*observation(i), timeout=5)
         await session.reset(2)
         await session.infer(*observation(9), timeout=5)
-        with pytest.raises(Exception, match="bad_observation"):
+        with pytest.raises(ServerError, match="bad_observation"):
             await session.infer(*observation(1, dim=3), timeout=5)
         await session.close()
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
