@@ -43,15 +43,20 @@ class FakeLink:
         decode = 0.0 if quality == RAW else self.decode_ms
         return self.base_ms + SIZES[quality] * 8 / (self.mbit_s * 1e3) + decode
 
+    def step(self, chooser: CodecChooser) -> int:
+        """One request: the quality it used."""
+        quality = chooser.next()
+        jitter = 1 + self.noise * float(self.rng.uniform(-1, 1))
+        net = self.net_ms_of(quality) * jitter
+        chooser.record(quality, encode_ms=self.encode_ms_of(quality), net_ms=net, nbytes=SIZES[quality])
+        return quality
+
     def run(self, chooser: CodecChooser, requests: int) -> Counter[int]:
-        used: Counter[int] = Counter()
-        for _ in range(requests):
-            quality = chooser.next()
-            used[quality] += 1
-            jitter = 1 + self.noise * float(self.rng.uniform(-1, 1))
-            net = self.net_ms_of(quality) * jitter
-            chooser.record(quality, encode_ms=self.encode_ms_of(quality), net_ms=net, nbytes=SIZES[quality])
-        return used
+        return Counter(self.step(chooser) for _ in range(requests))
+
+    def raw_at(self, chooser: CodecChooser, requests: int) -> list[int]:
+        """Which of the next `requests` requests (counted from 0) were raw."""
+        return [i for i in range(requests) if self.step(chooser) == RAW]
 
 
 def test_a_100_mbit_link_gets_jpeg() -> None:
@@ -119,7 +124,8 @@ def test_the_option_in_use_is_kept_until_another_is_clearly_cheaper() -> None:
 def test_losing_options_are_reprobed_ever_less_often() -> None:
     chooser = CodecChooser("auto", AutoCodec(reprobe_every=32))
     used = FakeLink(mbit_s=100).run(chooser, 4000)
-    # Startup (one raw request), then a probe after 32, 64, ... 512 requests: 6 + 7 at most.
+    # Startup (three raw requests), then at most a probe after 32, 64, ... 512 requests: 6 + 7
+    # (raw costs 15x JPEG 80 here, so its probes are postponed: see the tests below).
     assert 3 <= used[RAW] <= 13, used
 
 
@@ -129,6 +135,64 @@ def test_a_link_that_speeds_up_is_noticed_by_a_reprobe() -> None:
     assert chooser.current != RAW
     FakeLink(mbit_s=16_000).run(chooser, 16 * 16 + 40)  # within one maximal back-off
     assert chooser.current == RAW
+
+
+def test_a_probe_of_a_hopeless_option_is_postponed() -> None:
+    # 100 Mbit/s: raw costs 148 ms, JPEG 80 10 ms; JPEG 95 (21 ms) and 90 (14 ms) are close.
+    chooser = CodecChooser("auto", AutoCodec(reprobe_every=4))
+    link = FakeLink(mbit_s=100)
+    assert link.raw_at(chooser, 100) == [9, 10, 11]  # its start-up samples, then none
+    probes = chooser.probes
+    assert link.raw_at(chooser, 350) == []  # without the postponement: one per 64 requests
+    assert chooser.probes > probes  # JPEG 95 and 90 are still compared
+    status = chooser.status()
+    assert status.requests["jpeg95"] > 4, status
+    assert status.requests["jpeg90"] > 4, status
+    assert status.link_mbps is not None
+    assert status.link_mbps < 90, status  # from JPEG 95: raw's samples are 400 requests old
+
+
+def test_a_postponed_probe_still_happens_by_the_hard_bound() -> None:
+    chooser = CodecChooser("auto", AutoCodec(reprobe_every=4))
+    link = FakeLink(mbit_s=100)
+    at = link.raw_at(chooser, 1600)
+    # Start-up samples at 9-11, then one probe every 4 x MAX_POSTPONE = 512 requests.
+    assert at == [9, 10, 11, 11 + 512, 11 + 2 * 512, 11 + 3 * 512], at
+
+
+def test_a_faster_link_brings_a_postponed_probe_back_at_once() -> None:
+    chooser = CodecChooser("auto")
+    FakeLink(mbit_s=100).raw_at(chooser, 300)
+    assert chooser.current == 80
+    # JPEG 80's effective throughput rises 2.5x: its median moves after 3 requests, then raw is
+    # probed, confirmed and switched to (without the evidence: up to 512 requests later).
+    at = FakeLink(mbit_s=16_000).raw_at(chooser, 20)
+    assert at, "raw was not probed"
+    assert at[0] <= 4, at
+    assert chooser.current == RAW
+
+
+def test_a_slower_codec_brings_a_postponed_probe_back() -> None:
+    # 300 Mbit/s: raw 50 ms, JPEG 80 7 ms. Then encoding gets 60 ms slower (a busy CPU): raw wins.
+    chooser = CodecChooser("auto")
+    link = FakeLink(mbit_s=300)
+    link.raw_at(chooser, 300)
+    assert chooser.current == 80
+    assert link.raw_at(chooser, 300) == []
+    link.encode_ms = 60.0
+    at = link.raw_at(chooser, 20)
+    assert at, "raw was not probed"
+    assert at[0] <= 4, at
+    assert chooser.current == RAW
+
+
+def test_a_slower_link_keeps_a_hopeless_probe_postponed() -> None:
+    # 100 -> 10 Mbit/s: JPEG 80 costs 52 ms, within 4x of raw's old 148 ms, but raw now costs 1.5 s:
+    # the fall of JPEG 80's throughput scales raw's old cost up with it.
+    chooser = CodecChooser("auto")
+    FakeLink(mbit_s=100).raw_at(chooser, 300)
+    assert FakeLink(mbit_s=10).raw_at(chooser, 500) == []
+    assert chooser.current == 80
 
 
 def test_one_lucky_probe_does_not_switch() -> None:

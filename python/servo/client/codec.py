@@ -15,11 +15,26 @@ few samples per option, and picks:
 * re-probing: every option not in use is tried for one request after ``reprobe_every`` requests,
   the interval doubling (or growing by the factor it lost by, up to 16x) each time it loses
   again, so a link that speeds up or slows down is noticed without paying for the losing option
-  often (a probe costs about 1/``reprobe_every`` of the mean cost).
+  often (a probe costs about 1/``reprobe_every`` of the mean cost);
+* postponing hopeless probes: a probe is one request at the probed option's cost, so on a slow
+  link one raw probe (~150 ms at 100 Mbit/s, 13x JPEG's cost) sets the rtt tail even when it is
+  rare — the mean hardly notices, p99 does. A due probe is therefore put off while the option's
+  last two measurements cost at least ``FAR`` times what the option in use costs now (one
+  measurement could be noise) and nothing since says that could have changed. Two things can
+  close the gap: the option in use got dearer (codec slower: compared with its cost now), or the
+  link got faster (a rise of the option in use's effective throughput by ``RISE`` since the
+  postponed one was measured; if it fell instead, the link got slower for every option and the
+  old cost is scaled up by that fall). The small option's throughput understates a speed-up of
+  the link (its time also holds fixed overheads) — hence a rise of ``RISE``, not a prediction of
+  the new cost — and if it misses one (fixed latency dominating), the probe still happens after
+  ``MAX_POSTPONE`` x ``reprobe_every`` requests. ``FAR`` is above the size ratio of the default
+  qualities (95 to 80: ~3.4x, and their cost ratio is smaller), so they keep being compared.
 
 The effective link throughput shown in status lines is the largest option's bytes over its
-cost without the codec (``bytes / (rtt - compute - encode)``): a lower bound, since that time
-also holds the fixed per-request overheads.
+cost without the codec (``bytes / (rtt - compute - encode)``), among the options measured in the
+last ``reprobe_every`` x ``MAX_BACKOFF`` requests (a postponed option's samples may be older and
+describe the link as it was): a lower bound, since that time also holds the fixed per-request
+overheads.
 """
 
 from __future__ import annotations
@@ -39,6 +54,12 @@ RAW = 0
 MAX_BACKOFF = 16
 #: Samples an option not in use needs before it can be switched to (one could be noise).
 CONFIRM = 3
+#: A due probe is put off while the option's last two measurements cost this multiple of the option in use.
+FAR = 4.0
+#: ...unless the option in use's effective throughput rose by this factor since they were taken.
+RISE = 1.5
+#: ...and at most for this multiple of ``reprobe_every`` requests since the option was last measured.
+MAX_POSTPONE = 128
 
 JpegQuality = Annotated[int, msgspec.Meta(ge=0, le=100)] | Literal["auto"]
 
@@ -91,6 +112,10 @@ class _Option:
         self.cost_ms: deque[float] = deque(maxlen=window)
         self.net_ms: deque[float] = deque(maxlen=window)
         self.nbytes: deque[int] = deque(maxlen=window)
+        #: The last two costs, kept when the window is forgotten: is the option hopeless?
+        self.latest: deque[float] = deque(maxlen=2)
+        #: Every option's effective throughput when this one was last measured.
+        self.mbps_then: dict[int, float] = {}
         self.requests = 0
         self.interval = interval
         self.due = 0
@@ -99,6 +124,13 @@ class _Option:
     @property
     def cost(self) -> float | None:
         return statistics.median(self.cost_ms) if self.cost_ms else None
+
+    @property
+    def mbps(self) -> float | None:
+        """Effective throughput (Mbit/s): its bytes over its time without the codec."""
+        if not self.nbytes:
+            return None
+        return statistics.median(self.nbytes) * 8 / (max(statistics.median(self.net_ms), 1e-3) * 1e3)
 
     def forget(self) -> None:
         self.cost_ms.clear()
@@ -134,7 +166,11 @@ class CodecChooser:
         chosen = self.current
         if self.auto:
             # Options not in use start due: each is measured before the first decision.
-            due = [o for o in self._options.values() if o.quality != self.current and o.due <= self._request]
+            due = [
+                o
+                for o in self._options.values()
+                if o.quality != self.current and o.due <= self._request and not self._hopeless(o)
+            ]
             if due:
                 probe = min(due, key=lambda o: o.due)
                 if probe.sampled_at < self._request - self.settings.reprobe_every:
@@ -161,6 +197,8 @@ class CodecChooser:
         option.cost_ms.append(encode_ms + net_ms)
         option.net_ms.append(net_ms)
         option.nbytes.append(nbytes)
+        option.latest.append(encode_ms + net_ms)
+        option.mbps_then = {q: m for q, o in self._options.items() if (m := o.mbps) is not None}
         option.sampled_at = self._request
         if not self.auto:
             return
@@ -175,7 +213,18 @@ class CodecChooser:
             ratio = (encode_ms + net_ms) / max(current, 1e-3)
             interval = max(option.interval * 2, round(self.settings.reprobe_every * ratio))
             option.interval = min(interval, self.settings.reprobe_every * MAX_BACKOFF)
-            option.due = self._request + option.interval
+            # A hopeless one waits for evidence (or the hard bound) instead: due now, postponed.
+            option.due = self._request + (0 if self._hopeless(option) else option.interval)
+
+    def _hopeless(self, option: _Option) -> bool:
+        """Whether a due probe of `option` is put off (see the module docstring)."""
+        current = self._options[self.current]
+        cost, now, then = current.cost, current.mbps, option.mbps_then.get(self.current)
+        if cost is None or now is None or then is None or len(option.latest) < 2:
+            return False
+        if self._request - option.sampled_at >= self.settings.reprobe_every * MAX_POSTPONE:
+            return False
+        return now < RISE * then and min(option.latest) * max(1.0, then / now) >= FAR * cost
 
     def _confirmed(self, option: _Option) -> bool:
         return len(option.cost_ms) >= min(CONFIRM, self.settings.window)
@@ -216,12 +265,14 @@ class CodecChooser:
                 option.due = self._request + option.interval
 
     def link_mbps(self) -> float | None:
-        """Effective link throughput (Mbit/s) seen by the largest option measured, if any."""
-        sizes = [(statistics.median(o.nbytes), statistics.median(o.net_ms)) for o in self._options.values() if o.nbytes]
-        if not sizes:
-            return None
-        nbytes, net_ms = max(sizes)
-        return nbytes * 8 / (max(net_ms, 1e-3) * 1e3)
+        """Effective link throughput (Mbit/s) seen by the largest option measured lately, if any."""
+        recent = self._request - self.settings.reprobe_every * MAX_BACKOFF
+        sizes = [
+            (statistics.median(o.nbytes), mbps)
+            for o in self._options.values()
+            if (mbps := o.mbps) is not None and (o.sampled_at >= recent or o.quality == self.current)
+        ]
+        return max(sizes)[1] if sizes else None
 
     def status(self) -> CodecStatus:
         """Snapshot for status lines, summaries and metrics."""
