@@ -24,7 +24,8 @@ few samples per option, and picks:
   close the gap: the option in use got dearer (codec slower: compared with its cost now), or the
   link got faster (a rise of the option in use's effective throughput by ``RISE`` since the
   postponed one was measured; if it fell instead, the link got slower for every option and the
-  old cost is scaled up by that fall). The small option's throughput understates a speed-up of
+  old cost is scaled up by that fall). Such an option waits for that evidence, not for its
+  interval, so a faster link brings it back within a few requests. The small option's throughput understates a speed-up of
   the link (its time also holds fixed overheads) — hence a rise of ``RISE``, not a prediction of
   the new cost — and if it misses one (fixed latency dominating), the probe still happens after
   ``MAX_POSTPONE`` x ``reprobe_every`` requests. ``FAR`` is above the size ratio of the default
