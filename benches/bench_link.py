@@ -12,7 +12,8 @@ the warm-up), and are reported as:
 * ``overhead_ms``: the same minus the server-reported inference time;
 * for ``auto``: what it chose (codec requests by option) and the link it measured.
 
-Done when (issue 10): ``auto`` rtt p50 <= 1.1 x the better of raw and JPEG q90. Needs root
+Done when (issue 10): ``auto`` rtt p50 and p99 each <= 1.1 x the better of raw and JPEG q90
+(at p99 because ``auto`` postpones its re-probes of raw while raw is hopeless). Needs root
 (``ip netns``, ``tc``); skipped otherwise. Smoke (``--benchmark-disable``): 6 requests per
 mode, no timing claims. Measure: ``pytest benches/bench_link.py --benchmark-enable
 --benchmark-only`` (writes ``benches/results/link_codec.md``).
@@ -133,5 +134,6 @@ def test_codec_on_a_100_mbit_link(
     publish(request, render(rows, smoke), "link_codec.md", smoke=smoke)
     if smoke:
         return
-    best = min(rows["raw"]["rtt_ms_p50"], rows["jpeg90"]["rtt_ms_p50"])
-    assert rows["auto"]["rtt_ms_p50"] <= 1.1 * best, rows
+    for stat in ("rtt_ms_p50", "rtt_ms_p99"):
+        best = min(rows["raw"][stat], rows["jpeg90"][stat])
+        assert rows["auto"][stat] <= 1.1 * best, (stat, rows)

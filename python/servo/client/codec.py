@@ -20,22 +20,23 @@ few samples per option, and picks:
   link one raw probe (~150 ms at 100 Mbit/s, 13x JPEG's cost) sets the rtt tail even when it is
   rare — the mean hardly notices, p99 does. A due probe is therefore put off while the option's
   last two measurements cost at least ``FAR`` times what the option in use costs now (one
-  measurement could be noise) and nothing since says that could have changed. Two things can
-  close the gap: the option in use got dearer (codec slower: compared with its cost now), or the
-  link got faster (a rise of the option in use's effective throughput by ``RISE`` since the
-  postponed one was measured; if it fell instead, the link got slower for every option and the
-  old cost is scaled up by that fall). Such an option waits for that evidence, not for its
-  interval, so a faster link brings it back within a few requests. The small option's throughput understates a speed-up of
-  the link (its time also holds fixed overheads) — hence a rise of ``RISE``, not a prediction of
-  the new cost — and if it misses one (fixed latency dominating), the probe still happens after
-  ``MAX_POSTPONE`` x ``reprobe_every`` requests. ``FAR`` is above the size ratio of the default
-  qualities (95 to 80: ~3.4x, and their cost ratio is smaller), so they keep being compared.
+  measurement could be noise) and nothing since says that could have changed. Two things can close
+  the gap: the option in use got dearer (codec slower: compared with its cost now), or the link
+  got faster (a rise of the option in use's effective throughput by ``RISE`` since the postponed
+  one was measured; if it fell instead, the link got slower for every option and the old cost is
+  scaled up by that fall). Such an option waits for that evidence, not for its interval, so a
+  faster link brings it back within a few requests. The small option's throughput understates a
+  speed-up of the link (its time also holds fixed overheads) — hence a rise of ``RISE``, not a
+  prediction of the new cost — and if it misses one (fixed latency dominating), the probe still
+  happens after ``MAX_POSTPONE`` x ``reprobe_every`` requests. ``FAR`` is above the size ratio of
+  the default qualities (95 to 80: ~3.4x, and their cost ratio is smaller), so they keep being
+  compared.
 
-The effective link throughput shown in status lines is the largest option's bytes over its
-cost without the codec (``bytes / (rtt - compute - encode)``), among the options measured in the
-last ``reprobe_every`` x ``MAX_BACKOFF`` requests (a postponed option's samples may be older and
-describe the link as it was): a lower bound, since that time also holds the fixed per-request
-overheads.
+The effective link throughput shown in status lines is an option's bytes over its cost without the
+codec (``bytes / (rtt - compute - encode)``): a lower bound, since that time also holds the fixed
+per-request overheads, so the largest such figure (usually the largest option's) among the options
+measured in the last ``reprobe_every`` x ``MAX_BACKOFF`` requests is shown — a postponed option's
+samples may be older and describe the link as it was.
 """
 
 from __future__ import annotations
@@ -266,14 +267,14 @@ class CodecChooser:
                 option.due = self._request + option.interval
 
     def link_mbps(self) -> float | None:
-        """Effective link throughput (Mbit/s) seen by the largest option measured lately, if any."""
+        """Effective link throughput (Mbit/s): the most any option measured lately saw, if any."""
         recent = self._request - self.settings.reprobe_every * MAX_BACKOFF
-        sizes = [
-            (statistics.median(o.nbytes), mbps)
+        seen = [
+            mbps
             for o in self._options.values()
             if (mbps := o.mbps) is not None and (o.sampled_at >= recent or o.quality == self.current)
         ]
-        return max(sizes)[1] if sizes else None
+        return max(seen, default=None)
 
     def status(self) -> CodecStatus:
         """Snapshot for status lines, summaries and metrics."""
