@@ -7,10 +7,13 @@ It prints ``READY`` on stdout once it serves; SIGTERM drains it.
 
 Baseline (``python -m benches._fleet echo --port P``): the same round trip with bare zenoh-python
 and no servo code — the subscriber hands the sample to a thread that copies it out of Zenoh,
-waits the same compute time and publishes a reply of the chunk's size. Its overhead is the
-floor any Python server on this transport pays.
+checks the MAC when the attachment is a sealed one (`run_floor`), waits the same compute time
+and publishes a reply of the chunk's size. Its overhead is the floor any Python server on this
+transport pays.
 
-Client side: `run_fleet` / `run_echo_fleet` run N clients in the caller's event loop, each with
+Client side: `run_floor` is the floor itself: one plain thread putting a pre-encoded observation
+(sealed or not) and waiting on a `threading.Event` — no event loop, no encode.
+`run_fleet` / `run_echo_fleet` run N clients in the caller's event loop, each with
 its own Zenoh session (one robot = one session = one link), each sending as fast as one
 request in flight allows, and return per-request samples. `run_process_fleet` runs each client
 in its own process (``python -m benches._fleet client``), as robots are.
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import numpy as np
 
+from servo._core import ATTACHMENT_SIZE, MSG_OBS, Header, SessionKey
 from servo.policy import DecodedObservation, PolicySpec, Prepared
 from servo.wire import CameraFeature, Features
 
@@ -45,6 +49,8 @@ CHUNK = 50
 FPS = 30.0
 HEIGHT, WIDTH = 480, 640
 CAMERAS = ("front", "wrist")
+#: The MAC key of `run_floor`'s sealed observations (the echo server opens them with it).
+FLOOR_KEY = SessionKey(bytes(range(32)))
 #: Client processes start this far apart: 16 raw observations put at the same instant are a
 #: 30 MB burst that congestion control DROP thins out (issue 10 item 1), not a scheduling test.
 START_STAGGER_S = 0.025
@@ -206,7 +212,10 @@ def _echo(args: argparse.Namespace) -> None:
 
         def work() -> None:
             while (sample := jobs.get()) is not None:
-                sample.payload.to_bytes()  # what any server must do to read the payload
+                body = sample.payload.to_bytes()  # what any server must do to read the payload
+                attachment = b"" if sample.attachment is None else sample.attachment.to_bytes()
+                if len(attachment) == ATTACHMENT_SIZE:
+                    FLOOR_KEY.open(attachment, body)  # servo's server-side MAC pass
                 exact_wait(args.compute_ms / 1e3)
                 key = str(sample.key_expr).rsplit("/", 1)[0] + "/action"
                 if key not in publishers:
@@ -541,6 +550,70 @@ async def run_echo_fleet(
     async with anyio.create_task_group() as tg:
         for i in range(n_clients):
             tg.start_soon(one, i)
+    return result
+
+
+def run_floor(
+    port: int,
+    *,
+    mac: bool,
+    warmup_s: float,
+    measure_s: float | None,
+    max_requests: int | None = None,
+    compute_ms: float = 20.0,
+) -> FleetResult:
+    """The transport floor at N = 1 over TCP: bare Zenoh from a plain thread, raw frames.
+
+    The observation (two raw frames, as servo encodes them) is encoded once; each request only
+    seals it when ``mac`` (keyed BLAKE3 over the 1.84 MB body, as servo's client does; the echo
+    server then opens it, as servo's server does) and puts it. rtt = put called -> reply
+    callback; what servo adds to it is its encode, its event loop and its bookkeeping.
+    """
+    import zenoh
+
+    from servo.transport import ZenohSettings
+    from servo.wire import Observation, encode, encode_tensor
+    from servo.wire.image import encode_image
+
+    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=False)
+    result = FleetResult(n_clients=1, window_s=measure_s or 0.0)
+    images = {name: encode_image(frame, 0) for name, frame in frames(HEIGHT, WIDTH, 0).items()}
+    body = encode(Observation(state=encode_tensor(np.zeros(len(JOINTS), np.float32)), images=images))
+    arrived, matched, stamps = threading.Event(), threading.Event(), []
+    with zenoh.open(settings.to_config()) as z:
+
+        def on_reply(sample: zenoh.Sample) -> None:
+            stamps.append(time.monotonic_ns())
+            arrived.set()
+
+        sub = z.declare_subscriber("bench/echo/0/action", on_reply)
+        pub = z.declare_publisher("bench/echo/0/obs", congestion_control=zenoh.CongestionControl.BLOCK)
+        listener = pub.declare_matching_listener(lambda status: status.matching and matched.set())
+        try:
+            if not matched.wait(10):
+                raise TimeoutError("the echo server never subscribed")
+            start = time.monotonic() + warmup_s
+            end = start + measure_s if measure_s is not None else float("inf")
+            seq = 0
+            while (max_requests is None or seq < max_requests) and time.monotonic() < end:
+                seq += 1
+                arrived.clear()
+                t0 = time.monotonic_ns()
+                attachment = b"x" * 30
+                if mac:
+                    header = Header(2, MSG_OBS, 0, seq, 0, 0, t0, bytes(16))
+                    attachment = FLOOR_KEY.seal(header, body)
+                pub.put(body, attachment=attachment)
+                if not arrived.wait(5):
+                    result.errors.append(f"RequestTimeout: seq {seq}")
+                    continue
+                now = time.monotonic()
+                if measure_s is None or start <= now:
+                    result.samples.append(Sample(0, now, (stamps[-1] - t0) / 1e6, 0.0, compute_ms, 0.0, True))
+        finally:
+            listener.undeclare()
+            pub.undeclare()
+            sub.undeclare()
     return result
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._fleet import FleetResult, run_echo_fleet, run_fleet, spawn_server, window
+from benches._fleet import FleetResult, run_echo_fleet, run_fleet, run_floor, spawn_server, window
 from benches._support import percentiles_ms, results_table
 
 COMPUTE_MS = 20.0
@@ -76,6 +76,11 @@ def servo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def echo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
     yield from _spawn("echo", request.param)
+
+
+@pytest.fixture(scope="module")
+def floor_server() -> Iterator[tuple[int, str]]:
+    yield from _spawn("echo", "tcp")
 
 
 @pytest.fixture(scope="module")
@@ -207,4 +212,25 @@ def test_zenoh_echo_baseline(
     stats = summarize(result)
     benchmark.extra_info.update(stats, payload=payload, server="zenoh-echo", transport=transport, compute_ms=COMPUTE_MS)
     table.append({**stats, "server": "zenoh echo", "transport": transport, "payload": payload, "smoke": smoke})
+    assert stats["correct"], stats
+
+
+@pytest.mark.parametrize("mac", [False, True], ids=["bare", "mac"])
+def test_transport_floor(
+    benchmark: BenchmarkFixture, floor_server: tuple[int, str], table: list[dict[str, Any]], mac: bool
+) -> None:
+    """What no Python server on Zenoh TCP can go below for this payload, with and without the
+    MAC servo requires: a plain thread putting a pre-encoded raw observation (`run_floor`)."""
+    smoke = benchmark.disabled
+    port, transport = floor_server
+    benchmark.group = f"server-{transport}-raw"
+    benchmark.name = f"zenoh-floor-{transport}-raw-{'mac' if mac else 'bare'}-N1"
+    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
+    result = benchmark.pedantic(
+        lambda: run_floor(port, mac=mac, compute_ms=COMPUTE_MS, **kwargs), rounds=1, iterations=1
+    )
+    stats = summarize(result)
+    server = "zenoh floor + MAC" if mac else "zenoh floor"
+    benchmark.extra_info.update(stats, payload="raw", server=server, transport=transport, compute_ms=COMPUTE_MS)
+    table.append({**stats, "server": server, "transport": transport, "payload": "raw", "smoke": smoke})
     assert stats["correct"], stats
