@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+
+def pytest_configure(config: Any) -> None:
+    """Create the folder ``--benchmark-json`` writes to (``benches/results/raw/`` is not in git):
+    a long run must not end in FileNotFoundError."""
+    target = getattr(config.option, "benchmark_json", None)
+    if target is not None:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
 
 
 def pytest_benchmark_update_json(config: Any, benchmarks: Any, output_json: dict[str, Any]) -> None:
