@@ -26,6 +26,7 @@ from servo.server.auth import (
     verify_observation,
 )
 from servo.wire import CameraFeature, Features, SessionOpen, ack_transcript, resume_body
+from tests.server.test_control import Uncopyable
 
 FEATURES = Features(["a"], ["a"], {"front": CameraFeature(8, 8)})
 
@@ -149,7 +150,7 @@ def test_control_requests_have_their_own_seq_stream() -> None:
     body = b"reset"
     verify_observation(auth, key.seal(obs(auth, 10), b"o"), b"o", max_bytes=64)
     control = obs(auth, 1, msg_type=MSG_CONTROL)
-    assert verify_control(auth, key.seal(control, body), body, max_bytes=64).seq_id == 1
+    assert verify_control(auth, key.seal(control, body), body, max_bytes=64) == (control, body)
     with pytest.raises(Refused, match="not above"):
         verify_control(auth, key.seal(control, body), body, max_bytes=64)
     with pytest.raises(Refused) as info:  # an observation's attachment is no control request
@@ -168,6 +169,10 @@ def test_an_oversized_control_request_is_refused_before_its_mac_and_takes_no_seq
     # Bounded before the MAC: a forged oversized body is refused for its size, not its key.
     with pytest.raises(Refused) as info:
         verify_control(auth, unauthenticated(obs(auth, 1, msg_type=MSG_CONTROL)), big, max_bytes=64)
+    assert info.value.reason == "too_large"
+    # Bounded before the copy: a body still in Zenoh is measured, never copied.
+    with pytest.raises(Refused) as info:
+        verify_control(auth, key.seal(obs(auth, 1, msg_type=MSG_CONTROL), big), Uncopyable(), max_bytes=64)  # type: ignore[arg-type]
     assert info.value.reason == "too_large"
 
 

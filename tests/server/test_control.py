@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import anyio
 import pytest
 
 from servo._core import MSG_CONTROL, MSG_CONTROL_ACK, SCHEMA_VERSION, Header, SessionKey
 from servo.client import RemoteSession, ServerError
 from servo.server.admission import TokenBucket
+from servo.server.control import MAX_CONTROL_BYTES, ControlPlane
+from servo.server.manifest import LimitsSection
+from servo.server.state import ServerState
+from servo.server.trajectories import TrajectoryLibrary
 from servo.transport import query
 from servo.wire import CloseRequest, ControlAck, Rejection, ResetRequest, decode, encode
 from tests.server.helpers import action_tap, connected, metric, observation, open_on, sealed
 from tests.server.policies import FixedComputePolicy
 from tests.server.test_malformed import body
+from tests.server.test_state import replica
 from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
@@ -169,3 +177,95 @@ async def test_an_oversized_trajectory_request_is_refused_by_size(port: int) -> 
         rejection = decode(reply.err.payload.to_bytes(), Rejection)
         assert rejection.code == "bad_request"
         assert "exceeds the limit of 65536" in rejection.reason
+
+
+async def test_an_oversized_control_request_is_refused_by_size_and_changes_nothing(port: int) -> None:
+    async with (
+        running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready),
+        connected(port, "robot") as client,
+    ):
+        session = await open_on(client, ready)
+        padded = encode(ResetRequest(session.wire_id, 5)) + bytes(MAX_CONTROL_BYTES)
+        (reply,) = await query(
+            client.zsession,
+            session.keys.control,
+            payload=padded,
+            attachment=control_attachment(session, 7, padded),  # sealed by the right key: refused for its size
+            timeout=2,
+        )
+        assert reply.err is not None
+        rejection = decode(reply.err.payload.to_bytes(), Rejection)
+        assert rejection.code == "bad_request"
+        assert f"control request of {len(padded)} bytes exceeds the limit of {MAX_CONTROL_BYTES}" in rejection.reason
+        assert metric(server, "servo_control_rejected_total", reason="too_large") == 1
+        assert server.registry.by_client("robot").episode_id == 0  # type: ignore[union-attr]
+        # it took no seq_id: the same seq, within bounds, is accepted
+        reset = encode(ResetRequest(session.wire_id, 5))
+        attachment = control_attachment(session, 7, reset)
+        (reply,) = await query(client.zsession, session.keys.control, payload=reset, attachment=attachment, timeout=2)
+        assert reply.ok is not None
+        assert server.registry.by_client("robot").episode_id == 5  # type: ignore[union-attr]
+        await session.close()
+
+
+class Uncopyable:
+    """A payload still in Zenoh, larger than any control request may be; copying it fails the test."""
+
+    def __len__(self) -> int:
+        return MAX_CONTROL_BYTES + 1
+
+    def to_bytes(self) -> bytes:
+        raise AssertionError("an oversized control request was copied out of Zenoh")
+
+
+@dataclass
+class FakeQuery:
+    """What `ControlPlane.answer` reads of a query, recording the replies."""
+
+    key_expr: str
+    payload: Uncopyable = field(default_factory=Uncopyable)
+    attachment: None = None
+    errors: list[Rejection] = field(default_factory=list)
+    dropped: bool = False
+
+    def reply(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("an oversized control request was answered with a result")
+
+    def reply_err(self, payload: bytes) -> None:
+        self.errors.append(decode(payload, Rejection))
+
+    def drop(self) -> None:
+        self.dropped = True
+
+
+async def test_control_queries_are_bounded_before_their_payload_is_copied() -> None:
+    """A hostile peer cannot make the event loop copy Zenoh's largest message: the size comes first."""
+    state = ServerState(client_grace_s=1.0)
+    async with anyio.create_task_group() as tg:
+        state.bind(replica(), tg)
+        state.start_serving()
+        plane = ControlPlane(
+            state,
+            policy=FixedComputePolicy(),
+            zsession=None,  # type: ignore[arg-type]  # nothing gets far enough to declare
+            trajectories=TrajectoryLibrary([]),
+            takeover_idle_s=1.0,
+            limits=LimitsSection(),
+            max_observation_bytes=1 << 20,
+        )
+        keys = state.replica.keys
+        for handler, key in (
+            (plane.open, keys.client("robot").session),
+            (plane.open_legacy, f"{keys.prefix}/session"),
+            (plane.trajectory, keys.trajectory),
+        ):
+            q = FakeQuery(key)
+            plane.answer(handler, q, None)  # type: ignore[arg-type]
+            assert q.dropped
+            (rejection,) = q.errors
+            expected = "schema_version" if handler == plane.open_legacy else "bad_request"
+            assert rejection.code == expected, (handler, rejection)
+            if handler != plane.open_legacy:
+                assert f"exceeds the limit of {MAX_CONTROL_BYTES}" in rejection.reason, rejection
+        assert len(state.registry) == 0
+        tg.cancel_scope.cancel()

@@ -189,11 +189,13 @@ def verify_observation(
     return auth.open(attachment, body, "obs"), body
 
 
-def verify_control(auth: SessionAuth | None, attachment: bytes | None, payload: bytes, *, max_bytes: int) -> Header:
+def verify_control(
+    auth: SessionAuth | None, attachment: bytes | None, payload: zenoh.ZBytes | bytes, *, max_bytes: int
+) -> tuple[Header, bytes]:
     """Authenticate one control request (reset, close) of the client whose session is ``auth``.
 
-    The size bound comes before the MAC, as for observations: nobody makes the event loop hash
-    an unbounded body.
+    Returns the authenticated header and the body. The size bound comes before the copy and the
+    MAC, as for observations: nobody makes the event loop copy or hash an unbounded body.
 
     Raises:
         Refused: ``header``, ``session``, ``too_large``, ``mac``, ``epoch`` or ``replay``.
@@ -202,9 +204,11 @@ def verify_control(auth: SessionAuth | None, attachment: bytes | None, payload: 
     assert attachment is not None
     if auth is None or claimed.session_id != auth.wire_id:
         raise Refused("session", f"no session {claimed.session_id.hex()} for this client", claimed)
-    if len(payload) > max_bytes:
-        raise Refused("too_large", f"control request of {len(payload)} bytes exceeds the limit of {max_bytes}", claimed)
-    return auth.open(attachment, payload, "control")
+    size = len(payload)
+    if size > max_bytes:
+        raise Refused("too_large", f"control request of {size} bytes exceeds the limit of {max_bytes}", claimed)
+    body = payload if isinstance(payload, bytes) else payload.to_bytes()
+    return auth.open(attachment, body, "control"), body
 
 
 Takeover = Literal["resumed", "vanished", "idle"]

@@ -66,7 +66,18 @@ class Sealed:
     header: Header
 
 
-Handler = Callable[[zenoh.Query, bytes], msgspec.Struct | Sealed]
+Handler = Callable[[zenoh.Query, zenoh.ZBytes], msgspec.Struct | Sealed]
+
+
+def body(payload: zenoh.ZBytes) -> bytes:
+    """A control request's body, copied out of Zenoh only once it is known to fit `MAX_CONTROL_BYTES`.
+
+    Raises:
+        WireError: The body is larger (nobody makes the event loop copy Zenoh's largest message).
+    """
+    if len(payload) > MAX_CONTROL_BYTES:
+        raise WireError(f"control request of {len(payload)} bytes exceeds the limit of {MAX_CONTROL_BYTES}")
+    return payload.to_bytes()
 
 
 class _Versions(msgspec.Struct):
@@ -132,10 +143,12 @@ class ControlPlane:
         ]
 
     def answer(self, handler: Handler, query: zenoh.Query, reply_key: str | None) -> None:
-        """Event loop: run a control handler and reply; a bad request never escapes."""
+        """Event loop: run a control handler and reply; a bad request never escapes.
+
+        The handler gets the payload still in Zenoh: it copies it (`body`) only within its bound.
+        """
         try:
-            payload = b"" if query.payload is None else query.payload.to_bytes()
-            result = handler(query, payload)
+            result = handler(query, zenoh.ZBytes(b"") if query.payload is None else query.payload)
             key = reply_key or query.key_expr
             if isinstance(result, Rejection):
                 query.reply_err(encode(result))
@@ -152,7 +165,7 @@ class ControlPlane:
         finally:
             query.drop()
 
-    def status(self, query: zenoh.Query, payload: bytes) -> StatusReply:
+    def status(self, query: zenoh.Query, payload: zenoh.ZBytes) -> StatusReply:
         """Capabilities, load and identity of this replica."""
         state = self._state
         replica = state.replica
@@ -186,10 +199,10 @@ class ControlPlane:
             load=state.load,
         )
 
-    def open_legacy(self, query: zenoh.Query, payload: bytes) -> Rejection:
+    def open_legacy(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Rejection:
         """Schema 1 clients open on ``<p>/session``: tell them which versions this server speaks."""
         try:
-            versions = sorted(decode(payload, _Versions, max_bytes=MAX_CONTROL_BYTES).schema_versions)
+            versions = sorted(decode(body(payload), _Versions).schema_versions)
         except WireError:
             versions = []
         return self._reject(
@@ -198,20 +211,21 @@ class ControlPlane:
             "(schema 2 opens sessions on <prefix>/c/<client_id>/session)",
         )
 
-    def open(self, query: zenoh.Query, payload: bytes) -> SessionAck | Rejection:
+    def open(self, query: zenoh.Query, payload: zenoh.ZBytes) -> SessionAck | Rejection:
         """The handshake: validate a client against the policy and capacity, bind it, sign the ack."""
         state = self._state
         replica = state.replica
         keys, info = replica.keys, replica.info
         try:
             client_id = keys.client_of(str(query.key_expr))
-            versions = decode(payload, _Versions, max_bytes=MAX_CONTROL_BYTES).schema_versions
+            request_body = body(payload)
+            versions = decode(request_body, _Versions).schema_versions
             if not set(versions) & set(SUPPORTED_SCHEMA_VERSIONS):
                 return self._reject(
                     "schema_version",
                     f"client speaks {sorted(versions)}, server speaks {list(SUPPORTED_SCHEMA_VERSIONS)}",
                 )
-            request = decode(payload, SessionOpen, max_bytes=MAX_CONTROL_BYTES)
+            request = decode(request_body, SessionOpen)
         except WireError as exc:
             return self._reject("bad_request", str(exc))
         if request.client_id != client_id:
@@ -304,7 +318,7 @@ class ControlPlane:
         self._state.register(session)
         return session
 
-    def control(self, query: zenoh.Query, payload: bytes) -> Sealed | Rejection:
+    def control(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Sealed | Rejection:
         """Reset (episode boundary) or close the querying client's session, if the request is sealed by it."""
         state = self._state
         try:
@@ -314,7 +328,7 @@ class ControlPlane:
         session = state.registry.by_client(client_id)
         attachment = None if query.attachment is None else query.attachment.to_bytes()
         try:
-            header = verify_control(
+            header, request_body = verify_control(
                 None if session is None else session.auth, attachment, payload, max_bytes=MAX_CONTROL_BYTES
             )
         except Refused as exc:
@@ -322,7 +336,7 @@ class ControlPlane:
             return self._refuse_control(exc.reason, code, f"{exc} (client {client_id!r})")
         assert session is not None
         try:
-            request: ControlRequest = decode(payload, ControlRequest, max_bytes=MAX_CONTROL_BYTES)  # type: ignore[arg-type]
+            request: ControlRequest = decode(request_body, ControlRequest)  # type: ignore[arg-type]
         except WireError as exc:
             return self._refuse_control("body", "bad_request", str(exc))
         if request.session_id != session.auth.wire_id:
@@ -347,6 +361,10 @@ class ControlPlane:
             log.warning("control request refused", reason=reason, detail=message, suppressed=suppressed)
         return Rejection(code, message)  # type: ignore[arg-type]
 
-    def trajectory(self, query: zenoh.Query, payload: bytes) -> msgspec.Struct:
+    def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> msgspec.Struct:
         """A whole trajectory of the library (or the list of names)."""
-        return self._trajectories.answer(payload, max_bytes=MAX_CONTROL_BYTES)
+        try:
+            request_body = body(payload)
+        except WireError as exc:
+            return Rejection("bad_request", str(exc))
+        return self._trajectories.answer(request_body)

@@ -31,10 +31,10 @@ class TrajectoryLibrary:
         self._paths = {e.name: e.path for e in entries}
         self._cache: dict[str, Trajectory] = {}
 
-    def answer(self, payload: bytes, *, max_bytes: int) -> Trajectory | TrajectoryList | Rejection:
-        """Reply to a trajectory query (at most ``max_bytes``): the list (empty name) or one whole trajectory."""
+    def answer(self, payload: bytes) -> Trajectory | TrajectoryList | Rejection:
+        """Reply to a trajectory query (bounded by the caller): the list (empty name) or one whole trajectory."""
         try:
-            request = decode(payload, TrajectoryRequest, max_bytes=max_bytes)
+            request = decode(payload, TrajectoryRequest)
         except WireError as exc:
             return Rejection("bad_request", str(exc))
         if not request.name:
