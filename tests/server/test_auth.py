@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
+import zenoh
 
 from servo._core import (
+    ATTACHMENT_SIZE,
     MSG_CONTROL,
     MSG_OBS,
     SCHEMA_VERSION,
@@ -174,6 +176,30 @@ def test_an_oversized_control_request_is_refused_before_its_mac_and_takes_no_seq
     with pytest.raises(Refused) as info:
         verify_control(auth, key.seal(obs(auth, 1, msg_type=MSG_CONTROL), big), Uncopyable(), max_bytes=64)  # type: ignore[arg-type]
     assert info.value.reason == "too_large"
+
+
+class HugeAttachment:
+    """An attachment still in Zenoh, far larger than a servo attachment; copying it fails the test."""
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def to_bytes(self) -> bytes:
+        raise AssertionError("an oversized attachment was copied out of Zenoh")
+
+
+def test_an_attachment_of_the_wrong_size_is_refused_before_it_is_copied() -> None:
+    auth, key = handshake()
+    body = b"x" * 10
+    for verify, msg_type in ((verify_observation, MSG_OBS), (verify_control, MSG_CONTROL)):
+        with pytest.raises(Refused) as info:
+            verify(auth, HugeAttachment(), body, max_bytes=64)  # type: ignore[operator]
+        assert info.value.reason == "header"
+        assert f"attachment is {1 << 30} bytes, expected {ATTACHMENT_SIZE}" in str(info.value)
+        # The right size is still copied and verified as before.
+        sealed = key.seal(obs(auth, 1, msg_type=msg_type), body)
+        header, copied = verify(auth, zenoh.ZBytes(sealed), body, max_bytes=64)  # type: ignore[operator]
+        assert (header.seq_id, header.msg_type, copied) == (1, msg_type, body)
 
 
 def test_a_live_session_is_replaced_only_by_proof_absence_or_silence() -> None:

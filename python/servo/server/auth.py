@@ -35,6 +35,7 @@ from typing import Literal
 import zenoh
 
 from servo._core import (
+    ATTACHMENT_SIZE,
     MSG_CONTROL,
     MSG_OBS,
     SESSION_ID_SIZE,
@@ -167,8 +168,25 @@ def peek(attachment: bytes | None, msg_type: int) -> Header:
     return header
 
 
+def attachment_bytes(raw: zenoh.ZBytes | bytes | None) -> bytes | None:
+    """A message's attachment, copied out of Zenoh only at the one size a servo attachment has.
+
+    Raises:
+        Refused: (``header``) any other size: a peer cannot make a callback copy a huge one.
+    """
+    if raw is None or isinstance(raw, bytes):
+        return raw
+    if len(raw) != ATTACHMENT_SIZE:
+        raise Refused("header", f"attachment is {len(raw)} bytes, expected {ATTACHMENT_SIZE}")
+    return raw.to_bytes()
+
+
 def verify_observation(
-    auth: SessionAuth | None, attachment: bytes | None, payload: zenoh.ZBytes | bytes, *, max_bytes: int
+    auth: SessionAuth | None,
+    raw_attachment: zenoh.ZBytes | bytes | None,
+    payload: zenoh.ZBytes | bytes,
+    *,
+    max_bytes: int,
 ) -> tuple[Header, bytes]:
     """Authenticate one observation of the client whose session is ``auth`` (None: it has none).
 
@@ -178,6 +196,7 @@ def verify_observation(
     Raises:
         Refused: ``header``, ``session``, ``too_large``, ``mac``, ``epoch`` or ``replay``.
     """
+    attachment = attachment_bytes(raw_attachment)
     claimed = peek(attachment, MSG_OBS)
     assert attachment is not None
     if auth is None or claimed.session_id != auth.wire_id:
@@ -190,7 +209,11 @@ def verify_observation(
 
 
 def verify_control(
-    auth: SessionAuth | None, attachment: bytes | None, payload: zenoh.ZBytes | bytes, *, max_bytes: int
+    auth: SessionAuth | None,
+    raw_attachment: zenoh.ZBytes | bytes | None,
+    payload: zenoh.ZBytes | bytes,
+    *,
+    max_bytes: int,
 ) -> tuple[Header, bytes]:
     """Authenticate one control request (reset, close) of the client whose session is ``auth``.
 
@@ -200,6 +223,7 @@ def verify_control(
     Raises:
         Refused: ``header``, ``session``, ``too_large``, ``mac``, ``epoch`` or ``replay``.
     """
+    attachment = attachment_bytes(raw_attachment)
     claimed = peek(attachment, MSG_CONTROL)
     assert attachment is not None
     if auth is None or claimed.session_id != auth.wire_id:

@@ -326,10 +326,9 @@ class ControlPlane:
         except WireError as exc:
             return self._refuse_control("header", "bad_request", str(exc))
         session = state.registry.by_client(client_id)
-        attachment = None if query.attachment is None else query.attachment.to_bytes()
         try:
             header, request_body = verify_control(
-                None if session is None else session.auth, attachment, payload, max_bytes=MAX_CONTROL_BYTES
+                None if session is None else session.auth, query.attachment, payload, max_bytes=MAX_CONTROL_BYTES
             )
         except Refused as exc:
             code = {"session": "unknown_session", "too_large": "bad_request"}.get(exc.reason, "unauthenticated")

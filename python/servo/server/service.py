@@ -341,11 +341,10 @@ class PolicyServer:
             self._reject_observation(Refused("key", str(exc)), None)
             return
         session = self.registry.by_client(client_id)
-        attachment = None if sample.attachment is None else sample.attachment.to_bytes()
         try:
             header, body = verify_observation(
                 None if session is None else session.auth,
-                attachment,
+                sample.attachment,
                 sample.payload,
                 max_bytes=self.manifest.serving.max_observation_bytes,
             )
