@@ -80,3 +80,28 @@ async def test_replayed_chunks_are_never_merged_twice(port: int, tmp_path: Path)
     merged = [(m.session_id, m.seq_id) for m in rig.merges.merges]
     assert len(merged) == len(set(merged))  # no chunk merged twice
     assert rig.summary.final_state == "streaming"
+
+
+async def test_huge_messages_on_the_action_key_are_dropped_before_they_are_copied(port: int, tmp_path: Path) -> None:
+    """A peer floods a robot's action key with a 2 MiB attachment and a 4 MiB body: both are
+    refused on their size (the edge never copies them out of Zenoh) and the robot streams on."""
+    policy = FixedComputePolicy(compute_ms=5, **sim_policy_spec(chunk_size=20))
+    async with (
+        running_server(make_manifest(port), policy),
+        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
+    ):
+        z = mallory.zsession
+        tap = Tap(z, "@servo/*/*/*/c/robot-7/action")
+        with closing(tap):
+            async with edge_rig(port, tmp_path) as rig:
+                await eventually(lambda: len(tap.seen) >= 1, 15, "the action key sniffed")
+                action_key, attachment = tap.seen[0].key, tap.seen[0].attachment
+                for _ in range(3):
+                    z.put(action_key, b"x", attachment=b"\x00" * (2 << 20))
+                    z.put(action_key, b"\x00" * (4 << 20), attachment=attachment)
+                stats = rig.engine.statistics
+                await eventually(lambda: stats().chunks_rejected["undecodable"] >= 3, 10, "huge bodies refused")
+                await eventually(lambda: stats().chunks_rejected["mac"] >= 3, 10, "huge attachments refused")
+                received = rig.engine.chunks_received
+                await eventually(lambda: rig.engine.chunks_received >= received + 2, 10, "streaming on")
+    assert rig.summary.final_state == "streaming"

@@ -21,6 +21,7 @@ import numpy.typing as npt
 import zenoh
 
 from servo._core import (
+    ATTACHMENT_SIZE,
     FLAG_EPISODE_START,
     MSG_CHUNK,
     MSG_CONTROL,
@@ -68,6 +69,9 @@ log = get_logger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
 
+#: Room in a server message beyond its chunk tensors (header fields, an error's text): anything
+#: larger on the action key is dropped before it is copied out of Zenoh.
+MESSAGE_SLACK_BYTES = 1 << 20
 #: Encode times kept for `SessionStats.encode` (a fixed window, whatever the uptime).
 ENCODE_WINDOW = 1000
 
@@ -162,6 +166,8 @@ class RemoteSession:
         self.codec = CodecChooser(jpeg_quality, auto_codec)
         self.action_dim = action_dim
         self.max_chunk_steps = max_chunk_steps
+        # The largest chunk (both spaces, float32) plus room for the rest of any server message.
+        self._max_message_bytes = 2 * max_chunk_steps * action_dim * 4 + MESSAGE_SLACK_BYTES
         self.counters = counters if counters is not None else ClientCounters()
         self.stats = SessionStats()
         self.episode_id = 0
@@ -512,8 +518,18 @@ class RemoteSession:
     def _on_action(self, sample: zenoh.Sample) -> None:
         """Event loop: a message on our action key. Only what verifies may touch the request."""
         now = time.monotonic_ns()
+        # Measured before anything is copied out of Zenoh: whoever can publish on this key must
+        # not make the event loop copy a huge message.
+        raw = sample.attachment
+        if raw is not None and len(raw) != ATTACHMENT_SIZE:
+            self.counters.reject("mac", f"attachment of {len(raw)} bytes", session_id=self.session_id)
+            return
+        if len(sample.payload) > self._max_message_bytes:
+            detail = f"message of {len(sample.payload)} bytes exceeds {self._max_message_bytes}"
+            self.counters.reject("undecodable", detail, session_id=self.session_id)
+            return
         payload = sample.payload.to_bytes()
-        attachment = None if sample.attachment is None else sample.attachment.to_bytes()
+        attachment = None if raw is None else raw.to_bytes()
         try:
             header = self._authenticate(attachment, payload)
         except ChunkRejected as exc:
