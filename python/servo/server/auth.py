@@ -51,6 +51,8 @@ from servo.wire import SessionOpen, ack_transcript, resume_body
 
 #: Why a client message was refused (the ``reason`` label of the rejection counters).
 Reason = Literal["key", "header", "session", "too_large", "mac", "epoch", "replay", "stale", "rate", "image"]
+#: The two sequence-number streams of a session, each with its own replay window.
+Stream = Literal["obs", "control"]
 
 
 class Refused(Exception):
@@ -91,7 +93,7 @@ class SessionAuth:
         """The session id as Python shows it: 32 lowercase hex characters."""
         return self.wire_id.hex()
 
-    def _accept(self, header: Header, stream: Literal["obs", "control"]) -> Header:
+    def _accept(self, header: Header, stream: Stream) -> Header:
         with self._lock:
             if header.session_epoch != self.epoch:
                 raise Refused("epoch", f"epoch {header.session_epoch}, the session's is {self.epoch}", header)
@@ -105,7 +107,7 @@ class SessionAuth:
             self.last_seen_ns = time.monotonic_ns()
             return header
 
-    def open(self, attachment: bytes, body: bytes, stream: Literal["obs", "control"]) -> Header:
+    def open(self, attachment: bytes, body: bytes, stream: Stream) -> Header:
         """Verify an attachment sealed by this session (MAC, epoch, replay) and take its seq_id.
 
         Raises:
@@ -196,16 +198,7 @@ def verify_observation(
     Raises:
         Refused: ``header``, ``session``, ``too_large``, ``mac``, ``epoch`` or ``replay``.
     """
-    attachment = attachment_bytes(raw_attachment)
-    claimed = peek(attachment, MSG_OBS)
-    assert attachment is not None
-    if auth is None or claimed.session_id != auth.wire_id:
-        raise Refused("session", f"no session {claimed.session_id.hex()} for this client", claimed)
-    size = len(payload)
-    if size > max_bytes:
-        raise Refused("too_large", f"observation of {size} bytes exceeds the limit of {max_bytes}", claimed)
-    body = payload if isinstance(payload, bytes) else payload.to_bytes()
-    return auth.open(attachment, body, "obs"), body
+    return _verify(auth, raw_attachment, payload, MSG_OBS, "obs", "observation", max_bytes)
 
 
 def verify_control(
@@ -223,16 +216,33 @@ def verify_control(
     Raises:
         Refused: ``header``, ``session``, ``too_large``, ``mac``, ``epoch`` or ``replay``.
     """
+    return _verify(auth, raw_attachment, payload, MSG_CONTROL, "control", "control request", max_bytes)
+
+
+def _verify(
+    auth: SessionAuth | None,
+    raw_attachment: zenoh.ZBytes | bytes | None,
+    payload: zenoh.ZBytes | bytes,
+    msg_type: int,
+    stream: Stream,
+    what: str,
+    max_bytes: int,
+) -> tuple[Header, bytes]:
+    """The one path of every client message, cheapest check first.
+
+    Attachment size, header, session, body size, then the copy and the MAC: nothing is copied or
+    hashed before it is bounded.
+    """
     attachment = attachment_bytes(raw_attachment)
-    claimed = peek(attachment, MSG_CONTROL)
+    claimed = peek(attachment, msg_type)
     assert attachment is not None
     if auth is None or claimed.session_id != auth.wire_id:
         raise Refused("session", f"no session {claimed.session_id.hex()} for this client", claimed)
     size = len(payload)
     if size > max_bytes:
-        raise Refused("too_large", f"control request of {size} bytes exceeds the limit of {max_bytes}", claimed)
+        raise Refused("too_large", f"{what} of {size} bytes exceeds the limit of {max_bytes}", claimed)
     body = payload if isinstance(payload, bytes) else payload.to_bytes()
-    return auth.open(attachment, body, "control"), body
+    return auth.open(attachment, body, stream), body
 
 
 Takeover = Literal["resumed", "vanished", "idle"]
