@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from typing import Any, Literal, Self
 import numpy as np
 import numpy.typing as npt
 
+from benches._support import stop
 from servo.edge.channel import LATENESS_BINS, lateness_bin, lateness_percentiles_ms
 from servo.edge.config import load_config
 from servo.edge.engine import MergeEvent
@@ -98,12 +98,7 @@ audit_log = "{self.audit}"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+            stop(self.proc, grace_s=20)
         self._out.close()
 
 

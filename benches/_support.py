@@ -91,14 +91,19 @@ def ready_process(
         assert line[:1] == ["READY"], f"{what} did not start (exit {proc.poll()})"
         yield proc, line
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+        code = stop(proc)
         proc.stdout.close()
     assert not check or code == 0, f"{what} exited with {code}"
+
+
+def stop(proc: subprocess.Popen[Any], grace_s: float = 30) -> int:
+    """SIGTERM (the child drains), SIGKILL if it is not gone within ``grace_s``; its exit code."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def free_port() -> int:

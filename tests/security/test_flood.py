@@ -11,7 +11,6 @@ log must stay bounded. The rtt comparison (quiet vs flood) is ``benches/bench_se
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from benches._support import rss_mb
+from benches._support import rss_mb, stop
 
 from servo.client import PolicyClient
 from tests.server.helpers import eventually
@@ -63,12 +62,7 @@ health_port = 0
         try:
             yield proc, log
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
+            code = stop(proc)
     assert code == 0, log.read_text()[-2000:]
 
 
