@@ -6,14 +6,17 @@ arm for ~9 s, and the recording logged those ticks as the real session's policy 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zenoh
 
 from servo._core import SessionKey
 from servo.client import PolicyClient
-from tests.security.peers import ChunkForger, Tap, closing, edge_rig, peer_settings, sim_policy_spec
+from tests.security.peers import ChunkForger, EdgeRig, Tap, closing, edge_rig, peer_settings, sim_policy_spec
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
 
@@ -56,27 +59,34 @@ async def test_a_forged_chunk_answering_first_is_never_executed(port: int, tmp_p
     assert not any(np.isclose(np.frombuffer(f.action.data, "<f4"), FORGED).any() for f in frames if f.action)
 
 
-async def test_replayed_chunks_are_never_merged_twice(port: int, tmp_path: Path) -> None:
-    """Genuine chunks captured off the wire and replayed later fail the one-in-flight check."""
+@asynccontextmanager
+async def sniffed_robot(port: int, tmp_path: Path) -> AsyncIterator[tuple[zenoh.Session, Tap, EdgeRig]]:
+    """A server (5 ms policy), robot-7's edge streaming from it, and mallory, a peer on the same
+    network whose tap sees every message on the robot's action key."""
     policy = FixedComputePolicy(compute_ms=5, **sim_policy_spec(chunk_size=20))
     async with (
         running_server(make_manifest(port), policy),
         PolicyClient.connect(peer_settings(port), "mallory") as mallory,
     ):
-        z = mallory.zsession
-        tap = Tap(z, "@servo/*/*/*/c/robot-7/action")
+        tap = Tap(mallory.zsession, "@servo/*/*/*/c/robot-7/action")
         with closing(tap):
             async with edge_rig(port, tmp_path) as rig:
-                await eventually(lambda: len(tap.seen) >= 3, 15, "three genuine chunks sniffed")
-                captured = list(tap.seen)
-                for seen in captured:  # replayed byte for byte, twice
-                    for _ in range(2):
-                        z.put(seen.key, seen.payload, attachment=seen.attachment)
-                await eventually(
-                    lambda: rig.engine.statistics().chunks_rejected["stale_seq"] >= 2 * len(captured), 10, "replays"
-                )
-                received = rig.engine.chunks_received
-                await eventually(lambda: rig.engine.chunks_received >= received + 2, 10, "streaming on")
+                yield mallory.zsession, tap, rig
+
+
+async def test_replayed_chunks_are_never_merged_twice(port: int, tmp_path: Path) -> None:
+    """Genuine chunks captured off the wire and replayed later fail the one-in-flight check."""
+    async with sniffed_robot(port, tmp_path) as (z, tap, rig):
+        await eventually(lambda: len(tap.seen) >= 3, 15, "three genuine chunks sniffed")
+        captured = list(tap.seen)
+        for seen in captured:  # replayed byte for byte, twice
+            for _ in range(2):
+                z.put(seen.key, seen.payload, attachment=seen.attachment)
+        await eventually(
+            lambda: rig.engine.statistics().chunks_rejected["stale_seq"] >= 2 * len(captured), 10, "replays"
+        )
+        received = rig.engine.chunks_received
+        await eventually(lambda: rig.engine.chunks_received >= received + 2, 10, "streaming on")
     merged = [(m.session_id, m.seq_id) for m in rig.merges.merges]
     assert len(merged) == len(set(merged))  # no chunk merged twice
     assert rig.summary.final_state == "streaming"
@@ -85,23 +95,15 @@ async def test_replayed_chunks_are_never_merged_twice(port: int, tmp_path: Path)
 async def test_huge_messages_on_the_action_key_are_dropped_before_they_are_copied(port: int, tmp_path: Path) -> None:
     """A peer floods a robot's action key with a 2 MiB attachment and a 4 MiB body: both are
     refused on their size (the edge never copies them out of Zenoh) and the robot streams on."""
-    policy = FixedComputePolicy(compute_ms=5, **sim_policy_spec(chunk_size=20))
-    async with (
-        running_server(make_manifest(port), policy),
-        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
-    ):
-        z = mallory.zsession
-        tap = Tap(z, "@servo/*/*/*/c/robot-7/action")
-        with closing(tap):
-            async with edge_rig(port, tmp_path) as rig:
-                await eventually(lambda: len(tap.seen) >= 1, 15, "the action key sniffed")
-                action_key, attachment = tap.seen[0].key, tap.seen[0].attachment
-                for _ in range(3):
-                    z.put(action_key, b"x", attachment=b"\x00" * (2 << 20))
-                    z.put(action_key, b"\x00" * (4 << 20), attachment=attachment)
-                stats = rig.engine.statistics
-                await eventually(lambda: stats().chunks_rejected["undecodable"] >= 3, 10, "huge bodies refused")
-                await eventually(lambda: stats().chunks_rejected["mac"] >= 3, 10, "huge attachments refused")
-                received = rig.engine.chunks_received
-                await eventually(lambda: rig.engine.chunks_received >= received + 2, 10, "streaming on")
+    async with sniffed_robot(port, tmp_path) as (z, tap, rig):
+        await eventually(lambda: len(tap.seen) >= 1, 15, "the action key sniffed")
+        action_key, attachment = tap.seen[0].key, tap.seen[0].attachment
+        for _ in range(3):
+            z.put(action_key, b"x", attachment=b"\x00" * (2 << 20))
+            z.put(action_key, b"\x00" * (4 << 20), attachment=attachment)
+        stats = rig.engine.statistics
+        await eventually(lambda: stats().chunks_rejected["undecodable"] >= 3, 10, "huge bodies refused")
+        await eventually(lambda: stats().chunks_rejected["mac"] >= 3, 10, "huge attachments refused")
+        received = rig.engine.chunks_received
+        await eventually(lambda: rig.engine.chunks_received >= received + 2, 10, "streaming on")
     assert rig.summary.final_state == "streaming"
