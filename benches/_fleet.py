@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import numpy as np
 
-from servo._core import ATTACHMENT_SIZE, MSG_OBS, Header, SessionKey
+from servo._core import ATTACHMENT_SIZE, MSG_OBS, SCHEMA_VERSION, Header, SessionKey
 from servo.policy import DecodedObservation, PolicySpec, Prepared
 from servo.wire import CameraFeature, Features
 
@@ -601,7 +601,7 @@ def run_floor(
                 t0 = time.monotonic_ns()
                 attachment = b"x" * 30
                 if mac:
-                    header = Header(2, MSG_OBS, 0, seq, 0, 0, t0, bytes(16))
+                    header = Header(SCHEMA_VERSION, MSG_OBS, 0, seq, 0, 0, t0, bytes(16))
                     attachment = FLOOR_KEY.seal(header, body)
                 pub.put(body, attachment=attachment)
                 if not arrived.wait(5):
