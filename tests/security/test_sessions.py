@@ -10,6 +10,7 @@ under a live robot's name is refused.
 from __future__ import annotations
 
 import secrets
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -43,22 +44,34 @@ VICTIM_STATE = 42.0
 ATTACKER_STATE = 99.0
 
 
+#: One lock per streaming session: held by each request in flight.
+between_requests: defaultdict[RemoteSession, anyio.Lock] = defaultdict(anyio.Lock)
+
+
 @asynccontextmanager
 async def streaming(session: RemoteSession) -> AsyncIterator[Callable[[], int]]:
-    """The victim streams in the background; yields its served-chunk count. Any failure fails the test."""
+    """The victim streams in the background; yields its served-chunk count. Any failure fails the test.
+
+    Its requests hold `between_requests`: the victim's own reset waits for it, as the server
+    drops, unanswered, an observation of the episode a reset ends (the request would time out).
+    """
     served = 0
 
     async def loop() -> None:
         nonlocal served
         while True:
-            result = await session.infer(*observation(VICTIM_STATE), timeout=5)
+            async with between_requests[session]:
+                result = await session.infer(*observation(VICTIM_STATE), timeout=5)
             assert result.chunk_robot[0][0] == VICTIM_STATE
             served += 1
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(loop)
-        yield lambda: served
-        tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop)
+            yield lambda: served
+            tg.cancel_scope.cancel()
+    finally:
+        between_requests.pop(session, None)
 
 
 async def still_streaming(served: Callable[[], int]) -> None:
@@ -101,7 +114,8 @@ async def test_a_peer_cannot_close_reset_or_feed_a_session_it_guessed_or_sniffed
                 assert sniffed.attachment is not None
                 sid = sniffed.header.session_id
                 assert sid == session.wire_id  # what a sniffer learns: the id, never the key
-                await session.reset(1)  # the victim's own reset, sealed; mallory captures it
+                async with between_requests[session]:
+                    await session.reset(1)  # the victim's own reset, sealed; mallory captures it
                 assert capture.arrived.wait(5)
                 (reset_body, reset_attachment) = capture.queries[0]
                 guessed_key = SessionKey(secrets.token_bytes(32))
