@@ -6,11 +6,17 @@ deposit: `LoopBridge.call` schedules a function on the loop with ``call_soon_thr
 returns at once. (anyio's ``from_thread.run_sync`` would block the callback thread until the loop
 ran the function, and measured slower.) servo runs anyio on the asyncio backend (uvloop when
 available), which is what makes the asyncio primitive available.
+
+A function scheduled this way runs in the context of the task that made the bridge, as anyio's
+own thread-to-loop calls do: with ``sniffio`` installed, anyio finds its backend through a
+context variable that `anyio.run` sets, and a callback running in the Zenoh thread's context
+would fail every anyio call (``NoEventLoopError`` on ``TaskGroup.start_soon``, ``anyio.Event()``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +33,7 @@ class LoopBridge:
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._context = contextvars.copy_context()
         self.closed = False
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -34,7 +41,8 @@ class LoopBridge:
         if self.closed:
             return
         try:
-            self._loop.call_soon_threadsafe(fn, *args)
+            # A copy per call, as asyncio gives every task: what one call sets stays its own.
+            self._loop.call_soon_threadsafe(fn, *args, context=self._context.copy())
         except RuntimeError:
             # Zenoh keeps draining queued callbacks after session.close(); the loop may be gone.
             self.closed = True
