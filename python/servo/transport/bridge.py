@@ -6,11 +6,17 @@ deposit: `LoopBridge.call` schedules a function on the loop with ``call_soon_thr
 returns at once. (anyio's ``from_thread.run_sync`` would block the callback thread until the loop
 ran the function, and measured slower.) servo runs anyio on the asyncio backend (uvloop when
 available), which is what makes the asyncio primitive available.
+
+Calls run in the context of the task that made the bridge: with sniffio installed (trio and
+httpx bring it), anyio finds the running async library through a context variable that a plain
+``call_soon_threadsafe`` callback would not see, and every anyio call it made (starting a task,
+a cancel scope) would fail with ``NoEventLoopError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +33,7 @@ class LoopBridge:
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._context = contextvars.copy_context()
         self.closed = False
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -34,7 +41,7 @@ class LoopBridge:
         if self.closed:
             return
         try:
-            self._loop.call_soon_threadsafe(fn, *args)
+            self._loop.call_soon_threadsafe(fn, *args, context=self._context)
         except RuntimeError:
             # Zenoh keeps draining queued callbacks after session.close(); the loop may be gone.
             self.closed = True
