@@ -1,11 +1,16 @@
-"""The replica's Ed25519 identity: where it is kept and how it is created.
+"""Ed25519 identities kept in files: a server's and a robot's.
 
-``[security] identity_key`` in the manifest names a file holding the identity's secret seed, one
-line ``servo-identity-v1 <urlsafe base64 of the 32-byte seed>``. A missing file is created with
-mode 0600 (atomically: never overwritten, never readable by others, even for a moment) and its
-fingerprint is logged; replicas of one model may share one file. A file readable by group or
-others is refused, as ssh refuses such a private key. Without ``identity_key`` the server makes an
-ephemeral identity at every start: sessions are still authenticated, but an edge cannot pin it.
+A server's signs its session acks, trajectories and notices; a robot's signs its session opens.
+Both are the same thing, `Identity` (the Rust core's generic Ed25519 key, `servo._core.ServerIdentity`),
+stored the same way: a file holding the secret seed, one line ``servo-identity-v1 <urlsafe base64
+of the 32-byte seed>``. A missing file is created with mode 0600 (atomically: never overwritten,
+never readable by others, even for a moment) and its fingerprint is logged; processes sharing a
+file share the identity. A file readable by group or others is refused, as ssh refuses such a
+private key.
+
+Where they live by default is `servo.home`'s business: ``robot.key`` and ``servers/<app>.key`` in
+the user's servo directory. This module sits beside `servo.home`, below every layer that uses it
+(server, client, edge, cli), and imports nothing above `servo.wire`.
 """
 
 from __future__ import annotations
@@ -16,11 +21,22 @@ import os
 import stat
 from pathlib import Path
 
-from servo._core import SEED_SIZE, ServerIdentity
+from servo._core import SEED_SIZE
+from servo._core import ServerIdentity as Identity
+from servo.home import ensure_config_dir, robot_identity_path, server_identity_path
 from servo.logs import get_logger
 from servo.wire import fingerprint
 
 log = get_logger(__name__)
+
+__all__ = [
+    "Identity",
+    "IdentityError",
+    "ephemeral_identity",
+    "load_identity",
+    "robot_identity",
+    "server_identity",
+]
 
 _TAG = "servo-identity-v1"
 
@@ -29,35 +45,69 @@ class IdentityError(ValueError):
     """The identity file cannot be used; the message names the file and the problem."""
 
 
-def load_identity(path: str | Path | None) -> ServerIdentity:
-    """The identity stored at ``path``, created there when missing; ephemeral when ``path`` is empty.
+def load_identity(path: str | Path, *, role: str = "server") -> Identity:
+    """The identity stored at ``path``, created there when missing (its directory must exist).
+
+    Args:
+        path: The identity file.
+        role: What the identity is for (``server``, ``robot``), named in the log line.
 
     Raises:
-        IdentityError: unreadable, readable by others, or not an identity file.
+        IdentityError: unreadable, readable by others, not an identity file, or not creatable.
     """
-    if not path:
-        identity = ServerIdentity.generate()
-        log.info("ephemeral server identity (set [security] identity_key to keep one)", fingerprint=_fp(identity))
-        return identity
     path = Path(path)
     try:
         return _read(path)
     except FileNotFoundError:
         pass
-    identity = ServerIdentity.generate()
+    identity = Identity.generate()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another replica created it meanwhile: use theirs
+    except FileExistsError:  # another process created it meanwhile: use theirs
         return _read(path)
     except OSError as exc:
         raise IdentityError(f"{path}: cannot create the identity key: {exc.strerror or exc}") from None
     with os.fdopen(fd, "w") as f:
         f.write(f"{_TAG} {base64.urlsafe_b64encode(identity.seed).decode()}\n")
-    log.info("server identity created", path=str(path), fingerprint=_fp(identity))
+    log.info("identity created", role=role, path=str(path), fingerprint=fingerprint(identity.public_key))
     return identity
 
 
-def _read(path: Path) -> ServerIdentity:
+def ephemeral_identity(role: str = "server") -> Identity:
+    """A new identity kept nowhere (an explicit choice: nobody can pin or enrol it)."""
+    identity = Identity.generate()
+    log.info("ephemeral identity", role=role, fingerprint=fingerprint(identity.public_key))
+    return identity
+
+
+def robot_identity(path: str | Path = "") -> Identity:
+    """This robot's identity: ``path``, else ``robot.key`` in the user's servo directory.
+
+    Raises:
+        IdentityError: see `load_identity` (and the servo directory cannot be created).
+    """
+    return load_identity(path or _in_config_dir(robot_identity_path()), role="robot")
+
+
+def server_identity(path: str | Path, app: str) -> Identity:
+    """A server's identity: ``path``, else ``servers/<app>.key`` in the user's servo directory.
+
+    Raises:
+        IdentityError: see `load_identity` (and the servo directory cannot be created).
+    """
+    return load_identity(path or _in_config_dir(server_identity_path(app)), role="server")
+
+
+def _in_config_dir(path: Path) -> Path:
+    try:
+        ensure_config_dir()
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise IdentityError(f"{path.parent}: cannot create servo's directory: {exc.strerror or exc}") from None
+    return path
+
+
+def _read(path: Path) -> Identity:
     try:
         mode = path.stat().st_mode
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -78,8 +128,4 @@ def _read(path: Path) -> ServerIdentity:
         raise IdentityError(
             f"{path}: not a servo identity key (expected one line '{_TAG} <base64 of {SEED_SIZE} bytes>')"
         )
-    return ServerIdentity.from_seed(seed)
-
-
-def _fp(identity: ServerIdentity) -> str:
-    return fingerprint(identity.public_key)
+    return Identity.from_seed(seed)
