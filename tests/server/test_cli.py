@@ -19,7 +19,7 @@ from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
 from servo.client import PolicyClient, SessionLost, TrustedServers
-from servo.server.identity import load_identity
+from servo.identity import load_identity
 from servo.wire import fingerprint
 from tests.server.helpers import connected, observation
 from tests.support import client_settings, free_port

@@ -221,8 +221,8 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
     import zenoh
 
     from servo.deploy import DeployError
+    from servo.identity import IdentityError
     from servo.policy import PolicyLoadError
-    from servo.server.identity import IdentityError
 
     if isinstance(exc, ConfigError | PolicyLoadError | IdentityError):
         return 2, str(exc)

@@ -24,6 +24,7 @@ import zenoh
 from anyio.abc import TaskGroup, TaskStatus
 
 from servo._core import MSG_DRAIN, MSG_ERROR, Header, ServerIdentity, unauthenticated
+from servo.identity import ephemeral_identity, load_identity
 from servo.logs import LogThrottle, get_logger
 from servo.policy import Policy, load_policy
 from servo.policy.compatibility import describe
@@ -31,7 +32,6 @@ from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.auth import Reason, Refused, verify_observation
 from servo.server.control import ControlPlane
-from servo.server.identity import load_identity
 from servo.server.manifest import Manifest
 from servo.server.ops import OpsEndpoint
 from servo.server.scheduler import Scheduler, scheduler_for
@@ -184,7 +184,8 @@ class PolicyServer:
                 ops = OpsEndpoint(self.state.health, self.metrics.render)
                 if m.ops.health_port:
                     health_port = await tg.start(ops.run, m.ops.health_host, m.ops.health_port)
-            identity = await anyio.to_thread.run_sync(load_identity, m.security.identity_key)
+            key = m.security.identity_key
+            identity = await anyio.to_thread.run_sync(lambda: load_identity(key) if key else ephemeral_identity())
             policy = await anyio.to_thread.run_sync(self._load_policy)
             runner = InferenceRunner(policy, device=m.model.device, dtype=m.model.dtype, compile=m.model.compile)
             started = time.perf_counter()

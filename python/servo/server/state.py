@@ -32,7 +32,7 @@ class Replica:
 
     ``max_sessions`` is decided once, with the serving mode in ``info``: 1 in exclusive mode
     (asked for, or forced by a chunk-stateful policy), the manifest's ``max_sessions`` otherwise.
-    ``identity`` signs every session ack (`servo.server.identity`).
+    ``identity`` signs every session ack (`servo.identity`).
     """
 
     server_id: str

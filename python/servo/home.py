@@ -1,0 +1,64 @@
+"""Where servo keeps what a user's machine must remember: identities and trusted servers.
+
+One directory per user, chosen like other XDG tools choose theirs:
+
+1. ``$SERVO_CONFIG_DIR`` when set (tests, several robots on one machine, a service account);
+2. else ``$XDG_CONFIG_HOME/servo`` when ``XDG_CONFIG_HOME`` is set;
+3. else ``~/.config/servo``.
+
+What lives there (each created on first use, the directory with mode 0700):
+
+* ``robot.key``: this machine's robot identity (`servo.identity`), created by the first
+  ``servo-edge`` run; ``servo-edge --identity`` prints its fingerprint.
+* ``servers/<app>.key``: the identity of the servers of app ``<app>`` that ``servo-serve``
+  runs here (one per app, so replicas started from this directory share it).
+* ``known_servers``: the servers edges trusted on first use (`servo.client.known`).
+
+Nothing here reads the directory at import time: every function looks at the environment when
+it is called, so a test (or a process) may point ``SERVO_CONFIG_DIR`` elsewhere at any time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: The environment variable that names the directory outright.
+CONFIG_DIR_VARIABLE = "SERVO_CONFIG_DIR"
+
+
+def config_dir() -> Path:
+    """The user's servo directory (not created: see `ensure_config_dir`)."""
+    explicit = os.environ.get(CONFIG_DIR_VARIABLE)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "servo"
+    return Path.home() / ".config" / "servo"
+
+
+def ensure_config_dir() -> Path:
+    """`config_dir`, created with mode 0700 when missing.
+
+    Raises:
+        OSError: the directory cannot be created.
+    """
+    path = config_dir()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def robot_identity_path() -> Path:
+    """Where this machine's robot identity lives by default."""
+    return config_dir() / "robot.key"
+
+
+def server_identity_path(app: str) -> Path:
+    """Where the identity of this machine's servers of ``app`` (a key segment) lives by default."""
+    return config_dir() / "servers" / f"{app}.key"
+
+
+def known_servers_path() -> Path:
+    """The edges' trust-on-first-use record (`servo.client.known`)."""
+    return config_dir() / "known_servers"
