@@ -529,7 +529,7 @@ async def run_echo_fleet(
                 while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
                     sent += 1
                     t0 = time.monotonic_ns()
-                    encoded = await encoder.encode(images, quality)
+                    encoded = await anyio.to_thread.run_sync(encoder.encode, images, quality)
                     body = encode(Observation(state=encode_tensor(state), images=encoded))
                     encode_ms = (time.monotonic_ns() - t0) / 1e6
                     arrived = anyio.Event()

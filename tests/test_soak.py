@@ -20,7 +20,7 @@ import pytest
 from anyio.abc import TaskStatus
 
 from servo.client import PolicyClient
-from servo.client.session import ENCODE_WINDOW
+from servo.client.protocol import ENCODE_WINDOW
 from servo.edge.channel import LATENESS_BINS
 from servo.edge.config import EdgeConfig
 from servo.edge.control_process import ProcessControlLoop

@@ -229,8 +229,7 @@ def test_edge_config_takes_auto_or_a_number() -> None:
 
 
 # ---------------------------------------------------------------------------- encoder threads
-@pytest.mark.anyio
-async def test_cameras_encode_on_threads_that_live_for_the_session() -> None:
+def test_cameras_encode_on_threads_that_live_for_the_session() -> None:
     encoder = FrameEncoder()
     frames = camera_frames(96, 128)
 
@@ -239,20 +238,20 @@ async def test_cameras_encode_on_threads_that_live_for_the_session() -> None:
 
     before = encoders()  # other sessions' threads, possibly still ending
     try:
-        first = await encoder.encode(frames, 90)
+        first = encoder.encode(frames, 90)
         mine = encoders() - before
         assert sorted(t.name for t in mine) == ["servo-encode-front", "servo-encode-wrist"]
         for _ in range(5):
-            again = await encoder.encode(frames, 90)
+            again = encoder.encode(frames, 90)
         assert encoders() - before == mine  # the same threads: no hand-off per request
         for name, frame in frames.items():
             assert first[name].codec == "jpeg"
             assert np.abs(decode_image(again[name]).astype(int) - frame).mean() < 8
         assert {camera for camera, _ in encoder.camera_ms} == set(frames)
-        raw = await encoder.encode(frames, 0)
+        raw = encoder.encode(frames, 0)
         assert all(image.codec == "raw" for image in raw.values())
         with pytest.raises(WireError, match="camera 'wrist'"):
-            await encoder.encode({**frames, "wrist": np.zeros((4, 4), np.uint8)}, 90)
+            encoder.check({**frames, "wrist": np.zeros((4, 4), np.uint8)})
     finally:
         encoder.close()
 

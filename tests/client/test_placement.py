@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from servo.client import PolicyClient, RemoteSession
-from servo.client.policy_client import placement_score
+from servo.client.discovery import placement_score
 from servo.transport import ZenohSettings, open_session
 from servo.wire import StatusReply
 from tests.client.test_verify import status

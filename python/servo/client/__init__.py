@@ -4,6 +4,7 @@
 ``infer(obs) -> {"actions": ...}``.
 """
 
+from servo.client.discovery import ServerInfo
 from servo.client.errors import (
     ClientError,
     NoServerFound,
@@ -15,7 +16,8 @@ from servo.client.errors import (
     SessionRejected,
 )
 from servo.client.policy_client import PolicyClient
-from servo.client.session import ChunkResult, RemoteSession, ServerInfo
+from servo.client.protocol import ChunkResult
+from servo.client.session import RemoteSession
 from servo.client.sync import SyncPolicyClient
 from servo.client.trust import TrustedServers
 from servo.client.verify import REJECT_REASONS, ClientStatistics

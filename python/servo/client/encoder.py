@@ -3,7 +3,8 @@
 One thread per camera lives as long as the session: the cameras of an observation encode in
 parallel (libjpeg-turbo releases the GIL) without a thread hand-off per camera per request, and
 each thread holds one job at most, the newest: a frame whose request was abandoned before its
-encode started is skipped.
+encode started is skipped. The session's uplink thread (`servo.client.uplink`) hands the frames
+over and waits for them, so the event loop never waits on an encode.
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import anyio
 import numpy as np
 import numpy.typing as npt
 
-from servo.transport import LoopBridge
 from servo.wire import EncodedImage, check_frame, encode_image
 
 Frame = npt.NDArray[np.uint8]
@@ -72,48 +71,51 @@ class _CameraThread:
 
 
 class FrameEncoder:
-    """Encodes an observation's frames on per-camera threads; owned by one session's event loop.
+    """Encodes an observation's frames on per-camera threads; used by one session's uplink thread.
 
     Threads start with the first frame of their camera and stop at `close`. Raw frames (quality
-    0) are zero-copy views and never leave the loop.
+    0) are zero-copy views and never leave the calling thread. ``camera_ms`` is written by the
+    camera threads and read by anyone (a snapshot of floats).
     """
 
     def __init__(self) -> None:
-        self._bridge: LoopBridge | None = None
         self._threads: dict[str, _CameraThread] = {}
         #: Encode time of the latest frame of each camera (ms), by quality.
         self.camera_ms: dict[tuple[str, int], float] = {}
 
-    async def encode(self, frames: Mapping[str, Frame], quality: int) -> dict[str, EncodedImage]:
-        """Encode every frame at ``quality`` (0: raw), in the order given.
+    @staticmethod
+    def check(frames: Mapping[str, Frame]) -> None:
+        """Refuse frames that are not RGB uint8 (H, W, 3) before any work starts.
 
         Raises:
-            WireError: a frame is not RGB uint8 (H, W, 3) (checked before any work starts,
-                naming its camera).
+            WireError: naming the camera.
         """
         for name, frame in frames.items():
             check_frame(frame, what=f"camera {name!r}")
+
+    def encode(self, frames: Mapping[str, Frame], quality: int) -> dict[str, EncodedImage]:
+        """Encode every (checked) frame at ``quality`` (0: raw), in the order given; blocks until done.
+
+        Raises:
+            Exception: what encoding a frame raised.
+        """
         if quality == 0 or not frames:
             return {name: encode_image(frame, 0) for name, frame in frames.items()}
-        if self._bridge is None:
-            self._bridge = LoopBridge()
-        bridge, done = self._bridge, anyio.Event()
+        done = threading.Condition()
         results: dict[str, EncodedImage | BaseException] = {}
 
-        def arrived(name: str, result: EncodedImage | BaseException, ns: int) -> None:
-            results[name] = result
-            self.camera_ms[(name, quality)] = ns / 1e6
-            if len(results) == len(frames):
-                done.set()
-
         def report(name: str, result: EncodedImage | BaseException, ns: int) -> None:
-            bridge.call(arrived, name, result, ns)
+            self.camera_ms[(name, quality)] = ns / 1e6
+            with done:
+                results[name] = result
+                done.notify()
 
         for name, frame in frames.items():
             if name not in self._threads:
                 self._threads[name] = _CameraThread(name)
             self._threads[name].submit(_Job(frame, quality, report))
-        await done.wait()
+        with done:
+            done.wait_for(lambda: len(results) == len(frames))
         out = {}
         for name in frames:
             result = results[name]

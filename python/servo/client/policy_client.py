@@ -9,20 +9,21 @@ by the replica's identity (`servo.client.trust`).
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import zenoh
 
 from servo._core import KeyPair
 from servo.client.codec import AutoCodec
+from servo.client.discovery import ServerInfo, discover, placement_score
 from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, SessionRejected
+from servo.client.protocol import SessionProtocol
 from servo.client.replies import request
-from servo.client.session import RemoteSession, ServerInfo
+from servo.client.session import RemoteSession
 from servo.client.trust import TrustedServers, pick_ack
 from servo.client.verify import MAX_CHUNK_STEPS, ClientCounters, ClientStatistics
 from servo.logs import get_logger
@@ -30,39 +31,23 @@ from servo.transport import ZenohSettings, open_session, query
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     Features,
-    ServerKeys,
     SessionOpen,
-    StatusReply,
     Trajectory,
     TrajectoryRequest,
-    WireError,
-    decode,
     encode,
     segment,
-    status_selector,
 )
 
 log = get_logger(__name__)
 
 #: Refusals another replica (or a later attempt) may not repeat.
 RETRYABLE = frozenset({"capacity", "draining", "session_exists", "rate_limited"})
-#: Recent queue wait that weighs as much as a full replica in the placement score (ms).
-QUEUE_WAIT_FULL_MS = 1000.0
 #: Looks at the fleet after a session opened, at most (see `PolicyClient.connect_best`).
 SETTLE_ROUNDS = 24
 #: Consecutive balanced looks that end the settling: robots that moved last still look after it.
 SETTLED_LOOKS = 3
 #: Each look waits a random time up to this first (s): simultaneous robots look at different times.
 SETTLE_JITTER_S = 0.03
-
-
-def placement_score(status: StatusReply) -> float:
-    """Lower is better: the share of capacity in use plus the recent queue wait.
-
-    Computed from validated fields only (`StatusReply` refuses impossible values), and from the
-    session count rather than the advertised ``load``, which the count already bounds.
-    """
-    return status.active_sessions / status.max_sessions + status.queue_wait_ms / QUEUE_WAIT_FULL_MS
 
 
 class PolicyClient:
@@ -135,30 +120,7 @@ class PolicyClient:
         Raises:
             NoServerFound: nobody usable answered.
         """
-        started = time.monotonic()
-        replies = await query(self.zsession, status_selector(app, model), timeout=timeout)
-        waited = time.monotonic() - started
-        servers = []
-        for reply in replies:
-            if reply.ok is None:
-                continue
-            try:
-                status = decode(reply.ok.payload.to_bytes(), StatusReply)
-                keys = ServerKeys.parse_status(str(reply.ok.key_expr))
-            except WireError as exc:
-                self.counters.undecodable(str(exc))
-                continue
-            problem = self.trusted.check_status(keys, status)
-            if problem is not None:
-                self.counters.rogue(keys.replica, problem)
-                continue
-            servers.append(ServerInfo(keys, status))
-        if not servers:
-            where = status_selector(app, model)
-            # Zenoh ends a query at once when no queryable matches: say so instead of a timeout.
-            why = f"within {timeout:g} s" if waited >= timeout else "(none is reachable)"
-            raise NoServerFound(f"no servo server answered on {where} {why}")
-        return sorted(servers, key=lambda s: (s.status.draining, placement_score(s.status), s.keys.replica))
+        return await discover(self.zsession, self.trusted, self.counters, app=app, model=model, timeout=timeout)
 
     async def open_session(
         self,
@@ -193,16 +155,15 @@ class PolicyClient:
             RogueServer: only forged or unverifiable acks came back (counted, never used).
             RequestTimeout: the server did not answer.
         """
-        session = RemoteSession(
-            self.zsession,
-            server,
-            server.keys.client(self.client_id),
+        protocol = SessionProtocol(
             epoch=epoch,
-            jpeg_quality=self.jpeg_quality,
             action_dim=len(features.action_names),
             counters=self.counters,
             max_chunk_steps=self.max_chunk_steps,
-            auto_codec=self.auto_codec,
+        )
+        keys = server.keys.client(self.client_id)
+        session = RemoteSession(
+            self.zsession, server, keys, protocol, jpeg_quality=self.jpeg_quality, auto_codec=self.auto_codec
         )
         session.declare()
         try:
@@ -217,7 +178,7 @@ class PolicyClient:
                 rtc=rtc,
                 session_epoch=epoch,
                 tags=dict(tags or {}),
-                resume=b"" if previous is None else previous.resume_proof(pair.public_key),
+                resume=b"" if previous is None else previous.protocol.resume_proof(pair.public_key),
             )
             replies = await query(self.zsession, session.keys.session, payload=encode(opening), timeout=timeout)
             ack = pick_ack(
@@ -231,7 +192,7 @@ class PolicyClient:
             key = pair.session_key(
                 ack.server_key, client_public=pair.public_key, server_public=ack.server_key, session_id=ack.session_id
             )
-            session.established(ack, key)
+            session.protocol.established(ack, key)
             await session.wait_matched(timeout)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -262,6 +223,23 @@ class PolicyClient:
             timeout=timeout,
             what=f"trajectory {name!r}",
         )
+
+    @asynccontextmanager
+    async def session(self, server: ServerInfo | None = None, **options: Any) -> AsyncIterator[RemoteSession]:
+        """A session for the block: ``async with client.session(features=…, fps=…) as session``.
+
+        Opened on ``server`` (`open_session`) or, without one, on the best replica (`connect_best`,
+        whose keywords it takes); closed when the block ends, whatever ends it.
+        """
+        if server is None:
+            opened = await self.connect_best(**options)
+        else:
+            opened = await self.open_session(server, **options)
+        try:
+            yield opened
+        finally:
+            with anyio.CancelScope(shield=True):
+                await opened.close()
 
     async def connect_best(
         self,

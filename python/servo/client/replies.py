@@ -1,7 +1,8 @@
-"""One unauthenticated control-plane request (the trajectory fetch): query, then read the replies.
+"""Reading the replies of a control-plane query.
 
-Session opens (`servo.client.trust.pick_ack`) and sealed control requests (reset, close:
-`servo.client.session`) read their replies with their own checks. A queryable answers
+`read_reply` takes the first answer as it is; `sealed_answer` only one that a check accepts (the
+acks of sealed control requests: reset, close). Session opens (`servo.client.trust.pick_ack`)
+read their replies with their own checks. A queryable answers
 ``reply`` with the expected struct or ``reply_err`` with a `Rejection`; Zenoh adds error replies
 of its own (``b"Timeout"`` from a replica that did not finish in time), which are not Rejections
 and are skipped. No answer at all is a `RequestTimeout`.
@@ -15,6 +16,7 @@ from typing import TypeVar
 import msgspec
 import zenoh
 
+from servo._core import AuthError, HeaderError
 from servo.client.errors import ClientError, RequestTimeout, ServerError
 from servo.transport import query
 from servo.wire import Rejection, WireError, decode, encode
@@ -82,3 +84,37 @@ async def request(
     """
     replies = await query(zsession, selector, payload=encode(body), timeout=timeout, target=target)
     return read_reply(replies, reply_type, unanswered=f"{what} not answered within {timeout:g} s", rejected=rejected)
+
+
+def sealed_answer(
+    replies: Iterable[zenoh.Reply],
+    check: Callable[[bytes | None, bytes], T],
+    *,
+    refused: Callable[[str], None],
+    unanswered: str,
+) -> T:
+    """The first answer ``check`` accepts (from its attachment and payload).
+
+    Answers ``check`` refuses (`AuthError`, `HeaderError`, `WireError`) are forgeries or garbage:
+    each is reported to ``refused`` and skipped. A server refusal, keyless by design, raises
+    only when no accepted answer came.
+
+    Raises:
+        ServerError: the server refused.
+        RequestTimeout: no accepted answer (``unanswered``).
+    """
+    rejection: Rejection | None = None
+    for reply in replies:
+        if reply.err is not None:
+            rejection = rejection_of(reply) or rejection
+            continue
+        if reply.ok is None:
+            continue
+        attachment = reply.ok.attachment
+        try:
+            return check(None if attachment is None else attachment.to_bytes(), reply.ok.payload.to_bytes())
+        except (AuthError, HeaderError, WireError) as exc:
+            refused(str(exc))
+    if rejection is not None:
+        raise ServerError(rejection.code, rejection.reason)
+    raise RequestTimeout(unanswered)

@@ -1,0 +1,82 @@
+"""Finding replicas: ask every status queryable, keep the usable ones, rank them.
+
+Discovery skips replicas whose status does not decode, is inconsistent or names an untrusted
+identity (`servo.client.trust`); the rest are ranked by `placement_score`, least loaded first.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import zenoh
+
+from servo.client.errors import NoServerFound
+from servo.client.trust import TrustedServers
+from servo.client.verify import ClientCounters
+from servo.transport import query
+from servo.wire import ServerKeys, StatusReply, WireError, decode, status_selector
+
+#: Recent queue wait that weighs as much as a full replica in the placement score (ms).
+QUEUE_WAIT_FULL_MS = 1000.0
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """One replica as discovered: its keys and its status."""
+
+    keys: ServerKeys
+    status: StatusReply
+
+
+def placement_score(status: StatusReply) -> float:
+    """Lower is better: the share of capacity in use plus the recent queue wait.
+
+    Computed from validated fields only (`StatusReply` refuses impossible values), and from the
+    session count rather than the advertised ``load``, which the count already bounds.
+    """
+    return status.active_sessions / status.max_sessions + status.queue_wait_ms / QUEUE_WAIT_FULL_MS
+
+
+async def discover(
+    zsession: zenoh.Session,
+    trusted: TrustedServers,
+    counters: ClientCounters,
+    *,
+    app: str | None,
+    model: str | None,
+    timeout: float,
+) -> list[ServerInfo]:
+    """Ask every replica for its status; returns the usable ones, least-loaded first.
+
+    A reply that does not decode (or advertises an impossible load) is skipped with a
+    rate-limited warning; one that names another replica than its key, or an identity
+    ``trusted`` refuses, is skipped and counted as rogue. Neither is ever fatal.
+
+    Raises:
+        NoServerFound: nobody usable answered.
+    """
+    started = time.monotonic()
+    replies = await query(zsession, status_selector(app, model), timeout=timeout)
+    waited = time.monotonic() - started
+    servers = []
+    for reply in replies:
+        if reply.ok is None:
+            continue
+        try:
+            status = decode(reply.ok.payload.to_bytes(), StatusReply)
+            keys = ServerKeys.parse_status(str(reply.ok.key_expr))
+        except WireError as exc:
+            counters.undecodable(str(exc))
+            continue
+        problem = trusted.check_status(keys, status)
+        if problem is not None:
+            counters.rogue(keys.replica, problem)
+            continue
+        servers.append(ServerInfo(keys, status))
+    if not servers:
+        where = status_selector(app, model)
+        # Zenoh ends a query at once when no queryable matches: say so instead of a timeout.
+        why = f"within {timeout:g} s" if waited >= timeout else "(none is reachable)"
+        raise NoServerFound(f"no servo server answered on {where} {why}")
+    return sorted(servers, key=lambda s: (s.status.draining, placement_score(s.status), s.keys.replica))

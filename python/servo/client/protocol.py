@@ -1,0 +1,369 @@
+"""The client side of one session, as a protocol over bytes: what to seal, what to believe.
+
+`SessionProtocol` holds a session's keys and counters and decides, for every message the server
+sends, whether it may touch the request in flight. It takes plain bytes and returns decisions
+(`Verdict`); it never touches Zenoh, a thread or the event loop, so every rule below is tested
+with bytes (tests/client/test_protocol.py), as `servo.server.auth` is on the server side.
+
+* **Outgoing**: each observation gets the next seq_id of the observation stream (`observation`),
+  each control request the next of the control stream (`control_header`); both are sealed with
+  the session key by whoever sends them.
+* **One request in flight**: a new observation supersedes the request in flight; only an
+  answer to the latest seq_id of the current epoch is accepted, once.
+* **Incoming** (`on_action`), in this order: sizes (`oversized`, before anything is copied out
+  of Zenoh); the MAC under the session key; the session id and epoch; the message type; the
+  request in flight; the body (`servo.client.verify`). A keyless ``unknown_session`` notice is
+  the one exception: it may end the request in flight when it echoes it, since the server that
+  sends it no longer holds the key. Anything else is dropped and counted by reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from servo._core import (
+    ATTACHMENT_SIZE,
+    FLAG_EPISODE_START,
+    MSG_CHUNK,
+    MSG_CONTROL,
+    MSG_CONTROL_ACK,
+    MSG_DRAIN,
+    MSG_ERROR,
+    MSG_OBS,
+    SCHEMA_VERSION,
+    TAG_SIZE,
+    AuthError,
+    Header,
+    HeaderError,
+    LatencyTracker,
+    SessionKey,
+    decode_header,
+)
+from servo.client.errors import ServerError, SessionLost
+from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, check_chunk
+from servo.wire import ActionChunk, ControlAck, ErrorEvent, SessionAck, WireError, decode, resume_body
+
+FloatArray = npt.NDArray[np.float32]
+
+#: Room in a server message beyond its chunk tensors (header fields, an error's text): anything
+#: larger on the action key is dropped before it is copied out of Zenoh.
+MESSAGE_SLACK_BYTES = 1 << 20
+#: Encode times kept for `SessionStats.encode` (a fixed window, whatever the uptime).
+ENCODE_WINDOW = 1000
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """A chunk with its timings. ``obs_mono_ns`` is the client's own stamp, echoed back."""
+
+    seq_id: int
+    episode_id: int
+    chunk_model: FloatArray
+    chunk_robot: FloatArray
+    obs_mono_ns: int
+    rtt_ns: int
+    queue_wait_ms: float
+    inference_ms: float
+    superseded: int
+    server_load: float
+
+
+@dataclass
+class SessionStats:
+    """Counters of one session (written and read on the event loop).
+
+    ``encode`` holds the encode times (ns) of the last `ENCODE_WINDOW` requests, ``last_encode_ms``
+    the latest one: memory stays fixed however long the session runs. ``send_failed`` counts
+    observations that never left (`SendFailed`).
+    """
+
+    sent: int = 0
+    send_failed: int = 0
+    chunks: int = 0
+    dropped_stale: int = 0
+    errors: int = 0
+    undecodable: int = 0
+    last_encode_ms: float = 0.0
+    encode: LatencyTracker = field(default_factory=lambda: LatencyTracker(ENCODE_WINDOW))
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The request in flight is answered: a verified chunk, or the server's error for it."""
+
+    result: ChunkResult | ServerError
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The session is over (an authenticated drain notice)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """The message must not touch the session; it was counted."""
+
+
+#: What one server message means for the session.
+Verdict = Answered | Lost | Dropped
+
+
+class SessionProtocol:
+    """One session's keys, sequence numbers and request in flight. Owned by the event loop.
+
+    ::
+
+        created ──established(ack, key)──► open ──observation()──► in flight ──on_action: Answered──► open
+                                                                      │  ▲
+                                                                      └──┘ observation(): the newer one wins
+
+    Args:
+        epoch: The session epoch chosen at open (the caller bumps it at every reconnect).
+        action_dim: The robot's action dimension (a chunk of another width is refused).
+        counters: Refusals, shared with the `PolicyClient` that opened the session.
+        max_chunk_steps: Longest chunk accepted.
+    """
+
+    def __init__(
+        self, *, epoch: int, action_dim: int, counters: ClientCounters, max_chunk_steps: int = MAX_CHUNK_STEPS
+    ) -> None:
+        self.epoch = epoch
+        self.action_dim = action_dim
+        self.max_chunk_steps = max_chunk_steps
+        self.counters = counters
+        self.stats = SessionStats()
+        self.episode_id = 0
+        self.ack: SessionAck | None = None
+        #: The answer to the latest request, once it came (None while in flight).
+        self.result: ChunkResult | Exception | None = None
+        self.latest_seq = 0
+        # The largest chunk (both spaces, float32) plus room for the rest of any server message.
+        self.max_message_bytes = 2 * max_chunk_steps * action_dim * 4 + MESSAGE_SLACK_BYTES
+        self._key: SessionKey | None = None
+        self._wire_id = bytes(16)
+        self._seq = 0
+        self._control_seq = 0
+
+    # ------------------------------------------------------------------ keys and ids
+    def established(self, ack: SessionAck, key: SessionKey) -> None:
+        """The handshake is done: from now on messages are sealed and verified with ``key``."""
+        self.ack, self._key, self._wire_id = ack, key, ack.session_id
+
+    @property
+    def key(self) -> SessionKey:
+        """The session key (the handshake's secret result; never sent anywhere).
+
+        Raises:
+            SessionLost: before the handshake.
+        """
+        if self._key is None:
+            raise SessionLost("the session is not open yet")
+        return self._key
+
+    @property
+    def wire_id(self) -> bytes:
+        """Server-assigned id as it travels in headers: 16 bytes (zero before the ack)."""
+        return self._wire_id
+
+    @property
+    def session_id(self) -> str:
+        """Server-assigned id: 32 lowercase hex characters ("" before the ack)."""
+        return "" if self.ack is None else self._wire_id.hex()
+
+    @property
+    def schema_version(self) -> int:
+        """The version the ack settled on (this build's before the ack)."""
+        return self.ack.schema_version if self.ack else SCHEMA_VERSION
+
+    @property
+    def in_flight(self) -> int | None:
+        """seq_id of the request awaiting its answer, if any."""
+        return self.latest_seq if self.result is None and self.latest_seq else None
+
+    # ------------------------------------------------------------------ outgoing
+    def observation(self, *, mono_ns: int, episode_start: bool) -> Header:
+        """The header of the next observation; it becomes the request in flight.
+
+        Raises:
+            SessionLost: before the handshake.
+        """
+        if self._key is None:
+            raise SessionLost("the session is not open yet")
+        self._seq += 1
+        self.latest_seq, self.result = self._seq, None
+        return Header(
+            schema_version=self.schema_version,
+            msg_type=MSG_OBS,
+            flags=FLAG_EPISODE_START if episode_start else 0,
+            seq_id=self._seq,
+            episode_id=self.episode_id,
+            session_epoch=self.epoch,
+            client_mono_ns=mono_ns,
+            session_id=self._wire_id,
+        )
+
+    def control_header(self) -> Header:
+        """The header of the next control request (its own seq_id stream)."""
+        self._control_seq += 1
+        return Header(
+            self.schema_version, MSG_CONTROL, 0, self._control_seq, self.episode_id, self.epoch, 0, self._wire_id
+        )
+
+    def resume_proof(self, client_key: bytes) -> bytes:
+        """A proof that this client held this session, for a new open on the same replica.
+
+        Sealed with this session's key over the new handshake's ``client_key`` (see
+        `servo.wire.trust.resume_body`); it lets the new session replace this one even when the
+        close never reached the server. Empty before the handshake.
+        """
+        if self._key is None:
+            return b""
+        return self._key.seal(self.control_header(), resume_body(client_key))
+
+    def fail(self, seq_id: int, error: Exception) -> bool:
+        """Observation ``seq_id`` never left: it fails with ``error`` if it is the request in flight."""
+        if seq_id != self.latest_seq or self.result is not None:
+            return False
+        self.result = error
+        return True
+
+    # ------------------------------------------------------------------ incoming
+    def open_control_ack(self, sent: Header, attachment: bytes | None, payload: bytes) -> ControlAck:
+        """The ack of control request ``sent``, if sealed by the session key and answering it.
+
+        Raises:
+            AuthError: unauthenticated, or the ack answers another request.
+            HeaderError, WireError: a sealed ack that does not decode.
+        """
+        if attachment is None:
+            raise AuthError("no attachment")
+        answered = self.key.open(attachment, payload)
+        if (answered.msg_type, answered.seq_id, answered.session_id) != (MSG_CONTROL_ACK, sent.seq_id, self._wire_id):
+            raise AuthError("the ack answers another request")
+        return decode(payload, ControlAck)
+
+    def oversized(self, attachment_size: int | None, payload_size: int) -> ChunkRejected | None:
+        """Why a server message is too big to be copied out of Zenoh at all (None: it is not).
+
+        Pure, so the Zenoh callback thread may ask before it copies: whoever can publish on the
+        action key must not make anyone copy a huge message. Count a refusal with `refuse`.
+        """
+        if attachment_size is not None and attachment_size != ATTACHMENT_SIZE:
+            return ChunkRejected("mac", f"attachment of {attachment_size} bytes")
+        if payload_size > self.max_message_bytes:
+            return ChunkRejected("undecodable", f"message of {payload_size} bytes exceeds {self.max_message_bytes}")
+        return None
+
+    def refuse(self, refused: ChunkRejected) -> None:
+        """Count a server message refused before it reached `on_action`."""
+        self.counters.reject(refused.reason, str(refused), session_id=self.session_id)
+
+    def on_action(self, attachment: bytes | None, payload: bytes, now_ns: int) -> Verdict:
+        """What a message on the session's action key means (its sizes passed `oversized`).
+
+        Only what verifies may touch the request in flight; everything else is counted by reason.
+        """
+        try:
+            header = self._authenticate(attachment, payload)
+        except ChunkRejected as exc:
+            self.counters.reject(exc.reason, str(exc), session_id=self.session_id)
+            return Dropped()
+        if header is None:
+            assert attachment is not None
+            return self._keyless_hint(attachment, payload)
+        if header.msg_type == MSG_DRAIN:
+            return Lost("server draining")
+        if header.msg_type not in (MSG_CHUNK, MSG_ERROR):
+            self.counters.reject("undecodable", f"msg_type {header.msg_type} on the action key")
+            return Dropped()
+        if header.seq_id != self.latest_seq or self.result is not None:
+            # Late or replayed answer: merging it would corrupt the queue (one in flight).
+            self.stats.dropped_stale += 1
+            self.counters.reject("stale_seq", f"seq {header.seq_id}, in flight {self.in_flight}")
+            return Dropped()
+        return Answered(self._answer(header, payload, now_ns))
+
+    def _answer(self, header: Header, payload: bytes, now_ns: int) -> ChunkResult | ServerError:
+        """The request in flight's result from its authenticated answer (an unusable chunk fails it)."""
+        result: ChunkResult | ServerError
+        try:
+            if header.msg_type == MSG_CHUNK:
+                result = self._chunk(header, payload, now_ns)
+                self.stats.chunks += 1
+            else:
+                event = decode(payload, ErrorEvent)
+                result = ServerError(event.code, event.message)
+                self.stats.errors += 1
+        except ChunkRejected as exc:
+            self.stats.undecodable += 1
+            self.counters.reject(exc.reason, str(exc), session_id=self.session_id, seq_id=header.seq_id)
+            result = ServerError("bad_chunk", f"{exc.reason}: {exc}")
+        except WireError as exc:
+            self.stats.undecodable += 1
+            self.counters.reject("undecodable", str(exc), session_id=self.session_id, seq_id=header.seq_id)
+            result = ServerError("undecodable", str(exc))
+        self.result = result
+        return result
+
+    def _authenticate(self, attachment: bytes | None, payload: bytes) -> Header | None:
+        """The verified header of a server message, or None for a keyless notice.
+
+        Raises:
+            ChunkRejected: ``mac``, ``session`` or ``epoch``.
+        """
+        if attachment is None or self._key is None:
+            raise ChunkRejected("mac" if self._key else "session", "no attachment" if self._key else "no session yet")
+        if attachment[-TAG_SIZE:] == bytes(TAG_SIZE):
+            return None
+        try:
+            header = self._key.open(attachment, payload)
+        except (AuthError, HeaderError) as exc:
+            raise ChunkRejected("mac", str(exc)) from None
+        if header.session_id != self._wire_id:
+            raise ChunkRejected("session", f"session {header.session_id.hex()}, ours is {self.session_id}")
+        if header.session_epoch != self.epoch:
+            self.stats.dropped_stale += 1
+            raise ChunkRejected("epoch", f"epoch {header.session_epoch}, ours is {self.epoch}")
+        return header
+
+    def _keyless_hint(self, attachment: bytes, payload: bytes) -> Verdict:
+        """A keyless notice counts only as the ``unknown_session`` hint for the request in flight.
+
+        It re-opens the session (nothing more): a forger gains at most a re-handshake, and only
+        by echoing the session id and seq_id of the request in flight.
+        """
+        event = None
+        with contextlib.suppress(HeaderError, WireError):
+            header = decode_header(attachment)
+            # The cheap header checks first: an unauthenticated body is decoded only when it
+            # could be the hint for the request in flight.
+            if (header.msg_type, header.session_id, header.seq_id) == (MSG_ERROR, self._wire_id, self.latest_seq):
+                event = decode(payload, ErrorEvent)
+        if event is None or event.code != "unknown_session" or self.result is not None:
+            self.counters.reject("mac", "unauthenticated message", session_id=self.session_id)
+            return Dropped()
+        self.counters.unknown_session_hints += 1
+        self.result = error = ServerError(event.code, event.message)
+        return Answered(error)
+
+    def _chunk(self, header: Header, payload: bytes, now_ns: int) -> ChunkResult:
+        body = decode(payload, ActionChunk)
+        chunk_model, chunk_robot = check_chunk(body, action_dim=self.action_dim, max_steps=self.max_chunk_steps)
+        return ChunkResult(
+            seq_id=header.seq_id,
+            episode_id=header.episode_id,
+            chunk_model=chunk_model,
+            chunk_robot=chunk_robot,
+            obs_mono_ns=header.client_mono_ns,
+            rtt_ns=now_ns - header.client_mono_ns,
+            queue_wait_ms=body.queue_wait_ms,
+            inference_ms=body.inference_ms,
+            superseded=body.superseded,
+            server_load=body.server_load,
+        )

@@ -1,0 +1,134 @@
+"""A session's way out: encode, pack, seal and put each observation in one job off the event loop.
+
+The event loop only decides (the seq_id, the codec, the header: `servo.client.protocol`) and
+hands the job over; the uplink's one thread encodes the frames (JPEG on the per-camera threads of
+`servo.client.encoder`), packs the `Observation`, seals header || body with the session key (the
+MAC pass over the body) and puts it. A put lasts as long as the transfer: ~1 ms on loopback,
+~150 ms for a raw observation on 100 Mbit/s, so it must not run on the loop either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import zenoh
+
+from servo._core import Header, SessionKey
+from servo.client.codec import CodecChooser
+from servo.client.encoder import Frame, FrameEncoder
+from servo.client.protocol import SessionStats
+from servo.wire import Observation, Tensor, encode
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One observation to send, as decided on the event loop (frozen; handed to the uplink thread).
+
+    The small tensors are already packed (copied) on the loop; the frames are read on the uplink
+    thread, so the caller must not write to them after `RemoteSession.send` returned.
+    """
+
+    header: Header
+    key: SessionKey
+    frames: Mapping[str, Frame]
+    quality: int
+    state: Tensor
+    task: str
+    inference_delay_steps: int
+    prefix_model: Tensor | None
+    prefix_robot: Tensor | None
+    started_ns: int
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one observation cost on the way out, for the codec chooser (`time.monotonic_ns` stamps)."""
+
+    seq_id: int
+    quality: int
+    started_ns: int
+    encode_ms: float
+    nbytes: int
+
+
+class Uplink:
+    """The session's sender thread and encoder. Created, fed and closed by the event loop.
+
+    Its thread writes ``stats.encode`` (a thread-safe tracker), ``stats.last_encode_ms`` and the
+    newest `Sent` record (under a lock, taken back on the loop by `record_cost`, which tells
+    ``codec`` what the request cost); a failed put fails its `Future`, which the session turns
+    into `SendFailed` on the loop.
+    """
+
+    def __init__(self, publisher: zenoh.Publisher, stats: SessionStats, codec: CodecChooser) -> None:
+        self._publisher = publisher
+        self._stats = stats
+        self._codec = codec
+        self.encoder = FrameEncoder()
+        self._thread: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="servo-send")
+        self._lock = threading.Lock()
+        self._sent: Sent | None = None
+
+    def submit(self, job: Outgoing) -> Future[None]:
+        """Queue ``job`` behind the one being sent (if any); its future fails when it never left.
+
+        Raises:
+            RuntimeError: after `close`.
+        """
+        if self._thread is None:
+            raise RuntimeError("the uplink is closed")
+        return self._thread.submit(self._send, job)
+
+    def record_cost(self, seq_id: int, now_ns: int, *, server_ms: float) -> None:
+        """Event loop: tell the codec chooser what request ``seq_id`` cost, server compute excluded.
+
+        Once per request; nothing when a newer one was sent meanwhile.
+        """
+        with self._lock:
+            sent = self._sent
+            if sent is None or sent.seq_id != seq_id:
+                return
+            self._sent = None
+        net_ms = (now_ns - sent.started_ns) / 1e6 - sent.encode_ms - server_ms
+        self._codec.record(sent.quality, encode_ms=sent.encode_ms, net_ms=max(0.0, net_ms), nbytes=sent.nbytes)
+
+    def _send(self, job: Outgoing) -> None:
+        """Uplink thread: the whole way out of one observation."""
+        images = self.encoder.encode(job.frames, job.quality)
+        body = encode(
+            Observation(
+                state=job.state,
+                images=images,
+                task=job.task,
+                inference_delay_steps=job.inference_delay_steps,
+                prefix_model=job.prefix_model,
+                prefix_robot=job.prefix_robot,
+            )
+        )
+        encode_ns = time.monotonic_ns() - job.started_ns
+        self._stats.encode.add(encode_ns)
+        self._stats.last_encode_ms = encode_ns / 1e6
+        attachment = job.key.seal(job.header, body)
+        nbytes = sum(len(image.data) for image in images.values())
+        # Recorded before the put: the chunk may come back before the put returns.
+        with self._lock:
+            self._sent = Sent(job.header.seq_id, job.quality, job.started_ns, encode_ns / 1e6, nbytes)
+        self._publisher.put(body, attachment=attachment)
+
+    def close(self) -> None:
+        """Stop taking jobs and undeclare the publisher (idempotent).
+
+        A put blocked on a stalled link ends when Zenoh closes the link; nobody waits for it.
+        """
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
+        self.encoder.close()
+        # A put still running on the uplink thread makes the publisher refuse ("Already borrowed").
+        with contextlib.suppress(zenoh.ZError, RuntimeError):
+            self._publisher.undeclare()

@@ -1,0 +1,199 @@
+"""`SessionProtocol` with plain bytes: which server message may touch the request in flight.
+
+No Zenoh, no threads: each rule of `servo.client.protocol` is one message in and one verdict out,
+as the server's `servo.server.auth` is tested.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servo._core import (
+    ATTACHMENT_SIZE,
+    MSG_CHUNK,
+    MSG_CONTROL,
+    MSG_CONTROL_ACK,
+    MSG_DRAIN,
+    MSG_ERROR,
+    MSG_OBS,
+    AuthError,
+    Header,
+    KeyPair,
+    ServerIdentity,
+    SessionKey,
+    unauthenticated,
+)
+from servo.client import ServerError, SessionLost
+from servo.client.protocol import Answered, ChunkResult, Dropped, Lost, SessionProtocol
+from servo.client.verify import ClientCounters
+from servo.wire import ControlAck, DrainNotice, ErrorEvent, encode, reply_header, resume_body
+from tests.client.test_verify import chunk
+from tests.client.test_verify import signed_ack as make_ack
+
+KEY = SessionKey(bytes(range(32)))
+GOOD = np.ones((5, 6), np.float32)
+
+
+def established(epoch: int = 3) -> SessionProtocol:
+    protocol = SessionProtocol(epoch=epoch, action_dim=6, counters=ClientCounters(), max_chunk_steps=50)
+    protocol.established(make_ack(ServerIdentity.generate(), KeyPair().public_key), KEY)
+    return protocol
+
+
+def answer(request: Header, msg_type: int, body: bytes, *, key: SessionKey = KEY, **changes: int) -> bytes:
+    """The attachment a server seals for its answer to ``request``."""
+    return key.seal(reply_header(request, msg_type).replace(**changes), body)
+
+
+def test_nothing_is_sent_before_the_handshake() -> None:
+    protocol = SessionProtocol(epoch=0, action_dim=6, counters=ClientCounters())
+    with pytest.raises(SessionLost):
+        protocol.observation(mono_ns=1, episode_start=False)
+    assert protocol.resume_proof(bytes(32)) == b""
+
+
+def test_the_answer_to_the_request_in_flight_is_accepted_once() -> None:
+    protocol = established()
+    request = protocol.observation(mono_ns=1_000, episode_start=True)
+    assert (request.msg_type, request.seq_id, request.session_epoch) == (MSG_OBS, 1, 3)
+    assert request.session_id == protocol.wire_id
+    assert protocol.in_flight == 1
+    body = encode(chunk(GOOD))
+    verdict = protocol.on_action(answer(request, MSG_CHUNK, body), body, 5_000)
+    assert isinstance(verdict, Answered)
+    assert isinstance(verdict.result, ChunkResult)
+    assert (verdict.result.seq_id, verdict.result.rtt_ns, verdict.result.obs_mono_ns) == (1, 4_000, 1_000)
+    np.testing.assert_array_equal(verdict.result.chunk_robot, GOOD)
+    assert protocol.in_flight is None
+    # The same chunk again (a replay, or a duplicate): the request is answered already.
+    assert isinstance(protocol.on_action(answer(request, MSG_CHUNK, body), body, 6_000), Dropped)
+    assert protocol.counters.chunks_rejected["stale_seq"] == 1
+
+
+def test_a_newer_request_supersedes_the_one_in_flight() -> None:
+    protocol = established()
+    old = protocol.observation(mono_ns=1, episode_start=False)
+    new = protocol.observation(mono_ns=2, episode_start=False)
+    body = encode(chunk(GOOD))
+    assert isinstance(protocol.on_action(answer(old, MSG_CHUNK, body), body, 3), Dropped)
+    assert isinstance(protocol.on_action(answer(new, MSG_CHUNK, body), body, 3), Answered)
+    assert protocol.stats.dropped_stale == 1
+
+
+@pytest.mark.parametrize(
+    ("forgery", "reason"),
+    [
+        ("another key", "mac"),
+        ("no attachment", "mac"),
+        ("body changed after sealing", "mac"),
+        ("another session", "session"),
+        ("another epoch", "epoch"),
+    ],
+)
+def test_what_does_not_verify_never_touches_the_request(forgery: str, reason: str) -> None:
+    protocol = established()
+    request = protocol.observation(mono_ns=1, episode_start=False)
+    body = encode(chunk(GOOD))
+    attachment: bytes | None = {
+        "another key": answer(request, MSG_CHUNK, body, key=SessionKey(bytes(32))),
+        "no attachment": None,
+        "body changed after sealing": answer(request, MSG_CHUNK, encode(chunk(GOOD + 1))),
+        "another session": answer(request, MSG_CHUNK, body, session_id=bytes(16)),
+        "another epoch": answer(request, MSG_CHUNK, body, session_epoch=4),
+    }[forgery]
+    assert isinstance(protocol.on_action(attachment, body, 2), Dropped)
+    assert protocol.counters.chunks_rejected[reason] == 1
+    assert protocol.in_flight == 1
+
+
+def test_an_authenticated_but_unusable_chunk_fails_the_request() -> None:
+    protocol = established()
+    request = protocol.observation(mono_ns=1, episode_start=False)
+    nan = GOOD.copy()
+    nan[0, 0] = np.nan
+    body = encode(chunk(nan))
+    verdict = protocol.on_action(answer(request, MSG_CHUNK, body), body, 2)
+    assert isinstance(verdict, Answered)
+    assert isinstance(verdict.result, ServerError)
+    assert verdict.result.code == "bad_chunk"
+    assert protocol.counters.chunks_rejected["non_finite"] == 1
+
+
+def test_a_sealed_error_and_a_sealed_drain() -> None:
+    protocol = established()
+    request = protocol.observation(mono_ns=1, episode_start=False)
+    body = encode(ErrorEvent("bad_observation", "wrong size"))
+    verdict = protocol.on_action(answer(request, MSG_ERROR, body), body, 2)
+    assert isinstance(verdict, Answered)
+    assert isinstance(verdict.result, ServerError)
+    assert verdict.result.code == "bad_observation"
+    drain = encode(DrainNotice("bye"))
+    assert protocol.on_action(answer(request, MSG_DRAIN, drain), drain, 3) == Lost("server draining")
+    forged = unauthenticated(reply_header(request, MSG_DRAIN))
+    assert isinstance(protocol.on_action(forged, drain, 3), Dropped)
+
+
+def test_a_keyless_notice_only_ends_the_request_it_echoes() -> None:
+    protocol = established()
+    request = protocol.observation(mono_ns=1, episode_start=False)
+    body = encode(ErrorEvent("unknown_session", "no session here"))
+    other = unauthenticated(reply_header(request, MSG_ERROR).replace(seq_id=7))
+    assert isinstance(protocol.on_action(other, body, 2), Dropped)
+    chunk_lookalike = unauthenticated(reply_header(request, MSG_CHUNK))
+    assert isinstance(protocol.on_action(chunk_lookalike, encode(chunk(GOOD)), 2), Dropped)
+    verdict = protocol.on_action(unauthenticated(reply_header(request, MSG_ERROR)), body, 2)
+    assert isinstance(verdict, Answered)
+    assert isinstance(verdict.result, ServerError)
+    assert verdict.result.code == "unknown_session"
+    assert protocol.counters.unknown_session_hints == 1
+    assert protocol.counters.chunks_rejected["mac"] == 2
+
+
+def test_oversized_messages_are_refused_before_they_are_copied() -> None:
+    protocol = established()
+    assert protocol.oversized(ATTACHMENT_SIZE, 100) is None
+    assert protocol.oversized(None, 100) is None  # judged (and refused) by on_action
+    refused = protocol.oversized(ATTACHMENT_SIZE + 1, 100)
+    assert refused is not None
+    assert refused.reason == "mac"
+    refused = protocol.oversized(ATTACHMENT_SIZE, protocol.max_message_bytes + 1)
+    assert refused is not None
+    assert refused.reason == "undecodable"
+    protocol.refuse(refused)
+    assert protocol.counters.chunks_rejected["undecodable"] == 1
+
+
+def test_control_requests_have_their_own_stream_and_sealed_acks() -> None:
+    protocol = established()
+    protocol.observation(mono_ns=1, episode_start=False)
+    first, second = protocol.control_header(), protocol.control_header()
+    assert (first.msg_type, first.seq_id, second.seq_id) == (MSG_CONTROL, 1, 2)
+    body = encode(ControlAck(protocol.wire_id, 4))
+    ack = answer(second, MSG_CONTROL_ACK, body)
+    assert protocol.open_control_ack(second, ack, body) == ControlAck(protocol.wire_id, 4)
+    with pytest.raises(AuthError, match="another request"):
+        protocol.open_control_ack(first, ack, body)
+    with pytest.raises(AuthError):
+        protocol.open_control_ack(second, answer(second, MSG_CONTROL_ACK, body, key=SessionKey(bytes(32))), body)
+    with pytest.raises(AuthError, match="no attachment"):
+        protocol.open_control_ack(second, None, body)
+
+
+def test_a_resume_proof_is_sealed_over_the_new_client_key() -> None:
+    protocol = established()
+    proof = protocol.resume_proof(b"k" * 32)
+    header = KEY.open(proof, resume_body(b"k" * 32))
+    assert (header.msg_type, header.session_id) == (MSG_CONTROL, protocol.wire_id)
+    with pytest.raises(AuthError):
+        KEY.open(proof, resume_body(b"x" * 32))
+
+
+def test_a_failed_send_fails_only_the_request_in_flight() -> None:
+    protocol = established()
+    protocol.observation(mono_ns=1, episode_start=False)
+    protocol.observation(mono_ns=2, episode_start=False)
+    assert not protocol.fail(1, RuntimeError("old"))
+    assert protocol.fail(2, RuntimeError("put failed"))
+    assert not protocol.fail(2, RuntimeError("twice"))
+    assert isinstance(protocol.result, RuntimeError)
