@@ -21,7 +21,7 @@ from servo._core import (
 from servo.policy import DecodedObservation
 from servo.server.admission import ImageGate, TokenBucket
 from servo.server.auth import SessionAuth
-from servo.server.sessions import Claim, Decoded, Pending, Session, SessionRegistry
+from servo.server.sessions import Claim, Decoded, Session, SessionRegistry
 from servo.wire import reply_header
 from tests.server.policies import RelativeProcessor
 
@@ -65,59 +65,47 @@ def make_session(registry: SessionRegistry, client: str = "c", *, epoch: int = 0
     return session
 
 
-def raw(seq: int, episode: int = 0) -> Pending:
-    return Pending(Header(SCHEMA_VERSION, MSG_OBS, 0, seq, episode, 0, 0, bytes(16)), b"", seq)
-
-
-def decoded(item: Pending) -> Decoded:
-    obs = DecodedObservation(np.zeros(6, np.float32), {})
-    return Decoded(item.header, obs, 0, item.received_ns, 0)
+def obs(seq: int, episode: int = 0) -> Decoded:
+    header = Header(SCHEMA_VERSION, MSG_OBS, 0, seq, episode, 0, 0, bytes(16))
+    return Decoded(header, DecodedObservation(np.zeros(6, np.float32), {}), 0, seq, 0, seq)
 
 
 def test_take_then_claim_serves_the_newest_observation() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
-    assert registry.deposit(session, raw(1)) == "ok"
-    assert registry.deposit(session, raw(2)) == "ok"  # newest wins
+    assert registry.deposit(session, obs(1)) == "ok"
+    assert registry.deposit(session, obs(2)) == "ok"  # newest wins
     assert registry.wait_ready(timeout=1)
     ((taken_session, item),) = registry.take()
     assert (taken_session, item.header.seq_id) == (session, 2)
     assert registry.take() == []  # held: nothing more to take
     assert not registry.has_ready()
-    assert registry.claim(session, item) == Claim(superseded=1, reset=False)
+    assert registry.claim(session, item) == Claim(item, superseded=1, reset=False)
     assert session.superseded == 0
 
 
-def test_a_deposit_while_held_supersedes_the_held_observation() -> None:
+def test_a_deposit_while_held_takes_the_held_observations_turn() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
-    registry.deposit(session, raw(1))
+    registry.deposit(session, obs(1))
     ((_, held),) = registry.take()
-    registry.deposit(session, raw(2))  # arrives while seq 1 is being decoded or waits for the device
-    assert not registry.has_ready()  # the worker still holds seq 1: seq 2 waits for its claim
-    assert registry.claim(session, held) is None  # seq 1 is never served
-    ((_, item),) = registry.take()
-    assert item.header.seq_id == 2
-    assert registry.claim(session, item) == Claim(superseded=1, reset=False)
+    newer = obs(2)
+    registry.deposit(session, newer)  # arrives while seq 1 waits for the device
+    assert not registry.has_ready()  # not queued a second time: it waits for seq 1's claim
+    assert registry.claim(session, held) == Claim(newer, superseded=1, reset=False)  # served now
+    assert registry.take() == []
+    assert session.mailbox is None
 
 
-def test_only_the_first_caller_decodes_and_a_superseded_observation_never_is() -> None:
+def test_a_newer_observation_of_a_reset_episode_is_not_served_in_the_held_ones_turn() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
-    first, second, third = raw(1), raw(2, episode=0), raw(3, episode=1)
-    registry.deposit(session, first)
-    registry.deposit(session, second)
-    assert first.decoded.cancelled()  # superseded before anyone started: dropped
-    assert not first.start()
-    assert second.start()  # the executor (on arrival) or the worker (when it needs it): one wins
-    assert not second.start()
-    registry.reset(session.session_id, 1)
-    registry.deposit(session, third)
-    assert not third.decoded.cancelled()
-    stale = raw(4, episode=1)
-    registry.deposit(session, stale)
-    registry.reset(session.session_id, 2)  # a waiting observation of an older episode: dropped
-    assert stale.decoded.cancelled()
+    registry.deposit(session, obs(1, episode=0))
+    ((_, held),) = registry.take()
+    registry.deposit(session, obs(2, episode=0))
+    registry.reset(session.session_id, 1)  # drops the waiting seq 2
+    assert registry.claim(session, held) is None  # seq 1 is of the old episode too
+    assert registry.stale_drops == 1
 
 
 def test_a_deposit_for_a_replaced_session_is_dropped() -> None:
@@ -125,15 +113,15 @@ def test_a_deposit_for_a_replaced_session_is_dropped() -> None:
     registry = SessionRegistry()
     old = make_session(registry)
     new = make_session(registry)  # same client: replaces ``old``
-    assert registry.deposit(old, raw(1)) == "session"
+    assert registry.deposit(old, obs(1)) == "session"
     assert old.mailbox is None
-    assert registry.deposit(new, raw(1)) == "ok"
+    assert registry.deposit(new, obs(1)) == "ok"
 
 
 def test_a_held_observation_of_a_closed_session_is_not_served() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
-    registry.deposit(session, raw(1))
+    registry.deposit(session, obs(1))
     ((_, held),) = registry.take()
     registry.remove(session.session_id)
     assert registry.claim(session, held) is None
@@ -142,19 +130,19 @@ def test_a_held_observation_of_a_closed_session_is_not_served() -> None:
 def test_reset_discards_old_episode_in_every_stage() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
-    registry.deposit(session, raw(1, episode=0))
+    registry.deposit(session, obs(1, episode=0))
     ((_, held),) = registry.take()
     registry.reset(session.session_id, 1)
     assert registry.claim(session, held) is None  # taken before the reset, claimed after it
     assert registry.stale_drops == 1
-    assert registry.deposit(session, raw(2, episode=0)) == "stale"
-    registry.deposit(session, raw(3, episode=1))
-    registry.deposit(session, raw(4, episode=1))
+    assert registry.deposit(session, obs(2, episode=0)) == "stale"
+    registry.deposit(session, obs(3, episode=1))
+    registry.deposit(session, obs(4, episode=1))
     registry.reset(session.session_id, 2)  # a waiting observation of an older episode is dropped
     assert registry.take() == []
-    assert registry.deposit(session, raw(5, episode=2)) == "ok"
+    assert registry.deposit(session, obs(5, episode=2)) == "ok"
     ((_, item),) = registry.take()
-    claim = registry.claim(session, decoded(item))
+    claim = registry.claim(session, item)
     assert claim is not None
     assert claim.reset  # the worker resets the processor before serving the new episode
     assert registry.stale_drops == 2
@@ -163,11 +151,11 @@ def test_reset_discards_old_episode_in_every_stage() -> None:
 def test_take_is_in_ring_order_after_the_session_served_last() -> None:
     registry = SessionRegistry()
     a, b, c = (make_session(registry, name) for name in "abc")
-    registry.deposit(a, raw(1))
+    registry.deposit(a, obs(1))
     ((_, item),) = registry.take()
     assert registry.claim(a, item) is not None  # a was served last
     for session in (c, a, b):
-        registry.deposit(session, raw(2))
+        registry.deposit(session, obs(2))
     assert [s.client_id for s, _ in registry.take()] == ["b", "c", "a"]
 
 
@@ -175,7 +163,7 @@ def test_flooding_client_holds_one_mailbox_slot() -> None:
     registry = SessionRegistry()
     session = make_session(registry)
     for seq in range(1, 1001):
-        registry.deposit(session, raw(seq))
+        registry.deposit(session, obs(seq))
     assert session.superseded == 999
     ((_, item),) = registry.take()
     assert item.header.seq_id == 1000

@@ -1,10 +1,11 @@
-"""Observation decoding, ahead of the inference worker.
+"""Observation decoding, before the mailbox: the inference worker never decodes.
 
-The worker owns the device and should spend its time on forward passes only. Decoding an
-observation (msgpack, tensor checks, two 480x640 JPEGs: ~1 ms each) runs on the worker's
-executor while the device runs another group's forward (`servo.server.worker`), so at N clients
-the device never idles waiting for JPEG. `ObservationDecoder.__call__` is the single entry point
-from a mailbox's bytes to what a processor takes.
+The worker owns the device and spends its time on forward passes only. Decoding an observation
+(msgpack, tensor checks, two 480x640 JPEGs: ~1 ms each, the cameras in parallel) runs on the
+Zenoh callback thread that authenticated it (`servo.server.intake`), while the device runs
+other sessions' forwards, so at N clients the device never idles waiting for JPEG and at N = 1
+no thread hop separates an arrival from its forward. `ObservationDecoder.__call__` is the single
+entry point from an authenticated message to what a processor takes.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from servo._core import Header
 from servo.logs import LogThrottle, get_logger
 from servo.policy import DecodedObservation, PolicySpec
 from servo.policy.runner import clamp_delay
-from servo.server.sessions import Decoded, Pending, Rejected, Session
+from servo.server.sessions import Decoded, Mail, Rejected, Session
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, decode_tensor
 
 log = get_logger(__name__)
@@ -28,8 +30,8 @@ _THROTTLE = LogThrottle(1.0)
 class ObservationDecoder:
     """Turns a session's raw observation into what its processor takes.
 
-    Stateless apart from the policy's feature shapes; called from the inference worker's
-    executor thread and the worker itself, at once (the camera pool is thread-safe).
+    Stateless apart from the policy's feature shapes; called from the Zenoh observation callback
+    thread (any thread may call it: the camera pool is thread-safe).
     """
 
     def __init__(self, spec: PolicySpec, *, max_observation_bytes: int, pin_task: bool) -> None:
@@ -49,28 +51,30 @@ class ObservationDecoder:
         """Stop the camera pool."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def __call__(self, item: Pending, session: Session) -> Decoded | Rejected:
-        """Decode ``item``; anything wrong becomes a `Rejected` naming the problem."""
+    def __call__(self, header: Header, payload: bytes, received_ns: int, session: Session) -> Mail:
+        """Decode an authenticated observation of ``session`` that arrived at ``received_ns``.
+
+        Anything wrong becomes a `Rejected` naming the problem.
+        """
         started = time.monotonic_ns()
         try:
-            obs, delay = self._decode(item, session)
+            obs, delay = self._decode(header, payload, session)
         except WireError as exc:
-            return Rejected(item.header, "bad_observation", str(exc), item.received_ns)
-        except Exception as exc:  # a codec bug must cost one request, not the decoder thread
+            return Rejected(header, "bad_observation", str(exc), received_ns)
+        except Exception as exc:  # a codec bug must cost one request, not the callback thread
             if (suppressed := _THROTTLE.allow(type(exc).__name__)) is not None:
                 log.exception("observation decoding failed", session_id=session.session_id, suppressed=suppressed)
-            return Rejected(item.header, "bad_observation", f"{type(exc).__name__}: {exc}", item.received_ns)
-        decode_ns = time.monotonic_ns() - started
-        return Decoded(item.header, obs, delay, item.received_ns, decode_ns)
+            return Rejected(header, "bad_observation", f"{type(exc).__name__}: {exc}", received_ns)
+        ready_ns = time.monotonic_ns()
+        return Decoded(header, obs, delay, received_ns, ready_ns - started, ready_ns)
 
-    def _decode(self, item: Pending, session: Session) -> tuple[DecodedObservation, int]:
-        header = item.header
+    def _decode(self, header: Header, payload: bytes, session: Session) -> tuple[DecodedObservation, int]:
         if header.schema_version != session.schema_version:
             raise WireError(
                 f"observation uses schema version {header.schema_version}, the session negotiated "
                 f"{session.schema_version}"
             )
-        msg = decode(item.payload, Observation, max_bytes=self._max_bytes)
+        msg = decode(payload, Observation, max_bytes=self._max_bytes)
         state = decode_tensor(msg.state, dtype="float32", shape=(self._state_dim,), what="observation.state")
         if not np.isfinite(state).all():
             raise WireError("observation.state contains NaN or inf")

@@ -1,15 +1,15 @@
 """The policy server: one model on one device, serving many robots over Zenoh.
 
 Threads: the event loop owns Zenoh declarations, control-plane handlers, liveliness and the
-ops endpoint; Zenoh callback threads only deposit (observations into mailboxes, queries and
-liveliness events onto the loop); the inference worker thread owns the policy, a decoder
-thread decodes observations ahead of it and a reply thread publishes chunks while it already
-runs the next forward (see `servo.server.worker`).
+ops endpoint; Zenoh callback threads deposit queries and liveliness events onto the loop; the
+data plane is three stages of one thread each (see `servo.server.worker`): the observation
+callback thread authenticates, decodes and deposits (`servo.server.intake`), the inference
+worker thread owns the policy and runs forwards, and a reply thread publishes chunks in order
+while the worker already runs the next forward.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
@@ -23,34 +23,25 @@ import anyio
 import zenoh
 from anyio.abc import TaskGroup, TaskStatus
 
-from servo._core import MSG_DRAIN, MSG_ERROR, Header, ServerIdentity, unauthenticated
+from servo._core import MSG_DRAIN, ServerIdentity
 from servo.identity import ephemeral_identity, load_identity
-from servo.logs import LogThrottle, get_logger
+from servo.logs import get_logger
 from servo.policy import Policy, load_policy
 from servo.policy.compatibility import describe
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
-from servo.server.auth import Reason, Refused, verify_observation
 from servo.server.control import ControlPlane
+from servo.server.decoding import ObservationDecoder
+from servo.server.intake import ObservationIntake
 from servo.server.manifest import Manifest
 from servo.server.ops import OpsEndpoint
 from servo.server.scheduler import Scheduler, scheduler_for
-from servo.server.sessions import Pending, Session
+from servo.server.sessions import Session
 from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
 from servo.transport import LoopBridge, open_session
-from servo.wire import (
-    DrainNotice,
-    ErrorEvent,
-    PolicyInfo,
-    ServerKeys,
-    WireError,
-    encode,
-    fingerprint,
-    reply_header,
-    slugify,
-)
+from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
 
 log = get_logger(__name__)
 
@@ -58,8 +49,6 @@ log = get_logger(__name__)
 DRAIN_TIMEOUT_S = 30.0
 #: How long drain notices travel alone before the server's liveliness token is withdrawn.
 DRAIN_NOTICE_HEAD_START_S = 0.2
-#: At most one keyless unknown_session notice per client id per this many seconds.
-UNKNOWN_SESSION_NOTICE_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -145,11 +134,7 @@ class PolicyServer:
         self.registry = self.state.registry
         self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
-        self._worker: InferenceWorker | None = None
         self._trajectories = TrajectoryLibrary(manifest.trajectories)
-        # Rejected observations: one log line per reason per second; notices: one per client per second.
-        self._log_throttle = LogThrottle(1.0)
-        self._notice_throttle = LogThrottle(UNKNOWN_SESSION_NOTICE_INTERVAL_S, max_keys=4096)
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
         """Wait until ``predicate(sessions)`` holds.
@@ -224,13 +209,11 @@ class PolicyServer:
             max_batch=m.serving.max_batch,
             linger_ms=m.serving.batch_linger_ms,
         )
-        worker = self._worker = InferenceWorker(
-            runner,
-            state,
-            scheduler,
-            audit,
-            max_observation_bytes=m.serving.max_observation_bytes,
+        worker = InferenceWorker(runner, state, scheduler, audit)
+        decoder = ObservationDecoder(
+            runner.policy.spec, max_observation_bytes=m.serving.max_observation_bytes, pin_task=info.pin_task
         )
+        intake = ObservationIntake(state, m, decoder, zsession)
         declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None]] = []
         token: zenoh.LivelinessToken | None = None
         try:
@@ -244,7 +227,7 @@ class PolicyServer:
                 max_observation_bytes=m.serving.max_observation_bytes,
             )
             declared += [
-                zsession.declare_subscriber(keys.all_obs, self._on_observation),
+                zsession.declare_subscriber(keys.all_obs, intake.on_sample),
                 *control.declare(bridge),
                 zsession.liveliness().declare_subscriber(
                     keys.all_client_alive,
@@ -290,6 +273,7 @@ class PolicyServer:
                 bridge.closed = True
                 for entity in reversed(declared):
                     entity.undeclare()  # type: ignore[no-untyped-call]  # union defeats untyped_calls_exclude
+                decoder.close()
                 for session in self.registry.snapshot():
                     state.collect(session, "shutdown")
                 log.info("drained", in_flight_finished=finished)
@@ -322,89 +306,6 @@ class PolicyServer:
         return Replica(
             self.server_id, keys, info, max_sessions=1 if exclusive else serving.max_sessions, identity=identity
         )
-
-    # ------------------------------------------------------------------ data plane
-    def _on_observation(self, sample: zenoh.Sample) -> None:
-        """Zenoh callback thread: route by key, authenticate (`servo.server.auth`), deposit, return.
-
-        Nothing unauthenticated reaches a mailbox: a forged, replayed or foreign observation is
-        dropped and counted in ``servo_observations_rejected_total{reason}``, never answered with
-        a chunk. An authenticated one beyond the session's rate is dropped too (``rate``); one
-        whose frames are not the sizes the session declared is answered with an error before any
-        pixel is decoded (``image``, `servo.server.admission`). Only a well-formed observation
-        naming a session this replica does not know gets the keyless ``unknown_session`` notice,
-        so a client whose server restarted re-opens at once.
-        """
-        now = time.monotonic_ns()
-        try:
-            client_id = self.state.replica.keys.client_of(str(sample.key_expr))
-        except WireError as exc:
-            self._reject_observation(Refused("key", str(exc)), None)
-            return
-        session = self.registry.by_client(client_id)
-        try:
-            header, body = verify_observation(
-                None if session is None else session.auth,
-                sample.attachment,
-                sample.payload,
-                max_bytes=self.manifest.serving.max_observation_bytes,
-            )
-        except Refused as exc:
-            self._reject_observation(exc, client_id)
-            if exc.reason == "session" and exc.header is not None:
-                self._tell_unknown_session(client_id, exc.header)
-            return
-        assert session is not None
-        # Answered, never queued: a one-in-flight client learns at once instead of timing out.
-        if not session.observations.take():
-            limit = self.manifest.limits.observations_per_s
-            self._refuse_admission(session, header, "rate", "rate_limited", f"more than {limit:g} observations/s")
-            return
-        try:
-            session.images.check(body)
-        except WireError as exc:
-            self._refuse_admission(session, header, "image", "bad_observation", str(exc))
-            return
-        assert self._worker is not None  # observations are subscribed to once it exists
-        outcome = self._worker.deposit(session, Pending(header, body, now))
-        if outcome != "ok":
-            self.metrics.observations_rejected.labels(outcome).inc()
-
-    def _refuse_admission(self, session: Session, header: Header, reason: Reason, code: str, message: str) -> None:
-        self._reject_observation(Refused(reason, message, header), session.client_id)
-        self.metrics.requests.labels(code).inc()
-        session.publish(MSG_ERROR, encode(ErrorEvent(code, message)), header)
-
-    def _reject_observation(self, refused: Refused, client_id: str | None) -> None:
-        self.metrics.observations_rejected.labels(refused.reason).inc()
-        if (suppressed := self._log_throttle.allow(refused.reason)) is not None:
-            log.warning(
-                "observation rejected",
-                reason=refused.reason,
-                detail=str(refused),
-                client_id=client_id,
-                suppressed=suppressed,
-            )
-
-    def _tell_unknown_session(self, client_id: str, header: Header) -> None:
-        """Send the keyless hint (rate limited per client id).
-
-        No key signs it: the client only re-opens a session when it echoes the session id and
-        the request it sent.
-        """
-        if self._notice_throttle.allow(client_id) is None:
-            return
-        zsession = self._zsession
-        assert zsession is not None
-        body = encode(ErrorEvent("unknown_session", f"no session {header.session_id.hex()} here; open a new one"))
-        self.metrics.unknown_session_notices.inc()
-        with contextlib.suppress(zenoh.ZError):
-            zsession.put(
-                self.state.replica.keys.client(client_id).action,
-                body,
-                attachment=unauthenticated(reply_header(header, MSG_ERROR)),
-                congestion_control=zenoh.CongestionControl.DROP,
-            )
 
     def _notify_drain(self) -> bool:
         """Tell every session's client the server is going away; False if there was nobody."""

@@ -1,12 +1,12 @@
 """Server-side sessions and their newest-wins observation mailboxes.
 
-Zenoh's observation callback authenticates an observation (`servo.server.auth`) and deposits it
-into its session's mailbox; the inference worker takes mailboxes, decodes what it took on its
-executor and claims each item right before serving it. Control handlers on the event loop open,
-reset and close sessions. One lock guards the registry; nothing slow ever runs under it.
+Zenoh's observation callback authenticates and decodes an observation (`servo.server.intake`)
+and deposits it into its session's mailbox; the inference worker takes mailboxes and claims each
+item right before serving it. Control handlers on the event loop open, reset and close
+sessions. One lock guards the registry; nothing slow ever runs under it.
 
-A session's mailbox (``mailbox``: the newest raw observation; ``held``: the worker holds one it
-took and has not claimed yet)::
+A session's mailbox (``mailbox``: the newest decoded observation; ``held``: the worker holds one
+it took and has not claimed yet)::
 
                deposit                 take                  claim
     ┌───────┐ ────────► ┌──────┐ ─────────────► ┌──────┐ ─────────────────► empty: served
@@ -15,13 +15,15 @@ took and has not claimed yet)::
                reset:     │  ▲                     │                         session closed
                older      └──┘ deposit: newest     │ deposit
                episode         wins, superseded+1  ▼
-                             ▲                 ┌─────────────┐
-                             └─ claim refused ─│ held + full │ (the held one is superseded)
-                                               └─────────────┘
+                                               ┌─────────────┐  claim: the newer one is served
+                                               │ held + full │ ────────────────► in the held one's
+                                               └─────────────┘  place, superseded+1      turn
 
 Every deposit that replaces a waiting or held observation counts one ``superseded``, reported
-with the next chunk served. Deposits of an older episode than the session's are dropped
-(``stale``), and so is a held item whose episode was reset meanwhile.
+with the next chunk served. A newer observation that arrives while the worker holds an older
+one takes the older one's turn (it is served instead, at claim): newest wins without sending
+the session to the back of the queue. Deposits of an older episode than the session's are
+dropped (``stale``), and so is an item whose episode was reset meanwhile.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -46,45 +47,20 @@ Deposit = Literal["ok", "session", "stale"]
 
 
 @dataclass(frozen=True)
-class Pending:
-    """A raw, authenticated observation waiting in a mailbox, and its decode.
-
-    The body is already copied out of Zenoh: its MAC had to be checked before it could enter
-    the mailbox. Its decode starts on arrival (on the worker's executor) or when the worker
-    needs it, whichever comes first (`start`); one superseded before anyone started is never
-    decoded (`drop`).
-    """
-
-    header: Header
-    payload: bytes
-    received_ns: int
-    decoded: Future[Decoded | Rejected] = field(default_factory=Future, repr=False, compare=False)
-    _started: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def start(self) -> bool:
-        """Claim the decode: True for the first caller only, who must then resolve ``decoded``."""
-        return self._started.acquire(blocking=False)
-
-    @property
-    def started(self) -> bool:
-        """Whether somebody claimed the decode already."""
-        return self._started.locked()
-
-    def drop(self) -> None:
-        """Nobody will serve this observation: cancel its decode unless it started."""
-        if self.start():
-            self.decoded.cancel()
-
-
-@dataclass(frozen=True)
 class Decoded:
-    """A decoded observation waiting for inference; ``decode_ns`` is what decoding took."""
+    """A decoded observation waiting for inference.
+
+    ``received_ns``: when its message reached the server; ``ready_ns``: when it was authenticated
+    and decoded, ready for the device (queue wait counts from there); ``decode_ns``: what
+    decoding took.
+    """
 
     header: Header
     obs: DecodedObservation
     delay: int
     received_ns: int
     decode_ns: int
+    ready_ns: int
 
 
 @dataclass(frozen=True)
@@ -97,10 +73,19 @@ class Rejected:
     received_ns: int
 
 
+#: What a mailbox holds: an observation ready for the device, or one to answer with an error.
+Mail = Decoded | Rejected
+
+
 @dataclass(frozen=True)
 class Claim:
-    """What the worker learns when it claims a held observation for serving."""
+    """What the worker learns when it claims a held observation for serving.
 
+    ``item`` is what to serve: the held observation, or a newer one of the session that arrived
+    meanwhile and takes its turn.
+    """
+
+    item: Mail
     superseded: int
     reset: bool
 
@@ -130,7 +115,7 @@ class Session:
     observations: TokenBucket
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0
-    mailbox: Pending | None = None
+    mailbox: Mail | None = None
     held: bool = False
     superseded: int = 0
     needs_reset: bool = False
@@ -271,14 +256,13 @@ class SessionRegistry:
             mailbox = session.mailbox
             if mailbox is not None and mailbox.header.episode_id < episode_id:
                 session.mailbox = None
-                mailbox.drop()
             session.episode_id = max(session.episode_id, episode_id)
             # If an observation of this episode was already served, the worker reset then.
             session.needs_reset = session.needs_reset or episode_id > session.served_episode
             return True
 
-    def deposit(self, session: Session, item: Pending) -> Deposit:
-        """Called from the Zenoh callback thread with an authenticated observation: newest wins.
+    def deposit(self, session: Session, item: Mail) -> Deposit:
+        """Called from the Zenoh callback thread with a decoded observation: newest wins.
 
         Dropped when ``session`` was closed or replaced since it was authenticated, or when the
         observation belongs to an older episode (a straggler of before a reset).
@@ -289,8 +273,6 @@ class SessionRegistry:
             if item.header.episode_id < session.episode_id:
                 self.stale_drops += 1
                 return "stale"
-            if session.mailbox is not None:
-                session.mailbox.drop()
             if session.mailbox is not None or session.held:
                 session.superseded += 1
             session.mailbox = item
@@ -309,7 +291,7 @@ class SessionRegistry:
         with self._lock:
             return self._any_ready()
 
-    def take(self) -> list[tuple[Session, Pending]]:
+    def take(self) -> list[tuple[Session, Mail]]:
         """Worker: empty every mailbox whose session holds nothing yet, in ring order.
 
         The sessions are marked held until the worker claims (or gives up) what it took.
@@ -324,21 +306,24 @@ class SessionRegistry:
                 taken.append((session, item))
             return taken
 
-    def claim(self, session: Session, item: Pending | Decoded | Rejected) -> Claim | None:
-        """Worker, right before serving ``item`` (taken from ``session``): may it still be served?
+    def claim(self, session: Session, item: Mail) -> Claim | None:
+        """Worker, right before serving ``item`` (taken from ``session``): what to serve now.
 
-        No (None) when a newer observation arrived meanwhile, its episode was reset or the
-        session was closed. Otherwise returns the superseded count and whether the session
-        must reset first, both cleared.
+        A newer observation that arrived meanwhile is served instead, in this turn. None when
+        the session was closed or the episode of what would be served was reset. Otherwise the
+        claim carries the item, the superseded count and whether the session must reset first
+        (both cleared).
         """
         with self._lock:
             session.held = False
-            if self._sessions.get(session.session_id) is not session or session.mailbox is not None:
+            if self._sessions.get(session.session_id) is not session:
                 return None
+            if session.mailbox is not None:
+                item, session.mailbox = session.mailbox, None
             if item.header.episode_id < session.episode_id:
                 self.stale_drops += 1
                 return None
-            claim = Claim(session.superseded, session.needs_reset)
+            claim = Claim(item, session.superseded, session.needs_reset)
             session.superseded, session.needs_reset = 0, False
             self._ring_after = session.session_id
             return claim

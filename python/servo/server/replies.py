@@ -1,0 +1,168 @@
+"""The reply stage of the data plane: chunks and errors leave in the order they were served.
+
+One stage, one thread ("servo-reply"): the inference worker hands over what each forward
+produced (`Reply`) and goes straight to the next forward; this thread encodes, seals and puts
+every answer, then accounts for it (metrics, audit). A FIFO and one thread keep the answers in
+serving order, and the put of one answer never holds the device.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from servo._core import MSG_CHUNK, MSG_ERROR, Header
+from servo.logs import Logger, LogThrottle, get_logger
+from servo.policy.protocol import FloatArray
+from servo.server.audit import AuditLog
+from servo.server.sessions import Claim, Decoded, Rejected, Session
+from servo.server.state import ServerState
+from servo.wire import ActionChunk, ErrorEvent, encode, encode_tensor
+
+log = get_logger(__name__)
+
+#: Refused requests and policy failures: one log line per code per second, with the count held back.
+_THROTTLE = LogThrottle(1.0)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One served request's answer, as the worker hands it over.
+
+    ``outcome`` is the (model-space, robot-space) chunks, or what made the request fail; for a
+    `Rejected` observation it is None (the error is the item's own).
+    """
+
+    session: Session
+    claim: Claim
+    outcome: tuple[FloatArray, FloatArray] | Exception | None
+    queue_wait_ms: float
+    inference_ms: float
+    batch: int
+
+
+class ReplyStage:
+    """Publishes every answer in the order it was submitted, on its own thread.
+
+    `submit` is called by the inference worker only; the thread owns everything after it.
+    """
+
+    def __init__(self, state: ServerState, audit: AuditLog) -> None:
+        self._state = state
+        self._metrics = state.metrics
+        self._audit = audit
+        self._jobs: queue.SimpleQueue[list[Reply] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="servo-reply", daemon=True)
+
+    def start(self) -> None:
+        """Start the reply thread."""
+        self._thread.start()
+
+    def submit(self, replies: list[Reply]) -> None:
+        """Queue one forward's answers (they leave together, after every earlier one)."""
+        self._jobs.put(replies)
+
+    def close(self, timeout: float) -> bool:
+        """Publish what is queued, then stop; False if that took longer than ``timeout`` s."""
+        self._jobs.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while (replies := self._jobs.get()) is not None:
+            for reply in replies:
+                try:
+                    self._publish(reply)
+                except Exception:  # a bug here must cost one reply, never the others
+                    log.exception("publishing a reply failed")
+
+    def _publish(self, reply: Reply) -> None:
+        session, item = reply.session, reply.claim.item
+        bound = log.bind(
+            session_id=session.session_id,
+            client_id=session.client_id,
+            seq_id=item.header.seq_id,
+            episode_id=item.header.episode_id,
+        )
+        if isinstance(item, Rejected):
+            self._fail(session, item.header, item.code, item.message, reply, bound)
+        elif isinstance(reply.outcome, Exception):
+            exc = reply.outcome
+            if (suppressed := _THROTTLE.allow("inference_failed")) is not None:
+                bound.error("inference failed", exc_info=exc, batch=reply.batch, suppressed=suppressed)
+            self._fail(session, item.header, "inference_failed", f"{type(exc).__name__}: {exc}", reply, bound)
+        else:
+            assert reply.outcome is not None
+            self._chunk(session, item, reply, *reply.outcome, bound)
+
+    def _chunk(
+        self,
+        session: Session,
+        item: Decoded,
+        reply: Reply,
+        chunk_model: FloatArray,
+        chunk_robot: FloatArray,
+        bound: Logger,
+    ) -> None:
+        header, claim = item.header, reply.claim
+        # Identity post-processing ships one tensor (the edge then uses chunk_robot for both).
+        same = chunk_model is chunk_robot or np.array_equal(chunk_model, chunk_robot)
+        body = ActionChunk(
+            chunk_robot=encode_tensor(chunk_robot),
+            chunk_model=None if same else encode_tensor(chunk_model),
+            queue_wait_ms=reply.queue_wait_ms,
+            inference_ms=reply.inference_ms,
+            superseded=claim.superseded,
+            server_load=self._state.load,
+        )
+        # Publish first (the client is waiting), account after; an inference whose session was
+        # closed meanwhile is still audited, as undeliverable.
+        outcome = "ok" if _publish(session, MSG_CHUNK, encode(body), header, bound) else "undeliverable"
+        self._metrics.requests.labels(outcome).inc()
+        self._metrics.superseded.inc(claim.superseded)
+        self._metrics.queue_wait_ms.observe(reply.queue_wait_ms)
+        self._metrics.inference_ms.observe(reply.inference_ms)
+        self._audit.write(
+            session_id=session.session_id,
+            client_id=session.client_id,
+            seq_id=header.seq_id,
+            episode_id=header.episode_id,
+            queue_wait_ms=round(reply.queue_wait_ms, 3),
+            inference_ms=round(reply.inference_ms, 3),
+            superseded=claim.superseded,
+            inference_delay=item.delay,
+            decode_ms=round(item.decode_ns / 1e6, 3),
+            outcome=outcome,
+        )
+
+    def _fail(self, session: Session, header: Header, code: str, message: str, reply: Reply, bound: Logger) -> None:
+        _publish(session, MSG_ERROR, encode(ErrorEvent(code, message)), header, bound)
+        self._metrics.requests.labels(code).inc()
+        if code != "inference_failed" and (suppressed := _THROTTLE.allow(code)) is not None:
+            bound.warning("request refused", code=code, reason=message, suppressed=suppressed)
+        self._audit.write(
+            session_id=session.session_id,
+            client_id=session.client_id,
+            seq_id=header.seq_id,
+            episode_id=header.episode_id,
+            queue_wait_ms=round(reply.queue_wait_ms, 3),
+            inference_ms=round(reply.inference_ms, 3),
+            outcome=code,
+        )
+
+
+def _publish(session: Session, msg_type: int, body: bytes, request: Header, bound: Logger) -> bool:
+    if not session.publish(msg_type, body, request):
+        # The session was closed by the loop while this request was in flight.
+        bound.info("reply not sent: session closed")
+        return False
+    return True
+
+
+def queue_wait_ms(item: Decoded | Rejected, start_ns: int) -> float:
+    """How long ``item`` waited for the device: from ready (authenticated, decoded) to ``start_ns``."""
+    ready_ns = item.ready_ns if isinstance(item, Decoded) else item.received_ns
+    return max(0.0, (start_ns - ready_ns) / 1e6)
