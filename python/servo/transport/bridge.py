@@ -6,11 +6,17 @@ deposit: `LoopBridge.call` schedules a function on the loop with ``call_soon_thr
 returns at once. (anyio's ``from_thread.run_sync`` would block the callback thread until the loop
 ran the function, and measured slower.) servo runs anyio on the asyncio backend (uvloop when
 available), which is what makes the asyncio primitive available.
+
+The scheduled function runs in the context of the task that made the bridge, not the callback
+thread's: anyio finds its backend through that context when ``sniffio`` is installed (a
+dependency of many libraries), and a function outside it could not use anyio at all (an
+``anyio.Event``, a task group's ``start_soon``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -27,14 +33,16 @@ class LoopBridge:
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._context = contextvars.copy_context()
         self.closed = False
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop soon; dropped silently once the bridge is closed."""
+        """Run ``fn(*args)`` on the loop soon, in the creator's context; dropped once the bridge is closed."""
         if self.closed:
             return
         try:
-            self._loop.call_soon_threadsafe(fn, *args)
+            # A copy per call: a function that sets a context variable affects no other call.
+            self._loop.call_soon_threadsafe(fn, *args, context=self._context.copy())
         except RuntimeError:
             # Zenoh keeps draining queued callbacks after session.close(); the loop may be gone.
             self.closed = True
