@@ -267,3 +267,70 @@ def test_a_fresh_chunk_merged_during_a_stale_refusal_survives() -> None:
     assert action is not None
     assert action.provenance is not None
     assert action.provenance.seq_id == 2  # not wiped by the stale refusal's discard
+
+
+def test_the_send_threshold_covers_the_expected_round_trip_and_a_margin() -> None:
+    pipe = make_pipeline()  # buffer 0.5 s at 10 fps = 5 steps
+    assert pipe.send_below() == 5  # no round trip measured yet: the buffer alone
+    for seq in range(1, 4):
+        round_trip(pipe, 100, seq)
+    assert pipe.send_below() == 5  # a fast round trip: the buffer is the floor
+    for seq in range(4, 8):
+        round_trip(pipe, 700, seq)
+    # 0.7 s + 25 % = 0.875 s: the request leaves while 9 steps are queued, not 5.
+    assert pipe.send_below() == 9
+    pipe.queue.clear()
+    pipe.complete(pipe.snapshot(obs(0)), *chunk(10, 0.0), 0, session_id=sid(1), seq_id=9)
+    assert not pipe.needs_observation()  # 10 queued
+    pipe.next_action(0)
+    assert not pipe.needs_observation()  # 9 steps = 0.9 s still cover 0.875 s
+    pipe.next_action(0)
+    assert pipe.needs_observation()  # 8 steps = 0.8 s do not
+
+
+def test_the_send_margin_is_at_least_fifty_milliseconds() -> None:
+    pipe = ChunkPipeline(
+        DIM, 100.0, rtc=True, execution_horizon=4, buffer_time_s=0.01, max_action_age_s=3.0, fallback="hold"
+    )
+    for seq in range(1, 4):
+        round_trip(pipe, 40, seq)
+    assert pipe.send_below() == 9  # 40 ms + 50 ms at 100 fps
+
+
+def test_the_rtc_prefix_covers_the_expected_delay_when_it_is_longer_than_the_horizon() -> None:
+    pipe = make_pipeline(horizon=4)
+    for seq in range(1, 4):
+        round_trip(pipe, 650, seq)  # 7 steps at 10 fps
+    pipe.queue.clear()
+    model, robot = chunk(20, 0.0)
+    pipe.complete(pipe.snapshot(obs(0)), model, robot, 0, session_id=sid(1), seq_id=9)
+    request = pipe.snapshot(obs(0))
+    assert request.delay_steps == 7
+    assert request.prefix_model is not None
+    assert request.prefix_robot is not None
+    np.testing.assert_array_equal(request.prefix_model, model[:7])
+    np.testing.assert_array_equal(request.prefix_robot, robot[:7])
+
+
+@pytest.mark.parametrize(
+    ("rtc", "rtt_ms", "chunk_steps", "needed"),
+    [
+        (True, 700, 13, 14),  # RTC: the chunk's own round trip is dropped, so 2 x 7 steps
+        (True, 700, 14, None),
+        (False, 700, 6, 7),  # appended chunks execute whole: 7 steps
+        (False, 700, 7, None),
+    ],
+)
+def test_starvation_names_the_chunk_length_that_would_keep_the_queue_fed(
+    rtc: bool, rtt_ms: float, chunk_steps: int, needed: int | None
+) -> None:
+    pipe = make_pipeline(rtc=rtc)
+    assert pipe.starvation(chunk_steps) is None  # nothing measured
+    starvation = pipe.starvation(chunk_steps, round(rtt_ms * 1e6))
+    if needed is None:
+        assert starvation is None
+        return
+    assert starvation is not None
+    assert starvation.needed_steps == needed
+    assert f"chunk_size >= {needed}" in starvation.message()
+    assert f"need >= {needed}" in starvation.short()

@@ -275,14 +275,19 @@ def _server_episode(server: Any, session_id: int) -> int | None:
     return None if session is None else int(session.episode_id)
 
 
-async def test_a_slow_server_shows_degraded_before_the_queue_runs_dry(port: int) -> None:
-    # 0.7 s forwards against the default 0.5 s buffer: every chunk lands after the queue ran dry.
-    async with running_server(make_manifest(port, options="cameras = {front = [48, 64]}\ncompute_ms = 700")):
+async def test_a_policy_slower_than_its_chunk_shows_degraded_before_the_queue_runs_dry(port: int) -> None:
+    # 0.7 s forwards and 30-step chunks (1 s at 30 fps): what is left of a chunk once its own round
+    # trip passed (0.3 s) cannot cover the next one, however early the edge asks.
+    options = "cameras = {front = [48, 64]}\nchunk_size = 30\ncompute_ms = 700"
+    async with running_server(make_manifest(port, options=options)):
         sim = small_sim()
         engine = RemoteEngine(edge_config(port), sim.spec())  # default timing options
         async with running_edge(sim, engine) as run:
             await eventually(lambda: engine.chunks_received >= 3, 20, "three chunks")
+            # Said in the status line, with the chunk length that would do.
+            starving = engine.statistics().starving
             summary = await run.stop()
+    assert "chunks too short: 30 steps, need >= " in starving
     states = [state for state, _ in summary.transitions]
     assert "degraded" in states
     # After the first chunk (no round trip measured before it) the forecast precedes every stall.
@@ -290,6 +295,24 @@ async def test_a_slow_server_shows_degraded_before_the_queue_runs_dry(port: int)
     for i, state in enumerate(states[first_stream + 1 :], first_stream + 1):
         if state == "stalled":
             assert states[i - 1] == "degraded", states
+
+
+async def test_a_policy_slower_than_the_buffer_is_asked_early_enough_never_to_run_dry(port: int) -> None:
+    # 0.7 s forwards, 50-step chunks (1.67 s): enough for one in flight, when the request leaves
+    # before the queue holds less than a round trip (the 0.5 s buffer alone would starve it).
+    async with running_server(make_manifest(port, options="cameras = {front = [48, 64]}\ncompute_ms = 700")):
+        sim = small_sim()
+        engine = RemoteEngine(edge_config(port), sim.spec())  # default timing options
+        async with running_edge(sim, engine) as run:
+            await eventually(lambda: engine.chunks_received >= 2, 20, "streaming")
+            # The control loop starves until the first chunk: count from the second one.
+            fallback = engine.pipeline.fallback_ticks
+            chunks = engine.chunks_received
+            await eventually(lambda: engine.chunks_received >= chunks + 4, 20, "four more chunks")
+            assert engine.pipeline.fallback_ticks == fallback
+            assert engine.state is EngineState.STREAMING
+            assert not engine.statistics().starving
+            await run.stop()
 
 
 @pytest.mark.parametrize("teardown", [False, True])

@@ -8,7 +8,6 @@ inside the tick (`runs_on_control_loop`).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from servo.edge.actions import Action
 from servo.edge.config import EdgeConfig
 from servo.edge.failsafe import EngineState, FailSafe
 from servo.edge.observation import ObservationFeed, ObservationInput
-from servo.edge.pipeline import ChunkPipeline, Request
+from servo.edge.pipeline import ChunkPipeline, Request, Starvation
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
 from servo.transport import LoopBridge
@@ -67,6 +66,8 @@ class EngineStats:
     rogue_servers: int = 0
     #: Remote engines: the current session's codec choice and what it measured.
     codec: CodecStatus | None = None
+    #: Set while chunks are too short for the round trip (`Starvation.short`): the fix is in the log.
+    starving: str = ""
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,9 @@ class EngineBase:
         #: Called on the worker after every merge: instrumentation (tests, benchmarks, tracing).
         self.on_merge: Callable[[MergeEvent], None] | None = None
         self.feed: ObservationFeed | None = None
+        #: Chunks too short for the round trip, as last checked (`check_chunk_length`).
+        self.starving: Starvation | None = None
+        self._starvation_said = False
         self._episode_start = True
         self._bridge: LoopBridge | None = None
 
@@ -233,8 +237,14 @@ class EngineBase:
         if self._bridge is not None:
             self._bridge.closed = True
 
-    async def wait_until_needed(self, abort: Callable[[], str | None] = lambda: None) -> ObservationInput:
-        """Wait until the queue holds less than ``buffer_time_s`` and an observation exists.
+    async def wait_until_needed(
+        self, abort: Callable[[], str | None] = lambda: None, *, at_once: bool = False
+    ) -> ObservationInput:
+        """Wait until the next observation should leave and one exists.
+
+        It should leave when the queue would run dry before its chunk is expected back
+        (`ChunkPipeline.send_below`), or at once with ``at_once`` (a new session: what is queued
+        was computed by a replica the edge no longer uses, and its rest is the RTC prefix).
 
         Raises:
             Aborted: ``abort()`` returned a reason, or the engine is dead.
@@ -244,13 +254,13 @@ class EngineBase:
             if reason:
                 raise Aborted(reason)
             obs = self.latest_observation()
-            if obs is not None and not self.paused and self.pipeline.needs_observation():
+            if obs is not None and not self.paused and (at_once or self.pipeline.needs_observation()):
                 return obs
-            if self.feed is None:
+            if self.feed is None or (at_once and not self.paused):
                 await anyio.sleep(TICK_S)
             else:
-                # Woken by the control loop as soon as the queue drops below the buffer.
-                await self.feed.wait(math.ceil(self.pipeline.buffer_steps), TICK_S)
+                # Woken by the control loop as soon as the queue drops below the send threshold.
+                await self.feed.wait(self.pipeline.send_below(), TICK_S)
 
     async def tick_failsafe(self) -> None:
         """Evaluate the fail-safe state machine every `TICK_S` until cancelled."""
@@ -311,6 +321,13 @@ class EngineBase:
         self.tearing_down = True
         self.pause()
 
+    def check_chunk_length(self, chunk_steps: int, round_trip_ns: int | None = None) -> None:
+        """Whether chunks of ``chunk_steps`` keep the queue fed (`ChunkPipeline.starvation`); said once."""
+        self.starving = self.pipeline.starvation(chunk_steps, round_trip_ns)
+        if self.starving is not None and not self._starvation_said:
+            self._starvation_said = True
+            log.warning("chunks too short for the round trip", advice=self.starving.message())
+
     def merge(self, request: Request, produced: Produced, now_ns: int) -> int | None:
         """Merge a produced chunk (the same call for every engine).
 
@@ -339,6 +356,7 @@ class EngineBase:
         self.chunks_received += 1
         self.rtt.add(max(0, now_ns - request.obs.mono_ns))
         self.failsafe.merged()
+        self.check_chunk_length(len(produced.chunk_robot))
         return trimmed
 
     def statistics(self) -> EngineStats:
@@ -358,6 +376,7 @@ class EngineBase:
             delay_steps=self.pipeline.last_delay_steps,
             rtt_ms_p50=None if p50 is None else p50 / 1e6,
             rtt_ms_p99=None if p99 is None else p99 / 1e6,
+            starving="" if self.starving is None else self.starving.short(),
         )
 
     @property

@@ -40,6 +40,11 @@ FloatArray = npt.NDArray[np.float32]
 DELAY_WINDOW = 5
 #: Nearest-rank quantile of that window: the upper median (the 3rd of 5, the 3rd of 4, the max of 2).
 DELAY_QUANTILE = 0.6
+#: The next observation leaves while the queue still covers the expected round trip plus a margin:
+#: this share of the round trip (its spread grows with it) ...
+SEND_MARGIN_SHARE = 0.25
+#: ... and at least this much (s): a few control ticks of scheduling noise on either side.
+SEND_MARGIN_MIN_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,32 @@ class Request:
     prefix_model: FloatArray | None
     prefix_robot: FloatArray | None
     episode_id: int
+
+
+@dataclass(frozen=True)
+class Starvation:
+    """Chunks too short for the round trip (`ChunkPipeline.starvation`): the robot falls back between them."""
+
+    chunk_steps: int
+    #: The shortest chunk that would keep the queue fed at this round trip.
+    needed_steps: int
+    round_trip_s: float
+    fps: float
+    rtc: bool
+
+    def message(self) -> str:
+        """What happens and the fixes, for the log."""
+        why = " (RTC drops the steps that pass during a chunk's own round trip)" if self.rtc else ""
+        return (
+            f"a chunk of {self.chunk_steps} steps lasts {self.chunk_steps / self.fps:.2f} s at {self.fps:g} fps, "
+            f"too short for a {self.round_trip_s:.2f} s round trip{why}: the queue runs dry every chunk and the "
+            f"robot falls back between chunks; serve the policy with chunk_size >= {self.needed_steps}, make its "
+            "forward faster, or run the robot at a lower fps"
+        )
+
+    def short(self) -> str:
+        """The same in a few words, for the status line."""
+        return f"chunks too short: {self.chunk_steps} steps, need >= {self.needed_steps}"
 
 
 class ChunkPipeline:
@@ -131,25 +162,62 @@ class ChunkPipeline:
         return self.counters.get(LAST_STARVED_NS)
 
     # ------------------------------------------------------------------ producer side
+    def send_below(self) -> int:
+        """Queue size (steps) under which the next observation leaves.
+
+        The queue must not run dry before the chunk comes back: the expected round trip plus a
+        margin (`SEND_MARGIN_SHARE` of it, at least `SEND_MARGIN_MIN_S`), and never less than
+        ``buffer_time_s`` (the configured floor; all there is before the first round trip).
+        """
+        steps = self.buffer_steps
+        expected = self.expected_latency_ns()
+        if expected is not None:
+            lead_ns = expected + max(SEND_MARGIN_SHARE * expected, SEND_MARGIN_MIN_S * 1e9)
+            steps = max(steps, lead_ns / self.dt_ns)
+        return math.ceil(steps)
+
     def needs_observation(self) -> bool:
-        """True when the queue holds less than ``buffer_time_s`` of actions."""
-        return self.queue.qsize() < self.buffer_steps
+        """True when the queue would run dry before a chunk asked for now is expected back (`send_below`)."""
+        return self.queue.qsize() < self.send_below()
 
     def snapshot(self, obs: ObservationInput) -> Request:
-        """Snapshot the queue index, the RTC prefixes and the delay estimate for ``obs``."""
+        """Snapshot the queue index, the RTC prefixes and the delay estimate for ``obs``.
+
+        The RTC prefix is the queue's next ``execution_horizon`` steps, or more when the
+        expected delay is longer: the steps that will execute while the chunk is computed are
+        all part of the conditioning (the server freezes the first ``delay_steps`` of the chunk
+        to them).
+        """
         idx_before = self.queue.get_action_index()
         expected = self.expected_latency_ns()
         delay = 0 if expected is None else math.ceil(expected / self.dt_ns)
         self.last_delay_steps = delay
         prefix_model = prefix_robot = None
         if self.rtc and self.execution_horizon > 0:
+            horizon = max(self.execution_horizon, delay)
             left = self.queue.get_left_over()
             left_robot = self.queue.get_processed_left_over()
             if left is not None and len(left):
-                prefix_model = left[: self.execution_horizon]
+                prefix_model = left[:horizon]
             if left_robot is not None and len(left_robot):
-                prefix_robot = left_robot[: self.execution_horizon]
+                prefix_robot = left_robot[:horizon]
         return Request(obs, idx_before, delay, prefix_model, prefix_robot, self.episode_id)
+
+    def starvation(self, chunk_steps: int, round_trip_ns: int | None = None) -> Starvation | None:
+        """Why chunks of ``chunk_steps`` cannot keep the queue fed, or None when they can.
+
+        One request is in flight at a time, so the next chunk comes back a round trip
+        (``round_trip_ns``, the expected one when omitted) after this one was merged. What a
+        chunk leaves once merged must cover that round trip: all of it when appended; with RTC,
+        what is left once the steps that passed during its own round trip are dropped.
+        """
+        rtt = self.expected_latency_ns() if round_trip_ns is None else round_trip_ns
+        if rtt is None or rtt <= 0:
+            return None
+        need = math.ceil((2 * rtt if self.rtc else rtt) / self.dt_ns)
+        if chunk_steps >= need:
+            return None
+        return Starvation(chunk_steps, need, rtt / 1e9, 1e9 / self.dt_ns, self.rtc)
 
     def expected_latency_ns(self) -> int | None:
         """The round trip the next chunk is expected to take (ns); None before the first chunk.

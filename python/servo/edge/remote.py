@@ -208,6 +208,9 @@ class RemoteEngine(EngineBase):
         if self.pipeline.queue.empty():
             self.pipeline.set_rtc(ack.rtc)
         self.failsafe.session_opened()
+        # Before any chunk: the round trip measured so far, else at least the replica's forward.
+        forward_ns = round(session.server.status.inference_ms * 1e6)
+        self.check_chunk_length(ack.policy.chunk_size, self.pipeline.expected_latency_ns() or forward_ns or None)
         for warning in ack.warnings:
             log.warning(
                 "server warning",
@@ -294,8 +297,12 @@ class RemoteEngine(EngineBase):
 
     async def _stream(self, session: RemoteSession) -> None:
         bound = log.bind(session_id=session.session_id, client_id=self.client_id)
+        # A new session asks at once: the queue holds the last replica's chunk (failover, drain,
+        # restart) or nothing, and only a chunk of this session is fresh.
+        at_once = True
         while True:
-            obs = await self._wait_until_needed(session)
+            obs = await self._wait_until_needed(session, at_once=at_once)
+            at_once = False
             request = self.pipeline.snapshot(obs)
             try:
                 produced = await self.produce(request, episode_start=self.take_episode_start())
@@ -328,12 +335,12 @@ class RemoteEngine(EngineBase):
             trimmed = self.merge(request, produced, time.monotonic_ns())
             bound.debug("chunk merged", seq_id=produced.seq_id, trimmed=trimmed)
 
-    async def _wait_until_needed(self, session: RemoteSession) -> ObservationInput:
+    async def _wait_until_needed(self, session: RemoteSession, *, at_once: bool) -> ObservationInput:
         def abort() -> str | None:
             return session.lost_reason if session.lost.is_set() else None
 
         try:
-            return await self.wait_until_needed(abort)
+            return await self.wait_until_needed(abort, at_once=at_once)
         except Aborted as exc:
             raise _Reconnect(str(exc)) from None
 

@@ -369,6 +369,7 @@ class EdgeRuntime:
             show(
                 f"[{stats.state.upper()}] rtt {rtt} ms | delay {stats.delay_steps} | queue {stats.queue_depth} | "
                 f"fallback {stats.fallback_ticks} | jitter p99 {p99} ms | ticks {loop.ticks}{_codec_text(stats.codec)}"
+                + (f" | {stats.starving} (see log)" if stats.starving else "")
             )
             if self.engine.state is EngineState.DEAD:
                 return

@@ -184,6 +184,7 @@ class ControlPlane:
             load=state.load,
             identity=replica.identity.public_key,
             queue_wait_ms=state.metrics.queue_wait_ms.recent_median(),
+            inference_ms=state.metrics.inference_ms.recent_median(),
         )
 
     def _reject(self, code: str, reason: str, **context: object) -> Rejection:

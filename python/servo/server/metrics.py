@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _MS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
-#: Requests the status reply's recent queue wait looks at.
+#: Requests the status reply's recent queue wait and forward time look at.
 RECENT_WINDOW = 64
 
 
@@ -76,7 +76,7 @@ class ServerMetrics:
             buckets=_MS_BUCKETS,
             registry=r,
         )
-        self.inference_ms = Histogram(
+        self.inference_ms = RecentHistogram(
             "servo_inference_ms",
             "Pre+predict+post time per request (ms)",
             buckets=_MS_BUCKETS,

@@ -111,13 +111,17 @@ class StatusReply(msgspec.Struct, frozen=True):
     identity: PublicKey
     #: Median wait of the replica's recent observations before inference (ms); placement uses it.
     queue_wait_ms: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    #: Median forward time of the replica's recent requests (ms; 0 before the first): an edge
+    #: tells at session open whether the policy's chunks can outlast its round trips.
+    inference_ms: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
 
     def __post_init__(self) -> None:
         """Refuse an impossible load (msgspec turns the ValueError into a decode error)."""
         if not math.isfinite(self.load):
             raise ValueError(f"load {self.load} is not finite")
-        if not math.isfinite(self.queue_wait_ms):
-            raise ValueError(f"queue_wait_ms {self.queue_wait_ms} is not finite")
+        for name in ("queue_wait_ms", "inference_ms"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} {getattr(self, name)} is not finite")
         if self.active_sessions > self.max_sessions:
             raise ValueError(f"active_sessions {self.active_sessions} exceeds max_sessions {self.max_sessions}")
 
