@@ -13,6 +13,8 @@ skips ahead instead of accumulating lag; every tick's lateness goes into the cha
 
     running ──non-finite target or command──► faulted: sends nothing (the robot holds its last
        │                                       safe command), keeps publishing, waits to be parked
+       ├──no fresh state (RobotFault)──► faulted and blind: sends and publishes nothing; the next
+       │                                 fresh state re-anchors the slew limit, then as faulted
        └──park command (any state)──► parking ──pose within tolerance──► parked (holds the pose)
     stop, or the edge gone and the arm parked (or the park timed out) ──► the schedule returns
 """
@@ -31,7 +33,7 @@ from servo.edge.channel import Bell, ControlChannel, Slot
 from servo.edge.safety import SafetyLimiter, UnsafeTarget
 from servo.logs import get_logger
 from servo.recording import Source
-from servo.robots.protocol import Robot
+from servo.robots.protocol import Robot, RobotFault
 
 log = get_logger(__name__)
 
@@ -93,6 +95,7 @@ class Ticker:
         self._park: tuple[int, float, FloatArray] | None = None
         self._park_reached = 0
         self._orphan_deadline: int | None = None
+        self._blind = False
 
     def start(self) -> None:
         """Anchor the slew limiter on the measured pose (the robot is connected)."""
@@ -131,11 +134,20 @@ class Ticker:
     def tick(self, now: int) -> None:
         """One tick at ``now`` (monotonic ns)."""
         robot, channel = self.robot, self.channel
-        state = robot.read_state()
-        channel.publish(self.ticks, now, state)
         command_message = channel.park_command()
         if command_message is not None:
             self._park = command_message
+        try:
+            state = robot.read_state()
+        except RobotFault as exc:
+            self._lost_state(str(exc))
+            return
+        if self._blind:
+            # Whatever happened while nobody saw the robot, the next command starts where it is.
+            self._blind = False
+            self.limiter.start_from(state)
+            log.warning("robot state is back: commands start again from the measured pose")
+        channel.publish(self.ticks, now, state)
         target: FloatArray | None = None
         source: Source = "none"
         provenance = None
@@ -178,6 +190,14 @@ class Ticker:
             if generation:
                 self.channel.acknowledge_park(generation)
                 self.bell.ring(Bell.PARKED)
+
+    def _lost_state(self, message: str) -> None:
+        """No fresh state this tick: command nothing (never from an old state), fault once."""
+        if not self._blind:
+            self._blind = True
+            self._fault(f"robot: {message}", None)
+        self.ticks += 1
+        self.channel.count(Slot.TICKS)
 
     def _fault(self, message: str, provenance: object) -> None:
         """Latch a fault: hold the last safe command; the main process parks the arm."""

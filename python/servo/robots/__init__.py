@@ -29,7 +29,18 @@ from .feetech import (
     FeetechTimeoutError,
     Register,
 )
-from .protocol import Cameras, CameraSpec, FloatArray, Frame, NoCameras, PoseSource, Robot, RobotParts, RobotSpec
+from .protocol import (
+    Cameras,
+    CameraSpec,
+    FloatArray,
+    Frame,
+    NoCameras,
+    PoseSource,
+    Robot,
+    RobotFault,
+    RobotParts,
+    RobotSpec,
+)
 from .registry import (
     ROBOTS,
     RobotDescription,
@@ -75,6 +86,7 @@ __all__ = [
     "Register",
     "Robot",
     "RobotDescription",
+    "RobotFault",
     "RobotParts",
     "RobotSpec",
     "SOArm",

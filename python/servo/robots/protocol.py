@@ -80,6 +80,15 @@ class RobotSpec:
         return len(self.joint_names)
 
 
+class RobotFault(RuntimeError):
+    """`Robot.read_state` has no usable state to give (a remote robot's joint states stopped arriving).
+
+    The control loop then commands nothing (the robot holds its last target), reports a fault
+    once, and takes the next fresh state as the new anchor of its slew limit, so the park that
+    follows starts from where the robot really is.
+    """
+
+
 @runtime_checkable
 class Robot(Protocol):
     """The joints of a position-controlled robot, driven by the edge control loop.
@@ -102,7 +111,11 @@ class Robot(Protocol):
         ...
 
     def read_state(self) -> FloatArray:
-        """Current joint positions, float32 of shape (action_dim,)."""
+        """Current joint positions, float32 of shape (action_dim,).
+
+        Raises:
+            RobotFault: no fresh state (e.g. a remote robot's states are older than its bound).
+        """
         ...
 
     def send_action(self, target: FloatArray) -> None:
