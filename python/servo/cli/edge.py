@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from servo._core import ServerIdentity
 from servo.cli.console import Console
 from servo.cli.flags import add_struct_flags, struct_flag_values
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
@@ -138,6 +139,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     from servo.edge.engine import EngineBase
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
+    from servo.edge.telemetry import TelemetryPublisher
     from servo.robots import RobotDescription
 
     config = load_config(args.config, struct_flag_values(args, EdgeConfig))
@@ -160,6 +162,8 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         status=None if args.no_status or not console.live else console.status,
         display=display,
     )
+    if config.telemetry_period_s > 0:
+        options.telemetry = TelemetryPublisher(robot_identity(), period_s=config.telemetry_period_s)
     runtime = EdgeRuntime(robot, engine, config, options)
     async with anyio.create_task_group() as tg:
         tg.start_soon(
@@ -185,6 +189,11 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         + (f", fault: {summary.fault}" if summary.fault else "")
     )
     return 3 if summary.final_state == "dead" else 0
+
+
+def robot_identity() -> ServerIdentity:
+    """The Ed25519 identity this robot signs its telemetry with (a new one per run for now)."""
+    return ServerIdentity.generate()
 
 
 def classify(exc: BaseException) -> tuple[int, str] | None:
