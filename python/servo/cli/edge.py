@@ -14,7 +14,6 @@ from typing import Any
 
 import anyio
 
-from servo._core import ServerIdentity
 from servo.cli.console import Console
 from servo.cli.flags import add_struct_flags, struct_flag_values
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
@@ -140,6 +139,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
     from servo.edge.telemetry import TelemetryPublisher
+    from servo.identity import robot_identity
     from servo.robots import RobotDescription
 
     config = load_config(args.config, struct_flag_values(args, EdgeConfig))
@@ -163,7 +163,8 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         display=display,
     )
     if config.telemetry_period_s > 0:
-        options.telemetry = TelemetryPublisher(robot_identity(), period_s=config.telemetry_period_s)
+        identity = await anyio.to_thread.run_sync(robot_identity)
+        options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s)
     runtime = EdgeRuntime(robot, engine, config, options)
     async with anyio.create_task_group() as tg:
         tg.start_soon(
@@ -191,17 +192,13 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     return 3 if summary.final_state == "dead" else 0
 
 
-def robot_identity() -> ServerIdentity:
-    """The Ed25519 identity this robot signs its telemetry with (a new one per run for now)."""
-    return ServerIdentity.generate()
-
-
 def classify(exc: BaseException) -> tuple[int, str] | None:
     """Exit code and one-line message of an error that ends a run, or None if it is unexpected."""
     from servo.edge.errors import EdgeStartError
+    from servo.identity import IdentityError
     from servo.robots import CalibrationError, FeetechError
 
-    if isinstance(exc, ConfigError | CalibrationError):
+    if isinstance(exc, ConfigError | CalibrationError | IdentityError):
         return 2, str(exc)
     if isinstance(exc, EdgeStartError):
         return (2 if exc.refused else 1), str(exc)
