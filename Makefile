@@ -17,7 +17,7 @@ LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_PY := $(LEROBOT_VENV)/bin/python
 LEROBOT_STAMP := $(LEROBOT_VENV)/.servo-installed
 
-.PHONY: setup demo test test-slow test-lerobot fuzz lint wheels bench study clean
+.PHONY: setup demo test test-slow test-observability observability-tools test-lerobot fuzz lint wheels bench study clean
 
 $(STAMP): pyproject.toml $(RUST_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,8 +38,25 @@ demo: setup
 ## test: Rust tests, the Python suite, and every benchmark once as a smoke test
 test: setup
 	cargo test --quiet
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not observability"
 	$(PY) -m pytest -q benches --benchmark-disable
+
+# Debian's headless Chromium + its WebDriver, and Prometheus with promtool: what the observability
+# tests drive. Installed only when missing (apt-get needs root, as in CI).
+OBSERVABILITY_TOOLS := chromium:chromium chromedriver:chromium-driver prometheus:prometheus promtool:prometheus
+
+## observability-tools: apt-get install chromium, chromium-driver and prometheus when missing (idempotent)
+observability-tools:
+	@missing=$$(for pair in $(OBSERVABILITY_TOOLS); do \
+		command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done | sort -u | tr '\n' ' '); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+## test-observability: servo-monitor in headless Chromium, alert rules with promtool, the Grafana dashboard against a real Prometheus
+test-observability: setup observability-tools
+	$(PY) -m pytest -q -m observability
 
 $(LEROBOT_STAMP): pyproject.toml $(RUST_SOURCES)
 	test -x $(LEROBOT_PY) || $(PYTHON312) -m venv $(LEROBOT_VENV)

@@ -75,6 +75,9 @@ SMOKE = textwrap.dedent(
     assert queue.get_left_over().tolist() == [[6.0, 7.0], [8.0, 9.0]]
     import servo.cli.edge, servo.edge
     assert "torch" not in sys.modules, "the edge imported torch"
+    import importlib.resources
+    page = importlib.resources.files("servo.monitor").joinpath("static")
+    assert all(page.joinpath(name).is_file() for name in ("index.html", "monitor.js", "monitor.css")), "monitor page"
     print(f"servo {servo.__version__} from {pathlib.Path(servo.__file__).parent}")
     """
 )
@@ -214,6 +217,7 @@ def sdist(dist: Path, version: str) -> str:
         "Cargo.lock",
         "rust/lib.rs",
         "python/servo/_core.pyi",
+        "python/servo/monitor/static/index.html",
     } - names
     if missing:
         raise ValueError(f"{path.name} lacks {sorted(missing)}")

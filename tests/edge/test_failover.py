@@ -135,7 +135,7 @@ async def test_a_hung_replica_is_left_when_its_lease_expires(tmp_path: Path) -> 
                     4,
                     "a chunk from the other replica",
                 )
-                assert [reason for _, reason in engine.failsafe.transitions][-3] == "server liveliness lost"
+                assert [t.reason for t in engine.failsafe.transitions][-3] == "server liveliness lost"
                 await run.stop()
         finally:
             if frozen is not None:  # thawed before two_replicas stops it: a stopped process cannot drain
@@ -154,7 +154,7 @@ async def test_a_drain_notice_moves_the_edge_to_another_replica(tmp_path: Path) 
                 10,
                 "a session on the other replica",
             )
-            assert "draining" in [reason for _, reason in engine.failsafe.transitions][-2]
+            assert "draining" in [t.reason for t in engine.failsafe.transitions][-2]
             chunks = engine.chunks_received
             await eventually(lambda: engine.chunks_received >= chunks + 3, 10, "streaming there")
             await run.stop()

@@ -32,7 +32,7 @@ def fs(clock: FakeClock) -> FailSafe:
 
 
 def states(fs: FailSafe) -> list[EngineState]:
-    return [state for state, _ in fs.transitions]
+    return [t.state for t in fs.transitions]
 
 
 def test_connecting_until_the_first_merge(fs: FailSafe, clock: FakeClock) -> None:

@@ -30,6 +30,7 @@ with atheris.instrument_imports():
     from servo.recording import MAGIC, EpisodeHeader, FrameRecord, read_recording
     from servo.transport.certificate import CertificateError, subject_common_name
     from servo.wire import (
+        MESSAGE_TYPES,
         EncodedImage,
         Observation,
         Tensor,
@@ -40,7 +41,6 @@ with atheris.instrument_imports():
         encode,
         encode_tensor,
     )
-    from servo.wire.messages import MESSAGE_TYPES
 
 import contextlib
 

@@ -211,7 +211,7 @@ class FakeServer:
             z.declare_subscriber(keys.all_obs, self.obs.samples()),
             z.liveliness().declare_subscriber(keys.all_client_alive, self.clients.tokens(), history=True),
         ]
-        for key in (keys.status, keys.trajectory, keys.all_sessions, keys.all_control):
+        for key in (keys.status, keys.trajectory, keys.audit, keys.all_sessions, keys.all_control):
             self.entities.append(z.declare_queryable(key, Callback(self._answer, indirect=False)))
         self.entities.append(z.liveliness().declare_token(keys.alive))
 

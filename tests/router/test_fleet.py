@@ -77,7 +77,7 @@ def test_each_robot_rule_names_only_that_robot(fleet_dir: Path) -> None:
     own = [rule for rule in acl["rules"] if rule["id"].startswith("robot:robot-7/")]
     assert own
     for rule in own:
-        assert all("/c/robot-7/" in key for key in rule["key_exprs"]), rule
+        assert all("/c/robot-7/" in key or key == "@servo/@robots/robot-7/telemetry" for key in rule["key_exprs"]), rule
     for rule in acl["rules"]:
         assert not any("robot-8" in key for key in rule["key_exprs"]) or rule["id"].startswith("robot:robot-8/")
 
@@ -89,6 +89,7 @@ def test_a_server_group_is_limited_to_its_apps_and_models(fleet_dir: Path) -> No
     assert declared["key_exprs"] == [
         "@servo/kitchen/pi0/*/status",
         "@servo/kitchen/pi0/*/trajectory",
+        "@servo/kitchen/pi0/*/audit",
         "@servo/kitchen/pi0/*/c/*/session",
         "@servo/kitchen/pi0/*/c/*/control",
     ]

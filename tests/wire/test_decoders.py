@@ -20,12 +20,17 @@ from hypothesis import strategies as st
 
 from servo.recording import MAGIC, read_recording
 from servo.wire import (
+    MESSAGE_TYPES,
     ActionChunk,
+    AuditEntry,
+    AuditQuery,
+    AuditTail,
     CameraFeature,
     CloseRequest,
     ControlAck,
     ControlRequest,
     DrainNotice,
+    EdgeTelemetry,
     EncodedImage,
     ErrorEvent,
     Features,
@@ -40,6 +45,7 @@ from servo.wire import (
     Trajectory,
     TrajectoryList,
     TrajectoryRequest,
+    Transition,
     WireError,
     decode,
     decode_image,
@@ -49,7 +55,6 @@ from servo.wire import (
     encode_tensor,
     jpeg_dimensions,
 )
-from servo.wire.messages import MESSAGE_TYPES
 
 FEATURES = Features(["a", "b"], ["a", "b"], {"front": CameraFeature(8, 8)})
 INFO = PolicyInfo("m", "r", FEATURES, 4, 30.0, True, True, "shared")
@@ -71,6 +76,20 @@ SAMPLES: dict[type, msgspec.Struct] = {
     TrajectoryRequest: TrajectoryRequest("wave"),
     Trajectory: Trajectory("wave", ["a", "b"], 30.0, encode_tensor(np.zeros((3, 2), np.float32))),
     TrajectoryList: TrajectoryList(["wave"]),
+    EdgeTelemetry: EdgeTelemetry(
+        "robot",
+        bytes(8),
+        3,
+        1000.0,
+        "streaming",
+        replica="r0",
+        rtt_ms_p50=12.5,
+        chunks_rejected={"mac": 1},
+        last_transition=Transition("streaming", "chunk merged", 5.0),
+        transitions=[Transition("streaming", "chunk merged", 5.0)],
+    ),
+    AuditQuery: AuditQuery("robot", errors_only=True, limit=8),
+    AuditTail: AuditTail("r0", [AuditEntry("robot", "ab" * 16, 3, 1, "ok", 1.0, 20.0, 22.0, 0, 150.0)]),
 }
 KINDS: list[object] = [*MESSAGE_TYPES, ControlRequest, Tensor, EncodedImage]
 

@@ -138,6 +138,8 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     from servo.edge.engine import EngineBase
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
+    from servo.edge.telemetry import TelemetryPublisher
+    from servo.identity import robot_identity
     from servo.robots import RobotDescription
 
     config = load_config(args.config, struct_flag_values(args, EdgeConfig))
@@ -160,6 +162,9 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         status=None if args.no_status or not console.live else console.status,
         display=display,
     )
+    if config.telemetry_period_s > 0:
+        identity = await anyio.to_thread.run_sync(robot_identity)
+        options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s)
     runtime = EdgeRuntime(robot, engine, config, options)
     async with anyio.create_task_group() as tg:
         tg.start_soon(
@@ -190,9 +195,10 @@ async def run(args: argparse.Namespace, console: Console) -> int:
 def classify(exc: BaseException) -> tuple[int, str] | None:
     """Exit code and one-line message of an error that ends a run, or None if it is unexpected."""
     from servo.edge.errors import EdgeStartError
+    from servo.identity import IdentityError
     from servo.robots import CalibrationError, FeetechError
 
-    if isinstance(exc, ConfigError | CalibrationError):
+    if isinstance(exc, ConfigError | CalibrationError | IdentityError):
         return 2, str(exc)
     if isinstance(exc, EdgeStartError):
         return (2 if exc.refused else 1), str(exc)

@@ -121,6 +121,9 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         1000
     )
     tags: Annotated[dict[str, str], doc("Free-form labels sent at session open (KEY=VALUE).")] = {}
+    telemetry_period_s: Annotated[
+        float, doc("Publish a signed status record for monitors this often (s); 0: never.", ge=0, le=60)
+    ] = 1.0
 
     def check(self) -> None:
         """Rules that span options; raises `FieldError` naming the option."""

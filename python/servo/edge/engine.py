@@ -16,6 +16,7 @@ from typing import Protocol
 import anyio
 import numpy as np
 import numpy.typing as npt
+import zenoh
 from anyio.abc import TaskStatus
 
 from servo._core import LatencyTracker, QueueError
@@ -68,6 +69,9 @@ class EngineStats:
     codec: CodecStatus | None = None
     #: Set while chunks are too short for the round trip (`Starvation.short`): the fix is in the log.
     starving: str = ""
+    #: Remote engines: the replica serving the robot and its model ("" while there is none).
+    replica: str = ""
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,8 @@ class EngineBase:
         #: Chunks too short for the round trip, as last checked (`check_chunk_length`).
         self.starving: Starvation | None = None
         self._starvation_said = False
+        #: Remote engines: their Zenoh session once `run` opened it (telemetry publishes on it).
+        self.zenoh_session: zenoh.Session | None = None
         self._episode_start = True
         self._bridge: LoopBridge | None = None
 

@@ -28,6 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 from servo.logs import get_logger
 
@@ -48,6 +49,15 @@ class EngineState(enum.Enum):
 #: An overdue request is expected back no sooner than this from now: the state machine is
 #: evaluated every 20 ms, and DEGRADED must show before the control loop starves.
 DRY_MARGIN_S = 0.05
+
+
+class Transition(NamedTuple):
+    """One transition of the state machine: the state entered, why, and when (monotonic ns)."""
+
+    state: EngineState
+    reason: str
+    mono_ns: int
+
 
 _LIVE = (EngineState.STREAMING, EngineState.DEGRADED, EngineState.STALLED)
 #: Transitions kept for the run summary: a link that flaps for hours must not grow memory.
@@ -82,9 +92,11 @@ class FailSafe:
         self.reason = ""
         self.dead = threading.Event()
         #: The last `MAX_TRANSITIONS` transitions, oldest first.
-        self.transitions: deque[tuple[EngineState, str]] = deque(
-            [(EngineState.CONNECTING, "start")], maxlen=MAX_TRANSITIONS
+        self.transitions: deque[Transition] = deque(
+            [Transition(EngineState.CONNECTING, "start", clock())], maxlen=MAX_TRANSITIONS
         )
+        #: Transitions ever made (the start included): a reader that remembers it knows which are new.
+        self.transition_count = 1
         self.reconnects = 0
         self.timeouts = 0
         self._timeouts_in_row = 0
@@ -97,7 +109,8 @@ class FailSafe:
         log.info("engine state", state=state.value, previous=self.state.value, reason=reason)
         self.state = state
         self.reason = reason
-        self.transitions.append((state, reason))
+        self.transitions.append(Transition(state, reason, self._clock()))
+        self.transition_count += 1
         if state is EngineState.DEAD:
             self.dead.set()
 
@@ -139,6 +152,16 @@ class FailSafe:
     def fatal(self, reason: str) -> None:
         """A contract violation (e.g. the server came back with another model): never recover."""
         self._go(EngineState.DEAD, reason)
+
+    def transitions_since(self, count: int) -> list[Transition]:
+        """The transitions made after the first ``count`` (those still kept), oldest first.
+
+        On the thread that drives the transitions (the event loop): a reader keeps
+        `transition_count` and asks for what came after it.
+        """
+        kept = self.transitions
+        new = self.transition_count - count
+        return list(kept)[max(0, len(kept) - new) :] if new > 0 else []
 
     def tick(
         self, *, starved_since_ns: int, runway_ns: int | None = None, expected_rtt_ns: int | None = None

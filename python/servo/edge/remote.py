@@ -97,7 +97,7 @@ class RemoteEngine(EngineBase):
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self.tick_failsafe)
-            zsession = await self._open_zenoh()
+            zsession = self.zenoh_session = await self._open_zenoh()
             watcher = self._watch_replicas(zsession)
             try:
                 client = self.client = PolicyClient(
@@ -369,6 +369,8 @@ class RemoteEngine(EngineBase):
             chunks_rejected=refused.chunks_rejected,
             rogue_servers=refused.rogue_servers,
             codec=None if self.session is None else self.session.codec_status(),
+            replica="" if self.session is None else self.session.server.keys.replica,
+            model="" if self.session is None else self.session.server.keys.model,
         )
 
 

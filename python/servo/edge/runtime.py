@@ -35,6 +35,7 @@ from servo.edge.engine import EngineBase
 from servo.edge.failsafe import EngineState
 from servo.edge.recorder import Recorder
 from servo.edge.safety import SafetyLimiter
+from servo.edge.telemetry import TelemetryPublisher
 from servo.logs import get_logger
 from servo.robots.protocol import Cameras
 from servo.robots.registry import RobotDescription
@@ -64,6 +65,8 @@ class RunOptions:
     status: Callable[[str], None] | None = None
     #: A live view of the run (``--display``), started once the cameras are and closed at the end.
     display: Display | None = None
+    #: Signed status records for monitors (remote engines: on the engine's Zenoh session).
+    telemetry: TelemetryPublisher | None = None
     rest_tolerance: float = 2.0
     park_timeout_s: float = 5.0
     #: Ask for real-time (SCHED_FIFO) scheduling of the control loop (best effort).
@@ -209,6 +212,9 @@ class EdgeRuntime:
                 )
                 if opts.status is not None:
                     tg.start_soon(self._status_line, opts.status)
+                if opts.telemetry is not None and self.engine.zenoh_session is not None:
+                    client_id = getattr(self.engine, "client_id", "")
+                    tg.start_soon(opts.telemetry.run, self.engine.zenoh_session, self.engine, loop, client_id)
                 await self._supervise()
                 parked = await self._park()
                 await loop.stop()
@@ -348,7 +354,7 @@ class EdgeRuntime:
             control_loop="" if self.loop is None else type(self.loop).__name__,
             realtime=loop.realtime if loop else False,
             records_dropped=loop.records_dropped if loop else 0,
-            transitions=[[state.value, reason] for state, reason in self.engine.failsafe.transitions],
+            transitions=[[t.state.value, t.reason] for t in self.engine.failsafe.transitions],
             chunks_rejected=stats.chunks_rejected,
             rogue_servers=stats.rogue_servers,
             codec={} if stats.codec is None else dataclasses.asdict(stats.codec),

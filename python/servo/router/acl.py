@@ -26,9 +26,15 @@ robot's name, which is its client id:
   ``P/c/*/control`` queryables, subscribes to ``P/c/*/obs``, puts on ``P/c/*/action``, declares
   ``P/alive``, watches robot tokens ``P/c/*/alive``; receives those queries, observations and
   tokens, and robots' action subscriber declarations.
-- monitor: queries ``A/status``, watches and queries every token; with ``data`` also subscribes
-  to ``A/c/*/obs`` and ``A/c/*/action``. It never puts, answers or declares a token.
-- router (mesh): everything under ``@servo/**`` both ways; each router polices its own members.
+- monitor: queries ``A/status`` and ``A/audit`` (a replica's recent requests), watches and
+  queries every token, subscribes to every robot's telemetry ``T/*/telemetry``; with ``data``
+  also subscribes to ``A/c/*/obs`` and ``A/c/*/action``. It never puts, answers or declares a
+  token.
+- telemetry (``T`` = ``@servo/@robots``, `servo.wire.telemetry`): robot R alone puts on
+  ``T/R/telemetry``, and sees monitors' ``T/*/telemetry`` subscriber declarations (its publisher
+  sends only once it knows one); nobody else may put there.
+- router (mesh): everything under ``@servo/**`` and ``T/**`` both ways (``**`` never crosses
+  the verbatim ``@robots`` chunk); each router polices its own members.
 
 ``P`` is ``@servo/<app>/<model>/*`` for each app and model a server group is limited to. A
 server's discovery queries come in on ``@servo/*/*/*/status`` (the robot's wildcard), so that
@@ -41,6 +47,7 @@ from typing import Any, Literal
 
 from servo.router.fleet import Fleet, ServerGroup
 from servo.wire import ROOT
+from servo.wire.telemetry import ROBOTS_CHUNK, TELEMETRY_SELECTOR, telemetry_key
 
 Flow = Literal["ingress", "egress"]
 
@@ -58,6 +65,8 @@ ALL_MESSAGES = (
     "liveliness_query",
 )
 _SERVER_QUERIES = ("status", "trajectory")
+#: What a server answers for monitors only.
+_MONITOR_QUERIES = ("status", "audit")
 #: What a server answers for each client, under ``c/<client>/``.
 _CLIENT_QUERIES = ("session", "control")
 
@@ -75,7 +84,7 @@ def access_control(fleet: Fleet) -> dict[str, Any]:
     for i, monitor in enumerate(fleet.monitors):
         acl.policy(f"monitors[{i}]", monitor.names, _monitor_rules(data=monitor.data))
     for i, routers in enumerate(fleet.routers):
-        keys = [f"{ROOT}/**"]
+        keys = [f"{ROOT}/**", f"{ROOT}/{ROBOTS_CHUNK}/**"]
         acl.policy(f"routers[{i}]", routers.names, [("ingress", ALL_MESSAGES, keys), ("egress", ALL_MESSAGES, keys)])
     return acl.section()
 
@@ -90,7 +99,7 @@ def _shared_robot_rules() -> list[RuleSpec]:
         ("egress", ("reply",), queries),
         ("ingress", ("declare_liveliness_subscriber", "liveliness_query"), [f"{ANY}/alive"]),
         ("egress", ("liveliness_token",), [f"{ANY}/alive"]),
-        ("egress", ("declare_subscriber",), [f"{ANY}/c/*/obs"]),
+        ("egress", ("declare_subscriber",), [f"{ANY}/c/*/obs", TELEMETRY_SELECTOR]),
     ]
 
 
@@ -103,6 +112,7 @@ def _robot_rules(name: str) -> list[RuleSpec]:
         ("ingress", ("query",), [f"{own}/{leaf}" for leaf in _CLIENT_QUERIES]),
         ("egress", ("reply",), [f"{own}/{leaf}" for leaf in _CLIENT_QUERIES]),
         ("ingress", ("liveliness_token",), [f"{own}/alive"]),
+        ("ingress", ("put",), [telemetry_key(name)]),
     ]
 
 
@@ -112,10 +122,10 @@ def _server_rules(group: ServerGroup) -> list[RuleSpec]:
     def under(*leaves: str) -> list[str]:
         return [f"{p}/{leaf}" for p in prefixes for leaf in leaves]
 
-    served = under(*_SERVER_QUERIES, *(f"c/*/{leaf}" for leaf in _CLIENT_QUERIES))
+    served = under(*_SERVER_QUERIES, "audit", *(f"c/*/{leaf}" for leaf in _CLIENT_QUERIES))
     return [
         ("ingress", ("declare_queryable", "reply"), served),
-        ("egress", ("query",), [*served, f"{ANY}/status"]),
+        ("egress", ("query",), [*served, f"{ANY}/status", f"{ANY}/audit"]),
         ("ingress", ("declare_subscriber",), under("c/*/obs")),
         ("egress", ("put",), under("c/*/obs")),
         ("ingress", ("put",), under("c/*/action")),
@@ -128,11 +138,14 @@ def _server_rules(group: ServerGroup) -> list[RuleSpec]:
 
 def _monitor_rules(*, data: bool) -> list[RuleSpec]:
     tokens = [f"{ANY}/alive", f"{ANY}/c/*/alive"]
+    queries = [f"{ANY}/{leaf}" for leaf in _MONITOR_QUERIES]
     rules: list[RuleSpec] = [
-        ("ingress", ("query",), [f"{ANY}/status"]),
-        ("egress", ("reply",), [f"{ANY}/status"]),
+        ("ingress", ("query",), queries),
+        ("egress", ("reply",), queries),
         ("ingress", ("declare_liveliness_subscriber", "liveliness_query"), tokens),
         ("egress", ("liveliness_token",), tokens),
+        ("ingress", ("declare_subscriber",), [TELEMETRY_SELECTOR]),
+        ("egress", ("put",), [TELEMETRY_SELECTOR]),
     ]
     if data:
         streams = [f"{ANY}/c/*/obs", f"{ANY}/c/*/action"]

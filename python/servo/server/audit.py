@@ -1,25 +1,92 @@
-"""One structured JSON line per served request (seeds/001 §12).
+"""One structured JSON line per served request (seeds/001 §12), and the recent ones in memory.
 
-Lines join with edge recordings on (session_id, seq_id).
+Lines join with edge recordings on (session_id, seq_id). The last requests of each client are
+also kept in memory (`RecentRequests`, bounded) for monitors, which ask the replica's ``audit``
+queryable (`servo.wire.audit`) instead of reading its disk.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import IO, Any
 
 import structlog
 
+from servo.wire import AuditEntry, AuditQuery
+
+#: Requests kept per client, and clients kept (the least recently served is forgotten first).
+RECENT_PER_CLIENT = 128
+RECENT_CLIENTS = 1024
+
+
+class RecentRequests:
+    """The last `RECENT_PER_CLIENT` requests of the last `RECENT_CLIENTS` clients served.
+
+    Written by the inference worker and reply threads, read by the event loop (the audit
+    queryable); one lock, held for O(1) work or one copy of a client's ring.
+    """
+
+    def __init__(self, per_client: int = RECENT_PER_CLIENT, clients: int = RECENT_CLIENTS) -> None:
+        self._per_client = per_client
+        self._clients = clients
+        self._lock = threading.Lock()
+        #: client id -> (monotonic ns served, entry with age 0), oldest first.
+        self._rings: OrderedDict[str, deque[tuple[int, AuditEntry]]] = OrderedDict()
+
+    def add(self, entry: AuditEntry, now_ns: int | None = None) -> None:
+        """Remember one request (``age_ms`` is filled in when asked)."""
+        stamp = time.monotonic_ns() if now_ns is None else now_ns
+        with self._lock:
+            ring = self._rings.get(entry.client_id)
+            if ring is None:
+                ring = self._rings[entry.client_id] = deque(maxlen=self._per_client)
+                if len(self._rings) > self._clients:
+                    self._rings.popitem(last=False)
+            else:
+                self._rings.move_to_end(entry.client_id)
+            ring.append((stamp, entry))
+
+    def tail(self, query: AuditQuery, now_ns: int | None = None) -> list[AuditEntry]:
+        """The newest ``query.limit`` matching requests, oldest first, with their age."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        with self._lock:
+            if query.client_id:
+                rows = list(self._rings.get(query.client_id, ()))
+            else:
+                rows = sorted((row for ring in self._rings.values() for row in ring), key=lambda row: row[0])
+        if query.errors_only:
+            rows = [row for row in rows if row[1].outcome != "ok"]
+        return [_aged(entry, now - stamp) for stamp, entry in rows[-query.limit :]]
+
+
+def _aged(entry: AuditEntry, age_ns: int) -> AuditEntry:
+    return AuditEntry(
+        entry.client_id,
+        entry.session_id,
+        entry.seq_id,
+        entry.episode_id,
+        entry.outcome,
+        entry.queue_wait_ms,
+        entry.inference_ms,
+        entry.staleness_ms,
+        entry.superseded,
+        max(0, age_ns) / 1e6,
+    )
+
 
 class AuditLog:
-    """Appends JSON lines to a file (or stdout for ``"-"``; disabled for ``""``).
+    """Appends JSON lines to a file (or stdout for ``"-"``; disabled for ``""``) and to ``recent``.
 
     Written from the inference worker and reply threads (the underlying WriteLogger serialises
     lines under a lock); closed by the event loop once both have stopped.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, recent: RecentRequests | None = None) -> None:
+        self.recent = RecentRequests() if recent is None else recent
         self._file: IO[str] | None = None
         if not path:
             self._log = None
@@ -36,10 +103,47 @@ class AuditLog:
             wrapper_class=structlog.BoundLogger,
         )
 
-    def write(self, **fields: Any) -> None:
-        """Write one line: session_id, client_id, seq_id, episode_id, queue_wait_ms, inference_ms, outcome."""
+    def write(
+        self,
+        *,
+        session_id: str,
+        client_id: str,
+        seq_id: int,
+        episode_id: int,
+        queue_wait_ms: float,
+        inference_ms: float,
+        staleness_ms: float,
+        outcome: str,
+        superseded: int = 0,
+        **extra: Any,
+    ) -> None:
+        """Write one line (``extra`` fields go to the file only) and remember the request."""
+        fields = {
+            "session_id": session_id,
+            "client_id": client_id,
+            "seq_id": seq_id,
+            "episode_id": episode_id,
+            "queue_wait_ms": round(queue_wait_ms, 3),
+            "inference_ms": round(inference_ms, 3),
+            "staleness_ms": round(staleness_ms, 3),
+            "superseded": superseded,
+        }
+        self.recent.add(
+            AuditEntry(
+                client_id,
+                session_id,
+                seq_id,
+                episode_id,
+                outcome,
+                max(0.0, queue_wait_ms),
+                max(0.0, inference_ms),
+                max(0.0, staleness_ms),
+                superseded,
+                0.0,
+            )
+        )
         if self._log is not None:
-            self._log.msg("request", **fields)
+            self._log.msg("request", **fields, **extra, outcome=outcome)
 
     def close(self) -> None:
         """Flush and close the file."""

@@ -1,4 +1,4 @@
-"""The control plane: status, session open (the handshake), reset/close and trajectory queryables.
+"""The control plane: status, session open (the handshake), reset/close, trajectory and audit queryables.
 
 Handlers run on the event loop (Zenoh's queryable callbacks only hand queries over); each one
 returns a message, a `Sealed` message or a `Rejection`, and `answer` turns that into the reply.
@@ -35,6 +35,8 @@ from servo.server.trajectories import TrajectoryLibrary
 from servo.transport import LoopBridge, declare_action_publisher
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
+    AuditQuery,
+    AuditTail,
     CloseRequest,
     ControlAck,
     ControlRequest,
@@ -140,6 +142,7 @@ class ControlPlane:
             on(f"{keys.prefix}/session", self.open_legacy, None),
             on(keys.all_control, self.control, None),
             on(keys.trajectory, self.trajectory, keys.trajectory),
+            on(keys.audit, self.audit, keys.audit),
         ]
 
     def answer(self, handler: Handler, query: zenoh.Query, reply_key: str | None) -> None:
@@ -360,6 +363,14 @@ class ControlPlane:
         if (suppressed := _THROTTLE.allow(("control", reason))) is not None:
             log.warning("control request refused", reason=reason, detail=message, suppressed=suppressed)
         return Rejection(code, message)  # type: ignore[arg-type]
+
+    def audit(self, query: zenoh.Query, payload: zenoh.ZBytes) -> AuditTail | Rejection:
+        """The replica's recent requests (`servo.wire.audit`); an empty query asks for every client's."""
+        try:
+            request = decode(body(payload), AuditQuery) if len(payload) else AuditQuery()
+        except WireError as exc:
+            return Rejection("bad_request", str(exc))
+        return AuditTail(self._state.replica.keys.replica, self._state.recent.tail(request))
 
     def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> msgspec.Struct:
         """A whole trajectory of the library (or the list of names)."""

@@ -99,6 +99,7 @@ class ObservationIntake:
         outcome = self._registry.deposit(session, self._decode(header, body, now, session))
         if outcome != "ok":
             self._metrics.observations_rejected.labels(outcome).inc()
+            self._metrics.robots.rejected(client_id, outcome)
 
     def _refuse(self, session: Session, header: Header, reason: Reason, code: str, message: str) -> None:
         self._reject(Refused(reason, message, header), session.client_id)
@@ -107,6 +108,7 @@ class ObservationIntake:
 
     def _reject(self, refused: Refused, client_id: str | None) -> None:
         self._metrics.observations_rejected.labels(refused.reason).inc()
+        self._metrics.robots.rejected(client_id, refused.reason)
         if (suppressed := self._log_throttle.allow(refused.reason)) is not None:
             log.warning(
                 "observation rejected",

@@ -162,6 +162,14 @@ class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         int, msgspec.Meta(ge=0, le=65535, description="Port of /healthz and /metrics; 0 disables.")
     ] = 9100
     audit_log: Annotated[str, msgspec.Meta(description="One JSON line per request to this file; '-' = stdout.")] = ""
+    robot_metrics: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=100_000,
+            description='Most robots with /metrics series of their own at once (the rest: robot="other").',
+        ),
+    ] = 256
 
 
 class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -7,6 +7,8 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from servo.server.robot_metrics import RobotMetrics
+
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _MS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
 #: Requests the status reply's recent queue wait and forward time look at.
@@ -36,14 +38,21 @@ class RecentHistogram(Histogram):
 
 
 class ServerMetrics:
-    """Counters and histograms; updated from the worker thread and the event loop (thread-safe)."""
+    """Counters and histograms; updated from the worker thread and the event loop (thread-safe).
 
-    def __init__(self) -> None:
+    Args:
+        robot_labels: Most robots with series of their own (`RobotMetrics`); the rest are ``other``.
+    """
+
+    def __init__(self, robot_labels: int = 256) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.active_sessions = Gauge("servo_active_sessions", "Open sessions", registry=r)
         self.max_sessions = Gauge("servo_max_sessions", "Session capacity", registry=r)
         self.warmed_up = Gauge("servo_warmed_up", "1 once the policy is warmed up", registry=r)
+        self.chunk_duration_ms = Gauge(
+            "servo_chunk_duration_ms", "What one chunk lasts on the robot: chunk_size / fps (ms)", registry=r
+        )
         self.draining = Gauge("servo_draining", "1 while draining", registry=r)
         self.requests = Counter("servo_requests", "Served inference requests", ["outcome"], registry=r)
         self.superseded = Counter("servo_superseded_observations", "Observations replaced before inference", registry=r)
@@ -89,6 +98,7 @@ class ServerMetrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
+        self.robots = RobotMetrics(r, robot_labels)
 
     def render(self) -> bytes:
         """Prometheus text exposition."""

@@ -4,12 +4,18 @@ One stage, one thread ("servo-reply"): the inference worker hands over what each
 produced (`Reply`) and goes straight to the next forward; this thread encodes, seals and puts
 every answer, then accounts for it (metrics, audit). A FIFO and one thread keep the answers in
 serving order, and the put of one answer never holds the device.
+
+Accounting is one place for the served and the refused, so the fleet-wide metrics, the per-robot
+metrics (`servo.server.robot_metrics`) and the audit log never disagree. Each answer's staleness
+is how old its observation was when it left (arrival to publish, on this server's clock): what a
+robot's staleness bound sees of the server.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,17 +127,22 @@ class ReplyStage:
         # Publish first (the client is waiting), account after; an inference whose session was
         # closed meanwhile is still audited, as undeliverable.
         outcome = "ok" if _publish(session, MSG_CHUNK, encode(body), header, bound) else "undeliverable"
+        staleness_ms = (time.monotonic_ns() - item.received_ns) / 1e6
         self._metrics.requests.labels(outcome).inc()
         self._metrics.superseded.inc(claim.superseded)
         self._metrics.queue_wait_ms.observe(reply.queue_wait_ms)
         self._metrics.inference_ms.observe(reply.inference_ms)
+        self._metrics.robots.served(
+            session.client_id, outcome, reply.queue_wait_ms, reply.inference_ms, staleness_ms, claim.superseded
+        )
         self._audit.write(
             session_id=session.session_id,
             client_id=session.client_id,
             seq_id=header.seq_id,
             episode_id=header.episode_id,
-            queue_wait_ms=round(reply.queue_wait_ms, 3),
-            inference_ms=round(reply.inference_ms, 3),
+            queue_wait_ms=reply.queue_wait_ms,
+            inference_ms=reply.inference_ms,
+            staleness_ms=staleness_ms,
             superseded=claim.superseded,
             inference_delay=item.delay,
             decode_ms=round(item.decode_ns / 1e6, 3),
@@ -140,7 +151,9 @@ class ReplyStage:
 
     def _fail(self, session: Session, header: Header, code: str, message: str, reply: Reply, bound: Logger) -> None:
         _publish(session, MSG_ERROR, encode(ErrorEvent(code, message)), header, bound)
+        staleness_ms = (time.monotonic_ns() - reply.claim.item.received_ns) / 1e6
         self._metrics.requests.labels(code).inc()
+        self._metrics.robots.served(session.client_id, code, reply.queue_wait_ms, reply.inference_ms, staleness_ms, 0)
         if code != "inference_failed" and (suppressed := _THROTTLE.allow(code)) is not None:
             bound.warning("request refused", code=code, reason=message, suppressed=suppressed)
         self._audit.write(
@@ -148,8 +161,9 @@ class ReplyStage:
             client_id=session.client_id,
             seq_id=header.seq_id,
             episode_id=header.episode_id,
-            queue_wait_ms=round(reply.queue_wait_ms, 3),
-            inference_ms=round(reply.inference_ms, 3),
+            queue_wait_ms=reply.queue_wait_ms,
+            inference_ms=reply.inference_ms,
+            staleness_ms=staleness_ms,
             outcome=code,
         )
 

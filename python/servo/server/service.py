@@ -128,7 +128,9 @@ class PolicyServer:
         self._scheduler = scheduler
         self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
         self.state = ServerState(
-            client_grace_s=manifest.serving.client_grace_s, idle_session_s=manifest.limits.idle_session_s
+            client_grace_s=manifest.serving.client_grace_s,
+            idle_session_s=manifest.limits.idle_session_s,
+            robot_labels=manifest.ops.robot_metrics,
         )
         self.metrics = self.state.metrics
         self.registry = self.state.registry
@@ -181,7 +183,7 @@ class PolicyServer:
                 seconds=round(time.perf_counter() - started, 3),
             )
             self.state.bind(self._replica(policy, identity), tg)
-            audit = AuditLog(m.ops.audit_log)
+            audit = AuditLog(m.ops.audit_log, self.state.recent)
             try:
                 # Frontends end before the Zenoh session their sessions live on.
                 async with open_session(m.zenoh) as zsession, anyio.create_task_group() as frontends:

@@ -17,6 +17,7 @@ from anyio.abc import TaskGroup
 
 from servo._core import ServerIdentity
 from servo.logs import get_logger
+from servo.server.audit import RecentRequests
 from servo.server.metrics import ServerMetrics
 from servo.server.sessions import Session, SessionRegistry
 from servo.wire import PolicyInfo, ServerKeys, WireError
@@ -69,11 +70,14 @@ class ServerState:
         idle_session_s: A session without an authenticated message for this long is collected
             (``idle``), whether or not its client's token is there: a squatter that declares a
             token and never streams does not hold a slot for good.
+        robot_labels: Most robots with metrics series of their own (`ServerMetrics`).
     """
 
-    def __init__(self, *, client_grace_s: float, idle_session_s: float = 60.0) -> None:
+    def __init__(self, *, client_grace_s: float, idle_session_s: float = 60.0, robot_labels: int = 256) -> None:
         self.registry = SessionRegistry()
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(robot_labels)
+        #: The last requests of each client, for the audit queryable (the audit log writes them).
+        self.recent = RecentRequests()
         self.lifecycle: Lifecycle = "starting"
         self._grace_s = client_grace_s
         self._idle_s = idle_session_s
@@ -94,6 +98,7 @@ class ServerState:
         """The policy is loaded: fix what is served; grace timers run in ``task_group``."""
         self._replica, self._tg = replica, task_group
         self.metrics.max_sessions.set(replica.max_sessions)
+        self.metrics.chunk_duration_ms.set(replica.info.chunk_size / replica.info.fps * 1e3)
         task_group.start_soon(self._evict_idle)
 
     def start_serving(self) -> None:
@@ -133,6 +138,7 @@ class ServerState:
             log.info("session replaced", session_id=replaced.session_id, client_id=replaced.client_id)
         self.metrics.sessions_opened.inc()
         self.metrics.active_sessions.set(len(self.registry))
+        self.metrics.robots.attach(session.client_id)
         self._sessions_changed()
         self._collect_later(session.session_id)
 
@@ -142,6 +148,8 @@ class ServerState:
             return
         session.close_publisher()
         self._sessions_changed()
+        if self.registry.by_client(session.client_id) is None:
+            self.metrics.robots.detach(session.client_id)
         self.metrics.sessions_collected.labels(reason).inc()
         self.metrics.active_sessions.set(len(self.registry))
         log.info(

@@ -9,6 +9,7 @@ Layout (``<p>`` = ``@servo/<app>/<model>/<replica>``)::
     <p>/status              queryable   capabilities, load and identity
     <p>/alive               liveliness  the server replica
     <p>/trajectory          queryable   trajectory library
+    <p>/audit               queryable   the replica's recent requests (monitors, `servo.wire.audit`)
     <p>/c/<client>/session  queryable   open a session (handshake, capability validation)
     <p>/c/<client>/obs      pub/sub     observations, client -> server
     <p>/c/<client>/action   pub/sub     chunks, errors and drain notices, server -> client
@@ -17,7 +18,9 @@ Layout (``<p>`` = ``@servo/<app>/<model>/<replica>``)::
 
 Everything a client does lives under its own ``<p>/c/<client>/``, session open included: a
 router's access control that gives each robot its own ``c/<name>`` keys (`servo.router.acl`)
-therefore also decides who may open a session under which client id.
+therefore also decides who may open a session under which client id. A robot's own status
+record for monitors lives outside any replica, under ``@servo/@robots/<client>/telemetry``
+(`servo.wire.telemetry`).
 """
 
 from __future__ import annotations
@@ -113,6 +116,11 @@ class ServerKeys:
         return f"{self.prefix}/trajectory"
 
     @property
+    def audit(self) -> str:
+        """The recent-requests queryable monitors ask (`servo.wire.audit`)."""
+        return f"{self.prefix}/audit"
+
+    @property
     def all_obs(self) -> str:
         """What the server subscribes to: every client's observations (one level, never ``**``)."""
         return f"{self.prefix}/c/*/obs"
@@ -170,3 +178,8 @@ def status_selector(app: str | None = None, model: str | None = None) -> str:
 def alive_selector(app: str | None = None, model: str | None = None) -> str:
     """Selector matching the liveliness token of every replica (optionally of one app/model)."""
     return status_selector(app, model).removesuffix("status") + "alive"
+
+
+def audit_selector() -> str:
+    """Selector matching the audit queryable of every replica."""
+    return status_selector().removesuffix("status") + "audit"

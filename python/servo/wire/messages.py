@@ -295,8 +295,8 @@ class TrajectoryList(msgspec.Struct, frozen=True):
     names: list[str]
 
 
-#: Every message body of the protocol, for codec tests and fuzzing.
-MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (
+#: Every message body of the session protocol (`servo.wire.MESSAGE_TYPES` adds telemetry and audit).
+SESSION_MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (
     StatusReply,
     SessionOpen,
     SessionAck,

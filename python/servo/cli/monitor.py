@@ -1,0 +1,89 @@
+"""``servo-monitor``: a live web page of the fleet (replicas, robots, latencies, events), plus /metrics.
+
+It joins the fleet's router like any member (``--connect``, ``--tls-*`` or ``--auth-*``: a
+``[[monitors]]`` identity of the fleet file) and serves the page on ``--http-host``:``--http-port``
+(127.0.0.1:9200). Exit codes: 0 after Ctrl-C / SIGTERM, 1 when the router cannot be reached or the
+port is busy, 2 for a bad option or robot keys file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import anyio
+import zenoh
+
+from servo.cli.flags import add_struct_flags, struct_flag_values
+from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.config import ConfigError, convert
+from servo.logs import configure_logging
+from servo.monitor import MonitorConfig, MonitorReady, TrustError, run_monitor
+
+PROG = "servo-monitor"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every `MonitorConfig` field is a flag."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_struct_flags(parser.add_argument_group("monitor options"), MonitorConfig)
+    parser.add_argument("--log-level", default="warning", help="debug, info, warning or error.")
+    parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
+    parser.add_argument("--debug", action="store_true", help="Show the traceback of an unexpected error.")
+    return parser
+
+
+def load(args: argparse.Namespace) -> MonitorConfig:
+    """The options as a checked `MonitorConfig`.
+
+    Raises:
+        ConfigError: a bad value, naming the option.
+    """
+    return convert(struct_flag_values(args, MonitorConfig), MonitorConfig, origin="command line", strict=False)
+
+
+async def serve(config: MonitorConfig) -> None:
+    """Run until SIGINT/SIGTERM."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: on_signal(tg.cancel_scope.cancel, lambda: None, say=_say, what="still closing"))
+        ready: MonitorReady = await tg.start(run_monitor, config)
+        _say(f"serving the fleet page on {ready.url} (joined {', '.join(config.connect)}); Ctrl-C to stop")
+
+
+def _say(text: str) -> None:
+    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``servo-monitor``."""
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, json=args.json_logs)
+    try:
+        config = load(args)
+    except ConfigError as exc:
+        _say(f"error: {exc}")
+        return 2
+    try:
+        anyio.run(serve, config, backend="asyncio", backend_options={"use_uvloop": True})
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except BaseException as group:
+        error = first_error(group)
+        if isinstance(error, TrustError):
+            _say(f"error: {error}")
+            return 2
+        if isinstance(error, zenoh.ZError | OSError):
+            _say(f"error: {error}")
+            return 1
+        if args.debug:
+            raise
+        _say(f"error: unexpected {type(error).__name__}: {error} (--debug shows the traceback)")
+        return 1
+    _say("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

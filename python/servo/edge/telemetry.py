@@ -1,0 +1,137 @@
+"""The edge's telemetry: a signed status record on the robot's own key, about once a second.
+
+Built from the snapshots the edge already keeps (`EngineStats`, the fail-safe's transitions,
+the control loop's lateness histogram and counters) on the event loop, never on the control
+loop, and published with ``CongestionControl.DROP`` at a low priority: a congested link loses a
+record, never delays an observation or blocks the loop. The record is signed with the robot's
+Ed25519 identity (`servo.wire.telemetry`); monitors verify it (`servo.monitor`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+import zenoh
+
+from servo.edge.channel import lateness_percentiles_ms
+from servo.edge.control_loop import ControlLoop
+from servo.edge.engine import EngineBase, EngineStats
+from servo.edge.failsafe import FailSafe
+from servo.logs import get_logger
+from servo.wire.telemetry import (
+    MAX_REASON_CHARS,
+    MAX_TRANSITIONS,
+    EdgeTelemetry,
+    Signer,
+    Transition,
+    seal_telemetry,
+    telemetry_key,
+)
+
+log = get_logger(__name__)
+
+#: How often a robot reports (s).
+DEFAULT_PERIOD_S = 1.0
+
+
+@dataclass
+class TelemetryPublisher:
+    """Publishes one robot's telemetry. Owned by the event loop (`run` is one of the runtime's tasks).
+
+    Args:
+        signer: The robot's identity; every record is signed with it.
+        period_s: Time between two records.
+    """
+
+    signer: Signer
+    period_s: float = DEFAULT_PERIOD_S
+    #: Random per run: with ``seq`` it lets a monitor refuse replayed records.
+    boot: bytes = field(default_factory=lambda: os.urandom(8))
+    #: Records published (the next record's ``seq``).
+    seq: int = 0
+    _seen_transitions: int = 0
+    _lateness: npt.NDArray[np.uint64] | None = None
+
+    async def run(self, zsession: zenoh.Session, engine: EngineBase, loop: ControlLoop, client_id: str) -> None:
+        """Publish until cancelled; a last record goes out as the task ends (the final state)."""
+        publisher = zsession.declare_publisher(
+            telemetry_key(client_id),
+            congestion_control=zenoh.CongestionControl.DROP,
+            priority=zenoh.Priority.DATA_LOW,
+        )
+        self._seen_transitions = max(0, engine.failsafe.transition_count - MAX_TRANSITIONS)
+        try:
+            while True:
+                self._publish(publisher, engine, loop, client_id)
+                await anyio.sleep(self.period_s)
+        finally:
+            self._publish(publisher, engine, loop, client_id)
+            with contextlib.suppress(zenoh.ZError):
+                publisher.undeclare()
+
+    def _publish(self, publisher: zenoh.Publisher, engine: EngineBase, loop: ControlLoop, client_id: str) -> None:
+        lateness = loop.channel.lateness_counts()
+        missed = loop.statistics().missed_deadlines
+        record = self.record(client_id, engine.statistics(), engine.failsafe, lateness, missed)
+        body, attachment = seal_telemetry(record, self.signer)
+        try:
+            publisher.put(body, attachment=attachment)
+        except zenoh.ZError as exc:  # the session is closing: the run is ending anyway
+            log.debug("telemetry not sent", error=str(exc))
+
+    def record(
+        self,
+        client_id: str,
+        stats: EngineStats,
+        failsafe: FailSafe,
+        lateness: npt.NDArray[np.uint64],
+        missed_deadlines: int,
+        now_ns: int | None = None,
+    ) -> EdgeTelemetry:
+        """The next record from these snapshots (advances ``seq`` and the transition cursor).
+
+        ``lateness`` is the control loop's whole-run lateness histogram: the record's p99 covers
+        the ticks since the previous record.
+        """
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        recent = lateness if self._lateness is None else lateness - self._lateness
+        self._lateness = lateness
+        p99 = lateness_percentiles_ms(recent, [0.99], 1 << 62)
+        new = failsafe.transitions_since(self._seen_transitions)[-MAX_TRANSITIONS:]
+        self._seen_transitions = failsafe.transition_count
+        last = failsafe.transitions[-1]
+        record = EdgeTelemetry(
+            client_id=client_id,
+            boot=self.boot,
+            seq=self.seq,
+            period_ms=self.period_s * 1e3,
+            state=stats.state,
+            replica=stats.replica,
+            model=stats.model,
+            rtt_ms_p50=stats.rtt_ms_p50,
+            rtt_ms_p99=stats.rtt_ms_p99,
+            delay_steps=max(0, stats.delay_steps),
+            queue_depth=stats.queue_depth,
+            fallback_ticks=stats.fallback_ticks,
+            tick_lateness_ms_p99=None if p99 is None else p99[0],
+            missed_deadlines=missed_deadlines,
+            codec="" if stats.codec is None else stats.codec.current,
+            requests=stats.requests,
+            reconnects=stats.reconnects,
+            timeouts=stats.timeouts,
+            chunks_rejected={reason: n for reason, n in stats.chunks_rejected.items() if n},
+            last_transition=_transition(last.state.value, last.reason, now - last.mono_ns),
+            transitions=[_transition(t.state.value, t.reason, now - t.mono_ns) for t in new],
+        )
+        self.seq += 1
+        return record
+
+
+def _transition(state: str, reason: str, age_ns: int) -> Transition:
+    return Transition(state, reason[:MAX_REASON_CHARS], max(0, age_ns) / 1e6)

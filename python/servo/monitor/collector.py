@@ -1,0 +1,171 @@
+"""The monitor's Zenoh side: it joins the network like any member (behind a router, as a ``monitor``).
+
+What it declares and asks is exactly what the router lets a monitor do (`servo.router.acl`):
+a subscriber on every robot's telemetry, a liveliness subscriber on the replicas' tokens, the
+replicas' ``status`` queryables once a second and their ``audit`` queryables (a robot's recent
+requests when a person opens its timeline; every replica's refused requests every few seconds).
+It never puts, answers or declares anything. Zenoh callbacks only copy bytes (bounded) and hand
+them to the event loop; verification and everything else happen there (`FleetView`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import anyio
+import zenoh
+from anyio.abc import TaskStatus
+
+from servo.logs import get_logger
+from servo.monitor.fleet import FleetView
+from servo.transport import LoopBridge, query
+from servo.wire import (
+    TELEMETRY_SELECTOR,
+    AuditQuery,
+    AuditTail,
+    ServerKeys,
+    StatusReply,
+    WireError,
+    alive_selector,
+    audit_selector,
+    decode,
+    encode,
+    status_selector,
+)
+from servo.wire.telemetry import MAX_TELEMETRY_BYTES
+
+log = get_logger(__name__)
+
+#: How often replicas are asked for their status, and for the requests they refused (s).
+STATUS_PERIOD_S = 1.0
+REFUSALS_PERIOD_S = 5.0
+#: Query deadline (s): a replica that does not answer in time is left out of that round.
+QUERY_TIMEOUT_S = 1.0
+#: Server-side refusals remembered to report each one once.
+_SEEN_REFUSALS = 4096
+
+
+class FleetCollector:
+    """Feeds a `FleetView` from the Zenoh network. Owned by the event loop (`run` is its task).
+
+    Args:
+        view: What the monitor knows.
+        zsession: The monitor's Zenoh session (closed by whoever opened it).
+    """
+
+    def __init__(self, view: FleetView, zsession: zenoh.Session) -> None:
+        self.view = view
+        self.zsession = zsession
+        #: Telemetry samples dropped in the callback because they were too large to be telemetry.
+        self.oversized = 0
+        self._seen_refusals: dict[tuple[str, str, int], None] = {}
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Subscribe and poll until cancelled; ``started`` once subscribed and first polled."""
+        bridge = LoopBridge()
+        declared: list[Any] = []
+        try:
+            declared.append(self.zsession.declare_subscriber(TELEMETRY_SELECTOR, lambda s: self._on_sample(bridge, s)))
+            declared.append(
+                self.zsession.liveliness().declare_subscriber(
+                    alive_selector(),
+                    lambda s: bridge.call(self._on_token, str(s.key_expr), s.kind == zenoh.SampleKind.PUT),
+                    history=True,
+                )
+            )
+            await self.poll_status()
+            task_status.started()
+            next_refusals = 0.0
+            while True:
+                await anyio.sleep(STATUS_PERIOD_S)
+                await self.poll_status()
+                self.view.prune()
+                if time.monotonic() >= next_refusals:
+                    next_refusals = time.monotonic() + REFUSALS_PERIOD_S
+                    await self.poll_refusals()
+        finally:
+            bridge.closed = True
+            for entity in reversed(declared):
+                with contextlib.suppress(zenoh.ZError):
+                    entity.undeclare()
+
+    def _on_sample(self, bridge: LoopBridge, sample: zenoh.Sample) -> None:
+        """Zenoh callback thread: copy a bounded sample out and hand it to the loop."""
+        if len(sample.payload) > MAX_TELEMETRY_BYTES:
+            self.oversized += 1
+            return
+        attachment = None if sample.attachment is None else sample.attachment.to_bytes()
+        bridge.call(self.view.on_telemetry, str(sample.key_expr), sample.payload.to_bytes(), attachment)
+
+    def _on_token(self, key: str, alive: bool) -> None:
+        prefix = key.removesuffix("/alive")
+        if prefix.count("/") == 3:
+            self.view.on_replica_token(prefix, alive)
+
+    async def poll_status(self) -> None:
+        """Ask every replica for its status; a reply that does not decode or names another replica is skipped."""
+        for reply in await query(self.zsession, status_selector(), timeout=QUERY_TIMEOUT_S):
+            if reply.ok is None:
+                continue
+            try:
+                keys = ServerKeys.parse_status(str(reply.ok.key_expr))
+                status = decode(reply.ok.payload.to_bytes(), StatusReply)
+            except WireError as exc:
+                log.debug("status reply skipped", error=str(exc))
+                continue
+            if status.replica == keys.replica:
+                self.view.on_status(keys.prefix, status)
+
+    async def audit(self, request: AuditQuery) -> list[tuple[str, AuditTail]]:
+        """Every replica's answer to ``request``: ``(replica key prefix, tail)``; undecodable ones skipped."""
+        tails = []
+        for reply in await query(self.zsession, audit_selector(), payload=encode(request), timeout=QUERY_TIMEOUT_S):
+            if reply.ok is None:
+                continue
+            key = str(reply.ok.key_expr)
+            try:
+                tail = decode(reply.ok.payload.to_bytes(), AuditTail)
+            except WireError as exc:
+                log.debug("audit reply skipped", key=key[:200], error=str(exc))
+                continue
+            tails.append((key.removesuffix("/audit"), tail))
+        return tails
+
+    async def requests(self, robot: str, limit: int = 128) -> list[dict[str, Any]]:
+        """``robot``'s recent requests on every replica, oldest first, timed on this machine's clock."""
+        asked = time.time()
+        rows = []
+        for prefix, tail in await self.audit(AuditQuery(robot, limit=limit)):
+            for e in tail.entries:
+                rows.append(
+                    {
+                        "t": asked - e.age_ms / 1e3,
+                        "replica": prefix.rsplit("/", 1)[-1],
+                        "session": e.session_id,
+                        "seq": e.seq_id,
+                        "episode": e.episode_id,
+                        "outcome": e.outcome,
+                        "queue_wait_ms": e.queue_wait_ms,
+                        "inference_ms": e.inference_ms,
+                        "staleness_ms": e.staleness_ms,
+                        "superseded": e.superseded,
+                    }
+                )
+        return sorted(rows, key=lambda row: row["t"])
+
+    async def poll_refusals(self) -> None:
+        """Report every request a replica refused since the last poll as a fleet event."""
+        asked = time.time()
+        for prefix, tail in await self.audit(AuditQuery(errors_only=True, limit=64)):
+            replica = prefix.rsplit("/", 1)[-1]
+            for e in tail.entries:
+                seen = (e.session_id, e.outcome, e.seq_id)
+                if seen in self._seen_refusals:
+                    continue
+                if len(self._seen_refusals) >= _SEEN_REFUSALS:
+                    self._seen_refusals.pop(next(iter(self._seen_refusals)))
+                self._seen_refusals[seen] = None
+                text = f"{replica} answered seq {e.seq_id} with {e.outcome}"
+                self.view.event(asked - e.age_ms / 1e3, e.client_id, "refusal", text)

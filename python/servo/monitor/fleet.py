@@ -1,0 +1,243 @@
+"""What a monitor knows about the fleet: robots from their telemetry, replicas from status and tokens.
+
+Every time shown to a person is on the monitor's own clock: a robot reports how long ago its
+transitions happened (durations on its monotonic clock), a replica how long ago it served a
+request, and the monitor places them relative to when the report arrived. No wall-clock instant
+of another machine is ever compared with this one's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from servo.monitor.trust import RobotTrust
+from servo.wire import EdgeTelemetry, StatusReply, WireError, fingerprint, open_telemetry
+from servo.wire.telemetry import client_of_telemetry
+
+#: A robot whose last record is older than this many periods (at least `MIN_STALE_S`) is stale.
+STALE_PERIODS = 3
+MIN_STALE_S = 3.0
+#: Per robot: transitions and samples kept for its timeline; fleet-wide: recent events.
+ROBOT_TRANSITIONS = 200
+ROBOT_SAMPLES = 600
+FLEET_EVENTS = 200
+#: Replicas whose token is gone are still shown as down this long (s).
+REPLICA_FORGET_S = 300.0
+#: Refusal events per robot and reason: at most one per this many seconds.
+REFUSAL_EVENT_INTERVAL_S = 10.0
+
+
+@dataclass
+class RobotView:
+    """One robot as its telemetry shows it."""
+
+    client_id: str
+    fingerprint: str
+    record: EdgeTelemetry
+    seen_mono: float
+    seen_wall: float
+    #: (wall time on this clock, state, reason), oldest first.
+    transitions: deque[tuple[float, str, str]] = field(default_factory=lambda: deque(maxlen=ROBOT_TRANSITIONS))
+    #: (wall time, rtt p50 ms, rtt p99 ms, fallback ticks), one per record.
+    samples: deque[tuple[float, float | None, float | None, int]] = field(
+        default_factory=lambda: deque(maxlen=ROBOT_SAMPLES)
+    )
+    identity_changed: bool = False
+
+
+@dataclass
+class ReplicaView:
+    """One replica as its status replies and liveliness token show it."""
+
+    prefix: str
+    status: StatusReply | None = None
+    alive: bool = False
+    seen_mono: float = 0.0
+    down_since_mono: float | None = None
+
+
+class FleetView:
+    """The monitor's picture of the fleet. Owned by the monitor's event loop.
+
+    Args:
+        trust: Which key may sign for which robot (`servo.monitor.trust`).
+        clock: Monotonic seconds (injectable for tests).
+        wall: This machine's wall clock in seconds (what the page shows).
+    """
+
+    def __init__(
+        self,
+        trust: RobotTrust,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.trust = trust
+        self.robots: dict[str, RobotView] = {}
+        self.replicas: dict[str, ReplicaView] = {}
+        #: Records refused, by reason (signature, malformed, identity_changed, replay, too_many_robots).
+        self.refused: dict[str, int] = {}
+        self.events: deque[dict[str, Any]] = deque(maxlen=FLEET_EVENTS)
+        self._clock = clock
+        self._wall = wall
+        self._last_refusal: dict[tuple[str, str], float] = {}
+
+    # ------------------------------------------------------------------ robots
+    def on_telemetry(self, key: str, body: bytes, attachment: bytes | None) -> None:
+        """A telemetry sample arrived: verify, check trust and freshness, then take it in."""
+        try:
+            public_key, record = open_telemetry(key, body, attachment)
+        except WireError as exc:
+            reason = "signature" if "signature" in str(exc) else "malformed"
+            self._refuse(_robot_of(key), reason, str(exc))
+            return
+        robot = record.client_id
+        verdict = self.trust.check(robot, public_key, record.boot, record.seq)
+        if verdict is not None:
+            self._refuse(robot, verdict, f"telemetry refused: {verdict.replace('_', ' ')}")
+            if verdict == "identity_changed" and robot in self.robots:
+                self.robots[robot].identity_changed = True
+            return
+        now, wall = self._clock(), self._wall()
+        view = self.robots.get(robot)
+        if view is None:
+            view = self.robots[robot] = RobotView(robot, fingerprint(public_key), record, now, wall)
+            self.event(wall, robot, "join", f"first record ({'pinned' if self.trust.pinned(robot) else 'new'} key)")
+        else:
+            self._rejections(view.record, record, wall)
+            view.record, view.seen_mono, view.seen_wall = record, now, wall
+        for t in record.transitions:
+            at = wall - t.age_ms / 1e3
+            view.transitions.append((at, t.state, t.reason))
+            self.event(at, robot, "transition", f"{t.state}: {t.reason}")
+        view.samples.append((wall, record.rtt_ms_p50, record.rtt_ms_p99, record.fallback_ticks))
+
+    def stale(self, view: RobotView) -> bool:
+        """Whether ``view``'s robot has not reported for a while (several periods)."""
+        limit = max(MIN_STALE_S, STALE_PERIODS * view.record.period_ms / 1e3)
+        return self._clock() - view.seen_mono > limit
+
+    def _rejections(self, before: EdgeTelemetry, now: EdgeTelemetry, wall: float) -> None:
+        for reason, count in now.chunks_rejected.items():
+            if (new := count - before.chunks_rejected.get(reason, 0)) > 0:
+                self.event(wall, now.client_id, "refusal", f"edge rejected {new} chunk(s): {reason}")
+
+    def _refuse(self, robot: str, reason: str, text: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        now = self._clock()
+        last = self._last_refusal.get((robot, reason))
+        if last is None or now - last >= REFUSAL_EVENT_INTERVAL_S:
+            if len(self._last_refusal) > 4 * FLEET_EVENTS:
+                self._last_refusal.clear()  # bounded: an attacker may invent any number of names
+            self._last_refusal[(robot, reason)] = now
+            self.event(self._wall(), robot, "refusal", text)
+
+    def event(self, at: float, robot: str, kind: str, text: str) -> None:
+        """Add one fleet event (``kind``: join, transition, refusal, replica) at ``at`` on this clock."""
+        self.events.append({"t": at, "robot": robot, "kind": kind, "text": text[:300]})
+
+    # ------------------------------------------------------------------ replicas
+    def on_status(self, prefix: str, status: StatusReply) -> None:
+        """A replica answered the status query (on its own key ``<prefix>/status``)."""
+        view = self.replicas.setdefault(prefix, ReplicaView(prefix))
+        was = view.status
+        view.status, view.seen_mono = status, self._clock()
+        if was is not None and status.draining and not was.draining:
+            self.event(self._wall(), status.replica, "replica", "draining")
+
+    def on_replica_token(self, prefix: str, alive: bool) -> None:
+        """A replica's liveliness token appeared or vanished."""
+        view = self.replicas.setdefault(prefix, ReplicaView(prefix))
+        if view.alive == alive:
+            return
+        view.alive = alive
+        view.down_since_mono = None if alive else self._clock()
+        replica = prefix.rsplit("/", 1)[-1]
+        self.event(self._wall(), replica, "replica", "up" if alive else "down (liveliness token gone)")
+
+    def prune(self) -> None:
+        """Forget replicas down for longer than `REPLICA_FORGET_S`."""
+        now = self._clock()
+        for prefix, view in list(self.replicas.items()):
+            if view.down_since_mono is not None and now - view.down_since_mono > REPLICA_FORGET_S:
+                del self.replicas[prefix]
+
+    # ------------------------------------------------------------------ views for the page
+    def snapshot(self) -> dict[str, Any]:
+        """The fleet as JSON-able data (`servo.monitor.web` serves it)."""
+        now = self._clock()
+        return {
+            "now": self._wall(),
+            "replicas": [self._replica(view, now) for view in sorted(self.replicas.values(), key=lambda v: v.prefix)],
+            "robots": [self._robot(view, now) for _, view in sorted(self.robots.items())],
+            "events": sorted(reversed(self.events), key=lambda e: -e["t"])[:50],  # newest first
+            "refused": dict(self.refused),
+        }
+
+    def timeline(self, robot: str) -> dict[str, Any] | None:
+        """One robot's transitions and samples (its requests come from the replicas' audit)."""
+        view = self.robots.get(robot)
+        if view is None:
+            return None
+        return {
+            "robot": self._robot(view, self._clock()),
+            "transitions": [{"t": t, "state": s, "reason": r} for t, s, r in view.transitions],
+            "samples": [{"t": t, "rtt_p50": p50, "rtt_p99": p99, "fallback": fb} for t, p50, p99, fb in view.samples],
+        }
+
+    def _robot(self, view: RobotView, now: float) -> dict[str, Any]:
+        r = view.record
+        last = r.last_transition
+        return {
+            "id": view.client_id,
+            "state": r.state,
+            "stale": self.stale(view),
+            "age_s": round(now - view.seen_mono, 3),
+            "replica": r.replica,
+            "model": r.model,
+            "rtt_p50": r.rtt_ms_p50,
+            "rtt_p99": r.rtt_ms_p99,
+            "delay_steps": r.delay_steps,
+            "queue_depth": r.queue_depth,
+            "fallback_ticks": r.fallback_ticks,
+            "lateness_p99": r.tick_lateness_ms_p99,
+            "missed_deadlines": r.missed_deadlines,
+            "codec": r.codec,
+            "requests": r.requests,
+            "reconnects": r.reconnects,
+            "chunks_rejected": dict(r.chunks_rejected),
+            "last_transition": None if last is None else {"state": last.state, "reason": last.reason},
+            "fingerprint": view.fingerprint,
+            "pinned": self.trust.pinned(view.client_id),
+            "identity_changed": view.identity_changed,
+        }
+
+    def _replica(self, view: ReplicaView, now: float) -> dict[str, Any]:
+        s = view.status
+        app, model, replica = view.prefix.split("/")[1:4]
+        return {
+            "key": view.prefix,
+            "app": app,
+            "model": model,
+            "replica": replica,
+            "up": view.alive,
+            "revision": None if s is None else s.policy.revision,
+            "sessions": None if s is None else s.active_sessions,
+            "max_sessions": None if s is None else s.max_sessions,
+            "load": None if s is None else s.load,
+            "queue_wait_ms": None if s is None else s.queue_wait_ms,
+            "draining": bool(s is not None and s.draining),
+            "warmed_up": bool(s is not None and s.warmed_up),
+            "status_age_s": None if s is None else round(now - view.seen_mono, 3),
+        }
+
+
+def _robot_of(key: str) -> str:
+    try:
+        return client_of_telemetry(key)
+    except WireError:
+        return "?"

@@ -1,0 +1,148 @@
+"""Edge telemetry: records built from the edge's own snapshots, signed, published from the event loop."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import zenoh
+
+from servo._core import ServerIdentity
+from servo.edge.engine import EngineStats
+from servo.edge.failsafe import FailSafe
+from servo.edge.remote import RemoteEngine
+from servo.edge.runtime import RunOptions
+from servo.edge.telemetry import TelemetryPublisher
+from servo.wire import TELEMETRY_SELECTOR, EdgeTelemetry, WireError, open_telemetry, telemetry_key
+from tests.edge.harness import edge_config, running_edge, small_sim
+from tests.support import client_settings, eventually, make_manifest, running_server
+
+pytestmark = pytest.mark.anyio
+
+IDENTITY = ServerIdentity.from_seed(bytes(range(32)))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def stats(**changes: object) -> EngineStats:
+    values: dict[str, object] = {
+        "state": "streaming",
+        "chunks_received": 5,
+        "chunks_dropped": 0,
+        "requests": 6,
+        "timeouts": 0,
+        "errors": 0,
+        "reconnects": 1,
+        "fallback_ticks": 3,
+        "stale_refusals": 0,
+        "queue_depth": 12,
+        "delay_steps": 2,
+        "rtt_ms_p50": 20.0,
+        "rtt_ms_p99": 40.0,
+        "replica": "r0",
+        "model": "m",
+    }
+    return EngineStats(**{**values, **changes})  # type: ignore[arg-type]
+
+
+def lateness(fine_bins: dict[int, int]) -> np.ndarray:
+    counts = np.zeros(1100, np.uint64)
+    for index, n in fine_bins.items():
+        counts[index] = n
+    return counts
+
+
+def test_a_record_carries_the_new_transitions_and_the_recent_lateness() -> None:
+    clock = Clock()
+    failsafe = FailSafe(degraded_after_s=1, timeout_streak=2, max_offline_s=60, clock=clock)
+    publisher = TelemetryPublisher(IDENTITY)
+    clock.ns += 10_000_000
+    failsafe.merged()  # -> streaming, 10 ms after the start
+    clock.ns += 5_000_000
+    first = publisher.record("robot-7", stats(), failsafe, lateness({1: 99, 50: 1}), 0, clock.ns)
+    assert [(t.state, t.reason, t.age_ms) for t in first.transitions] == [
+        ("connecting", "start", 15.0),
+        ("streaming", "chunk merged", 5.0),
+    ]
+    assert first.last_transition == first.transitions[-1]
+    assert first.tick_lateness_ms_p99 == pytest.approx(0.02)
+    assert (first.seq, first.state, first.replica, first.queue_depth, first.fallback_ticks) == (
+        0,
+        "streaming",
+        "r0",
+        12,
+        3,
+    )
+
+    clock.ns += 1_000_000_000
+    failsafe.lost("server liveliness lost")
+    second = publisher.record("robot-7", stats(state="reconnecting"), failsafe, lateness({1: 99, 50: 101}), 2, clock.ns)
+    assert [(t.state, t.reason) for t in second.transitions] == [("reconnecting", "server liveliness lost")]
+    assert second.seq == 1
+    assert second.missed_deadlines == 2
+    # Only the 100 ticks since the previous record count: all of them 0.5 ms late.
+    assert second.tick_lateness_ms_p99 == pytest.approx(0.51)
+    third = publisher.record("robot-7", stats(), failsafe, lateness({1: 99, 50: 101}), 2, clock.ns)
+    assert third.transitions == []
+    assert third.last_transition is not None
+    assert third.last_transition.state == "reconnecting"
+    assert third.tick_lateness_ms_p99 is None  # no tick since
+
+
+async def test_a_running_edge_publishes_signed_records_a_monitor_can_verify(port: int) -> None:
+    received: list[tuple[bytes, EdgeTelemetry]] = []
+    refused: list[str] = []
+    lock = threading.Lock()
+
+    def on_sample(sample: zenoh.Sample) -> None:
+        try:
+            opened = open_telemetry(
+                str(sample.key_expr),
+                sample.payload.to_bytes(),
+                None if sample.attachment is None else sample.attachment.to_bytes(),
+            )
+        except WireError as exc:
+            refused.append(str(exc))
+            return
+        with lock:
+            received.append(opened)
+
+    async with running_server(make_manifest(port)) as (_, ready):
+        monitor = zenoh.open(client_settings(port).to_config())
+        try:
+            monitor.declare_subscriber(TELEMETRY_SELECTOR, on_sample)
+            sim = small_sim()
+            engine = RemoteEngine(edge_config(port, client_id="robot-7"), sim.spec())
+            options = RunOptions(telemetry=TelemetryPublisher(IDENTITY, period_s=0.2))
+            async with running_edge(sim, engine, options) as run:
+                await eventually(
+                    lambda: any(r.state == "streaming" and r.rtt_ms_p50 is not None for _, r in received),
+                    15,
+                    "a streaming record",
+                )
+                await run.stop()
+            await eventually(lambda: len(received) >= 3, 5, "records")
+        finally:
+            monitor.close()
+    assert refused == []
+    keys = {key for key, _ in received}
+    assert keys == {IDENTITY.public_key}
+    records = [r for _, r in received]
+    assert {r.client_id for r in records} == {"robot-7"}
+    seqs = [r.seq for r in records]
+    assert seqs == sorted(set(seqs))  # in order, never repeated
+    assert len({r.boot for r in records}) == 1
+    streaming = next(r for r in records if r.state == "streaming")
+    assert streaming.replica == ready.keys.replica
+    assert streaming.codec in ("raw", "jpeg95", "jpeg90", "jpeg80")
+    seen = [t.state for r in records for t in r.transitions]
+    assert seen[:2] == ["connecting", "streaming"]  # every transition reported once, in order
+    assert len(seen) == len([t for r in records for t in r.transitions])
+    assert telemetry_key("robot-7") == "@servo/@robots/robot-7/telemetry"

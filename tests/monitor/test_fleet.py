@@ -1,0 +1,177 @@
+"""What the monitor believes: only records signed by the robot's trusted key, never a replay; times on
+its own clock; replicas from status and tokens; events bounded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from servo._core import ServerIdentity
+from servo.monitor import FleetView, RobotTrust, TrustError, load_pins
+from servo.monitor.exporter import FleetExporter
+from servo.monitor.fleet import FLEET_EVENTS
+from servo.wire import EdgeTelemetry, Features, PolicyInfo, StatusReply, Transition, fingerprint, seal_telemetry
+from servo.wire import telemetry_key as key
+
+ROBOT = ServerIdentity.from_seed(bytes(range(32)))
+OTHER = ServerIdentity.from_seed(bytes(32))
+
+
+class Clocks:
+    def __init__(self) -> None:
+        self.mono, self.wall = 100.0, 1_800_000_000.0
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+        self.wall += seconds
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()
+
+
+def view(clocks: Clocks, pins: dict[str, bytes] | None = None, max_robots: int = 4096) -> FleetView:
+    return FleetView(RobotTrust(pins, max_robots=max_robots), clock=lambda: clocks.mono, wall=lambda: clocks.wall)
+
+
+def record(seq: int, *, boot: bytes = b"boot0000", robot: str = "robot-7", **changes: object) -> EdgeTelemetry:
+    base = EdgeTelemetry(robot, boot, seq, 1000.0, "streaming", replica="r0")
+    return msgspec.structs.replace(base, **changes)
+
+
+def feed(fleet: FleetView, rec: EdgeTelemetry, signer: ServerIdentity = ROBOT) -> None:
+    body, attachment = seal_telemetry(rec, signer)
+    fleet.on_telemetry(key(rec.client_id), body, attachment)
+
+
+def test_the_first_key_is_trusted_and_a_changed_one_refused(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    feed(fleet, record(0))
+    feed(fleet, record(1, state="degraded"), signer=OTHER)
+    robot = fleet.snapshot()["robots"][0]
+    assert (robot["state"], robot["identity_changed"], robot["pinned"]) == ("streaming", True, False)
+    assert robot["fingerprint"] == fingerprint(ROBOT.public_key)
+    assert fleet.refused == {"identity_changed": 1}
+
+
+def test_a_pinned_key_alone_may_sign(clocks: Clocks) -> None:
+    fleet = view(clocks, pins={"robot-7": OTHER.public_key})
+    feed(fleet, record(0))  # first use, but the robot is pinned to another key
+    assert fleet.robots == {}
+    feed(fleet, record(1), signer=OTHER)
+    assert fleet.snapshot()["robots"][0]["pinned"] is True
+
+
+def test_replays_and_forgeries_are_refused(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    feed(fleet, record(5))
+    feed(fleet, record(5, state="dead"))  # the same seq again
+    feed(fleet, record(3, state="dead"))  # an older one
+    feed(fleet, record(0, boot=b"boot0001", state="connecting"))  # the robot restarted: a new run
+    feed(fleet, record(9, state="dead"))  # the superseded run never comes back
+    body, attachment = seal_telemetry(record(10, state="dead"), ROBOT)
+    fleet.on_telemetry(key("robot-7"), body[:-1] + b"\x00", attachment)  # tampered
+    fleet.on_telemetry(key("robot-7"), body, None)  # unsigned
+    assert fleet.robots["robot-7"].record.state == "connecting"
+    assert fleet.refused == {"replay": 3, "signature": 1, "malformed": 1}
+
+
+def test_too_many_robots_are_refused_not_remembered(clocks: Clocks) -> None:
+    fleet = view(clocks, max_robots=2)
+    for i in range(5):
+        feed(fleet, record(0, robot=f"robot-{i}"))
+    assert sorted(fleet.robots) == ["robot-0", "robot-1"]
+    assert fleet.refused == {"too_many_robots": 3}
+
+
+def test_transitions_are_placed_on_the_monitors_clock_and_staleness_follows_the_period(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    feed(fleet, record(0, period_ms=500.0, transitions=[Transition("streaming", "chunk merged", 250.0)]))
+    (at, state, reason) = fleet.robots["robot-7"].transitions[0]
+    assert (at, state, reason) == (clocks.wall - 0.25, "streaming", "chunk merged")
+    assert fleet.snapshot()["robots"][0]["stale"] is False
+    clocks.advance(2.9)
+    assert fleet.snapshot()["robots"][0]["stale"] is False  # at least 3 s
+    clocks.advance(0.2)
+    assert fleet.snapshot()["robots"][0]["stale"] is True
+    events = fleet.snapshot()["events"]
+    assert [e["kind"] for e in events] == ["join", "transition"]  # newest first: it happened before the record
+
+
+def test_edge_rejections_become_events(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    feed(fleet, record(0, chunks_rejected={"mac": 1}))
+    feed(fleet, record(1, chunks_rejected={"mac": 3}))
+    feed(fleet, record(2, chunks_rejected={"mac": 3}))
+    texts = [e["text"] for e in fleet.snapshot()["events"] if e["kind"] == "refusal"]
+    assert texts == ["edge rejected 2 chunk(s): mac"]
+
+
+def test_refusal_events_are_throttled_and_the_events_bounded(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    for seq in range(3 * FLEET_EVENTS):
+        fleet.on_telemetry(key(f"ghost-{seq % 3}"), b"x", None)
+    assert fleet.refused == {"malformed": 3 * FLEET_EVENTS}
+    assert len([e for e in fleet.events if e["kind"] == "refusal"]) == 3  # once per robot and reason per 10 s
+    for seq in range(2 * FLEET_EVENTS):
+        feed(fleet, record(seq, transitions=[Transition("streaming", "x", 1.0)]))
+    assert len(fleet.events) == FLEET_EVENTS
+
+
+def status(replica: str, *, draining: bool = False) -> StatusReply:
+    features = Features(["a"], ["a"], {})
+    info = PolicyInfo("m", "rev", features, 10, 30.0, True, True, "shared")
+    return StatusReply("s", "app", "m", replica, [2], info, True, draining, 2, 8, 0.25, bytes(32), 1.5)
+
+
+def test_replicas_follow_status_and_tokens(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    prefix = "@servo/app/m/r0"
+    fleet.on_replica_token(prefix, True)
+    fleet.on_status(prefix, status("r0"))
+    (replica,) = fleet.snapshot()["replicas"]
+    assert (replica["up"], replica["sessions"], replica["revision"], replica["draining"]) == (True, 2, "rev", False)
+    fleet.on_status(prefix, status("r0", draining=True))
+    fleet.on_replica_token(prefix, False)
+    (replica,) = fleet.snapshot()["replicas"]
+    assert (replica["up"], replica["draining"]) == (False, True)
+    assert [e["text"] for e in fleet.snapshot()["events"]] == ["down (liveliness token gone)", "draining", "up"]
+    exported = FleetExporter(fleet).render().decode()
+    assert 'servo_fleet_replica_up{app="app",model="m",replica="r0"} 0.0' in exported
+    assert 'servo_fleet_replica_draining{app="app",model="m",replica="r0"} 1.0' in exported
+    clocks.advance(301)
+    fleet.prune()
+    assert fleet.snapshot()["replicas"] == []
+
+
+def test_the_exporter_gives_every_robot_its_series(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    feed(fleet, record(0, fallback_ticks=7, rtt_ms_p50=12.5, chunks_rejected={"mac": 2}, codec="jpeg90"))
+    text = FleetExporter(fleet).render().decode()
+    for line in (
+        'servo_edge_state{robot="robot-7",state="streaming"} 1.0',
+        'servo_edge_state{robot="robot-7",state="dead"} 0.0',
+        'servo_edge_fallback_ticks_total{robot="robot-7"} 7.0',
+        'servo_edge_rtt_ms{quantile="0.5",robot="robot-7"} 12.5',
+        'servo_edge_chunks_rejected_total{reason="mac",robot="robot-7"} 2.0',
+        'servo_edge_info{codec="jpeg90",model="",replica="r0",robot="robot-7"} 1.0',
+        'servo_edge_up{robot="robot-7"} 1.0',
+    ):
+        assert line in text, line
+
+
+def test_pins_file(tmp_path: Path) -> None:
+    pins = tmp_path / "keys"
+    pins.write_text(f"# fleet\n\nrobot-7 {fingerprint(ROBOT.public_key)}  # arm 7\n")
+    assert load_pins(pins) == {"robot-7": ROBOT.public_key}
+    pins.write_text("robot-7 ed25519:nope\n")
+    with pytest.raises(TrustError, match="line 1"):
+        load_pins(pins)
+    pins.write_text(f"robot/7 {fingerprint(ROBOT.public_key)}\n")
+    with pytest.raises(TrustError, match="robot id"):
+        load_pins(pins)
+    with pytest.raises(TrustError, match="cannot read"):
+        load_pins(tmp_path / "missing")
