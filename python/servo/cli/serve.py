@@ -31,6 +31,7 @@ from servo.server.manifest import Manifest, load_manifest
 if TYPE_CHECKING:
     from servo.deploy.host import ReplicaStatus
     from servo.deploy.ray import Deployment
+    from servo.server.service import ServerReady
 
 PROG = "servo-serve"
 SERVER_EXTRA = "pip install 'servo-robotics[server]'"
@@ -93,7 +94,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 async def serve(manifest: Manifest, base_dir: Path, console: Console) -> None:
     """Run the server until drained by a signal."""
     from servo.frontends import frontends_of
-    from servo.server.service import PolicyServer, ServerReady
+    from servo.server.service import PolicyServer
 
     def say(text: str) -> None:
         console.say(f"{PROG}: {text}")
@@ -120,11 +121,29 @@ async def serve(manifest: Manifest, base_dir: Path, console: Console) -> None:
         say(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")
         kept = f"from {manifest.security.identity_key}" if manifest.security.identity_key else "ephemeral"
         say(f"identity {ready.fingerprint} ({kept}); edges pin it with --trusted-servers")
+        for line in capacity_lines(ready, manifest):
+            say(line)
         if ready.health_port:
             say(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
         for name, url in ready.frontends.items():
             say(f"{name} front door {url} (health {url.replace('ws://', 'http://', 1)}/healthz)")
         say("ready — Ctrl-C to drain and stop")
+
+
+def capacity_lines(ready: ServerReady, manifest: Manifest) -> list[str]:
+    """The capacity plan from the warm-up forwards, for robots with the edge's default buffer."""
+    from servo.deploy.capacity import CapacityPlan, measured_forward_s
+    from servo.edge.config import EdgeConfig
+
+    forward_s = measured_forward_s(ready.warmup_s)
+    if forward_s is None:
+        return ["capacity: no plan without a warm-up forward to time (model.warmup = 0)"]
+    info = ready.info
+    plan = CapacityPlan(
+        forward_s, info.chunk_size, info.fps, rtc=info.supports_rtc, buffer_s=EdgeConfig().buffer_time_s
+    )
+    max_sessions = 1 if info.serving_mode == "exclusive" else manifest.serving.max_sessions
+    return plan.describe(device=manifest.model.device, max_sessions=max_sessions)
 
 
 def serve_on_ray(manifest: Manifest, args: argparse.Namespace, console: Console) -> int:
