@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import stat
@@ -31,13 +30,10 @@ health_port = 0
 
 
 def serve(tmp_path: Path, *args: str, chunk: int = 20, compute_ms: float = 0.0) -> Proc:
-    """``servo-serve manifest.toml ARGS`` with its own config directory, once it says it is ready."""
+    """``servo-serve manifest.toml ARGS`` once it says it is ready (the test's servo directory: conftest)."""
     manifest = tmp_path / "manifest.toml"
     manifest.write_text(REFERENCE.format(chunk=chunk, compute_ms=compute_ms))
-    proc = Proc(
-        [sys.executable, "-m", "servo.cli.serve", str(manifest), "--log-level", "warning", *args],
-        env={"XDG_CONFIG_HOME": str(tmp_path / "config")},
-    )
+    proc = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest), "--log-level", "warning", *args])
     try:
         proc.wait_line("ready", 90)
     except BaseException:
@@ -52,11 +48,13 @@ def printed_command(proc: Proc, label: str) -> list[str]:
     return shlex.split(line.split(f"{label}: ", 1)[1])
 
 
-def test_a_tls_listen_gets_a_certificate_and_the_printed_edge_command_works(tmp_path: Path) -> None:
+def test_a_tls_listen_gets_a_certificate_and_the_printed_edge_command_works(
+    tmp_path: Path, servo_config_dir: Path
+) -> None:
     port = free_port()
     server = serve(tmp_path, "--listen", f"tls/127.0.0.1:{port}")
     try:
-        certificate = tmp_path / "config" / "servo" / "tls" / "server.pem"
+        certificate = servo_config_dir / "tls" / "server.pem"
         assert f"TLS with the self-signed certificate {certificate} (created;" in server.output
         assert stat.S_IMODE(certificate.with_name("server.key").stat().st_mode) == 0o600
         command = printed_command(server, "without hardware")
@@ -91,12 +89,12 @@ def test_a_tls_listen_gets_a_certificate_and_the_printed_edge_command_works(tmp_
     assert run["actions_executed"] > 0
 
 
-def test_a_tcp_listen_stays_without_certificate(tmp_path: Path) -> None:
+def test_a_tcp_listen_stays_without_certificate(tmp_path: Path, servo_config_dir: Path) -> None:
     port = free_port()
     server = serve(tmp_path, "--listen", f"tcp/127.0.0.1:{port}")
     server.stop()
     assert "self-signed" not in server.output
-    assert not (tmp_path / "config").exists()
+    assert not (servo_config_dir / "tls").exists()
     assert f"without hardware: servo-edge --robot sim --connect tcp/127.0.0.1:{port}" in server.output
 
 
@@ -125,10 +123,7 @@ def test_flag_mistakes_are_one_line_and_exit_2(tmp_path: Path, args: list[str], 
     manifest = tmp_path / "manifest.toml"
     manifest.write_text(REFERENCE.format(chunk=20, compute_ms=0))
     argv = [a.replace("{manifest}", str(manifest)).replace("{tmp}", str(tmp_path)) for a in args]
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    done = subprocess.run(
-        [sys.executable, "-m", "servo.cli.serve", *argv], capture_output=True, text=True, timeout=60, env=env
-    )
+    done = subprocess.run([sys.executable, "-m", "servo.cli.serve", *argv], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("servo-serve: error:")]
     assert len(lines) == 1, done.stderr
