@@ -39,11 +39,11 @@ T = TypeVar("T")
 
 @asynccontextmanager
 async def front_door(
-    policy: FixedComputePolicy, *, openpi: str = "", serving: str = ""
+    policy: FixedComputePolicy, *, openpi: str = "", serving: str = "", extra: str = ""
 ) -> AsyncIterator[tuple[PolicyServer, ServerReady, int]]:
     """A server with its openpi front door; yields the server, its ready info and the port."""
     manifest = server_manifest(
-        free_port(), serving=serving, extra=f'[frontends.openpi]\nlisten = "127.0.0.1:0"\n{openpi}'
+        free_port(), serving=serving, extra=f'{extra}\n[frontends.openpi]\nlisten = "127.0.0.1:0"\n{openpi}'
     )
     server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest.frontends))
     async with anyio.create_task_group() as tg:
@@ -154,9 +154,13 @@ BAD = {
     "state too long": ({"state": np.zeros(7)}, "state: 'state' (7) gives 7 values, the policy takes 6"),
     "no state": ({"images": {}}, "observation has no 'state' (state)"),
     "no camera": ({"state": np.zeros(6)}, "observation has no 'images/front' (camera 'front')"),
-    "wrong frame size": (
-        {"state": np.zeros(6), "images": {"front": np.zeros((3, 224, 224), np.uint8)}},
-        "'images/front' (camera 'front'): expected uint8 (24, 32, 3) or (3, 24, 32), got uint8 (3, 224, 224)",
+    "frame without channels": (
+        {"state": np.zeros(6), "images": {"front": np.zeros((24, 32), np.uint8)}},
+        "'images/front' (camera 'front'): expected uint8 (H, W, 3) or (3, H, W), got uint8 (24, 32)",
+    ),
+    "empty frame": (
+        {"state": np.zeros(6), "images": {"front": np.zeros((0, 32, 3), np.uint8)}},
+        "expected uint8 (H, W, 3) or (3, H, W), got uint8 (0, 32, 3)",
     ),
     "float frame": (
         {"state": np.zeros(6), "images": {"front": np.zeros((24, 32, 3), np.float32)}},
@@ -194,6 +198,66 @@ async def test_bad_observations_are_error_replies_and_the_connection_survives() 
         assert len(errors[case].splitlines()) == 2, case  # openpi's prefix line, then servo's one line
     np.testing.assert_allclose(reply["actions"][0], np.full(6, 2.0))
     assert policy.served[-1:] == [2]  # no bad one reached the policy
+
+
+class FrameProcessor(RelativeProcessor):
+    """Records the size of every frame that reaches the policy."""
+
+    sizes: list[tuple[int, ...]] = []
+
+    def preprocess(self, obs: DecodedObservation) -> Prepared:
+        self.sizes.append(obs.images["front"].shape)
+        return super().preprocess(obs)
+
+
+class FramePolicy(FixedComputePolicy):
+    def make_processor(self) -> FrameProcessor:
+        return FrameProcessor()
+
+
+async def test_frames_of_any_size_reach_the_policy_as_a_robots_do() -> None:
+    """The session declares the size the client sends, so the policy resizes it as a robot's frames."""
+    FrameProcessor.sizes = []
+    async with front_door(FramePolicy(), openpi="metadata = {}") as (server, _, port):
+
+        def run() -> list[dict[str, Any]]:
+            client = WebsocketClientPolicy("127.0.0.1", port)
+            try:
+                return [
+                    client.infer(aloha_obs(1.0, size=(224, 224))),  # ALOHA's channels-first 224x224
+                    client.infer(aloha_obs(2.0, size=(224, 224))),
+                    client.infer(aloha_obs(3.0, size=(48, 64))),  # another size mid-connection
+                    client.infer(aloha_obs(4.0)),  # the policy's own
+                ]
+            finally:
+                client._ws.close()
+
+        replies = await blocking(run)
+        await server.wait_sessions(lambda sessions: not sessions)
+    assert FrameProcessor.sizes[-4:] == [(224, 224, 3), (224, 224, 3), (48, 64, 3), (24, 32, 3)]
+    for state, reply in zip((1.0, 2.0, 3.0, 4.0), replies, strict=True):
+        np.testing.assert_allclose(reply["actions"], expected_chunk(np.full(6, state)), rtol=1e-6)
+    # One session at a time: each new size replaced the session in place (connect + 3 sizes).
+    assert metric(server, "servo_sessions_opened_total") == 4
+    assert metric(server, "servo_sessions_rejected_total", code="session_exists") == 0
+    assert metric(server, "servo_requests_total", outcome="ok") == 4
+
+
+async def test_frames_too_large_for_the_server_are_refused_and_the_connection_goes_on() -> None:
+    async with front_door(FixedComputePolicy(), extra="[limits]\nmax_image_pixels = 10000") as (_, _, port):
+
+        def run() -> tuple[str, dict[str, Any]]:
+            client = WebsocketClientPolicy("127.0.0.1", port)
+            try:
+                with pytest.raises(RuntimeError) as refused:
+                    client.infer(aloha_obs(1.0, size=(120, 160)))  # 19200 pixels
+                return str(refused.value), client.infer(aloha_obs(2.0))
+            finally:
+                client._ws.close()
+
+        error, reply = await blocking(run)
+    assert "servo: bad observation: frames of this size refused: cameras: camera 'front' declares 120x160" in error
+    np.testing.assert_allclose(reply["actions"][0], np.full(6, 2.0))
 
 
 RAW_BAD = {
