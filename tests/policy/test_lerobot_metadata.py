@@ -104,8 +104,7 @@ def test_fps_names_and_robot_come_from_the_training_dataset(tmp_path: Path) -> N
     assert facts.action_names == facts.state_names == SO101
     assert facts.robot == "so101"
     line = facts.describe()
-    assert f"fps 50 from dataset me/pick ({root / 'meta' / 'info.json'})" in line
-    assert "names from dataset me/pick" in line
+    assert f"fps 50 and names from dataset me/pick ({root / 'meta' / 'info.json'})" in line
 
 
 @pytest.mark.parametrize("where", ["home", "hub"])
@@ -135,7 +134,7 @@ def test_what_is_found_nowhere_is_defaulted_and_said_so(tmp_path: Path) -> None:
     line = facts.describe()
     assert "fps 30 from the default (dataset me/elsewhere not on this machine; set fps)" in line
     assert "names from the default (LeRobot's six-motor arm order)" in line
-    assert "units not declared from nowhere: LeRobot does not record them" in line
+    assert "units not declared: LeRobot does not record them (--units or option units" in line
     bare = checkpoint(tmp_path / "bare")  # save_pretrained alone: no train_config.json
     assert "no training dataset named" in read_facts(bare, LeRobotOptions(path=str(bare))).describe()
 
@@ -151,7 +150,7 @@ def test_the_options_win(tmp_path: Path) -> None:
     assert (facts.fps, facts.action_names, facts.state_names, facts.units) == (10, names, SO101, "range_m100_100")
     assert facts.camera_renames == {"top": "front"}
     line = facts.describe()
-    assert line.count("from the options") == 4
+    assert line.count("from the options") == 3  # fps and names together, units, cameras
     assert "robot -> checkpoint camera: top -> front, from the options" in line
 
 

@@ -73,9 +73,17 @@ class CheckpointFacts:
     def describe(self) -> str:
         """One line: each fact with where it came from, defaults named as such."""
         units = self.units if isinstance(self.units, str) else ", ".join(self.units)
+        fps, names = self.sources["fps"], self.sources["names"]
+        rate = (
+            f"fps {self.fps:g} and names from {fps}"
+            if fps == names
+            else f"fps {self.fps:g} from {fps}; names from {names}"
+        )
+        told = (
+            f"units {units} from {self.sources['units']}" if units else f"units not declared: {self.sources['units']}"
+        )
         return (
-            f"checkpoint ({self.policy_type}): fps {self.fps:g} from {self.sources['fps']}; "
-            f"names from {self.sources['names']}; units {units or 'not declared'} from {self.sources['units']}; "
+            f"checkpoint ({self.policy_type}): {rate}; {told}; "
             f"state/action sizes and cameras from config.json{self.sources.get('cameras', '')}"
         )
 
@@ -174,7 +182,7 @@ def _units(options: LeRobotOptions, checkpoint: Path, names: list[str]) -> tuple
     reach = _stats_reach(checkpoint, [ACTION_KEY, STATE_KEY], arm) if arm else None
     if reach is not None and reach > _RANGE_LIMIT:
         return "degrees", f"the normalisation stats (an arm joint reaches {reach:.0f}, past -100..100)"
-    return "", "nowhere: LeRobot does not record them (set units = degrees or range_m100_100)"
+    return "", "LeRobot does not record them (--units or option units: degrees or range_m100_100)"
 
 
 def _camera_renames(checkpoint: Path) -> dict[str, str]:
