@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from servo.policy.lerobot_checkpoint import LEROBOT_ARM_JOINTS
+
 #: Camera of every test checkpoint; matches tests.edge.harness.small_sim (48x64).
 CAMERA = "front"
 HEIGHT, WIDTH = 48, 64
@@ -76,14 +78,7 @@ def build_act(path: Path, *, relative: bool = False, cameras: tuple[str, ...] = 
 
 
 #: The SO-101 follower's features in LeRobot's order, as ``lerobot-record`` names them.
-SO101_JOINTS = [
-    "shoulder_pan.pos",
-    "shoulder_lift.pos",
-    "elbow_flex.pos",
-    "wrist_flex.pos",
-    "wrist_roll.pos",
-    "gripper.pos",
-]
+SO101_JOINTS = list(LEROBOT_ARM_JOINTS)
 
 
 def build_trained_act(

@@ -19,7 +19,7 @@ from servo.config import ConfigError
 from servo.policy.lerobot_checkpoint import LEROBOT_ARM_JOINTS, LeRobotOptions
 from servo.policy.lerobot_metadata import DEFAULT_FPS, read_facts
 
-SO101 = [f"{joint.removesuffix('.pos')}.pos" for joint in LEROBOT_ARM_JOINTS]
+SO101 = list(LEROBOT_ARM_JOINTS)
 STATS = "policy_preprocessor_step_3_normalizer_processor.safetensors"
 
 
