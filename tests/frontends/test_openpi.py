@@ -8,9 +8,7 @@ it); the openpi client is synchronous, so it runs on a worker thread. The test p
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import numpy as np
@@ -20,12 +18,11 @@ from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from servo.frontends import frontends_of
 from servo.policy import DecodedObservation, Prepared
-from servo.server.service import PolicyServer, ServerReady
-from tests.server.helpers import connected, metric, observation, open_on, server_manifest
+from tests.frontends.helpers import aloha_obs, blocking, expected_chunk, front_door
+from tests.server.helpers import connected, metric, observation, open_on
 from tests.server.policies import CHUNK, FixedComputePolicy, RelativeProcessor
-from tests.support import eventually, free_port
+from tests.support import eventually
 
 pytestmark = [
     pytest.mark.anyio,
@@ -33,42 +30,6 @@ pytestmark = [
     # client's code, used here unchanged, not servo's.
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
 ]
-
-T = TypeVar("T")
-
-
-@asynccontextmanager
-async def front_door(
-    policy: FixedComputePolicy, *, openpi: str = "", serving: str = "", extra: str = ""
-) -> AsyncIterator[tuple[PolicyServer, ServerReady, int]]:
-    """A server with its openpi front door; yields the server, its ready info and the port."""
-    manifest = server_manifest(
-        free_port(), serving=serving, extra=f'{extra}\n[frontends.openpi]\nlisten = "127.0.0.1:0"\n{openpi}'
-    )
-    server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest.frontends))
-    async with anyio.create_task_group() as tg:
-        ready: ServerReady = await tg.start(server.run)
-        try:
-            yield server, ready, int(ready.frontends["openpi"].rsplit(":", 1)[1])
-        finally:
-            server.drain()
-
-
-async def blocking(fn: Callable[..., T], *args: Any) -> T:
-    """Run openpi's synchronous client code on a worker thread, with a deadline."""
-    with anyio.fail_after(20):
-        return await anyio.to_thread.run_sync(fn, *args)
-
-
-def aloha_obs(state: float, *, size: tuple[int, int] = (24, 32)) -> dict[str, Any]:
-    """An ALOHA-style observation: float64 state, channels-first frames, a prompt."""
-    h, w = size
-    return {"state": np.full(6, state), "images": {"front": np.zeros((3, h, w), np.uint8)}, "prompt": "fold"}
-
-
-def expected_chunk(state: np.ndarray) -> np.ndarray:
-    steps = np.arange(CHUNK, dtype=np.float32)[:, None] * np.float32(0.01)
-    return np.asarray(state, np.float32)[None, :] + steps
 
 
 async def test_openpi_client_gets_actions_computed_from_its_observation() -> None:
@@ -198,66 +159,6 @@ async def test_bad_observations_are_error_replies_and_the_connection_survives() 
         assert len(errors[case].splitlines()) == 2, case  # openpi's prefix line, then servo's one line
     np.testing.assert_allclose(reply["actions"][0], np.full(6, 2.0))
     assert policy.served[-1:] == [2]  # no bad one reached the policy
-
-
-class FrameProcessor(RelativeProcessor):
-    """Records the size of every frame that reaches the policy."""
-
-    sizes: list[tuple[int, ...]] = []
-
-    def preprocess(self, obs: DecodedObservation) -> Prepared:
-        self.sizes.append(obs.images["front"].shape)
-        return super().preprocess(obs)
-
-
-class FramePolicy(FixedComputePolicy):
-    def make_processor(self) -> FrameProcessor:
-        return FrameProcessor()
-
-
-async def test_frames_of_any_size_reach_the_policy_as_a_robots_do() -> None:
-    """The session declares the size the client sends, so the policy resizes it as a robot's frames."""
-    FrameProcessor.sizes = []
-    async with front_door(FramePolicy(), openpi="metadata = {}") as (server, _, port):
-
-        def run() -> list[dict[str, Any]]:
-            client = WebsocketClientPolicy("127.0.0.1", port)
-            try:
-                return [
-                    client.infer(aloha_obs(1.0, size=(224, 224))),  # ALOHA's channels-first 224x224
-                    client.infer(aloha_obs(2.0, size=(224, 224))),
-                    client.infer(aloha_obs(3.0, size=(48, 64))),  # another size mid-connection
-                    client.infer(aloha_obs(4.0)),  # the policy's own
-                ]
-            finally:
-                client._ws.close()
-
-        replies = await blocking(run)
-        await server.wait_sessions(lambda sessions: not sessions)
-    assert FrameProcessor.sizes[-4:] == [(224, 224, 3), (224, 224, 3), (48, 64, 3), (24, 32, 3)]
-    for state, reply in zip((1.0, 2.0, 3.0, 4.0), replies, strict=True):
-        np.testing.assert_allclose(reply["actions"], expected_chunk(np.full(6, state)), rtol=1e-6)
-    # One session at a time: each new size replaced the session in place (connect + 3 sizes).
-    assert metric(server, "servo_sessions_opened_total") == 4
-    assert metric(server, "servo_sessions_rejected_total", code="session_exists") == 0
-    assert metric(server, "servo_requests_total", outcome="ok") == 4
-
-
-async def test_frames_too_large_for_the_server_are_refused_and_the_connection_goes_on() -> None:
-    async with front_door(FixedComputePolicy(), extra="[limits]\nmax_image_pixels = 10000") as (_, _, port):
-
-        def run() -> tuple[str, dict[str, Any]]:
-            client = WebsocketClientPolicy("127.0.0.1", port)
-            try:
-                with pytest.raises(RuntimeError) as refused:
-                    client.infer(aloha_obs(1.0, size=(120, 160)))  # 19200 pixels
-                return str(refused.value), client.infer(aloha_obs(2.0))
-            finally:
-                client._ws.close()
-
-        error, reply = await blocking(run)
-    assert "servo: bad observation: frames of this size refused: cameras: camera 'front' declares 120x160" in error
-    np.testing.assert_allclose(reply["actions"][0], np.full(6, 2.0))
 
 
 RAW_BAD = {
