@@ -8,6 +8,8 @@ import ipaddress
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,10 @@ async def test_an_edges_older_copy_trusts_the_reissued_certificate(tmp_path: Pat
         assert await reaches(port, tmp_path / "copied.pem")
         assert await reaches(port, reissued.cert)
         assert not await reaches(port, stranger.cert)
+
+
+def test_the_edge_never_imports_cryptography() -> None:
+    """The remote edge and the client library stay free of the server extra's certificate package."""
+    code = "import sys, servo.cli.edge, servo.edge.remote, servo.client; print('cryptography' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "False"

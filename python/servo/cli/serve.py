@@ -1,9 +1,10 @@
 """``servo-serve manifest.toml``: load, warm and serve one policy until Ctrl-C / SIGTERM.
 
-``servo-serve --lerobot PATH`` serves a LeRobot checkpoint folder without a manifest
-(`servo.cli.lerobot`). A ``tls/…`` listen with no certificate configured uses servo's self-signed
-one, and the ``servo-edge`` commands that trust it are printed (`servo.cli.listen`); so is a
-capacity plan from the warm-up forwards (`servo.cli.ready`).
+``servo-serve --lerobot PATH --listen tls/0.0.0.0:7447 --device cuda`` serves a LeRobot checkpoint
+folder without a manifest: fps, names, units and cameras are read from it. A ``tls/…`` listen with
+no certificate configured gets servo's self-signed one for this host. Once ready, the server says
+how many robots it carries at this fps (a capacity plan from the warm-up forwards, with a warning
+when a forward outlasts a chunk) and prints the ``servo-edge`` commands that reach it.
 
 With ``--ray``, start ``--replicas`` servers of the manifest as actors on an existing Ray cluster
 instead, print one line per replica as it becomes ready (again after Ray restarts it), drain and
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen",
         action="append",
         metavar="ENDPOINT",
-        help="Replace zenoh.listen (repeatable), e.g. tcp/0.0.0.0:7447.",
+        help="Replace zenoh.listen (repeatable), e.g. tls/0.0.0.0:7447 (a self-signed certificate is made for it).",
     )
     parser.add_argument("--health-port", type=int, metavar="PORT", help="Replace ops.health_port (0 disables).")
     parser.add_argument(
