@@ -116,6 +116,7 @@ def test_the_capacity_plan_warns_when_a_forward_outlasts_a_chunk(tmp_path: Path)
         ([], "give a manifest file or --lerobot PATH (one of them)"),
         (["{manifest}", "--lerobot", "ckpt"], "give a manifest file or --lerobot PATH (one of them)"),
         (["{manifest}", "--fps", "10"], "--fps need --lerobot"),
+        (["{manifest}", "--max-sessions", "0"], "serving.max_sessions = 0: expected int >= 1"),
         (["--lerobot", "{tmp}", "--device", "gpu"], "model.device = 'gpu': must be cpu, cuda, cuda:N or mps"),
     ],
 )

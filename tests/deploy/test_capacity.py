@@ -68,7 +68,10 @@ def test_a_forward_longer_than_the_edge_buffer_names_a_buffer_that_works() -> No
 def test_more_sessions_admitted_than_carried_is_pointed_out() -> None:
     p = plan(0.15, 50)
     assert p.robots == 3
-    assert "serving.max_sessions = 8 admits more: set it to 3" in p.describe(device="cuda", max_sessions=8)[1]
+    assert (
+        "serving.max_sessions = 8 admits more: set it to 3 (--max-sessions 3)"
+        in p.describe(device="cuda", max_sessions=8)[1]
+    )
     assert "max_sessions" not in p.describe(device="cuda", max_sessions=3)[1]
 
 

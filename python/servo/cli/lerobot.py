@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from servo.config import ConfigError, convert
-from servo.policy.lerobot_checkpoint import LeRobotOptions
+from servo.policy.lerobot_checkpoint import LeRobotOptions, resolve_checkpoint
 from servo.policy.lerobot_metadata import CheckpointFacts, read_facts
 from servo.server.manifest import Manifest, parse_manifest
 
@@ -38,17 +38,15 @@ def lerobot_manifest(path: str, flags: dict[str, Any], overrides: dict[str, Any]
 
 
 def checkpoint_facts(manifest: Manifest) -> CheckpointFacts | None:
-    """What a ``source = "lerobot"`` manifest's checkpoint says (None for other sources or a hub id).
+    """What a ``source = "lerobot"`` manifest's checkpoint says (None for other sources).
 
     Called once the server loaded the checkpoint, so its options are known to be valid.
     """
     if manifest.model.source != "lerobot":
         return None
-    options = convert(manifest.model.options, LeRobotOptions, origin="model.options")
-    checkpoint = Path(options.path).expanduser()
-    if not checkpoint.is_dir():
-        return None
     try:
+        options = convert(manifest.model.options, LeRobotOptions, origin="model.options")
+        checkpoint, _ = resolve_checkpoint(options.path, options.revision)
         return read_facts(checkpoint, options)
     except ConfigError:
         return None

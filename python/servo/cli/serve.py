@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", metavar="DEVICE", help="Replace model.device: cpu, cuda, cuda:N or mps.")
     parser.add_argument("--task", metavar="TEXT", help="Replace serving.default_task (a VLA's instruction).")
+    parser.add_argument(
+        "--max-sessions", type=int, metavar="N", help="Replace serving.max_sessions (see the capacity plan)."
+    )
     parser.add_argument("--fps", type=float, metavar="HZ", help="With --lerobot: the rate it was trained at.")
     parser.add_argument("--units", metavar="UNITS", help="With --lerobot: its joint units, degrees or range_m100_100.")
     parser.add_argument(
@@ -112,6 +115,8 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["model.device"] = args.device
     if args.task is not None:
         out["serving.default_task"] = args.task
+    if args.max_sessions is not None:
+        out["serving.max_sessions"] = args.max_sessions
     return out
 
 

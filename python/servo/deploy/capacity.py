@@ -91,7 +91,10 @@ class CapacityPlan:
             f"(seeds/001 P10, {rtt} network round trip assumed)"
         )
         if 0 < self.robots < max_sessions:
-            capacity += f"; serving.max_sessions = {max_sessions} admits more: set it to {self.robots}"
+            capacity += (
+                f"; serving.max_sessions = {max_sessions} admits more: set it to {self.robots} "
+                f"(--max-sessions {self.robots})"
+            )
         lines.append(capacity)
         warning = self.warning()
         if warning is not None:
