@@ -21,6 +21,7 @@ from msgspec.structs import replace
 
 from servo.cli.ports import split_endpoint
 from servo.home import config_dir, ensure_config_dir
+from servo.robots.builtin import SimOptions, parse_cameras
 from servo.server.manifest import Manifest
 from servo.transport import TlsSettings
 
@@ -29,10 +30,8 @@ if TYPE_CHECKING:
 
 #: Listen hosts that mean every interface: an edge dials one of this host's addresses instead.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-#: Cameras of the simulated arm when none are given (``servo-edge --robot sim``).
-SIM_CAMERAS = ("front", "wrist")
-#: The control rate the built-in robots run at when none is given.
-ROBOT_FPS = 30.0
+#: What the simulated arm runs with when given no options (``servo-edge --robot sim``).
+_SIM = SimOptions()
 
 
 def certificate_dir() -> Path:
@@ -45,7 +44,7 @@ def secure_listen(manifest: Manifest) -> tuple[Manifest, ServerCertificate | Non
 
     Raises:
         OSError: the certificate directory or files cannot be written or read.
-        ValueError: the key on disk is unusable (named).
+        CertificateFileError: the key on disk is unusable (named).
     """
     z = manifest.zenoh
     hosts = [host for protocol, host, _ in map(split_endpoint, z.listen) if protocol == "tls"]
@@ -91,13 +90,13 @@ def edge_command(
 def robot_options(*, cameras: Sequence[str], fps: float, sim: bool) -> list[str]:
     """``--robot-opt`` flags a robot needs to match the policy (cameras it names, its rate)."""
     out: list[str] = []
-    if sim and not set(cameras) <= set(SIM_CAMERAS):
+    if sim and not set(cameras) <= {entry.name for entry in parse_cameras(_SIM.cameras)}:
         out += ["--robot-opt", f"cameras={','.join(cameras)}"]
     elif not sim:
         out += ["--robot-opt", "port=PORT", "--robot-opt", "id=ARM"]
         if cameras:
             out += ["--robot-opt", "cameras=" + ",".join(f"{name}:DEVICE" for name in cameras)]
-    if fps != ROBOT_FPS:
+    if fps != _SIM.fps:  # the SO arms' default rate is the sim's
         out += ["--robot-opt", f"fps={fps:g}"]
     return out
 
