@@ -13,6 +13,8 @@ What lives there (each created on first use, the directory with mode 0700):
 * ``servers/<app>.key``: the identity of the servers of app ``<app>`` that ``servo-serve``
   runs here (one per app, so replicas started from this directory share it).
 * ``known_servers``: the servers edges trusted on first use (`servo.client.known`).
+* ``tls/server.pem``, ``tls/server.key``: the self-signed certificate ``servo-serve`` listens
+  with on a ``tls/…`` endpoint that names none (`servo.server.selfsigned`).
 
 Nothing here reads the directory at import time: every function looks at the environment when
 it is called, so a test (or a process) may point ``SERVO_CONFIG_DIR`` elsewhere at any time.

@@ -8,13 +8,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 import numpy as np
 import pytest
 
 from servo.client import SyncPolicyClient
-from servo.wire import WireError
+from servo.policy import DecodedObservation, Prepared
+from servo.wire import CameraFeature, WireError
 from tests.server.helpers import metric, server_manifest
-from tests.server.policies import CHUNK, FixedComputePolicy, StickyPolicy
+from tests.server.policies import CHUNK, FixedComputePolicy, RelativeProcessor, StickyPolicy
 from tests.support import running_server
 
 pytestmark = pytest.mark.anyio
@@ -64,6 +66,51 @@ async def test_round_trip_reset_metadata_and_close(port: int) -> None:
         assert metric(server, "servo_sessions_collected_total", reason="closed") == 1
 
 
+class PixelProcessor(RelativeProcessor):
+    """Keeps the frames that reach the policy."""
+
+    frames: list[np.ndarray] = []
+
+    def preprocess(self, observation: DecodedObservation) -> Prepared:
+        self.frames.append(np.array(observation.images["front"]))
+        return super().preprocess(observation)
+
+
+class PixelPolicy(FixedComputePolicy):
+    def make_processor(self) -> PixelProcessor:
+        return PixelProcessor()
+
+
+async def test_frames_travel_raw_by_default_so_the_policy_computes_on_exactly_them(port: int) -> None:
+    PixelProcessor.frames = []
+    frame = np.random.default_rng(3).integers(0, 256, (24, 32, 3), dtype=np.uint8)  # JPEG would not keep it
+    async with running_server(server_manifest(port), policy=PixelPolicy()):
+
+        def run() -> None:
+            with SyncPolicyClient(f"tcp/127.0.0.1:{port}") as client:
+                client.infer({"state": np.zeros(6), "images": {"front": frame}})
+
+        await blocking(run)
+    np.testing.assert_array_equal(PixelProcessor.frames[-1], frame)
+
+
+async def test_declared_cameras_of_another_size_are_what_frames_are_held_to(port: int) -> None:
+    PixelProcessor.frames = []
+    async with running_server(server_manifest(port), policy=PixelPolicy()) as (_, ready):
+        features = msgspec.structs.replace(ready.info.features, cameras={"front": CameraFeature(48, 64)})
+
+        def run() -> str:
+            with SyncPolicyClient(f"tcp/127.0.0.1:{port}", features=features, fps=30) as client:
+                client.infer({"state": np.zeros(6), "images": {"front": np.zeros((48, 64, 3), np.uint8)}})
+                with pytest.raises(WireError) as refused:
+                    client.infer(obs(1.0))  # the policy's own size, but not what this session declared
+                return str(refused.value)
+
+        error = await blocking(run)
+    assert PixelProcessor.frames[-1].shape == (48, 64, 3)
+    assert error == "'images/front' (camera 'front'): this session's frames are 48x64 (height x width), got 24x32"
+
+
 async def test_bad_observation_names_the_key_and_the_client_goes_on(port: int) -> None:
     async with running_server(server_manifest(port), policy=FixedComputePolicy()):
 
@@ -74,7 +121,7 @@ async def test_bad_observation_names_the_key_and_the_client_goes_on(port: int) -
                 return str(refused.value), client.infer(obs(4.0))["actions"]
 
         error, actions = await blocking(run)
-    assert error == "'images/front' (camera 'front'): expected uint8 (24, 32, 3) or (3, 24, 32), got uint8 (3, 8, 8)"
+    assert error == "'images/front' (camera 'front'): this session's frames are 24x32 (height x width), got 8x8"
     np.testing.assert_allclose(actions[0], np.full(6, 4.0))
 
 

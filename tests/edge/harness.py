@@ -168,7 +168,7 @@ class Proc:
     Owned by the test; `wait_line` blocks (with a timeout) until a line containing a text shows up.
     """
 
-    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.argv = argv
         self.lines: list[str] = []
         self._cond = threading.Condition()
@@ -179,6 +179,7 @@ class Proc:
             stderr=subprocess.STDOUT,
             text=True,
             env=full_env,
+            cwd=cwd,
         )
         self._reader = threading.Thread(target=self._read, name="proc-reader", daemon=True)
         self._reader.start()

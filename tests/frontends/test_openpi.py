@@ -8,9 +8,7 @@ it); the openpi client is synchronous, so it runs on a worker thread. The test p
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import numpy as np
@@ -20,12 +18,11 @@ from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from servo.frontends import frontends_of
 from servo.policy import DecodedObservation, Prepared
-from servo.server.service import PolicyServer, ServerReady
-from tests.server.helpers import connected, metric, observation, open_on, server_manifest
+from tests.frontends.helpers import aloha_obs, blocking, expected_chunk, front_door
+from tests.server.helpers import connected, metric, observation, open_on
 from tests.server.policies import CHUNK, FixedComputePolicy, RelativeProcessor
-from tests.support import eventually, free_port
+from tests.support import eventually
 
 pytestmark = [
     pytest.mark.anyio,
@@ -33,42 +30,6 @@ pytestmark = [
     # client's code, used here unchanged, not servo's.
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
 ]
-
-T = TypeVar("T")
-
-
-@asynccontextmanager
-async def front_door(
-    policy: FixedComputePolicy, *, openpi: str = "", serving: str = ""
-) -> AsyncIterator[tuple[PolicyServer, ServerReady, int]]:
-    """A server with its openpi front door; yields the server, its ready info and the port."""
-    manifest = server_manifest(
-        free_port(), serving=serving, extra=f'[frontends.openpi]\nlisten = "127.0.0.1:0"\n{openpi}'
-    )
-    server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest.frontends))
-    async with anyio.create_task_group() as tg:
-        ready: ServerReady = await tg.start(server.run)
-        try:
-            yield server, ready, int(ready.frontends["openpi"].rsplit(":", 1)[1])
-        finally:
-            server.drain()
-
-
-async def blocking(fn: Callable[..., T], *args: Any) -> T:
-    """Run openpi's synchronous client code on a worker thread, with a deadline."""
-    with anyio.fail_after(20):
-        return await anyio.to_thread.run_sync(fn, *args)
-
-
-def aloha_obs(state: float, *, size: tuple[int, int] = (24, 32)) -> dict[str, Any]:
-    """An ALOHA-style observation: float64 state, channels-first frames, a prompt."""
-    h, w = size
-    return {"state": np.full(6, state), "images": {"front": np.zeros((3, h, w), np.uint8)}, "prompt": "fold"}
-
-
-def expected_chunk(state: np.ndarray) -> np.ndarray:
-    steps = np.arange(CHUNK, dtype=np.float32)[:, None] * np.float32(0.01)
-    return np.asarray(state, np.float32)[None, :] + steps
 
 
 async def test_openpi_client_gets_actions_computed_from_its_observation() -> None:
@@ -154,9 +115,13 @@ BAD = {
     "state too long": ({"state": np.zeros(7)}, "state: 'state' (7) gives 7 values, the policy takes 6"),
     "no state": ({"images": {}}, "observation has no 'state' (state)"),
     "no camera": ({"state": np.zeros(6)}, "observation has no 'images/front' (camera 'front')"),
-    "wrong frame size": (
-        {"state": np.zeros(6), "images": {"front": np.zeros((3, 224, 224), np.uint8)}},
-        "'images/front' (camera 'front'): expected uint8 (24, 32, 3) or (3, 24, 32), got uint8 (3, 224, 224)",
+    "frame without channels": (
+        {"state": np.zeros(6), "images": {"front": np.zeros((24, 32), np.uint8)}},
+        "'images/front' (camera 'front'): expected uint8 (H, W, 3) or (3, H, W), got uint8 (24, 32)",
+    ),
+    "empty frame": (
+        {"state": np.zeros(6), "images": {"front": np.zeros((0, 32, 3), np.uint8)}},
+        "expected uint8 (H, W, 3) or (3, H, W), got uint8 (0, 32, 3)",
     ),
     "float frame": (
         {"state": np.zeros(6), "images": {"front": np.zeros((24, 32, 3), np.float32)}},

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from servo.policy.lerobot_checkpoint import LEROBOT_ARM_JOINTS
+
 #: Camera of every test checkpoint; matches tests.edge.harness.small_sim (48x64).
 CAMERA = "front"
 HEIGHT, WIDTH = 48, 64
@@ -23,22 +25,23 @@ STATE_STD = 10.0
 WORDS = ["pick", "place", "the", "red", "blue", "cube", "sweep", "fold", "towel", "into", "box", "table"]
 
 
-def _features(*, images: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+def _features(cameras: tuple[str, ...] = (CAMERA,)) -> tuple[dict[str, Any], dict[str, Any]]:
     from lerobot.configs.types import FeatureType, PolicyFeature
 
     inputs = {"observation.state": PolicyFeature(FeatureType.STATE, (6,))}
-    if images:
-        inputs[f"observation.images.{CAMERA}"] = PolicyFeature(FeatureType.VISUAL, (3, HEIGHT, WIDTH))
+    for camera in cameras:
+        inputs[f"observation.images.{camera}"] = PolicyFeature(FeatureType.VISUAL, (3, HEIGHT, WIDTH))
     return inputs, {"action": PolicyFeature(FeatureType.ACTION, (6,))}
 
 
-def stats() -> dict[str, dict[str, Any]]:
+def stats(cameras: tuple[str, ...] = (CAMERA,)) -> dict[str, dict[str, Any]]:
     import torch
 
     mean = torch.tensor(STATE_MEAN)
     vector = {"mean": mean, "std": torch.full((6,), STATE_STD), "min": mean - 30, "max": mean + 30}
     image = {"mean": torch.full((3, 1, 1), 0.5), "std": torch.full((3, 1, 1), 0.25)}
-    return {"observation.state": dict(vector), "action": dict(vector), f"observation.images.{CAMERA}": image}
+    images = {f"observation.images.{camera}": dict(image) for camera in cameras}
+    return {"observation.state": dict(vector), "action": dict(vector), **images}
 
 
 def _save(path: Path, policy: Any, pre: Any, post: Any) -> Path:
@@ -47,13 +50,13 @@ def _save(path: Path, policy: Any, pre: Any, post: Any) -> Path:
     return path
 
 
-def build_act(path: Path, *, relative: bool = False) -> Path:
+def build_act(path: Path, *, relative: bool = False, cameras: tuple[str, ...] = (CAMERA,)) -> Path:
     """A tiny ACT; with ``relative`` its pipelines convert actions to/from state-relative offsets."""
     from lerobot.policies.act.configuration_act import ACTConfig
     from lerobot.policies.act.modeling_act import ACTPolicy
     from lerobot.policies.factory import make_pre_post_processors
 
-    inputs, outputs = _features()
+    inputs, outputs = _features(cameras)
     config = ACTConfig(
         input_features=inputs,
         output_features=outputs,
@@ -68,10 +71,43 @@ def build_act(path: Path, *, relative: bool = False) -> Path:
         pretrained_backbone_weights=None,
         device="cpu",
     )
-    pre, post = make_pre_post_processors(config, dataset_stats=stats())
+    pre, post = make_pre_post_processors(config, dataset_stats=stats(cameras))
     if relative:
         pre, post = _with_relative_actions(pre, post)
     return _save(path, ACTPolicy(config), pre, post)
+
+
+#: The SO-101 follower's features in LeRobot's order, as ``lerobot-record`` names them.
+SO101_JOINTS = list(LEROBOT_ARM_JOINTS)
+
+
+def build_trained_act(
+    checkpoint: Path, dataset_root: Path, *, repo_id: str, cameras: tuple[str, ...], fps: int
+) -> Path:
+    """A tiny ACT in the folder ``lerobot-train`` leaves, next to the metadata of its training dataset.
+
+    Written with LeRobot's own writers: the policy and its pipelines (``save_pretrained``), the
+    train config naming the dataset (``train_config.json``), and the dataset's ``meta/info.json``
+    (an SO-101 follower's joint names and cameras, at ``fps``). ``dataset_root`` is stored as
+    given, so a relative root is read relative to where the checkpoint is served from.
+    """
+    from lerobot.configs.default import DatasetConfig
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+
+    build_act(checkpoint, cameras=cameras)
+    joints = {"dtype": "float32", "shape": [6], "names": SO101_JOINTS}
+    frames = {"dtype": "image", "shape": [HEIGHT, WIDTH, 3], "names": ["height", "width", "channels"]}
+    features = {"action": joints, "observation.state": joints} | {f"observation.images.{c}": frames for c in cameras}
+    LeRobotDatasetMetadata.create(
+        repo_id, fps=fps, features=features, robot_type="so101_follower", root=dataset_root, use_videos=False
+    )
+    from lerobot.configs.policies import PreTrainedConfig
+
+    policy = PreTrainedConfig.from_pretrained(str(checkpoint))
+    train = TrainPipelineConfig(dataset=DatasetConfig(repo_id=repo_id, root=str(dataset_root)), policy=policy)
+    train.save_pretrained(checkpoint)
+    return checkpoint
 
 
 def _with_relative_actions(pre: Any, post: Any) -> tuple[Any, Any]:

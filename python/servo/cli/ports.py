@@ -56,13 +56,19 @@ def refuse_busy(
         raise PortInUseError(f"{subject} already in use")
 
 
-def _zenoh_port(endpoint: str) -> _Port | None:
+def split_endpoint(endpoint: str) -> tuple[str, str, str]:
+    """``tls/[::1]:7447?x#y`` -> ``("tls", "::1", "7447")``: protocol, host (no brackets) and port text."""
     protocol, _, address = endpoint.partition("/")
     # Zenoh endpoints may carry ?metadata and #configuration after the address.
     host, _, port = address.split("?", 1)[0].split("#", 1)[0].rpartition(":")
+    return protocol, host.strip("[]"), port
+
+
+def _zenoh_port(endpoint: str) -> _Port | None:
+    protocol, host, port = split_endpoint(endpoint)
     if protocol not in _IP_PROTOCOLS or not port.isdigit() or int(port) == 0:
         return None
-    return _Port(f"zenoh.listen {endpoint}", host.strip("[]"), int(port), protocol in _UDP_PROTOCOLS)
+    return _Port(f"zenoh.listen {endpoint}", host, int(port), protocol in _UDP_PROTOCOLS)
 
 
 def _in_use(port: _Port) -> bool:

@@ -1,5 +1,11 @@
 """``servo-serve manifest.toml``: load, warm and serve one policy until Ctrl-C / SIGTERM.
 
+``servo-serve --lerobot PATH --listen tls/0.0.0.0:7447 --device cuda`` serves a LeRobot checkpoint
+folder without a manifest: fps, names, units and cameras are read from it. A ``tls/…`` listen with
+no certificate configured gets servo's self-signed one for this host. Once ready, the server says
+how many robots it carries at this fps (a capacity plan from the warm-up forwards, with a warning
+when a forward outlasts a chunk) and prints the ``servo-edge`` commands that reach it.
+
 With ``--ray``, start ``--replicas`` servers of the manifest as actors on an existing Ray cluster
 instead, print one line per replica as it becomes ready (again after Ray restarts it), drain and
 restart them one at a time on SIGHUP (a rolling restart), and drain them all on Ctrl-C / SIGTERM.
@@ -22,8 +28,11 @@ import anyio
 from anyio.abc import TaskStatus
 
 from servo.cli.console import Console
+from servo.cli.lerobot import OPTION_FLAGS, lerobot_manifest
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.listen import secure_listen
 from servo.cli.ports import PortInUseError, refuse_busy
+from servo.cli.ready import ready_lines
 from servo.config import ConfigError
 from servo.logs import configure_logging
 from servo.server.manifest import Manifest, load_manifest
@@ -31,12 +40,14 @@ from servo.server.manifest import Manifest, load_manifest
 if TYPE_CHECKING:
     from servo.deploy.host import ReplicaStatus
     from servo.deploy.ray import Deployment
+    from servo.server.selfsigned import ServerCertificate
+    from servo.server.service import ServerReady
 
 PROG = "servo-serve"
 SERVER_EXTRA = "pip install 'servo-robotics[server]'"
 RAY_EXTRA = "pip install 'servo-robotics[ray]'"
 #: What the server extra brings; the edge and the client library never import them.
-SERVER_DEPENDENCIES = frozenset({"torch", "prometheus_client"})
+SERVER_DEPENDENCIES = frozenset({"torch", "prometheus_client", "cryptography"})
 #: What a frontend needs beyond the server extra, imported only when the manifest configures it.
 FRONTEND_DEPENDENCIES = {"websockets": ("the openpi front door", "pip install 'servo-robotics[openpi]'")}
 #: ``--ray-*`` flag → `servo.deploy.ray.RayOptions` field.
@@ -53,12 +64,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("manifest", help="Path of the server manifest (TOML); see examples/manifest.toml.")
+    parser.add_argument("manifest", nargs="?", help="Path of the server manifest (TOML); see examples/manifest.toml.")
+    parser.add_argument(
+        "--lerobot",
+        metavar="PATH",
+        help="Serve this LeRobot checkpoint folder (or cached hub id) without a manifest; fps, names, units and "
+        "cameras are read from it.",
+    )
+    parser.add_argument("--device", metavar="DEVICE", help="Replace model.device: cpu, cuda, cuda:N or mps.")
+    parser.add_argument("--task", metavar="TEXT", help="Replace serving.default_task (a VLA's instruction).")
+    parser.add_argument(
+        "--max-sessions", type=int, metavar="N", help="Replace serving.max_sessions (see the capacity plan)."
+    )
+    parser.add_argument("--fps", type=float, metavar="HZ", help="With --lerobot: the rate it was trained at.")
+    parser.add_argument("--units", metavar="UNITS", help="With --lerobot: its joint units, degrees or range_m100_100.")
     parser.add_argument(
         "--listen",
         action="append",
         metavar="ENDPOINT",
-        help="Replace zenoh.listen (repeatable), e.g. tcp/0.0.0.0:7447.",
+        help="Replace zenoh.listen (repeatable), e.g. tls/0.0.0.0:7447 (a self-signed certificate is made for it).",
     )
     parser.add_argument("--health-port", type=int, metavar="PORT", help="Replace ops.health_port (0 disables).")
     parser.add_argument(
@@ -87,13 +111,37 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["ops.health_port"] = args.health_port
     if args.openpi_listen is not None:
         out["frontends.openpi.listen"] = args.openpi_listen
+    if args.device is not None:
+        out["model.device"] = args.device
+    if args.task is not None:
+        out["serving.default_task"] = args.task
+    if args.max_sessions is not None:
+        out["serving.max_sessions"] = args.max_sessions
     return out
 
 
-async def serve(manifest: Manifest, base_dir: Path, console: Console) -> None:
-    """Run the server until drained by a signal."""
+def read_manifest(args: argparse.Namespace) -> Manifest:
+    """The manifest file with the flags in place, or the one ``--lerobot PATH`` makes.
+
+    Raises:
+        ConfigError: neither or both given, a ``--lerobot`` flag without it, or a refused value.
+    """
+    if (args.manifest is None) == (args.lerobot is None):
+        raise ConfigError("give a manifest file or --lerobot PATH (one of them)")
+    flags = {name: getattr(args, name) for name in OPTION_FLAGS}
+    if args.lerobot is None:
+        if given := [f"--{name}" for name, value in flags.items() if value is not None]:
+            raise ConfigError(f"{', '.join(given)} need --lerobot (a manifest sets them in [model.options])")
+        return load_manifest(args.manifest, overrides=overrides(args))
+    return lerobot_manifest(args.lerobot, flags, overrides(args))
+
+
+async def serve(
+    manifest: Manifest, base_dir: Path, console: Console, certificate: ServerCertificate | None = None
+) -> None:
+    """Run the server until drained by a signal; ``certificate``: the self-signed one it listens with."""
     from servo.frontends import frontends_of
-    from servo.server.service import PolicyServer, ServerReady
+    from servo.server.service import PolicyServer
 
     def say(text: str) -> None:
         console.say(f"{PROG}: {text}")
@@ -111,19 +159,8 @@ async def serve(manifest: Manifest, base_dir: Path, console: Console) -> None:
         model = manifest.model
         say(f"loading {model.source} on {model.device}, {model.warmup} warm-up forward(s)…")
         ready: ServerReady = await tg.start(run_server)
-        info, z = ready.info, manifest.zenoh
-        say(
-            f"serving {info.model} rev {info.revision} ({info.serving_mode}, "
-            f"chunk {info.chunk_size} @ {info.fps:g} fps, RTC {'yes' if info.supports_rtc else 'no'})"
-        )
-        say(f"actions: {', '.join(info.features.action_names)}; cameras: {', '.join(info.features.cameras) or 'none'}")
-        say(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")
-        kept = f"from {manifest.security.identity_key}" if manifest.security.identity_key else "ephemeral"
-        say(f"identity {ready.fingerprint} ({kept}); edges pin it with --trusted-servers")
-        if ready.health_port:
-            say(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
-        for name, url in ready.frontends.items():
-            say(f"{name} front door {url} (health {url.replace('ws://', 'http://', 1)}/healthz)")
+        for line in ready_lines(ready, manifest, certificate):
+            say(line)
         say("ready — Ctrl-C to drain and stop")
 
 
@@ -223,8 +260,9 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
     from servo.deploy import DeployError
     from servo.identity import IdentityError
     from servo.policy import PolicyLoadError
+    from servo.server.selfsigned import CertificateFileError
 
-    if isinstance(exc, ConfigError | PolicyLoadError | IdentityError):
+    if isinstance(exc, ConfigError | PolicyLoadError | IdentityError | CertificateFileError):
         return 2, str(exc)
     if isinstance(exc, ModuleNotFoundError) and exc.name == "ray":
         return 2, f"--ray needs Ray, which is not installed: {RAY_EXTRA}"
@@ -253,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(live=False)
     configure_logging(args.log_level, json=args.json_logs, stream=console)
     try:
-        manifest = load_manifest(args.manifest, overrides=overrides(args))
+        manifest = read_manifest(args)
         if args.ray:
             code = serve_on_ray(manifest, args, console)
             if code:
@@ -261,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if given := [f"--{flag.replace('_', '-')}" for flag in RAY_FLAGS if getattr(args, flag) is not None]:
                 raise ConfigError(f"{', '.join(given)} need --ray")
+            manifest, certificate = secure_listen(manifest)
             openpi = manifest.frontends.openpi
             refuse_busy(
                 manifest.zenoh.listen,
@@ -271,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
             anyio.run(
                 serve,
                 manifest,
-                Path(args.manifest).resolve().parent,
+                Path(args.manifest).resolve().parent if args.manifest else Path.cwd(),
                 console,
+                certificate,
                 backend="asyncio",
                 backend_options={"use_uvloop": True},
             )

@@ -2,7 +2,10 @@
 
 A blocking facade over `PolicyClient`: an event loop (uvloop when available) runs on a daemon
 thread of its own, with one Zenoh session and one servo session; each call hands a coroutine to
-that loop and waits for it. Closing is deterministic (``close()`` or the ``with`` block). The
+that loop and waits for it. Frames travel raw by default, so a policy sees exactly the pixels
+given (a LeRobot checkpoint then computes the numbers LeRobot computes); JPEG (``jpeg_quality``
+1-100, or ``"auto"`` to choose per request from measured costs) trades those exact numbers for
+fewer bytes on a slow link. Closing is deterministic (``close()`` or the ``with`` block). The
 Zenoh callback threads are started from the loop thread and inherit its daemon flag, so nothing
 of the client holds the interpreter at exit (ZENOH_FACTS §9); a client the program never closed
 is closed properly at exit, so the server ends its session at once instead of collecting it
@@ -27,7 +30,7 @@ from servo.client.session import RemoteSession
 from servo.client.trust import TrustedServers
 from servo.transport import ZenohSettings
 from servo.wire import Features
-from servo.wire.openpi import ObservationKeys, action_reply, policy_metadata, read_observation
+from servo.wire.openpi import ObservationKeys, action_reply, check_sizes, policy_metadata, read_observation
 
 #: How long `SyncPolicyClient.close` waits for the loop thread (a wedged Zenoh close gives up at 12 s).
 CLOSE_TIMEOUT_S = 15.0
@@ -50,7 +53,11 @@ class SyncPolicyClient:
         task: The session's task (VLA prompt) when an observation names none.
         observation: Where state, frames and prompt are in the observation dicts.
         client_id: This client's id (a key segment); a random one when omitted.
-        jpeg_quality: JPEG quality for frames, 0 sends raw pixels, ``"auto"`` measures and picks.
+        jpeg_quality: 0 (the default) sends raw pixels: the policy computes on exactly these
+            frames. 1-100 encodes JPEG at that quality, ``"auto"`` picks raw or JPEG per request
+            from measured costs. JPEG saves bytes on a slow link (a raw 480x640 frame is 0.9 MB),
+            but the policy then sees slightly different pixels, so its chunks are no longer
+            exactly those of the same observation computed locally.
         timeout: Per-request timeout (s).
         trusted_servers: Pins (``ed25519:…`` fingerprints and/or replica ids, see
             `TrustedServers`); any server when empty.
@@ -73,7 +80,7 @@ class SyncPolicyClient:
         task: str = "",
         observation: ObservationKeys | None = None,
         client_id: str | None = None,
-        jpeg_quality: int | Literal["auto"] = 90,
+        jpeg_quality: int | Literal["auto"] = 0,
         timeout: float = 5.0,
         trusted_servers: Sequence[str] = (),
     ) -> None:
@@ -86,6 +93,8 @@ class SyncPolicyClient:
         self._loop = _LoopThread()
         self._stack = AsyncExitStack()
         self._session: RemoteSession | None = None
+        #: What the session declared it sends: frames must have its cameras' sizes.
+        self._features: Features | None = None
         try:
             self._session = self._loop.call(self._open, app, model, features, fps, task, client_id, jpeg_quality)
         except BaseException:
@@ -113,6 +122,7 @@ class SyncPolicyClient:
                 fps = fps or policy.fps
             session = await client.connect_best(features=features, fps=fps, app=app, model=model, task=task)
             self._stack.push_async_callback(session.close)
+            self._features = features
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._stack.aclose()
@@ -139,7 +149,9 @@ class SyncPolicyClient:
     async def _infer(self, obs: Mapping[str, Any]) -> dict[str, Any]:
         session = self._live()
         assert session.ack is not None
+        assert self._features is not None
         inputs = read_observation(obs, self._keys, session.ack.policy.features)
+        check_sizes(inputs, self._features.cameras, self._keys)
         result = await session.infer(inputs.state, inputs.images, task=inputs.prompt, timeout=self._timeout)
         reply = action_reply(
             result.chunk_robot,

@@ -35,6 +35,7 @@ from http import HTTPStatus
 from typing import Any
 
 import anyio
+import msgspec
 import zenoh
 from anyio.abc import TaskStatus
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -56,8 +57,16 @@ from servo.client import (
 from servo.config import ConfigError
 from servo.logs import Logger, get_logger
 from servo.server.manifest import OpenpiSection
-from servo.wire import ServerKeys, WireError
-from servo.wire.openpi import CONTROL_KEY, action_reply, pack, policy_metadata, read_observation, unpack
+from servo.wire import CameraFeature, ServerKeys, WireError
+from servo.wire.openpi import (
+    CONTROL_KEY,
+    action_reply,
+    frame_sizes,
+    pack,
+    policy_metadata,
+    read_observation,
+    unpack,
+)
 
 log = get_logger(__name__)
 #: websockets logs through stdlib logging with %-style arguments.
@@ -197,14 +206,12 @@ class OpenpiFrontDoor:
         assert self._zsession is not None
         assert self._target is not None
         s = self.settings
-        client = PolicyClient(self._zsession, f"openpi-{uuid.uuid4().hex[:12]}", jpeg_quality=0)
         peer = _peer(ws.remote_address)
-        bound = log.bind(client_id=client.client_id, peer=peer)
-        info = self._target.status.policy
+        client = PolicyClient(self._zsession, f"openpi-{uuid.uuid4().hex[:12]}", jpeg_quality=0)
+        link = _Link(client, self._target, peer)
+        bound = log.bind(client_id=link.client.client_id, peer=peer)
         try:
-            session = await client.open_session(
-                self._target, features=info.features, fps=info.fps, tags={"frontend": "openpi", "peer": peer}
-            )
+            session = await link.open(self._target.status.policy.features.cameras)
         except SessionRejected as exc:
             code = {"capacity": CloseCode.TRY_AGAIN_LATER, "draining": CloseCode.GOING_AWAY}.get(
                 exc.rejection.code, CloseCode.INTERNAL_ERROR
@@ -213,19 +220,19 @@ class OpenpiFrontDoor:
             raise _Close(code, f"servo refused the session: {exc}") from None
         except RequestTimeout as exc:
             raise _Close(CloseCode.INTERNAL_ERROR, f"servo: {exc}") from None
-        bound = bound.bind(session_id=session.session_id)
-        bound.info("openpi connection opened")
+        bound.info("openpi connection opened", session_id=session.session_id)
         try:
             assert session.ack is not None
+            info = self._target.status.policy
             metadata = policy_metadata(info, s.observation, replica=self._target.keys.replica, task=session.ack.task)
             await ws.send(pack({**s.metadata, "servo": metadata}))
-            await self._requests(ws, session, bound)
+            await self._requests(ws, link, bound)
         finally:
             with anyio.CancelScope(shield=True):
-                await session.close()
-            bound.info("openpi connection closed", requests=session.stats.sent)
+                await link.close()
+            bound.info("openpi connection closed", requests=link.requests)
 
-    async def _requests(self, ws: ServerConnection, session: RemoteSession, bound: Logger) -> None:
+    async def _requests(self, ws: ServerConnection, link: _Link, bound: Logger) -> None:
         interval = 1.0 / self.settings.max_request_rate_hz
         next_start = 0.0
         prev_total_ms: float | None = None
@@ -236,13 +243,13 @@ class OpenpiFrontDoor:
                 await anyio.sleep(next_start - now)  # pacing: the peer's next frames wait in TCP
             started = time.monotonic()
             next_start = started + interval
-            reply = await self._answer(message, session, prev_total_ms, bound)
+            reply = await self._answer(message, link, prev_total_ms, bound)
             await ws.send(reply)
             if isinstance(reply, bytes):
                 prev_total_ms = (time.monotonic() - started) * 1e3
 
     async def _answer(
-        self, message: str | bytes, session: RemoteSession, prev_total_ms: float | None, bound: Logger
+        self, message: str | bytes, link: _Link, prev_total_ms: float | None, bound: Logger
     ) -> bytes | str:
         """The reply to one frame: msgpack bytes, or one text line naming what went wrong."""
         s = self.settings
@@ -251,13 +258,19 @@ class OpenpiFrontDoor:
         try:
             obs = unpack(message, max_bytes=s.max_message_bytes)
             if isinstance(obs, dict) and CONTROL_KEY in obs:
-                return pack(await self._control(obs[CONTROL_KEY], session))
+                return pack(await self._control(obs[CONTROL_KEY], link.session))
             assert self._target is not None
             inputs = read_observation(obs, s.observation, self._target.status.policy.features)
         except WireError as exc:
             bound.debug("openpi observation refused", error=str(exc))
             return f"servo: bad observation: {exc}"
         except (ServerError, RequestTimeout) as exc:
+            return f"servo: {exc}"
+        try:
+            session = await link.fit(frame_sizes(inputs.images), bound)
+        except SessionRejected as exc:
+            return f"servo: bad observation: frames of this size refused: {exc}"
+        except RequestTimeout as exc:
             return f"servo: {exc}"
         started = time.monotonic()
         try:
@@ -291,6 +304,66 @@ class OpenpiFrontDoor:
         if command == "episode_end":
             return {"__ack__": "episode_end"}
         return {"__ack__": "ignored"}
+
+
+class _Link:
+    """One connection's servo session, whose camera sizes follow the frames the client sends.
+
+    A robot declares its cameras' sizes when it opens its session and the server resizes every
+    frame to the policy's input; an openpi client says nothing about its frames until it sends
+    them. The session opens with the policy's own sizes (so capacity is taken and refused at
+    connect), and is reopened on the first frames of another size, proving it held the old one so
+    the server swaps them in place. Owned by the connection's task.
+    """
+
+    def __init__(self, client: PolicyClient, target: ServerInfo, peer: str) -> None:
+        self.client = client
+        self._target = target
+        self._tags = {"frontend": "openpi", "peer": peer}
+        self._session: RemoteSession | None = None
+        self._cameras: dict[str, CameraFeature] = {}
+        self.requests = 0
+
+    @property
+    def session(self) -> RemoteSession:
+        """The session requests go to."""
+        assert self._session is not None
+        return self._session
+
+    async def open(self, cameras: dict[str, CameraFeature]) -> RemoteSession:
+        """Open a session declaring ``cameras``, replacing the current one (if any) on the server.
+
+        Raises:
+            SessionRejected: the server refused (the current session stays).
+            RequestTimeout: the server did not answer (the current session stays).
+        """
+        policy = self._target.status.policy
+        features = msgspec.structs.replace(policy.features, cameras=cameras)
+        previous = self._session
+        session = await self.client.open_session(
+            self._target, features=features, fps=policy.fps, tags=self._tags, previous=previous
+        )
+        self._session, self._cameras = session, dict(cameras)
+        if previous is not None:
+            self.requests += previous.stats.sent
+            with anyio.CancelScope(shield=True):
+                await previous.close()
+        return session
+
+    async def fit(self, sizes: dict[str, CameraFeature], bound: Logger) -> RemoteSession:
+        """The session, reopened first when ``sizes`` are not the ones it declared."""
+        if sizes != self._cameras:
+            shown = {name: f"{size.height}x{size.width}" for name, size in sizes.items()}
+            bound.info("openpi frames change size: session reopened", cameras=shown)
+            await self.open(sizes)
+        return self.session
+
+    async def close(self) -> None:
+        """Close the session (best effort)."""
+        if self._session is not None:
+            self.requests += self._session.stats.sent
+            await self._session.close()
+            self._session = None
 
 
 def _respond(status: HTTPStatus, text: str) -> Response:

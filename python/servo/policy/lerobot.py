@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from servo.config import ConfigError, convert
+from servo.config import convert
 from servo.logs import get_logger
 from servo.policy.errors import PolicyLoadError
 from servo.policy.lerobot_checkpoint import (
@@ -44,10 +44,10 @@ from servo.policy.lerobot_checkpoint import (
     LeRobotOptions,
     camera_keys,
     declared_units,
-    feature_names,
     fingerprint,
     resolve_checkpoint,
 )
+from servo.policy.lerobot_metadata import CheckpointFacts, read_facts
 from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Prepared
 from servo.wire import CameraFeature, Features
 
@@ -132,6 +132,8 @@ class LeRobotPolicy:
         self.device = device
         lerobot = _import_lerobot()
         checkpoint, hub_id = resolve_checkpoint(options.path, options.revision)
+        #: fps, names, units and camera renames, each with where it came from.
+        self.facts: CheckpointFacts = read_facts(checkpoint, options)
         # LeRobot raises whatever its config parser, torch or transformers raise: at this boundary
         # any failure is "this checkpoint cannot be served", said once with the cause.
         try:
@@ -164,7 +166,7 @@ class LeRobotPolicy:
             policy.init_rtc_processor()
         self._policy = policy
         self._config = config
-        self._camera_keys = camera_keys(config, options.cameras)
+        self._camera_keys = camera_keys(config, self.facts.camera_renames)
         self._image_hw = {key: tuple(config.image_features[key].shape[1:]) for key in self._camera_keys.values()}
         #: Diffusion-family observation history (see the module docstring); None for the others.
         steps = int(getattr(config, "n_obs_steps", 1))
@@ -182,6 +184,7 @@ class LeRobotPolicy:
             device=device,
             rtc=self.rtc,
             chunk_size=self._spec.chunk_size,
+            facts=self.facts.describe(),
         )
 
     @property
@@ -271,13 +274,7 @@ class LeRobotPolicy:
         )
         if extra:
             raise PolicyLoadError(f"LeRobot {config.type} checkpoint needs inputs servo does not send: {extra}")
-        action_names = feature_names("action", int(action.shape[0]), options.action_names, config)
-        state_names = list(options.state_names) or (action_names if int(state.shape[0]) == len(action_names) else [])
-        if len(state_names) != int(state.shape[0]):
-            raise ConfigError(
-                f"state_names: the LeRobot {config.type} checkpoint has a {state.shape[0]}-value state; name all "
-                f"{state.shape[0]} in order (got {len(state_names)})"
-            )
+        facts = self.facts
         cameras = {
             camera: CameraFeature(*(int(v) for v in self._image_hw[key])) for camera, key in self._camera_keys.items()
         }
@@ -285,14 +282,14 @@ class LeRobotPolicy:
             model=options.name or hub_id or f"lerobot/{config.type}",
             revision=fingerprint(checkpoint, config.type),
             features=Features(
-                state_names=state_names,
-                action_names=action_names,
+                state_names=facts.state_names,
+                action_names=facts.action_names,
                 cameras=cameras,
-                state_units=declared_units(options.units, state_names),
-                action_units=declared_units(options.units, action_names),
+                state_units=declared_units(facts.units, facts.state_names),
+                action_units=declared_units(facts.units, facts.action_names),
             ),
             chunk_size=self._chunk_size(),
-            fps=options.fps,
+            fps=facts.fps,
             supports_rtc=self.rtc,
             chunk_stateless=self._history is None,
         )

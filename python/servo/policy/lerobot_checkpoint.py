@@ -16,9 +16,6 @@ from typing import Annotated, Any
 import msgspec
 
 from servo.config import ConfigError
-from servo.logs import get_logger
-
-log = get_logger(__name__)
 
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
@@ -68,7 +65,15 @@ class LeRobotOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         dict[str, str],
         msgspec.Meta(description="robot camera name -> checkpoint camera (observation.images.<name>) when they differ"),
     ] = {}
-    fps: Annotated[float, msgspec.Meta(gt=0, description="control rate the checkpoint was trained at")] = 30.0
+    fps: (
+        Annotated[
+            float,
+            msgspec.Meta(
+                gt=0, description="control rate the checkpoint was trained at (default: its dataset's, else 30)"
+            ),
+        ]
+        | None
+    ) = None
     rtc: Annotated[bool, msgspec.Meta(description="real-time chunking where the policy implements it")] = True
     execution_horizon: Annotated[
         int, msgspec.Meta(ge=1, description="RTC: prefix steps the guidance pulls the new chunk towards")
@@ -103,23 +108,6 @@ def camera_keys(config: Any, renames: dict[str, str]) -> dict[str, str]:
         raise ConfigError(f"cameras: the checkpoint has no camera(s) {unknown}; it has {sorted(by_checkpoint_name)}")
     robot_name = {checkpoint: robot for robot, checkpoint in renames.items()}
     return {robot_name.get(name, name): key for name, key in by_checkpoint_name.items()}
-
-
-def feature_names(what: str, dim: int, given: list[str], config: Any) -> list[str]:
-    """Names of the ``dim`` action (or state) values: the option, the config's, or LeRobot's arm."""
-    names = list(given) or list(getattr(config, f"{what}_feature_names", None) or [])
-    if not names and dim == len(LEROBOT_ARM_JOINTS):
-        log.warning(
-            "checkpoint does not name its actions: assuming LeRobot's six-motor arm order",
-            names=LEROBOT_ARM_JOINTS,
-        )
-        names = list(LEROBOT_ARM_JOINTS)
-    if len(names) != dim:
-        raise ConfigError(
-            f"{what}_names: the LeRobot {config.type} checkpoint has {dim} {what} values; name all {dim} in order "
-            f"(got {len(names)})"
-        )
-    return names
 
 
 def declared_units(units: str | list[str], names: list[str]) -> list[str]:

@@ -7,6 +7,7 @@ identical chunks for identical inputs.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
@@ -145,22 +146,30 @@ class InferenceRunner:
         model = self._checked(np.asarray(chunk, dtype=np.float32), "policy chunk")
         return model, self._checked(np.asarray(processor.postprocess(model), dtype=np.float32), "postprocessed chunk")
 
-    def warmup(self, count: int) -> None:
+    def warmup(self, count: int) -> list[float]:
         """Run ``count`` forwards on a synthetic observation built from the policy's spec.
+
+        Returns:
+            Each request's duration (s, monotonic clock): preprocessing, forward and
+            postprocessing, the chunk copied back to the host.
 
         Raises:
             PolicyLoadError: a forward failed or produced an unusable chunk (one line).
         """
         processor = self.policy.make_processor()
+        durations = []
         for i in range(count):
             try:
+                started = time.perf_counter()
                 self.infer(processor, synthetic_observation(self.policy), 0)
+                durations.append(time.perf_counter() - started)
             except PolicyOutputError as exc:
                 raise PolicyLoadError(f"warm-up forward {i + 1} of {count}: {exc}") from exc
             except Exception as exc:
                 raise PolicyLoadError(
                     f"warm-up forward {i + 1} of {count} failed: {type(exc).__name__}: {exc}"
                 ) from exc
+        return durations
 
     def _checked(self, chunk: FloatArray, what: str) -> FloatArray:
         if chunk.shape != self._expected:

@@ -64,21 +64,25 @@ class NormMode(Enum):
     DEGREES = "degrees"
 
 
-def calibration_root() -> Path:
-    """LeRobot's calibration directory, honouring the same environment variables.
+def lerobot_home() -> Path:
+    """LeRobot's home (datasets, calibration), honouring the same environment variables.
 
-    ``$HF_LEROBOT_CALIBRATION``, else ``$HF_LEROBOT_HOME/calibration``, else
-    ``$HF_HOME/lerobot/calibration``, else ``~/.cache/huggingface/lerobot/calibration``.
+    ``$HF_LEROBOT_HOME``, else ``$HF_HOME/lerobot``, else ``~/.cache/huggingface/lerobot``.
     """
-    if explicit := os.environ.get("HF_LEROBOT_CALIBRATION"):
-        return Path(explicit).expanduser()
     if home := os.environ.get("HF_LEROBOT_HOME"):
-        return Path(home).expanduser() / "calibration"
+        return Path(home).expanduser()
     hf_home = os.environ.get("HF_HOME")
     if not hf_home:
         cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
         hf_home = str(Path(cache) / "huggingface")
-    return Path(hf_home).expanduser() / "lerobot" / "calibration"
+    return Path(hf_home).expanduser() / "lerobot"
+
+
+def calibration_root() -> Path:
+    """LeRobot's calibration directory: ``$HF_LEROBOT_CALIBRATION``, else ``calibration`` in `lerobot_home`."""
+    if explicit := os.environ.get("HF_LEROBOT_CALIBRATION"):
+        return Path(explicit).expanduser()
+    return lerobot_home() / "calibration"
 
 
 def default_calibration_path(robot_id: str, robot_types: Sequence[str]) -> Path:

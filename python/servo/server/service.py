@@ -64,6 +64,8 @@ class ServerReady:
     #: The identity's fingerprint (``ed25519:…``): what edges pin in ``trusted_servers``.
     fingerprint: str
     frontends: dict[str, str] = field(default_factory=dict)
+    #: Each warm-up request's duration (s), for a capacity plan (`servo.deploy.capacity`).
+    warmup_s: list[float] = field(default_factory=list)
 
 
 class Frontend(Protocol):
@@ -136,6 +138,7 @@ class PolicyServer:
         self.registry = self.state.registry
         self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
+        self._warmup_s: list[float] = []
         self._trajectories = TrajectoryLibrary(manifest.trajectories)
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
@@ -176,7 +179,7 @@ class PolicyServer:
             policy = await anyio.to_thread.run_sync(self._load_policy)
             runner = InferenceRunner(policy, device=m.model.device, dtype=m.model.dtype, compile=m.model.compile)
             started = time.perf_counter()
-            await anyio.to_thread.run_sync(runner.warmup, m.model.warmup)
+            self._warmup_s = await anyio.to_thread.run_sync(runner.warmup, m.model.warmup)
             log.info(
                 "policy warmed up",
                 warmup=m.model.warmup,
@@ -256,7 +259,7 @@ class PolicyServer:
             endpoints = {
                 f.name: await frontends.start(f.run, zsession, keys, state.health, own) for f in self._frontends
             }
-            task_status.started(ServerReady(keys, info, health_port, identity, endpoints))
+            task_status.started(ServerReady(keys, info, health_port, identity, endpoints, self._warmup_s))
             await self._stop.wait()
         finally:
             with anyio.CancelScope(shield=True):

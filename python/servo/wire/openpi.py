@@ -12,7 +12,9 @@ policy's features:
   ``observation/joint_position`` and ``observation/gripper_position``);
 - each **camera** ``<cam>`` of the policy is read from the key `ObservationKeys.cameras` maps it
   to, ``images/<cam>`` by default; frames are uint8 RGB, ``(H, W, 3)`` or channels-first
-  ``(3, H, W)`` (ALOHA clients send the latter), and must have the camera's size;
+  ``(3, H, W)`` (ALOHA clients send the latter), of any size: whoever sends them declares their
+  size for the session and the server resizes them to the policy's input, as a robot's
+  (`check_sizes` holds frames to the sizes a session declared);
 - the **prompt** (task instruction) is the string under `ObservationKeys.prompt`, optional.
 
 A key is looked up as written first (DROID's keys contain slashes), then as a path through nested
@@ -31,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servo.wire.errors import WireError
-from servo.wire.messages import Features, PolicyInfo
+from servo.wire.messages import CameraFeature, Features, PolicyInfo
 
 #: Array dtypes accepted from a peer: booleans, integers and floats (never objects or records).
 _ARRAY_KINDS = frozenset("biuf")
@@ -210,12 +212,29 @@ def read_observation(obs: Any, keys: ObservationKeys, features: Features) -> Pol
         raise WireError(f"an observation must be a dict, got {type(obs).__name__}")
     return PolicyInput(
         state=_state(obs, keys.state, features.state_names),
-        images={
-            name: _frame(obs, keys.camera_key(name), name, (camera.height, camera.width))
-            for name, camera in features.cameras.items()
-        },
+        images={name: _frame(obs, keys.camera_key(name), name) for name in features.cameras},
         prompt=_prompt(obs, keys.prompt),
     )
+
+
+def frame_sizes(images: Mapping[str, Frame]) -> dict[str, CameraFeature]:
+    """The size of each frame, as a session declares its cameras."""
+    return {name: CameraFeature(int(frame.shape[0]), int(frame.shape[1])) for name, frame in images.items()}
+
+
+def check_sizes(inputs: PolicyInput, cameras: Mapping[str, CameraFeature], keys: ObservationKeys) -> None:
+    """Refuse frames whose size is not the one their session declared.
+
+    Raises:
+        WireError: naming the key, the camera, the size expected and the size sent.
+    """
+    for name, frame in inputs.images.items():
+        size = cameras.get(name)
+        if size is not None and frame.shape[:2] != (size.height, size.width):
+            raise WireError(
+                f"{keys.camera_key(name)!r} (camera {name!r}): this session's frames are {size.height}x{size.width} "
+                f"(height x width), got {frame.shape[0]}x{frame.shape[1]}"
+            )
 
 
 def _state(obs: Mapping[str, Any], keys: list[str], names: list[str]) -> FloatArray:
@@ -239,19 +258,16 @@ def _state(obs: Mapping[str, Any], keys: list[str], names: list[str]) -> FloatAr
     return state
 
 
-def _frame(obs: Mapping[str, Any], key: str, camera: str, size: tuple[int, int]) -> Frame:
+def _frame(obs: Mapping[str, Any], key: str, camera: str) -> Frame:
     found, value = _lookup(obs, key)
     if not found:
         raise WireError(f"observation has no {key!r} (camera {camera!r}); map the camera to the key your client sends")
-    h, w = size
-    if isinstance(value, np.ndarray) and value.dtype == np.uint8:
-        if value.shape == (h, w, 3):
+    if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 3 and 0 not in value.shape:
+        if value.shape[2] == 3:
             return value
-        if value.shape == (3, h, w):
+        if value.shape[0] == 3:
             return np.ascontiguousarray(value.transpose(1, 2, 0))
-    raise WireError(
-        f"{key!r} (camera {camera!r}): expected uint8 ({h}, {w}, 3) or (3, {h}, {w}), got {_describe(value)}"
-    )
+    raise WireError(f"{key!r} (camera {camera!r}): expected uint8 (H, W, 3) or (3, H, W), got {_describe(value)}")
 
 
 def _prompt(obs: Mapping[str, Any], key: str) -> str:

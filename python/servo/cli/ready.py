@@ -1,0 +1,89 @@
+"""What ``servo-serve`` says once its server is ready.
+
+What it serves and where each fact of a LeRobot checkpoint came from; where it listens and its
+identity; how many robots one replica carries (the capacity plan, with a one-line warning when
+a forward outlasts a chunk); the ``servo-edge`` commands that reach it; its health endpoint and
+front doors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from servo.cli.lerobot import checkpoint_facts
+from servo.cli.listen import edge_command, robot_options
+from servo.deploy.capacity import CapacityPlan, measured_forward_s
+from servo.server.manifest import Manifest
+
+if TYPE_CHECKING:
+    from servo.server.selfsigned import ServerCertificate
+    from servo.server.service import ServerReady
+
+#: The arm a LeRobot checkpoint is shown driving when its dataset names no robot servo knows.
+DEFAULT_ARM = "so101"
+
+
+def ready_lines(ready: ServerReady, manifest: Manifest, certificate: ServerCertificate | None) -> list[str]:
+    """Every line, in order (each printed after ``servo-serve:``)."""
+    info, z = ready.info, manifest.zenoh
+    lines = [
+        f"serving {info.model} rev {info.revision} ({info.serving_mode}, "
+        f"chunk {info.chunk_size} @ {info.fps:g} fps, RTC {'yes' if info.supports_rtc else 'no'})",
+        f"actions: {', '.join(info.features.action_names)}; cameras: {', '.join(info.features.cameras) or 'none'}",
+    ]
+    facts = checkpoint_facts(manifest)
+    if facts is not None:
+        lines.append(facts.describe())
+    lines.append(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")
+    kept = f"from {manifest.security.identity_key}" if manifest.security.identity_key else "ephemeral"
+    lines.append(f"identity {ready.fingerprint} ({kept}); edges pin it with --trusted-servers")
+    lines += capacity_lines(ready, manifest)
+    lines += connect_lines(ready, manifest, certificate, arm=None if facts is None else facts.robot or DEFAULT_ARM)
+    if ready.health_port:
+        lines.append(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
+    for name, url in ready.frontends.items():
+        lines.append(f"{name} front door {url} (health {url.replace('ws://', 'http://', 1)}/healthz)")
+    return lines
+
+
+def capacity_lines(ready: ServerReady, manifest: Manifest) -> list[str]:
+    """The capacity plan from the warm-up forwards, for robots with the edge's default buffer."""
+    from servo.edge.config import EdgeConfig
+
+    forward_s = measured_forward_s(ready.warmup_s)
+    if forward_s is None:
+        return ["capacity: no plan without a warm-up forward to time (model.warmup = 0)"]
+    info = ready.info
+    plan = CapacityPlan(
+        forward_s, info.chunk_size, info.fps, rtc=info.supports_rtc, buffer_s=EdgeConfig().buffer_time_s
+    )
+    max_sessions = 1 if info.serving_mode == "exclusive" else manifest.serving.max_sessions
+    return plan.describe(device=manifest.model.device, max_sessions=max_sessions)
+
+
+def connect_lines(
+    ready: ServerReady, manifest: Manifest, certificate: ServerCertificate | None, *, arm: str | None
+) -> list[str]:
+    """How edges reach the first listen endpoint: the certificate to copy, a real arm's and the sim's command."""
+    listen = manifest.zenoh.listen
+    if not listen:
+        return []
+    cameras, fps = list(ready.info.features.cameras), ready.info.fps
+    lines = []
+    if certificate is not None:
+        names = ", ".join([*certificate.dns_names, *certificate.addresses])
+        lines.append(
+            f"TLS with the self-signed certificate {certificate.cert} ({certificate.state}; names {names}); "
+            f"copy it to each robot as {certificate.cert.name}"
+        )
+    if arm is not None:
+        options = robot_options(cameras=cameras, fps=fps, sim=False)
+        command = edge_command(listen[0], robot=arm, certificate=certificate, options=options)
+        if command is not None:
+            lines.append(f"on the robot: {command}")
+    sim = edge_command(
+        listen[0], robot="sim", certificate=certificate, options=robot_options(cameras=cameras, fps=fps, sim=True)
+    )
+    if sim is not None:
+        lines.append(f"without hardware: {sim}")
+    return lines
