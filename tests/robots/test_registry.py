@@ -20,8 +20,8 @@ from servo.robots import (
     options_help,
     robot_summary,
 )
-from servo.robots.builtin import CameraEntry, parse_cameras
 from servo.robots.calibration import CalibrationError
+from servo.robots.camera_list import CameraEntry, parse_cameras
 from tests.robots.calib_data import write_calibration
 
 
