@@ -149,9 +149,10 @@ def dds_topic(name: str, namespace: str, option: str) -> str:
     if not _NAME.fullmatch(name):
         raise FieldError(option, f"{name!r} is not a ROS 2 topic name (letters, digits, _ and /)")
     if not name.startswith("/"):
-        if namespace and not _NAME.fullmatch(namespace):
+        inner = namespace.strip("/")
+        if inner and not _NAME.fullmatch(inner):
             raise FieldError("namespace", f"{namespace!r} is not a ROS 2 namespace")
-        name = f"/{namespace.strip('/')}/{name}" if namespace.strip("/") else f"/{name}"
+        name = f"/{inner}/{name}" if inner else f"/{name}"
     return "rt" + name
 
 

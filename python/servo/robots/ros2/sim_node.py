@@ -87,9 +87,10 @@ class _Camera:
         if now_ns < self.next_ns:
             return
         self.next_ns = now_ns + self.period_ns
-        # Brightness follows the first joint, so the frames change as the arm moves.
-        shade = (np.tanh(pose[0]) + 1.0) * 100.0
-        red = np.broadcast_to((self._ramp + shade) % 256, (self.height, self.width))
+        # Red ramps up left to right, blue down; both brighten with the first joint, so the
+        # frames change as the arm moves.
+        shade = (np.tanh(pose[0]) + 1.0) * 50.0
+        red = np.broadcast_to(self._ramp * 0.6 + shade, (self.height, self.width))
         rgb = np.stack([red, np.full_like(red, shade), 255 - red], axis=-1).astype(np.uint8)
         if self.compressed:
             data = simplejpeg.encode_jpeg(rgb, quality=90, colorspace="RGB")
