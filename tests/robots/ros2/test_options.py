@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,28 @@ def test_building_the_spec_opens_nothing() -> None:
     )
     spec = robot.spec()
     assert (spec.name, spec.joint_names, spec.units, spec.fps) == ("ros2", ("a",), ("radians",), 30.0)
+
+
+LIMITED = "{'joints': 'a', 'rest_pose': '0', 'lower': '-1', 'upper': '1', 'max_velocity': '1'}"
+
+
+def python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_cyclone_dds_is_loaded_only_for_a_ros2_robot() -> None:
+    """The extra is optional: help, the other robots and the options never import it."""
+    assert (
+        python(
+            "import sys; from servo.cli.edge import build_parser; from servo.robots import make_robot, robot_options; "
+            "build_parser().format_help(); make_robot('sim', {'cameras': 'none'}); "
+            f"robot_options('ros2', {LIMITED}); "
+            "print('cyclonedds' in sys.modules)"
+        )
+        == "False"
+    )
+    assert python(
+        "import sys; sys.modules['cyclonedds'] = None; from servo.robots import make_robot\n"
+        f"try: make_robot('ros2', {LIMITED})\n"
+        "except Exception as exc: print(type(exc).__name__, exc)"
+    ).startswith("ConfigError robot 'ros2' needs Cyclone DDS: pip install 'servo-robotics[ros2]'")
