@@ -290,9 +290,13 @@ async def run_servo(
     realtime: bool,
     switch_interval_s: float | None,
     design: str,
+    robot: RobotDescription | None = None,
 ) -> LoopResult:
-    """servo's edge: the control loop in its process (or on a thread), the network worker on the event loop."""
-    robot = RobotDescription("sim", {"fps": fps})  # front + wrist, 480x640 at 30 fps
+    """servo's edge: the control loop in its process (or on a thread), the network worker on the event loop.
+
+    ``robot`` defaults to the simulated arm at ``fps`` with its two 480x640 cameras at 30 fps.
+    """
+    robot = robot or RobotDescription("sim", {"fps": fps})
     config = load_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": JPEG_QUALITY})
     engine = RemoteEngine(config, robot.spec())
     # One request is in flight at a time: at merge time the session's last encode is this chunk's.

@@ -81,7 +81,7 @@ class DdsEnv:
         ]
         proc = Proc(argv)
         try:
-            proc.wait_line("ready", timeout)
+            proc.wait_line("READY", timeout)
         except BaseException:
             proc.kill()
             raise

@@ -64,6 +64,15 @@ def test_limits_from_the_urdf_in_the_policys_units(urdf: Path) -> None:
     assert spec.rest_pose == pytest.approx((0.5 * deg, 0.02))
 
 
+def test_raw_values_pass_through_and_are_left_out_of_the_unit_check() -> None:
+    limits = {"lower": "-1,0", "upper": "1,100", "max_velocity": "1,50"}
+    setup = resolve(options(units="degrees,raw", rest_pose="0,50", **limits))
+    assert setup.scale == pytest.approx((180 / math.pi, 1.0))
+    spec = setup.spec()
+    assert spec.units == ("degrees", "")
+    assert (spec.upper[1], spec.rest_pose[1]) == (100.0, 50.0)
+
+
 def test_options_override_the_urdf_and_a_continuous_joint_needs_a_range(urdf: Path) -> None:
     spec = resolve(options(urdf=urdf, max_velocity="0.5,0.05")).spec()
     assert spec.max_velocity == pytest.approx((0.5, 0.05))

@@ -90,6 +90,9 @@ class Ros2Joints:
             self._writer = dds.writer(
                 self._participant, setup.command_topic, type(self._message), reliable=setup.command_reliable
             )
+            # Cyclone builds a type's codec on first use: here, not in the first tick.
+            self._message.serialize()
+            JointState.deserialize(JointState(name=list(setup.robot_names)).serialize())
             self._wait_ready(discovery)
         except BaseException:
             self.disconnect()

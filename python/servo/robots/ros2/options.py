@@ -3,8 +3,9 @@
 The policy sees the robot through its own joint names, in its own order, in its own units; the
 ROS side speaks the robot's joint names in SI units (REP 103: rad, m). ``joints`` maps one onto
 the other (``POLICY_NAME=ROBOT_JOINT``), ``units`` says what the policy sees per joint
-(``radians`` and ``meters`` pass through, ``degrees`` converts), and every limit is given in ROS
-units (the URDF's, or options that override it) and converted once here.
+(``radians`` and ``meters`` pass through, ``degrees`` converts, ``raw`` passes a non-SI value
+through undeclared), and every limit is given in ROS units (the URDF's, or options that override
+it) and converted once here.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from ..camera_list import parse_cameras
 from ..protocol import CameraSpec, RobotSpec
 from .urdf import JointLimit, UrdfError, joint_limits
 
-Unit = Literal["radians", "degrees", "meters"]
+Unit = Literal["radians", "degrees", "meters", "raw"]
 CommandType = Literal["sensor_msgs/JointState", "std_msgs/Float64MultiArray", "trajectory_msgs/JointTrajectory"]
 Reliability = Literal["best_effort", "reliable"]
 
-#: Policy units per ROS unit.
-SCALE: dict[str, float] = {"radians": 1.0, "degrees": 180.0 / math.pi, "meters": 1.0}
+#: Policy units per ROS unit. ``raw`` passes a value that is not SI (a gripper's 0..1, a driver's
+#: own scale) through as it is, and leaves it out of the session's unit check.
+SCALE: dict[str, float] = {"radians": 1.0, "degrees": 180.0 / math.pi, "meters": 1.0, "raw": 1.0}
 #: ROS 2 domain ids that map onto valid DDS ports (the RTPS port formula).
 MAX_DOMAIN_ID = 232
 _NAME = re.compile(r"/?[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*")
@@ -48,7 +50,7 @@ class Ros2Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     upper: Annotated[tuple[float, ...] | None, doc("Upper position limits (overrides the URDF).")] = None
     max_velocity: Annotated[tuple[float, ...] | None, doc("Speed limits per second (overrides the URDF).")] = None
     units: Annotated[
-        tuple[Unit, ...], doc("What the policy sees: radians, degrees or meters, one for all or one per joint.")
+        tuple[Unit, ...], doc("What the policy sees: radians, degrees, meters or raw; one for all or one per joint.")
     ] = ("radians",)
     state_topic: Annotated[str, doc("sensor_msgs/JointState topic the robot publishes.")] = "joint_states"
     command_topic: Annotated[str, doc("Topic the targets are published on.")] = "target_joints"
@@ -136,7 +138,8 @@ class Ros2Setup:
             max_velocity=self.max_velocity,
             rest_pose=self.rest_pose,
             extra={"state_topic": self.state_topic, "command_topic": self.command_topic, "domain": str(self.domain_id)},
-            units=self.units,
+            # raw values are the driver's own: the session states no unit for them.
+            units=tuple("" if unit == "raw" else unit for unit in self.units),
         )
 
 

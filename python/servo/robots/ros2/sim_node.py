@@ -9,7 +9,7 @@ with ``--record FILE`` writes every target it received as a JSON line (its arriv
 process's monotonic clock, the joint names, the positions), so a test can check what reached it.
 
 Its header stamps come from its own ROS clock: seconds since it started with ``--sim-time`` (as a
-simulator's ``/clock`` would), else its wall clock. It prints ``ready`` once its endpoints exist,
+simulator's ``/clock`` would), else its wall clock. It prints ``READY`` once its endpoints exist,
 and ends on SIGTERM, SIGINT or after ``--duration`` seconds.
 """
 
@@ -167,7 +167,7 @@ class SimNode:
         last = start
         with open(args.record, "w", buffering=1) if args.record else contextlib.nullcontext() as record:
             try:
-                print("ready", flush=True)
+                print("READY", flush=True)
                 while not stop.is_set() and next_ns < end:
                     now = time.monotonic_ns()
                     self.take_targets(now, record)
