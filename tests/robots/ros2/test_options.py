@@ -11,7 +11,7 @@ import pytest
 
 from servo.config import ConfigError
 from servo.robots import RobotDescription, robot_options
-from servo.robots.ros2.options import Ros2Options, dds_topic, resolve
+from servo.robots.ros2.options import Ros2Options, resolve, ros_name
 from servo.robots.ros2.urdf import UrdfError, joint_limits
 
 URDF = """<?xml version="1.0"?>
@@ -88,10 +88,10 @@ def test_joint_names_default_to_the_robots() -> None:
 
 
 def test_topics_resolve_like_a_ros_node_in_the_namespace() -> None:
-    assert dds_topic("joint_states", "", "state_topic") == "rt/joint_states"
-    assert dds_topic("joint_states", "/arm1", "state_topic") == "rt/arm1/joint_states"
-    assert dds_topic("/joint_states", "/arm1", "state_topic") == "rt/joint_states"  # absolute: as given
-    assert dds_topic("ctrl/commands", "arm1/", "command_topic") == "rt/arm1/ctrl/commands"
+    assert ros_name("joint_states", "", "state_topic") == "/joint_states"
+    assert ros_name("joint_states", "/arm1", "state_topic") == "/arm1/joint_states"
+    assert ros_name("/joint_states", "/arm1", "state_topic") == "/joint_states"  # absolute: as given
+    assert ros_name("ctrl/commands", "arm1/", "command_topic") == "/arm1/ctrl/commands"
 
 
 def test_the_domain_comes_from_ros_domain_id_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,13 +108,13 @@ def test_cameras_need_a_topic_and_a_size_and_compressed_topics_are_jpeg() -> Non
     setup = resolve(options(cameras="front:image_raw:64x48@15,wrist:/wrist/image/compressed:32x24", **limits))
     front, wrist = setup.cameras
     assert (front.topic, front.compressed, front.spec.height, front.spec.width, front.spec.fps) == (
-        "rt/image_raw",
+        "/image_raw",
         False,
         48,
         64,
         15.0,
     )
-    assert (wrist.topic, wrist.compressed) == ("rt/wrist/image/compressed", True)
+    assert (wrist.topic, wrist.compressed) == ("/wrist/image/compressed", True)
     assert "camera 'front' needs a topic and a size" in error(cameras="front:image_raw", **limits)
 
 

@@ -1,7 +1,7 @@
 """A ROS 2 robot's cameras, each read on its own capture thread in the edge's main process.
 
 Topics carry ``sensor_msgs/Image`` (rgb8, bgr8) or ``sensor_msgs/CompressedImage`` (JPEG). Each
-camera's thread blocks on its reader (a DDS wait that releases the GIL) until a message arrives,
+camera's thread blocks on its reader (a wait that releases the GIL) until a message arrives,
 decodes the newest one to an RGB array and drops it into the camera's latest-frame slot;
 `read_cameras` never waits. A message that cannot be a frame of the declared size (another
 encoding, a truncated buffer, a corrupt JPEG) is dropped and logged, never handed to the policy.
@@ -10,7 +10,6 @@ encoding, a truncated buffer, a corrupt JPEG) is dropped and logged, never hande
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import numpy as np
 import simplejpeg
@@ -19,14 +18,14 @@ from servo.logs import get_logger
 
 from ..capture import CaptureThread, LatestFrame
 from ..protocol import Frame
-from . import dds
+from .link import Link, Reader, open_link
 from .messages import CompressedImage, Image
 from .options import CameraTopic, Ros2Setup
 
 _log = get_logger(__name__)
 
 #: How long one wait for a frame lasts before the capture loop looks at its stop flag again.
-_WAIT_NS = 100_000_000
+_WAIT_S = 0.1
 
 
 class FrameError(ValueError):
@@ -71,11 +70,11 @@ def _decode_compressed(message: CompressedImage, height: int, width: int) -> Fra
     return frame
 
 
-def _grab(reader: Any, waitset: Any, camera: CameraTopic, errors: list[int]) -> Frame | None:
+def _grab(reader: Reader, camera: CameraTopic, errors: list[int]) -> Frame | None:
     """Wait for the camera's next message and decode the newest; None when none came or it was bad."""
-    if not waitset.wait(_WAIT_NS):
+    if not reader.wait(_WAIT_S):
         return None
-    samples = [s for s in reader.take(N=8) if isinstance(s, Image | CompressedImage)]
+    samples = [s for s in reader.take(8) if isinstance(s, Image | CompressedImage)]
     if not samples:
         return None
     try:
@@ -96,7 +95,7 @@ class Ros2Cameras:
 
     def __init__(self, setup: Ros2Setup) -> None:
         self.setup = setup
-        self._participant: Any = None
+        self._link: Link | None = None
         self._slots: dict[str, LatestFrame] = {}
         self._threads: list[CaptureThread] = []
 
@@ -106,20 +105,15 @@ class Ros2Cameras:
         Raises:
             ConnectionError: a camera delivered no usable frame within ``connect_timeout_s``.
         """
-        if self._participant is not None or not self.setup.cameras:
+        if self._link is not None or not self.setup.cameras:
             return
-        from cyclonedds.core import ReadCondition, SampleState, WaitSet
-
-        self._participant = dds.participant(self.setup.domain_id)
+        self._link = link = open_link(self.setup)
         try:
             for camera in self.setup.cameras:
                 kind = CompressedImage if camera.compressed else Image
-                reader = dds.reader(self._participant, camera.topic, kind, reliable=False)
-                waitset = WaitSet(self._participant)
-                waitset.attach(ReadCondition(reader, SampleState.NotRead))
+                reader = link.reader(camera.topic, kind, reliable=False, waits=True)
                 slot = LatestFrame()
-                grab = functools.partial(_grab, reader, waitset, camera, [0])
-                thread = CaptureThread(camera.name, grab, slot, owner=self)
+                thread = CaptureThread(camera.name, functools.partial(_grab, reader, camera, [0]), slot, owner=self)
                 self._slots[camera.name] = slot
                 self._threads.append(thread)
                 thread.start()
@@ -127,7 +121,7 @@ class Ros2Cameras:
                 if self._slots[camera.name].wait(0, self.setup.connect_timeout_s) is None:
                     raise ConnectionError(
                         f"ROS 2 robot: camera {camera.name!r} got no {'jpeg ' if camera.compressed else 'rgb8/bgr8 '}"
-                        f"frame of {camera.spec.width}x{camera.spec.height} on {dds.ros_topic(camera.topic)} "
+                        f"frame of {camera.spec.width}x{camera.spec.height} on {camera.topic} "
                         f"within {self.setup.connect_timeout_s:g} s"
                     )
         except BaseException:
@@ -136,14 +130,14 @@ class Ros2Cameras:
         _log.info("cameras connected", cameras=[camera.name for camera in self.setup.cameras])
 
     def disconnect(self) -> None:
-        """Stop the capture threads, then leave the domain. Idempotent."""
+        """Stop the capture threads, then leave the graph. Idempotent."""
         for thread in self._threads:
             thread.stop()
         self._threads.clear()
         self._slots.clear()
-        if self._participant is not None:
-            dds.close(self._participant)
-            self._participant = None
+        if self._link is not None:
+            link, self._link = self._link, None
+            link.close()
 
     def read_cameras(self) -> dict[str, Frame]:
         """Newest frame of every camera, without waiting."""

@@ -1,9 +1,8 @@
-"""Cyclone DDS the way a ROS 2 node uses it: ``rt/`` topics, ROS 2 type names, XCDR1, ROS 2 QoS.
+"""`DdsLink`: Cyclone DDS the way a ROS 2 node uses it (``rt/`` topics, ROS 2 type names, XCDR1, ROS 2 QoS).
 
-Only the thread that owns an entity uses it (the control process's tick for the joints, each
-camera's capture thread for its reader). No listener is ever installed: Cyclone's own threads
-(receive, discovery, lease) are C threads that never take the GIL, so nothing here can stall the
-tick; data waits in each reader's history until its owner takes it.
+No listener is ever installed: Cyclone's own threads (receive, discovery, lease) are C threads
+that never take the GIL, so nothing here can stall the tick; data waits in each reader's history
+until its owner takes it, and `DdsReader.wait` blocks in C (GIL released).
 
 A participant joins the domain the way every ROS 2 node on Cyclone does: its configuration comes
 from ``CYCLONEDDS_URI`` when set (`loopback_config` writes one that keeps a domain on this host,
@@ -12,109 +11,117 @@ unicast only, which the tests use so that concurrent runs never meet).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from cyclonedds.builtin import BuiltinDataReader, BuiltinTopicDcpsPublication, BuiltinTopicDcpsSubscription
+from cyclonedds.core import ReadCondition, SampleState, WaitSet
 from cyclonedds.domain import DomainParticipant
-from cyclonedds.idl import IdlStruct
 from cyclonedds.pub import DataWriter
 from cyclonedds.qos import Policy, Qos
 from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 
-#: Samples a state reader keeps between two takes (several publishers may share the topic, e.g.
-#: the arm and the gripper, at several times the tick rate).
-STATE_DEPTH = 32
+
+def dds_topic(topic: str) -> str:
+    """The DDS topic of a ROS 2 topic: ``rt`` + its fully qualified name (``rt/arm1/joint_states``)."""
+    return "rt" + topic
 
 
-def ros_type(dds_type: str) -> str:
-    """``pkg/msg/Name`` of a DDS type name such as ``pkg::msg::dds_::Name_`` (other names unchanged)."""
-    package, sep, rest = dds_type.partition("::msg::dds_::")
-    return f"{package}/msg/{rest.removesuffix('_')}" if sep else dds_type
+class DdsReader:
+    """A Cyclone reader (see `servo.robots.ros2.link.Reader`). Owned by the thread that takes from it."""
+
+    def __init__(self, participant: DomainParticipant, reader: DataReader[Any]) -> None:
+        self._reader = reader
+        self._waitset: WaitSet | None = None
+        self._participant = participant
+
+    def take(self, n: int) -> list[Any]:
+        """Up to ``n`` samples (instance-state notices included), oldest first; never waits."""
+        return self._reader.take(N=n)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block in Cyclone (the GIL released) until a sample is there to take."""
+        if self._waitset is None:
+            self._waitset = WaitSet(self._participant)
+            self._waitset.attach(ReadCondition(self._reader, SampleState.NotRead))
+        return bool(self._waitset.wait(round(timeout_s * 1e9)))
 
 
-def ros_topic(dds_topic: str) -> str:
-    """The ROS 2 name of a DDS topic (``rt/joint_states`` -> ``/joint_states``)."""
-    return dds_topic.removeprefix("rt")
+class DdsWriter:
+    """A Cyclone writer (see `servo.robots.ros2.link.Writer`). Owned by the thread that writes."""
+
+    def __init__(self, writer: DataWriter[Any]) -> None:
+        self._writer: Any = writer  # its status getters are untyped
+
+    def write(self, message: Any) -> None:
+        """Publish; a keep-last writer with ``max_blocking_time`` 0 never waits."""
+        self._writer.write(message)
+
+    def matched(self) -> bool:
+        """Whether a reader with this topic, type and compatible QoS is matched."""
+        return bool(self._writer.get_publication_matched_status().current_count > 0)
 
 
-def participant(domain_id: int) -> DomainParticipant:
-    """A participant in ``domain_id`` (configured by ``CYCLONEDDS_URI``, like a ROS 2 node on Cyclone)."""
-    return DomainParticipant(domain_id)
+class DdsLink:
+    """One DDS participant (see `servo.robots.ros2.link.Link`). Owned by the thread that opened it."""
 
+    def __init__(self, domain_id: int) -> None:
+        self._participant: DomainParticipant | None = DomainParticipant(domain_id)
+        self._publications: BuiltinDataReader | None = None
+        self._subscriptions: BuiltinDataReader | None = None
 
-def reader(
-    owner: DomainParticipant, topic: str, kind: type[IdlStruct], *, reliable: bool, depth: int = 1
-) -> DataReader[Any]:
-    """A reader keeping the newest ``depth`` samples (volatile; XCDR1 or XCDR2, as the writer offers)."""
-    reliability = Policy.Reliability.Reliable(max_blocking_time=0) if reliable else Policy.Reliability.BestEffort
-    qos = Qos(
-        reliability,
-        Policy.History.KeepLast(depth),
-        Policy.Durability.Volatile,
-        Policy.DataRepresentation(use_cdrv0_representation=True, use_xcdrv2_representation=True),
-    )
-    return DataReader(owner, Topic(owner, topic, kind), qos=qos)
+    def _owner(self) -> DomainParticipant:
+        if self._participant is None:
+            raise RuntimeError("the DDS link is closed")
+        return self._participant
 
+    def reader(self, topic: str, kind: type[Any], *, reliable: bool, depth: int = 1, waits: bool = False) -> DdsReader:
+        """Keep-last ``depth``, volatile; XCDR1 or XCDR2, as the writer offers (any reader can wait)."""
+        owner = self._owner()
+        reliability = Policy.Reliability.Reliable(max_blocking_time=0) if reliable else Policy.Reliability.BestEffort
+        qos = Qos(
+            reliability,
+            Policy.History.KeepLast(depth),
+            Policy.Durability.Volatile,
+            Policy.DataRepresentation(use_cdrv0_representation=True, use_xcdrv2_representation=True),
+        )
+        return DdsReader(owner, DataReader(owner, Topic(owner, dds_topic(topic), kind), qos=qos))
 
-def writer(owner: DomainParticipant, topic: str, kind: type[IdlStruct], *, reliable: bool) -> DataWriter[Any]:
-    """A writer that never blocks: keep-last 1 (an unacknowledged target is replaced by the next), XCDR1.
+    def writer(self, topic: str, kind: type[Any], *, reliable: bool) -> DdsWriter:
+        """Keep-last 1, volatile, XCDR1 (what ROS 2 readers expect); a write never waits.
 
-    ``max_blocking_time`` 0 makes a write that would have to wait fail at once instead.
-    """
-    reliability = Policy.Reliability.Reliable(max_blocking_time=0) if reliable else Policy.Reliability.BestEffort
-    qos = Qos(
-        reliability,
-        Policy.History.KeepLast(1),
-        Policy.Durability.Volatile,
-        Policy.DataRepresentation(use_cdrv0_representation=True),
-    )
-    return DataWriter(owner, Topic(owner, topic, kind), qos=qos)
+        ``max_blocking_time`` 0 makes a write that would have to wait fail at once instead.
+        """
+        owner = self._owner()
+        reliability = Policy.Reliability.Reliable(max_blocking_time=0) if reliable else Policy.Reliability.BestEffort
+        qos = Qos(
+            reliability,
+            Policy.History.KeepLast(1),
+            Policy.Durability.Volatile,
+            Policy.DataRepresentation(use_cdrv0_representation=True),
+        )
+        return DdsWriter(DataWriter(owner, Topic(owner, dds_topic(topic), kind), qos=qos))
 
+    def types(self, topic: str, *, published: bool) -> set[str]:
+        """Type names of the publications (or subscriptions) on ``topic`` seen so far (DDS built-in topics)."""
+        owner = self._owner()
+        if self._publications is None or self._subscriptions is None:
+            self._publications = BuiltinDataReader(owner, BuiltinTopicDcpsPublication)
+            self._subscriptions = BuiltinDataReader(owner, BuiltinTopicDcpsSubscription)
+        builtin = self._publications if published else self._subscriptions
+        name = dds_topic(topic)
+        return {s.type_name for s in builtin.read(N=1024) if getattr(s, "topic_name", None) == name}
 
-@dataclass(frozen=True)
-class Endpoint:
-    """A publication or subscription seen in the domain: its topic and DDS type name. Immutable."""
+    def close(self) -> None:
+        """Delete the participant and everything in it now (remote nodes see its endpoints go at once).
 
-    topic: str
-    type_name: str
-
-
-class Discovery:
-    """What the domain publishes and subscribes to (DDS built-in topics), for start-up diagnostics.
-
-    Owned by the thread that connects the robot; used only before the first tick.
-    """
-
-    def __init__(self, owner: DomainParticipant) -> None:
-        self._publications = BuiltinDataReader(owner, BuiltinTopicDcpsPublication)
-        self._subscriptions = BuiltinDataReader(owner, BuiltinTopicDcpsSubscription)
-
-    def publications(self, topic: str) -> set[Endpoint]:
-        """Publications on ``topic`` seen so far (ours included)."""
-        return self._on(self._publications, topic)
-
-    def subscriptions(self, topic: str) -> set[Endpoint]:
-        """Subscriptions to ``topic`` seen so far (ours included)."""
-        return self._on(self._subscriptions, topic)
-
-    @staticmethod
-    def _on(builtin: BuiltinDataReader, topic: str) -> set[Endpoint]:
-        found = set()
-        for sample in builtin.read(N=1024):
-            if getattr(sample, "topic_name", None) == topic:
-                found.add(Endpoint(sample.topic_name, sample.type_name))
-        return found
-
-
-def close(entity: DomainParticipant) -> None:
-    """Delete a participant and everything in it now (remote nodes see its endpoints go at once).
-
-    cyclonedds-python deletes an entity only in ``__del__``; calling it is how to do that before
-    the garbage collector would.
-    """
-    entity.__del__()
+        cyclonedds-python deletes an entity only in ``__del__``; calling it is how to do that before
+        the garbage collector would.
+        """
+        if self._participant is not None:
+            participant, self._participant = self._participant, None
+            self._publications = self._subscriptions = None
+            participant.__del__()
 
 
 def loopback_config(*, max_participants: int = 32) -> str:

@@ -1,4 +1,4 @@
-"""A ROS 2 robot's joints over DDS, owned by the edge's control process.
+"""A ROS 2 robot's joints, owned by the edge's control process (over DDS or rmw_zenoh's Zenoh).
 
 JointState comes in; targets go out as a JointState, a Float64MultiArray or a one-point
 JointTrajectory.
@@ -13,7 +13,7 @@ JointTrajectory.
        │                        │ newest state older │
        │                        ▼ than state_timeout │
        │                 read_state raises RobotFault (the tick sends nothing)
-       └──disconnect() (any state): the participant and its endpoints are deleted
+       └──disconnect() (any state): the link and its endpoints are closed
 
 The tick never waits: `read_state` takes what the reader holds (a non-blocking take) and
 `send_action` writes one sample on a keep-last writer that cannot block.
@@ -22,15 +22,14 @@ The tick never waits: `read_state` takes what the reader holds (a non-blocking t
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 
 from servo.logs import get_logger
 
 from ..protocol import FloatArray, RobotFault, RobotSpec
-from . import dds
 from .joint_cache import JointCache
+from .link import Link, Reader, Writer, open_link, ros_type
 from .messages import Duration, Float64MultiArray, JointState, JointTrajectory, JointTrajectoryPoint, Time
 from .options import Ros2Setup
 
@@ -40,13 +39,18 @@ _log = get_logger(__name__)
 _POLL_S = 0.01
 #: A failed write is logged again after this many more.
 _WRITE_ERRORS_LOGGED = 1000
+#: Samples the state reader keeps between two takes (several publishers may share the topic, e.g.
+#: the arm and the gripper, at several times the tick rate).
+STATE_DEPTH = 32
+#: How often `connect` asks the graph which types the topics carry (a graph query can take a while).
+_TYPE_CHECK_S = 0.25
 
 
 class Ros2Joints:
     """The joints of a ROS 2 robot, implementing the `Robot` protocol (see the module docstring).
 
     Owned by the control loop's thread: `connect`, `read_state`, `send_action` and `disconnect`
-    all come from it; the DDS entities are used by no other thread.
+    all come from it; the link is used by no other thread.
     """
 
     def __init__(self, setup: Ros2Setup) -> None:
@@ -55,9 +59,9 @@ class Ros2Joints:
         self._spec = setup.spec()
         self._cache = JointCache(setup.robot_names, setup.scale)
         self._unscale = 1.0 / np.asarray(setup.scale, dtype=np.float64)
-        self._participant: Any = None
-        self._reader: Any = None
-        self._writer: Any = None
+        self._link: Link | None = None
+        self._reader: Reader | None = None
+        self._writer: Writer | None = None
         self._message = _command_message(setup)
         self.write_errors = 0
         self._log = _log.bind(robot="ros2", state_topic=setup.state_topic, command_topic=setup.command_topic)
@@ -68,97 +72,90 @@ class Ros2Joints:
         return self._spec
 
     def connect(self) -> None:
-        """Join the domain, then wait for every joint's state and a subscriber of the targets.
+        """Join the graph, then wait for every joint's state and a subscriber of the targets.
 
         Raises:
             ConnectionError: within ``connect_timeout_s`` a joint never appeared, nobody took the
                 targets, or a node uses one of the topics with another message type (one line).
         """
-        if self._participant is not None:
+        if self._link is not None:
             return
         setup = self.setup
-        self._participant = dds.participant(setup.domain_id)
+        self._link = link = open_link(setup)
         try:
-            discovery = dds.Discovery(self._participant)
-            self._reader = dds.reader(
-                self._participant,
-                setup.state_topic,
-                JointState,
-                reliable=setup.state_reliable,
-                depth=dds.STATE_DEPTH,
-            )
-            self._writer = dds.writer(
-                self._participant, setup.command_topic, type(self._message), reliable=setup.command_reliable
-            )
+            self._reader = link.reader(setup.state_topic, JointState, reliable=setup.state_reliable, depth=STATE_DEPTH)
+            self._writer = link.writer(setup.command_topic, type(self._message), reliable=setup.command_reliable)
             # Cyclone builds a type's codec on first use: here, not in the first tick.
             self._message.serialize()
             JointState.deserialize(JointState(name=list(setup.robot_names)).serialize())
-            self._wait_ready(discovery)
+            self._wait_ready(link, self._reader, self._writer)
         except BaseException:
             self.disconnect()
             raise
-        self._log.info("connected", domain=setup.domain_id, joints=list(setup.robot_names))
+        self._log.info("connected", transport=setup.transport, domain=setup.domain_id, joints=list(setup.robot_names))
 
-    def _wait_ready(self, discovery: dds.Discovery) -> None:
+    def _wait_ready(self, link: Link, reader: Reader, writer: Writer) -> None:
         deadline = time.monotonic() + self.setup.connect_timeout_s
+        next_check = 0.0
         while True:
-            self._take(time.monotonic_ns())
+            self._take(reader, time.monotonic_ns())
             missing = self._cache.missing()
-            subscribed = self._writer.get_publication_matched_status().current_count > 0
+            subscribed = writer.matched()
             if not missing and subscribed:
                 return
-            problem = self._wrong_type(discovery)
+            problem = None
+            if time.monotonic() >= next_check:
+                problem = self._wrong_type(link)
+                next_check = time.monotonic() + _TYPE_CHECK_S
             if problem is None and time.monotonic() >= deadline:
                 problem = self._not_ready(missing, subscribed)
             if problem is not None:
                 raise ConnectionError(f"ROS 2 robot: {problem}")
             time.sleep(_POLL_S)
 
-    def _wrong_type(self, discovery: dds.Discovery) -> str | None:
+    def _wrong_type(self, link: Link) -> str | None:
         setup = self.setup
         checks = (
-            (discovery.publications(setup.state_topic), JointState, "is published as", "state_topic"),
-            (discovery.subscriptions(setup.command_topic), type(self._message), "is subscribed to as", "command_type"),
+            (setup.state_topic, True, JointState, "is published as", "state_topic"),
+            (setup.command_topic, False, type(self._message), "is subscribed to as", "command_type"),
         )
-        for endpoints, kind, how, option in checks:
-            others = sorted({e.type_name for e in endpoints} - {kind.__idl_typename__})
+        for topic, published, kind, how, option in checks:
+            others = sorted(link.types(topic, published=published) - {kind.__idl_typename__})
             if others:
-                topic = dds.ros_topic(next(iter(endpoints)).topic)
-                theirs = ", ".join(dds.ros_type(name) for name in others)
-                return f"{topic} {how} {theirs}, not {dds.ros_type(kind.__idl_typename__)} (check {option})"
+                theirs = ", ".join(ros_type(name) for name in others)
+                return f"{topic} {how} {theirs}, not {ros_type(kind.__idl_typename__)} (check {option})"
         return None
 
     def _not_ready(self, missing: list[str], subscribed: bool) -> str:
         setup = self.setup
         waited = f"within {setup.connect_timeout_s:g} s"
-        state_topic = dds.ros_topic(setup.state_topic)
         if missing and self._cache.last_names:
             have = ", ".join(self._cache.last_names)
-            return f"{state_topic} has no joint {', '.join(missing)} {waited} (it has {have}); check joints"
+            return f"{setup.state_topic} has no joint {', '.join(missing)} {waited} (it has {have}); check joints"
         if missing:
             return (
-                f"no sensor_msgs/JointState on {state_topic} {waited} (domain {setup.domain_id}: is the driver "
-                "running, with the same ROS_DOMAIN_ID, and QoS state_qos it can serve?)"
+                f"no sensor_msgs/JointState on {setup.state_topic} {waited} ({setup.transport}, domain "
+                f"{setup.domain_id}: is the driver running, with this ROS_DOMAIN_ID, and QoS state_qos it can serve?)"
             )
         assert not subscribed
         return (
-            f"nobody subscribes to {dds.ros_topic(setup.command_topic)} as {setup.command_type} {waited} "
+            f"nobody subscribes to {setup.command_topic} as {setup.command_type} {waited} "
             "(check command_topic, command_type and command_qos)"
         )
 
     def disconnect(self) -> None:
-        """Leave the domain (delete the participant and its endpoints). Idempotent."""
-        if self._participant is None:
+        """Leave the graph (close the link and its endpoints). Idempotent."""
+        if self._link is None:
             return
+        link, self._link = self._link, None
         self._reader = self._writer = None
-        dds.close(self._participant)
-        self._participant = None
+        link.close()
         self._log.info("disconnected")
 
-    def _take(self, now_ns: int) -> None:
-        # DDS gives no reception time (only the sender's clock): a sample counts from the take
-        # that returned it, at most one tick after it arrived.
-        for sample in self._reader.take(N=dds.STATE_DEPTH):
+    def _take(self, reader: Reader, now_ns: int) -> None:
+        # No link gives a reception time (DDS only the sender's clock): a sample counts from the
+        # take that returned it, at most one tick after it arrived.
+        for sample in reader.take(STATE_DEPTH):
             if isinstance(sample, JointState):
                 self._cache.update(sample.name, sample.position, now_ns)
 
@@ -171,7 +168,8 @@ class Ros2Joints:
                 a value, so the fault comes at most one control period after the bound.
         """
         now = time.monotonic_ns()
-        self._take(now)
+        assert self._reader is not None, "read_state before connect"
+        self._take(self._reader, now)
         joint, age = self._cache.stalest(now)
         if age > self.setup.state_timeout_s:
             raise RobotFault(
@@ -188,6 +186,7 @@ class Ros2Joints:
         """
         values = (np.asarray(target, dtype=np.float64) * self._unscale).tolist()
         message = _fill(self._message, values, self.setup)
+        assert self._writer is not None, "send_action before connect"
         try:
             self._writer.write(message)
         except Exception as exc:

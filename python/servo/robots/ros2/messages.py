@@ -172,3 +172,13 @@ BY_ROS_NAME: dict[str, type[IdlStruct]] = {
     "sensor_msgs/Image": Image,
     "sensor_msgs/CompressedImage": CompressedImage,
 }
+
+#: REP-2016 type hashes (RIHS01) of the messages, as rmw_zenoh puts them in its key expressions;
+#: the same from Iron to Rolling (checked against rosbags' type stores).
+TYPE_HASHES: dict[str, str] = {
+    JointState.__idl_typename__: "RIHS01_a13ee3a330e346c9d87b5aa18d24e11690752bd33a0350f11c5882bc9179260e",
+    Float64MultiArray.__idl_typename__: "RIHS01_1025ddc6b9552d191f89ef1a8d2f60f3d373e28b283d8891ddcc974e8c55397f",
+    JointTrajectory.__idl_typename__: "RIHS01_179b33eba59d676f6d967ac71fe35e7ca2f64b2f3928f4a018cec115e213796e",
+    Image.__idl_typename__: "RIHS01_d31d41a9a4c4bc8eae9be757b0beed306564f7526c88ea6a4588fb9582527d47",
+    CompressedImage.__idl_typename__: "RIHS01_15640771531571185e2efc8a100baf923961a4d15d5569652e6cb6691e8e371a",
+}

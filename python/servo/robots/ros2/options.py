@@ -27,6 +27,7 @@ from .urdf import JointLimit, UrdfError, joint_limits
 Unit = Literal["radians", "degrees", "meters", "raw"]
 CommandType = Literal["sensor_msgs/JointState", "std_msgs/Float64MultiArray", "trajectory_msgs/JointTrajectory"]
 Reliability = Literal["best_effort", "reliable"]
+Transport = Literal["dds", "zenoh"]
 
 #: Policy units per ROS unit. ``raw`` passes a value that is not SI (a gripper's 0..1, a driver's
 #: own scale) through as it is, and leaves it out of the session's unit check.
@@ -63,6 +64,12 @@ class Ros2Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         doc("JointTrajectory: time_from_start of its one point (default: one control period)."),
     ] = None
     namespace: Annotated[str, doc("ROS namespace of relative topic names, e.g. /arm1.")] = ""
+    transport: Annotated[
+        Transport, doc("dds (Cyclone DDS: rmw_cyclonedds, rmw_fastrtps nodes) or zenoh (rmw_zenoh, via its router).")
+    ] = "dds"
+    zenoh_connect: Annotated[tuple[str, ...], doc("transport=zenoh: the rmw_zenoh router's endpoint(s).")] = (
+        "tcp/localhost:7447",
+    )
     domain_id: Annotated[
         Annotated[int, msgspec.Meta(ge=0, le=MAX_DOMAIN_ID)] | None,
         doc("DDS domain (ROS_DOMAIN_ID); default $ROS_DOMAIN_ID, else 0."),
@@ -89,7 +96,7 @@ class Ros2Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 @dataclass(frozen=True)
 class CameraTopic:
-    """One camera: its name for the policy, its DDS topic, whether frames are JPEG, its size. Immutable."""
+    """One camera: its name for the policy, its ROS topic, whether frames are JPEG, its size. Immutable."""
 
     name: str
     topic: str
@@ -118,6 +125,8 @@ class Ros2Setup:
     command_type: CommandType
     command_order: tuple[int, ...]
     trajectory_time_s: float
+    transport: Transport
+    zenoh_connect: tuple[str, ...]
     domain_id: int
     state_reliable: bool
     command_reliable: bool
@@ -143,8 +152,8 @@ class Ros2Setup:
         )
 
 
-def dds_topic(name: str, namespace: str, option: str) -> str:
-    """The DDS topic of a ROS 2 topic name: ``rt`` + its fully qualified name (``/ns/joint_states``).
+def ros_name(name: str, namespace: str, option: str) -> str:
+    """The fully qualified name of a ROS 2 topic: relative names are in ``namespace`` (``/ns/joint_states``).
 
     Raises:
         FieldError: not a valid ROS 2 topic name (private ``~`` names included: there is no node).
@@ -156,7 +165,7 @@ def dds_topic(name: str, namespace: str, option: str) -> str:
         if inner and not _NAME.fullmatch(inner):
             raise FieldError("namespace", f"{namespace!r} is not a ROS 2 namespace")
         name = f"/{inner}/{name}" if inner else f"/{name}"
-    return "rt" + name
+    return name
 
 
 def resolve(options: Ros2Options) -> Ros2Setup:
@@ -184,11 +193,13 @@ def resolve(options: Ros2Options) -> Ros2Setup:
         upper=tuple(limit.upper * s for limit, s in zip(limits, scale, strict=True)),
         max_velocity=tuple(limit.velocity * s for limit, s in zip(limits, scale, strict=True)),
         rest_pose=tuple(value * s for value, s in zip(options.rest_pose, scale, strict=True)),
-        state_topic=dds_topic(options.state_topic, options.namespace, "state_topic"),
-        command_topic=dds_topic(options.command_topic, options.namespace, "command_topic"),
+        state_topic=ros_name(options.state_topic, options.namespace, "state_topic"),
+        command_topic=ros_name(options.command_topic, options.namespace, "command_topic"),
         command_type=options.command_type,
         command_order=_command_order(options, robot_names),
         trajectory_time_s=options.trajectory_time_s or 1.0 / options.fps,
+        transport=options.transport,
+        zenoh_connect=_endpoints(options),
         domain_id=_domain_id(options.domain_id),
         state_reliable=options.state_qos == "reliable",
         command_reliable=options.command_qos == "reliable",
@@ -260,6 +271,16 @@ def _command_order(options: Ros2Options, robot_names: tuple[str, ...]) -> tuple[
     return tuple(robot_names.index(name) for name in options.command_joints)
 
 
+def _endpoints(options: Ros2Options) -> tuple[str, ...]:
+    for i, endpoint in enumerate(options.zenoh_connect):
+        protocol, sep, address = endpoint.partition("/")
+        if not sep or not protocol or not address:
+            raise FieldError(f"zenoh_connect[{i}]", "not an endpoint like 'tcp/localhost:7447'")
+    if options.transport == "zenoh" and not options.zenoh_connect:
+        raise FieldError("zenoh_connect", "transport=zenoh needs the rmw_zenoh router's endpoint")
+    return options.zenoh_connect
+
+
 def _domain_id(given: int | None) -> int:
     if given is not None:
         return given
@@ -280,7 +301,7 @@ def _cameras(options: Ros2Options) -> tuple[CameraTopic, ...]:
     for entry in entries:
         if not isinstance(entry.source, str) or entry.width is None or entry.height is None:
             raise FieldError("cameras", f"camera {entry.name!r} needs a topic and a size: NAME:TOPIC:WxH")
-        topic = dds_topic(entry.source, options.namespace, "cameras")
+        topic = ros_name(entry.source, options.namespace, "cameras")
         spec = CameraSpec(height=entry.height, width=entry.width, fps=entry.fps or 30.0)
         cameras.append(CameraTopic(entry.name, topic, entry.source.endswith(_COMPRESSED), spec))
     return tuple(cameras)

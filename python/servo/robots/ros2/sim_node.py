@@ -32,11 +32,15 @@ import simplejpeg
 from servo.robots.camera_list import parse_cameras
 from servo.robots.sim import first_order_step
 
-from . import dds
+from .dds import DdsLink
+from .link import Link, Writer
 from .messages import BY_ROS_NAME, CompressedImage, Float64MultiArray, Header, Image, JointState, JointTrajectory, Time
-from .options import dds_topic
+from .options import ros_name
+from .rmw_zenoh import ZenohLink, entity_token
 
 F64 = npt.NDArray[np.float64]
+#: The QoS part of its liveliness tokens: design.md's example (servo never parses it).
+_QOS = "::,10:,:,:,,"
 _COMMANDS = ("sensor_msgs/JointState", "std_msgs/Float64MultiArray", "trajectory_msgs/JointTrajectory")
 
 
@@ -61,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bgr", action="store_true", help="Publish raw images as bgr8 instead of rgb8.")
     parser.add_argument("--namespace", default="")
     parser.add_argument("--domain-id", type=int, default=0)
+    parser.add_argument("--transport", choices=("dds", "zenoh"), default="dds")
+    parser.add_argument("--zenoh-connect", default="tcp/localhost:7447", help="transport zenoh: the router.")
     parser.add_argument("--sim-time", action="store_true", help="Stamp headers with seconds since start.")
     parser.add_argument("--record", help="Write every received target to this file as a JSON line.")
     parser.add_argument("--duration", type=float, default=600.0, help="End after this many seconds.")
@@ -70,17 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
 class _Camera:
     """One simulated camera: renders a frame from the arm's pose, publishes it. Owned by the node's loop."""
 
-    def __init__(self, owner: Any, spec: str, namespace: str, *, bgr: bool) -> None:
+    def __init__(self, writer: Writer, spec: str, *, bgr: bool) -> None:
         (entry,) = parse_cameras(spec)
         if not isinstance(entry.source, str) or entry.width is None or entry.height is None:
             raise SystemExit(f"--camera {spec!r}: needs NAME:TOPIC:WxH[@FPS]")
+        self.topic = entry.source
         self.height, self.width = entry.height, entry.width
         self.period_ns = round(1e9 / (entry.fps or 30.0))
         self.next_ns = 0
         self.compressed = entry.source.endswith("/compressed")
         self.bgr = bgr
-        kind = CompressedImage if self.compressed else Image
-        self.writer = dds.writer(owner, dds_topic(entry.source, namespace, "--camera"), kind, reliable=False)
+        self.writer = writer
         self._ramp = np.linspace(0, 255, self.width, dtype=np.float64)[None, :]
 
     def publish(self, now_ns: int, header: Header, pose: F64) -> None:
@@ -121,23 +127,36 @@ class SimNode:
         self.command_names = (
             [name.strip() for name in args.command_joints.split(",")] if args.command_joints else self.names
         )
-        self.participant = dds.participant(args.domain_id)
         ns = args.namespace
-        self.states = dds.writer(
-            self.participant,
-            dds_topic(args.state_topic, ns, "--state-topic"),
-            JointState,
-            reliable=args.state_qos == "reliable",
-        )
-        self.commands = dds.reader(
-            self.participant,
-            dds_topic(args.command_topic, ns, "--command-topic"),
-            BY_ROS_NAME[args.command_type],
-            reliable=True,
-            depth=64,
-        )
-        self.cameras = [_Camera(self.participant, spec, ns, bgr=args.bgr) for spec in args.camera]
+        self.link = _open(args)
+        self._tokens: list[Any] = []
+        command_topic = ros_name(args.command_topic, ns, "--command-topic")
+        kind = BY_ROS_NAME[args.command_type]
+        self.commands = self.link.reader(command_topic, kind, reliable=True, depth=64)
+        self._announce("MS", command_topic, kind)
+        self.states = self._writer(ros_name(args.state_topic, ns, "--state-topic"), JointState)
+        self.cameras = []
+        for spec in args.camera:
+            (entry,) = parse_cameras(spec)
+            image = CompressedImage if str(entry.source).endswith("/compressed") else Image
+            writer = self._writer(ros_name(str(entry.source), ns, "--camera"), image)
+            self.cameras.append(_Camera(writer, spec, bgr=args.bgr))
         self.received = 0
+
+    def _writer(self, topic: str, kind: type[Any]) -> Writer:
+        self._announce("MP", topic, kind)
+        return self.link.writer(topic, kind, reliable=self.args.state_qos == "reliable" or kind is not JointState)
+
+    def _announce(self, entity: str, topic: str, kind: type[Any]) -> None:
+        """On Zenoh, what every rmw_zenoh node declares: a liveliness token per endpoint (design.md)."""
+        if isinstance(self.link, ZenohLink):
+            session = self.link.session
+            node = f"{self.args.namespace.rstrip('/')}/sim_arm"
+            topic_type = f"{topic}:{kind.__idl_typename__}"
+            key = entity_token(
+                self.args.domain_id, str(session.zid()), 10 + len(self._tokens), entity, node, topic_type, _QOS
+            )
+            self._tokens.append(session.liveliness().declare_token(key))
 
     def stamp(self, now_ns: int, start_ns: int) -> Header:
         """A header on this node's ROS clock (never the edge's)."""
@@ -146,7 +165,7 @@ class SimNode:
 
     def take_targets(self, now_ns: int, record: IO[str] | None) -> None:
         """Apply (and record) every target received since the last call, oldest first."""
-        for sample in self.commands.take(N=64):
+        for sample in self.commands.take(64):
             named = _named_positions(sample, self.command_names)
             if named is None:
                 continue
@@ -182,7 +201,13 @@ class SimNode:
                     next_ns += period_ns
                     stop.wait(max(next_ns - time.monotonic_ns(), 0) / 1e9)
             finally:
-                dds.close(self.participant)
+                self.link.close()
+
+
+def _open(args: argparse.Namespace) -> Link:
+    if args.transport == "zenoh":
+        return ZenohLink(args.domain_id, [args.zenoh_connect])
+    return DdsLink(args.domain_id)
 
 
 def _named_positions(sample: Any, command_names: Sequence[str]) -> tuple[list[str], list[float]] | None:
