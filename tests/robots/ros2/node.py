@@ -3,12 +3,15 @@ robot options that drive it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servo.robots import Robot, RobotFault
 from tests.edge.harness import Proc
 
 #: The arm's own joint names and order: not the policy's order, and one joint the policy does not drive.
@@ -30,12 +33,18 @@ REST = (0.0, 0.0, 0.0, 0.0, 0.5)
 
 
 @dataclass(frozen=True)
-class DdsEnv:
-    """One test's DDS world: a domain, a namespace and the Cyclone configuration (in the environment)."""
+class RosEnv:
+    """One test's ROS world: a domain, a namespace, Cyclone's configuration (in the environment)
+    and, for rmw_zenoh's transport, the Zenoh router's endpoint."""
 
     domain_id: int
     namespace: str
     uri: str
+    zenoh_router: str = ""
+
+    def over_zenoh(self, router: str) -> RosEnv:
+        """The same world with the robot and the arm on rmw_zenoh's transport through ``router``."""
+        return dataclasses.replace(self, zenoh_router=router)
 
     def robot_options(self, **extra: Any) -> dict[str, Any]:
         """``--robot ros2`` options for the simulated arm, as the command line gives them (text)."""
@@ -50,6 +59,8 @@ class DdsEnv:
             "connect_timeout_s": "20",
             "state_timeout_s": "0.5",
         }
+        if self.zenoh_router:
+            options.update(transport="zenoh", zenoh_connect=self.zenoh_router)
         options.update({key: str(value) for key, value in extra.items()})
         return options
 
@@ -77,6 +88,7 @@ class DdsEnv:
             "--duration",
             "120",
             *(["--record", str(record)] if record else []),
+            *(["--transport", "zenoh", "--zenoh-connect", self.zenoh_router] if self.zenoh_router else []),
             *args,
         ]
         proc = Proc(argv)
@@ -91,3 +103,22 @@ class DdsEnv:
 def received(record: Path) -> list[dict[str, Any]]:
     """The targets the arm recorded, oldest first."""
     return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+
+
+class NoPoses:
+    """ROS 2 cameras show what the robot's cameras see: they ask for no pose."""
+
+    def latest_pose(self) -> None:
+        return None
+
+
+def first_fault(robot: Robot, timeout: float = 10.0) -> tuple[float, str]:
+    """Read the robot's state until it raises RobotFault: (seconds it took, the message)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            robot.read_state()
+        except RobotFault as exc:
+            return time.monotonic() - started, str(exc)
+        time.sleep(0.01)
+    raise AssertionError(f"no RobotFault within {timeout} s")

@@ -10,16 +10,9 @@ import simplejpeg
 from servo.robots import RobotDescription
 from servo.robots.ros2.cameras import FrameError, decode
 from servo.robots.ros2.messages import CompressedImage, Header, Image
-from tests.robots.ros2.node import DdsEnv
+from tests.robots.ros2.node import NoPoses, RosEnv
 
 H, W = 4, 5
-
-
-class NoPoses:
-    """ROS 2 cameras show what the robot's cameras see: they ask for no pose."""
-
-    def latest_pose(self) -> None:
-        return None
 
 
 def rgb() -> np.ndarray:
@@ -65,16 +58,16 @@ def test_jpeg_colours_follow_image_transports_format() -> None:
 
 
 @pytest.mark.parametrize("topic", ["cam/image_raw", "cam/image_raw/compressed"])
-def test_frames_from_the_arms_topics(dds_env: DdsEnv, topic: str) -> None:
+def test_frames_from_the_arms_topics(ros_env: RosEnv, topic: str) -> None:
     camera = f"front:{topic}:64x48"
     nodes = [
-        dds_env.start_node("--camera", camera),
-        dds_env.start_node("--camera", f"front:{topic}_bgr:64x48", "--bgr"),
+        ros_env.start_node("--camera", camera),
+        ros_env.start_node("--camera", f"front:{topic}_bgr:64x48", "--bgr"),
     ]
     try:
         frames = []
         for name in (topic, f"{topic}_bgr"):
-            description = RobotDescription("ros2", dds_env.robot_options(cameras=f"front:{name}:64x48"))
+            description = RobotDescription("ros2", ros_env.robot_options(cameras=f"front:{name}:64x48"))
             cameras = description.build_cameras(NoPoses())
             cameras.connect()
             try:
@@ -92,13 +85,13 @@ def test_frames_from_the_arms_topics(dds_env: DdsEnv, topic: str) -> None:
         assert frame[:, :8, 2].mean() > frame[:, -8:, 2].mean()
 
 
-def test_a_camera_without_frames_is_one_line_at_connect(dds_env: DdsEnv) -> None:
+def test_a_camera_without_frames_is_one_line_at_connect(ros_env: RosEnv) -> None:
     description = RobotDescription(
-        "ros2", dds_env.robot_options(cameras="front:nothing_here:64x48", connect_timeout_s=0.5)
+        "ros2", ros_env.robot_options(cameras="front:nothing_here:64x48", connect_timeout_s=0.5)
     )
     cameras = description.build_cameras(NoPoses())
     with pytest.raises(ConnectionError) as caught:
         cameras.connect()
     assert str(caught.value) == (
-        f"ROS 2 robot: camera 'front' got no rgb8/bgr8 frame of 64x48 on {dds_env.namespace}/nothing_here within 0.5 s"
+        f"ROS 2 robot: camera 'front' got no rgb8/bgr8 frame of 64x48 on {ros_env.namespace}/nothing_here within 0.5 s"
     )

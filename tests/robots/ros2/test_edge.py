@@ -17,7 +17,7 @@ import pytest
 from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, read_recording
 from servo.wire import decode_tensor, encode_tensor
 from tests.edge.harness import Proc, edge_argv, run_edge, start_server, write_manifest
-from tests.robots.ros2.node import LOWER, NODE_JOINTS, NODE_POSE, POLICY_JOINTS, REST, UPPER, DdsEnv, received
+from tests.robots.ros2.node import LOWER, NODE_JOINTS, NODE_POSE, POLICY_JOINTS, REST, UPPER, RosEnv, received
 from tests.support import free_port
 
 DEG = 180.0 / math.pi
@@ -45,18 +45,20 @@ def to_policy(target: dict[str, Any]) -> np.ndarray:
     return np.array([by_name[theirs] * DEG for theirs in POLICY_JOINTS.values()])
 
 
-def edge(env: DdsEnv, port: int, tail: str) -> str:
+def edge(env: RosEnv, port: int, tail: str) -> str:
     """A ``servo-edge`` command line driving the simulated arm with the server's policy."""
     return f"{env.robot_flags(units='degrees', cameras=CAMERA)} --connect tcp/127.0.0.1:{port} {tail}"
 
 
+@pytest.mark.parametrize("transport", ["dds", "zenoh"])
 def test_the_policys_targets_reach_the_arms_joints_in_order_and_within_limits(
-    server: int, dds_env: DdsEnv, tmp_path: Path
+    server: int, request: pytest.FixtureRequest, tmp_path: Path, transport: str
 ) -> None:
+    ros_env: RosEnv = request.getfixturevalue("ros_env" if transport == "dds" else "zenoh_env")
     record, summary, episode = tmp_path / "received.jsonl", tmp_path / "run.json", tmp_path / "ep.servo"
-    node = dds_env.start_node("--camera", CAMERA, record=record)
+    node = ros_env.start_node("--camera", CAMERA, record=record)
     try:
-        result = run_edge(edge(dds_env, server, f"--duration 4 --summary {summary} --record {episode}"), timeout=90)
+        result = run_edge(edge(ros_env, server, f"--duration 4 --summary {summary} --record {episode}"), timeout=90)
     finally:
         node.stop()
     assert result.returncode == 0, result.stdout + result.stderr
@@ -93,11 +95,11 @@ def test_the_policys_targets_reach_the_arms_joints_in_order_and_within_limits(
 
 
 def test_a_killed_driver_is_a_fault_and_the_edge_exits_3_without_moving(
-    server: int, dds_env: DdsEnv, tmp_path: Path
+    server: int, ros_env: RosEnv, tmp_path: Path
 ) -> None:
     summary = tmp_path / "run.json"
-    node = dds_env.start_node("--camera", CAMERA)
-    proc = Proc(edge_argv(edge(dds_env, server, f"--duration 60 --summary {summary}")))
+    node = ros_env.start_node("--camera", CAMERA)
+    proc = Proc(edge_argv(edge(ros_env, server, f"--duration 60 --summary {summary}")))
     try:
         proc.wait_line("control loop running", 60)
         node.kill()
@@ -117,11 +119,11 @@ def test_a_killed_driver_is_a_fault_and_the_edge_exits_3_without_moving(
 
 
 def test_a_driver_that_hangs_then_recovers_is_parked_before_the_edge_exits_3(
-    server: int, dds_env: DdsEnv, tmp_path: Path
+    server: int, ros_env: RosEnv, tmp_path: Path
 ) -> None:
     record, summary = tmp_path / "received.jsonl", tmp_path / "run.json"
-    node = dds_env.start_node("--camera", CAMERA, record=record)
-    proc = Proc(edge_argv(edge(dds_env, server, f"--duration 60 --summary {summary}")))
+    node = ros_env.start_node("--camera", CAMERA, record=record)
+    proc = Proc(edge_argv(edge(ros_env, server, f"--duration 60 --summary {summary}")))
     try:
         proc.wait_line("control loop running", 60)
         time.sleep(0.5)  # let the policy move the arm a little
@@ -169,18 +171,18 @@ def trajectory(path: Path) -> Path:
     ],
 )
 def test_a_wrong_message_type_or_a_missing_joint_is_one_line_at_start(
-    dds_env: DdsEnv, tmp_path: Path, node_args: list[str], robot_opt: str, expected: str
+    ros_env: RosEnv, tmp_path: Path, node_args: list[str], robot_opt: str, expected: str
 ) -> None:
     replay = trajectory(tmp_path / "rest.servo")
-    node = dds_env.start_node(*node_args)
+    node = ros_env.start_node(*node_args)
     try:
-        result = run_edge(f"{dds_env.robot_flags(units='degrees')} {robot_opt} --replay {replay}", timeout=90)
+        result = run_edge(f"{ros_env.robot_flags(units='degrees')} {robot_opt} --replay {replay}", timeout=90)
     finally:
         node.stop()
     assert result.returncode == 1, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("servo-edge: error:")]
     assert lines == [
         "servo-edge: error: the control loop did not start: robot: ROS 2 robot: "
-        + expected.format(ns=dds_env.namespace)
+        + expected.format(ns=ros_env.namespace)
     ]
     assert "Traceback" not in result.stderr

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from servo.config import ConfigError
-from servo.robots import RobotDescription, RobotFault
+from servo.robots import RobotDescription
 from servo.robots.ros2.joints import Ros2Joints
 from tests.edge.fakes import wait_for
-from tests.robots.ros2.node import NODE_JOINTS, NODE_POSE, POLICY_JOINTS, DdsEnv, received
+from tests.robots.ros2.node import NODE_JOINTS, NODE_POSE, POLICY_JOINTS, RosEnv, first_fault, received
 
 DEG = 180.0 / math.pi
 
 
-def joints_of(env: DdsEnv, **options: object) -> Ros2Joints:
+def joints_of(env: RosEnv, **options: object) -> Ros2Joints:
     robot = RobotDescription("ros2", env.robot_options(**options)).build()
     assert isinstance(robot, Ros2Joints)
     return robot
@@ -33,7 +33,7 @@ def expected_state(scale: float = 1.0) -> np.ndarray:
     "command_type", ["sensor_msgs/JointState", "std_msgs/Float64MultiArray", "trajectory_msgs/JointTrajectory"]
 )
 def test_states_by_name_and_targets_mapped_to_the_arms_joints(
-    dds_env: DdsEnv, tmp_path: Path, command_type: str
+    ros_env: RosEnv, tmp_path: Path, command_type: str
 ) -> None:
     record = tmp_path / "received.jsonl"
     command_joints = ",".join(reversed(POLICY_JOINTS.values()))
@@ -43,8 +43,8 @@ def test_states_by_name_and_targets_mapped_to_the_arms_joints(
         # A forward controller takes its values in its own joint order.
         node_args += ["--command-joints", command_joints]
         options["command_joints"] = command_joints
-    node = dds_env.start_node(*node_args, record=record)
-    robot = joints_of(dds_env, **options)
+    node = ros_env.start_node(*node_args, record=record)
+    robot = joints_of(ros_env, **options)
     try:
         robot.connect()
         np.testing.assert_allclose(robot.read_state(), expected_state(DEG), atol=1e-3)
@@ -61,32 +61,24 @@ def test_states_by_name_and_targets_mapped_to_the_arms_joints(
         assert got[theirs] == pytest.approx(value / DEG, abs=1e-6)
 
 
-def test_a_killed_driver_is_a_robot_fault_within_the_bound(dds_env: DdsEnv) -> None:
-    node = dds_env.start_node()
-    robot = joints_of(dds_env, state_timeout_s=0.3)
+def test_a_killed_driver_is_a_robot_fault_within_the_bound(ros_env: RosEnv) -> None:
+    node = ros_env.start_node()
+    robot = joints_of(ros_env, state_timeout_s=0.3)
     try:
         robot.connect()
         robot.read_state()
         node.kill()
-        killed = time.monotonic()
-        faulted = None
-        while faulted is None and time.monotonic() - killed < 10:
-            try:
-                robot.read_state()
-            except RobotFault as exc:
-                faulted = time.monotonic(), str(exc)
-            time.sleep(0.01)
+        took, message = first_fault(robot)
     finally:
         robot.disconnect()
-    assert faulted is not None, "no fault after the driver died"
-    assert faulted[0] - killed >= 0.3 - 0.05  # not before the bound (the last state was fresh)
-    assert "joint states stopped arriving" in faulted[1]
+    assert took >= 0.3 - 0.05  # not before the bound (the last state was fresh)
+    assert "joint states stopped arriving" in message
 
 
-def test_a_joint_the_arm_does_not_have_is_one_line_at_connect(dds_env: DdsEnv) -> None:
-    node = dds_env.start_node()
+def test_a_joint_the_arm_does_not_have_is_one_line_at_connect(ros_env: RosEnv) -> None:
+    node = ros_env.start_node()
     joints = ",".join(f"{mine}={theirs}" for mine, theirs in POLICY_JOINTS.items()).replace("elbow_joint", "knee")
-    robot = joints_of(dds_env, joints=joints, connect_timeout_s=2)
+    robot = joints_of(ros_env, joints=joints, connect_timeout_s=2)
     try:
         with pytest.raises(ConnectionError) as caught:
             robot.connect()
@@ -94,13 +86,13 @@ def test_a_joint_the_arm_does_not_have_is_one_line_at_connect(dds_env: DdsEnv) -
         node.stop()
     message = str(caught.value)
     assert "\n" not in message
-    assert f"{dds_env.namespace}/joint_states has no joint knee" in message
+    assert f"{ros_env.namespace}/joint_states has no joint knee" in message
     assert "shoulder_pan_joint" in message  # what the arm does publish, to fix the mapping with
 
 
-def test_a_target_subscriber_of_another_type_is_one_line_at_connect(dds_env: DdsEnv) -> None:
-    node = dds_env.start_node("--command-type", "std_msgs/Float64MultiArray")
-    robot = joints_of(dds_env, command_type="sensor_msgs/JointState")
+def test_a_target_subscriber_of_another_type_is_one_line_at_connect(ros_env: RosEnv) -> None:
+    node = ros_env.start_node("--command-type", "std_msgs/Float64MultiArray")
+    robot = joints_of(ros_env, command_type="sensor_msgs/JointState")
     started = time.monotonic()
     try:
         with pytest.raises(ConnectionError) as caught:
@@ -108,19 +100,19 @@ def test_a_target_subscriber_of_another_type_is_one_line_at_connect(dds_env: Dds
     finally:
         node.stop()
     assert str(caught.value) == (
-        f"ROS 2 robot: {dds_env.namespace}/target_joints is subscribed to as std_msgs/msg/Float64MultiArray, "
+        f"ROS 2 robot: {ros_env.namespace}/target_joints is subscribed to as std_msgs/msg/Float64MultiArray, "
         "not sensor_msgs/msg/JointState (check command_type)"
     )
     assert time.monotonic() - started < 20  # said as soon as it was seen, not at connect_timeout_s
 
 
-def test_no_driver_at_all_says_where_it_looked(dds_env: DdsEnv) -> None:
-    robot = joints_of(dds_env, connect_timeout_s=0.5)
-    with pytest.raises(ConnectionError, match=rf"no sensor_msgs/JointState on {dds_env.namespace}/joint_states within"):
+def test_no_driver_at_all_says_where_it_looked(ros_env: RosEnv) -> None:
+    robot = joints_of(ros_env, connect_timeout_s=0.5)
+    with pytest.raises(ConnectionError, match=rf"no sensor_msgs/JointState on {ros_env.namespace}/joint_states within"):
         robot.connect()
     robot.disconnect()
 
 
-def test_the_options_are_checked_before_anything_opens(dds_env: DdsEnv) -> None:
+def test_the_options_are_checked_before_anything_opens(ros_env: RosEnv) -> None:
     with pytest.raises(ConfigError, match=r"robot 'ros2': rest_pose = .*outside shoulder_pan_joint's limits"):
-        RobotDescription("ros2", dds_env.robot_options(rest_pose="9,0,0,0,0.5")).build()
+        RobotDescription("ros2", ros_env.robot_options(rest_pose="9,0,0,0,0.5")).build()

@@ -49,10 +49,15 @@ _GRAPH_TIMEOUT_S = 0.5
 _KIND, _TOPIC, _TYPE = 5, 9, 10
 
 
-def key_expr(domain_id: int, topic: str, kind: type[Any]) -> str:
-    """The key expression of ``topic`` (a fully qualified ROS name) carrying ``kind``."""
+def key_expr(domain_id: int, topic: str, type_name: str, type_hash: str) -> str:
+    """The key expression of ``topic`` (a fully qualified ROS name) carrying ``type_name``."""
+    return f"{domain_id}/{topic.lstrip('/')}/{type_name}/{type_hash}"
+
+
+def topic_key(domain_id: int, topic: str, kind: type[Any]) -> str:
+    """The key expression of ``topic`` carrying the message class ``kind``."""
     type_name: str = kind.__idl_typename__
-    return f"{domain_id}/{topic.lstrip('/')}/{type_name}/{TYPE_HASHES[type_name]}"
+    return key_expr(domain_id, topic, type_name, TYPE_HASHES[type_name])
 
 
 def attachment(sequence: int, timestamp_ns: int, gid: bytes) -> bytes:
@@ -65,7 +70,9 @@ def mangle(name: str) -> str:
     return name.replace("/", "%") or "%"
 
 
-def entity_token(domain_id: int, session_id: str, entity_id: int, kind: str, node: str, topic: str, qos: str) -> str:
+def entity_token(
+    domain_id: int, session_id: str, entity_id: int, kind: str, node: str, topic: str, type_hash: str, qos: str
+) -> str:
     """The liveliness token of a node's publisher or subscription.
 
     Args:
@@ -75,11 +82,12 @@ def entity_token(domain_id: int, session_id: str, entity_id: int, kind: str, nod
         kind: ``MP`` (publisher) or ``MS`` (subscription).
         node: The node's fully qualified name, e.g. ``/arm1/driver``.
         topic: ``fully_qualified_topic_name:dds_type_name``.
+        type_hash: The type's RIHS01 hash.
         qos: The ``<qos>`` part (not specified by design.md; servo never parses it).
     """
     namespace, _, name = node.rpartition("/")
     topic_name, _, type_name = topic.partition(":")
-    names = f"%/{mangle(namespace)}/{name}/{mangle(topic_name)}/{type_name}/{TYPE_HASHES[type_name]}"
+    names = f"%/{mangle(namespace)}/{name}/{mangle(topic_name)}/{type_name}/{type_hash}"
     return f"{ADMIN_SPACE}/{domain_id}/{session_id}/0/{entity_id}/{kind}/{names}/{qos}"
 
 
@@ -185,11 +193,11 @@ class ZenohLink:
         With ``waits`` its `ZenohReader.wait` works (a callback deposits the samples: for a capture
         thread); without, a ring channel holds them and no Python runs when they arrive.
         """
-        return ZenohReader(self._open(), key_expr(self.domain_id, topic, kind), kind, depth, notify=waits)
+        return ZenohReader(self._open(), topic_key(self.domain_id, topic, kind), kind, depth, notify=waits)
 
     def writer(self, topic: str, kind: type[Any], *, reliable: bool) -> ZenohWriter:
         """A publisher of ``topic`` that drops rather than blocks when the link is congested."""
-        return ZenohWriter(self._open(), key_expr(self.domain_id, topic, kind), reliable=reliable)
+        return ZenohWriter(self._open(), topic_key(self.domain_id, topic, kind), reliable=reliable)
 
     def types(self, topic: str, *, published: bool) -> set[str]:
         """Type names of the nodes' publishers (``MP``) or subscriptions (``MS``) on ``topic``."""

@@ -34,7 +34,17 @@ from servo.robots.sim import first_order_step
 
 from .dds import DdsLink
 from .link import Link, Writer
-from .messages import BY_ROS_NAME, CompressedImage, Float64MultiArray, Header, Image, JointState, JointTrajectory, Time
+from .messages import (
+    BY_ROS_NAME,
+    TYPE_HASHES,
+    CompressedImage,
+    Float64MultiArray,
+    Header,
+    Image,
+    JointState,
+    JointTrajectory,
+    Time,
+)
 from .options import ros_name
 from .rmw_zenoh import ZenohLink, entity_token
 
@@ -153,8 +163,16 @@ class SimNode:
             session = self.link.session
             node = f"{self.args.namespace.rstrip('/')}/sim_arm"
             topic_type = f"{topic}:{kind.__idl_typename__}"
+            type_hash = TYPE_HASHES[kind.__idl_typename__]
             key = entity_token(
-                self.args.domain_id, str(session.zid()), 10 + len(self._tokens), entity, node, topic_type, _QOS
+                self.args.domain_id,
+                str(session.zid()),
+                10 + len(self._tokens),
+                entity,
+                node,
+                topic_type,
+                type_hash,
+                _QOS,
             )
             self._tokens.append(session.liveliness().declare_token(key))
 
