@@ -9,6 +9,8 @@ run:
   process publishes JointState at 200 Hz and two 640x480 rgb8 Image topics at 30 fps over Cyclone
   DDS on loopback; the control process takes the newest states and writes JointState targets
   (the edge's main process reads the images). Joint names, order and units differ from the policy's.
+  The arm runs under SCHED_FIFO at priority 5 (drivers run real-time; below servo's loop at 10),
+  so the hogs starve neither of them.
 * ``sim`` — the baseline: the simulated arm inside the control process (``bench_edge``'s ``process``).
 
 Lateness = how late a tick started after its absolute deadline (the control loop's histogram, 10 µs
@@ -92,7 +94,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProc
     rest = dict(zip(MAPPING.values(), ros_units(so100.REST_POSE), strict=True))
     node = [sys.executable, "-m", "servo.robots.ros2.sim_node", "--joints", ",".join(NODE_JOINTS)]
     node += ["--initial-pose", ",".join(str(rest[name]) for name in NODE_JOINTS), "--rate", "200"]
-    node += ["--max-velocity", "20", "--namespace", namespace, "--domain-id", str(domain_id)]
+    node += ["--max-velocity", "20", "--namespace", namespace, "--domain-id", str(domain_id), "--realtime", "5"]
     for camera in CAMERAS:
         node += ["--camera", camera]
     with pytest.MonkeyPatch.context() as env:

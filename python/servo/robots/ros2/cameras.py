@@ -24,8 +24,8 @@ from .options import CameraTopic, Ros2Setup
 
 _log = get_logger(__name__)
 
-#: How long one wait for a frame lasts before the capture loop looks at its stop flag again.
-_WAIT_S = 0.1
+#: How long a camera may be silent before the capture loop says so (and looks at its stop flag).
+_WAIT_S = 0.5
 
 
 class FrameError(ValueError):

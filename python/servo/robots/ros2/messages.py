@@ -6,10 +6,10 @@ these declarations put the same bytes on the wire as a ROS 2 node does
 (`tests/robots/ros2/test_messages.py` checks every one against rosbags' ROS 2 type store).
 
 Field types follow the ``.msg`` definitions: ``int32``/``uint32``/``uint8`` as annotated ints,
-``float64[]`` as ``sequence[float64]``, ``string`` as ``str``. The two image messages carry their
-pixels (``uint8[] data``) as ``bytes`` and have their own codec (`servo.robots.ros2.image_cdr`):
-Cyclone's generic one handles a ``uint8[]`` one Python int per byte, which a 640x480 frame
-cannot afford.
+``float64[]`` as ``sequence[float64]``, ``string`` as ``str``. JointState (on every tick) and the
+two image messages (their pixels, ``uint8[] data``, as ``bytes``) have their own codec
+(`servo.robots.ros2.cdr`): Cyclone's generic one walks a message element by element, which a
+tick and a 640x480 frame cannot afford.
 """
 
 # No ``from __future__ import annotations`` here: Cyclone's IDL builder resolves the field
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Self
 from cyclonedds.idl import IdlStruct
 from cyclonedds.idl.types import float64, int32, sequence, uint8, uint32
 
-from . import image_cdr
+from . import cdr
 
 if TYPE_CHECKING:
     ByteSequence = bytes
@@ -62,6 +62,22 @@ class JointState(IdlStruct, typename="sensor_msgs::msg::dds_::JointState_"):
     position: sequence[float64] = field(default_factory=list)
     velocity: sequence[float64] = field(default_factory=list)
     effort: sequence[float64] = field(default_factory=list)
+
+    def serialize(self, buffer: Any = None, endianness: Any = None, use_version_2: bool | None = None) -> bytes:
+        """CDR with its encapsulation header (see `servo.robots.ros2.cdr`)."""
+        if buffer is not None:
+            raise ValueError("JointState serialises into a new buffer only")
+        stamp = self.header.stamp
+        values = [stamp.sec, stamp.nanosec, self.header.frame_id, self.name, self.position, self.velocity, self.effort]
+        return cdr.encode(values, cdr.JOINT_STATE, endianness=endianness, use_version_2=use_version_2)
+
+    @classmethod
+    def deserialize(cls, data: bytes, has_header: bool = True, use_version_2: bool | None = None) -> Self:
+        """Decode CDR, refusing a truncated or malformed buffer with `ValueError`."""
+        sec, nanosec, frame_id, *rest = cdr.decode(
+            data, cdr.JOINT_STATE, has_header=has_header, use_version_2=use_version_2
+        )
+        return cls(Header(Time(sec, nanosec), frame_id), *rest)
 
 
 @dataclass
@@ -122,20 +138,18 @@ class Image(IdlStruct, typename="sensor_msgs::msg::dds_::Image_"):
     data: ByteSequence = b""
 
     def serialize(self, buffer: Any = None, endianness: Any = None, use_version_2: bool | None = None) -> bytes:
-        """CDR with its encapsulation header (see `servo.robots.ros2.image_cdr`)."""
+        """CDR with its encapsulation header (see `servo.robots.ros2.cdr`)."""
         if buffer is not None:
             raise ValueError("Image serialises into a new buffer only")
         stamp = self.header.stamp
         values = [stamp.sec, stamp.nanosec, self.header.frame_id, self.height, self.width, self.encoding]
         values += [self.is_bigendian, self.step, self.data]
-        return image_cdr.encode(values, image_cdr.IMAGE, endianness=endianness, use_version_2=use_version_2)
+        return cdr.encode(values, cdr.IMAGE, endianness=endianness, use_version_2=use_version_2)
 
     @classmethod
     def deserialize(cls, data: bytes, has_header: bool = True, use_version_2: bool | None = None) -> Self:
         """Decode CDR, refusing a truncated or malformed buffer with `ValueError`."""
-        sec, nanosec, frame_id, *rest = image_cdr.decode(
-            data, image_cdr.IMAGE, has_header=has_header, use_version_2=use_version_2
-        )
+        sec, nanosec, frame_id, *rest = cdr.decode(data, cdr.IMAGE, has_header=has_header, use_version_2=use_version_2)
         return cls(Header(Time(sec, nanosec), frame_id), *rest)
 
 
@@ -148,18 +162,18 @@ class CompressedImage(IdlStruct, typename="sensor_msgs::msg::dds_::CompressedIma
     data: ByteSequence = b""
 
     def serialize(self, buffer: Any = None, endianness: Any = None, use_version_2: bool | None = None) -> bytes:
-        """CDR with its encapsulation header (see `servo.robots.ros2.image_cdr`)."""
+        """CDR with its encapsulation header (see `servo.robots.ros2.cdr`)."""
         if buffer is not None:
             raise ValueError("CompressedImage serialises into a new buffer only")
         stamp = self.header.stamp
         values = [stamp.sec, stamp.nanosec, self.header.frame_id, self.format, self.data]
-        return image_cdr.encode(values, image_cdr.COMPRESSED_IMAGE, endianness=endianness, use_version_2=use_version_2)
+        return cdr.encode(values, cdr.COMPRESSED_IMAGE, endianness=endianness, use_version_2=use_version_2)
 
     @classmethod
     def deserialize(cls, data: bytes, has_header: bool = True, use_version_2: bool | None = None) -> Self:
         """Decode CDR, refusing a truncated or malformed buffer with `ValueError`."""
-        sec, nanosec, frame_id, text, pixels = image_cdr.decode(
-            data, image_cdr.COMPRESSED_IMAGE, has_header=has_header, use_version_2=use_version_2
+        sec, nanosec, frame_id, text, pixels = cdr.decode(
+            data, cdr.COMPRESSED_IMAGE, has_header=has_header, use_version_2=use_version_2
         )
         return cls(Header(Time(sec, nanosec), frame_id), text, pixels)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-time", action="store_true", help="Stamp headers with seconds since start.")
     parser.add_argument("--record", help="Write every received target to this file as a JSON line.")
     parser.add_argument("--duration", type=float, default=600.0, help="End after this many seconds.")
+    parser.add_argument("--realtime", type=int, metavar="PRIORITY", help="Run under SCHED_FIFO (as drivers do).")
     return parser
 
 
@@ -97,17 +99,18 @@ class _Camera:
         self.compressed = entry.source.endswith("/compressed")
         self.bgr = bgr
         self.writer = writer
-        self._ramp = np.linspace(0, 255, self.width, dtype=np.float64)[None, :]
+        ramp = np.broadcast_to(np.linspace(0, 150, self.width).astype(np.uint8), (self.height, self.width))
+        self._base = np.ascontiguousarray(np.stack([ramp, np.zeros_like(ramp), 255 - ramp], axis=-1))
 
     def publish(self, now_ns: int, header: Header, pose: F64) -> None:
         if now_ns < self.next_ns:
             return
         self.next_ns = now_ns + self.period_ns
-        # Red ramps up left to right, blue down; both brighten with the first joint, so the
-        # frames change as the arm moves.
-        shade = (np.tanh(pose[0]) + 1.0) * 50.0
-        red = np.broadcast_to(self._ramp * 0.6 + shade, (self.height, self.width))
-        rgb = np.stack([red, np.full_like(red, shade), 255 - red], axis=-1).astype(np.uint8)
+        # Red ramps up left to right, blue down; red and green brighten with the first joint, so
+        # the frames change as the arm moves.
+        rgb = self._base.copy()
+        shade = np.uint8((np.tanh(pose[0]) + 1.0) * 50.0)
+        rgb[..., :2] += shade
         if self.compressed:
             data = simplejpeg.encode_jpeg(rgb, quality=90, colorspace="RGB")
             self.writer.write(CompressedImage(header, "rgb8; jpeg compressed bgr8", data))
@@ -241,6 +244,10 @@ def _named_positions(sample: Any, command_names: Sequence[str]) -> tuple[list[st
 def main(argv: list[str] | None = None) -> int:
     """Entry point (``python -m servo.robots.ros2.sim_node``)."""
     args = build_parser().parse_args(argv)
+    if args.realtime is not None:
+        # A driver runs at real-time priority (ros2_control's default is 50): best effort here.
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.realtime))
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
