@@ -19,10 +19,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
 
+import anyio
 import numpy as np
 import numpy.typing as npt
 
@@ -348,6 +350,22 @@ async def run_servo(
         final_state=summary.final_state,
         error=loop.error or summary.fault,
     )
+
+
+def pooled_rounds(
+    server: ServerProcess, rounds: int, hogs: bool, one_round: Callable[[], Awaitable[LoopResult]]
+) -> LoopResult:
+    """``rounds`` runs of ``one_round`` (each its own event loop, hogs around it), pooled."""
+
+    async def one() -> LoopResult:
+        with CpuHogs(hogs) as hog, CpuWatch(server.proc.pid, *hog.pids) as cpu:
+            result = await one_round()
+            result.hogs = len(hog.pids)
+        result.background_cores = [cpu.others_cores]
+        return result
+
+    results = [anyio.run(one, backend="asyncio", backend_options={"use_uvloop": True}) for _ in range(rounds)]
+    return LoopResult.pooled(results)
 
 
 def table(rows: list[dict[str, Any]]) -> str:

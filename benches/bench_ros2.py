@@ -32,15 +32,14 @@ import math
 import os
 import secrets
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._edge_rig import CpuHogs, CpuWatch, LoopResult, ServerProcess, run_servo, table
+from benches._edge_rig import LoopResult, ServerProcess, pooled_rounds, run_servo, table
 from benches._support import free_port, ready_process
 from servo.logs import configure_logging
 from servo.robots import RobotDescription
@@ -82,6 +81,7 @@ def ros2_robot(namespace: str, domain_id: int) -> RobotDescription:
             "domain_id": domain_id,
             "fps": FPS,
             "state_timeout_s": 0.5,
+            "connect_timeout_s": 30,
         },
     )
 
@@ -117,27 +117,21 @@ def test_ros2_loop(benchmark: BenchmarkFixture, world: tuple[ServerProcess, Robo
     duration = 1.5 if benchmark.disabled else float(os.environ.get("EDGE_BENCH_S", "10"))
     rounds = 1 if benchmark.disabled else int(os.environ.get("EDGE_BENCH_ROUNDS", "3"))
     hogs = not benchmark.disabled and os.environ.get("EDGE_BENCH_HOGS", "1") == "1"
-    description = ros2 if robot == "ros2" else None
 
-    async def one() -> LoopResult:
-        with CpuHogs(hogs) as hog, CpuWatch(server.proc.pid, *hog.pids) as cpu:
-            result = await run_servo(
-                server,
-                FPS,
-                duration,
-                control_loop="auto",
-                realtime=True,
-                switch_interval_s=0.001,
-                design=robot,
-                robot=description,
-            )
-            result.hogs = len(hog.pids)
-        result.background_cores = [cpu.others_cores]
-        return result
+    def one_round() -> Awaitable[LoopResult]:
+        return run_servo(
+            server,
+            FPS,
+            duration,
+            control_loop="auto",
+            realtime=True,
+            switch_interval_s=0.001,
+            design=robot,
+            robot=ros2 if robot == "ros2" else None,
+        )
 
     def run() -> LoopResult:
-        results = [anyio.run(one, backend="asyncio", backend_options={"use_uvloop": True}) for _ in range(rounds)]
-        return LoopResult.pooled(results)
+        return pooled_rounds(server, rounds, hogs, one_round)
 
     result: LoopResult = benchmark.pedantic(run, rounds=1, iterations=1)
     summary = result.summary()

@@ -90,7 +90,10 @@ def test_a_joint_the_arm_does_not_have_is_one_line_at_connect(ros_env: RosEnv) -
     assert "shoulder_pan_joint" in message  # what the arm does publish, to fix the mapping with
 
 
-def test_a_target_subscriber_of_another_type_is_one_line_at_connect(ros_env: RosEnv) -> None:
+@pytest.mark.parametrize("env", ["ros_env", "zenoh_env"])
+def test_a_target_subscriber_of_another_type_is_one_line_at_connect(request: pytest.FixtureRequest, env: str) -> None:
+    """DDS says it through its built-in topics, rmw_zenoh through the graph's liveliness tokens."""
+    ros_env: RosEnv = request.getfixturevalue(env)
     node = ros_env.start_node("--command-type", "std_msgs/Float64MultiArray")
     robot = joints_of(ros_env, command_type="sensor_msgs/JointState")
     started = time.monotonic()

@@ -93,20 +93,6 @@ def test_joints_and_targets_over_rmw_zenoh(zenoh_env: RosEnv, tmp_path: Path) ->
         node.kill()
 
 
-def test_a_wrong_type_on_rmw_zenoh_is_one_line_from_the_graph(zenoh_env: RosEnv) -> None:
-    node = zenoh_env.start_node("--command-type", "std_msgs/Float64MultiArray")
-    robot = RobotDescription("ros2", zenoh_env.robot_options()).build()
-    try:
-        with pytest.raises(ConnectionError) as caught:
-            robot.connect()
-    finally:
-        node.stop()
-    assert str(caught.value) == (
-        f"ROS 2 robot: {zenoh_env.namespace}/target_joints is subscribed to as std_msgs/msg/Float64MultiArray, "
-        "not sensor_msgs/msg/JointState (check command_type)"
-    )
-
-
 def test_camera_frames_over_rmw_zenoh(zenoh_env: RosEnv) -> None:
     node = zenoh_env.start_node("--camera", "front:cam/image_raw/compressed:64x48")
     try:

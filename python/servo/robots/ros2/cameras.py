@@ -16,7 +16,7 @@ import simplejpeg
 
 from servo.logs import get_logger
 
-from ..capture import CaptureThread, LatestFrame
+from ..capture import CaptureThread, LatestFrame, newest_frames
 from ..protocol import Frame
 from .link import Link, Reader, open_link
 from .messages import CompressedImage, Image
@@ -141,9 +141,4 @@ class Ros2Cameras:
 
     def read_cameras(self) -> dict[str, Frame]:
         """Newest frame of every camera, without waiting."""
-        frames: dict[str, Frame] = {}
-        for name, slot in self._slots.items():
-            frame = slot.latest()
-            if frame is not None:
-                frames[name] = frame
-        return frames
+        return newest_frames(self._slots)
