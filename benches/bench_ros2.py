@@ -6,9 +6,11 @@ process under SCHED_FIFO at 100 Hz, a busy-loop process per core (normal priorit
 run:
 
 * ``ros2`` — servo's: the simulated ROS 2 arm (``python -m servo.robots.ros2.sim_node``) in its own
-  process publishes JointState at 200 Hz and two 640x480 rgb8 Image topics at 30 fps over Cyclone
-  DDS on loopback; the control process takes the newest states and writes JointState targets
-  (the edge's main process reads the images). Joint names, order and units differ from the policy's.
+  process publishes JointState at 200 Hz and two 640x480 CompressedImage (JPEG) topics at 30 fps
+  over Cyclone DDS on loopback; the control process takes the newest states and writes JointState
+  targets (the edge's main process reads and decodes the images). Raw 640x480 frames (900 KB, some
+  60 UDP fragments each, best-effort) are lost whole whenever the receiving process is starved
+  long enough for the socket to overflow, which the hogs make routine here. Joint names, order and units differ from the policy's.
   The arm runs under SCHED_FIFO at priority 5 (drivers run real-time; below servo's loop at 10),
   so the hogs starve neither of them.
 * ``sim`` — the baseline: the simulated arm inside the control process (``bench_edge``'s ``process``).
@@ -54,7 +56,7 @@ MAX_TARGET_MS = 5.0
 NODE_JOINTS = ("gripper", "wrist_roll", "wrist_flex", "elbow_flex", "shoulder_lift", "shoulder_pan")
 #: Policy joint -> the arm's joint.
 MAPPING = dict(zip(so100.JOINT_NAMES, reversed(NODE_JOINTS), strict=True))
-CAMERAS = ("front:cam/front:640x480@30", "wrist:cam/wrist:640x480@30")
+CAMERAS = ("front:cam/front/compressed:640x480@30", "wrist:cam/wrist/compressed:640x480@30")
 ROWS: list[dict[str, Any]] = []
 
 
