@@ -85,7 +85,7 @@ class Ros2Joints:
         try:
             self._reader = link.reader(setup.state_topic, JointState, reliable=setup.state_reliable, depth=STATE_DEPTH)
             self._writer = link.writer(setup.command_topic, type(self._message), reliable=setup.command_reliable)
-            # Cyclone builds a type's codec on first use: here, not in the first tick.
+            # Codecs build their machinery on first use (Cyclone's generic one): here, not in the first tick.
             self._message.serialize()
             JointState.deserialize(JointState(name=list(setup.robot_names)).serialize())
             self._wait_ready(link, self._reader, self._writer)
