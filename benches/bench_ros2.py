@@ -10,9 +10,9 @@ run:
   over Cyclone DDS on loopback; the control process takes the newest states and writes JointState
   targets (the edge's main process reads and decodes the images). Raw 640x480 frames (900 KB, some
   60 UDP fragments each, best-effort) are lost whole whenever the receiving process is starved
-  long enough for the socket to overflow, which the hogs make routine here. Joint names, order and units differ from the policy's.
-  The arm runs under SCHED_FIFO at priority 5 (drivers run real-time; below servo's loop at 10),
-  so the hogs starve neither of them.
+  long enough for the socket to overflow, which the hogs make routine here. Joint names, order and
+  units differ from the policy's. The arm runs under SCHED_FIFO at priority 5 (drivers run
+  real-time; below servo's loop at 10), so the hogs starve neither of them.
 * ``sim`` — the baseline: the simulated arm inside the control process (``bench_edge``'s ``process``).
 
 Lateness = how late a tick started after its absolute deadline (the control loop's histogram, 10 µs
