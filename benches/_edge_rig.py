@@ -19,10 +19,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
 
+import anyio
 import numpy as np
 import numpy.typing as npt
 
@@ -290,9 +292,13 @@ async def run_servo(
     realtime: bool,
     switch_interval_s: float | None,
     design: str,
+    robot: RobotDescription | None = None,
 ) -> LoopResult:
-    """servo's edge: the control loop in its process (or on a thread), the network worker on the event loop."""
-    robot = RobotDescription("sim", {"fps": fps})  # front + wrist, 480x640 at 30 fps
+    """servo's edge: the control loop in its process (or on a thread), the network worker on the event loop.
+
+    ``robot`` defaults to the simulated arm at ``fps`` with its two 480x640 cameras at 30 fps.
+    """
+    robot = robot or RobotDescription("sim", {"fps": fps})
     config = load_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": JPEG_QUALITY})
     engine = RemoteEngine(config, robot.spec())
     # One request is in flight at a time: at merge time the session's last encode is this chunk's.
@@ -344,6 +350,22 @@ async def run_servo(
         final_state=summary.final_state,
         error=loop.error or summary.fault,
     )
+
+
+def pooled_rounds(
+    server: ServerProcess, rounds: int, hogs: bool, one_round: Callable[[], Awaitable[LoopResult]]
+) -> LoopResult:
+    """``rounds`` runs of ``one_round`` (each its own event loop, hogs around it), pooled."""
+
+    async def one() -> LoopResult:
+        with CpuHogs(hogs) as hog, CpuWatch(server.proc.pid, *hog.pids) as cpu:
+            result = await one_round()
+            result.hogs = len(hog.pids)
+        result.background_cores = [cpu.others_cores]
+        return result
+
+    results = [anyio.run(one, backend="asyncio", backend_options={"use_uvloop": True}) for _ in range(rounds)]
+    return LoopResult.pooled(results)
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -42,7 +42,7 @@ import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._edge_rig import CpuHogs, CpuWatch, LoopResult, ServerProcess, run_servo, table
+from benches._edge_rig import LoopResult, ServerProcess, pooled_rounds, run_servo, table
 from benches._naive_loop import run_naive
 from benches._support import free_port
 from servo.logs import configure_logging
@@ -94,16 +94,8 @@ def test_edge_loop(benchmark: BenchmarkFixture, server: ServerProcess, design: s
     rounds = 1 if benchmark.disabled else int(os.environ.get("EDGE_BENCH_ROUNDS", "3"))
     hogs = not benchmark.disabled and os.environ.get("EDGE_BENCH_HOGS", "1") == "1"
 
-    async def one() -> LoopResult:
-        with CpuHogs(hogs) as hog, CpuWatch(server.proc.pid, *hog.pids) as cpu:
-            result = await one_round(server, design, fps, duration)
-            result.hogs = len(hog.pids)
-        result.background_cores = [cpu.others_cores]
-        return result
-
     def run() -> LoopResult:
-        results = [anyio.run(one, backend="asyncio", backend_options={"use_uvloop": True}) for _ in range(rounds)]
-        return LoopResult.pooled(results)
+        return pooled_rounds(server, rounds, hogs, lambda: one_round(server, design, fps, duration))
 
     result: LoopResult = benchmark.pedantic(run, rounds=1, iterations=1)
     summary = result.summary()

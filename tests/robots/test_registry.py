@@ -20,13 +20,13 @@ from servo.robots import (
     options_help,
     robot_summary,
 )
-from servo.robots.builtin import CameraEntry, parse_cameras
 from servo.robots.calibration import CalibrationError
+from servo.robots.camera_list import CameraEntry, parse_cameras
 from tests.robots.calib_data import write_calibration
 
 
 def test_table_lists_the_robots_with_documented_options() -> None:
-    assert set(ROBOTS) == {"sim", "so100", "so101"}
+    assert set(ROBOTS) == {"sim", "so100", "so101", "ros2"}
     so100 = options_help("so100")
     assert so100[0].startswith("port (str, required): Serial port")
     assert options_help("so101") == so100
@@ -38,9 +38,8 @@ def test_table_lists_the_robots_with_documented_options() -> None:
 
 
 def test_unknown_robot_lists_valid_types() -> None:
-    with pytest.raises(
-        ConfigError, match=r"^unknown robot type 'so102'; valid types: sim, so100, so101, or package.module:factory"
-    ):
+    valid = "ros2, sim, so100, so101, or package.module:factory"
+    with pytest.raises(ConfigError, match=rf"^unknown robot type 'so102'; valid types: {valid}"):
         make_robot("so102")
 
 

@@ -93,6 +93,13 @@ MISMATCHES = {
     "degrees policy, -100..100 robot": Mismatch(
         "", {"features": features(units=M100)}, "units", ("use_degrees=true",), {"units": DEGREES}
     ),
+    "degrees policy, radians ROS 2 robot": Mismatch(
+        "",
+        {"features": features(units=["radians"] * 6)},
+        "units",
+        ("policy acts in degrees but the robot uses radians", "--robot-opt units=degrees"),
+        {"units": ["degrees"] * 6},
+    ),
     "units for the wrong number of joints": Mismatch(
         "", {"features": features(units=DEGREES[:5])}, "units", ("5 action units", "6 action values")
     ),

@@ -21,7 +21,8 @@ from msgspec.structs import replace
 
 from servo.cli.ports import split_endpoint
 from servo.home import config_dir, ensure_config_dir
-from servo.robots.builtin import SimOptions, parse_cameras
+from servo.robots.builtin import SimOptions
+from servo.robots.camera_list import parse_cameras
 from servo.server.manifest import Manifest
 from servo.transport import TlsSettings
 

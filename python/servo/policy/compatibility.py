@@ -119,11 +119,15 @@ _UNIT_TEXT = {
     "degrees": "degrees",
     "range_m100_100": "range -100..100 (LeRobot use_degrees=False)",
     "range_0_100": "range 0..100",
+    "radians": "radians",
+    "meters": "meters",
 }
 #: (policy unit, robot unit) -> how to fix the mismatch.
 _UNIT_FIX = {
     ("range_m100_100", "degrees"): "run the robot with --robot-opt use_degrees=false or serve a degrees checkpoint",
     ("degrees", "range_m100_100"): "run the robot with --robot-opt use_degrees=true or serve a -100..100 checkpoint",
+    ("degrees", "radians"): "run the ROS 2 robot with --robot-opt units=degrees",
+    ("radians", "degrees"): "run the ROS 2 robot with --robot-opt units=radians",
 }
 
 

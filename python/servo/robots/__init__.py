@@ -1,6 +1,6 @@
-"""Robot drivers: the `Robot` / `Cameras` protocols, a simulated arm, the real SO-100 / SO-101, and their registry.
+"""Robot drivers: the `Robot` / `Cameras` protocols, the sim arm, SO-100 / SO-101, ROS 2 robots, and their registry.
 
-Importing this package starts nothing and loads neither OpenCV nor any device; drivers are
+Importing this package starts nothing and loads neither OpenCV, Cyclone DDS nor any device; drivers are
 picked by name from `ROBOTS` / `make_robot`, or named as a plugin, ``package.module:factory``
 (`servo.robots.registry` has the contract).
 """
@@ -50,6 +50,7 @@ from .registry import (
     robot_options,
     robot_summary,
 )
+from .ros2.options import Ros2Options
 from .sim import SimCameraConfig, SimConfig, SimSO100
 from .sim_cameras import SimCameras
 from .so_follower import SO100_ARM, SO101_ARM, SOArm, SOFollower, SOFollowerConfig
@@ -89,6 +90,7 @@ __all__ = [
     "RobotFault",
     "RobotParts",
     "RobotSpec",
+    "Ros2Options",
     "SOArm",
     "SOFollower",
     "SOFollowerConfig",

@@ -1,4 +1,4 @@
-"""The built-in robots as factories, with their options: the simulated arm and the SO-100 / SO-101.
+"""The built-in robots as factories, with their options: the simulated arm, the SO-100 / SO-101, ROS 2.
 
 Each is written exactly as a plugin would be (`servo.robots.registry` has the contract): a
 function taking one frozen msgspec Struct of options and returning the joints and a maker of the
@@ -7,75 +7,20 @@ cameras. Building opens nothing: ports and cameras open on ``connect``.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
 
-from servo.config import FieldError, doc
+from servo.config import ConfigError, FieldError, doc
 
+from .camera_list import CameraEntry, parse_cameras
 from .cameras import CameraGroup, OpenCVCamera, OpenCVCameraConfig
 from .protocol import Cameras, PoseSource, RobotParts
+from .ros2.options import Ros2Options, resolve
 from .sim import SimCameraConfig, SimConfig, SimSO100
 from .sim_cameras import SimCameras
 from .so100_joints import JOINT_NAMES
 from .so_follower import SO100_ARM, SO101_ARM, SOArm, SOFollower, SOFollowerConfig
-
-
-@dataclass(frozen=True)
-class CameraEntry:
-    """One parsed item of a ``cameras`` option, ``name[:source][:WxH[@FPS]]``. Immutable."""
-
-    name: str
-    source: int | str | None
-    width: int | None
-    height: int | None
-    fps: float | None
-
-
-_SIZE = re.compile(r"(?P<w>\d+)x(?P<h>\d+)(?:@(?P<fps>\d+(?:\.\d*)?))?")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
-
-
-def parse_cameras(value: str) -> list[CameraEntry]:
-    """Parse a camera list such as ``"front:0:640x480@30,wrist:/dev/video2:640x480@30"``.
-
-    The size is width x height (OpenCV's order); the source may itself contain colons (the
-    ``/dev/v4l/by-path/...`` names do), so only the first field and a trailing size are split
-    off. ``""`` or ``"none"`` means no cameras.
-
-    Raises:
-        ValueError: a malformed entry or a repeated name.
-    """
-    if value.strip().lower() in ("", "none"):
-        return []
-    entries = []
-    for item in value.split(","):
-        parts = item.strip().split(":")
-        name, rest = parts[0], parts[1:]
-        if not _NAME.fullmatch(name):
-            raise ValueError(f"camera {item!r}: {name!r} is not a valid camera name")
-        size = _SIZE.fullmatch(rest[-1]) if rest else None
-        if size:
-            rest.pop()
-        source_text = ":".join(rest)
-        source: int | str | None = None
-        if source_text:
-            source = int(source_text) if source_text.isdigit() else source_text
-        entries.append(
-            CameraEntry(
-                name=name,
-                source=source,
-                width=int(size["w"]) if size else None,
-                height=int(size["h"]) if size else None,
-                fps=float(size["fps"]) if size and size["fps"] else None,
-            )
-        )
-    names = [entry.name for entry in entries]
-    if len(set(names)) != len(names):
-        raise ValueError(f"camera names repeat in {names}")
-    return entries
 
 
 def _checked_cameras(value: str) -> list[CameraEntry]:
@@ -221,3 +166,19 @@ def so100(options: SOFollowerOptions) -> RobotParts:
 def so101(options: SOFollowerOptions) -> RobotParts:
     """Real SO-101 follower arm (Feetech STS3215 bus, LeRobot calibration)."""
     return _so_follower(SO101_ARM, options)
+
+
+def ros2(options: Ros2Options) -> RobotParts:
+    """ROS 2 robot over DDS: JointState in, slew-limited targets out, Image cameras (no ROS install)."""
+    setup = resolve(options)
+    try:
+        # Cyclone DDS is an extra: only this robot needs it, and only once it is asked for.
+        from .ros2.cameras import Ros2Cameras
+        from .ros2.joints import Ros2Joints
+    except ImportError as exc:
+        raise ConfigError(f"robot 'ros2' needs Cyclone DDS: pip install 'servo-robotics[ros2]' ({exc})") from None
+
+    def cameras(poses: PoseSource) -> Cameras:
+        return Ros2Cameras(setup)
+
+    return RobotParts(Ros2Joints(setup), cameras if setup.cameras else None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from servo.logs import Logger, get_logger
 
@@ -74,6 +74,16 @@ class LatestFrame:
             if not self._cond.wait_for(lambda: self._seq > after_seq, timeout_s):
                 return None
             return self._frame
+
+
+def newest_frames(slots: Mapping[str, LatestFrame]) -> dict[str, Frame]:
+    """The newest frame of every camera that has one, by name, without waiting (any thread)."""
+    frames: dict[str, Frame] = {}
+    for name, slot in slots.items():
+        frame = slot.latest()
+        if frame is not None:
+            frames[name] = frame
+    return frames
 
 
 class CaptureThread:

@@ -42,7 +42,12 @@ from .protocol import Cameras, NoCameras, PoseSource, Robot, RobotParts, RobotSp
 RobotFactory = Callable[..., Robot | RobotParts]
 
 #: Built-in robots. Adding one = one entry here, never an import side effect.
-ROBOTS: dict[str, RobotFactory] = {"sim": builtin.sim, "so100": builtin.so100, "so101": builtin.so101}
+ROBOTS: dict[str, RobotFactory] = {
+    "sim": builtin.sim,
+    "so100": builtin.so100,
+    "so101": builtin.so101,
+    "ros2": builtin.ros2,
+}
 
 PLUGIN_FORM = "package.module:factory"
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from servo.logs import get_logger
 
-from .capture import CaptureThread, LatestFrame
+from .capture import CaptureThread, LatestFrame, newest_frames
 from .protocol import FloatArray, Frame, PoseSource
 from .sim import SimConfig
 from .sim_render import ArmRenderer, view_for
@@ -88,12 +88,7 @@ class SimCameras:
 
     def read_cameras(self) -> dict[str, Frame]:
         """Newest rendered frame of every camera, without waiting."""
-        frames: dict[str, Frame] = {}
-        for name, slot in self._slots.items():
-            frame = slot.latest()
-            if frame is not None:
-                frames[name] = frame
-        return frames
+        return newest_frames(self._slots)
 
     def wait_for_frames(self, timeout_s: float = 1.0) -> dict[str, Frame]:
         """One frame per camera, each rendered entirely after this call began.
