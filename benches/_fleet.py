@@ -387,10 +387,13 @@ async def run_fleet(
         async with PolicyClient.connect(settings, f"bench-{index}", jpeg_quality=quality) as client:
             (server, *_) = await client.discover(app="bench")
             session = await client.open_session(server, features=server.status.policy.features, fps=FPS)
+            # Built before the start line: N clients share this loop, and frames built after it
+            # (~60 ms each under load) held every chunk arriving meanwhile on the loop's queue.
+            images = frames(height, width, index)
             clock.arrived()
             await clock.go.wait()
             try:
-                await _drive(session, index, clock, result, max_requests, height, width)
+                await _drive(session, index, clock, result, max_requests, images)
             finally:
                 result.codec.append(session.codec_status())
                 await session.close()
@@ -402,10 +405,9 @@ async def run_fleet(
 
 
 async def _drive(
-    session: Any, index: int, clock: _Clock, result: FleetResult, max_requests: int | None, height: int, width: int
+    session: Any, index: int, clock: _Clock, result: FleetResult, max_requests: int | None, images: dict[str, Any]
 ) -> None:
     """One client's requests, one in flight, until the window closes; samples inside it."""
-    images = frames(height, width, index)
     state = np.full(len(JOINTS), float(index), dtype=np.float32)
     sent = 0
     while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
@@ -439,6 +441,7 @@ async def _client_process(args: argparse.Namespace) -> None:
     async with PolicyClient.connect(settings, f"bench-{args.index}", jpeg_quality=args.quality) as client:
         (server, *_) = await client.discover(app="bench")
         session = await client.open_session(server, features=server.status.policy.features, fps=FPS)
+        images = frames(args.height, args.width, args.index)  # before the start line, like run_fleet
         print("READY", flush=True)
         _, start_at, measure_from, measure, limit = (await anyio.to_thread.run_sync(sys.stdin.readline)).split()
         clock = _Clock(1, 0.0, None if measure == "-" else float(measure))
@@ -446,9 +449,7 @@ async def _client_process(args: argparse.Namespace) -> None:
         clock.end = clock.start + clock.measure_s if clock.measure_s is not None else float("inf")
         await anyio.sleep(max(0.0, float(start_at) - time.monotonic()))
         try:
-            await _drive(
-                session, args.index, clock, result, None if limit == "-" else int(limit), args.height, args.width
-            )
+            await _drive(session, args.index, clock, result, None if limit == "-" else int(limit), images)
         finally:
             await session.close()
     print(json.dumps({"samples": [astuple(x) for x in result.samples], "errors": result.errors}), flush=True)
