@@ -54,22 +54,11 @@ class InferenceRunner:
             # Kernel selection once at warm-up, TF32 matmuls: the seeds/004 inference settings.
             torch.backends.cudnn.benchmark = True
             torch.set_float32_matmul_precision("high")
+        # Both happen lazily on the first forwards (of each input shape), i.e. during warm-up.
         if compile:
-            compile_fn = getattr(policy, "compile", None)
-            if compile_fn is None:
-                raise PolicyLoadError(
-                    f"model.compile: {policy.spec.model} has no compile() method to apply torch.compile"
-                )
-            # Compilation happens lazily on the first forwards, i.e. during warm-up.
-            compile_fn()
+            _policy_option(policy, "compile", "compile", "to apply torch.compile")
         if cuda_graphs:
-            graphs_fn = getattr(policy, "use_cuda_graphs", None)
-            if graphs_fn is None:
-                raise PolicyLoadError(
-                    f"model.cuda_graphs: {policy.spec.model} has no use_cuda_graphs() method to capture graphs with"
-                )
-            # Graphs are captured on the first forward of each input shape, i.e. during warm-up.
-            graphs_fn()
+            _policy_option(policy, "cuda_graphs", "use_cuda_graphs", "to capture graphs with")
         spec = policy.spec
         self._expected = (spec.chunk_size, len(spec.features.action_names))
 
@@ -211,6 +200,14 @@ class InferenceRunner:
         if not np.isfinite(chunk).all():
             raise PolicyOutputError(f"{what} contains NaN or inf")
         return np.ascontiguousarray(chunk)
+
+
+def _policy_option(policy: Policy, key: str, method: str, purpose: str) -> None:
+    """Call the policy's ``method()`` that manifest option ``model.<key>`` asks for, or refuse in one line."""
+    fn = getattr(policy, method, None)
+    if fn is None:
+        raise PolicyLoadError(f"model.{key}: {policy.spec.model} has no {method}() method {purpose}")
+    fn()
 
 
 def clamp_delay(steps: int, chunk_size: int) -> int:
