@@ -17,7 +17,10 @@ LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_PY := $(LEROBOT_VENV)/bin/python
 LEROBOT_STAMP := $(LEROBOT_VENV)/.servo-installed
 
-.PHONY: setup demo test test-slow test-observability observability-tools test-lerobot fuzz lint wheels bench study clean
+.PHONY: setup demo test test-slow test-observability observability-tools test-lerobot fuzz lint wheels bench gpu-check study clean
+# gpu-check runs where servo is already installed (no network there): this repo's .venv if it
+# exists, else the python3 on PATH.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 
 $(STAMP): pyproject.toml $(RUST_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +74,11 @@ test-lerobot:
 		exit 0; \
 	fi; \
 	$(MAKE) --no-print-directory $(LEROBOT_STAMP) && $(LEROBOT_PY) -m pytest -q tests/lerobot
+
+## gpu-check: on a CUDA machine, served throughput vs bare forward, latency at N = 1, 4, 16 and the GPU
+## paths in use, as one table (< 4 min; installs nothing, loopback only, a watchdog ends it at 230 s)
+gpu-check:
+	$(GPU_PY) -m benches.gpu_check
 
 ## test-slow: the chaos / soak tests left out of `make test`
 test-slow: setup

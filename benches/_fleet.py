@@ -151,12 +151,18 @@ def spawn_server(role: str, *args: str) -> Iterator[int]:
 
 
 def manifest_text(
-    port: int, *, max_sessions: int = 32, shared_memory: bool = True, host: str = "127.0.0.1", max_batch: int = 16
+    port: int,
+    *,
+    max_sessions: int = 32,
+    shared_memory: bool = True,
+    host: str = "127.0.0.1",
+    max_batch: int = 16,
+    model: str = 'source = "bench"\nwarmup = 2',
 ) -> str:
+    """A bench server's manifest; ``model`` is the body of its ``[model]`` table."""
     return f"""
 [model]
-source = "bench"
-warmup = 2
+{model}
 [serving]
 app = "bench"
 max_sessions = {max_sessions}
@@ -175,12 +181,30 @@ async def _serve(args: argparse.Namespace) -> None:
     from servo.server.manifest import parse_manifest
     from servo.server.service import PolicyServer
 
-    policy = (
-        CostModelPolicy(args.compute_ms, args.per_sample_ms, args.height, args.width)
-        if args.per_sample_ms
-        else FixedComputePolicy(args.compute_ms, args.height, args.width)
+    policy: Any = None
+    model = 'source = "bench"\nwarmup = 2'
+    if args.source == "fixed":
+        policy = (
+            CostModelPolicy(args.compute_ms, args.per_sample_ms, args.height, args.width)
+            if args.per_sample_ms
+            else FixedComputePolicy(args.compute_ms, args.height, args.width)
+        )
+    else:  # a real policy loaded from the manifest, on the device asked for (benches.gpu_check)
+        model = "\n".join(
+            [
+                f'source = "{args.source}"',
+                "warmup = 3",
+                f'device = "{args.device}"',
+                f'dtype = "{args.dtype}"',
+                f'frames = "{args.frames}"',
+                f"cuda_graphs = {str(args.cuda_graphs).lower()}",
+                "[model.options]",
+                args.options,
+            ]
+        )
+    text = manifest_text(
+        args.port, shared_memory=args.transport == "shm", host=args.host, max_batch=args.max_batch, model=model
     )
-    text = manifest_text(args.port, shared_memory=args.transport == "shm", host=args.host, max_batch=args.max_batch)
     server = PolicyServer(parse_manifest(text), policy=policy)
     async with anyio.create_task_group() as tg:
 
@@ -193,8 +217,8 @@ async def _serve(args: argparse.Namespace) -> None:
                 server.drain, server.hurry, say=lambda text: print(text, file=sys.stderr), what="stopping"
             )
         )
-        await tg.start(run_server)
-        print("READY", flush=True)
+        ready = await tg.start(run_server)
+        print("READY", json.dumps(ready.paths, separators=(",", ":")), flush=True)
 
 
 def _echo(args: argparse.Namespace) -> None:
@@ -251,6 +275,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--height", type=int, default=HEIGHT)
     parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--transport", choices=("tcp", "shm"), default="tcp", help="shm: Zenoh shared memory")
+    parser.add_argument("--source", default="fixed", help="serve: fixed (FixedComputePolicy) or a model.source")
+    parser.add_argument("--options", default="", help="serve: body of [model.options] for --source")
+    parser.add_argument("--device", default="cpu", help="serve: model.device for --source")
+    parser.add_argument("--dtype", default="float32", help="serve: model.dtype for --source")
+    parser.add_argument("--frames", default="auto", help="serve: model.frames for --source")
+    parser.add_argument("--cuda-graphs", action="store_true", help="serve: model.cuda_graphs for --source")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     from servo.logs import configure_logging
@@ -357,10 +387,13 @@ async def run_fleet(
         async with PolicyClient.connect(settings, f"bench-{index}", jpeg_quality=quality) as client:
             (server, *_) = await client.discover(app="bench")
             session = await client.open_session(server, features=server.status.policy.features, fps=FPS)
+            # Built before the start line: N clients share this loop, and frames built after it
+            # (~60 ms each under load) held every chunk arriving meanwhile on the loop's queue.
+            images = frames(height, width, index)
             clock.arrived()
             await clock.go.wait()
             try:
-                await _drive(session, index, clock, result, max_requests, height, width)
+                await _drive(session, index, clock, result, max_requests, images)
             finally:
                 result.codec.append(session.codec_status())
                 await session.close()
@@ -372,10 +405,9 @@ async def run_fleet(
 
 
 async def _drive(
-    session: Any, index: int, clock: _Clock, result: FleetResult, max_requests: int | None, height: int, width: int
+    session: Any, index: int, clock: _Clock, result: FleetResult, max_requests: int | None, images: dict[str, Any]
 ) -> None:
     """One client's requests, one in flight, until the window closes; samples inside it."""
-    images = frames(height, width, index)
     state = np.full(len(JOINTS), float(index), dtype=np.float32)
     sent = 0
     while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
@@ -409,6 +441,7 @@ async def _client_process(args: argparse.Namespace) -> None:
     async with PolicyClient.connect(settings, f"bench-{args.index}", jpeg_quality=args.quality) as client:
         (server, *_) = await client.discover(app="bench")
         session = await client.open_session(server, features=server.status.policy.features, fps=FPS)
+        images = frames(args.height, args.width, args.index)  # before the start line, like run_fleet
         print("READY", flush=True)
         _, start_at, measure_from, measure, limit = (await anyio.to_thread.run_sync(sys.stdin.readline)).split()
         clock = _Clock(1, 0.0, None if measure == "-" else float(measure))
@@ -416,9 +449,7 @@ async def _client_process(args: argparse.Namespace) -> None:
         clock.end = clock.start + clock.measure_s if clock.measure_s is not None else float("inf")
         await anyio.sleep(max(0.0, float(start_at) - time.monotonic()))
         try:
-            await _drive(
-                session, args.index, clock, result, None if limit == "-" else int(limit), args.height, args.width
-            )
+            await _drive(session, args.index, clock, result, None if limit == "-" else int(limit), images)
         finally:
             await session.close()
     print(json.dumps({"samples": [astuple(x) for x in result.samples], "errors": result.errors}), flush=True)
@@ -434,9 +465,11 @@ def run_process_fleet(
     max_requests: int | None = None,
     height: int = HEIGHT,
     width: int = WIDTH,
+    deadline_s: float = 180.0,
 ) -> FleetResult:
     """Like `run_fleet`, with every client in its own process (``python -m benches._fleet client``);
-    client ``i`` starts ``i * START_STAGGER_S`` after the first, all inside the warm-up."""
+    client ``i`` starts ``i * START_STAGGER_S`` after the first, all inside the warm-up. Clients
+    still running ``deadline_s`` after the start are killed (the run then fails, never hangs)."""
     from benches._support import REPO, bench_env
 
     base = [sys.executable, "-m", "benches._fleet", "client", "--port", str(port), "--quality", str(quality)]
@@ -453,7 +486,7 @@ def run_process_fleet(
         for i in range(n_clients)
     ]
     result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
-    timer = threading.Timer(180, lambda: [p.kill() for p in procs])  # a stuck client must not hang the run
+    timer = threading.Timer(deadline_s, lambda: [p.kill() for p in procs])  # a stuck client must not hang the run
     timer.start()
     try:
         for proc in procs:

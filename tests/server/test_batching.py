@@ -42,7 +42,8 @@ async def fleet(
     manifest = make_manifest(port, extra=f"[serving]\nmax_sessions = {n + 1}\n{serving}")
     async with AsyncExitStack() as stack:
         server, ready = await stack.enter_async_context(running_server(manifest, policy=policy))
-        policy.served.clear()  # forget the warm-up forwards
+        policy.served.clear()  # forget the warm-up forwards (one per batch size the server can form)
+        policy.batches.clear()
         sessions = []
         for i in range(n + 1):
             client = await stack.enter_async_context(connected(port, f"robot-{i}"))

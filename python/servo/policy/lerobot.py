@@ -38,6 +38,7 @@ import numpy as np
 from servo.config import convert
 from servo.logs import get_logger
 from servo.policy.errors import PolicyLoadError
+from servo.policy.frames import PinnedStager, is_cuda, stack_on_device
 from servo.policy.lerobot_checkpoint import (
     ACTION_KEY,
     STATE_KEY,
@@ -177,6 +178,8 @@ class LeRobotPolicy:
                 "observation history only for diffusion"
             )
         self._spec = self._build_spec(checkpoint, hub_id)
+        # Host frames reach a GPU through pinned buffers and non-blocking copies (inference thread).
+        self._stager = PinnedStager(device) if is_cuda(device) else None
         log.info(
             "lerobot policy loaded",
             type=config.type,
@@ -204,16 +207,18 @@ class LeRobotPolicy:
         return LeRobotProcessor(self, pre, post)
 
     def raw_batch(self, obs: DecodedObservation) -> dict[str, Any]:
-        """LeRobot's observation dict: (1, D) state, (1, 3, H, W) float images in [0, 1], the task."""
+        """LeRobot's observation dict: (1, D) state, (1, 3, H, W) float images in [0, 1], the task.
+
+        Frames may be host arrays or tensors already on the device (``spec.device_frames``).
+        """
         import torch
         import torch.nn.functional as F
 
         # Decoded observations may be read-only views of the message: torch wants its own memory.
         batch: dict[str, Any] = {STATE_KEY: torch.from_numpy(np.array(obs.state, dtype=np.float32)).unsqueeze(0)}
         for camera, key in self._camera_keys.items():
-            pixels = obs.images[camera]
-            frame = torch.from_numpy(pixels if pixels.flags.writeable else pixels.copy()).to(self.device)
-            image = frame.permute(2, 0, 1).unsqueeze(0).float().div_(255.0)
+            image = stack_on_device([obs.images[camera]], self.device, self._stager)
+            image = image.permute(0, 3, 1, 2).float().div_(255.0)
             if tuple(image.shape[-2:]) != self._image_hw[key]:
                 image = F.interpolate(image, size=self._image_hw[key], mode="bilinear", antialias=True)
             batch[key] = image
@@ -292,6 +297,7 @@ class LeRobotPolicy:
             fps=facts.fps,
             supports_rtc=self.rtc,
             chunk_stateless=self._history is None,
+            device_frames=True,
         )
 
     def _chunk_size(self) -> int:

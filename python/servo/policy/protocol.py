@@ -37,6 +37,9 @@ class PolicySpec:
         fps: Control rate the policy was trained at.
         supports_rtc: ``predict_chunk`` honours ``inference_delay`` and ``prefix``.
         chunk_stateless: ``predict_chunk`` reads and writes no instance state.
+        device_frames: Its processors also take frames as torch tensors already on the policy's
+            device (`servo.policy.frames.stack_on_device` handles both), so a server on CUDA may
+            decode JPEG onto the GPU (``model.frames = "auto"``).
     """
 
     model: str
@@ -46,11 +49,17 @@ class PolicySpec:
     fps: float
     supports_rtc: bool
     chunk_stateless: bool
+    device_frames: bool = False
 
 
 @dataclass
 class DecodedObservation:
     """An observation as policies see it: numpy arrays in robot space.
+
+    Frames are ``(H, W, 3)`` uint8 numpy arrays; for a policy whose spec declares
+    ``device_frames``, served with ``model.frames`` on the device, they are torch uint8 tensors
+    of that shape already on the policy's device instead (typed as arrays for every other
+    policy's sake; `servo.policy.frames.stack_on_device` takes either).
 
     ``prefix_model`` / ``prefix_robot`` are the unexecuted rest of the client's current chunk,
     in model and robot space (``None`` when the client runs without RTC or has nothing queued).

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from servo.policy.frames import PinnedStager, is_cuda, stack_on_device
+from servo.policy.graphs import GraphedCallable
 from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Prepared
 from servo.wire import CameraFeature, Features
 
@@ -81,17 +84,22 @@ class RelativeProcessor:
         self._cameras = cameras
         self._device = device
         self._state: FloatArray | None = None
+        # Host frames reach a GPU through pinned buffers and non-blocking copies.
+        self._stager = PinnedStager(device) if is_cuda(device) else None
 
     def preprocess(self, obs: DecodedObservation) -> Prepared:
-        """Cache the state, stack frames into a (N, 3, H, W) tensor, re-anchor the RTC prefix."""
+        """Cache the state, stack frames into a (N, H, W, 3) device tensor, re-anchor the RTC prefix.
+
+        Frames may be host arrays or tensors already on the device (``spec.device_frames``).
+        """
         import torch
 
         state = np.array(obs.state, dtype=np.float32)
         self._state = state
-        frames = np.stack([obs.images[name] for name in self._cameras]) if self._cameras else None
+        frames = [obs.images[name] for name in self._cameras]
         batch = {
             "state": torch.from_numpy(state).to(self._device),
-            "images": None if frames is None else torch.from_numpy(frames).to(self._device),
+            "images": stack_on_device(frames, self._device, self._stager) if frames else None,
             "raw_state": state,
         }
         # The model-space prefix was relative to an older state; re-anchoring the robot-space
@@ -151,6 +159,7 @@ class ReferencePolicy:
             fps=fps,
             supports_rtc=True,
             chunk_stateless=True,
+            device_frames=True,
         )
         self._cameras = tuple(cams)
         self._device = device
@@ -180,6 +189,7 @@ class ReferencePolicy:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
         self._encoder.to(device).eval()
         self._head.to(device).eval()
+        self._network: Callable[..., torch.Tensor] = self._forward_network
 
     @property
     def spec(self) -> PolicySpec:
@@ -192,6 +202,10 @@ class ReferencePolicy:
 
         self._encoder = torch.compile(self._encoder)  # type: ignore[assignment]
         self._head = torch.compile(self._head)  # type: ignore[assignment]
+
+    def use_cuda_graphs(self) -> None:
+        """Replay the networks (frames and state to residual) from CUDA graphs, one per input shape."""
+        self._network = GraphedCallable(self._forward_network)
 
     def make_processor(self) -> RelativeProcessor:
         """A fresh per-session processor."""
@@ -216,18 +230,22 @@ class ReferencePolicy:
         """Nothing to forget: the policy is chunk-stateless."""
 
     def _residual(self, batch: dict[str, Any]) -> FloatArray:
+        images: torch.Tensor | None = batch["images"]
+        inputs = (batch["state"],) if images is None else (batch["state"], images)
+        return self._network(*inputs).float().cpu().numpy()
+
+    def _forward_network(self, state: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor:
+        """Device-only work (no host synchronisation), so it can be recorded as a CUDA graph."""
         import torch
         import torch.nn.functional as F
 
-        state: torch.Tensor = batch["state"]
         features = [state / 100.0]
-        images: torch.Tensor | None = batch["images"]
         if images is not None:
             x = images.permute(0, 3, 1, 2).float() / 255.0
             x = F.interpolate(x, size=_ENCODER_HW, mode="area")
             features.insert(0, self._encoder(x).reshape(-1))
-        out = self._head(torch.cat(features).unsqueeze(0)).squeeze(0)
-        return out.float().cpu().numpy()  # type: ignore[no-any-return]
+        out: torch.Tensor = self._head(torch.cat(features).unsqueeze(0))
+        return out.squeeze(0)
 
     def _continue_prefix(self, chunk: FloatArray, prefix: FloatArray, delay: int) -> FloatArray:
         # RTC in spirit: the first `delay` steps will already have executed from the prefix, so

@@ -35,24 +35,30 @@ class InferenceRunner:
     torch modules are not thread-safe.
     """
 
-    def __init__(self, policy: Policy, *, device: str = "cpu", dtype: DType = "float32", compile: bool = False) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        device: str = "cpu",
+        dtype: DType = "float32",
+        compile: bool = False,
+        cuda_graphs: bool = False,
+    ) -> None:
         import torch
 
         self.policy = policy
         self.device = device
         self.dtype = dtype
+        self._graphs = cuda_graphs
         if device.startswith("cuda"):
             # Kernel selection once at warm-up, TF32 matmuls: the seeds/004 inference settings.
             torch.backends.cudnn.benchmark = True
             torch.set_float32_matmul_precision("high")
+        # Both happen lazily on the first forwards (of each input shape), i.e. during warm-up.
         if compile:
-            compile_fn = getattr(policy, "compile", None)
-            if compile_fn is None:
-                raise PolicyLoadError(
-                    f"model.compile: {policy.spec.model} has no compile() method to apply torch.compile"
-                )
-            # Compilation happens lazily on the first forwards, i.e. during warm-up.
-            compile_fn()
+            _policy_option(policy, "compile", "compile", "to apply torch.compile")
+        if cuda_graphs:
+            _policy_option(policy, "cuda_graphs", "use_cuda_graphs", "to capture graphs with")
         spec = policy.spec
         self._expected = (spec.chunk_size, len(spec.features.action_names))
 
@@ -62,7 +68,8 @@ class InferenceRunner:
 
         with torch.inference_mode():
             if self.dtype != "float32" and self.device.startswith("cuda"):
-                with torch.autocast("cuda", dtype=getattr(torch, self.dtype)):
+                # Autocast's weight cache and CUDA graph capture do not mix (PyTorch's graph docs).
+                with torch.autocast("cuda", dtype=getattr(torch, self.dtype), cache_enabled=not self._graphs):
                     yield
             else:
                 yield
@@ -146,8 +153,13 @@ class InferenceRunner:
         model = self._checked(np.asarray(chunk, dtype=np.float32), "policy chunk")
         return model, self._checked(np.asarray(processor.postprocess(model), dtype=np.float32), "postprocessed chunk")
 
-    def warmup(self, count: int) -> list[float]:
-        """Run ``count`` forwards on a synthetic observation built from the policy's spec.
+    def warmup(self, count: int, batch_sizes: Sequence[int] = ()) -> list[float]:
+        """Run ``count`` forwards, then one batched forward of each size in ``batch_sizes``.
+
+        The forwards run on a synthetic observation built from the policy's spec; the batched
+        ones only for a `BatchingPolicy`. Kernel choice (cudnn benchmark), compilation and CUDA
+        graphs happen per input shape, so every batch size served is warmed before the first
+        client pays for it.
 
         Returns:
             Each request's duration (s, monotonic clock): preprocessing, forward and
@@ -169,6 +181,17 @@ class InferenceRunner:
                 raise PolicyLoadError(
                     f"warm-up forward {i + 1} of {count} failed: {type(exc).__name__}: {exc}"
                 ) from exc
+        if count == 0 or not isinstance(self.policy, BatchingPolicy):
+            return durations
+        for size in batch_sizes:
+            if size < 2:
+                continue
+            requests = [(self.policy.make_processor(), synthetic_observation(self.policy), 0) for _ in range(size)]
+            failed = [o for o in self.infer_batch(requests) if isinstance(o, Exception)]
+            if failed:
+                raise PolicyLoadError(
+                    f"warm-up forward of a batch of {size} failed: {type(failed[0]).__name__}: {failed[0]}"
+                )
         return durations
 
     def _checked(self, chunk: FloatArray, what: str) -> FloatArray:
@@ -177,6 +200,14 @@ class InferenceRunner:
         if not np.isfinite(chunk).all():
             raise PolicyOutputError(f"{what} contains NaN or inf")
         return np.ascontiguousarray(chunk)
+
+
+def _policy_option(policy: Policy, key: str, method: str, purpose: str) -> None:
+    """Call the policy's ``method()`` that manifest option ``model.<key>`` asks for, or refuse in one line."""
+    fn = getattr(policy, method, None)
+    if fn is None:
+        raise PolicyLoadError(f"model.{key}: {policy.spec.model} has no {method}() method {purpose}")
+    fn()
 
 
 def clamp_delay(steps: int, chunk_size: int) -> int:

@@ -12,19 +12,47 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, cast
 
 import numpy as np
 
 from servo._core import Header
 from servo.logs import LogThrottle, get_logger
-from servo.policy import DecodedObservation, PolicySpec
+from servo.policy import DecodedObservation, Policy, PolicySpec
+from servo.policy.frames import DeviceFrameDecoder, is_cuda, jpeg_on_device_available
+from servo.policy.protocol import Frame
 from servo.policy.runner import clamp_delay
 from servo.server.sessions import Decoded, Mail, Rejected, Session
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, decode_tensor
+from servo.wire.image import jpeg_dimensions
 
 log = get_logger(__name__)
 #: A codec bug shows its traceback once per second at most, with the count held back.
 _THROTTLE = LogThrottle(1.0)
+
+#: ``model.frames``: where frames are decoded (see `device_frames_for`).
+FramesMode = Literal["auto", "host", "device"]
+
+
+def device_frames_for(mode: FramesMode, device: str, policy: Policy) -> DeviceFrameDecoder | None:
+    """The device decoder ``model.frames`` asks for, or None to decode on the host.
+
+    ``auto`` decodes onto the device when it is CUDA, the policy's processors take device frames
+    (``spec.device_frames``) and torchvision is importable; ``device`` always does (on the CPU it
+    runs the CPU twin: torchvision's decoder, plain tensors); ``host`` never does.
+
+    Raises:
+        PolicyLoadError: ``device`` without torchvision.
+    """
+    if mode == "host":
+        return None
+    if mode == "auto":
+        if not (is_cuda(device) and policy.spec.device_frames):
+            return None
+        if (problem := jpeg_on_device_available()) is not None:
+            log.warning("decoding frames on the host", reason=problem)
+            return None
+    return DeviceFrameDecoder(device)
 
 
 class ObservationDecoder:
@@ -34,7 +62,14 @@ class ObservationDecoder:
     thread (any thread may call it: the camera pool is thread-safe).
     """
 
-    def __init__(self, spec: PolicySpec, *, max_observation_bytes: int, pin_task: bool) -> None:
+    def __init__(
+        self,
+        spec: PolicySpec,
+        *,
+        max_observation_bytes: int,
+        pin_task: bool,
+        device_frames: DeviceFrameDecoder | None = None,
+    ) -> None:
         self._state_dim = len(spec.features.state_names)
         self._action_dim = len(spec.features.action_names)
         self._cameras = tuple(spec.features.cameras)
@@ -44,6 +79,7 @@ class ObservationDecoder:
         self._chunk_size = spec.chunk_size
         self._max_bytes = max_observation_bytes
         self._pin_task = pin_task
+        self._device = device_frames
         # libjpeg-turbo releases the GIL: several cameras of one observation decode in parallel.
         self._pool = ThreadPoolExecutor(max(1, len(self._cameras) - 1), thread_name_prefix="servo-jpeg")
 
@@ -99,10 +135,12 @@ class ObservationDecoder:
         )
         return obs, delay
 
-    def _images(self, images: dict[str, EncodedImage]) -> dict[str, np.ndarray]:
+    def _images(self, images: dict[str, EncodedImage]) -> dict[str, Frame]:
         for name in self._cameras:
             if name not in images:
                 raise WireError(f"observation has no image for camera {name!r}")
+        if self._device is not None:
+            return self._device_images(images, self._device)
         jpegs = [name for name in self._cameras if images[name].codec == "jpeg"]
         futures = {
             name: self._pool.submit(decode_image, images[name], target=self._targets[name], what=self._what[name])
@@ -117,3 +155,21 @@ class ObservationDecoder:
             for name, future in futures.items():
                 out[name] = future.result()  # re-raises the camera's WireError
         return {name: out[name] for name in self._cameras}
+
+    def _device_images(self, images: dict[str, EncodedImage], device: DeviceFrameDecoder) -> dict[str, Frame]:
+        """Every frame decoded onto the policy's device (the caller checked every camera is there)."""
+        jpegs, raw = {}, {}
+        for name in self._cameras:
+            image = images[name]
+            if image.codec == "jpeg":
+                if jpeg_dimensions(image.data, what=self._what[name]) != (image.height, image.width):
+                    raise WireError(f"{self._what[name]}: the JPEG's size is not the size the message declares")
+                jpegs[name] = image.data
+            else:
+                raw[name] = decode_image(image, what=self._what[name])  # checks codec and size: a view
+        try:
+            frames = device.decode(jpegs, raw)
+        except RuntimeError as exc:
+            raise WireError(f"observation.images: corrupt JPEG ({exc})") from exc
+        # Device tensors where a policy that declares device_frames expects them (see DecodedObservation).
+        return cast(dict[str, Frame], {name: frames[name] for name in self._cameras})

@@ -49,6 +49,20 @@ class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = "float32"
     warmup: Annotated[int, msgspec.Meta(ge=0, description="Forwards run before the server reports ready.")] = 2
     compile: Annotated[bool, msgspec.Meta(description="Wrap the policy's networks in torch.compile.")] = False
+    frames: Annotated[
+        Literal["auto", "host", "device"],
+        msgspec.Meta(
+            description="Where camera frames are decoded: auto = onto the GPU (nvJPEG, pinned copies) when the "
+            "device is CUDA and the policy takes device frames; host = numpy on the CPU; device = always."
+        ),
+    ] = "auto"
+    cuda_graphs: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Replay the policy's fixed-shape networks from CUDA graphs captured at warm-up "
+            "(policies with use_cuda_graphs(); no effect off CUDA)."
+        ),
+    ] = False
 
     def check(self) -> None:
         """The device string must name a torch device type servo can place a policy on."""

@@ -28,10 +28,11 @@ from servo.identity import ephemeral_identity, load_identity
 from servo.logs import get_logger
 from servo.policy import Policy, load_policy
 from servo.policy.compatibility import describe
+from servo.policy.frames import is_cuda
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.control import ControlPlane
-from servo.server.decoding import ObservationDecoder
+from servo.server.decoding import ObservationDecoder, device_frames_for
 from servo.server.intake import ObservationIntake
 from servo.server.manifest import Manifest
 from servo.server.ops import OpsEndpoint
@@ -66,6 +67,9 @@ class ServerReady:
     frontends: dict[str, str] = field(default_factory=dict)
     #: Each warm-up request's duration (s), for a capacity plan (`servo.deploy.capacity`).
     warmup_s: list[float] = field(default_factory=list)
+    #: The data-plane paths in use: ``device``, ``frames`` (host, or device: nvJPEG on CUDA),
+    #: ``pinned`` (host frames copied through pinned buffers), ``dtype``, ``cuda_graphs``.
+    paths: dict[str, str] = field(default_factory=dict)
 
 
 class Frontend(Protocol):
@@ -177,21 +181,31 @@ class PolicyServer:
             key = m.security.identity_key
             identity = await anyio.to_thread.run_sync(lambda: load_identity(key) if key else ephemeral_identity())
             policy = await anyio.to_thread.run_sync(self._load_policy)
-            runner = InferenceRunner(policy, device=m.model.device, dtype=m.model.dtype, compile=m.model.compile)
+            model = m.model
+            runner = InferenceRunner(
+                policy, device=model.device, dtype=model.dtype, compile=model.compile, cuda_graphs=model.cuda_graphs
+            )
+            replica = self._replica(policy, identity)
+            scheduler = self._scheduler or scheduler_for(
+                policy, exclusive=replica.exclusive, max_batch=m.serving.max_batch, linger_ms=m.serving.batch_linger_ms
+            )
+            # Every batch size the scheduler can form is warmed, not only a forward of one.
+            sizes = range(1, min(scheduler.max_batch, replica.max_sessions) + 1)
             started = time.perf_counter()
-            self._warmup_s = await anyio.to_thread.run_sync(runner.warmup, m.model.warmup)
+            self._warmup_s = await anyio.to_thread.run_sync(runner.warmup, model.warmup, sizes)
             log.info(
                 "policy warmed up",
-                warmup=m.model.warmup,
+                warmup=model.warmup,
+                batch_sizes=len(sizes),
                 seconds=round(time.perf_counter() - started, 3),
             )
-            self.state.bind(self._replica(policy, identity), tg)
+            self.state.bind(replica, tg)
             audit = AuditLog(m.ops.audit_log, self.state.recent)
             try:
                 # Frontends end before the Zenoh session their sessions live on.
                 async with open_session(m.zenoh) as zsession, anyio.create_task_group() as frontends:
                     self._zsession = zsession
-                    await self._serve(zsession, runner, audit, task_status, health_port, frontends)
+                    await self._serve(zsession, runner, scheduler, audit, task_status, health_port, frontends)
             finally:
                 audit.close()
                 tg.cancel_scope.cancel()
@@ -200,6 +214,7 @@ class PolicyServer:
         self,
         zsession: zenoh.Session,
         runner: InferenceRunner,
+        scheduler: Scheduler,
         audit: AuditLog,
         task_status: TaskStatus[ServerReady],
         health_port: int | None,
@@ -208,16 +223,21 @@ class PolicyServer:
         m, state = self.manifest, self.state
         keys, info = state.replica.keys, state.replica.info
         bridge = LoopBridge()
-        scheduler = self._scheduler or scheduler_for(
-            runner.policy,
-            exclusive=state.replica.exclusive,
-            max_batch=m.serving.max_batch,
-            linger_ms=m.serving.batch_linger_ms,
-        )
         worker = InferenceWorker(runner, state, scheduler, audit)
+        device_frames = device_frames_for(m.model.frames, m.model.device, runner.policy)
         decoder = ObservationDecoder(
-            runner.policy.spec, max_observation_bytes=m.serving.max_observation_bytes, pin_task=info.pin_task
+            runner.policy.spec,
+            max_observation_bytes=m.serving.max_observation_bytes,
+            pin_task=info.pin_task,
+            device_frames=device_frames,
         )
+        paths = {
+            "device": m.model.device,
+            "frames": "host" if device_frames is None else "device",
+            "pinned": "on" if is_cuda(m.model.device) and runner.policy.spec.device_frames else "off",
+            "dtype": m.model.dtype,
+            "cuda_graphs": "on" if m.model.cuda_graphs else "off",
+        }
         intake = ObservationIntake(state, m, decoder, zsession)
         declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None]] = []
         token: zenoh.LivelinessToken | None = None
@@ -254,12 +274,13 @@ class PolicyServer:
                 max_sessions=state.replica.max_sessions,
                 scheduler=type(scheduler).__name__,
                 identity=identity,
+                **paths,
             )
             own = state.replica.identity.public_key
             endpoints = {
                 f.name: await frontends.start(f.run, zsession, keys, state.health, own) for f in self._frontends
             }
-            task_status.started(ServerReady(keys, info, health_port, identity, endpoints, self._warmup_s))
+            task_status.started(ServerReady(keys, info, health_port, identity, endpoints, self._warmup_s, paths))
             await self._stop.wait()
         finally:
             with anyio.CancelScope(shield=True):
