@@ -1,50 +1,22 @@
-"""servo-trace over a real run: a server that stalls for a few requests makes the robot stutter, and
+"""servo-trace over a real run: a forward that hangs until the robot stalls makes it stutter, and
 the trace of that minute joins the recording and the audit log into one story (and a PNG)."""
 
 from __future__ import annotations
 
-import threading
+import re
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from servo.cli.trace import main
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
-from servo.policy.protocol import FloatArray, PolicySpec, Processor
-from servo.policy.reference import make_reference_policy
-from tests.edge.harness import edge_config, running_edge, small_sim
+from tests.edge.harness import GatedPolicy, edge_config, running_edge, small_sim
 from tests.support import eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
-
-
-class StallingPolicy:
-    """The reference policy, except that while ``stall`` is set every forward takes 1.2 s."""
-
-    def __init__(self, **options: Any) -> None:
-        self._inner = make_reference_policy(**options)
-        self.stall = threading.Event()
-        self.stalled = 0
-
-    @property
-    def spec(self) -> PolicySpec:
-        return self._inner.spec
-
-    def make_processor(self) -> Processor:
-        return self._inner.make_processor()
-
-    def predict_chunk(self, batch: Any, inference_delay: int, prefix: FloatArray | None) -> Any:
-        if self.stall.is_set():
-            self.stalled += 1
-            time.sleep(1.2)
-        return self._inner.predict_chunk(batch, inference_delay, prefix)
-
-    def reset(self) -> None:
-        self._inner.reset()
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +28,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
 
     workdir = tmp_path_factory.mktemp("trace")
     recording, audit = workdir / "robot-217.servo", workdir / "r0.audit.jsonl"
-    policy = StallingPolicy(cameras={"front": (48, 64)}, chunk_size=20)
+    policy = GatedPolicy(cameras={"front": (48, 64)}, chunk_size=20)
     port = free_port()
     # make_manifest's extra lines continue its [ops] table.
     manifest = make_manifest(port, extra=f'audit_log = "{audit}"\n[serving]\nreplica = "r0"')
@@ -68,11 +40,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
             async with running_edge(sim, engine, RunOptions(record_path=str(recording))) as edge:
                 await eventually(lambda: engine.chunks_received >= 5, 15, "streaming")
                 before = time.time_ns()
-                policy.stall.set()
-                await eventually(lambda: policy.stalled >= 2, 15, "two stalled forwards")
-                policy.stall.clear()
+                policy.budget = 0  # the next forward hangs until released: the robot runs dry
+                await eventually(lambda: engine.state.value == "stalled", 15, "the robot stalled")
+                held = engine.statistics().fallback_ticks
+                await eventually(lambda: engine.statistics().fallback_ticks >= held + 15, 15, "half a second held")
+                policy.release.set()
                 await eventually(lambda: engine.state.value == "streaming", 15, "streaming again")
-                await anyio.sleep(0.5)
+                streamed = engine.chunks_received
+                await eventually(lambda: engine.chunks_received >= streamed + 3, 15, "three more chunks")
                 await edge.stop()
         return before
 
@@ -96,8 +71,9 @@ def test_the_minute_of_the_stutter_joins_recording_and_audit(
     # requests it waited on spent their time at the replica.
     assert any("transition" in line and ("degraded" in line or "stalled" in line) for line in lines)
     assert any(" fallback " in line and "without a fresh action" in line for line in lines)
-    slow = [line for line in lines if "request" in line and "r0: ok" in line and "inference 12" in line]
-    assert slow, out
+    inference = [float(m) for m in re.findall(r"r0: ok, queue [0-9.]+ ms, inference ([0-9.]+) ms", out)]
+    assert inference, out
+    assert max(inference) > 300  # the forward that hung until the robot stalled
     assert "look at the replica" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 20_000
