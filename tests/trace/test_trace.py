@@ -73,8 +73,8 @@ def test_the_minute_of_the_stutter_joins_recording_and_audit(
     assert any(" fallback " in line and "without a fresh action" in line for line in lines)
     inference = [float(m) for m in re.findall(r"r0: ok, queue [0-9.]+ ms, inference ([0-9.]+) ms", out)]
     assert inference, out
-    assert max(inference) > 300  # the forward that hung until the robot stalled
-    assert "look at the replica" in out
+    assert max(inference) > 500  # the forward that hung until the robot stalled, and half a second more
+    assert "look at the replica" in out, out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 20_000
 

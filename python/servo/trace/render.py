@@ -48,18 +48,39 @@ def summary(timeline: Timeline) -> list[str]:
         f"in {len(runs)} run(s); {len(timeline.requests)} requests, {len(joined)} joined with the audit"
     ]
     rtts = [v for r in joined if (v := edge_rtt_ms(r)) is not None]
-    stale = [float(r.audit["staleness_ms"]) for r in joined if r.audit is not None and "staleness_ms" in r.audit]
-    if rtts and stale:
+    audited = [r for r in timeline.requests if r.audit is not None and "staleness_ms" in r.audit]
+    if rtts or audited:
+        stale = [float(r.audit["staleness_ms"]) for r in audited if r.audit is not None]
         lines.append(
-            f"edge round trip p50 {statistics.median(rtts):.1f} ms, max {max(rtts):.1f} ms; "
-            f"staleness at the replica p50 {statistics.median(stale):.1f} ms, max {max(stale):.1f} ms"
+            f"edge round trip p50 {_p50(rtts)}, max {_max(rtts)}; staleness at the replica p50 {_p50(stale)}, "
+            f"max {_max(stale)} (every audited request, run or not)"
         )
-        server_share = max(stale) / max(rtts) if max(rtts) > 0 else 0.0
-        where = (
-            "the replica (queue wait, inference)" if server_share >= 0.5 else "the link or the edge, not the replica"
-        )
-        lines.append(f"the slowest round trip spent {server_share:.0%} of its time at the replica: look at {where}")
+    lines.append(_verdict(timeline, runs, audited))
     return lines
+
+
+def _verdict(timeline: Timeline, runs: list[tuple[int, int, int]], audited: list[Request]) -> str:
+    """Where the longest stretch without a fresh action came from: the replica, or not (seeds/001 §12)."""
+    if not runs:
+        return "no tick went without a fresh action"
+    start, end, count = max(runs, key=lambda run: run[2])
+    held_ms = (end - start) / 1e6 + 1e3 / timeline.fps
+    slowest = max(audited, key=lambda r: float(r.audit["staleness_ms"]) if r.audit else 0.0, default=None)
+    took = 0.0 if slowest is None or slowest.audit is None else float(slowest.audit["staleness_ms"])
+    head = f"the longest stretch without a fresh action: {count} tick(s) from {clock(start)} ({held_ms:.0f} ms); "
+    if slowest is not None and took >= held_ms / 2:
+        return head + (
+            f"the replica took {took:.0f} ms over seq {slowest.seq_id}: look at the replica (queue wait, inference)"
+        )
+    return head + f"the replica answered every request within {took:.0f} ms: look at the link or the edge"
+
+
+def _p50(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ms" if values else "-"
+
+
+def _max(values: list[float]) -> str:
+    return f"{max(values):.1f} ms" if values else "-"
 
 
 def table(timeline: Timeline) -> str:
@@ -74,7 +95,7 @@ def table(timeline: Timeline) -> str:
     rows.sort(key=lambda row: row[0])
     lines = [*summary(timeline), "", f"{'time':<14}{'what':<12}detail"]
     lines += [
-        f"{clock(at) + ('~' if text.startswith('(server') else ''):<14}{what:<12}{text}" for at, what, text in rows
+        f"{clock(at) + ('~' if text.startswith('(no frame') else ''):<14}{what:<12}{text}" for at, what, text in rows
     ]
     return "\n".join(lines) + "\n"
 
@@ -82,7 +103,7 @@ def table(timeline: Timeline) -> str:
 def _request_text(r: Request) -> str:
     head = f"seq {r.seq_id} session {r.session_id[:8]}"
     if r.server_clock:
-        head = f"(server clock: no frame ran it) {head}"
+        head = f"(no frame ran it: at its arrival, server clock) {head}"
     parts = [head]
     if r.sent_ns is not None:
         parts.append(f"edge: chunk in use {_ms(edge_rtt_ms(r))} after its observation, {r.actions} action(s) run")

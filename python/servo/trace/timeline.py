@@ -108,7 +108,7 @@ def parse_time(text: str, day_of: int) -> int:
 
 
 def read_audit(paths: Iterable[str | Path], robot: str) -> dict[tuple[str, int], dict[str, Any]]:
-    """The robot's audit lines by (session id, seq id); each gains ``_wall_ns`` (server clock).
+    """The robot's audit lines by (session id, seq id), each with ``_wall_ns``: its arrival (server clock).
 
     Raises:
         TraceError: a file that cannot be read, or a line that is not a JSON object.
@@ -131,7 +131,9 @@ def read_audit(paths: Iterable[str | Path], robot: str) -> dict[tuple[str, int],
             if line.get("client_id") != robot or "seq_id" not in line:
                 continue
             stamp = line.get("timestamp")
-            line["_wall_ns"] = int(datetime.fromisoformat(stamp).timestamp() * 1e9) if stamp else 0
+            # Written as the answer left: its observation arrived `staleness_ms` earlier.
+            left = int(datetime.fromisoformat(stamp).timestamp() * 1e9) if stamp else 0
+            line["_wall_ns"] = left - int(float(line.get("staleness_ms", 0.0)) * 1e6) if left else 0
             line.setdefault("replica", Path(path).name.split(".")[0])
             lines[(str(line.get("session_id")), int(line["seq_id"]))] = line
     return lines
