@@ -11,7 +11,11 @@
   sends one observation every 1/R s (a small JPEG frame, a state unique to the robot and request)
   and checks that the chunk answers exactly that state. A lost session (token gone, drain notice,
   two timeouts in a row) re-places the robot at once. Prints ``CONNECTED`` once every robot has a
-  session; on SIGTERM writes every served request (time, replica, fresh?) as JSON and exits.
+  session; on SIGTERM writes every served request (time, replica, fresh?) as JSON and exits. With
+  ``--telemetry-hz H`` each robot also publishes its signed telemetry H times a second, built by
+  the edge's own `TelemetryPublisher.record` from its counters, and counts the bytes it put.
+* ``python -m benches._scale monitor --router P --port Q`` — ``servo-monitor`` joining the router,
+  its page and /metrics on Q. Prints ``READY``; SIGTERM ends it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ HEIGHT, WIDTH = 48, 64
 MAX_SESSIONS = 400
 
 
-def manifest_text(router_port: int, listen_port: int, replica: str) -> str:
+def manifest_text(
+    router_port: int, listen_port: int, replica: str, health_port: int = 0, robot_metrics: int = 256
+) -> str:
     return f"""
 [model]
 source = "bench"
@@ -49,7 +55,8 @@ mode = "peer"
 listen = ["tcp/127.0.0.1:{listen_port}"]
 connect = ["tcp/127.0.0.1:{router_port}"]
 [ops]
-health_port = 0
+health_port = {health_port}
+robot_metrics = {robot_metrics}
 """
 
 
@@ -70,7 +77,9 @@ async def _serve(args: argparse.Namespace) -> None:
     from servo.server.service import PolicyServer
 
     policy = FixedComputePolicy(args.compute_ms, HEIGHT, WIDTH)
-    manifest = parse_manifest(manifest_text(args.router, free_port(), args.replica))
+    manifest = parse_manifest(
+        manifest_text(args.router, free_port(), args.replica, args.health_port, args.robot_metrics)
+    )
     server = PolicyServer(manifest, policy=policy)
     async with anyio.create_task_group() as tg:
 
@@ -94,7 +103,42 @@ async def _robots(args: argparse.Namespace) -> None:
     #: Per robot: (monotonic s, replica, fresh, round trip ms, queue wait ms, inference ms).
     served: dict[int, list[tuple[float, str, bool, float, float, float]]] = {}
     failures: dict[int, int] = {}
+    #: Per robot: (monotonic s, bytes put: key + body + attachment) of every telemetry record.
+    telemetry: dict[int, list[tuple[float, int]]] = {}
     connected = 0
+
+    async def report(index: int, zsession: Any, client: PolicyClient) -> None:
+        """The robot's telemetry, as an edge publishes it (`servo.edge.telemetry`)."""
+        from zenoh import CongestionControl, Priority
+
+        from servo._core import ServerIdentity
+        from servo.edge.engine import EngineStats
+        from servo.edge.failsafe import FailSafe
+        from servo.edge.telemetry import TelemetryPublisher
+        from servo.wire import seal_telemetry, telemetry_key
+
+        publisher = TelemetryPublisher(ServerIdentity.generate(), period_s=1.0 / args.telemetry_hz)
+        failsafe = FailSafe(degraded_after_s=1.0, timeout_streak=2, max_offline_s=60.0)
+        failsafe.merged()
+        key = telemetry_key(f"robot-{index}")
+        put = zsession.declare_publisher(key, congestion_control=CongestionControl.DROP, priority=Priority.DATA_LOW)
+        lateness = np.zeros(1100, np.uint64)
+        sent = telemetry.setdefault(index, [])
+        await anyio.sleep(float(np.random.default_rng(index).uniform(0, publisher.period_s)))
+        while True:
+            rows = served.get(index, [])
+            rtts = [r[3] for r in rows[-20:]]
+            stats = EngineStats(
+                state="streaming", chunks_received=len(rows), chunks_dropped=0, requests=len(rows), timeouts=0,
+                errors=0, reconnects=0, fallback_ticks=0, stale_refusals=0, queue_depth=10, delay_steps=1,
+                rtt_ms_p50=float(np.median(rtts)) if rtts else None, rtt_ms_p99=max(rtts) if rtts else None,
+                replica=rows[-1][1] if rows else "", model="bench",
+            )  # fmt: skip
+            record = publisher.record(f"robot-{index}", stats, failsafe, lateness, 0)
+            body, attachment = seal_telemetry(record, publisher.signer)
+            put.put(body, attachment=attachment)
+            sent.append((time.monotonic(), len(key) + len(body) + len(attachment)))
+            await anyio.sleep(publisher.period_s)
 
     async def robot(index: int, zsession: Any) -> None:
         nonlocal connected
@@ -117,6 +161,8 @@ async def _robots(args: argparse.Namespace) -> None:
             if first:
                 first = False
                 connected += 1
+                if args.telemetry_hz > 0:
+                    tg.start_soon(report, index, zsession, client)
                 if connected == args.count:
                     print("CONNECTED", flush=True)
             replica = session.server.keys.replica
@@ -165,13 +211,30 @@ async def _robots(args: argparse.Namespace) -> None:
                 async for _ in signals:
                     break
             tg.cancel_scope.cancel()
-    result = {"served": {str(k): v for k, v in served.items()}, "failures": failures}
+    result = {
+        "served": {str(k): v for k, v in served.items()},
+        "failures": failures,
+        "telemetry": {str(k): v for k, v in telemetry.items()},
+    }
     await anyio.Path(args.out).write_text(json.dumps(result))
+
+
+async def _monitor(args: argparse.Namespace) -> None:
+    from servo.monitor import MonitorConfig, run_monitor
+
+    config = MonitorConfig(connect=[f"tcp/127.0.0.1:{args.router}"], http_port=args.port)
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_monitor, config)
+        print("READY", flush=True)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+        tg.cancel_scope.cancel()
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benches._scale")
-    parser.add_argument("role", choices=("router", "serve", "robots"))
+    parser.add_argument("role", choices=("router", "serve", "robots", "monitor"))
     parser.add_argument("--port", type=int)
     parser.add_argument("--router", type=int)
     parser.add_argument("--replica", default="r0")
@@ -180,11 +243,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--rate", type=float, default=0.5)
     parser.add_argument("--out", default="robots.json")
+    parser.add_argument("--telemetry-hz", type=float, default=0.0)
+    parser.add_argument("--health-port", type=int, default=0)
+    parser.add_argument("--robot-metrics", type=int, default=256)
     args = parser.parse_args(argv)
     from servo.logs import configure_logging
 
     configure_logging("error")
-    role = {"router": _router, "serve": _serve, "robots": _robots}[args.role]
+    role = {"router": _router, "serve": _serve, "robots": _robots, "monitor": _monitor}[args.role]
     anyio.run(role, args, backend="asyncio", backend_options={"use_uvloop": True})
 
 

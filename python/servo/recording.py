@@ -8,7 +8,11 @@ written; readable without servo through any msgpack library.
 Each frame holds the measured state, the action sent to the robot (after the safety layer),
 where that action came from (``policy``, ``fallback``, ``replay``, ``park`` at teardown, ``none``
 = hold) and, for policy actions, the (session_id, seq_id, episode_id, obs_mono_ns) of the chunk
-it belongs to — the join key with the server's audit log (the session id as 32 hex characters).
+it belongs to — the join key with the server's audit log (the session id as 32 hex characters) —
+and the edge's fail-safe transitions made since the previous frame (each with its own monotonic
+time). The header holds the edge's wall clock and monotonic clock read at the same moment, so a
+time of day ("14:03") maps onto the frames' monotonic stamps (`servo-trace`); both clocks are the
+edge's own.
 
 A file is input like any other: `read_recording` checks what a replay would execute (fps > 0 and
 finite, every state and action as wide as the header's joints, every value finite) and refuses a
@@ -46,6 +50,15 @@ class EpisodeHeader(msgspec.Struct, frozen=True):
     client_id: str = ""
     task: str = ""
     cameras: dict[str, list[int]] = {}
+    #: The edge's wall clock (ns since the epoch) and monotonic clock read together at the start (0: unknown).
+    start_wall_ns: int = 0
+    start_mono_ns: int = 0
+
+    def wall_ns(self, mono_ns: int) -> int | None:
+        """The edge's wall-clock time of a monotonic stamp of this recording (None without the pair)."""
+        if not self.start_wall_ns:
+            return None
+        return self.start_wall_ns + (mono_ns - self.start_mono_ns)
 
 
 class FrameRecord(msgspec.Struct, frozen=True):
@@ -59,6 +72,8 @@ class FrameRecord(msgspec.Struct, frozen=True):
     #: (session id as 32 hex characters, seq_id, episode_id, obs_mono_ns) of a policy action.
     provenance: tuple[str, int, int, int] | None = None
     images: dict[str, EncodedImage] = {}
+    #: Fail-safe transitions since the previous frame: (monotonic ns, state, reason).
+    transitions: list[tuple[int, str, str]] = []
 
 
 class RecordingWriter:

@@ -23,6 +23,9 @@ import numpy.typing as npt
 from servo.edge.config import EdgeConfig, load_config
 from servo.edge.engine import EngineBase, MergeEvent
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
+from servo.policy.protocol import FloatArray as PolicyArray
+from servo.policy.protocol import PolicySpec, Processor
+from servo.policy.reference import make_reference_policy
 from servo.robots import RobotDescription
 
 FloatArray = npt.NDArray[np.float32]
@@ -261,3 +264,31 @@ def first_error(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+class GatedPolicy:
+    """The reference policy, except that after ``budget`` chunks it blocks until released."""
+
+    def __init__(self, **options: Any) -> None:
+        self._inner = make_reference_policy(**options)
+        self.budget: int | None = None  # unlimited during warm-up
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+
+    @property
+    def spec(self) -> PolicySpec:
+        return self._inner.spec
+
+    def make_processor(self) -> Processor:
+        return self._inner.make_processor()
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: PolicyArray | None) -> Any:
+        if self.budget is not None:
+            if self.budget <= 0:
+                self.blocked.set()
+                self.release.wait(60)
+            self.budget -= 1
+        return self._inner.predict_chunk(batch, inference_delay, prefix)
+
+    def reset(self) -> None:
+        self._inner.reset()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,12 @@ from servo.edge.failsafe import EngineState
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
 from servo.edge.safety import SafetyLimiter
-from servo.policy.protocol import FloatArray, PolicySpec, Processor
 from servo.policy.reference import make_reference_policy
 from servo.recording import read_recording
 from servo.robots.protocol import RobotSpec
 from servo.robots.sim import SimConfig, SimSO100
 from tests.edge.harness import (
+    GatedPolicy,
     MergeLog,
     edge_config,
     first_error,
@@ -189,34 +188,6 @@ async def test_pause_stops_requests_while_the_queue_drains(port: int) -> None:
             await eventually(lambda: engine.state is EngineState.STREAMING, 2, "STREAMING")
             await run.stop()
     assert loop.error == ""
-
-
-class GatedPolicy:
-    """The reference policy, except that after ``budget`` chunks it blocks until released."""
-
-    def __init__(self, **options: Any) -> None:
-        self._inner = make_reference_policy(**options)
-        self.budget: int | None = None  # unlimited during warm-up
-        self.release = threading.Event()
-        self.blocked = threading.Event()
-
-    @property
-    def spec(self) -> PolicySpec:
-        return self._inner.spec
-
-    def make_processor(self) -> Processor:
-        return self._inner.make_processor()
-
-    def predict_chunk(self, batch: Any, inference_delay: int, prefix: FloatArray | None) -> Any:
-        if self.budget is not None:
-            if self.budget <= 0:
-                self.blocked.set()
-                self.release.wait(60)
-            self.budget -= 1
-        return self._inner.predict_chunk(batch, inference_delay, prefix)
-
-    def reset(self) -> None:
-        self._inner.reset()
 
 
 async def test_staleness_bound_trips_when_chunks_stop(port: int, tmp_path: Path) -> None:

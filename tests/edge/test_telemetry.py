@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from servo.edge.failsafe import FailSafe
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
 from servo.edge.telemetry import TelemetryPublisher
+from servo.recording import read_recording
 from servo.wire import TELEMETRY_SELECTOR, EdgeTelemetry, WireError, open_telemetry, telemetry_key
 from tests.edge.harness import edge_config, running_edge, small_sim
 from tests.support import client_settings, eventually, make_manifest, running_server
@@ -96,7 +99,8 @@ def test_a_record_carries_the_new_transitions_and_the_recent_lateness() -> None:
     assert third.tick_lateness_ms_p99 is None  # no tick since
 
 
-async def test_a_running_edge_publishes_signed_records_a_monitor_can_verify(port: int) -> None:
+async def test_a_running_edge_publishes_signed_records_a_monitor_can_verify(port: int, tmp_path: Path) -> None:
+    """And its recording holds the same transitions, with the edge's clock pair to place them."""
     received: list[tuple[bytes, EdgeTelemetry]] = []
     refused: list[str] = []
     lock = threading.Lock()
@@ -120,7 +124,10 @@ async def test_a_running_edge_publishes_signed_records_a_monitor_can_verify(port
             monitor.declare_subscriber(TELEMETRY_SELECTOR, on_sample)
             sim = small_sim()
             engine = RemoteEngine(edge_config(port, client_id="robot-7"), sim.spec())
-            options = RunOptions(telemetry=TelemetryPublisher(IDENTITY, period_s=0.2))
+            before = time.time_ns()
+            options = RunOptions(
+                telemetry=TelemetryPublisher(IDENTITY, period_s=0.2), record_path=str(tmp_path / "ep.servo")
+            )
             async with running_edge(sim, engine, options) as run:
                 await eventually(
                     lambda: any(r.state == "streaming" and r.rtt_ms_p50 is not None for _, r in received),
@@ -146,3 +153,11 @@ async def test_a_running_edge_publishes_signed_records_a_monitor_can_verify(port
     assert seen[:2] == ["connecting", "streaming"]  # every transition reported once, in order
     assert len(seen) == len([t for r in records for t in r.transitions])
     assert telemetry_key("robot-7") == "@servo/@robots/robot-7/telemetry"
+
+    recording = read_recording(tmp_path / "ep.servo")
+    recorded = [(state, reason) for frame in recording.frames for _, state, reason in frame.transitions]
+    assert recorded[:2] == [("connecting", "start"), ("streaming", "chunk merged")]
+    first = recording.frames[0]
+    wall = recording.header.wall_ns(first.mono_ns)
+    assert wall is not None
+    assert before <= wall <= time.time_ns()

@@ -104,7 +104,9 @@ async def test_the_monitor_sees_the_fleet_with_a_monitors_rights(creds: Credenti
                         fleet = await http_json(http, "/api/fleet")
                         assert isinstance(fleet, dict)
                         robots = {r["id"]: r for r in fleet["robots"]}
-                        if "robot-7" in robots and robots["robot-7"]["state"] == "streaming" and fleet["replicas"]:
+                        streaming = "robot-7" in robots and robots["robot-7"]["state"] == "streaming"
+                        # The replicas' status is polled once a second: it shows the session a moment later.
+                        if streaming and [r["sessions"] for r in fleet["replicas"]] == [1]:
                             break
                         await anyio.sleep(0.2)
                 robot = robots["robot-7"]

@@ -197,6 +197,7 @@ class EdgeRuntime:
                         client_id=getattr(self.engine, "client_id", ""),
                         task=self.engine.task,
                         image_every=opts.record_images_every,
+                        failsafe=self.engine.failsafe,
                     )
                     recorder.start()
                 if recorder is not None or display is not None:

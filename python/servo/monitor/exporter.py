@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from servo.client import REJECT_REASONS
 from servo.edge.failsafe import EngineState
 from servo.monitor.fleet import FleetView
 
@@ -82,8 +83,9 @@ class FleetExporter(Collector):
             fallback.add_metric(name, r["fallback_ticks"])
             missed.add_metric(name, r["missed_deadlines"])
             reconnects.add_metric(name, r["reconnects"])
-            for reason, count in r["chunks_rejected"].items():
-                rejected.add_metric([*name, reason], count)
+            # Every reason from the start, at 0: an alert on increase() sees the first rejection.
+            for reason in sorted({*REJECT_REASONS, *r["chunks_rejected"]}):
+                rejected.add_metric([*name, reason], r["chunks_rejected"].get(reason, 0))
             info.add_metric([*name, r["replica"], r["model"], r["codec"]], 1.0)
         yield from (age, up, state, rtt, queue, delay, lateness, fallback, missed, reconnects, rejected, info)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from servo.server.auth import Reason
 from servo.server.robot_metrics import RobotMetrics
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -69,6 +71,10 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        # Every reason exists from the start, at 0: an alert on increase() sees the first rejection.
+        for reason in get_args(Reason):
+            self.observations_rejected.labels(reason)
+            self.control_rejected.labels(reason)
         self.unknown_session_notices = Counter(
             "servo_unknown_session_notices",
             "Keyless unknown_session notices sent to clients whose session this replica does not know",

@@ -147,6 +147,7 @@ class ReplyStage:
             inference_delay=item.delay,
             decode_ms=round(item.decode_ns / 1e6, 3),
             outcome=outcome,
+            replica=self._state.replica.keys.replica,
         )
 
     def _fail(self, session: Session, header: Header, code: str, message: str, reply: Reply, bound: Logger) -> None:
@@ -165,6 +166,7 @@ class ReplyStage:
             inference_ms=reply.inference_ms,
             staleness_ms=staleness_ms,
             outcome=code,
+            replica=self._state.replica.keys.replica,
         )
 
 
