@@ -53,7 +53,7 @@ class NaiveLoop:
         self.key = key
         self.queue = ActionQueue(robot.spec.action_dim, rtc=True)
         self.limiter = SafetyLimiter(robot.spec)
-        self.buffer_steps = EdgeConfig().buffer_time_s * robot.spec.fps
+        self.buffer_steps = EdgeConfig().pipeline.buffer_time_s * robot.spec.fps
         self.lateness_ns: list[int] = []
         self.missed_deadlines = 0
         self.ticks = 0

@@ -123,6 +123,8 @@ source = "injected"
 warmup = 1
 [zenoh]
 listen = ["tcp/127.0.0.1:{port}"]
+[ops]
+health_port = 0
 """
     )
     server = PolicyServer(manifest, policy=policy)

@@ -206,7 +206,7 @@ async def measure(workdir: Path, kills: int, restarts: int) -> tuple[Times, floa
                     await anyio.to_thread.run_sync(replicas[other].start)
                 runtime.request_stop("bench done")
             token_subscriber.undeclare()
-        return times, config.request_timeout_s
+        return times, config.failsafe.request_timeout_s
 
 
 def test_failover(benchmark: BenchmarkFixture, tmp_path: Path) -> None:

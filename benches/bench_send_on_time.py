@@ -94,15 +94,7 @@ async def run_design(server: ServerProcess, design: str, seconds: float) -> dict
     config = load_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": 90})
     engine = RemoteEngine(config, robot.spec())
     if design == "buffer-only":
-        engine.pipeline = BufferOnly(
-            robot.spec().action_dim,
-            robot.spec().fps,
-            rtc=config.rtc,
-            execution_horizon=config.execution_horizon,
-            buffer_time_s=config.buffer_time_s,
-            max_action_age_s=config.max_action_age_s,
-            fallback=config.fallback,
-        )
+        engine.pipeline = BufferOnly(robot.spec().action_dim, robot.spec().fps, config.pipeline, config.control)
     runtime = EdgeRuntime(robot, engine, config, RunOptions(park_timeout_s=1.0))
     result: dict[str, Any] = {}
     async with anyio.create_task_group() as tg:

@@ -15,6 +15,7 @@ from servo.deploy.ray import RayOptions
 from servo.edge.config import EdgeConfig
 from servo.edge.control_process import ControlSpec
 from servo.edge.display import DisplayConfig
+from servo.monitor import MonitorConfig
 from servo.policy.lerobot_checkpoint import LeRobotOptions
 from servo.robots import SimOptions, SOFollowerOptions
 from servo.router.fleet import Fleet
@@ -22,7 +23,17 @@ from servo.server.manifest import Manifest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "python" / "servo"
 #: Every configuration surface a user (or the edge's control process) writes.
-CONFIGURATION = [EdgeConfig, Manifest, Fleet, RayOptions, LeRobotOptions, SimOptions, SOFollowerOptions, DisplayConfig]
+CONFIGURATION = [
+    EdgeConfig,
+    Manifest,
+    Fleet,
+    RayOptions,
+    LeRobotOptions,
+    SimOptions,
+    SOFollowerOptions,
+    DisplayConfig,
+    MonitorConfig,
+]
 
 
 def structs(kind: type[Any]) -> list[mi.StructType]:
@@ -68,14 +79,14 @@ def structs_in(info: mi.Type) -> bool:
 
 
 def test_constraints_are_spelled_through_the_shared_types_and_doc() -> None:
-    # A bound is declared once (servo.config's types, a wire schema's own aliases) and a field
-    # says it with doc(); a raw msgspec.Meta on a field is the second spelling the issue removed.
+    # A bound is declared once (servo.config's types) and a field says it with doc(); a raw
+    # msgspec.Meta on a configuration field is the second spelling the issue removed. (Wire
+    # schemas bound hostile input, not configuration: servo.wire keeps its own aliases.)
     raw = re.compile(r"^\s+\w+: Annotated\[.*msgspec\.Meta\(", re.M)
     offenders = [
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
-        if path.name != "config.py" or path.parent != PACKAGE
-        if raw.search(path.read_text())
+        if path.parent.name != "wire" and raw.search(path.read_text())
     ]
     assert offenders == []
 

@@ -89,6 +89,15 @@ def test_example_manifest_is_valid() -> None:
     assert manifest.zenoh.listen == ["tcp/127.0.0.1:7447"]
 
 
+def test_example_edge_config_names_every_option_at_its_default() -> None:
+    from servo.edge.config import FLAG_KEYS, EdgeConfig, load_config
+
+    assert load_config(str(EXAMPLES / "edge.toml")) == EdgeConfig()
+    text = (EXAMPLES / "edge.toml").read_text()
+    listed = {line.split("=")[0].strip() for line in text.splitlines() if "=" in line.split("#")[0]}
+    assert listed == set(FLAG_KEYS)
+
+
 def test_example_fleet_file_checks(tmp_path: Path) -> None:
     """`servo-router --check` accepts the example once its certificates exist (paths are relative to it)."""
     from tests.pki import Pki

@@ -21,11 +21,13 @@ from anyio.abc import TaskStatus
 
 from servo.client import PolicyClient
 from servo.client.protocol import ENCODE_WINDOW
+from servo.edge.actions import ControlConfig
 from servo.edge.channel import LATENESS_BINS
 from servo.edge.config import EdgeConfig
 from servo.edge.control_process import ProcessControlLoop
 from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
-from servo.edge.failsafe import MAX_TRANSITIONS
+from servo.edge.failsafe import MAX_TRANSITIONS, FailSafeConfig
+from servo.edge.pipeline import PipelineConfig
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.robots import RobotDescription
 from tests.edge.harness import start_server, write_manifest
@@ -127,7 +129,11 @@ async def test_edge_loop_memory_stays_flat() -> None:
     robot = RobotDescription("sim", {"fps": EDGE_FPS, "cameras": "none"})
     # Append merge, one-step chunks, a new request whenever the queue is empty: about one request
     # per control tick.
-    config = EdgeConfig(rtc=False, buffer_time_s=1 / EDGE_FPS, max_action_age_s=60.0, degraded_after_s=60.0)
+    config = EdgeConfig(
+        pipeline=PipelineConfig(rtc=False, buffer_time_s=1 / EDGE_FPS),
+        control=ControlConfig(max_action_age_s=60.0),
+        failsafe=FailSafeConfig(degraded_after_s=60.0),
+    )
     engine = LoopbackEngine(config, robot.spec())
     runtime = EdgeRuntime(robot, engine, config, RunOptions(realtime=False, park_timeout_s=1.0))
     edge_rss = RssLog("edge")

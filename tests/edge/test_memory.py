@@ -15,6 +15,7 @@ import numpy as np
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
 from servo.edge.observation import ObservationInput
+from servo.edge.pipeline import PipelineConfig
 from servo.robots import SimConfig, SimSO100
 
 MERGES = 20_000
@@ -24,7 +25,7 @@ ALLOWED_BYTES = 64 * 1024
 
 def test_merges_keep_the_python_heap_flat() -> None:
     spec = SimSO100(SimConfig(cameras=())).spec
-    engine = EngineBase(EdgeConfig(rtc=False), spec)
+    engine = EngineBase(EdgeConfig(pipeline=PipelineConfig(rtc=False)), spec)
     state = np.zeros(spec.action_dim, np.float32)
     chunk = state[None, :]
 

@@ -8,7 +8,7 @@ import anyio
 import numpy as np
 import pytest
 
-from servo.edge.config import EdgeConfig
+from servo.edge.config import EdgeConfig, LinkConfig
 from servo.edge.errors import EdgeStartError
 from servo.edge.replay import ReplayEngine, bridge, resample
 from servo.edge.runtime import EdgeRuntime, RunOptions
@@ -101,7 +101,7 @@ async def test_server_trajectory_is_fetched_in_one_request(tmp_path: Path, port:
     write_recording(source, frames, list(spec.joint_names))
     manifest = make_manifest(port, extra=f'[[trajectories]]\nname = "wave"\npath = "{source}"\n')
     async with running_server(manifest):
-        config = EdgeConfig(connect=[f"tcp/127.0.0.1:{port}"])
+        config = EdgeConfig(link=LinkConfig(connect=[f"tcp/127.0.0.1:{port}"]))
         summary, _, record = await run_replay("server:wave", tmp_path, config)
     assert summary.network_requests == 1
     commands, _ = executed(record)
@@ -110,7 +110,9 @@ async def test_server_trajectory_is_fetched_in_one_request(tmp_path: Path, port:
 
 async def test_unknown_server_trajectory_is_refused_with_the_list(tmp_path: Path, port: int) -> None:
     async with running_server(make_manifest(port)):
-        engine = ReplayEngine(EdgeConfig(connect=[f"tcp/127.0.0.1:{port}"]), sim().spec(), "server:nope")
+        engine = ReplayEngine(
+            EdgeConfig(link=LinkConfig(connect=[f"tcp/127.0.0.1:{port}"])), sim().spec(), "server:nope"
+        )
         with pytest.raises(EdgeStartError, match="no trajectory 'nope'"):
             await engine.arm()
 

@@ -17,6 +17,7 @@ from servo.edge.channel import LoopState
 from servo.edge.config import EdgeConfig
 from servo.edge.control_process import ProcessControlLoop
 from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
+from servo.edge.pipeline import PipelineConfig
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.recording import read_recording
 from servo.robots import RobotDescription
@@ -98,7 +99,7 @@ async def test_a_nan_chunk_is_never_sent_the_arm_is_parked_and_the_summary_says_
     good[:, 0] += np.linspace(0, 5, 20, dtype=np.float32)
     bad = good.copy()
     bad[:, 3] = np.nan
-    config = EdgeConfig(rtc=False, buffer_time_s=0.2)
+    config = EdgeConfig(pipeline=PipelineConfig(rtc=False, buffer_time_s=0.2))
     engine = ChunkEngine(config, robot, [good, bad])
     record = tmp_path / "run.servo"
     with anyio.fail_after(30):

@@ -12,7 +12,7 @@ import zenoh
 
 from servo._core import ServerIdentity
 from servo.edge.engine import EngineStats
-from servo.edge.failsafe import FailSafe
+from servo.edge.failsafe import FailSafe, FailSafeConfig
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
 from servo.edge.telemetry import TelemetryPublisher
@@ -64,7 +64,7 @@ def lateness(fine_bins: dict[int, int]) -> np.ndarray:
 
 def test_a_record_carries_the_new_transitions_and_the_recent_lateness() -> None:
     clock = Clock()
-    failsafe = FailSafe(degraded_after_s=1, timeout_streak=2, max_offline_s=60, clock=clock)
+    failsafe = FailSafe(FailSafeConfig(degraded_after_s=1, timeout_streak=2, max_offline_s=60), clock=clock)
     publisher = TelemetryPublisher(IDENTITY)
     clock.ns += 10_000_000
     failsafe.merged()  # -> streaming, 10 ms after the start

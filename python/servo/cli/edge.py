@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error.")
     parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
     parser.add_argument("--debug", action="store_true", help="Show the traceback of an error.")
-    add_struct_flags(parser.add_argument_group("edge options (also settable in the --config TOML)"), EdgeConfig)
+    add_struct_flags(parser, EdgeConfig, "edge options (flags override the --config TOML; its tables follow)")
     return parser
 
 

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_struct_flags(parser.add_argument_group("monitor options"), MonitorConfig)
+    add_struct_flags(parser, MonitorConfig, "monitor options")
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error.")
     parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
     parser.add_argument("--debug", action="store_true", help="Show the traceback of an unexpected error.")

@@ -184,20 +184,8 @@ class EngineBase:
     def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
         self.config = config
         self.spec = spec
-        self.pipeline = ChunkPipeline(
-            spec.action_dim,
-            spec.fps,
-            rtc=config.rtc,
-            execution_horizon=config.execution_horizon,
-            buffer_time_s=config.buffer_time_s,
-            max_action_age_s=config.max_action_age_s,
-            fallback=config.fallback,
-        )
-        self.failsafe = FailSafe(
-            degraded_after_s=config.degraded_after_s,
-            timeout_streak=config.timeout_streak,
-            max_offline_s=config.max_offline_s,
-        )
+        self.pipeline = ChunkPipeline(spec.action_dim, spec.fps, config.pipeline, config.control)
+        self.failsafe = FailSafe(config.failsafe)
         self.paused = False
         #: Set by a second interrupt: teardown skips waiting on the network.
         self.hurried = False

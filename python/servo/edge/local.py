@@ -79,8 +79,9 @@ class LocalEngine(EngineBase):
         from servo.policy.runner import InferenceRunner
 
         try:
+            local = self.config.local
             policy = self._policy or load_policy(
-                self.config.policy, self.config.policy_options, device=self.config.device, keys=EDGE_KEYS
+                local.policy, local.policy_options, device=local.device, keys=EDGE_KEYS
             )
         except PolicyLoadError as exc:
             raise EdgeStartError(str(exc), refused=True) from None
@@ -102,13 +103,13 @@ class LocalEngine(EngineBase):
             log.warning("policy warning", client_id=self.client_id, warning=warning)
         self.pipeline.set_rtc(verdict.rtc)
         self.task = verdict.task
-        runner = InferenceRunner(policy, device=self.config.device)
+        runner = InferenceRunner(policy, device=self.config.local.device)
         try:
             runner.warmup(1)
         except PolicyLoadError as exc:
             raise EdgeStartError(f"policy: {exc}", refused=True) from None
         self._policy, self._runner, self._processor = policy, runner, policy.make_processor()
-        log.info("local policy ready", model=spec.model, device=self.config.device, rtc=self.pipeline.rtc)
+        log.info("local policy ready", model=spec.model, device=self.config.local.device, rtc=self.pipeline.rtc)
 
     def infer(self, request: Request, *, episode_start: bool) -> Produced:
         """Run the policy for one request (blocking)."""

@@ -22,7 +22,6 @@ from servo.client import (
     SessionLost,
     SessionRejected,
 )
-from servo.client.codec import AutoCodec
 from servo.client.policy_client import RETRYABLE
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
@@ -103,10 +102,10 @@ class RemoteEngine(EngineBase):
                 client = self.client = PolicyClient(
                     zsession,
                     self.client_id,
-                    jpeg_quality=self.config.jpeg_quality,
-                    auto_codec=AutoCodec(qualities=list(self.config.jpeg_auto_qualities)),
-                    trusted=self.config.trusted(),
-                    max_chunk_steps=self.config.max_chunk_steps,
+                    jpeg_quality=self.config.link.jpeg_quality,
+                    auto_codec=self.config.link.auto_codec(),
+                    trusted=self.config.security.trusted(),
+                    max_chunk_steps=self.config.security.max_chunk_steps,
                 )
                 await self._first_session(client)
                 task_status.started()
@@ -123,16 +122,16 @@ class RemoteEngine(EngineBase):
                 tg.cancel_scope.cancel()
 
     def _backoff(self, *, deadline_s: float | None = None) -> Backoff:
-        cfg = self.config
-        return Backoff(cfg.reconnect_initial_backoff_s, cfg.reconnect_max_backoff_s, deadline_s=deadline_s)
+        link = self.config.link
+        return Backoff(link.reconnect_initial_backoff_s, link.reconnect_max_backoff_s, deadline_s=deadline_s)
 
     def _watch_replicas(self, zsession: zenoh.Session) -> zenoh.Subscriber[None]:
         """Liveliness of every replica this edge may use: a new token ends a reconnect backoff."""
         bridge = self._bridge
         assert bridge is not None
-        cfg = self.config
+        server = self.config.server
         return zsession.liveliness().declare_subscriber(
-            alive_selector(cfg.app or None, cfg.model or None),
+            alive_selector(server.app or None, server.model or None),
             lambda sample: bridge.call(self._on_replica_liveliness, sample.kind),
         )
 
@@ -143,7 +142,7 @@ class RemoteEngine(EngineBase):
     async def _open_zenoh(self) -> zenoh.Session:
         # A Zenoh client's open() fails at once while nothing listens (ZENOH_FACTS §1).
         settings = self.config.zenoh_settings()
-        backoff = self._backoff(deadline_s=self.config.connect_timeout_s)
+        backoff = self._backoff(deadline_s=self.config.link.connect_timeout_s)
         while True:
             try:
                 return await anyio.to_thread.run_sync(zenoh.open, settings.to_config())
@@ -151,13 +150,13 @@ class RemoteEngine(EngineBase):
                 problem = str(exc)
             if not await backoff.wait():
                 raise EdgeStartError(
-                    f"cannot reach a servo server at {', '.join(self.config.connect)} ({problem}); "
+                    f"cannot reach a servo server at {', '.join(self.config.link.connect)} ({problem}); "
                     "is servo-serve running there?",
                     refused=False,
                 )
 
     async def _first_session(self, client: PolicyClient) -> None:
-        backoff = self._backoff(deadline_s=self.config.connect_timeout_s)
+        backoff = self._backoff(deadline_s=self.config.link.connect_timeout_s)
         while True:
             try:
                 await self._open(client)
@@ -170,7 +169,7 @@ class RemoteEngine(EngineBase):
                 problem = str(exc)
             if not await backoff.wait():
                 raise EdgeStartError(
-                    f"no usable servo server within {self.config.connect_timeout_s:g} s: {problem}",
+                    f"no usable servo server within {self.config.link.connect_timeout_s:g} s: {problem}",
                     refused=False,
                 )
 
@@ -180,14 +179,14 @@ class RemoteEngine(EngineBase):
         session = await client.connect_best(
             features=self.features,
             fps=self.spec.fps,
-            app=cfg.app or None,
-            model=cfg.model or None,
+            app=cfg.server.app or None,
+            model=cfg.server.model or None,
             accept=self._acceptable,
             task=cfg.task,
-            rtc=cfg.rtc,
+            rtc=cfg.pipeline.rtc,
             epoch=self._epoch,
             tags=dict(cfg.tags),
-            timeout=min(2.0, cfg.request_timeout_s),
+            timeout=min(2.0, cfg.failsafe.request_timeout_s),
             previous=self._previous,
         )
         self._previous = session
@@ -221,16 +220,16 @@ class RemoteEngine(EngineBase):
 
     def _revision_may_change(self) -> bool:
         """Unpinned edges take another revision only at an episode boundary (seeds/001 §8)."""
-        return not self.config.revision and self.episode_starting
+        return not self.config.server.revision and self.episode_starting
 
     def _acceptable(self, server: ServerInfo, revision: str | None = None) -> bool:
         """Whether this edge may use ``server`` now: the replica and revision rules."""
-        cfg = self.config
+        rules = self.config.server
         revision = server.status.policy.revision if revision is None else revision
-        if cfg.replica and server.keys.replica != cfg.replica:
+        if rules.replica and server.keys.replica != rules.replica:
             return False
-        if cfg.revision:
-            return revision == cfg.revision
+        if rules.revision:
+            return revision == rules.revision
         return self._identity is None or self._revision_may_change() or revision == self._identity.revision
 
     async def _connection_loop(self, client: PolicyClient) -> None:
@@ -289,7 +288,7 @@ class RemoteEngine(EngineBase):
         self.failsafe.request_sent()
         with anyio.CancelScope() as scope:
             self._receive_scope = scope
-            result = await session.receive(seq, timeout=self.config.request_timeout_s)
+            result = await session.receive(seq, timeout=self.config.failsafe.request_timeout_s)
         self._receive_scope = None
         if scope.cancel_called:
             return None
@@ -309,13 +308,14 @@ class RemoteEngine(EngineBase):
             except SendFailed:
                 # Logged by the session; counts toward the streak like a timeout, but at once.
                 if self.failsafe.request_timed_out():
-                    raise _Reconnect(f"{self.config.timeout_streak} observations in a row not sent") from None
+                    raise _Reconnect(f"{self.config.failsafe.timeout_streak} observations in a row not sent") from None
                 continue
             except RequestTimeout:
                 if (suppressed := self._log_throttle.allow("timeout")) is not None:
-                    bound.warning("request timed out", timeout_s=self.config.request_timeout_s, suppressed=suppressed)
+                    timeout_s = self.config.failsafe.request_timeout_s
+                    bound.warning("request timed out", timeout_s=timeout_s, suppressed=suppressed)
                 if self.failsafe.request_timed_out():
-                    raise _Reconnect(f"{self.config.timeout_streak} requests in a row timed out") from None
+                    raise _Reconnect(f"{self.config.failsafe.timeout_streak} requests in a row timed out") from None
                 continue
             except ServerError as exc:
                 self.errors += 1

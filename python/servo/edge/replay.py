@@ -129,8 +129,8 @@ class ReplayEngine(EngineBase):
         cfg = self.config
         try:
             async with open_session(cfg.zenoh_settings()) as zsession:
-                client = PolicyClient(zsession, self.client_id, trusted=cfg.trusted())
-                servers = await client.discover(app=cfg.app or None, model=cfg.model or None)
+                client = PolicyClient(zsession, self.client_id, trusted=cfg.security.trusted())
+                servers = await client.discover(app=cfg.server.app or None, model=cfg.server.model or None)
                 self.network_requests += 1
                 trajectory = await client.fetch_trajectory(servers[0], name)
         except Exception as exc:
