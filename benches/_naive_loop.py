@@ -21,7 +21,7 @@ from benches._edge_rig import JPEG_QUALITY, Breakdown, LoopResult, ServerProcess
 from servo._core import MSG_CHUNK, MSG_OBS, SCHEMA_VERSION, ActionQueue, Header, SessionKey
 from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import robot_features
+from servo.edge.observation import robot_features
 from servo.edge.safety import SafetyLimiter
 from servo.edge.ticker import request_realtime
 from servo.robots import SimCameras, SimConfig, SimSO100

@@ -17,7 +17,6 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from anyio.abc import TaskStatus
 
 from servo.client import PolicyClient
 from servo.client.protocol import ENCODE_WINDOW
@@ -25,11 +24,11 @@ from servo.edge.actions import ControlConfig
 from servo.edge.channel import LATENESS_BINS
 from servo.edge.config import EdgeConfig
 from servo.edge.control_process import ProcessControlLoop
-from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
 from servo.edge.failsafe import MAX_TRANSITIONS, FailSafeConfig
 from servo.edge.pipeline import PipelineConfig
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.robots import RobotDescription
+from tests.edge.fakes import EchoEngine
 from tests.edge.harness import start_server, write_manifest
 from tests.support import client_settings
 
@@ -101,30 +100,6 @@ async def test_server_and_client_memory_stays_flat(tmp_path: Path, port: int) ->
     client_rss.assert_flat()
 
 
-class LoopbackEngine(EngineBase):
-    """The EngineBase path with the network cut out: each request is answered here, at once.
-
-    Chunks hold the observed pose (the arm stays put). `run` belongs to the event loop.
-    """
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self.attach_loop()
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self.tick_failsafe)
-                self.failsafe.session_opened()
-                task_status.started()
-                while True:
-                    obs = await self.wait_until_needed()
-                    request = self.pipeline.snapshot(obs)
-                    self.requests += 1
-                    chunk = np.asarray(obs.state, np.float32)[None, :]
-                    self.merge(request, Produced(chunk, chunk, LOCAL_SESSION, self.requests, 0.0), time.monotonic_ns())
-                    await anyio.lowlevel.checkpoint()  # a request can be needed at once again
-        finally:
-            self.detach_loop()
-
-
 async def test_edge_loop_memory_stays_flat() -> None:
     robot = RobotDescription("sim", {"fps": EDGE_FPS, "cameras": "none"})
     # Append merge, one-step chunks, a new request whenever the queue is empty: about one request
@@ -134,7 +109,7 @@ async def test_edge_loop_memory_stays_flat() -> None:
         control=ControlConfig(max_action_age_s=60.0),
         failsafe=FailSafeConfig(degraded_after_s=60.0),
     )
-    engine = LoopbackEngine(config, robot.spec())
+    engine = EchoEngine(config, robot.spec())  # the engine loop, the network cut out
     runtime = EdgeRuntime(robot, engine, config, RunOptions(realtime=False, park_timeout_s=1.0))
     edge_rss = RssLog("edge")
     control_rss = RssLog("control process")

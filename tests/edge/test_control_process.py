@@ -123,14 +123,15 @@ async def test_a_robot_that_fails_to_connect_there_is_a_start_error_here() -> No
 
 EDGE = """
 import sys, anyio
-from servo.edge.config import EdgeConfig
+from servo.edge.config import EdgeConfig, ReplayConfig
 from servo.edge.replay import ReplayEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.robots import RobotDescription
 
 robot = RobotDescription("sim", {"cameras": "none"})
-engine = ReplayEngine(EdgeConfig(), robot.spec(), sys.argv[1], loop=True)
-runtime = EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(park_timeout_s=3.0))
+config = EdgeConfig(inference="replay", replay=ReplayConfig(trajectory=sys.argv[1], loop=True))
+engine = ReplayEngine(config, robot.spec())
+runtime = EdgeRuntime(robot, engine, config, RunOptions(park_timeout_s=3.0))
 
 async def main():
     async with anyio.create_task_group() as tg:

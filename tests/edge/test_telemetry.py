@@ -11,10 +11,10 @@ import pytest
 import zenoh
 
 from servo._core import ServerIdentity
-from servo.edge.engine import EngineStats
 from servo.edge.failsafe import FailSafe, FailSafeConfig
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
+from servo.edge.stats import EngineStats
 from servo.edge.telemetry import TelemetryPublisher
 from servo.recording import read_recording
 from servo.wire import TELEMETRY_SELECTOR, EdgeTelemetry, WireError, open_telemetry, telemetry_key

@@ -80,10 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--replay",
+        action=_Replay,
         metavar="FILE|server:NAME",
-        help="Replay a recorded trajectory: a recording file, or a trajectory of the server's library.",
+        help="Replay a recorded trajectory: a recording file, or a trajectory of the server's library "
+        "(--inference replay --trajectory FILE|server:NAME).",
     )
-    parser.add_argument("--loop", action="store_true", help="With --replay: start over at the end.")
     display = parser.add_argument_group(f"live view in Rerun (needs {INSTALL_HINT})")
     display.add_argument("--display", action="store_true", help=_described("spawn"))
     display.add_argument("--display-connect", metavar="URL", help=_described("connect"))
@@ -96,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="Show the traceback of an error.")
     add_struct_flags(parser, EdgeConfig, "edge options (flags override the --config TOML; its tables follow)")
     return parser
+
+
+class _Replay(argparse.Action):
+    """``--replay X``: the replay engine, on trajectory X."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        namespace.inference = "replay"
+        namespace.trajectory = values
 
 
 def _described(field: str) -> str:
@@ -135,7 +146,6 @@ def robot_option_values(items: list[str]) -> dict[str, Any]:
 async def run(args: argparse.Namespace, console: Console) -> int:
     """Build everything and run; returns the exit code."""
     from servo.edge.display import Display
-    from servo.edge.engine import EngineBase
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
     from servo.edge.telemetry import TelemetryPublisher
@@ -146,13 +156,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     view = display_config(args)
     display = Display(view) if view.enabled else None  # imports Rerun: fails before anything starts
     robot = RobotDescription(args.robot, robot_option_values(args.robot_opt))
-    spec = robot.spec()  # the control process builds the driver again to drive it
-    if args.replay:
-        from servo.edge.replay import ReplayEngine
-
-        engine: EngineBase = ReplayEngine(config, spec, args.replay, loop=args.loop)
-    else:
-        engine = make_engine(config, spec)
+    engine = make_engine(config, robot.spec())  # the control process builds the driver again to drive it
     options = RunOptions(
         duration_s=args.duration,
         summary_path=args.summary,

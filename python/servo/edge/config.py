@@ -2,8 +2,8 @@
 
 ::
 
-    inference, task, client_id, tags,    which engine runs, who this robot is and how often it
-    telemetry_period_s                   tells monitors how it is
+    inference, task, client_id, tags,    which engine runs (`servo.edge.engines`), who this robot is
+    telemetry_period_s                   and how often it tells monitors how it is
     [link]       LinkConfig              the Zenoh session, reconnects and the frame codec
     [server]     ServerConfig            which servers the remote engine may use
     [security]   SecurityConfig          TLS, router authentication, server pins, chunk bounds
@@ -11,6 +11,7 @@
     [control]    ControlConfig           what the control loop does with queued actions
     [failsafe]   FailSafeConfig          the watchdogs of the fail-safe state machine
     [local]      LocalConfig             the policy of the local engines (sync, rtc)
+    [replay]     ReplayConfig            the trajectory the replay engine drains
 
 Each component takes only its section (`ChunkPipeline` the pipeline's, `FailSafe` the
 fail-safe's, the control loop the control section); an engine is where sections meet, so it
@@ -61,7 +62,7 @@ from servo.transport import (
 )
 from servo.wire import WireError, segment
 
-InferenceMode = Literal["remote", "sync", "rtc"]
+InferenceMode = Literal["remote", "sync", "rtc", "replay"]
 
 #: Raised for every edge configuration problem (the edge's name for `servo.config.ConfigError`).
 EdgeConfigError = ConfigError
@@ -195,6 +196,15 @@ class LocalConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     device: Annotated[str, doc("Local engines: torch device the policy runs on (cpu, cuda, cuda:N, mps).")] = "cpu"
 
 
+class ReplayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[replay]``: the recorded trajectory ``inference = "replay"`` drains (``--replay`` sets both)."""
+
+    trajectory: Annotated[
+        str, doc("Trajectory to replay: a recording file, or server:NAME of the server's library.")
+    ] = ""
+    loop: Annotated[bool, doc("Replay: start over (through a bridge) at the end.")] = False
+
+
 class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What the edge runtime needs besides the robot: a few top-level options and one section per consumer."""
 
@@ -202,7 +212,8 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     moved_keys: ClassVar[Mapping[str, str]] = {}
 
     inference: Annotated[
-        InferenceMode, doc("remote (a policy server), or sync / rtc: run the policy in this process (torch).")
+        InferenceMode,
+        doc("remote (a policy server), sync / rtc (run the policy in this process: torch) or replay."),
     ] = "remote"
     task: Annotated[str, doc("Task instruction sent with every observation (the prompt of a VLA).")] = ""
     client_id: Annotated[
@@ -228,11 +239,16 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         default_factory=FailSafeConfig
     )
     local: Annotated[LocalConfig, doc("The policy of the local engines.")] = msgspec.field(default_factory=LocalConfig)
+    replay: Annotated[ReplayConfig, doc("The trajectory of the replay engine.")] = msgspec.field(
+        default_factory=ReplayConfig
+    )
 
     def check(self) -> None:
         """Rules that span sections; raises `FieldError` naming the option."""
         if self.inference == "remote" and not self.link.connect:
             raise FieldError("link.connect", "name at least one endpoint of the server or router")
+        if self.inference == "replay" and not self.replay.trajectory:
+            raise FieldError("replay.trajectory", "name a recording file or server:NAME to replay (--replay)")
         if self.client_id:
             try:
                 segment(self.client_id, what="client_id")

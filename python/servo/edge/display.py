@@ -42,7 +42,7 @@ from servo.wire.image import encode_image
 
 if TYPE_CHECKING:
     from servo.edge.channel import Tick
-    from servo.edge.engine import EngineStats
+    from servo.edge.stats import EngineStats
 
 log = get_logger(__name__)
 
