@@ -120,6 +120,21 @@ async def test_unknown_server_trajectory_is_refused_with_the_list(tmp_path: Path
             await engine.arm()
 
 
+async def test_the_server_reads_its_library_once_at_start_and_answers_from_memory(tmp_path: Path, port: int) -> None:
+    spec = sim().spec()
+    frames = trajectory(np.asarray(spec.rest_pose, np.float32), frames=30)
+    wave, broken = tmp_path / "wave.servo", tmp_path / "broken.servo"
+    write_recording(wave, frames, list(spec.joint_names))
+    broken.write_bytes(b"not a recording")
+    extra = f'[[trajectories]]\nname = "wave"\npath = "{wave}"\n[[trajectories]]\nname = "broken"\npath = "{broken}"\n'
+    async with running_server(make_manifest(port, extra=extra)):
+        wave.write_bytes(b"replaced after start")  # what the server serves was read before
+        fetched = await ReplayEngine(replay("server:wave", port=port), spec).arm()
+        with pytest.raises(EdgeStartError, match=r"trajectory 'broken' cannot be read: .*not a servo recording"):
+            await ReplayEngine(replay("server:broken", port=port), spec).arm()
+    np.testing.assert_allclose(fetched, frames, atol=1e-6)
+
+
 async def test_loop_starts_over(tmp_path: Path) -> None:
     spec = sim().spec()
     frames = trajectory(np.asarray(spec.rest_pose, np.float32), frames=15)

@@ -143,7 +143,7 @@ class PolicyServer:
         self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
         self._warmup_s: list[float] = []
-        self._trajectories = TrajectoryLibrary(manifest.trajectories)
+        self._trajectories = TrajectoryLibrary({})
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
         """Wait until ``predicate(sessions)`` holds.
@@ -181,6 +181,8 @@ class PolicyServer:
             key = m.security.identity_key
             identity = await anyio.to_thread.run_sync(lambda: load_identity(key) if key else ephemeral_identity())
             policy = await anyio.to_thread.run_sync(self._load_policy)
+            # Read once here: the control plane answers from memory, never from disk on the loop.
+            self._trajectories = await anyio.to_thread.run_sync(TrajectoryLibrary.load, m.trajectories)
             model = m.model
             runner = InferenceRunner(
                 policy, device=model.device, dtype=model.dtype, compile=model.compile, cuda_graphs=model.cuda_graphs
