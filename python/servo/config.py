@@ -262,11 +262,9 @@ def _key_problem(values: Any, info: mi.Type, path: str) -> str | None:
             if problem is not None:
                 return problem
     elif isinstance(info, mi.ListType | mi.TupleType | mi.VarTupleType) and isinstance(values, list | tuple):
-        item_types = info.item_types if isinstance(info, mi.TupleType) else None
-        for i, value in enumerate(values):
-            if item_types is not None and i >= len(item_types):
-                break
-            item = item_types[i] if item_types is not None else info.item_type  # type: ignore[union-attr]
+        # A fixed tuple types each position (extra values are msgspec's to refuse); the rest, all.
+        items = info.item_types if isinstance(info, mi.TupleType) else (info.item_type,) * len(values)
+        for i, (value, item) in enumerate(zip(values, items, strict=False)):
             problem = _key_problem(value, item, f"{path}[{i}]")
             if problem is not None:
                 return problem

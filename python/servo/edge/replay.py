@@ -24,7 +24,7 @@ from servo.logs import get_logger
 from servo.recording import check_rate, read_recording
 from servo.robots.protocol import RobotSpec
 from servo.transport import open_session
-from servo.wire import WireError, decode_tensor
+from servo.wire import WireError, decode_floats
 
 log = get_logger(__name__)
 
@@ -133,14 +133,8 @@ class ReplayEngine(EngineBase):
         what = f"trajectory {name!r}"
         try:
             check_rate(trajectory.fps, f"{what}: fps")
-            frames = np.array(
-                decode_tensor(
-                    trajectory.positions,
-                    dtype="float32",
-                    shape=(None, len(trajectory.joint_names)),
-                    what=f"{what}: positions",
-                )
-            )
+            shape = (None, len(trajectory.joint_names))
+            frames = np.array(decode_floats(trajectory.positions, shape=shape, what=f"{what}: positions"))
             if not np.isfinite(frames).all():
                 raise WireError(f"{what}: positions contain NaN or inf")
         except WireError as exc:

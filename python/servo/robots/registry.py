@@ -193,10 +193,10 @@ def _factory(robot_type: str) -> RobotFactory:
         raise ConfigError(
             f"robot {robot_type!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         ) from None
-    factory = getattr(module, attr, None)
+    factory: RobotFactory | None = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError(f"robot {robot_type!r}: {module_name!r} has no callable {attr!r}")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def _options_type(robot_type: str, factory: RobotFactory) -> type[msgspec.Struct] | None:

@@ -41,7 +41,7 @@ from servo.server.sessions import Session
 from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
-from servo.transport import LoopBridge, open_session
+from servo.transport import Declared, LoopBridge, open_session
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
 
 log = get_logger(__name__)
@@ -241,7 +241,7 @@ class PolicyServer:
             "cuda_graphs": "on" if m.model.cuda_graphs else "off",
         }
         intake = ObservationIntake(state, m, decoder, zsession)
-        declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None]] = []
+        declared: list[Declared] = []
         token: zenoh.LivelinessToken | None = None
         try:
             control = ControlPlane(
@@ -300,7 +300,7 @@ class PolicyServer:
                 finished = await anyio.to_thread.run_sync(lambda: worker.stop(DRAIN_TIMEOUT_S, abandon=self._hurry))
                 bridge.closed = True
                 for entity in reversed(declared):
-                    entity.undeclare()  # type: ignore[no-untyped-call]  # union defeats untyped_calls_exclude
+                    entity.undeclare()
                 decoder.close()
                 for session in self.registry.snapshot():
                     state.collect(session, "shutdown")
