@@ -27,8 +27,8 @@ from typing import Any, Literal, Self
 import anyio
 import numpy as np
 import numpy.typing as npt
+from testbed.processes import stop
 
-from benches._support import stop
 from servo.edge.channel import LATENESS_BINS, lateness_bin, lateness_percentiles_ms
 from servo.edge.config import load_config
 from servo.edge.engine import MergeEvent

@@ -34,8 +34,8 @@ import anyio
 import numpy as np
 import zenoh
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed.processes import free_port
 
-from benches._support import free_port
 from servo.edge.config import load_config
 from servo.edge.engine import MergeEvent
 from servo.edge.remote import RemoteEngine

@@ -35,9 +35,10 @@ from typing import Any
 import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed.processes import free_port
 
 from benches._edge_rig import ServerProcess
-from benches._support import free_port, results_table
+from benches._support import results_table
 from servo.edge.config import load_config
 from servo.edge.pipeline import ChunkPipeline
 from servo.edge.remote import RemoteEngine
@@ -108,7 +109,7 @@ async def run_design(server: ServerProcess, design: str, seconds: float) -> dict
         await anyio.sleep(seconds)
         ticks = loop.statistics().ticks - start_ticks
         fallback = engine.pipeline.fallback_ticks - start_fallback
-        states = [state.value for state, _ in list(engine.failsafe.transitions)[start_transitions:]]
+        states = [t.state.value for t in list(engine.failsafe.transitions)[start_transitions:]]
         rtt_ns = engine.pipeline.latency.percentile(0.5) or 0
         result = {
             "design": design,

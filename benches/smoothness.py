@@ -24,8 +24,9 @@ from typing import Any
 import anyio
 import msgspec
 import numpy as np
+from testbed.processes import free_port
 
-from benches._support import free_port, in_process_server
+from benches._support import in_process_server
 from servo.edge.actions import ControlConfig
 from servo.edge.config import EdgeConfig, LinkConfig
 from servo.edge.engine import EngineBase

@@ -102,3 +102,18 @@ def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     }
     assert cycles(graph) == [["servo.client.a", "servo.client.b"]]
     assert layer("servo.edge.x") > layer("servo.client.b")  # type: ignore[operator]
+
+
+def test_tests_and_benches_never_import_each_other() -> None:
+    # What both need lives in testbed/, which imports neither.
+    root = PACKAGE_ROOT.parent
+    forbidden = {"tests": ("benches",), "benches": ("tests",), "testbed": ("tests", "benches")}
+    crossing = []
+    for tree, others in forbidden.items():
+        for path in (root / tree).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                crossing += [f"{path.relative_to(root)} imports {n}" for n in names if n.split(".")[0] in others]
+    assert crossing == []

@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+from testbed.processes import rss_mb
 
 from servo.client import PolicyClient
 from servo.client.protocol import ENCODE_WINDOW
@@ -41,14 +42,6 @@ SAMPLE_EVERY = 10_000
 TOLERANCE_MB = 10.0
 #: The edge loop's robot rate (the sim's highest): 10⁵ requests take under two minutes.
 EDGE_FPS = 1000.0
-
-
-def rss_mb(pid: int | None = None) -> float:
-    """Resident set size of a process (this one by default), in MiB."""
-    for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS line in /proc/<pid>/status")
 
 
 @dataclass
