@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from servo.cli.console import Console
-from servo.cli.flags import add_struct_flags, struct_flag_values
+from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.config import ConfigError, convert, fields_of
 from servo.edge.config import EdgeConfig, load_config
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog=f"robot options (--robot-opt KEY=VALUE):\n{robots}\n{plugin}",
     )
     parser.add_argument(

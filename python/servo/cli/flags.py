@@ -10,9 +10,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
 
 from servo.config import ConfigError, FieldDoc, fields_of, sections_of
+
+#: reST inline markup of docstrings and field descriptions: ``literal``, `reference`.
+_MARKUP = re.compile(r"``([^`]+)``|`([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """``text`` without its reST inline markup, as a terminal should show it."""
+    return _MARKUP.sub(lambda m: m.group(1) or m.group(2), text)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` of every servo command: the docstring's own line breaks, without reST markup."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return super()._fill_text(plain(text), width, indent)
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain(super()._expand_help(action))
 
 
 def add_struct_flags(parser: argparse.ArgumentParser, kind: type[Any], title: str) -> None:
