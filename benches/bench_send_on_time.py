@@ -39,7 +39,7 @@ from testbed.processes import free_port
 
 from benches._edge_rig import ServerProcess
 from benches._support import results_table
-from servo.edge.config import load_config
+from servo.edge.config import load_edge_config
 from servo.edge.pipeline import ChunkPipeline
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
@@ -92,7 +92,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 async def run_design(server: ServerProcess, design: str, seconds: float) -> dict[str, Any]:
     robot = RobotDescription("sim", {})
-    config = load_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": 90})
+    config = load_edge_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": 90})
     engine = RemoteEngine(config, robot.spec())
     if design == "buffer-only":
         engine.pipeline = BufferOnly(robot.spec().action_dim, robot.spec().fps, config.pipeline, config.control)

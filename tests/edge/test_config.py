@@ -8,7 +8,7 @@ import pytest
 
 from servo.cli.edge import build_parser
 from servo.cli.flags import options_of, struct_flag_values
-from servo.edge.config import FLAG_KEYS, EdgeConfig, EdgeConfigError, load_config
+from servo.edge.config import FLAG_KEYS, EdgeConfig, EdgeConfigError, load_edge_config
 
 
 def load(tmp_path: Path, toml: str | None, *flags: str) -> EdgeConfig:
@@ -18,7 +18,7 @@ def load(tmp_path: Path, toml: str | None, *flags: str) -> EdgeConfig:
         file.write_text(toml)
         path = str(file)
     args = build_parser().parse_args(["--robot", "sim", *flags])
-    return load_config(path, struct_flag_values(args, EdgeConfig))
+    return load_edge_config(path, struct_flag_values(args, EdgeConfig))
 
 
 def test_defaults_are_the_seeds_defaults(tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_every_flag_has_a_sentence_of_help_under_its_section() -> None:
 
 def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     with pytest.raises(EdgeConfigError, match="cannot read"):
-        load_config(str(tmp_path / "missing.toml"))
+        load_edge_config(str(tmp_path / "missing.toml"))
     with pytest.raises(EdgeConfigError, match="invalid TOML"):
         load(tmp_path, "buffer_time_s = = 1")
 

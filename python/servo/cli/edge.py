@@ -18,7 +18,7 @@ from servo.cli.console import Console
 from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.config import ConfigError, convert, fields_of
-from servo.edge.config import EdgeConfig, load_config
+from servo.edge.config import EdgeConfig, load_edge_config
 from servo.edge.display import INSTALL_HINT, DisplayConfig
 from servo.logs import configure_logging
 
@@ -152,7 +152,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     from servo.identity import robot_identity
     from servo.robots import RobotDescription
 
-    config = load_config(args.config, struct_flag_values(args, EdgeConfig))
+    config = load_edge_config(args.config, struct_flag_values(args, EdgeConfig))
     view = display_config(args)
     display = Display(view) if view.enabled else None  # imports Rerun: fails before anything starts
     robot = RobotDescription(args.robot, robot_option_values(args.robot_opt))

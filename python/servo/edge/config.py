@@ -294,7 +294,7 @@ FLAG_KEYS = flag_keys(EdgeConfig)
 EdgeConfig.moved_keys = {name: key for name, key in FLAG_KEYS.items() if name != key}
 
 
-def load_config(path: str | None = None, flags: Mapping[str, Any] | None = None) -> EdgeConfig:
+def load_edge_config(path: str | None = None, flags: Mapping[str, Any] | None = None) -> EdgeConfig:
     """Merge a TOML file and command-line values into a checked EdgeConfig.
 
     Args:
