@@ -113,10 +113,7 @@ def parse_toml(text: str | bytes, kind: type[T], *, origin: str, overrides: Mapp
 
 
 def nest(values: Mapping[str, Any], *, into: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Dotted keys as tables: ``{"link.connect": [...]}`` -> ``{"link": {"connect": [...]}}``.
-
-    With ``into``, the values replace that document's (a file's values under command-line flags).
-    """
+    """Dotted keys as tables (``{"a.b": 1}`` -> ``{"a": {"b": 1}}``), replacing those of ``into`` if given."""
     out: dict[str, Any] = {} if into is None else into
     for key, value in values.items():
         *sections, leaf = key.split(".")
@@ -211,10 +208,8 @@ def flag_keys(kind: type[Any]) -> dict[str, str]:
     keys: dict[str, str] = {}
     sections = sections_of(kind)
     for field in fields_of(kind):
-        inner = [f.name for f in fields_of(sections[field.name])] if field.name in sections else [""]
-        for name in inner:
-            key = f"{field.name}.{name}" if name else field.name
-            leaf = name or field.name
+        inner = fields_of(sections[field.name]) if field.name in sections else []
+        for leaf, key in [(f.name, f"{field.name}.{f.name}") for f in inner] or [(field.name, field.name)]:
             if leaf in keys:
                 raise ValueError(f"{kind.__name__}: option {leaf!r} is both {keys[leaf]} and {key}")
             keys[leaf] = key
