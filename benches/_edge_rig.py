@@ -27,10 +27,10 @@ from typing import Any, Literal, Self
 import anyio
 import numpy as np
 import numpy.typing as npt
+from testbed.processes import stop
 
-from benches._support import stop
 from servo.edge.channel import LATENESS_BINS, lateness_bin, lateness_percentiles_ms
-from servo.edge.config import load_config
+from servo.edge.config import load_edge_config
 from servo.edge.engine import MergeEvent
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
@@ -299,7 +299,7 @@ async def run_servo(
     ``robot`` defaults to the simulated arm at ``fps`` with its two 480x640 cameras at 30 fps.
     """
     robot = robot or RobotDescription("sim", {"fps": fps})
-    config = load_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": JPEG_QUALITY})
+    config = load_edge_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": JPEG_QUALITY})
     engine = RemoteEngine(config, robot.spec())
     # One request is in flight at a time: at merge time the session's last encode is this chunk's.
     merges: list[tuple[MergeEvent, float]] = []

@@ -21,7 +21,7 @@ from benches._edge_rig import JPEG_QUALITY, Breakdown, LoopResult, ServerProcess
 from servo._core import MSG_CHUNK, MSG_OBS, SCHEMA_VERSION, ActionQueue, Header, SessionKey
 from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import robot_features
+from servo.edge.observation import robot_features
 from servo.edge.safety import SafetyLimiter
 from servo.edge.ticker import request_realtime
 from servo.robots import SimCameras, SimConfig, SimSO100
@@ -53,7 +53,7 @@ class NaiveLoop:
         self.key = key
         self.queue = ActionQueue(robot.spec.action_dim, rtc=True)
         self.limiter = SafetyLimiter(robot.spec)
-        self.buffer_steps = EdgeConfig().buffer_time_s * robot.spec.fps
+        self.buffer_steps = EdgeConfig().pipeline.buffer_time_s * robot.spec.fps
         self.lateness_ns: list[int] = []
         self.missed_deadlines = 0
         self.ticks = 0

@@ -71,7 +71,8 @@ async def _router(args: argparse.Namespace) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    from benches._support import free_port
+    from testbed.processes import free_port
+
     from servo.cli.lifecycle import on_signal
     from servo.server.manifest import parse_manifest
     from servo.server.service import PolicyServer

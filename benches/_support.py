@@ -1,11 +1,9 @@
-"""Helpers shared by the benchmarks (benches never import tests)."""
+"""Helpers shared by the benchmarks (benches never import tests; what both need is in testbed)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -15,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+from testbed.processes import stop
 
 from servo._core import LatencyTracker
 from servo.policy import Policy
@@ -56,14 +55,6 @@ def percentiles_ms(values_ms: Iterable[float], qs: Sequence[float]) -> list[floa
     return [float("nan")] * len(qs) if got is None else [g / 1e6 for g in got]
 
 
-def rss_mb(pid: int) -> float:
-    """Resident set size of process ``pid`` in MiB (``/proc/<pid>/status``)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
-
-
 def bench_env() -> dict[str, str]:
     """This process's environment with the repository on ``PYTHONPATH`` (for ``python -m benches.…``)."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -96,23 +87,6 @@ def ready_process(
     assert not check or code == 0, f"{what} exited with {code}"
 
 
-def stop(proc: subprocess.Popen[Any], grace_s: float = 30) -> int:
-    """SIGTERM (the child drains), SIGKILL if it is not gone within ``grace_s``; its exit code."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (chosen by the kernel)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @asynccontextmanager
 async def in_process_server(port: int, policy: Policy) -> AsyncIterator[ServerReady]:
     """Serve ``policy`` on 127.0.0.1:``port`` from this process until the block exits, then drain."""
@@ -123,6 +97,8 @@ source = "injected"
 warmup = 1
 [zenoh]
 listen = ["tcp/127.0.0.1:{port}"]
+[ops]
+health_port = 0
 """
     )
     server = PolicyServer(manifest, policy=policy)

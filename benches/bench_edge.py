@@ -41,10 +41,10 @@ from typing import Any
 import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed.processes import free_port
 
 from benches._edge_rig import LoopResult, ServerProcess, pooled_rounds, run_servo, table
 from benches._naive_loop import run_naive
-from benches._support import free_port
 from servo.logs import configure_logging
 
 P99_TARGET_MS = 1.0

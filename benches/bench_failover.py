@@ -34,9 +34,9 @@ import anyio
 import numpy as np
 import zenoh
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed.processes import free_port
 
-from benches._support import free_port
-from servo.edge.config import load_config
+from servo.edge.config import load_edge_config
 from servo.edge.engine import MergeEvent
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
@@ -151,7 +151,7 @@ async def measure(workdir: Path, kills: int, restarts: int) -> tuple[Times, floa
     """Handshake, failover and restart times (s), and the edge's request timeout (s)."""
     robot = RobotDescription("sim", {"cameras": "front:64x48"})
     async with fleet(workdir) as (port, replicas):
-        config = load_config(
+        config = load_edge_config(
             flags={
                 "connect": [f"tcp/127.0.0.1:{port}"],
                 "app": "failover",
@@ -206,7 +206,7 @@ async def measure(workdir: Path, kills: int, restarts: int) -> tuple[Times, floa
                     await anyio.to_thread.run_sync(replicas[other].start)
                 runtime.request_stop("bench done")
             token_subscriber.undeclare()
-        return times, config.request_timeout_s
+        return times, config.failsafe.request_timeout_s
 
 
 def test_failover(benchmark: BenchmarkFixture, tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The link-aware codec on a 100 Mbit/s link (issue 10): raw, JPEG q90 and ``auto`` in one run.
 
 The server (``python -m benches._fleet serve``, 20 ms compute, two 480x640 cameras) runs in a
-network namespace behind a veth shaped to 100 Mbit/s both ways (`benches._netns`, shared memory
+network namespace behind a veth shaped to 100 Mbit/s both ways (`testbed.netns`, shared memory
 off: TCP through the shaped link); one client in this process sends camera-like frames
 (`benches._fleet.frames`). The three modes run interleaved, ``ROUNDS`` times A B C, each round a
 new session (so ``auto`` starts from nothing every time and its start-up probes of raw fall in
@@ -29,12 +29,13 @@ from typing import Any, Literal
 import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed import netns
+from testbed.processes import free_port
 
-from benches import _netns
 from benches._fleet import FleetResult, Sample, run_fleet, window
-from benches._support import free_port, percentiles_ms, publish, ready_process
+from benches._support import percentiles_ms, publish, ready_process
 
-pytestmark = pytest.mark.skipif(not _netns.available(), reason="needs root, ip and tc (network namespace + tbf)")
+pytestmark = pytest.mark.skipif(not netns.available(), reason="needs root, ip and tc (network namespace + tbf)")
 
 RATE_MBIT = 100
 COMPUTE_MS = 20.0
@@ -48,7 +49,7 @@ MODES: dict[str, int | Literal["auto"]] = {"raw": 0, "jpeg90": 90, "auto": "auto
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, int]]:
     """The bench server in a namespace behind the shaped link; yields its address and port."""
-    with _netns.shaped_link(RATE_MBIT) as link:
+    with netns.shaped_link(RATE_MBIT) as link:
         port = free_port()
         command = [
             *("ip", "netns", "exec", link.namespace, sys.executable, "-m", "benches._fleet", "serve"),

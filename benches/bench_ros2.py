@@ -40,9 +40,10 @@ from typing import Any
 
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed.processes import free_port
 
 from benches._edge_rig import LoopResult, ServerProcess, pooled_rounds, run_servo, table
-from benches._support import free_port, ready_process
+from benches._support import ready_process
 from servo.logs import configure_logging
 from servo.robots import RobotDescription
 from servo.robots import so100_joints as so100

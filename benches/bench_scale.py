@@ -37,9 +37,9 @@ from typing import Any
 import anyio
 import numpy as np
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed.processes import free_port
 
 from benches._fleet import CHUNK, FPS
-from benches._support import free_port
 from servo.client import PolicyClient
 from servo.transport import ZenohSettings, open_session
 

@@ -28,8 +28,9 @@ import numpy as np
 import pytest
 import simplejpeg
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed.processes import free_port, rss_mb
 
-from benches._support import REPO, bench_env, free_port, percentiles_ms, ready_process, rss_mb
+from benches._support import REPO, bench_env, percentiles_ms, ready_process
 from servo.server.admission import ImageGate
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, encode, encode_tensor
 

@@ -35,10 +35,11 @@ from typing import Any
 import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed.processes import free_port
 
 from benches._edge_rig import ServerProcess
-from benches._support import free_port, results_table
-from servo.edge.config import load_config
+from benches._support import results_table
+from servo.edge.config import load_edge_config
 from servo.edge.pipeline import ChunkPipeline
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
@@ -91,18 +92,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 async def run_design(server: ServerProcess, design: str, seconds: float) -> dict[str, Any]:
     robot = RobotDescription("sim", {})
-    config = load_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": 90})
+    config = load_edge_config(flags={"connect": [f"tcp/127.0.0.1:{server.port}"], "jpeg_quality": 90})
     engine = RemoteEngine(config, robot.spec())
     if design == "buffer-only":
-        engine.pipeline = BufferOnly(
-            robot.spec().action_dim,
-            robot.spec().fps,
-            rtc=config.rtc,
-            execution_horizon=config.execution_horizon,
-            buffer_time_s=config.buffer_time_s,
-            max_action_age_s=config.max_action_age_s,
-            fallback=config.fallback,
-        )
+        engine.pipeline = BufferOnly(robot.spec().action_dim, robot.spec().fps, config.pipeline, config.control)
     runtime = EdgeRuntime(robot, engine, config, RunOptions(park_timeout_s=1.0))
     result: dict[str, Any] = {}
     async with anyio.create_task_group() as tg:
@@ -116,7 +109,7 @@ async def run_design(server: ServerProcess, design: str, seconds: float) -> dict
         await anyio.sleep(seconds)
         ticks = loop.statistics().ticks - start_ticks
         fallback = engine.pipeline.fallback_ticks - start_fallback
-        states = [state.value for state, _ in list(engine.failsafe.transitions)[start_transitions:]]
+        states = [t.state.value for t in list(engine.failsafe.transitions)[start_transitions:]]
         rtt_ns = engine.pipeline.latency.percentile(0.5) or 0
         result = {
             "design": design,

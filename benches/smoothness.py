@@ -24,11 +24,14 @@ from typing import Any
 import anyio
 import msgspec
 import numpy as np
+from testbed.processes import free_port
 
-from benches._support import free_port, in_process_server
-from servo.edge.config import EdgeConfig
+from benches._support import in_process_server
+from servo.edge.actions import ControlConfig
+from servo.edge.config import EdgeConfig, LinkConfig
 from servo.edge.engine import EngineBase
 from servo.edge.local import RtcEngine, SyncEngine
+from servo.edge.pipeline import PipelineConfig
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Prepared
@@ -152,13 +155,18 @@ async def run_one(
     policy = PathPolicy(list(spec.joint_names), fps=spec.fps, duration_s=duration_s, latency_ms=latency_ms)
     with tempfile.TemporaryDirectory() as tmp:
         record = str(Path(tmp) / "run.servo")
-        options = RunOptions(duration_s=cap_s, record_path=record)
-        # The slew limiter would turn any jump into a ramp; lift it so the merge itself is measured.
-        base = EdgeConfig(rtc=True, buffer_time_s=0.5, max_action_age_s=5.0, execution_horizon=20, velocity_scale=100.0)
+        # The slew limiter would turn any jump into a ramp; lift it (beyond what a user may set, so
+        # the loop runs on a thread: the control process accepts only a user's bounds) so the merge
+        # itself is measured.
+        options = RunOptions(duration_s=cap_s, record_path=record, control_loop="thread")
+        base = EdgeConfig(
+            pipeline=PipelineConfig(rtc=True, buffer_time_s=0.5, execution_horizon=20),
+            control=ControlConfig(max_action_age_s=5.0, velocity_scale=100.0),
+        )
         if engine_name == "remote":
             port = free_port()
             async with in_process_server(port, policy):
-                config = msgspec.structs.replace(base, connect=[f"tcp/127.0.0.1:{port}"])
+                config = msgspec.structs.replace(base, link=LinkConfig(connect=[f"tcp/127.0.0.1:{port}"]))
                 engine: EngineBase = RemoteEngine(config, spec)
                 summary = await EdgeRuntime(sim, engine, config, options).run()
         else:

@@ -11,13 +11,12 @@ import argparse
 import anyio
 import numpy as np
 
-from servo.client import PolicyClient
-from servo.transport import ZenohSettings
+import servo
 
 
 async def main(connect: str, requests: int) -> None:
-    settings = ZenohSettings(mode="client", connect=[connect])
-    async with PolicyClient.connect(settings, client_id="quickstart") as client:
+    settings = servo.ZenohSettings(mode="client", connect=[connect])
+    async with servo.PolicyClient.connect(settings, client_id="quickstart") as client:
         servers = await client.discover()
         server = servers[0]
         print(f"found {len(servers)} server(s); using {server.keys.prefix} ({server.status.policy.model})")

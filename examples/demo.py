@@ -1,8 +1,9 @@
 """The servo demo on one machine: a policy server and a simulated SO-100 arm.
 
-Starts ``servo-serve examples/manifest.toml`` (reference policy, CPU), waits until it is healthy,
-runs ``servo-edge --robot sim`` for a while, prints the run summary, then drains the server.
-Refuses to start (exit 2) when either port is taken, so it never drives someone else's server.
+Starts ``servo-serve examples/manifest.toml`` (reference policy, CPU) and waits for it to say it
+is ready, runs ``servo-edge --robot sim`` for a while, prints the run summary, then drains the
+server. servo-serve refuses to start (exit 2, one line naming the port) when either port is
+taken, so the demo never drives someone else's server.
 
     .venv/bin/python examples/demo.py --duration 15
 """
@@ -15,30 +16,21 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
+import threading
 from pathlib import Path
 
-from servo.cli.ports import PortInUseError, refuse_busy
-
 HERE = Path(__file__).resolve().parent
+#: What servo-serve says once it serves (after loading and warming the policy).
+READY = "servo-serve: ready"
 
 
-def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Poll the server's /healthz until it answers 200 (loading torch and warming up takes a few s)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"servo-serve exited with {server.returncode} before becoming healthy")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"servo-serve not healthy at {url} after {timeout_s:g} s")
+def relay(server: subprocess.Popen[str], ready: threading.Event) -> None:
+    """servo-serve's lines go on to our stderr; its ready line (its own: not another server's) sets ``ready``."""
+    assert server.stderr is not None
+    for line in server.stderr:
+        sys.stderr.write(line)
+        if line.startswith(READY):
+            ready.set()
 
 
 def main() -> int:
@@ -50,15 +42,6 @@ def main() -> int:
     args = parser.parse_args()
 
     endpoint = f"tcp/127.0.0.1:{args.port}"
-    try:
-        # Checked here, not only by servo-serve: another server's /healthz would answer first.
-        refuse_busy([endpoint], "127.0.0.1", args.health_port)
-    except PortInUseError as exc:
-        print(
-            f"demo: error: {exc} (another demo?); stop it or choose free ports with --port, --health-port",
-            file=sys.stderr,
-        )
-        return 2
     server = subprocess.Popen(
         [
             sys.executable,
@@ -69,10 +52,24 @@ def main() -> int:
             endpoint,
             "--health-port",
             str(args.health_port),
-        ]
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    ready = threading.Event()
+    relaying = threading.Thread(target=relay, args=(server, ready), name="demo-relay", daemon=True)
+    relaying.start()
     try:
-        wait_healthy(f"http://127.0.0.1:{args.health_port}/healthz", server, timeout_s=120)
+        # Loading torch and warming up takes a few seconds.
+        while not ready.wait(0.2):
+            if server.poll() is not None:
+                relaying.join()
+                print(
+                    f"demo: error: servo-serve exited with {server.returncode} before it was ready; "
+                    "choose free ports with --port, --health-port",
+                    file=sys.stderr,
+                )
+                return 2 if server.returncode == 2 else 1
         with tempfile.TemporaryDirectory() as tmp:
             summary_path = Path(tmp) / "summary.json"
             edge = subprocess.run(
@@ -100,6 +97,7 @@ def main() -> int:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+        relaying.join(timeout=5)
 
 
 if __name__ == "__main__":

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
 import numpy as np
+from testbed.processes import free_port as free_port  # the one definition, shared with the benchmarks
 
 from servo.policy import Policy
 from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.transport import ZenohSettings
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (chosen by the kernel)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def client_settings(port: int) -> ZenohSettings:

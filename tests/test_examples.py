@@ -54,9 +54,11 @@ def test_demo_refuses_a_busy_port_instead_of_driving_another_server(which: str) 
         )
     assert done.returncode == 2, done.stderr[-3000:]
     setting = f"zenoh.listen tcp/127.0.0.1:{held}" if which == "zenoh" else "ops.health_port on 127.0.0.1"
+    # servo-serve's own refusal, relayed, then the demo's advice: nothing else started.
     assert done.stderr.splitlines() == [
-        f"demo: error: port {held} ({setting}) is already in use (another demo?); "
-        "stop it or choose free ports with --port, --health-port"
+        f"servo-serve: error: port {held} ({setting}) is already in use (another servo-serve?); "
+        "stop it or choose free ports with --listen, --health-port",
+        "demo: error: servo-serve exited with 2 before it was ready; choose free ports with --port, --health-port",
     ]
     assert done.stdout == ""
 
@@ -87,6 +89,15 @@ def test_example_manifest_is_valid() -> None:
     manifest = load_manifest(EXAMPLES / "manifest.toml")
     assert manifest.model.device == "cpu"
     assert manifest.zenoh.listen == ["tcp/127.0.0.1:7447"]
+
+
+def test_example_edge_config_names_every_option_at_its_default() -> None:
+    from servo.edge.config import FLAG_KEYS, EdgeConfig, load_edge_config
+
+    assert load_edge_config(str(EXAMPLES / "edge.toml")) == EdgeConfig()
+    text = (EXAMPLES / "edge.toml").read_text()
+    listed = {line.split("=")[0].strip() for line in text.splitlines() if "=" in line.split("#")[0]}
+    assert listed == set(FLAG_KEYS)
 
 
 def test_example_fleet_file_checks(tmp_path: Path) -> None:

@@ -27,6 +27,8 @@ def module_graph() -> dict[str, set[str]]:
     for path in PACKAGE_ROOT.rglob("*.py"):
         parts = path.relative_to(PACKAGE_ROOT).with_suffix("").parts
         paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    #: Modules with a stub instead of Python source (the Rust core).
+    compiled = {".".join(p.relative_to(PACKAGE_ROOT).with_suffix("").parts) for p in PACKAGE_ROOT.rglob("*.pyi")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         imported: set[str] = set()
@@ -34,8 +36,12 @@ def module_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 imported.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                imported.add(node.module)
-                imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+                # ``from servo import _core`` depends on the submodule, not on the package's own
+                # code (its public names): only names that are no module count as the package.
+                submodules = {f"{node.module}.{alias.name}" for alias in node.names} & (paths.keys() | compiled)
+                if len(submodules) < len(node.names):
+                    imported.add(node.module)
+                imported.update(submodules)
         graph[name] = {other for other in imported if other in paths and other != name}
     return graph
 
@@ -102,3 +108,18 @@ def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     }
     assert cycles(graph) == [["servo.client.a", "servo.client.b"]]
     assert layer("servo.edge.x") > layer("servo.client.b")  # type: ignore[operator]
+
+
+def test_tests_and_benches_never_import_each_other() -> None:
+    # What both need lives in testbed/, which imports neither.
+    root = PACKAGE_ROOT.parent
+    forbidden = {"tests": ("benches",), "benches": ("tests",), "testbed": ("tests", "benches")}
+    crossing = []
+    for tree, others in forbidden.items():
+        for path in (root / tree).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                crossing += [f"{path.relative_to(root)} imports {n}" for n in names if n.split(".")[0] in others]
+    assert crossing == []

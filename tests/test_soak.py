@@ -17,17 +17,19 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from anyio.abc import TaskStatus
+from testbed.processes import rss_mb
 
 from servo.client import PolicyClient
 from servo.client.protocol import ENCODE_WINDOW
+from servo.edge.actions import ControlConfig
 from servo.edge.channel import LATENESS_BINS
 from servo.edge.config import EdgeConfig
 from servo.edge.control_process import ProcessControlLoop
-from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
-from servo.edge.failsafe import MAX_TRANSITIONS
+from servo.edge.failsafe import MAX_TRANSITIONS, FailSafeConfig
+from servo.edge.pipeline import PipelineConfig
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.robots import RobotDescription
+from tests.edge.fakes import EchoEngine
 from tests.edge.harness import start_server, write_manifest
 from tests.support import client_settings
 
@@ -40,14 +42,6 @@ SAMPLE_EVERY = 10_000
 TOLERANCE_MB = 10.0
 #: The edge loop's robot rate (the sim's highest): 10⁵ requests take under two minutes.
 EDGE_FPS = 1000.0
-
-
-def rss_mb(pid: int | None = None) -> float:
-    """Resident set size of a process (this one by default), in MiB."""
-    for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS line in /proc/<pid>/status")
 
 
 @dataclass
@@ -99,36 +93,16 @@ async def test_server_and_client_memory_stays_flat(tmp_path: Path, port: int) ->
     client_rss.assert_flat()
 
 
-class LoopbackEngine(EngineBase):
-    """The EngineBase path with the network cut out: each request is answered here, at once.
-
-    Chunks hold the observed pose (the arm stays put). `run` belongs to the event loop.
-    """
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self.attach_loop()
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self.tick_failsafe)
-                self.failsafe.session_opened()
-                task_status.started()
-                while True:
-                    obs = await self.wait_until_needed()
-                    request = self.pipeline.snapshot(obs)
-                    self.requests += 1
-                    chunk = np.asarray(obs.state, np.float32)[None, :]
-                    self.merge(request, Produced(chunk, chunk, LOCAL_SESSION, self.requests, 0.0), time.monotonic_ns())
-                    await anyio.lowlevel.checkpoint()  # a request can be needed at once again
-        finally:
-            self.detach_loop()
-
-
 async def test_edge_loop_memory_stays_flat() -> None:
     robot = RobotDescription("sim", {"fps": EDGE_FPS, "cameras": "none"})
     # Append merge, one-step chunks, a new request whenever the queue is empty: about one request
     # per control tick.
-    config = EdgeConfig(rtc=False, buffer_time_s=1 / EDGE_FPS, max_action_age_s=60.0, degraded_after_s=60.0)
-    engine = LoopbackEngine(config, robot.spec())
+    config = EdgeConfig(
+        pipeline=PipelineConfig(rtc=False, buffer_time_s=1 / EDGE_FPS),
+        control=ControlConfig(max_action_age_s=60.0),
+        failsafe=FailSafeConfig(degraded_after_s=60.0),
+    )
+    engine = EchoEngine(config, robot.spec())  # the engine loop, the network cut out
     runtime = EdgeRuntime(robot, engine, config, RunOptions(realtime=False, park_timeout_s=1.0))
     edge_rss = RssLog("edge")
     control_rss = RssLog("control process")

@@ -1,12 +1,18 @@
 """The one configuration layer: TOML files, command-line values and option tables as msgspec Structs.
 
-Every configuration surface of servo (server manifest, edge options, robot options, fleet file) is
-a frozen `msgspec.Struct` whose constraints are declared on the fields
-(``Annotated[int, msgspec.Meta(ge=1, description="…")]``). Values are converted with
-`msgspec.convert` and every error is reported the same way, naming the file and the dotted key::
+Every configuration surface of servo (server manifest, edge options, robot options, fleet file,
+display) is a frozen `msgspec.Struct`. A field is spelled one way: a constrained type declared
+once below (`Seconds`, `Port`, `PositiveInt`…) and its one sentence of help, `doc`::
+
+    max_offline_s: Annotated[Seconds, doc("Offline this long -> DEAD: park the arm and exit (s).")] = 60.0
+
+(a bound that only one field has goes into `doc` too: ``doc("…", le=10)``). Values are converted
+with `msgspec.convert` and every error is reported the same way, naming the file and the dotted
+key::
 
     manifest.toml: serving.max_sessions = -5: expected int >= 1
     manifest.toml: serving.max_sesions: unknown key (valid: app, max_sessions, mode, …)
+    edge.toml: buffer_time_s moved: use [pipeline] buffer_time_s
 
 Unknown and missing keys are found by walking the values against the Struct's fields here, so the
 message can list what is valid; type and range errors come from msgspec, whose documented
@@ -19,7 +25,7 @@ import dataclasses
 import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import msgspec
 import msgspec.inspect as mi
@@ -46,10 +52,41 @@ class FieldDoc:
     choices: tuple[Any, ...] = ()
 
 
-def doc(text: str, **constraints: Any) -> msgspec.Meta:
-    """The metadata of a configuration field: its one-sentence description and its constraints.
+# ---------------------------------------------------------------------------- constrained types
+#: A duration in seconds, > 0.
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+#: A duration in seconds, >= 0 (0: none, at once).
+NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0)]
+#: A count or size of at least 1.
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+#: A count of at least 0.
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+#: A rate, factor or size > 0.
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+#: An amount >= 0.
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+#: A share between 0 and 1.
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+#: A TCP port; 0 where the field says what 0 means (disabled, or any free port).
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+#: A control or camera rate (Hz).
+Hertz = Annotated[float, msgspec.Meta(gt=0, le=1000)]
+#: A JPEG quality (0, raw pixels, is a separate choice where a field offers it).
+Quality = Annotated[int, msgspec.Meta(ge=1, le=100)]
+#: A Zenoh lease (ms): below 100 ms a busy host declares its peers dead.
+LeaseMs = Annotated[int, msgspec.Meta(ge=100)]
+#: A message or payload size limit (bytes): at least 1 KiB, so every control message fits.
+ByteLimit = Annotated[int, msgspec.Meta(ge=1024)]
+#: Text that must not be empty.
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
-    Used as ``Annotated[float, doc("Staleness bound (s).", gt=0)]``.
+
+def doc(text: str, **constraints: Any) -> msgspec.Meta:
+    """The one-sentence description of a configuration field, and any bound only it has.
+
+    Used as ``Annotated[Seconds, doc("Staleness bound (s).")]``; shared bounds come from the
+    constrained types above, so ``doc`` adds constraints only a single field has
+    (``Annotated[PositiveFloat, doc("Scales every joint's velocity limit.", le=10)]``).
     """
     return msgspec.Meta(description=text, **constraints)
 
@@ -72,13 +109,19 @@ def parse_toml(text: str | bytes, kind: type[T], *, origin: str, overrides: Mapp
         values = msgspec.toml.decode(data)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{origin}: invalid TOML: {exc}") from None
-    for key, value in (overrides or {}).items():
+    return convert(nest(overrides or {}, into=values), kind, origin=origin)
+
+
+def nest(values: Mapping[str, Any], *, into: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Dotted keys as tables (``{"a.b": 1}`` -> ``{"a": {"b": 1}}``), replacing those of ``into`` if given."""
+    out: dict[str, Any] = {} if into is None else into
+    for key, value in values.items():
         *sections, leaf = key.split(".")
-        table = values
+        table = out
         for section in sections:
             table = table.setdefault(section, {})
         table[leaf] = value
-    return convert(values, kind, origin=origin)
+    return out
 
 
 def load_toml(path: str | Path, kind: type[T], *, overrides: Mapping[str, Any] | None = None) -> T:
@@ -103,8 +146,11 @@ def convert(values: Mapping[str, Any], kind: type[T], *, origin: str = "", stric
         origin: File (or ``--flag`` source) named at the start of an error message.
         strict: ``False`` accepts strings for numbers and booleans (command-line values).
 
+    A Struct may name keys that moved (``moved_keys: ClassVar[Mapping[str, str]]``, old key ->
+    new dotted key): such a key is refused with ``KEY moved: use [SECTION] KEY``.
+
     Raises:
-        ConfigError: an unknown or missing key, a wrong type or a value out of range.
+        ConfigError: an unknown, moved or missing key, a wrong type or a value out of range.
     """
     prefix = f"{origin}: " if origin else ""
     problem = _key_problem(values, mi.type_info(kind), "")
@@ -143,6 +189,33 @@ def fields_of(kind: type[Any]) -> list[FieldDoc]:
     return out
 
 
+def sections_of(kind: type[Any]) -> dict[str, type[Any]]:
+    """The fields of a Struct that are Structs themselves (its TOML tables), by name."""
+    info = mi.type_info(kind)
+    assert isinstance(info, mi.StructType)
+    return {f.name: t.cls for f in info.fields if isinstance(t := _unwrap(f.type), mi.StructType)}
+
+
+def flag_keys(kind: type[Any]) -> dict[str, str]:
+    """The dotted key of every option of a Struct with sections, by the option's own name.
+
+    ``{"buffer_time_s": "pipeline.buffer_time_s", "task": "task", …}``: what lets a flag keep its
+    short name (``--buffer-time-s``) while the file nests it.
+
+    Raises:
+        ValueError: two sections use the same name (a flag could not tell them apart).
+    """
+    keys: dict[str, str] = {}
+    sections = sections_of(kind)
+    for field in fields_of(kind):
+        inner = fields_of(sections[field.name]) if field.name in sections else []
+        for leaf, key in [(f.name, f"{field.name}.{f.name}") for f in inner] or [(field.name, field.name)]:
+            if leaf in keys:
+                raise ValueError(f"{kind.__name__}: option {leaf!r} is both {keys[leaf]} and {key}")
+            keys[leaf] = key
+    return keys
+
+
 class FieldError(ValueError):
     """What a Struct's ``check()`` raises about one of its own fields (``field`` relative to it).
 
@@ -168,7 +241,11 @@ def _key_problem(values: Any, info: mi.Type, path: str) -> str | None:
     info = _unwrap(info)
     if isinstance(info, mi.StructType) and isinstance(values, Mapping):
         names = {f.encode_name: f for f in info.fields}
+        moved: Mapping[str, str] = getattr(info.cls, "moved_keys", {})
         for key in values:
+            if key in moved and key not in names:
+                section, _, leaf = moved[key].rpartition(".")
+                return f"{_join(path, str(key))} moved: use [{_join(path, section)}] {leaf}"
             if key not in names:
                 valid = ", ".join(sorted(names))
                 return f"{_join(path, str(key))}: unknown key (valid: {valid})"
@@ -180,11 +257,9 @@ def _key_problem(values: Any, info: mi.Type, path: str) -> str | None:
             if problem is not None:
                 return problem
     elif isinstance(info, mi.ListType | mi.TupleType | mi.VarTupleType) and isinstance(values, list | tuple):
-        item_types = info.item_types if isinstance(info, mi.TupleType) else None
-        for i, value in enumerate(values):
-            if item_types is not None and i >= len(item_types):
-                break
-            item = item_types[i] if item_types is not None else info.item_type  # type: ignore[union-attr]
+        # A fixed tuple types each position (extra values are msgspec's to refuse); the rest, all.
+        items = info.item_types if isinstance(info, mi.TupleType) else (info.item_type,) * len(values)
+        for i, (value, item) in enumerate(zip(values, items, strict=False)):
             problem = _key_problem(value, item, f"{path}[{i}]")
             if problem is not None:
                 return problem

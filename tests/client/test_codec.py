@@ -220,12 +220,13 @@ def test_a_fixed_quality_is_always_used(quality: int) -> None:
 
 
 def test_edge_config_takes_auto_or_a_number() -> None:
-    assert EdgeConfig().jpeg_quality == "auto"
-    assert convert({"jpeg_quality": "80"}, EdgeConfig, origin="command line", strict=False).jpeg_quality == 80
-    with pytest.raises(ConfigError, match="jpeg_quality"):
-        convert({"jpeg_quality": "fast"}, EdgeConfig, origin="edge.toml")
-    with pytest.raises(ConfigError, match="jpeg_auto_qualities"):
-        convert({"jpeg_auto_qualities": [0]}, EdgeConfig, origin="edge.toml")
+    assert EdgeConfig().link.jpeg_quality == "auto"
+    config = convert({"link": {"jpeg_quality": "80"}}, EdgeConfig, origin="command line", strict=False)
+    assert config.link.jpeg_quality == 80
+    with pytest.raises(ConfigError, match=r"link\.jpeg_quality"):
+        convert({"link": {"jpeg_quality": "fast"}}, EdgeConfig, origin="edge.toml")
+    with pytest.raises(ConfigError, match=r"link\.jpeg_auto_qualities"):
+        convert({"link": {"jpeg_auto_qualities": [0]}}, EdgeConfig, origin="edge.toml")
 
 
 # ---------------------------------------------------------------------------- encoder threads

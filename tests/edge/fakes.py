@@ -10,6 +10,8 @@ import numpy as np
 import numpy.typing as npt
 
 from servo.edge.actions import Action
+from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
+from servo.edge.pipeline import Request
 from servo.robots.builtin import SimOptions, sim_config
 from servo.robots.protocol import RobotSpec
 from servo.robots.sim import SimSO100
@@ -49,6 +51,16 @@ class ScriptedActions:
             self.reached.set()
         values = self._action(index)
         return None if values is None else Action(values, "policy", None)
+
+
+class EchoEngine(EngineBase):
+    """The engine loop with the network and the policy cut out: each request is answered at once
+    with a one-step chunk holding the observed pose (the arm stays put). Owned by the event loop."""
+
+    async def produce(self, request: Request, *, episode_start: bool) -> Produced:
+        self.requests += 1
+        chunk = np.asarray(request.obs.state, np.float32)[None, :]
+        return Produced(chunk, chunk, LOCAL_SESSION, self.requests, 0.0)
 
 
 class SpyRobot:

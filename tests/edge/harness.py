@@ -20,7 +20,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from servo.edge.config import EdgeConfig, load_config
+from servo.edge.config import EdgeConfig, load_edge_config
 from servo.edge.engine import EngineBase, MergeEvent
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.policy.protocol import FloatArray as PolicyArray
@@ -40,7 +40,7 @@ def edge_config(port: int, **overrides: Any) -> EdgeConfig:
         "reconnect_max_backoff_s": 0.5,
     }
     values.update(overrides)
-    return load_config(flags=values)
+    return load_edge_config(flags=values)
 
 
 def small_sim(**options: Any) -> RobotDescription:

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from servo.cli.edge import build_parser
-from servo.cli.flags import struct_flag_values
-from servo.config import fields_of
-from servo.edge.config import EdgeConfig, EdgeConfigError, load_config
+from servo.cli.flags import options_of, struct_flag_values
+from servo.edge.config import FLAG_KEYS, EdgeConfig, EdgeConfigError, load_edge_config
 
 
 def load(tmp_path: Path, toml: str | None, *flags: str) -> EdgeConfig:
@@ -19,27 +18,37 @@ def load(tmp_path: Path, toml: str | None, *flags: str) -> EdgeConfig:
         file.write_text(toml)
         path = str(file)
     args = build_parser().parse_args(["--robot", "sim", *flags])
-    return load_config(path, struct_flag_values(args, EdgeConfig))
+    return load_edge_config(path, struct_flag_values(args, EdgeConfig))
 
 
 def test_defaults_are_the_seeds_defaults(tmp_path: Path) -> None:
     config = load(tmp_path, None)
     assert config == EdgeConfig()
     # jpeg_quality: "auto" since issue 10 (the seeds' default was 90).
-    assert (config.jpeg_quality, config.buffer_time_s, config.max_action_age_s) == ("auto", 0.5, 3.0)
-    assert (config.degraded_after_s, config.request_timeout_s) == (1.0, 5.0)
-    assert (config.reconnect_initial_backoff_s, config.reconnect_max_backoff_s) == (0.5, 10.0)
-    assert (config.max_offline_s, config.fallback, config.rtc) == (60.0, "hold", True)
+    assert (config.link.jpeg_quality, config.pipeline.buffer_time_s, config.control.max_action_age_s) == (
+        "auto",
+        0.5,
+        3.0,
+    )
+    assert (config.failsafe.degraded_after_s, config.failsafe.request_timeout_s) == (1.0, 5.0)
+    assert (config.link.reconnect_initial_backoff_s, config.link.reconnect_max_backoff_s) == (0.5, 10.0)
+    assert (config.failsafe.max_offline_s, config.control.fallback, config.pipeline.rtc) == (60.0, "hold", True)
 
 
 def test_toml_then_flags(tmp_path: Path) -> None:
     toml = """
+tags = {site = "lab"}
+
+[link]
 connect = ["tcp/10.0.0.1:7447"]
+
+[pipeline]
 buffer_time_s = 0.8
+rtc = false
+
+[control]
 max_action_age_s = 2
 fallback = "zero"
-rtc = false
-tags = {site = "lab"}
 """
     config = load(
         tmp_path,
@@ -54,61 +63,75 @@ tags = {site = "lab"}
         "--policy-options",
         "chunk_size=20",
     )
-    assert config.buffer_time_s == 0.3  # flag beats file
-    assert config.rtc is True
-    assert config.fallback == "zero"  # file beats default
-    assert config.max_action_age_s == 2.0
-    assert config.connect == ["tcp/10.0.0.1:7447"]
+    assert config.pipeline.buffer_time_s == 0.3  # flag beats file
+    assert config.pipeline.rtc is True
+    assert config.control.fallback == "zero"  # file beats default
+    assert config.control.max_action_age_s == 2.0
+    assert config.link.connect == ["tcp/10.0.0.1:7447"]
     assert config.tags == {"fleet": "a", "n": "7"}  # flags replace the table; values stay text
-    assert config.policy_options == {"chunk_size": 20}  # JSON-decoded
-    assert config.request_timeout_s == 5.0  # untouched default
+    assert config.local.policy_options == {"chunk_size": 20}  # JSON-decoded
+    assert config.failsafe.request_timeout_s == 5.0  # untouched default
 
 
 def test_repeatable_connect_flag_replaces_the_file(tmp_path: Path) -> None:
     config = load(
         tmp_path,
-        'connect = ["tcp/10.0.0.1:7447"]',
+        '[link]\nconnect = ["tcp/10.0.0.1:7447"]',
         "--connect",
         "tcp/127.0.0.1:1",
         "--connect",
         "tcp/127.0.0.1:2",
     )
-    assert config.connect == ["tcp/127.0.0.1:1", "tcp/127.0.0.1:2"]
+    assert config.link.connect == ["tcp/127.0.0.1:1", "tcp/127.0.0.1:2"]
 
 
 @pytest.mark.parametrize(
     ("toml", "flags", "option"),
     [
-        ("buffer_time_s = 0", (), "buffer_time_s"),
-        ("", ("--max-action-age-s", "-1"), "max_action_age_s"),
-        ("degraded_after_s = 0.0", (), "degraded_after_s"),
-        ("", ("--request-timeout-s", "0"), "request_timeout_s"),
-        ("connect_timeout_s = -2", (), "connect_timeout_s"),
-        ("max_offline_s = 0", (), "max_offline_s"),
-        ("jpeg_quality = 101", (), "jpeg_quality"),
-        ("", ("--jpeg-quality", "-1"), "jpeg_quality"),
-        ("timeout_streak = 0", (), "timeout_streak"),
-        ("reconnect_initial_backoff_s = 0", (), "reconnect_initial_backoff_s"),
+        ("[pipeline]\nbuffer_time_s = 0", (), r"pipeline\.buffer_time_s = 0: expected float > 0"),
+        ("", ("--max-action-age-s", "-1"), r"control\.max_action_age_s = -1"),
+        ("[failsafe]\ndegraded_after_s = 0.0", (), "failsafe.degraded_after_s"),
+        ("", ("--request-timeout-s", "0"), "failsafe.request_timeout_s"),
+        ("[link]\nconnect_timeout_s = -2", (), "link.connect_timeout_s"),
+        ("[failsafe]\nmax_offline_s = 0", (), "failsafe.max_offline_s"),
+        ("[link]\njpeg_quality = 101", (), "link.jpeg_quality"),
+        ("", ("--jpeg-quality", "-1"), "link.jpeg_quality"),
+        ("[failsafe]\ntimeout_streak = 0", (), "failsafe.timeout_streak"),
+        ("[link]\nreconnect_initial_backoff_s = 0", (), "link.reconnect_initial_backoff_s"),
         (
-            "reconnect_initial_backoff_s = 5.0\nreconnect_max_backoff_s = 1.0",
+            "[link]\nreconnect_initial_backoff_s = 5.0\nreconnect_max_backoff_s = 1.0",
             (),
-            "reconnect_initial_backoff_s",
+            "link.reconnect_initial_backoff_s = 5.0: must be <= reconnect_max_backoff_s",
         ),
-        ("execution_horizon = -1", (), "execution_horizon"),
-        ("connect = []", (), "connect"),
-        ('connect = ["localhost"]', (), r"connect\[0\] = 'localhost': not an endpoint"),
-        ("lease_ms = 10", (), "lease_ms"),
-        ('buffer_time_s = "fast"', (), "buffer_time_s"),
-        ('fallback = "coast"', (), "fallback"),
-        ("rtc = 3", (), "rtc"),
+        ("[pipeline]\nexecution_horizon = -1", (), "pipeline.execution_horizon"),
+        ("[link]\nconnect = []", (), "link.connect"),
+        ('[link]\nconnect = ["localhost"]', (), r"link\.connect\[0\] = 'localhost': not an endpoint"),
+        ("[link]\nlease_ms = 10", (), "link.lease_ms"),
+        ('[pipeline]\nbuffer_time_s = "fast"', (), "pipeline.buffer_time_s"),
+        ('[control]\nfallback = "coast"', (), "control.fallback"),
+        ("[control]\nvelocity_scale = 11", (), r"control\.velocity_scale = 11: expected float <= 10"),
+        ("[pipeline]\nrtc = 3", (), "pipeline.rtc"),
         ("tags = {a = 1}", (), "tags"),
         ("", ("--tags", "novalue"), "--tags"),
-        ('trusted_servers = ["ed25519:short"]', (), r"trusted_servers = \['ed25519:short'\]: fingerprint"),
-        ("", ("--trusted-servers", "a/b"), "trusted_servers.*trusted replica id 'a/b' contains '/'"),
+        (
+            '[security]\ntrusted_servers = ["ed25519:short"]',
+            (),
+            r"security\.trusted_servers = \['ed25519:short'\]: fingerprint",
+        ),
+        ("", ("--trusted-servers", "a/b"), "security.trusted_servers.*trusted replica id 'a/b' contains '/'"),
         ('client_id = "robot\\u001b[2J"', (), r"client_id.*control character"),
-        ('auth_user = "robot-7"', (), "auth_password_file: user/password authentication needs both"),
-        ('auth_user = "robot-7"\nauth_password_file = "/no/such"', (), "auth_password_file.*does not exist"),
-        ("max_chunk_steps = 5000", (), "max_chunk_steps"),
+        (
+            '[security]\nauth_user = "robot-7"',
+            (),
+            "security.auth_password_file: user/password authentication needs both",
+        ),
+        (
+            '[security]\nauth_user = "robot-7"\nauth_password_file = "/no/such"',
+            (),
+            "security.auth_password_file.*does not exist",
+        ),
+        ("[security]\nmax_chunk_steps = 5000", (), "security.max_chunk_steps"),
+        ("[pipeline]\nbuffer_tim_s = 0.5", (), r"pipeline\.buffer_tim_s: unknown key \(valid: buffer_time_s,"),
     ],
 )
 def test_bad_values_name_the_option(tmp_path: Path, toml: str, flags: tuple[str, ...], option: str) -> None:
@@ -119,26 +142,49 @@ def test_bad_values_name_the_option(tmp_path: Path, toml: str, flags: tuple[str,
 def test_unknown_option(tmp_path: Path) -> None:
     with pytest.raises(EdgeConfigError) as info:
         load(tmp_path, "buffer_time = 0.5")
-    assert "edge.toml: buffer_time: unknown key (valid: app, auth_password_file, auth_user, buffer_time_s," in str(
+    assert "edge.toml: buffer_time: unknown key (valid: client_id, control, failsafe, inference, link," in str(
         info.value
     )
 
 
+@pytest.mark.parametrize(("name", "key"), sorted(FLAG_KEYS.items()))
+def test_a_key_of_the_flat_layout_names_its_section_in_one_line(tmp_path: Path, name: str, key: str) -> None:
+    if name == key:
+        assert load(tmp_path, f"{name} = {{}}" if name == "tags" else f'{name} = "rtc"' if name == "inference" else "")
+        return
+    section = key.split(".")[0]
+    with pytest.raises(EdgeConfigError) as info:
+        load(tmp_path, f"{name} = 1")
+    assert str(info.value) == f"{tmp_path / 'edge.toml'}: {name} moved: use [{section}] {name}"
+
+
+def test_every_option_has_one_flag_named_after_it_and_one_dotted_key() -> None:
+    options = {doc.name for doc in options_of(EdgeConfig)}
+    assert options == set(FLAG_KEYS)
+    assert len(set(FLAG_KEYS.values())) == len(FLAG_KEYS)
+    for section in ("link", "server", "security", "pipeline", "control", "failsafe", "local"):
+        assert any(key.startswith(section + ".") for key in FLAG_KEYS.values()), section
+
+
 def test_bad_value_names_file_option_and_value(tmp_path: Path) -> None:
     with pytest.raises(EdgeConfigError) as info:
-        load(tmp_path, "buffer_time_s = -1")
-    assert str(info.value).endswith("edge.toml: buffer_time_s = -1: expected float > 0.0")
+        load(tmp_path, "[pipeline]\nbuffer_time_s = -1")
+    assert str(info.value).endswith("edge.toml: pipeline.buffer_time_s = -1: expected float > 0.0")
     with pytest.raises(EdgeConfigError) as info:
         load(tmp_path, None, "--jpeg-quality", "200")
-    assert str(info.value) == "command line: jpeg_quality = 200: expected int <= 100"
+    assert str(info.value) == "command line: link.jpeg_quality = 200: expected int <= 100"
 
 
-def test_every_flag_has_a_sentence_of_help() -> None:
+def test_every_flag_has_a_sentence_of_help_under_its_section() -> None:
     text = build_parser().format_help()
-    for doc in fields_of(EdgeConfig):
+    for doc in options_of(EdgeConfig):
         assert doc.description, doc.name
         assert "--" + doc.name.replace("_", "-") in text
-    assert "Send the next observation when the queue holds less than" in " ".join(text.split())
+    assert "The next observation leaves at the latest when the queue holds less than" in " ".join(text.split())
+    # the help groups the flags by section, in the file's order
+    sections = [text.index(f"\n[{name}] ") for name in ("link", "server", "security", "pipeline", "control")]
+    assert sections == sorted(sections)
+    assert sections[3] < text.index("\n  --buffer-time-s") < sections[4]
     # each robot's real options are listed, with their help
     assert "port (str, required): Serial port of the servo bus" in text
     assert "width (" not in text
@@ -146,7 +192,7 @@ def test_every_flag_has_a_sentence_of_help() -> None:
 
 def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     with pytest.raises(EdgeConfigError, match="cannot read"):
-        load_config(str(tmp_path / "missing.toml"))
+        load_edge_config(str(tmp_path / "missing.toml"))
     with pytest.raises(EdgeConfigError, match="invalid TOML"):
         load(tmp_path, "buffer_time_s = = 1")
 
@@ -169,7 +215,7 @@ def test_a_password_fleet_robot_joins_as_its_user(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("flag", "expected"), [("auto", "auto"), ("0", 0), ("75", 75)])
 def test_jpeg_quality_flag_takes_auto_or_a_number(tmp_path: Path, flag: str, expected: object) -> None:
-    assert load(tmp_path, None, "--jpeg-quality", flag).jpeg_quality == expected
+    assert load(tmp_path, None, "--jpeg-quality", flag).link.jpeg_quality == expected
 
 
 def test_a_bad_jpeg_quality_flag_is_one_line_naming_it(tmp_path: Path) -> None:

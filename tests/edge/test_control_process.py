@@ -19,11 +19,12 @@ import anyio
 import numpy as np
 import pytest
 
+from servo.edge.actions import ControlConfig
 from servo.edge.channel import ControlChannel, LoopState
 from servo.edge.control_process import ProcessControlLoop
 from servo.edge.errors import EdgeStartError
 from servo.edge.observation import ObservationInput
-from servo.edge.pipeline import ChunkPipeline
+from servo.edge.pipeline import ChunkPipeline, PipelineConfig
 from servo.edge.ticker import request_realtime
 from servo.robots import RobotDescription
 from tests.support import eventually
@@ -33,16 +34,9 @@ pytestmark = pytest.mark.anyio
 SIM = RobotDescription("sim", {"cameras": "front:64x48", "fps": "50"})
 
 
-def pipeline(**options: object) -> ChunkPipeline:
-    values: dict[str, object] = {
-        "rtc": False,
-        "execution_horizon": 0,
-        "buffer_time_s": 0.2,
-        "max_action_age_s": 60.0,
-        "fallback": "hold",
-    }
-    values.update(options)
-    return ChunkPipeline(6, 50.0, **values)  # type: ignore[arg-type]
+def pipeline() -> ChunkPipeline:
+    config = PipelineConfig(rtc=False, execution_horizon=0, buffer_time_s=0.2)
+    return ChunkPipeline(6, 50.0, config, ControlConfig(max_action_age_s=60.0, fallback="hold"))
 
 
 @asynccontextmanager
@@ -52,7 +46,7 @@ async def process_loop(robot: RobotDescription, pipe: ChunkPipeline) -> AsyncIte
     cameras = robot.build_cameras(channel)
     cameras.connect()
     loop = ProcessControlLoop(
-        channel, cameras, robot, action_dim=spec.action_dim, pipeline=pipe.memory, feed=pipe.feed_config
+        channel, cameras, robot, action_dim=spec.action_dim, pipeline=pipe.memory, control=pipe.control
     )
     try:
         async with anyio.create_task_group() as tg:
@@ -129,14 +123,15 @@ async def test_a_robot_that_fails_to_connect_there_is_a_start_error_here() -> No
 
 EDGE = """
 import sys, anyio
-from servo.edge.config import EdgeConfig
+from servo.edge.config import EdgeConfig, ReplayConfig
 from servo.edge.replay import ReplayEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.robots import RobotDescription
 
 robot = RobotDescription("sim", {"cameras": "none"})
-engine = ReplayEngine(EdgeConfig(), robot.spec(), sys.argv[1], loop=True)
-runtime = EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(park_timeout_s=3.0))
+config = EdgeConfig(inference="replay", replay=ReplayConfig(trajectory=sys.argv[1], loop=True))
+engine = ReplayEngine(config, robot.spec())
+runtime = EdgeRuntime(robot, engine, config, RunOptions(park_timeout_s=3.0))
 
 async def main():
     async with anyio.create_task_group() as tg:

@@ -17,7 +17,7 @@ import simplejpeg
 from servo.config import ConfigError
 from servo.edge.channel import Tick
 from servo.edge.display import INBOX_BATCHES, Display, DisplayConfig
-from servo.edge.engine import EngineStats
+from servo.edge.stats import EngineStats
 from servo.recording import read_recording
 from servo.robots import SimCameraConfig, SimConfig, SimSO100
 from servo.wire import decode_tensor

@@ -199,7 +199,8 @@ async def test_revisions_change_only_at_an_episode_boundary_and_never_when_pinne
             engine = RemoteEngine(config, small_sim().spec())
             async with running_edge(small_sim(), engine) as run:
                 await eventually(lambda: engine.chunks_received >= 3, 15, "streaming on v1")
-                engine.config = msgspec.structs.replace(config, replica="")  # from now on: any replica
+                any_replica = msgspec.structs.replace(config.server, replica="")
+                engine.config = msgspec.structs.replace(config, server=any_replica)  # from now on: any replica
                 old.kill()  # mid-episode: only v2 is left
                 await eventually(lambda: engine.state is EngineState.RECONNECTING, 5, "RECONNECTING")
                 epoch = engine._epoch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servo.edge.failsafe import MAX_TRANSITIONS, EngineState, FailSafe
+from servo.edge.failsafe import MAX_TRANSITIONS, EngineState, FailSafe, FailSafeConfig
 
 S = 1_000_000_000
 
@@ -28,7 +28,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def fs(clock: FakeClock) -> FailSafe:
-    return FailSafe(degraded_after_s=1.0, timeout_streak=2, max_offline_s=10.0, clock=clock)
+    return FailSafe(FailSafeConfig(degraded_after_s=1.0, timeout_streak=2, max_offline_s=10.0), clock=clock)
 
 
 def states(fs: FailSafe) -> list[EngineState]:
@@ -154,7 +154,7 @@ def test_dead_after_max_offline(fs: FailSafe, clock: FakeClock) -> None:
 
 
 def test_dead_when_never_connected(clock: FakeClock) -> None:
-    fs = FailSafe(degraded_after_s=1.0, timeout_streak=2, max_offline_s=2.0, clock=clock)
+    fs = FailSafe(FailSafeConfig(degraded_after_s=1.0, timeout_streak=2, max_offline_s=2.0), clock=clock)
     clock.advance(2.5)
     assert fs.tick(starved_since_ns=0) is EngineState.DEAD
 

@@ -59,13 +59,13 @@ async def test_remote_edge_never_imports_torch(port: int) -> None:
     # The server (this process) has torch; the edge runs in a fresh interpreter and must not.
     script = f"""
 import sys, anyio
-from servo.edge.config import EdgeConfig
+from servo.edge.config import load_edge_config
 from servo.edge.engines import make_engine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.robots import RobotDescription
 import servo.cli.edge, servo.client, servo.edge.replay
 robot = RobotDescription("sim", {{"cameras": "front:64x48"}})
-config = EdgeConfig(connect=["tcp/127.0.0.1:{port}"])
+config = load_edge_config(flags={{"connect": ["tcp/127.0.0.1:{port}"]}})
 summary = anyio.run(EdgeRuntime(robot, make_engine(config, robot.spec()), config, RunOptions(duration_s=1.5)).run)
 assert summary.chunks_received >= 1, summary
 print("torch" in sys.modules)

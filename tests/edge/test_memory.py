@@ -13,9 +13,11 @@ import tracemalloc
 import numpy as np
 
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
+from servo.edge.engine import LOCAL_SESSION, Produced
 from servo.edge.observation import ObservationInput
+from servo.edge.pipeline import PipelineConfig
 from servo.robots import SimConfig, SimSO100
+from tests.edge.fakes import EchoEngine
 
 MERGES = 20_000
 #: Python heap growth allowed over MERGES merges (allocator noise; one float kept per merge would be 160 kB).
@@ -24,7 +26,7 @@ ALLOWED_BYTES = 64 * 1024
 
 def test_merges_keep_the_python_heap_flat() -> None:
     spec = SimSO100(SimConfig(cameras=())).spec
-    engine = EngineBase(EdgeConfig(rtc=False), spec)
+    engine = EchoEngine(EdgeConfig(pipeline=PipelineConfig(rtc=False)), spec)
     state = np.zeros(spec.action_dim, np.float32)
     chunk = state[None, :]
 

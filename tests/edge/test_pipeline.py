@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from servo._core import ActionQueue
-from servo.edge.actions import ActionFeed
+from servo.edge.actions import ActionFeed, ControlConfig, Fallback
 from servo.edge.observation import ObservationInput
-from servo.edge.pipeline import ChunkPipeline
+from servo.edge.pipeline import ChunkPipeline, PipelineConfig
 
 FPS = 10.0
 DT_NS = round(1e9 / FPS)
@@ -22,18 +22,15 @@ DIM = 3
 def make_pipeline(
     *,
     rtc: bool = True,
-    fallback: str = "hold",
+    fallback: Fallback = "hold",
     max_age_s: float = 3.0,
     horizon: int = 4,
 ) -> ChunkPipeline:
     return ChunkPipeline(
         DIM,
         FPS,
-        rtc=rtc,
-        execution_horizon=horizon,
-        buffer_time_s=0.5,
-        max_action_age_s=max_age_s,
-        fallback=fallback,  # type: ignore[arg-type]
+        PipelineConfig(rtc=rtc, execution_horizon=horizon, buffer_time_s=0.5),
+        ControlConfig(max_action_age_s=max_age_s, fallback=fallback),
     )
 
 
@@ -196,7 +193,7 @@ def test_staleness_bound_refuses_an_old_action_and_clears_the_rest() -> None:
     ("fallback", "expected"),
     [("hold", None), ("repeat_last", [1.5, 1.5, 1.5]), ("zero", [0.0, 0.0, 0.0])],
 )
-def test_fallback_ladder(fallback: str, expected: list[float] | None) -> None:
+def test_fallback_ladder(fallback: Fallback, expected: list[float] | None) -> None:
     pipe = make_pipeline(fallback=fallback)
     first = pipe.next_action(0)  # nothing queued and nothing executed yet
     assert first is None if fallback != "zero" else first is not None
@@ -259,7 +256,7 @@ def test_a_fresh_chunk_merged_during_a_stale_refusal_survives() -> None:
         if not merged:  # once
             merged.append(pipe.complete(fresh, *chunk(10, 50.0), late, session_id=sid(1), seq_id=2))
 
-    feed = ActionFeed(RacingQueue(pipe.queue, merge_fresh), pipe.counters, pipe.feed_config)  # type: ignore[arg-type]
+    feed = ActionFeed(RacingQueue(pipe.queue, merge_fresh), pipe.counters, pipe.control)  # type: ignore[arg-type]
     refused = feed.get_action(late)  # pops a stale action; the fresh chunk lands meanwhile
     assert refused is None
     assert pipe.stale_refusals == 1
@@ -289,9 +286,7 @@ def test_the_send_threshold_covers_the_expected_round_trip_and_a_margin() -> Non
 
 
 def test_the_send_margin_is_at_least_fifty_milliseconds() -> None:
-    pipe = ChunkPipeline(
-        DIM, 100.0, rtc=True, execution_horizon=4, buffer_time_s=0.01, max_action_age_s=3.0, fallback="hold"
-    )
+    pipe = ChunkPipeline(DIM, 100.0, PipelineConfig(execution_horizon=4, buffer_time_s=0.01), ControlConfig())
     for seq in range(1, 4):
         round_trip(pipe, 40, seq)
     assert pipe.send_below() == 9  # 40 ms + 50 ms at 100 fps

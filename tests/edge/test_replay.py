@@ -8,10 +8,10 @@ import anyio
 import numpy as np
 import pytest
 
-from servo.edge.config import EdgeConfig
+from servo.edge.config import EdgeConfig, LinkConfig, ReplayConfig
 from servo.edge.errors import EdgeStartError
 from servo.edge.replay import ReplayEngine, bridge, resample
-from servo.edge.runtime import EdgeRuntime, RunOptions
+from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, read_recording
 from servo.robots import RobotDescription
 from servo.wire import encode_tensor
@@ -66,13 +66,19 @@ def test_resample_changes_rate_and_keeps_endpoints() -> None:
     np.testing.assert_allclose(resample(frames, 30.0, 30.0), frames)
 
 
-async def run_replay(source: str, tmp_path: Path, config: EdgeConfig | None = None, **kwargs: object) -> tuple:
+def replay(source: str, *, loop: bool = False, port: int | None = None) -> EdgeConfig:
+    """Edge options replaying ``source`` (from the server on ``port`` for ``server:NAME``)."""
+    link = LinkConfig() if port is None else LinkConfig(connect=[f"tcp/127.0.0.1:{port}"])
+    return EdgeConfig(inference="replay", replay=ReplayConfig(trajectory=source, loop=loop), link=link)
+
+
+async def run_replay(config: EdgeConfig, tmp_path: Path) -> tuple[RunSummary, ReplayEngine, Path]:
     robot = sim()
-    engine = ReplayEngine(config or EdgeConfig(), robot.spec(), source, **kwargs)  # type: ignore[arg-type]
+    engine = ReplayEngine(config, robot.spec())
     record = tmp_path / "replayed.servo"
     options = RunOptions(duration_s=20.0, record_path=str(record))
     with anyio.fail_after(30):
-        summary = await EdgeRuntime(robot, engine, config or EdgeConfig(), options).run()
+        summary = await EdgeRuntime(robot, engine, config, options).run()
     return summary, engine, record
 
 
@@ -82,7 +88,7 @@ async def test_file_replay_drains_every_frame_locally(tmp_path: Path) -> None:
     source = tmp_path / "episode.servo"
     write_recording(source, frames, list(spec.joint_names))
 
-    summary, _, record = await run_replay(str(source), tmp_path)
+    summary, _, record = await run_replay(replay(str(source)), tmp_path)
 
     assert summary.stop_reason == "finished"
     assert summary.network_requests == 0
@@ -101,8 +107,7 @@ async def test_server_trajectory_is_fetched_in_one_request(tmp_path: Path, port:
     write_recording(source, frames, list(spec.joint_names))
     manifest = make_manifest(port, extra=f'[[trajectories]]\nname = "wave"\npath = "{source}"\n')
     async with running_server(manifest):
-        config = EdgeConfig(connect=[f"tcp/127.0.0.1:{port}"])
-        summary, _, record = await run_replay("server:wave", tmp_path, config)
+        summary, _, record = await run_replay(replay("server:wave", port=port), tmp_path)
     assert summary.network_requests == 1
     commands, _ = executed(record)
     np.testing.assert_allclose(commands[-len(frames) :], frames, atol=1e-4)
@@ -110,9 +115,24 @@ async def test_server_trajectory_is_fetched_in_one_request(tmp_path: Path, port:
 
 async def test_unknown_server_trajectory_is_refused_with_the_list(tmp_path: Path, port: int) -> None:
     async with running_server(make_manifest(port)):
-        engine = ReplayEngine(EdgeConfig(connect=[f"tcp/127.0.0.1:{port}"]), sim().spec(), "server:nope")
+        engine = ReplayEngine(replay("server:nope", port=port), sim().spec())
         with pytest.raises(EdgeStartError, match="no trajectory 'nope'"):
             await engine.arm()
+
+
+async def test_the_server_reads_its_library_once_at_start_and_answers_from_memory(tmp_path: Path, port: int) -> None:
+    spec = sim().spec()
+    frames = trajectory(np.asarray(spec.rest_pose, np.float32), frames=30)
+    wave, broken = tmp_path / "wave.servo", tmp_path / "broken.servo"
+    write_recording(wave, frames, list(spec.joint_names))
+    broken.write_bytes(b"not a recording")
+    extra = f'[[trajectories]]\nname = "wave"\npath = "{wave}"\n[[trajectories]]\nname = "broken"\npath = "{broken}"\n'
+    async with running_server(make_manifest(port, extra=extra)):
+        wave.write_bytes(b"replaced after start")  # what the server serves was read before
+        fetched = await ReplayEngine(replay("server:wave", port=port), spec).arm()
+        with pytest.raises(EdgeStartError, match=r"trajectory 'broken' cannot be read: .*not a servo recording"):
+            await ReplayEngine(replay("server:broken", port=port), spec).arm()
+    np.testing.assert_allclose(fetched, frames, atol=1e-6)
 
 
 async def test_loop_starts_over(tmp_path: Path) -> None:
@@ -121,8 +141,8 @@ async def test_loop_starts_over(tmp_path: Path) -> None:
     source = tmp_path / "short.servo"
     write_recording(source, frames, list(spec.joint_names))
     robot = sim()
-    engine = ReplayEngine(EdgeConfig(), robot.spec(), str(source), loop=True)
-    runtime = EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(duration_s=20.0))
+    config = replay(str(source), loop=True)
+    runtime = EdgeRuntime(robot, engine := ReplayEngine(config, robot.spec()), config, RunOptions(duration_s=20.0))
     async with anyio.create_task_group() as tg:
 
         async def stop_after_two_laps() -> None:
@@ -138,14 +158,14 @@ async def test_loop_starts_over(tmp_path: Path) -> None:
 async def test_mismatched_joints_are_refused(tmp_path: Path) -> None:
     source = tmp_path / "other.servo"
     write_recording(source, np.zeros((5, 2), np.float32), ["a.pos", "b.pos"])
-    engine = ReplayEngine(EdgeConfig(), sim().spec(), str(source))
+    engine = ReplayEngine(replay(str(source)), sim().spec())
     with pytest.raises(EdgeStartError, match="do not match the robot"):
         await engine.arm()
 
 
 async def test_unreadable_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "junk.servo").write_bytes(b"not a recording")
-    engine = ReplayEngine(EdgeConfig(), sim().spec(), str(tmp_path / "junk.servo"))
+    engine = ReplayEngine(replay(str(tmp_path / "junk.servo")), sim().spec())
     with pytest.raises(EdgeStartError, match="not a servo recording"):
         await engine.arm()
 
@@ -185,7 +205,7 @@ async def test_a_broken_recording_is_refused_in_one_line_naming_file_and_field(
     loop unparked, fps = 0 gave a traceback. Nothing moves now: one line, file and field."""
     path = tmp_path / "broken.servo"
     write(path, list(sim().spec().joint_names))  # type: ignore[operator]
-    engine = ReplayEngine(EdgeConfig(), sim().spec(), str(path))
+    engine = ReplayEngine(replay(str(path)), sim().spec())
     with pytest.raises(EdgeStartError, match=problem) as info:
         await engine.arm()
     assert str(path) in str(info.value)

@@ -11,16 +11,17 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from anyio.abc import TaskStatus
 
 from servo.edge.channel import LoopState
 from servo.edge.config import EdgeConfig
 from servo.edge.control_process import ProcessControlLoop
 from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
+from servo.edge.pipeline import PipelineConfig, Request
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.recording import read_recording
 from servo.robots import RobotDescription
 from servo.wire import decode_tensor
+from tests.edge.fakes import EchoEngine
 from tests.support import eventually
 
 pytestmark = pytest.mark.anyio
@@ -33,37 +34,36 @@ def sim(**options: object) -> RobotDescription:
 
 
 class CrashingEngine(EngineBase):
-    """Starts fine, then raises once the control loop has published a few observations."""
+    """Starts fine, then its `produce` raises (an engine bug) once the control loop has published
+    a few observations."""
 
     def __init__(self, config: EdgeConfig, robot: RobotDescription, *, crash_after: int) -> None:
         super().__init__(config, robot.spec())
         self._crash_after = crash_after
+        self._seen: set[int] = set()
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        seen: set[int] = set()
-        while len(seen) < self._crash_after:
-            obs = self.latest_observation()
-            if obs is not None:
-                seen.add(obs.mono_ns)
-            await anyio.sleep(0.005)
-        raise RuntimeError("engine bug")
+    async def produce(self, request: Request, *, episode_start: bool) -> Produced | None:
+        self._seen.add(request.obs.mono_ns)
+        if len(self._seen) >= self._crash_after:
+            raise RuntimeError("engine bug")
+        await anyio.sleep(0.005)
+        return None  # nothing for this request: the loop asks again
 
 
 class ChunkEngine(EngineBase):
-    """Merges the given chunks (one per observation), then idles."""
+    """Answers its first requests with the given chunks, then never again."""
 
     def __init__(self, config: EdgeConfig, robot: RobotDescription, chunks: list[np.ndarray]) -> None:
         super().__init__(config, robot.spec())
-        self.chunks = chunks
+        self.chunks = iter(chunks)
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        for seq, chunk in enumerate(self.chunks):
-            obs = await self.wait_until_needed()
-            request = self.pipeline.snapshot(obs)
-            self.merge(request, Produced(chunk, chunk, LOCAL_SESSION, seq, 0.0), time.monotonic_ns())
-        await anyio.sleep_forever()
+    async def produce(self, request: Request, *, episode_start: bool) -> Produced:
+        chunk = next(self.chunks, None)
+        if chunk is None:
+            await anyio.sleep_forever()
+        assert chunk is not None
+        self.requests += 1
+        return Produced(chunk, chunk, LOCAL_SESSION, self.requests, 0.0)
 
 
 async def test_engine_crash_after_start_parks_the_arm_and_reports_dead() -> None:
@@ -78,8 +78,8 @@ async def test_engine_crash_after_start_parks_the_arm_and_reports_dead() -> None
 
 
 async def test_engine_failing_before_start_propagates_and_nothing_moves() -> None:
-    class FailsAtStart(EngineBase):
-        async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    class FailsAtStart(EchoEngine):
+        async def start(self) -> None:
             raise RuntimeError("cannot start")
 
     robot = sim()
@@ -98,7 +98,7 @@ async def test_a_nan_chunk_is_never_sent_the_arm_is_parked_and_the_summary_says_
     good[:, 0] += np.linspace(0, 5, 20, dtype=np.float32)
     bad = good.copy()
     bad[:, 3] = np.nan
-    config = EdgeConfig(rtc=False, buffer_time_s=0.2)
+    config = EdgeConfig(pipeline=PipelineConfig(rtc=False, buffer_time_s=0.2))
     engine = ChunkEngine(config, robot, [good, bad])
     record = tmp_path / "run.servo"
     with anyio.fail_after(30):

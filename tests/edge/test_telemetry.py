@@ -11,10 +11,10 @@ import pytest
 import zenoh
 
 from servo._core import ServerIdentity
-from servo.edge.engine import EngineStats
-from servo.edge.failsafe import FailSafe
+from servo.edge.failsafe import FailSafe, FailSafeConfig
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
+from servo.edge.stats import EngineStats
 from servo.edge.telemetry import TelemetryPublisher
 from servo.recording import read_recording
 from servo.wire import TELEMETRY_SELECTOR, EdgeTelemetry, WireError, open_telemetry, telemetry_key
@@ -64,7 +64,7 @@ def lateness(fine_bins: dict[int, int]) -> np.ndarray:
 
 def test_a_record_carries_the_new_transitions_and_the_recent_lateness() -> None:
     clock = Clock()
-    failsafe = FailSafe(degraded_after_s=1, timeout_streak=2, max_offline_s=60, clock=clock)
+    failsafe = FailSafe(FailSafeConfig(degraded_after_s=1, timeout_streak=2, max_offline_s=60), clock=clock)
     publisher = TelemetryPublisher(IDENTITY)
     clock.ns += 10_000_000
     failsafe.merged()  # -> streaming, 10 ms after the start

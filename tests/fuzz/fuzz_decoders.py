@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import tempfile
 from collections.abc import Callable
@@ -43,6 +42,8 @@ with atheris.instrument_imports():
     )
 
 import contextlib
+
+from testbed.processes import rss_mb
 
 from tests.wire.test_decoders import SAMPLES
 
@@ -169,12 +170,6 @@ def seeds(directory: Path) -> None:
     (directory / "tensor").write_bytes(bytes([base + 4]) + tensor)
     image = encode(next(iter(SAMPLES[Observation].images.values())))  # type: ignore[attr-defined]
     (directory / "image").write_bytes(bytes([base + 5]) + image)
-
-
-def rss_mb() -> float:
-    """Resident set size now (MiB), from /proc (ru_maxrss is the peak)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def main() -> None:

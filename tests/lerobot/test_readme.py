@@ -25,7 +25,7 @@ pytest.importorskip("lerobot", minversion="0.5", reason="needs servo-robotics[le
 from servo.cli.edge import build_parser, robot_option_values
 from servo.cli.flags import struct_flag_values
 from servo.cli.listen import certificate_dir
-from servo.edge.config import EdgeConfig, load_config
+from servo.edge.config import EdgeConfig, load_edge_config
 from servo.home import CONFIG_DIR_VARIABLE
 from servo.recording import read_recording
 from servo.robots import RobotDescription
@@ -157,7 +157,7 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(
 def check_arm_command(argv: list[str], printed: list[str]) -> None:
     """The README's SO-101 command parses as servo-edge parses it, for a robot the checkpoint accepts."""
     args = build_parser().parse_args(argv[1:])
-    config = load_config(None, struct_flag_values(args, EdgeConfig))
+    config = load_edge_config(None, struct_flag_values(args, EdgeConfig))
     assert config.tls_root_ca == option(printed, "--tls-root-ca")
     spec = RobotDescription(args.robot, robot_option_values(args.robot_opt)).spec()
     printed_cameras = robot_option_values(build_parser().parse_args(printed[1:]).robot_opt)["cameras"]

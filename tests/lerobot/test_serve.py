@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("lerobot", minversion="0.5", reason="needs servo-robotics[lerobot] (Python >= 3.12)")
 
 from servo.client import SessionRejected
-from servo.edge.engine import robot_features
+from servo.edge.observation import robot_features
 from servo.edge.remote import EdgeStartError, RemoteEngine
 from servo.edge.runtime import RunOptions
 from servo.recording import read_recording

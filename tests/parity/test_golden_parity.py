@@ -11,7 +11,7 @@ import anyio
 import numpy as np
 import pytest
 
-from servo.edge.config import EdgeConfig
+from servo.edge.config import EdgeConfig, load_edge_config
 from servo.edge.engine import EngineBase, Produced
 from servo.edge.local import RtcEngine
 from servo.edge.observation import ObservationInput
@@ -86,7 +86,7 @@ def config(**overrides: object) -> EdgeConfig:
         "execution_horizon": 8,
         "max_action_age_s": 60.0,
     }
-    return EdgeConfig(**{**base, **overrides})  # type: ignore[arg-type]
+    return load_edge_config(flags={**base, **overrides})
 
 
 async def test_remote_rtc_and_local_rtc_are_byte_identical(port: int) -> None:

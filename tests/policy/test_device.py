@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from servo.config import ConfigError
-from servo.edge.config import load_config
+from servo.edge.config import load_edge_config
 from servo.edge.local import RtcEngine
 from servo.edge.remote import EdgeStartError
 from servo.policy import DecodedObservation, PolicyLoadError, Prepared, load_policy
@@ -127,13 +127,15 @@ def test_manifest_device_reaches_the_factory() -> None:
 
 def test_edge_local_engine_builds_the_policy_on_its_device() -> None:
     robot = make_robot("sim", {"cameras": "none", "realtime": "false"})
-    config = load_config(flags={"inference": "rtc", "policy": "tests.policy.test_device:make_probe", "device": "meta"})
+    config = load_edge_config(
+        flags={"inference": "rtc", "policy": "tests.policy.test_device:make_probe", "device": "meta"}
+    )
     engine = RtcEngine(config, robot.spec)
     engine.load()
     assert isinstance(engine.policy, DeviceProbe)
     assert engine.policy.built_on == "meta"
     assert placement(engine.policy) == {"meta"}
-    refused = load_config(
+    refused = load_edge_config(
         flags={"inference": "rtc", "policy": "tests.policy.test_device:make_disobedient", "device": "meta"}
     )
     with pytest.raises(EdgeStartError, match=r"^device: 'meta' requested, but the policy's net has weights on cpu"):

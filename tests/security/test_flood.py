@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from benches._support import rss_mb, stop
+from testbed.processes import rss_mb, stop
 
 from servo.client import PolicyClient
 from tests.server.helpers import eventually

@@ -248,7 +248,7 @@ async def test_control_queries_are_bounded_before_their_payload_is_copied() -> N
             state,
             policy=FixedComputePolicy(),
             zsession=None,  # type: ignore[arg-type]  # nothing gets far enough to declare
-            trajectories=TrajectoryLibrary([]),
+            trajectories=TrajectoryLibrary({}),
             takeover_idle_s=1.0,
             limits=LimitsSection(),
             max_observation_bytes=1 << 20,

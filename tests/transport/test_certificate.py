@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servo.config import ConfigError
-from servo.edge.config import EdgeConfig
+from servo.edge.config import EdgeConfig, SecurityConfig
 from servo.transport import CertificateError, common_name
 from servo.transport.certificate import subject_common_name
 from tests.pki import Pki
@@ -58,8 +58,18 @@ def test_the_common_name_is_read_whatever_its_string_type(tmp_path: Path, kind: 
 def test_a_fleet_certificate_names_its_robot(tmp_path: Path) -> None:
     leaf = Pki(tmp_path).issue("robot-8")
     assert common_name(leaf.cert) == "robot-8"
-    assert EdgeConfig(tls_root_ca=leaf.cert, tls_cert=leaf.cert, tls_key=leaf.key).resolved_client_id("x") == "robot-8"
-    assert EdgeConfig(tls_cert=leaf.cert, tls_key=leaf.key, client_id="r9").resolved_client_id("x") == "r9"
+    assert (
+        EdgeConfig(
+            security=SecurityConfig(tls_root_ca=leaf.cert, tls_cert=leaf.cert, tls_key=leaf.key)
+        ).resolved_client_id("x")
+        == "robot-8"
+    )
+    assert (
+        EdgeConfig(client_id="r9", security=SecurityConfig(tls_cert=leaf.cert, tls_key=leaf.key)).resolved_client_id(
+            "x"
+        )
+        == "r9"
+    )
 
 
 @pytest.mark.parametrize(
@@ -94,7 +104,7 @@ def test_files_that_are_no_certificate_are_refused_in_one_line(tmp_path: Path) -
 
 def test_a_common_name_that_is_no_client_id_asks_for_one(tmp_path: Path) -> None:
     path = certificate(tmp_path, cn("robot 7/evil"))
-    config = EdgeConfig(tls_cert=str(path), tls_key=str(path))
+    config = EdgeConfig(security=SecurityConfig(tls_cert=str(path), tls_key=str(path)))
     with pytest.raises(ConfigError, match=r"pass --client-id <CN>"):
         config.resolved_client_id("x")
 

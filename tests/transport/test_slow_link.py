@@ -19,7 +19,7 @@ from typing import Literal
 import anyio
 import numpy as np
 import pytest
-from benches._netns import Link, available, shaped_link
+from testbed.netns import Link, available, shaped_link
 
 from servo.client import PolicyClient, SendFailed, SessionLost
 from servo.transport import ZenohSettings

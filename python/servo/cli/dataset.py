@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from servo.cli.flags import HelpFormatter
 from servo.logs import configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(prog="servo-dataset", description=__doc__)
+    parser = argparse.ArgumentParser(prog="servo-dataset", description=__doc__, formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser(
         "export",
+        formatter_class=HelpFormatter,
         help="write recordings (one episode each) as a new LeRobotDataset (v3)",
         description="Write .servo recordings, one episode each, as a new LeRobotDataset (v3) that "
         "LeRobot can train on. Needs servo-robotics[lerobot] (Python >= 3.12).",

@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 
 from servo.cli.console import Console
-from servo.cli.flags import add_struct_flags, struct_flag_values
+from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.config import ConfigError, convert, fields_of
-from servo.edge.config import EdgeConfig, load_config
+from servo.edge.config import EdgeConfig, load_edge_config
 from servo.edge.display import INSTALL_HINT, DisplayConfig
 from servo.logs import configure_logging
 
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog=f"robot options (--robot-opt KEY=VALUE):\n{robots}\n{plugin}",
     )
     parser.add_argument(
@@ -80,10 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--replay",
+        action=_Replay,
         metavar="FILE|server:NAME",
-        help="Replay a recorded trajectory: a recording file, or a trajectory of the server's library.",
+        help="Replay a recorded trajectory: a recording file, or a trajectory of the server's library "
+        "(--inference replay --trajectory FILE|server:NAME).",
     )
-    parser.add_argument("--loop", action="store_true", help="With --replay: start over at the end.")
     display = parser.add_argument_group(f"live view in Rerun (needs {INSTALL_HINT})")
     display.add_argument("--display", action="store_true", help=_described("spawn"))
     display.add_argument("--display-connect", metavar="URL", help=_described("connect"))
@@ -94,8 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error.")
     parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
     parser.add_argument("--debug", action="store_true", help="Show the traceback of an error.")
-    add_struct_flags(parser.add_argument_group("edge options (also settable in the --config TOML)"), EdgeConfig)
+    add_struct_flags(parser, EdgeConfig, "edge options (flags override the --config TOML; its tables follow)")
     return parser
+
+
+class _Replay(argparse.Action):
+    """``--replay X``: the replay engine, on trajectory X."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        namespace.inference = "replay"
+        namespace.trajectory = values
 
 
 def _described(field: str) -> str:
@@ -135,24 +146,17 @@ def robot_option_values(items: list[str]) -> dict[str, Any]:
 async def run(args: argparse.Namespace, console: Console) -> int:
     """Build everything and run; returns the exit code."""
     from servo.edge.display import Display
-    from servo.edge.engine import EngineBase
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
     from servo.edge.telemetry import TelemetryPublisher
     from servo.identity import robot_identity
     from servo.robots import RobotDescription
 
-    config = load_config(args.config, struct_flag_values(args, EdgeConfig))
+    config = load_edge_config(args.config, struct_flag_values(args, EdgeConfig))
     view = display_config(args)
     display = Display(view) if view.enabled else None  # imports Rerun: fails before anything starts
     robot = RobotDescription(args.robot, robot_option_values(args.robot_opt))
-    spec = robot.spec()  # the control process builds the driver again to drive it
-    if args.replay:
-        from servo.edge.replay import ReplayEngine
-
-        engine: EngineBase = ReplayEngine(config, spec, args.replay, loop=args.loop)
-    else:
-        engine = make_engine(config, spec)
+    engine = make_engine(config, robot.spec())  # the control process builds the driver again to drive it
     options = RunOptions(
         duration_s=args.duration,
         summary_path=args.summary,

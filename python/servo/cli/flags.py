@@ -10,30 +10,74 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
 
-from servo.config import ConfigError, FieldDoc, fields_of
+from servo.config import ConfigError, FieldDoc, fields_of, sections_of
+
+#: reST inline markup of docstrings and field descriptions: ``literal``, `reference`.
+_MARKUP = re.compile(r"``([^`]+)``|`([^`]+)`")
 
 
-def add_struct_flags(group: argparse._ActionsContainer, kind: type[Any]) -> None:
-    """Add ``--field-name`` for every field of ``kind`` (defaults left unset so a file can win)."""
+def plain(text: str) -> str:
+    """``text`` without its reST inline markup, as a terminal should show it."""
+    return _MARKUP.sub(lambda m: m.group(1) or m.group(2), text)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` of every servo command: the docstring's own line breaks, without reST markup."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return super()._fill_text(plain(text), width, indent)
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain(super()._expand_help(action))
+
+
+def add_struct_flags(parser: argparse.ArgumentParser, kind: type[Any], title: str) -> None:
+    """Add ``--field-name`` for every option of ``kind`` (defaults left unset so a file can win).
+
+    The top-level options form the group ``title``; the options of each section (a field that is
+    a Struct, a TOML table) form a group of their own, headed ``[section]``, with flags named
+    after the option alone.
+    """
+    sections = sections_of(kind)
+    top = parser.add_argument_group(title)
     for doc in fields_of(kind):
-        flag = "--" + doc.name.replace("_", "-")
-        help_text = _help(doc)
-        if doc.type_text == "bool":
-            group.add_argument(flag, dest=doc.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif doc.choices:
-            group.add_argument(flag, dest=doc.name, choices=doc.choices, default=None, help=help_text)
-        elif doc.type_text.startswith("list of"):
-            group.add_argument(flag, dest=doc.name, action="append", default=None, metavar="VALUE", help=help_text)
-        elif doc.type_text.startswith("table of"):
-            group.add_argument(flag, dest=doc.name, action="append", default=None, metavar="KEY=VALUE", help=help_text)
+        if doc.name in sections:
+            group = parser.add_argument_group(f"[{doc.name}] {doc.description.rstrip('.')}")
+            for inner in fields_of(sections[doc.name]):
+                _add_flag(group, inner)
         else:
-            group.add_argument(flag, dest=doc.name, default=None, metavar=doc.type_text.upper(), help=help_text)
+            _add_flag(top, doc)
+
+
+def _add_flag(group: argparse._ActionsContainer, doc: FieldDoc) -> None:
+    flag = "--" + doc.name.replace("_", "-")
+    help_text = _help(doc)
+    if doc.type_text == "bool":
+        group.add_argument(flag, dest=doc.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+    elif doc.choices:
+        group.add_argument(flag, dest=doc.name, choices=doc.choices, default=None, help=help_text)
+    elif doc.type_text.startswith("list of"):
+        group.add_argument(flag, dest=doc.name, action="append", default=None, metavar="VALUE", help=help_text)
+    elif doc.type_text.startswith("table of"):
+        group.add_argument(flag, dest=doc.name, action="append", default=None, metavar="KEY=VALUE", help=help_text)
+    else:
+        group.add_argument(flag, dest=doc.name, default=None, metavar=doc.type_text.upper(), help=help_text)
+
+
+def options_of(kind: type[Any]) -> list[FieldDoc]:
+    """Every option of ``kind`` that is a flag: its top-level fields and its sections' fields."""
+    sections = sections_of(kind)
+    out: list[FieldDoc] = []
+    for doc in fields_of(kind):
+        out += fields_of(sections[doc.name]) if doc.name in sections else [doc]
+    return out
 
 
 def struct_flag_values(args: argparse.Namespace, kind: type[Any]) -> dict[str, Any]:
-    """The fields of ``kind`` given on the command line, by name.
+    """The options of ``kind`` given on the command line, by name (a section's by their own name).
 
     Numbers and booleans stay text here: `servo.config.convert` parses them (``strict=False``
     semantics). Tables come from repeated ``KEY=VALUE``; a value of a
@@ -43,7 +87,7 @@ def struct_flag_values(args: argparse.Namespace, kind: type[Any]) -> dict[str, A
         ConfigError: a ``KEY=VALUE`` flag without ``=``.
     """
     out: dict[str, Any] = {}
-    for doc in fields_of(kind):
+    for doc in options_of(kind):
         value = getattr(args, doc.name, None)
         if value is None:
             continue

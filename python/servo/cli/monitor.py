@@ -14,7 +14,7 @@ import sys
 import anyio
 import zenoh
 
-from servo.cli.flags import add_struct_flags, struct_flag_values
+from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.config import ConfigError, convert
 from servo.logs import configure_logging
@@ -25,10 +25,8 @@ PROG = "servo-monitor"
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every `MonitorConfig` field is a flag."""
-    parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_struct_flags(parser.add_argument_group("monitor options"), MonitorConfig)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
+    add_struct_flags(parser, MonitorConfig, "monitor options")
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error.")
     parser.add_argument("--json-logs", action="store_true", help="Log JSON lines instead of console text.")
     parser.add_argument("--debug", action="store_true", help="Show the traceback of an unexpected error.")

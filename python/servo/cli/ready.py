@@ -48,14 +48,14 @@ def ready_lines(ready: ServerReady, manifest: Manifest, certificate: ServerCerti
 
 def capacity_lines(ready: ServerReady, manifest: Manifest) -> list[str]:
     """The capacity plan from the warm-up forwards, for robots with the edge's default buffer."""
-    from servo.edge.config import EdgeConfig
+    from servo.edge.pipeline import PipelineConfig
 
     forward_s = measured_forward_s(ready.warmup_s)
     if forward_s is None:
         return ["capacity: no plan without a warm-up forward to time (model.warmup = 0)"]
     info = ready.info
     plan = CapacityPlan(
-        forward_s, info.chunk_size, info.fps, rtc=info.supports_rtc, buffer_s=EdgeConfig().buffer_time_s
+        forward_s, info.chunk_size, info.fps, rtc=info.supports_rtc, buffer_s=PipelineConfig().buffer_time_s
     )
     max_sessions = 1 if info.serving_mode == "exclusive" else manifest.serving.max_sessions
     return plan.describe(device=manifest.model.device, max_sessions=max_sessions)

@@ -13,6 +13,7 @@ import sys
 
 import anyio
 
+from servo.cli.flags import HelpFormatter
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.config import ConfigError
 from servo.logs import configure_logging
@@ -21,9 +22,7 @@ from servo.router import Fleet, RouterReady, RouterStartError, access_control, l
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(
-        prog="servo-router", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="servo-router", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("fleet", help="path of the fleet file (TOML)")
     parser.add_argument(
         "--check",

@@ -28,6 +28,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from servo.cli.console import Console
+from servo.cli.flags import HelpFormatter
 from servo.cli.lerobot import OPTION_FLAGS, lerobot_manifest
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.cli.listen import secure_listen
@@ -61,9 +62,7 @@ RAY_FLAGS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("manifest", nargs="?", help="Path of the server manifest (TOML); see examples/manifest.toml.")
     parser.add_argument(
         "--lerobot",

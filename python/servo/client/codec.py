@@ -48,7 +48,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from servo.config import doc
+from servo.config import Fraction, NonNegativeFloat, PositiveInt, Quality, doc
 
 #: ``jpeg_quality`` of raw pixels (no codec).
 RAW = 0
@@ -70,19 +70,18 @@ class AutoCodec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How ``jpeg_quality = "auto"`` chooses (see the module docstring)."""
 
     qualities: Annotated[
-        list[Annotated[int, msgspec.Meta(ge=1, le=100)]],
-        doc("JPEG qualities auto may use besides raw pixels.", min_length=1, max_length=8),
+        list[Quality], doc("JPEG qualities auto may use besides raw pixels.", min_length=1, max_length=8)
     ] = msgspec.field(default_factory=lambda: [95, 90, 80])
-    tolerance: Annotated[
-        float, doc("A better-fidelity option wins while it costs at most this fraction more.", ge=0, le=1)
-    ] = 0.05
+    tolerance: Annotated[Fraction, doc("A better-fidelity option wins while it costs at most this fraction more.")] = (
+        0.05
+    )
     hysteresis: Annotated[
-        float, doc("The option in use is dropped only for one this fraction cheaper.", ge=0, le=10)
+        NonNegativeFloat, doc("The option in use is dropped only for one this fraction cheaper.", le=10)
     ] = 0.15
-    hysteresis_ms: Annotated[float, doc("...and at least this much cheaper (ms).", ge=0)] = 0.3
-    min_dwell: Annotated[int, doc("Requests at least between two switches.", ge=1)] = 8
-    reprobe_every: Annotated[int, doc("Requests before an option not in use is tried again.", ge=1)] = 32
-    window: Annotated[int, doc("Samples per option whose median is its cost.", ge=1, le=100)] = 5
+    hysteresis_ms: Annotated[NonNegativeFloat, doc("...and at least this much cheaper (ms).")] = 0.3
+    min_dwell: Annotated[PositiveInt, doc("Requests at least between two switches.")] = 8
+    reprobe_every: Annotated[PositiveInt, doc("Requests before an option not in use is tried again.")] = 32
+    window: Annotated[PositiveInt, doc("Samples per option whose median is its cost.", le=100)] = 5
 
 
 def codec_name(quality: int) -> str:

@@ -12,7 +12,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import anyio
 import zenoh
@@ -48,6 +48,17 @@ SETTLE_ROUNDS = 24
 SETTLED_LOOKS = 3
 #: Each look waits a random time up to this first (s): simultaneous robots look at different times.
 SETTLE_JITTER_S = 0.03
+
+
+class SessionOptions(TypedDict, total=False):
+    """What `PolicyClient.open_session` takes besides the replica, the features and the fps."""
+
+    task: str
+    rtc: bool
+    epoch: int
+    tags: dict[str, str] | None
+    timeout: float
+    previous: RemoteSession | None
 
 
 class PolicyClient:
@@ -250,7 +261,7 @@ class PolicyClient:
         model: str | None = None,
         accept: Callable[[ServerInfo], bool] | None = None,
         settle: bool = True,
-        **options: object,
+        **options: Unpack[SessionOptions],
     ) -> RemoteSession:
         """Discover, then open a session on a lightly loaded replica that accepts us.
 
@@ -282,7 +293,7 @@ class PolicyClient:
         last: SessionRejected | RogueServer | None = None
         for server in servers:
             try:
-                session = await self.open_session(server, features=features, fps=fps, **options)  # type: ignore[arg-type]
+                session = await self.open_session(server, features=features, fps=fps, **options)
             except SessionRejected as exc:
                 if exc.rejection.code not in RETRYABLE:
                     raise
@@ -293,7 +304,7 @@ class PolicyClient:
                 continue
             if settle:
                 options.pop("previous", None)  # it proves a session on the first replica only
-                session = await self._settle(session, app, model, usable, features=features, fps=fps, **options)
+                session = await self._settle(session, app, model, usable, features, fps, **options)
             return session
         assert last is not None
         raise last
@@ -304,7 +315,9 @@ class PolicyClient:
         app: str | None,
         model: str | None,
         usable: Callable[[ServerInfo], bool],
-        **options: object,
+        features: Features,
+        fps: float,
+        **options: Unpack[SessionOptions],
     ) -> RemoteSession:
         """Move to the emptiest replica while this one holds 2+ sessions more (see `connect_best`)."""
         balanced = 0
@@ -330,7 +343,7 @@ class PolicyClient:
             if random.random() >= (here - mean) / here:
                 continue
             try:
-                moved = await self.open_session(target, **options)  # type: ignore[arg-type]
+                moved = await self.open_session(target, features=features, fps=fps, **options)
             except (SessionRejected, RogueServer, RequestTimeout):
                 continue
             await session.close()

@@ -32,7 +32,7 @@ from servo.client.protocol import Answered, ChunkResult, Lost, SessionProtocol, 
 from servo.client.replies import sealed_answer
 from servo.client.uplink import Outgoing, Uplink
 from servo.logs import LogThrottle, get_logger
-from servo.transport import LoopBridge, declare_obs_publisher, query
+from servo.transport import Declared, LoopBridge, declare_obs_publisher, query
 from servo.wire import (
     ClientKeys,
     CloseRequest,
@@ -88,7 +88,7 @@ class RemoteSession:
         self._uplink: Uplink | None = None
         self._server_seen = False
         self._send_throttle = LogThrottle(1.0)
-        self._entities: list[zenoh.Subscriber[None] | zenoh.LivelinessToken | zenoh.MatchingListener[None]] = []
+        self._entities: list[Declared] = []
 
     # ------------------------------------------------------------------ the protocol's state
     @property
@@ -174,7 +174,7 @@ class RemoteSession:
         self._bridge.closed = True
         for entity in reversed(self._entities):
             with contextlib.suppress(zenoh.ZError):
-                entity.undeclare()  # type: ignore[no-untyped-call]  # union defeats untyped_calls_exclude
+                entity.undeclare()
         self._entities.clear()
         if self._uplink is not None:
             self._uplink.close()

@@ -17,10 +17,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar, TypeVarTuple
 
 import anyio
 from anyio.from_thread import BlockingPortal
@@ -34,6 +34,9 @@ from servo.wire.openpi import ObservationKeys, action_reply, check_sizes, policy
 
 #: How long `SyncPolicyClient.close` waits for the loop thread (a wedged Zenoh close gives up at 12 s).
 CLOSE_TIMEOUT_S = 15.0
+
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 
 class SyncPolicyClient:
@@ -144,7 +147,7 @@ class SyncPolicyClient:
             RequestTimeout: no chunk within ``timeout``.
             SessionLost: the server drained or vanished.
         """
-        return self._call(self._infer, obs)  # type: ignore[no-any-return]
+        return self._call(self._infer, obs)
 
     async def _infer(self, obs: Mapping[str, Any]) -> dict[str, Any]:
         session = self._live()
@@ -177,7 +180,7 @@ class SyncPolicyClient:
             ServerError: the server refused.
             RequestTimeout: no answer in time.
         """
-        return self._call(self._reset, episode_id)  # type: ignore[no-any-return]
+        return self._call(self._reset, episode_id)
 
     async def _reset(self, episode_id: int | None) -> int:
         session = self._live()
@@ -205,7 +208,7 @@ class SyncPolicyClient:
     ) -> None:
         self.close()
 
-    def _call(self, fn: Any, *args: Any) -> Any:
+    def _call(self, fn: Callable[[*Args], Awaitable[T]], *args: *Args) -> T:
         with self._lock:
             if self._session is None:
                 raise RuntimeError("SyncPolicyClient is closed")
@@ -246,7 +249,7 @@ class _LoopThread:
             self._ready.set()
             await portal.sleep_until_stopped()
 
-    def call(self, fn: Any, *args: Any) -> Any:
+    def call(self, fn: Callable[[*Args], Awaitable[T]], *args: *Args) -> T:
         """Run ``await fn(*args)`` on the loop and return its result (re-raising its error)."""
         if self._portal is None:
             raise RuntimeError("the client's event loop is stopped")

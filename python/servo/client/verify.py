@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servo.logs import LogThrottle, get_logger
-from servo.wire import ActionChunk, Tensor, WireError, decode_tensor
+from servo.wire import ActionChunk, Tensor, WireError, decode_floats
 
 log = get_logger(__name__)
 
@@ -61,7 +61,7 @@ def _tensor(tensor: Tensor, what: str, action_dim: int, max_steps: int) -> Float
     if tensor.dtype != "float32":
         raise ChunkRejected("dtype", f"{what} is {tensor.dtype}, expected float32")
     try:
-        array = decode_tensor(tensor, what=what)
+        array = decode_floats(tensor, what=what)
     except WireError as exc:
         raise ChunkRejected("undecodable", str(exc)) from None
     if array.ndim != 2 or array.shape[1] != action_dim:
@@ -70,7 +70,7 @@ def _tensor(tensor: Tensor, what: str, action_dim: int, max_steps: int) -> Float
         raise ChunkRejected("shape", f"{what} has {array.shape[0]} steps, expected 1..{max_steps}")
     if not np.isfinite(array).all():
         raise ChunkRejected("non_finite", f"{what} contains NaN or inf")
-    return array  # type: ignore[return-value]
+    return array
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from ray.actor import ActorHandle
 from ray.exceptions import ActorAlreadyExistsError, ActorDiedError, RayActorError
 
-from servo.config import convert
+from servo.config import NonEmptyStr, PositiveFloat, PositiveInt, Seconds, convert, doc
 from servo.deploy import DeployError
 from servo.deploy.host import (
     ReplicaFailed,
@@ -76,22 +76,16 @@ _ACTOR_CONCURRENCY = 8
 class RayOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How `deploy` places the replicas (``servo-serve --ray`` flags)."""
 
-    address: Annotated[
-        str, msgspec.Meta(min_length=1, description="Ray cluster to join: 'auto' or the head's host:port.")
-    ] = "auto"
-    replicas: Annotated[int, msgspec.Meta(ge=1, le=1024, description="Number of servers to start.")] = 1
-    num_cpus: Annotated[float, msgspec.Meta(gt=0, description="CPUs Ray reserves for each replica.")] = 1.0
-    max_restarts: Annotated[
-        int, msgspec.Meta(ge=-1, description="How often Ray restarts a dead replica; -1 restarts forever.")
-    ] = -1
-    namespace: Annotated[str, msgspec.Meta(min_length=1, description="Ray namespace of the replica actors.")] = "servo"
-    drain_timeout_s: Annotated[
-        float, msgspec.Meta(gt=0, description="How long a replica may take to drain before it is killed.")
-    ] = DRAIN_TIMEOUT_S + 5.0
-    log_level: Annotated[
-        Literal["debug", "info", "warning", "error"], msgspec.Meta(description="Log level of the replicas.")
-    ] = "info"
-    json_logs: Annotated[bool, msgspec.Meta(description="Replicas log JSON lines instead of console text.")] = False
+    address: Annotated[NonEmptyStr, doc("Ray cluster to join: 'auto' or the head's host:port.")] = "auto"
+    replicas: Annotated[PositiveInt, doc("Number of servers to start.", le=1024)] = 1
+    num_cpus: Annotated[PositiveFloat, doc("CPUs Ray reserves for each replica.")] = 1.0
+    max_restarts: Annotated[int, doc("How often Ray restarts a dead replica; -1 restarts forever.", ge=-1)] = -1
+    namespace: Annotated[NonEmptyStr, doc("Ray namespace of the replica actors.")] = "servo"
+    drain_timeout_s: Annotated[Seconds, doc("How long a replica may take to drain before it is killed.")] = (
+        DRAIN_TIMEOUT_S + 5.0
+    )
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], doc("Log level of the replicas.")] = "info"
+    json_logs: Annotated[bool, doc("Replicas log JSON lines instead of console text.")] = False
 
 
 # ---------------------------------------------------------------------------- the actor

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servo._core import ActionQueue, Counters, Provenance, SharedMemory
+from servo.config import PositiveFloat, Seconds, doc
 
 FloatArray = npt.NDArray[np.float32]
 Source = Literal["policy", "fallback", "replay"]
@@ -57,12 +58,21 @@ class ActionSource(Protocol):
         ...
 
 
-class FeedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """How the control loop treats queued actions (crosses to the control process as JSON)."""
+class ControlConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[control]`` of the edge configuration: what the control loop does with queued actions.
 
-    max_action_age_s: Annotated[float, msgspec.Meta(gt=0, description="Staleness bound (s).")]
-    fallback: Annotated[Fallback, msgspec.Meta(description="What to send when no fresh action exists.")]
-    source: Annotated[Source, msgspec.Meta(description="How queued actions are labelled.")] = "policy"
+    The control loop takes it as is (it crosses to the control process as JSON).
+    """
+
+    max_action_age_s: Annotated[
+        Seconds, doc("Never execute an action whose observation is older than this (staleness bound, s).")
+    ] = 3.0
+    fallback: Annotated[
+        Fallback, doc("What the robot does when no fresh action exists: hold, repeat_last or zero.")
+    ] = "hold"
+    velocity_scale: Annotated[
+        PositiveFloat, doc("Scales every joint's velocity limit (below 1 slows every motion down).", le=10)
+    ] = 1.0
 
 
 class ActionFeed:
@@ -71,12 +81,16 @@ class ActionFeed:
     Args:
         queue: The engine's queue (this handle is the consumer's).
         counters: The pipeline block's `COUNTERS` counters.
-        config: Staleness bound, fallback and label.
+        config: Staleness bound and fallback.
+        source: How queued actions are labelled when executed.
     """
 
-    def __init__(self, queue: ActionQueue, counters: Counters, config: FeedConfig) -> None:
+    def __init__(
+        self, queue: ActionQueue, counters: Counters, config: ControlConfig, source: Source = "policy"
+    ) -> None:
         self.queue = queue
         self.config = config
+        self.source = source
         self._counters = counters
         self._max_age_ns = round(config.max_action_age_s * 1e9)
         self._zero = np.zeros(queue.action_dim, dtype=np.float32)
@@ -84,7 +98,7 @@ class ActionFeed:
         self._episode = counters.get(EPISODE)
 
     @classmethod
-    def attach(cls, memory: SharedMemory, config: FeedConfig) -> ActionFeed:
+    def attach(cls, memory: SharedMemory, config: ControlConfig, source: Source = "policy") -> ActionFeed:
         """The feed of a pipeline block another process created (see `pipeline_layout`).
 
         Raises:
@@ -92,7 +106,7 @@ class ActionFeed:
         """
         queue = ActionQueue.attach(memory, 0)
         _, counters_at = pipeline_layout(queue.action_dim, queue.capacity)
-        return cls(queue, memory.counters(counters_at, COUNTERS), config)
+        return cls(queue, memory.counters(counters_at, COUNTERS), config, source)
 
     def queued(self) -> int:
         """Actions left in the queue."""
@@ -115,7 +129,7 @@ class ActionFeed:
             values, provenance = item
             if provenance is None or now_ns - provenance.obs_mono_ns <= self._max_age_ns:
                 self._last_action = values
-                return Action(values, self.config.source, provenance)
+                return Action(values, self.source, provenance)
             counters.add(STALE_REFUSALS)
             self.queue.discard_chunk(provenance)
         counters.add(FALLBACK_TICKS)

@@ -1,22 +1,57 @@
-"""Edge configuration: every option of seeds/001 §9.4 that applies, from TOML and the CLI.
+"""Edge configuration: every option of seeds/001 §9.4 that applies, in sections their consumers take.
 
-Precedence: defaults < ``--config edge.toml`` < command-line flags. Every field below is also a flag
-(``buffer_time_s`` -> ``--buffer-time-s``) whose help is the field's description; values are
-checked by `servo.config`, so a bad one is one line naming the option and the file.
+::
+
+    inference, task, client_id, tags,    which engine runs (`servo.edge.engines`), who this robot is
+    telemetry_period_s                   and how often it tells monitors how it is
+    [link]       LinkConfig              the Zenoh session, reconnects and the frame codec
+    [server]     ServerConfig            which servers the remote engine may use
+    [security]   SecurityConfig          TLS, router authentication, server pins, chunk bounds
+    [pipeline]   PipelineConfig          when to ask for a chunk and how to merge it
+    [control]    ControlConfig           what the control loop does with queued actions
+    [failsafe]   FailSafeConfig          the watchdogs of the fail-safe state machine
+    [local]      LocalConfig             the policy of the local engines (sync, rtc)
+    [replay]     ReplayConfig            the trajectory the replay engine drains
+
+Each component takes only its section (`ChunkPipeline` the pipeline's, `FailSafe` the
+fail-safe's, the control loop the control section); an engine is where sections meet, so it
+takes the whole `EdgeConfig`.
+
+Precedence: defaults < ``--config edge.toml`` < command-line flags. Every field is also a flag
+named after it alone (``[pipeline] buffer_time_s`` -> ``--buffer-time-s``; names are unique
+across sections) whose help is the field's description; values are checked by `servo.config`,
+so a bad one is one line naming the option and the file, and a key of the flat layout (before
+sections) is one line naming where it moved.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
 from servo.client import TrustedServers
 from servo.client.codec import AutoCodec, JpegQuality
 from servo.client.verify import MAX_CHUNK_STEPS
-from servo.config import ConfigError, FieldError, convert, doc, load_toml
+from servo.config import (
+    ConfigError,
+    FieldError,
+    LeaseMs,
+    NonNegativeSeconds,
+    PositiveInt,
+    Quality,
+    Seconds,
+    convert,
+    doc,
+    flag_keys,
+    load_toml,
+    nest,
+)
+from servo.edge.actions import ControlConfig
+from servo.edge.failsafe import FailSafeConfig
+from servo.edge.pipeline import PipelineConfig
 from servo.transport import (
     DEFAULT_LOCAL_ENDPOINT,
     CertificateError,
@@ -27,15 +62,14 @@ from servo.transport import (
 )
 from servo.wire import WireError, segment
 
-Fallback = Literal["hold", "repeat_last", "zero"]
-InferenceMode = Literal["remote", "sync", "rtc"]
+InferenceMode = Literal["remote", "sync", "rtc", "replay"]
 
 #: Raised for every edge configuration problem (the edge's name for `servo.config.ConfigError`).
 EdgeConfigError = ConfigError
 
 
-class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What the edge runtime needs besides the robot (see each field's description)."""
+class LinkConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[link]``: how this robot reaches its server: the Zenoh session, reconnects, the frame codec."""
 
     connect: Annotated[list[str], doc("Zenoh endpoint(s) of the server or router to connect to.")] = msgspec.field(
         default_factory=lambda: [DEFAULT_LOCAL_ENDPOINT]
@@ -43,6 +77,38 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     zenoh_mode: Annotated[
         Literal["client", "peer"], doc("client: this robot dials out (fleets); peer: a direct link.")
     ] = "client"
+    lease_ms: Annotated[LeaseMs, doc("Zenoh lease this robot announces: how fast its death is noticed (ms).")] = 1000
+    connect_timeout_s: Annotated[Seconds, doc("How long to look for a server at start before giving up (s).")] = 10.0
+    reconnect_initial_backoff_s: Annotated[
+        Seconds, doc("First wait when no usable server answers (doubles; a server token ends it, s).")
+    ] = 0.5
+    reconnect_max_backoff_s: Annotated[Seconds, doc("Ceiling of the reconnect delay (s).")] = 10.0
+    jpeg_quality: Annotated[
+        JpegQuality,
+        doc("Camera frames: auto (raw or JPEG per request, from measured costs), 0 raw, or a JPEG quality 1-100."),
+    ] = "auto"
+    jpeg_auto_qualities: Annotated[
+        list[Quality],
+        doc("JPEG qualities jpeg_quality = auto may use besides raw pixels.", min_length=1, max_length=8),
+    ] = msgspec.field(default_factory=lambda: list(AutoCodec().qualities))
+
+    def check(self) -> None:
+        """Endpoint syntax and the backoff's order; raises `FieldError` naming the option."""
+        if self.reconnect_initial_backoff_s > self.reconnect_max_backoff_s:
+            raise FieldError("reconnect_initial_backoff_s", "must be <= reconnect_max_backoff_s")
+        try:
+            ZenohSettings(mode=self.zenoh_mode, connect=list(self.connect)).check()
+        except FieldError as exc:
+            raise FieldError("zenoh_mode" if exc.field == "mode" else exc.field, exc.message) from None
+
+    def auto_codec(self) -> AutoCodec:
+        """How ``jpeg_quality = "auto"`` chooses, with this link's qualities."""
+        return AutoCodec(qualities=list(self.jpeg_auto_qualities))
+
+
+class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[server]``: which servers the remote engine may use when several answer."""
+
     app: Annotated[str, doc("Only use servers of this app (a key segment); any when empty.")] = ""
     model: Annotated[str, doc("Only use servers of this model key (e.g. servo-reference); any when empty.")] = ""
     replica: Annotated[str, doc("Only use this replica; any when empty.")] = ""
@@ -50,58 +116,11 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         str,
         doc("Only use servers of this model revision; when empty, a new revision is taken at an episode boundary."),
     ] = ""
-    client_id: Annotated[
-        str,
-        doc("This robot's id; when empty: tls_cert's common name, else auth_user, else random."),
-    ] = ""
-    task: Annotated[str, doc("Task instruction sent with every observation (the prompt of a VLA).")] = ""
-    jpeg_quality: Annotated[
-        JpegQuality,
-        doc("Camera frames: auto (raw or JPEG per request, from measured costs), 0 raw, or a JPEG quality 1-100."),
-    ] = "auto"
-    jpeg_auto_qualities: Annotated[
-        list[Annotated[int, msgspec.Meta(ge=1, le=100)]],
-        doc("JPEG qualities jpeg_quality = auto may use besides raw pixels.", min_length=1, max_length=8),
-    ] = msgspec.field(default_factory=lambda: list(AutoCodec().qualities))
-    buffer_time_s: Annotated[
-        float, doc("Send the next observation when the queue holds less than this many seconds.", gt=0)
-    ] = 0.5
-    max_action_age_s: Annotated[
-        float, doc("Never execute an action whose observation is older than this (staleness bound, s).", gt=0)
-    ] = 3.0
-    degraded_after_s: Annotated[
-        float, doc("A request outstanding this long -> DEGRADED, even with actions queued (s).", gt=0)
-    ] = 1.0
-    request_timeout_s: Annotated[float, doc("Per-request watchdog: a hung server (s).", gt=0)] = 5.0
-    connect_timeout_s: Annotated[float, doc("How long to look for a server at start before giving up (s).", gt=0)] = (
-        10.0
-    )
-    timeout_streak: Annotated[int, doc("Request timeouts in a row that count as a lost server.", ge=1)] = 2
-    reconnect_initial_backoff_s: Annotated[
-        float, doc("First wait when no usable server answers (doubles; a server token ends it, s).", gt=0)
-    ] = 0.5
-    reconnect_max_backoff_s: Annotated[float, doc("Ceiling of the reconnect delay (s).", gt=0)] = 10.0
-    max_offline_s: Annotated[float, doc("Offline this long -> DEAD: park the arm and exit (s).", gt=0)] = 60.0
-    fallback: Annotated[
-        Fallback, doc("What the robot does when no fresh action exists: hold, repeat_last or zero.")
-    ] = "hold"
-    velocity_scale: Annotated[
-        float, doc("Scales every joint's velocity limit (below 1 slows every motion down).", gt=0, le=10)
-    ] = 1.0
-    rtc: Annotated[bool, doc("Real-time chunking: replace the queue's rest with each chunk (else append).")] = True
-    execution_horizon: Annotated[
-        int, doc("Queued steps shipped with each request as the RTC prefix.", ge=0, le=10_000)
-    ] = 10
-    inference: Annotated[
-        InferenceMode, doc("remote (a policy server), or sync / rtc: run the policy in this process (torch).")
-    ] = "remote"
-    policy: Annotated[str, doc("Local engines: policy source, a built-in name or package.module:factory.")] = (
-        "reference"
-    )
-    policy_options: Annotated[
-        dict[str, Any], doc("Local engines: keyword arguments of the policy factory (values are JSON).")
-    ] = {}
-    device: Annotated[str, doc("Local engines: torch device the policy runs on (cpu, cuda, cuda:N, mps).")] = "cpu"
+
+
+class SecurityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[security]``: TLS and authentication to a router, which servers to trust, what a chunk may hold."""
+
     tls_root_ca: Annotated[str, doc("TLS: CA certificate trusted for the server or router.")] = ""
     tls_cert: Annotated[str, doc("mTLS: this robot's certificate.")] = ""
     tls_key: Annotated[str, doc("mTLS: this robot's private key.")] = ""
@@ -115,22 +134,11 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         ),
     ] = []
     max_chunk_steps: Annotated[
-        int, doc("Longest chunk accepted (steps); longer ones are rejected, never merged.", ge=1, le=4096)
+        PositiveInt, doc("Longest chunk accepted (steps); longer ones are rejected, never merged.", le=4096)
     ] = MAX_CHUNK_STEPS
-    lease_ms: Annotated[int, doc("Zenoh lease this robot announces: how fast its death is noticed (ms).", ge=100)] = (
-        1000
-    )
-    tags: Annotated[dict[str, str], doc("Free-form labels sent at session open (KEY=VALUE).")] = {}
-    telemetry_period_s: Annotated[
-        float, doc("Publish a signed status record for monitors this often (s); 0: never.", ge=0, le=60)
-    ] = 1.0
 
     def check(self) -> None:
-        """Rules that span options; raises `FieldError` naming the option."""
-        if self.reconnect_initial_backoff_s > self.reconnect_max_backoff_s:
-            raise FieldError("reconnect_initial_backoff_s", "must be <= reconnect_max_backoff_s")
-        if self.inference == "remote" and not self.connect:
-            raise FieldError("connect", "name at least one endpoint of the server or router")
+        """Pairs that go together, files that must exist, well-formed pins; raises `FieldError`."""
         if bool(self.tls_cert) != bool(self.tls_key):
             raise FieldError("tls_cert" if self.tls_key else "tls_key", "mTLS needs both tls_cert and tls_key")
         if bool(self.auth_user) != bool(self.auth_password_file):
@@ -146,18 +154,11 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             self.trusted()
         except WireError as exc:
             raise FieldError("trusted_servers", str(exc)) from None
-        for name in ("client_id", "auth_user"):
-            value = getattr(self, name)
-            if value:
-                try:
-                    segment(value, what=name)
-                except WireError as exc:
-                    raise FieldError(name, str(exc).removeprefix(f"{name} ")) from None
-        try:
-            self.zenoh_settings().check()
-        except FieldError as exc:
-            field = "zenoh_mode" if exc.field == "mode" else exc.field
-            raise FieldError(field, exc.message) from None
+        if self.auth_user:
+            try:
+                segment(self.auth_user, what="auth_user")
+            except WireError as exc:
+                raise FieldError("auth_user", str(exc).removeprefix("auth_user ")) from None
 
     def trusted(self) -> TrustedServers:
         """The parsed ``trusted_servers`` pins.
@@ -166,6 +167,93 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             WireError: a malformed entry.
         """
         return TrustedServers.parse(self.trusted_servers)
+
+    def tls(self) -> TlsSettings | None:
+        """The Zenoh TLS settings, or None without TLS."""
+        if not (self.tls_root_ca or self.tls_cert):
+            return None
+        return TlsSettings(
+            root_ca_certificate=self.tls_root_ca or None,
+            connect_certificate=self.tls_cert or None,
+            connect_private_key=self.tls_key or None,
+            enable_mtls=bool(self.tls_cert),
+        )
+
+    def auth(self) -> UsrPwdSettings | None:
+        """The Zenoh user/password settings, or None without them."""
+        return UsrPwdSettings(self.auth_user, self.auth_password_file) if self.auth_user else None
+
+
+class LocalConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[local]``: the policy the local engines (``inference = "sync"`` or ``"rtc"``) run in this process."""
+
+    policy: Annotated[str, doc("Local engines: policy source, a built-in name or package.module:factory.")] = (
+        "reference"
+    )
+    policy_options: Annotated[
+        dict[str, Any], doc("Local engines: keyword arguments of the policy factory (values are JSON).")
+    ] = {}
+    device: Annotated[str, doc("Local engines: torch device the policy runs on (cpu, cuda, cuda:N, mps).")] = "cpu"
+
+
+class ReplayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[replay]``: the recorded trajectory ``inference = "replay"`` drains (``--replay`` sets both)."""
+
+    trajectory: Annotated[
+        str, doc("Trajectory to replay: a recording file, or server:NAME of the server's library.")
+    ] = ""
+    loop: Annotated[bool, doc("Replay: start over (through a bridge) at the end.")] = False
+
+
+class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the edge runtime needs besides the robot: a few top-level options and one section per consumer."""
+
+    #: Keys of the flat layout, by the dotted key that replaced each (filled in below).
+    moved_keys: ClassVar[Mapping[str, str]] = {}
+
+    inference: Annotated[
+        InferenceMode,
+        doc("remote (a policy server), sync / rtc (run the policy in this process: torch) or replay."),
+    ] = "remote"
+    task: Annotated[str, doc("Task instruction sent with every observation (the prompt of a VLA).")] = ""
+    client_id: Annotated[
+        str,
+        doc("This robot's id; when empty: tls_cert's common name, else auth_user, else random."),
+    ] = ""
+    tags: Annotated[dict[str, str], doc("Free-form labels sent at session open (KEY=VALUE).")] = {}
+    telemetry_period_s: Annotated[
+        NonNegativeSeconds, doc("Publish a signed status record for monitors this often (s); 0: never.", le=60)
+    ] = 1.0
+    link: Annotated[LinkConfig, doc("How this robot reaches its server.")] = msgspec.field(default_factory=LinkConfig)
+    server: Annotated[ServerConfig, doc("Which servers to use.")] = msgspec.field(default_factory=ServerConfig)
+    security: Annotated[SecurityConfig, doc("TLS, authentication, trusted servers.")] = msgspec.field(
+        default_factory=SecurityConfig
+    )
+    pipeline: Annotated[PipelineConfig, doc("When to ask for a chunk and how to merge it.")] = msgspec.field(
+        default_factory=PipelineConfig
+    )
+    control: Annotated[ControlConfig, doc("What the control loop does with queued actions.")] = msgspec.field(
+        default_factory=ControlConfig
+    )
+    failsafe: Annotated[FailSafeConfig, doc("Watchdogs of the fail-safe state machine.")] = msgspec.field(
+        default_factory=FailSafeConfig
+    )
+    local: Annotated[LocalConfig, doc("The policy of the local engines.")] = msgspec.field(default_factory=LocalConfig)
+    replay: Annotated[ReplayConfig, doc("The trajectory of the replay engine.")] = msgspec.field(
+        default_factory=ReplayConfig
+    )
+
+    def check(self) -> None:
+        """Rules that span sections; raises `FieldError` naming the option."""
+        if self.inference == "remote" and not self.link.connect:
+            raise FieldError("link.connect", "name at least one endpoint of the server or router")
+        if self.inference == "replay" and not self.replay.trajectory:
+            raise FieldError("replay.trajectory", "name a recording file or server:NAME to replay (--replay)")
+        if self.client_id:
+            try:
+                segment(self.client_id, what="client_id")
+            except WireError as exc:
+                raise FieldError("client_id", str(exc).removeprefix("client_id ")) from None
 
     def resolved_client_id(self, default: str) -> str:
         """The client id: ``client_id``, else tls_cert's common name, else ``auth_user``, else ``default``.
@@ -178,42 +266,46 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """
         if self.client_id:
             return self.client_id
-        if self.tls_cert:
+        security = self.security
+        if security.tls_cert:
             try:
-                name = common_name(self.tls_cert)
+                name = common_name(security.tls_cert)
                 return segment(name, what="client_id")
             except (CertificateError, WireError) as exc:
                 raise ConfigError(
                     f"tls_cert: cannot use the certificate's common name as client id ({exc}); pass --client-id <CN>"
                 ) from None
-        return self.auth_user or default
+        return security.auth_user or default
 
     def zenoh_settings(self) -> ZenohSettings:
-        """Zenoh settings of the robot: a client dialling out, fast lease and retry."""
-        tls = None
-        if self.tls_root_ca or self.tls_cert:
-            tls = TlsSettings(
-                root_ca_certificate=self.tls_root_ca or None,
-                connect_certificate=self.tls_cert or None,
-                connect_private_key=self.tls_key or None,
-                enable_mtls=bool(self.tls_cert),
-            )
-        auth = UsrPwdSettings(self.auth_user, self.auth_password_file) if self.auth_user else None
+        """Zenoh settings of the robot: a client dialling out, fast lease and retry, its TLS and authentication."""
+        link, security = self.link, self.security
         return ZenohSettings(
-            mode=self.zenoh_mode, connect=list(self.connect), lease_ms=self.lease_ms, tls=tls, auth=auth
+            mode=link.zenoh_mode,
+            connect=list(link.connect),
+            lease_ms=link.lease_ms,
+            tls=security.tls(),
+            auth=security.auth(),
         )
 
 
-def load_config(path: str | None = None, flags: Mapping[str, Any] | None = None) -> EdgeConfig:
+#: ``--buffer-time-s`` -> ``pipeline.buffer_time_s``: every option's dotted key, by its flag's name.
+FLAG_KEYS = flag_keys(EdgeConfig)
+EdgeConfig.moved_keys = {name: key for name, key in FLAG_KEYS.items() if name != key}
+
+
+def load_edge_config(path: str | None = None, flags: Mapping[str, Any] | None = None) -> EdgeConfig:
     """Merge a TOML file and command-line values into a checked EdgeConfig.
 
     Args:
         path: ``--config`` file, if any.
-        flags: Values given on the command line, by field name (they replace the file's).
+        flags: Values given on the command line, by option name (``buffer_time_s``, whatever its
+            section); they replace the file's.
 
     Raises:
-        EdgeConfigError: unreadable file, unknown option, wrong type or out-of-range value.
+        EdgeConfigError: unreadable file, unknown or moved option, wrong type or out-of-range value.
     """
+    overrides = {FLAG_KEYS.get(name, name): value for name, value in (flags or {}).items()}
     if path:
-        return load_toml(path, EdgeConfig, overrides=flags)
-    return convert(dict(flags or {}), EdgeConfig, origin="command line")
+        return load_toml(path, EdgeConfig, overrides=overrides)
+    return convert(nest(overrides), EdgeConfig, origin="command line")

@@ -35,8 +35,8 @@ import msgspec
 from anyio.abc import ByteReceiveStream, Process, TaskGroup
 
 from servo._core import SharedMemory
-from servo.config import doc
-from servo.edge.actions import ActionFeed, FeedConfig
+from servo.config import NonNegativeInt, NonNegativeSeconds, PositiveFloat, PositiveInt, doc
+from servo.edge.actions import ActionFeed, ControlConfig, Source
 from servo.edge.channel import Bell, ControlChannel, LoopState
 from servo.edge.control_loop import ControlLoop
 from servo.edge.safety import SafetyLimiter
@@ -52,16 +52,16 @@ class ControlSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything the control process needs (one JSON line on its stdin)."""
 
     robot: Annotated[RobotDescription, doc("The robot to build and drive.")]
-    feed: Annotated[FeedConfig, doc("Staleness bound, fallback and action label.")]
-    action_dim: Annotated[int, doc("Joints of the robot (checked against the built driver).", ge=1)]
-    pipeline_fd: Annotated[int, doc("Descriptor of the pipeline block (queue and its counters).", ge=0)]
-    channel_fd: Annotated[int, doc("Descriptor of the ControlChannel block.", ge=0)]
-    bell_fd: Annotated[int, doc("Write end of the bell pipe.", ge=0)]
-    velocity_scale: Annotated[float, doc("Scales every joint's velocity limit.", gt=0)]
+    control: Annotated[ControlConfig, doc("Staleness bound, fallback and speed (the edge's [control]).")]
+    source: Annotated[Source, doc("How queued actions are labelled.")]
+    action_dim: Annotated[PositiveInt, doc("Joints of the robot (checked against the built driver).")]
+    pipeline_fd: Annotated[NonNegativeInt, doc("Descriptor of the pipeline block (queue and its counters).")]
+    channel_fd: Annotated[NonNegativeInt, doc("Descriptor of the ControlChannel block.")]
+    bell_fd: Annotated[NonNegativeInt, doc("Write end of the bell pipe.")]
     realtime: Annotated[bool, doc("Ask for SCHED_FIFO.")]
     log_level: Annotated[str, doc("Level of the records sent to the parent.")]
-    rest_tolerance: Annotated[float, doc("How close to the rest pose counts as parked.", gt=0)]
-    orphan_park_timeout_s: Annotated[float, doc("How long to park when the edge is gone (s).", ge=0)]
+    rest_tolerance: Annotated[PositiveFloat, doc("How close to the rest pose counts as parked.")]
+    orphan_park_timeout_s: Annotated[NonNegativeSeconds, doc("How long to park when the edge is gone (s).")]
 
 
 #: Child stderr lines kept for the error message when it fails to start.
@@ -77,8 +77,8 @@ class ProcessControlLoop(ControlLoop):
         robot: The robot to build in the control process.
         action_dim: Its number of joints.
         pipeline: The engine pipeline's block (`servo.edge.actions.pipeline_layout`).
-        feed: How the control process treats queued actions.
-        velocity_scale: Scales every joint's velocity limit.
+        control: What the control process does with queued actions (staleness, fallback, speed).
+        source: How queued actions are labelled.
         realtime: Ask for ``SCHED_FIFO``.
         rest_tolerance: How close to the rest pose counts as parked when the edge is gone.
         orphan_park_timeout_s: How long the control process parks when the edge is gone.
@@ -93,8 +93,8 @@ class ProcessControlLoop(ControlLoop):
         *,
         action_dim: int,
         pipeline: SharedMemory,
-        feed: FeedConfig,
-        velocity_scale: float = 1.0,
+        control: ControlConfig,
+        source: Source = "policy",
         realtime: bool = True,
         rest_tolerance: float = 2.0,
         orphan_park_timeout_s: float = 5.0,
@@ -104,12 +104,12 @@ class ProcessControlLoop(ControlLoop):
         self._pipeline = pipeline
         self.spec = ControlSpec(
             robot=robot,
-            feed=feed,
+            control=control,
+            source=source,
             action_dim=action_dim,
             pipeline_fd=pipeline.fileno(),
             channel_fd=channel.memory.fileno(),
             bell_fd=0,
-            velocity_scale=velocity_scale,
             realtime=realtime,
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
             rest_tolerance=rest_tolerance,
@@ -233,8 +233,9 @@ def main() -> int:
         bell.close()
         return 1
     try:
-        feed = ActionFeed.attach(SharedMemory.attach(spec.pipeline_fd), spec.feed)
-        ticker = Ticker(robot, feed, SafetyLimiter(robot.spec, velocity_scale=spec.velocity_scale), channel, bell)
+        feed = ActionFeed.attach(SharedMemory.attach(spec.pipeline_fd), spec.control, spec.source)
+        limiter = SafetyLimiter(robot.spec, velocity_scale=spec.control.velocity_scale)
+        ticker = Ticker(robot, feed, limiter, channel, bell)
         ticker.start()
         # Started before asking for real-time scheduling, so it stays a normal thread.
         args = (ticker, spec.rest_tolerance, spec.orphan_park_timeout_s)

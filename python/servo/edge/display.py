@@ -35,14 +35,14 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from servo.config import ConfigError, doc
+from servo.config import ConfigError, PositiveFloat, Quality, doc
 from servo.logs import get_logger
 from servo.robots.protocol import Cameras, RobotSpec
 from servo.wire.image import encode_image
 
 if TYPE_CHECKING:
     from servo.edge.channel import Tick
-    from servo.edge.engine import EngineStats
+    from servo.edge.stats import EngineStats
 
 log = get_logger(__name__)
 
@@ -59,10 +59,10 @@ class DisplayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     spawn: Annotated[bool, doc("Spawn a Rerun viewer here (or use the one already listening on its port).")] = False
     connect: Annotated[str, doc("Stream to a Rerun viewer elsewhere, e.g. rerun+http://laptop:9876/proxy.")] = ""
     save: Annotated[str, doc("Write the live view to this .rrd file (open it later with `rerun FILE`).")] = ""
-    camera_fps: Annotated[float, doc("Camera frames shown per second at most (each is JPEG-encoded).", gt=0, le=60)] = (
-        5.0
-    )
-    jpeg_quality: Annotated[int, doc("JPEG quality of the frames shown.", ge=1, le=100)] = 75
+    camera_fps: Annotated[
+        PositiveFloat, doc("Camera frames shown per second at most (each is JPEG-encoded).", le=60)
+    ] = 5.0
+    jpeg_quality: Annotated[Quality, doc("JPEG quality of the frames shown.")] = 75
 
     @property
     def enabled(self) -> bool:

@@ -1,36 +1,42 @@
-"""The inference-engine interface the edge runtime drives, and what all engines share.
+"""The inference engine the edge runtime drives: one loop, written once, and what engines share.
 
 An engine produces chunks into its pipeline's action queue (shared memory: the control loop,
 in its own process, consumes it) from the observations its `ObservationFeed` (the control loop)
-hands out. Only the sequential engine is also the control loop's action source: its policy runs
-inside the tick (`runs_on_control_loop`).
+hands out. `EngineBase` owns the loop::
+
+    wait until a chunk is needed -> snapshot the queue -> produce -> merge
+                                                    └─ failed: servo.edge.failures
+
+and each engine implements only what differs: `EngineBase.produce` (over the network, on a
+thread, from a trajectory) and its set-up. Only the sequential engine is also the control loop's
+action source: its policy runs inside the tick (`runs_on_control_loop`).
 """
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 import anyio
 import numpy as np
 import numpy.typing as npt
 import zenoh
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from servo._core import LatencyTracker, QueueError
-from servo.client import REJECT_REASONS
-from servo.client.codec import CodecStatus
 from servo.edge.actions import Action
 from servo.edge.config import EdgeConfig
 from servo.edge.failsafe import EngineState, FailSafe
+from servo.edge.failures import Failures, SessionEnded
 from servo.edge.observation import ObservationFeed, ObservationInput
 from servo.edge.pipeline import ChunkPipeline, Request, Starvation
+from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
 from servo.transport import LoopBridge
-from servo.wire import CameraFeature, Features
 
 log = get_logger(__name__)
 
@@ -40,38 +46,6 @@ TICK_S = 0.02
 RTT_WINDOW = 10_000
 #: The session id of chunks computed in this process.
 LOCAL_SESSION = "0" * 32
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot of an engine's counters.
-
-    ``chunks_rejected`` counts what never reached the queue, by reason (see
-    `servo.client.REJECT_REASONS`); ``rogue_servers`` the replicas skipped as untrusted or forged.
-    """
-
-    state: str
-    chunks_received: int
-    chunks_dropped: int
-    requests: int
-    timeouts: int
-    errors: int
-    reconnects: int
-    fallback_ticks: int
-    stale_refusals: int
-    queue_depth: int
-    delay_steps: int
-    rtt_ms_p50: float | None
-    rtt_ms_p99: float | None
-    chunks_rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
-    rogue_servers: int = 0
-    #: Remote engines: the current session's codec choice and what it measured.
-    codec: CodecStatus | None = None
-    #: Set while chunks are too short for the round trip (`Starvation.short`): the fix is in the log.
-    starving: str = ""
-    #: Remote engines: the replica serving the robot and its model ("" while there is none).
-    replica: str = ""
-    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,114 +75,43 @@ class MergeEvent:
     merge_ns: int
 
 
-class InferenceEngine(Protocol):
-    """What the edge runtime needs from an engine.
+class EngineBase(abc.ABC):
+    """The engine loop (wait -> snapshot -> produce -> merge), its failure classification and counters.
 
-    `run` belongs to the event loop. `get_action` and `queued` make the engine a control loop's
-    action source; the control loop calls them once per tick when `runs_on_control_loop` (the
-    sequential engine), otherwise the control process reads the pipeline's queue directly. The
-    rest may be called from any thread.
+    An engine implements `produce` (one chunk for one request) and, as it needs, `start` (what must
+    work before the robot may move: a session, a loaded policy, a trajectory; what it acquires goes
+    on `resources`) and `serve` (what runs the loop: the remote engine's reconnects). `run` and the
+    loop belong to the event loop, except `get_action` / `queued` (the control thread of the
+    sequential engine) and `reset` / `pause` / `resume` / `hurry` (any thread).
+
+    Args:
+        config: Edge options (the pipeline, control and fail-safe sections go to their components).
+        spec: The robot.
+        client_id: This robot's id (default: ``client_id`` of the options, else ``<robot>-local``).
     """
 
-    failsafe: FailSafe
-    pipeline: ChunkPipeline
     #: The policy runs inside the control tick (sequential mode): the loop must be a thread here.
-    runs_on_control_loop: bool
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Produce chunks until cancelled; ``started`` once ready to stream."""
-        ...
-
-    def bind(self, feed: ObservationFeed) -> None:
-        """Where observations come from (the control loop), before `run`."""
-        ...
-
-    def get_action(self, now_ns: int) -> Action | None:
-        """Action for this tick (policy or fallback); None = hold."""
-        ...
-
-    def queued(self) -> int:
-        """Actions left in the queue."""
-        ...
-
-    def reset(self) -> None:
-        """Episode boundary."""
-        ...
-
-    def pause(self) -> None:
-        """Stop requesting chunks; the queue keeps draining."""
-        ...
-
-    def hurry(self) -> None:
-        """Shut down without the waits that do not protect the robot (a second interrupt)."""
-        ...
-
-    def resume(self) -> None:
-        """Request chunks again."""
-        ...
-
-    def begin_teardown(self) -> None:
-        """The arm is parking: stop requesting, and never (re)connect from now on."""
-        ...
-
-    def statistics(self) -> EngineStats:
-        """Counters snapshot."""
-        ...
-
-
-def robot_features(spec: RobotSpec) -> Features:
-    """The feature contract a robot offers to a policy."""
-    names = list(spec.joint_names)
-    return Features(
-        state_names=names,
-        action_names=names,
-        cameras={name: CameraFeature(cam.height, cam.width) for name, cam in spec.cameras.items()},
-        state_units=list(spec.units),
-        action_units=list(spec.units),
-    )
-
-
-class Aborted(Exception):
-    """Waiting for the next request was aborted (session lost, engine dead)."""
-
-
-class EngineBase:
-    """Observation feed, pipeline, fail-safe and counters shared by every engine.
-
-    Owned by the event loop (its `run`), except `get_action` / `queued` (the control thread of
-    the sequential engine) and `reset` / `pause` / `resume` / `hurry` (any thread).
-    """
-
     runs_on_control_loop = False
 
-    def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
+    def __init__(self, config: EdgeConfig, spec: RobotSpec, *, client_id: str = "") -> None:
         self.config = config
         self.spec = spec
-        self.pipeline = ChunkPipeline(
-            spec.action_dim,
-            spec.fps,
-            rtc=config.rtc,
-            execution_horizon=config.execution_horizon,
-            buffer_time_s=config.buffer_time_s,
-            max_action_age_s=config.max_action_age_s,
-            fallback=config.fallback,
-        )
-        self.failsafe = FailSafe(
-            degraded_after_s=config.degraded_after_s,
-            timeout_streak=config.timeout_streak,
-            max_offline_s=config.max_offline_s,
-        )
+        self.client_id = client_id or config.client_id or f"{spec.name}-local"
+        self.pipeline = ChunkPipeline(spec.action_dim, spec.fps, config.pipeline, config.control)
+        self.failsafe = FailSafe(config.failsafe)
+        #: Bound to the robot (and, for a remote engine, its session).
+        self.log = log.bind(client_id=self.client_id)
+        self.failures = Failures(self.failsafe, self.log)
         self.paused = False
         #: Set by a second interrupt: teardown skips waiting on the network.
         self.hurried = False
         #: Set once the safe teardown began: no session may be opened any more.
         self.tearing_down = False
+        #: Set once everything there is to produce is queued (the end of a trajectory).
+        self.all_queued = False
         #: The task the policy runs with: the configured one until a server says otherwise.
         self.task = config.task
-        self.chunks_received = 0
-        self.chunks_dropped = 0
-        self.requests = 0
-        self.errors = 0
+        self.chunks_received = self.chunks_dropped = self.requests = 0
         #: Requests that crossed the network (replay reports how few it needs).
         self.network_requests = 0
         #: Observation-to-merge latency (ns) of the last `RTT_WINDOW` merged chunks, for the run
@@ -224,41 +127,111 @@ class EngineBase:
         self.zenoh_session: zenoh.Session | None = None
         self._episode_start = True
         self._bridge: LoopBridge | None = None
+        #: The task group of `run`: background work of the engine (server resets).
+        self._tasks: TaskGroup | None = None
+        #: What `start` acquired (a Zenoh session, declarations): released, shielded, when `run` ends.
+        self.resources = contextlib.AsyncExitStack()
+
+    # ------------------------------------------------------------------ what an engine implements
+    @abc.abstractmethod
+    async def produce(self, request: Request, *, episode_start: bool) -> Produced | None:
+        """The chunk answering ``request``; None when an episode reset abandoned it.
+
+        Raises:
+            Exception: a failure `servo.edge.failures` classifies (timeouts, server errors, a lost
+                session, `PolicyFailed`); anything else is an engine bug and ends the run (DEAD).
+        """
+
+    async def start(self) -> None:
+        """Be ready to stream before ``started`` (nothing moves before); overrides end by calling this.
+
+        Raises:
+            EdgeStartError: it cannot be (no server, a policy or trajectory that does not fit).
+        """
+        self.failsafe.session_opened()
+
+    async def serve(self) -> None:
+        """Run the loop until DEAD; once everything is queued, idle while the queue drains."""
+        await self.stream()
+        if self.all_queued:
+            await anyio.sleep_forever()
+
+    # ------------------------------------------------------------------ the loop (event loop)
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start, report ``started``, serve until cancelled or DEAD; always release `resources`.
+
+        Raises:
+            EdgeStartError: `start` failed (nothing has moved).
+        """
+        self._bridge = LoopBridge()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tasks = tg
+                await self.start()
+                tg.start_soon(self.tick_failsafe)
+                task_status.started()
+                await self.serve()
+                tg.cancel_scope.cancel()
+        finally:
+            self._bridge.closed = True
+            with anyio.CancelScope(shield=True):
+                await self.resources.aclose()
+
+    async def stream(self, abort: Callable[[], str | None] = lambda: None, *, at_once: bool = False) -> None:
+        """The loop: wait until a chunk is needed, snapshot, produce, merge; until DEAD or all is queued.
+
+        Args:
+            abort: Returns why the session is over (checked while waiting), or None.
+            at_once: Ask at once the first time (a new session), whatever the queue holds.
+
+        Raises:
+            SessionEnded: ``abort()`` gave a reason, or the failures say the session is gone.
+        """
+        while not self.all_queued:
+            obs = await self.wait_until_needed(abort, at_once=at_once)
+            if obs is None:
+                return  # DEAD
+            at_once = False
+            request = self.pipeline.snapshot(obs)
+            try:
+                produced = await self.produce(request, episode_start=self.take_episode_start())
+            except Exception as exc:
+                self.failures.failed(exc)
+            else:
+                self.deliver(request, produced)
+            await anyio.lowlevel.checkpoint()  # a produce that never awaits must not starve the loop
+
+    def deliver(self, request: Request, produced: Produced | None) -> int | None:
+        """What follows a successful `produce`: the merge (the steps trimmed), or None if abandoned."""
+        self.failures.succeeded()
+        if produced is None:
+            # An episode reset abandoned this request; its chunk would be dropped anyway.
+            self.failsafe.request_failed()
+            return None
+        trimmed = self.merge(request, produced, time.monotonic_ns())
+        self.log.debug("chunk merged", seq_id=produced.seq_id, trimmed=trimmed)
+        return trimmed
 
     def bind(self, feed: ObservationFeed) -> None:
         """Where observations come from (the control loop), before `run`."""
         self.feed = feed
 
-    # ------------------------------------------------------------------ worker side (event loop)
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Produce chunks until cancelled; ``started`` once ready (each engine implements it)."""
-        raise NotImplementedError
-
-    def attach_loop(self) -> None:
-        """Bind to the running event loop (first thing `run` does)."""
-        self._bridge = LoopBridge()
-
-    def detach_loop(self) -> None:
-        """Stop scheduling onto the loop (`run` is ending)."""
-        if self._bridge is not None:
-            self._bridge.closed = True
-
     async def wait_until_needed(
         self, abort: Callable[[], str | None] = lambda: None, *, at_once: bool = False
-    ) -> ObservationInput:
-        """Wait until the next observation should leave and one exists.
+    ) -> ObservationInput | None:
+        """Wait until the next observation should leave and one exists; None once DEAD.
 
         It should leave when the queue would run dry before its chunk is expected back
         (`ChunkPipeline.send_below`), or at once with ``at_once`` (a new session: what is queued
         was computed by a replica the edge no longer uses, and its rest is the RTC prefix).
 
         Raises:
-            Aborted: ``abort()`` returned a reason, or the engine is dead.
+            SessionEnded: ``abort()`` returned a reason.
         """
-        while True:
-            reason = abort() or (self.failsafe.reason if self.failsafe.dead.is_set() else None)
+        while not self.failsafe.dead.is_set():
+            reason = abort()
             if reason:
-                raise Aborted(reason)
+                raise SessionEnded(reason)
             obs = self.latest_observation()
             if obs is not None and not self.paused and (at_once or self.pipeline.needs_observation()):
                 return obs
@@ -267,10 +240,14 @@ class EngineBase:
             else:
                 # Woken by the control loop as soon as the queue drops below the send threshold.
                 await self.feed.wait(self.pipeline.send_below(), TICK_S)
+        return None
 
     async def tick_failsafe(self) -> None:
-        """Evaluate the fail-safe state machine every `TICK_S` until cancelled."""
-        while True:
+        """Evaluate the fail-safe state machine every `TICK_S` until cancelled.
+
+        Not once everything is queued: the end of a trajectory is not a starved link.
+        """
+        while not self.all_queued:
             pipeline = self.pipeline
             self.failsafe.tick(
                 starved_since_ns=pipeline.last_starved_ns,
@@ -292,8 +269,8 @@ class EngineBase:
         return self.pipeline.queued()
 
     def is_finished(self) -> bool:
-        """Whether the engine's work has an end and reached it (trajectory replay)."""
-        return False
+        """Whether the engine's work has an end and reached it: all queued and executed (replay)."""
+        return self.all_queued and self.pipeline.queue.empty()
 
     @property
     def episode_starting(self) -> bool:
@@ -374,7 +351,7 @@ class EngineBase:
             chunks_dropped=self.chunks_dropped,
             requests=self.requests,
             timeouts=self.failsafe.timeouts,
-            errors=self.errors,
+            errors=self.failures.errors,
             reconnects=self.failsafe.reconnects,
             fallback_ticks=self.pipeline.fallback_ticks,
             stale_refusals=self.pipeline.stale_refusals,

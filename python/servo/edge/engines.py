@@ -1,4 +1,4 @@
-"""The explicit table of inference engines ``--inference`` can name."""
+"""The explicit table of inference engines: what ``inference`` names (``--inference``, ``--replay``)."""
 
 from __future__ import annotations
 
@@ -27,11 +27,18 @@ def _rtc(config: EdgeConfig, spec: RobotSpec) -> EngineBase:
     return RtcEngine(config, spec)
 
 
-#: Engine factories by name; local engines import torch only when built.
+def _replay(config: EdgeConfig, spec: RobotSpec) -> EngineBase:
+    from servo.edge.replay import ReplayEngine
+
+    return ReplayEngine(config, spec)
+
+
+#: Engine factories by name; each imports its engine when built (local engines: torch only then).
 ENGINES: dict[str, Callable[[EdgeConfig, RobotSpec], EngineBase]] = {
     "remote": _remote,
     "sync": _sync,
     "rtc": _rtc,
+    "replay": _replay,
 }
 
 

@@ -28,8 +28,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
+import msgspec
+
+from servo.config import PositiveInt, Seconds, doc
 from servo.logs import get_logger
 
 log = get_logger(__name__)
@@ -64,29 +67,33 @@ _LIVE = (EngineState.STREAMING, EngineState.DEGRADED, EngineState.STALLED)
 MAX_TRANSITIONS = 1000
 
 
+class FailSafeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[failsafe]`` of the edge configuration: the watchdogs (the engine times each request out)."""
+
+    degraded_after_s: Annotated[
+        Seconds, doc("A request outstanding this long -> DEGRADED, even with actions queued (s).")
+    ] = 1.0
+    request_timeout_s: Annotated[Seconds, doc("Per-request watchdog: a hung server (s).")] = 5.0
+    timeout_streak: Annotated[PositiveInt, doc("Request timeouts in a row that count as a lost server.")] = 2
+    max_offline_s: Annotated[Seconds, doc("Offline this long -> DEAD: park the arm and exit (s).")] = 60.0
+
+
 class FailSafe:
     """The state machine.
 
     Transitions are driven by the engine's worker; the control loop only reads `state` and `dead`.
 
     Args:
-        degraded_after_s: A request outstanding this long -> DEGRADED (whatever the queue holds).
-        timeout_streak: Consecutive request timeouts that mean the server is gone.
-        max_offline_s: Time without a merged chunk after which a disconnected edge gives up.
+        config: The watchdogs: ``degraded_after_s``, ``timeout_streak``, ``max_offline_s`` (the
+            time without a merged chunk after which a disconnected edge gives up).
         clock: Monotonic clock in ns (injectable for tests).
     """
 
-    def __init__(
-        self,
-        *,
-        degraded_after_s: float,
-        timeout_streak: int,
-        max_offline_s: float,
-        clock: Callable[[], int] = time.monotonic_ns,
-    ) -> None:
-        self._degraded_ns = round(degraded_after_s * 1e9)
-        self._streak = timeout_streak
-        self._max_offline_ns = round(max_offline_s * 1e9)
+    def __init__(self, config: FailSafeConfig, *, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.config = config
+        self._degraded_ns = round(config.degraded_after_s * 1e9)
+        self._streak = config.timeout_streak
+        self._max_offline_ns = round(config.max_offline_s * 1e9)
         self._clock = clock
         self.state = EngineState.CONNECTING
         self.reason = ""

@@ -17,13 +17,14 @@ import time
 from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import TaskStatus
 
 from servo._core import PUBLIC_KEY_SIZE
 from servo.edge.actions import Action
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced, robot_features
+from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
 from servo.edge.errors import EdgeStartError
+from servo.edge.failures import PolicyFailed
+from servo.edge.observation import robot_features
 from servo.edge.pipeline import Request
 from servo.logs import get_logger
 from servo.policy import DecodedObservation, Policy, PolicyLoadError, load_policy
@@ -39,8 +40,6 @@ log = get_logger(__name__)
 
 #: The edge options error messages name.
 EDGE_KEYS = PolicyKeys(source="policy", options="policy_options", device="device")
-#: Consecutive policy failures after which a local engine gives up (DEAD).
-MAX_FAILURES_IN_ROW = 3
 
 
 class LocalEngine(EngineBase):
@@ -50,19 +49,19 @@ class LocalEngine(EngineBase):
     ``sync``, the engine's inference thread for ``rtc``).
 
     Args:
-        config: Edge options (``policy``, ``policy_options``, ``device``, ``rtc``…).
+        config: Edge options (``[local]``: the policy; ``[pipeline]``: ``rtc``…).
         spec: The robot.
         policy: An already-built policy (tests, embedding); loaded from the config otherwise.
     """
 
     def __init__(self, config: EdgeConfig, spec: RobotSpec, *, policy: Policy | None = None) -> None:
         super().__init__(config, spec)
-        self.client_id = config.client_id or f"{spec.name}-local"
         self._policy = policy
         self._runner: InferenceRunner | None = None
         self._processor: Processor | None = None
         self._seq = 0
-        self._failures_in_row = 0
+        #: One inference at a time, on a worker thread.
+        self._limiter = anyio.CapacityLimiter(1)
 
     @property
     def policy(self) -> Policy | None:
@@ -79,8 +78,9 @@ class LocalEngine(EngineBase):
         from servo.policy.runner import InferenceRunner
 
         try:
+            local = self.config.local
             policy = self._policy or load_policy(
-                self.config.policy, self.config.policy_options, device=self.config.device, keys=EDGE_KEYS
+                local.policy, local.policy_options, device=local.device, keys=EDGE_KEYS
             )
         except PolicyLoadError as exc:
             raise EdgeStartError(str(exc), refused=True) from None
@@ -102,23 +102,23 @@ class LocalEngine(EngineBase):
             log.warning("policy warning", client_id=self.client_id, warning=warning)
         self.pipeline.set_rtc(verdict.rtc)
         self.task = verdict.task
-        runner = InferenceRunner(policy, device=self.config.device)
+        runner = InferenceRunner(policy, device=self.config.local.device)
         try:
             runner.warmup(1)
         except PolicyLoadError as exc:
             raise EdgeStartError(f"policy: {exc}", refused=True) from None
         self._policy, self._runner, self._processor = policy, runner, policy.make_processor()
-        log.info("local policy ready", model=spec.model, device=self.config.device, rtc=self.pipeline.rtc)
+        log.info("local policy ready", model=spec.model, device=self.config.local.device, rtc=self.pipeline.rtc)
 
     def infer(self, request: Request, *, episode_start: bool) -> Produced:
-        """Run the policy for one request (blocking)."""
+        """Run the policy for one request (blocking).
+
+        Raises:
+            PolicyFailed: the policy (or its processor) raised.
+        """
         runner, processor, policy = self._runner, self._processor, self._policy
         if runner is None or processor is None or policy is None:
             raise RuntimeError("infer() called before load()")
-        if episode_start:
-            processor.reset()
-            if not policy.spec.chunk_stateless:
-                policy.reset()
         rtc = self.pipeline.rtc
         obs = DecodedObservation(
             state=request.obs.state,
@@ -130,49 +130,34 @@ class LocalEngine(EngineBase):
         self._seq += 1
         self.requests += 1
         started = time.perf_counter()
-        model, robot = runner.infer(processor, obs, request.delay_steps)
+        try:
+            if episode_start:
+                processor.reset()
+                if not policy.spec.chunk_stateless:
+                    policy.reset()
+            model, robot = runner.infer(processor, obs, request.delay_steps)
+        except Exception as exc:  # a policy bug degrades to the fallback, then DEAD
+            raise PolicyFailed(f"{type(exc).__name__}: {exc}") from exc
         return Produced(model, robot, LOCAL_SESSION, self._seq, (time.perf_counter() - started) * 1e3)
 
-    def _failed(self, exc: Exception) -> None:
-        self.errors += 1
-        self._failures_in_row += 1
-        log.exception("local inference failed", client_id=self.client_id, exc_info=exc)
-        if self._failures_in_row >= MAX_FAILURES_IN_ROW:
-            self.failsafe.fatal(f"policy failed {self._failures_in_row} times in a row: {exc}")
-
-    async def _prepare(self) -> None:
+    async def start(self) -> None:
+        """Load, check and warm the policy on a worker thread."""
         await anyio.to_thread.run_sync(self.load)
-        self.attach_loop()
-        self.failsafe.session_opened()
+        await super().start()
+
+    async def produce(self, request: Request, *, episode_start: bool) -> Produced:
+        """`infer` on a worker thread while the robot keeps executing its queue."""
+        return await anyio.to_thread.run_sync(
+            functools.partial(self.infer, request, episode_start=episode_start), limiter=self._limiter
+        )
 
 
 class RtcEngine(LocalEngine):
-    """Background inference on a worker thread with the RTC merge (seeds/004 RTC mode)."""
+    """Background inference on a worker thread with the RTC merge (seeds/004 RTC mode).
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Load, then keep the queue above ``buffer_time_s`` until cancelled."""
-        await self._prepare()
-        limiter = anyio.CapacityLimiter(1)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self.tick_failsafe)
-                task_status.started()
-                while not self.failsafe.dead.is_set():
-                    obs = await self.wait_until_needed()
-                    request = self.pipeline.snapshot(obs)
-                    start = self.take_episode_start()
-                    try:
-                        produced = await anyio.to_thread.run_sync(
-                            functools.partial(self.infer, request, episode_start=start), limiter=limiter
-                        )
-                    except Exception as exc:  # a policy bug degrades to the fallback, then DEAD
-                        self._failed(exc)
-                        continue
-                    self._failures_in_row = 0
-                    self.merge(request, produced, time.monotonic_ns())
-                tg.cancel_scope.cancel()
-        finally:
-            self.detach_loop()
+    Chunks are merged with the same latency-aware merge as remote chunks: the engine loop of
+    `EngineBase` keeps the queue fed while the robot executes it.
+    """
 
 
 class SyncEngine(LocalEngine):
@@ -181,7 +166,8 @@ class SyncEngine(LocalEngine):
     Chunks are appended (no RTC): nothing executes during inference, so there is nothing to
     compensate; the price is that the robot stands still while the policy runs. The policy runs
     inside the tick, so this engine is its control loop's action source, on a thread of the
-    edge's process (`servo.edge.control_loop.ThreadControlLoop`).
+    edge's process (`servo.edge.control_loop.ThreadControlLoop`); the event loop only ticks the
+    fail-safe.
     """
 
     runs_on_control_loop = True
@@ -190,17 +176,14 @@ class SyncEngine(LocalEngine):
         super().__init__(config, spec, policy=policy)
         self.pipeline.set_rtc(False)
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Load, then idle: inference happens on the control loop."""
-        await self._prepare()
+    async def start(self) -> None:
+        """Load, then append-only merging whatever the policy supports."""
+        await super().start()
         self.pipeline.set_rtc(False)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self.tick_failsafe)
-                task_status.started()
-                await anyio.sleep_forever()
-        finally:
-            self.detach_loop()
+
+    async def serve(self) -> None:
+        """Idle: inference happens on the control loop (`get_action`)."""
+        await anyio.sleep_forever()
 
     def get_action(self, now_ns: int) -> Action | None:
         """Control loop: run the policy first if the queue is dry (blocks for the inference)."""
@@ -209,15 +192,14 @@ class SyncEngine(LocalEngine):
             and not self.paused
             and self.pipeline.queue.empty()
             and not self.failsafe.dead.is_set()
+            and (obs := self.latest_observation()) is not None
         ):
-            obs = self.latest_observation()
-            if obs is not None:
-                request = self.pipeline.snapshot(obs)
-                try:
-                    produced = self.infer(request, episode_start=self.take_episode_start())
-                except Exception as exc:  # the loop must never die of a policy bug
-                    self._failed(exc)
-                else:
-                    self._failures_in_row = 0
-                    self.merge(request, produced, time.monotonic_ns())
+            # The engine loop's step, on this thread: the loop must never die of a policy bug.
+            request = self.pipeline.snapshot(obs)
+            try:
+                produced = self.infer(request, episode_start=self.take_episode_start())
+            except PolicyFailed as exc:
+                self.failures.failed(exc)
+            else:
+                self.deliver(request, produced)
         return super().get_action(now_ns)

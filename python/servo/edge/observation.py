@@ -1,4 +1,4 @@
-"""What the engine knows of the robot: the newest observation, and how it gets it."""
+"""What the engine knows of the robot: the newest observation, how it gets it, and the robot's features."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from servo.robots.protocol import RobotSpec
+from servo.wire import CameraFeature, Features
 
 
 @dataclass
@@ -33,3 +36,15 @@ class ObservationFeed(Protocol):
     async def wait(self, queue_below: int, timeout: float) -> None:
         """Return once the control loop saw fewer than ``queue_below`` queued actions, or after ``timeout`` s."""
         ...
+
+
+def robot_features(spec: RobotSpec) -> Features:
+    """The feature contract a robot offers to a policy."""
+    names = list(spec.joint_names)
+    return Features(
+        state_names=names,
+        action_names=names,
+        cameras={name: CameraFeature(cam.height, cam.width) for name, cam in spec.cameras.items()},
+        state_units=list(spec.units),
+        action_units=list(spec.units),
+    )

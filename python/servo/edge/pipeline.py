@@ -14,11 +14,14 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import Annotated
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from servo._core import ActionQueue, LatencyTracker, Provenance, SharedMemory
+from servo.config import NonNegativeInt, Seconds, doc
 from servo.edge.actions import (
     COUNTERS,
     EPISODE,
@@ -27,8 +30,7 @@ from servo.edge.actions import (
     STALE_REFUSALS,
     Action,
     ActionFeed,
-    Fallback,
-    FeedConfig,
+    ControlConfig,
     Source,
     pipeline_layout,
 )
@@ -45,6 +47,19 @@ DELAY_QUANTILE = 0.6
 SEND_MARGIN_SHARE = 0.25
 #: ... and at least this much (s): a few control ticks of scheduling noise on either side.
 SEND_MARGIN_MIN_S = 0.05
+
+
+class PipelineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[pipeline]`` of the edge configuration: when an engine asks for a chunk and how it is merged."""
+
+    buffer_time_s: Annotated[
+        Seconds,
+        doc("The next observation leaves at the latest when the queue holds less than this many seconds."),
+    ] = 0.5
+    rtc: Annotated[bool, doc("Real-time chunking: replace the queue's rest with each chunk (else append).")] = True
+    execution_horizon: Annotated[
+        NonNegativeInt, doc("Queued steps shipped with each request as the RTC prefix.", le=10_000)
+    ] = 10
 
 
 @dataclass(frozen=True)
@@ -91,33 +106,41 @@ class ChunkPipeline:
     The producer side (`snapshot`, `complete`, `reset_episode`) belongs to the engine's inference
     worker. The consumer side is an `ActionFeed` on the control loop, in this process
     (`next_action`, for a control thread and tests) or in the control process, which maps
-    ``memory`` (`feed_config` tells it how). They share only the lock-free queue and counters.
+    ``memory`` (`control` and `source` tell it how). They share only the lock-free queue and
+    counters.
+
+    Args:
+        action_dim: Joints of the robot.
+        fps: Its control rate.
+        config: When to ask and how to merge (``[pipeline]``).
+        control: What the consumer does with queued actions (``[control]``).
+        latency_window: Round trips the latency statistics keep.
+        capacity: Most actions the queue holds.
     """
 
     def __init__(
         self,
         action_dim: int,
         fps: float,
+        config: PipelineConfig,
+        control: ControlConfig,
         *,
-        rtc: bool,
-        execution_horizon: int,
-        buffer_time_s: float,
-        max_action_age_s: float,
-        fallback: Fallback,
         latency_window: int = 100,
         capacity: int = 4096,
     ) -> None:
         self.action_dim = action_dim
         self.dt_ns = round(1e9 / fps)
-        self.execution_horizon = execution_horizon
-        self.buffer_steps = buffer_time_s * fps
+        self.execution_horizon = config.execution_horizon
+        self.buffer_steps = config.buffer_time_s * fps
         size, counters_at = pipeline_layout(action_dim, capacity)
         #: The queue and the consumer's counters; a control process maps it by its descriptor.
         self.memory = SharedMemory(size)
-        self.queue = ActionQueue.create(self.memory, 0, action_dim, rtc=rtc, capacity=capacity)
+        self.queue = ActionQueue.create(self.memory, 0, action_dim, rtc=config.rtc, capacity=capacity)
         self.counters = self.memory.counters(counters_at, COUNTERS)
-        self.feed_config = FeedConfig(max_action_age_s=max_action_age_s, fallback=fallback)
-        self._feed = ActionFeed(self.queue, self.counters, self.feed_config)
+        self.control = control
+        #: How executed actions are labelled (`label_actions`).
+        self.source: Source = "policy"
+        self._feed = ActionFeed(self.queue, self.counters, control)
         self.latency = LatencyTracker(latency_window)
         #: The last `DELAY_WINDOW` round trips: the delay estimate (robust to one outlier).
         self.recent = LatencyTracker(DELAY_WINDOW)
@@ -138,12 +161,10 @@ class ChunkPipeline:
     def label_actions(self, source: Source) -> None:
         """Label queued actions as ``source`` when executed ("replay" for trajectory replay).
 
-        Before the control loop starts: the control process reads `feed_config` once.
+        Before the control loop starts: the control process reads `source` once.
         """
-        self.feed_config = FeedConfig(
-            max_action_age_s=self.feed_config.max_action_age_s, fallback=self.feed_config.fallback, source=source
-        )
-        self._feed = ActionFeed(self.queue, self.counters, self.feed_config)
+        self.source = source
+        self._feed = ActionFeed(self.queue, self.counters, self.control, source)
 
     # ------------------------------------------------------------------ consumer counters
     @property

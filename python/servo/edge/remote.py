@@ -4,49 +4,44 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 import uuid
 
 import anyio
 import zenoh
-from anyio.abc import TaskStatus
 
 from servo.client import (
     NoServerFound,
     PolicyClient,
     RemoteSession,
     RequestTimeout,
-    SendFailed,
     ServerError,
     ServerInfo,
     SessionLost,
     SessionRejected,
 )
-from servo.client.codec import AutoCodec
 from servo.client.policy_client import RETRYABLE
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import Aborted, EngineBase, EngineStats, Produced, robot_features
+from servo.edge.engine import EngineBase, Produced
 from servo.edge.errors import EdgeStartError
-from servo.edge.observation import ObservationInput
+from servo.edge.failures import SessionEnded
+from servo.edge.observation import robot_features
 from servo.edge.pipeline import Request
-from servo.logs import LogThrottle, get_logger
+from servo.edge.stats import EngineStats
+from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
+from servo.transport import open_session
 from servo.wire import PolicyInfo, alive_selector
 
 log = get_logger(__name__)
 
 
-class _Reconnect(Exception):
-    """Internal: leave the current session and re-handshake at once (on any usable replica)."""
-
-
 class RemoteEngine(EngineBase):
     """Streams observations to a policy server and merges the chunks it returns.
 
-    `run` (the network worker) belongs to the event loop and does all encoding and I/O; the
-    control loop only deposits observations and pops the queue. One request is in flight at a
-    time: the next observation leaves when the queue holds less than ``buffer_time_s``.
+    The engine loop (the network worker) belongs to the event loop and does all encoding and
+    I/O; the control loop only deposits observations and pops the queue. One request is in flight
+    at a time: the next observation leaves when the queue would run dry before its chunk is back.
 
     Every chunk is authenticated and validated by the client library before it can reach the
     queue (`servo.client.verify`); a rejected one is counted, and the request retried. Only the
@@ -61,20 +56,16 @@ class RemoteEngine(EngineBase):
     """
 
     def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
-        super().__init__(config, spec)
-        self.client_id = config.resolved_client_id(f"{spec.name}-{uuid.uuid4().hex[:8]}")
+        super().__init__(config, spec, client_id=config.resolved_client_id(f"{spec.name}-{uuid.uuid4().hex[:8]}"))
         self.features = robot_features(spec)
         self.server: ServerInfo | None = None
         self.session: RemoteSession | None = None
         self.client: PolicyClient | None = None
         #: The last session opened: a reconnect proves it held it (see `PolicyClient.open_session`).
         self._previous: RemoteSession | None = None
-        #: Failed requests: one line per cause per second, with the count held back.
-        self._log_throttle = LogThrottle(1.0)
         self._identity: PolicyInfo | None = None
         self._epoch = 0
         self._receive_scope: anyio.CancelScope | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
         #: Set when a replica's liveliness token appears: ends a reconnect backoff at once.
         self._replica_appeared = anyio.Event()
 
@@ -86,53 +77,43 @@ class RemoteEngine(EngineBase):
             self._bridge.call(self._start_server_reset)
 
     # ------------------------------------------------------------------ worker (event loop)
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Connect, stream, reconnect; ``started`` after the first session is open.
+    async def start(self) -> None:
+        """Join Zenoh and open the first session (``started`` follows).
 
         Raises:
-            EdgeStartError: no usable server within ``connect_timeout_s`` at start, or the
-                server refused the robot's capabilities.
+            EdgeStartError: no usable server within ``connect_timeout_s``, or the server refused
+                the robot's capabilities.
         """
-        self.attach_loop()
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            tg.start_soon(self.tick_failsafe)
-            zsession = self.zenoh_session = await self._open_zenoh()
-            watcher = self._watch_replicas(zsession)
-            try:
-                client = self.client = PolicyClient(
-                    zsession,
-                    self.client_id,
-                    jpeg_quality=self.config.jpeg_quality,
-                    auto_codec=AutoCodec(qualities=list(self.config.jpeg_auto_qualities)),
-                    trusted=self.config.trusted(),
-                    max_chunk_steps=self.config.max_chunk_steps,
-                )
-                await self._first_session(client)
-                task_status.started()
-                await self._connection_loop(client)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if self.session is not None:
-                        # Telling the server is a courtesy (it collects vanished clients anyway).
-                        await self.session.close(timeout=0.01 if self.hurried else 0.5)
-                    self.detach_loop()
-                    with contextlib.suppress(zenoh.ZError):
-                        watcher.undeclare()
-                    await anyio.to_thread.run_sync(zsession.close)
-                tg.cancel_scope.cancel()
+        zsession = self.zenoh_session = await self._open_zenoh()
+        watcher = self._watch_replicas(zsession)
+        self.resources.callback(_undeclare, watcher)
+        # Telling the server is a courtesy (it collects vanished clients anyway); first to run.
+        self.resources.push_async_callback(self._close_session)
+        self.client = PolicyClient(
+            zsession,
+            self.client_id,
+            jpeg_quality=self.config.link.jpeg_quality,
+            auto_codec=self.config.link.auto_codec(),
+            trusted=self.config.security.trusted(),
+            max_chunk_steps=self.config.security.max_chunk_steps,
+        )
+        await self._first_session(self.client)
+
+    async def _close_session(self) -> None:
+        if self.session is not None:
+            await self.session.close(timeout=0.01 if self.hurried else 0.5)
 
     def _backoff(self, *, deadline_s: float | None = None) -> Backoff:
-        cfg = self.config
-        return Backoff(cfg.reconnect_initial_backoff_s, cfg.reconnect_max_backoff_s, deadline_s=deadline_s)
+        link = self.config.link
+        return Backoff(link.reconnect_initial_backoff_s, link.reconnect_max_backoff_s, deadline_s=deadline_s)
 
     def _watch_replicas(self, zsession: zenoh.Session) -> zenoh.Subscriber[None]:
         """Liveliness of every replica this edge may use: a new token ends a reconnect backoff."""
         bridge = self._bridge
         assert bridge is not None
-        cfg = self.config
+        server = self.config.server
         return zsession.liveliness().declare_subscriber(
-            alive_selector(cfg.app or None, cfg.model or None),
+            alive_selector(server.app or None, server.model or None),
             lambda sample: bridge.call(self._on_replica_liveliness, sample.kind),
         )
 
@@ -143,21 +124,21 @@ class RemoteEngine(EngineBase):
     async def _open_zenoh(self) -> zenoh.Session:
         # A Zenoh client's open() fails at once while nothing listens (ZENOH_FACTS §1).
         settings = self.config.zenoh_settings()
-        backoff = self._backoff(deadline_s=self.config.connect_timeout_s)
+        backoff = self._backoff(deadline_s=self.config.link.connect_timeout_s)
         while True:
             try:
-                return await anyio.to_thread.run_sync(zenoh.open, settings.to_config())
+                return await self.resources.enter_async_context(open_session(settings))
             except zenoh.ZError as exc:
                 problem = str(exc)
             if not await backoff.wait():
                 raise EdgeStartError(
-                    f"cannot reach a servo server at {', '.join(self.config.connect)} ({problem}); "
+                    f"cannot reach a servo server at {', '.join(self.config.link.connect)} ({problem}); "
                     "is servo-serve running there?",
                     refused=False,
                 )
 
     async def _first_session(self, client: PolicyClient) -> None:
-        backoff = self._backoff(deadline_s=self.config.connect_timeout_s)
+        backoff = self._backoff(deadline_s=self.config.link.connect_timeout_s)
         while True:
             try:
                 await self._open(client)
@@ -170,7 +151,7 @@ class RemoteEngine(EngineBase):
                 problem = str(exc)
             if not await backoff.wait():
                 raise EdgeStartError(
-                    f"no usable servo server within {self.config.connect_timeout_s:g} s: {problem}",
+                    f"no usable servo server within {self.config.link.connect_timeout_s:g} s: {problem}",
                     refused=False,
                 )
 
@@ -180,14 +161,14 @@ class RemoteEngine(EngineBase):
         session = await client.connect_best(
             features=self.features,
             fps=self.spec.fps,
-            app=cfg.app or None,
-            model=cfg.model or None,
+            app=cfg.server.app or None,
+            model=cfg.server.model or None,
             accept=self._acceptable,
             task=cfg.task,
-            rtc=cfg.rtc,
+            rtc=cfg.pipeline.rtc,
             epoch=self._epoch,
             tags=dict(cfg.tags),
-            timeout=min(2.0, cfg.request_timeout_s),
+            timeout=min(2.0, cfg.failsafe.request_timeout_s),
             previous=self._previous,
         )
         self._previous = session
@@ -195,15 +176,16 @@ class RemoteEngine(EngineBase):
         ack = session.ack
         if not self._acceptable(session.server, ack.policy.revision):
             await session.close()  # the status said otherwise: a replica mid-upgrade
-            raise _Reconnect(f"replica {session.server.keys.replica} serves revision {ack.policy.revision}")
+            raise SessionEnded(f"replica {session.server.keys.replica} serves revision {ack.policy.revision}")
         # The revision was checked above; anything else that differs breaks the robot's contract.
         if self._identity is not None and (differences := model_differences(self._identity, ack.policy)):
             await session.close()
             self.failsafe.fatal(f"server came back with a different model: {'; '.join(differences)}")
-            raise _Reconnect("different model")
+            raise SessionEnded("different model")
         self._identity = ack.policy
         self.task = ack.task  # the effective task (the server's default when the edge names none)
         self.server, self.session = session.server, session
+        self.log = self.failures.log = log.bind(session_id=session.session_id, client_id=self.client_id)
         session.episode_id = self.pipeline.episode_id
         if self.pipeline.queue.empty():
             self.pipeline.set_rtc(ack.rtc)
@@ -221,28 +203,36 @@ class RemoteEngine(EngineBase):
 
     def _revision_may_change(self) -> bool:
         """Unpinned edges take another revision only at an episode boundary (seeds/001 §8)."""
-        return not self.config.revision and self.episode_starting
+        return not self.config.server.revision and self.episode_starting
 
     def _acceptable(self, server: ServerInfo, revision: str | None = None) -> bool:
         """Whether this edge may use ``server`` now: the replica and revision rules."""
-        cfg = self.config
+        rules = self.config.server
         revision = server.status.policy.revision if revision is None else revision
-        if cfg.replica and server.keys.replica != cfg.replica:
+        if rules.replica and server.keys.replica != rules.replica:
             return False
-        if cfg.revision:
-            return revision == cfg.revision
+        if rules.revision:
+            return revision == rules.revision
         return self._identity is None or self._revision_may_change() or revision == self._identity.revision
 
-    async def _connection_loop(self, client: PolicyClient) -> None:
+    async def serve(self) -> None:
+        """The engine loop on each session in turn, until DEAD or the teardown.
+
+        A lost session re-handshakes at once; the engine backs off only while nobody usable answers.
+        """
+        assert self.client is not None
+        client = self.client
         backoff = self._backoff()
         while not self.failsafe.dead.is_set():
-            if self.session is not None:
+            if (session := self.session) is not None:
                 try:
-                    await self._stream(self.session)
-                except _Reconnect as exc:
+                    # A new session asks at once: the queue holds the last replica's chunk
+                    # (failover, drain, restart) or nothing, and only a chunk of this session is fresh.
+                    await self.stream(lambda: session.lost_reason if session.lost.is_set() else None, at_once=True)
+                except SessionEnded as exc:
                     self.failsafe.lost(str(exc))
                 with anyio.CancelScope(shield=True):
-                    await self.session.close()
+                    await session.close()
                 self.session = None
                 backoff.reset()
             if self.failsafe.dead.is_set() or self.tearing_down:
@@ -257,7 +247,7 @@ class RemoteEngine(EngineBase):
                     self.failsafe.fatal(f"server refused this robot on reconnect: {exc.rejection.reason}")
                     continue
                 problem = str(exc)
-            except (NoServerFound, RequestTimeout, _Reconnect) as exc:
+            except (NoServerFound, RequestTimeout, SessionEnded) as exc:
                 problem = str(exc)
             delay = backoff.next_delay()
             assert delay is not None  # no deadline: always a delay
@@ -289,67 +279,18 @@ class RemoteEngine(EngineBase):
         self.failsafe.request_sent()
         with anyio.CancelScope() as scope:
             self._receive_scope = scope
-            result = await session.receive(seq, timeout=self.config.request_timeout_s)
+            result = await session.receive(seq, timeout=self.config.failsafe.request_timeout_s)
         self._receive_scope = None
         if scope.cancel_called:
             return None
         return Produced(result.chunk_model, result.chunk_robot, session.session_id, seq, result.inference_ms)
 
-    async def _stream(self, session: RemoteSession) -> None:
-        bound = log.bind(session_id=session.session_id, client_id=self.client_id)
-        # A new session asks at once: the queue holds the last replica's chunk (failover, drain,
-        # restart) or nothing, and only a chunk of this session is fresh.
-        at_once = True
-        while True:
-            obs = await self._wait_until_needed(session, at_once=at_once)
-            at_once = False
-            request = self.pipeline.snapshot(obs)
-            try:
-                produced = await self.produce(request, episode_start=self.take_episode_start())
-            except SendFailed:
-                # Logged by the session; counts toward the streak like a timeout, but at once.
-                if self.failsafe.request_timed_out():
-                    raise _Reconnect(f"{self.config.timeout_streak} observations in a row not sent") from None
-                continue
-            except RequestTimeout:
-                if (suppressed := self._log_throttle.allow("timeout")) is not None:
-                    bound.warning("request timed out", timeout_s=self.config.request_timeout_s, suppressed=suppressed)
-                if self.failsafe.request_timed_out():
-                    raise _Reconnect(f"{self.config.timeout_streak} requests in a row timed out") from None
-                continue
-            except ServerError as exc:
-                self.errors += 1
-                self.failsafe.request_failed()
-                if exc.code == "unknown_session":
-                    # The server restarted or collected us: re-handshake now.
-                    raise _Reconnect("server no longer knows this session") from None
-                if (suppressed := self._log_throttle.allow(exc.code)) is not None:
-                    bound.warning("server refused request", code=exc.code, reason=exc.message, suppressed=suppressed)
-                continue
-            except SessionLost as exc:
-                raise _Reconnect(str(exc)) from None
-            if produced is None:
-                # An episode reset abandoned this request; its chunk would be dropped anyway.
-                self.failsafe.request_failed()
-                continue
-            trimmed = self.merge(request, produced, time.monotonic_ns())
-            bound.debug("chunk merged", seq_id=produced.seq_id, trimmed=trimmed)
-
-    async def _wait_until_needed(self, session: RemoteSession, *, at_once: bool) -> ObservationInput:
-        def abort() -> str | None:
-            return session.lost_reason if session.lost.is_set() else None
-
-        try:
-            return await self.wait_until_needed(abort, at_once=at_once)
-        except Aborted as exc:
-            raise _Reconnect(str(exc)) from None
-
     def _start_server_reset(self) -> None:
         session, episode = self.session, self.pipeline.episode_id
         if self._receive_scope is not None:
             self._receive_scope.cancel()
-        if session is not None and self._tg is not None:
-            self._tg.start_soon(self._server_reset, session, episode)
+        if session is not None and self._tasks is not None:
+            self._tasks.start_soon(self._server_reset, session, episode)
 
     async def _server_reset(self, session: RemoteSession, episode_id: int) -> None:
         try:
@@ -372,6 +313,11 @@ class RemoteEngine(EngineBase):
             replica="" if self.session is None else self.session.server.keys.replica,
             model="" if self.session is None else self.session.server.keys.model,
         )
+
+
+def _undeclare(watcher: zenoh.Subscriber[None]) -> None:
+    with contextlib.suppress(zenoh.ZError):
+        watcher.undeclare()
 
 
 #: What every replica an edge uses must share with the first one: a difference is DEAD. The revision

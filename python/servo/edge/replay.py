@@ -14,17 +14,17 @@ import math
 import anyio
 import numpy as np
 import numpy.typing as npt
-from anyio.abc import TaskStatus
 
 from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import EngineBase
+from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
 from servo.edge.errors import EdgeStartError
+from servo.edge.pipeline import Request
 from servo.logs import get_logger
 from servo.recording import check_rate, read_recording
 from servo.robots.protocol import RobotSpec
 from servo.transport import open_session
-from servo.wire import WireError, decode_tensor
+from servo.wire import WireError, decode_floats
 
 log = get_logger(__name__)
 
@@ -64,32 +64,27 @@ def bridge(start: FloatArray, end: FloatArray, spec: RobotSpec) -> FloatArray:
 
 
 class ReplayEngine(EngineBase):
-    """Drains a trajectory at the robot's fps. `run` belongs to the event loop.
+    """Drains a trajectory at the robot's fps: each request of the engine loop takes the next frames.
+
+    Owned by the event loop. The first request bridges from the arm's pose to the first frame.
 
     Args:
-        config: Edge options (connection settings are used for ``server:NAME`` sources).
+        config: Edge options: ``[replay]`` names the trajectory (a recording path, or
+            ``server:NAME`` for a server's library, fetched with the connection settings) and
+            whether to start over (through a bridge) at its end.
         spec: The robot.
-        source: A recording path, or ``server:NAME`` for a server's trajectory library.
-        loop: Start over (through a bridge) when the end is reached.
     """
 
-    def __init__(self, config: EdgeConfig, spec: RobotSpec, source: str, *, loop: bool = False) -> None:
-        super().__init__(config, spec)
+    def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
+        super().__init__(config, spec, client_id=config.resolved_client_id(f"{spec.name}-replay"))
         self.pipeline.set_rtc(False)
         self.pipeline.label_actions("replay")
-        # Pre-recorded frames are not answers to observations: no staleness bound applies.
-        self.source = source
-        self.loop = loop
-        self.client_id = config.resolved_client_id(f"{spec.name}-replay")
+        self.source = config.replay.trajectory
+        self.loop = config.replay.loop
         self.trajectory: FloatArray | None = None
-        self._plan: FloatArray = np.zeros((0, spec.action_dim), dtype=np.float32)
+        self._plan: FloatArray | None = None
         self._cursor = 0
-        self._all_queued = False
         self.laps = 0
-
-    def is_finished(self) -> bool:
-        """Every frame has been queued and executed."""
-        return self._all_queued and self.pipeline.queue.empty()
 
     async def arm(self) -> FloatArray:
         """Load the trajectory (one file read or one network request), without blocking the loop.
@@ -129,8 +124,8 @@ class ReplayEngine(EngineBase):
         cfg = self.config
         try:
             async with open_session(cfg.zenoh_settings()) as zsession:
-                client = PolicyClient(zsession, self.client_id, trusted=cfg.trusted())
-                servers = await client.discover(app=cfg.app or None, model=cfg.model or None)
+                client = PolicyClient(zsession, self.client_id, trusted=cfg.security.trusted())
+                servers = await client.discover(app=cfg.server.app or None, model=cfg.server.model or None)
                 self.network_requests += 1
                 trajectory = await client.fetch_trajectory(servers[0], name)
         except Exception as exc:
@@ -138,14 +133,8 @@ class ReplayEngine(EngineBase):
         what = f"trajectory {name!r}"
         try:
             check_rate(trajectory.fps, f"{what}: fps")
-            frames = np.array(
-                decode_tensor(
-                    trajectory.positions,
-                    dtype="float32",
-                    shape=(None, len(trajectory.joint_names)),
-                    what=f"{what}: positions",
-                )
-            )
+            shape = (None, len(trajectory.joint_names))
+            frames = np.array(decode_floats(trajectory.positions, shape=shape, what=f"{what}: positions"))
             if not np.isfinite(frames).all():
                 raise WireError(f"{what}: positions contain NaN or inf")
         except WireError as exc:
@@ -157,30 +146,37 @@ class ReplayEngine(EngineBase):
         self.pause()
         self.pipeline.queue.clear()
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Arm, then keep the queue topped up from the local plan until the end (or forever with loop)."""
-        trajectory = self.trajectory if self.trajectory is not None else await self.arm()
-        self.attach_loop()
-        try:
-            task_status.started()
-            obs = await self.wait_until_needed()
-            self._plan = np.concatenate([bridge(obs.state, trajectory[0], self.spec), trajectory])
-            self.failsafe.session_opened()
-            while True:
-                if self._cursor >= len(self._plan):
-                    if not self.loop:
-                        break
-                    self.laps += 1
-                    self._plan = np.concatenate([bridge(trajectory[-1], trajectory[0], self.spec), trajectory])
-                    self._cursor = 0
-                piece = self._plan[self._cursor : self._cursor + REFILL_FRAMES]
-                self._cursor += len(piece)
-                self.pipeline.queue.merge(piece, piece, 0)
-                self.chunks_received += 1
-                self.failsafe.merged()
-                await self.wait_until_needed()
-            self._all_queued = True
+    async def start(self) -> None:
+        """Arm (unless `arm` already ran)."""
+        if self.trajectory is None:
+            await self.arm()
+        await super().start()
+
+    async def produce(self, request: Request, *, episode_start: bool) -> Produced:
+        """The next `REFILL_FRAMES` frames of the plan (the first request plans from the arm's pose)."""
+        trajectory = self.trajectory
+        assert trajectory is not None, "start() first"
+        if self._plan is None:
+            self._plan = np.concatenate([bridge(request.obs.state, trajectory[0], self.spec), trajectory])
+        elif self._cursor >= len(self._plan):  # looping: back to the start through a bridge
+            self.laps += 1
+            self._plan = np.concatenate([bridge(trajectory[-1], trajectory[0], self.spec), trajectory])
+            self._cursor = 0
+        piece = self._plan[self._cursor : self._cursor + REFILL_FRAMES]
+        self._cursor += len(piece)
+        if self._cursor >= len(self._plan) and not self.loop:
+            self.all_queued = True
             log.info("replay fully queued", frames=len(self._plan), laps=self.laps)
-            await anyio.sleep_forever()
-        finally:
-            self.detach_loop()
+        self.requests += 1
+        return Produced(piece, piece, LOCAL_SESSION, self.requests, 0.0)
+
+    def merge(self, request: Request, produced: Produced, now_ns: int) -> int:
+        """Queue the frames as they are (steps trimmed: 0).
+
+        Pre-recorded frames answer no observation: nothing is trimmed and no staleness bound
+        applies (they carry no provenance).
+        """
+        self.pipeline.queue.merge(produced.chunk_model, produced.chunk_robot, 0)
+        self.chunks_received += 1
+        self.failsafe.merged()
+        return 0

@@ -238,7 +238,7 @@ class EdgeRuntime:
     def _make_loop(self, channel: ControlChannel, cameras: Cameras, in_thread: bool) -> ControlLoop:
         spec, config, opts = self.engine.spec, self.config, self.options
         if in_thread:
-            limiter = SafetyLimiter(spec, velocity_scale=config.velocity_scale)
+            limiter = SafetyLimiter(spec, velocity_scale=self.engine.pipeline.control.velocity_scale)
             robot = self.robot.build()
             return ThreadControlLoop(
                 channel, cameras, robot, self.engine, limiter, task=config.task, realtime=opts.realtime
@@ -250,8 +250,8 @@ class EdgeRuntime:
             self.robot,
             action_dim=spec.action_dim,
             pipeline=pipeline.memory,
-            feed=pipeline.feed_config,
-            velocity_scale=config.velocity_scale,
+            control=pipeline.control,
+            source=pipeline.source,
             realtime=opts.realtime,
             rest_tolerance=opts.rest_tolerance,
             orphan_park_timeout_s=opts.park_timeout_s,

@@ -21,8 +21,9 @@ import zenoh
 
 from servo.edge.channel import lateness_percentiles_ms
 from servo.edge.control_loop import ControlLoop
-from servo.edge.engine import EngineBase, EngineStats
+from servo.edge.engine import EngineBase
 from servo.edge.failsafe import FailSafe
+from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.wire.telemetry import (
     MAX_REASON_CHARS,

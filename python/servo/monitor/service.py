@@ -9,7 +9,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
-from servo.config import FieldError, doc
+from servo.config import FieldError, Port, PositiveInt, doc
 from servo.monitor.collector import FleetCollector
 from servo.monitor.exporter import FleetExporter
 from servo.monitor.fleet import FleetView
@@ -32,13 +32,11 @@ class MonitorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     http_host: Annotated[str, doc("Address the page listens on (read-only; keep it local unless needed).")] = (
         "127.0.0.1"
     )
-    http_port: Annotated[int, doc("Port of the page, its JSON and /metrics; 0 picks a free one.", ge=0, le=65535)] = (
-        9200
-    )
+    http_port: Annotated[Port, doc("Port of the page, its JSON and /metrics; 0 picks a free one.")] = 9200
     robot_keys: Annotated[
         str, doc("File of '<robot> ed25519:<fingerprint>' lines: pinned robot keys (others: trusted on first use).")
     ] = ""
-    max_robots: Annotated[int, doc("Most robots tracked (further ones are refused and counted).", ge=1)] = 4096
+    max_robots: Annotated[PositiveInt, doc("Most robots tracked (further ones are refused and counted).")] = 4096
 
     def check(self) -> None:
         """Rules that span options; raises `FieldError` naming the option."""

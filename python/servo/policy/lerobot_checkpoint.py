@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from servo.config import ConfigError
+from servo.config import ConfigError, NonEmptyStr, PositiveFloat, PositiveInt, doc
 
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
@@ -38,47 +38,30 @@ _GRIPPER_UNIT = "range_0_100"
 class LeRobotOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[model.options]`` of ``source = "lerobot"``."""
 
-    path: Annotated[
-        str,
-        msgspec.Meta(
-            min_length=1,
-            description="checkpoint directory (save_pretrained) or a hub id already in the local cache",
-        ),
-    ]
-    revision: Annotated[str, msgspec.Meta(description="revision of a cached hub id (default: the cached main)")] = ""
-    name: Annotated[str, msgspec.Meta(description="model name to advertise (default: hub id or lerobot/<type>)")] = ""
+    path: Annotated[NonEmptyStr, doc("checkpoint directory (save_pretrained) or a hub id already in the local cache")]
+    revision: Annotated[str, doc("revision of a cached hub id (default: the cached main)")] = ""
+    name: Annotated[str, doc("model name to advertise (default: hub id or lerobot/<type>)")] = ""
     action_names: Annotated[
-        list[str], msgspec.Meta(description="action names in checkpoint order, if the checkpoint does not carry them")
+        list[str], doc("action names in checkpoint order, if the checkpoint does not carry them")
     ] = []
-    state_names: Annotated[
-        list[str], msgspec.Meta(description="state names in checkpoint order (default: the action names)")
-    ] = []
+    state_names: Annotated[list[str], doc("state names in checkpoint order (default: the action names)")] = []
     units: Annotated[
         str | list[str],
-        msgspec.Meta(
-            description="units the checkpoint was trained in: one per action, or one name for the arm "
+        doc(
+            "units the checkpoint was trained in: one per action, or one name for the arm "
             "joints (degrees = LeRobot use_degrees=true, range_m100_100 = use_degrees=false; "
             "grippers are range_0_100)"
         ),
     ] = ""
     cameras: Annotated[
-        dict[str, str],
-        msgspec.Meta(description="robot camera name -> checkpoint camera (observation.images.<name>) when they differ"),
+        dict[str, str], doc("robot camera name -> checkpoint camera (observation.images.<name>) when they differ")
     ] = {}
-    fps: (
-        Annotated[
-            float,
-            msgspec.Meta(
-                gt=0, description="control rate the checkpoint was trained at (default: its dataset's, else 30)"
-            ),
-        ]
-        | None
-    ) = None
-    rtc: Annotated[bool, msgspec.Meta(description="real-time chunking where the policy implements it")] = True
-    execution_horizon: Annotated[
-        int, msgspec.Meta(ge=1, description="RTC: prefix steps the guidance pulls the new chunk towards")
-    ] = 10
-    max_guidance_weight: Annotated[float, msgspec.Meta(gt=0, description="RTC: cap of the guidance weight")] = 10.0
+    fps: Annotated[
+        PositiveFloat | None, doc("control rate the checkpoint was trained at (default: its dataset's, else 30)")
+    ] = None
+    rtc: Annotated[bool, doc("real-time chunking where the policy implements it")] = True
+    execution_horizon: Annotated[PositiveInt, doc("RTC: prefix steps the guidance pulls the new chunk towards")] = 10
+    max_guidance_weight: Annotated[PositiveFloat, doc("RTC: cap of the guidance weight")] = 10.0
 
 
 def resolve_checkpoint(path: str, revision: str) -> tuple[Path, str]:

@@ -123,10 +123,10 @@ def _import_factory(source: str, search_path: str | Path | None, keys: PolicyKey
         raise PolicyLoadError(
             f"{keys.source} {source!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
-    factory = getattr(module, attr, None)
+    factory: Callable[..., Policy] | None = getattr(module, attr, None)
     if not callable(factory):
         raise PolicyLoadError(f"{keys.source} {source!r}: {module_name!r} has no callable {attr!r}")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def _takes_device(factory: Callable[..., Any]) -> bool:

@@ -189,6 +189,9 @@ class ReferencePolicy:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
         self._encoder.to(device).eval()
         self._head.to(device).eval()
+        #: What the forward calls: the networks, or their compiled versions (`compile`).
+        self._encode: Callable[[torch.Tensor], torch.Tensor] = self._encoder
+        self._decode: Callable[[torch.Tensor], torch.Tensor] = self._head
         self._network: Callable[..., torch.Tensor] = self._forward_network
 
     @property
@@ -200,8 +203,8 @@ class ReferencePolicy:
         """Wrap the networks in ``torch.compile`` (compiled during warm-up)."""
         import torch
 
-        self._encoder = torch.compile(self._encoder)  # type: ignore[assignment]
-        self._head = torch.compile(self._head)  # type: ignore[assignment]
+        self._encode = torch.compile(self._encoder)
+        self._decode = torch.compile(self._head)
 
     def use_cuda_graphs(self) -> None:
         """Replay the networks (frames and state to residual) from CUDA graphs, one per input shape."""
@@ -243,8 +246,8 @@ class ReferencePolicy:
         if images is not None:
             x = images.permute(0, 3, 1, 2).float() / 255.0
             x = F.interpolate(x, size=_ENCODER_HW, mode="area")
-            features.insert(0, self._encoder(x).reshape(-1))
-        out: torch.Tensor = self._head(torch.cat(features).unsqueeze(0))
+            features.insert(0, self._encode(x).reshape(-1))
+        out = self._decode(torch.cat(features).unsqueeze(0))
         return out.squeeze(0)
 
     def _continue_prefix(self, chunk: FloatArray, prefix: FloatArray, delay: int) -> FloatArray:

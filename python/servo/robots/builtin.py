@@ -11,7 +11,18 @@ from typing import Annotated, Any
 
 import msgspec
 
-from servo.config import ConfigError, FieldError, doc
+from servo.config import (
+    ConfigError,
+    FieldError,
+    Hertz,
+    NonEmptyStr,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Seconds,
+    doc,
+)
 
 from .camera_list import CameraEntry, parse_cameras
 from .cameras import CameraGroup, OpenCVCamera, OpenCVCameraConfig
@@ -33,12 +44,12 @@ def _checked_cameras(value: str) -> list[CameraEntry]:
 class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Options of the simulated SO-100 (``--robot sim``)."""
 
-    fps: Annotated[float, doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
+    fps: Annotated[Hertz, doc("Control rate (Hz).")] = 30.0
     cameras: Annotated[str, doc("Simulated cameras, e.g. 'front,wrist' or 'front:640x480@30'; 'none' for none.")] = (
         "front,wrist"
     )
-    time_constant_s: Annotated[float, doc("First-order time constant of every joint (s).", gt=0)] = 0.075
-    noise_std: Annotated[float, doc("Gaussian noise added to every state reading (joint units).", ge=0)] = 0.0
+    time_constant_s: Annotated[Seconds, doc("First-order time constant of every joint (s).")] = 0.075
+    noise_std: Annotated[NonNegativeFloat, doc("Gaussian noise added to every state reading (joint units).")] = 0.0
     seed: Annotated[int, doc("Seed of the sensor noise and the rendered textures.")] = 0
     initial_pose: Annotated[
         tuple[float, ...] | None, doc("Six comma-separated joint values to start from (default: rest pose).")
@@ -57,7 +68,7 @@ class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class SOFollowerOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Options of the real SO-100 and SO-101 follower arms (``--robot so100``, ``--robot so101``)."""
 
-    port: Annotated[str, doc("Serial port of the servo bus, e.g. /dev/ttyACM0.", min_length=1)]
+    port: Annotated[NonEmptyStr, doc("Serial port of the servo bus, e.g. /dev/ttyACM0.")]
     calibration: Annotated[str, doc("Path of a LeRobot calibration JSON (or give id).")] = ""
     id: Annotated[str, doc("LeRobot robot id: its calibration file is found where LeRobot writes it.")] = ""
     write_calibration: Annotated[
@@ -65,15 +76,14 @@ class SOFollowerOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     ] = False
     cameras: Annotated[str, doc("OpenCV cameras, e.g. 'front:0:640x480@30,wrist:/dev/video2'.")] = ""
     max_relative_target: Annotated[
-        Annotated[float, msgspec.Meta(gt=0)] | None,
-        doc("Largest move per command from the measured position (joint units)."),
+        PositiveFloat | None, doc("Largest move per command from the measured position (joint units).")
     ] = None
     use_degrees: Annotated[bool, doc("Arm joints in degrees (false: LeRobot's -100..100 range).")] = True
     disable_torque_on_disconnect: Annotated[bool, doc("Release torque when the edge disconnects.")] = True
-    fps: Annotated[float, doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
-    baudrate: Annotated[int, doc("Bus baud rate.", gt=0)] = 1_000_000
-    timeout_s: Annotated[float, doc("Reply timeout of each bus packet (s).", gt=0)] = 0.05
-    retries: Annotated[int, doc("Bus retries after a bad or missing reply.", ge=0, le=10)] = 2
+    fps: Annotated[Hertz, doc("Control rate (Hz).")] = 30.0
+    baudrate: Annotated[PositiveInt, doc("Bus baud rate.")] = 1_000_000
+    timeout_s: Annotated[Seconds, doc("Reply timeout of each bus packet (s).")] = 0.05
+    retries: Annotated[NonNegativeInt, doc("Bus retries after a bad or missing reply.", le=10)] = 2
 
     def check(self) -> None:
         """Exactly one calibration source; camera syntax (every camera needs a device)."""

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Final, Protocol, Self
 
-import serial  # type: ignore[import-untyped,unused-ignore]
+import serial
 
 from servo.logs import get_logger
 

@@ -3,7 +3,7 @@
 The contract, the same for built-ins (`servo.robots.builtin`) and plugins::
 
     class KochOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-        port: Annotated[str, msgspec.Meta(description="Serial port of the bus.")]
+        port: Annotated[NonEmptyStr, doc("Serial port of the bus.")]  # servo.config's types and doc
 
     def make_koch(options: KochOptions) -> Robot | RobotParts:
         ...  # its docstring's first line is the summary --robot-help shows
@@ -33,7 +33,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from servo.config import ConfigError, convert, fields_of, is_sequence_type
+from servo.config import ConfigError, convert, doc, fields_of, is_sequence_type
 
 from . import builtin
 from .calibration import CalibrationError
@@ -59,10 +59,8 @@ class RobotDescription(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     driven, the cameras where frames are used, from the same description.
     """
 
-    robot: Annotated[str, msgspec.Meta(description=f"A robot type of ROBOTS, or {PLUGIN_FORM}.")]
-    options: Annotated[
-        dict[str, Any], msgspec.Meta(description="Flat options (command-line text or typed TOML values).")
-    ] = {}
+    robot: Annotated[str, doc(f"A robot type of ROBOTS, or {PLUGIN_FORM}.")]
+    options: Annotated[dict[str, Any], doc("Flat options (command-line text or typed TOML values).")] = {}
 
     def build(self) -> Robot:
         """The robot's joints (not connected).
@@ -170,9 +168,9 @@ def options_help(robot_type: str) -> list[str]:
     """
     kind = _options_type(robot_type, _factory(robot_type))
     lines = []
-    for doc in fields_of(kind) if kind is not None else ():
-        default = "required" if doc.required else f"default {doc.default!r}"
-        lines.append(f"{doc.name} ({doc.type_text}, {default}): {doc.description}")
+    for field in fields_of(kind) if kind is not None else ():
+        default = "required" if field.required else f"default {field.default!r}"
+        lines.append(f"{field.name} ({field.type_text}, {default}): {field.description}")
     return lines
 
 
@@ -195,10 +193,10 @@ def _factory(robot_type: str) -> RobotFactory:
         raise ConfigError(
             f"robot {robot_type!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         ) from None
-    factory = getattr(module, attr, None)
+    factory: RobotFactory | None = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError(f"robot {robot_type!r}: {module_name!r} has no callable {attr!r}")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def _options_type(robot_type: str, factory: RobotFactory) -> type[msgspec.Struct] | None:

@@ -30,61 +30,43 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from servo.config import ConfigError, load_toml, parse_toml, quoted
+from servo.config import ConfigError, LeaseMs, NonEmptyStr, doc, load_toml, parse_toml, quoted
 from servo.wire import WireError, segment
 
 #: The link protocols a router listens on: identities need ``tls`` (certificates) or any link with
 #: a password; other protocols were not verified with access control.
 Endpoint = Annotated[
     str,
-    msgspec.Meta(
-        pattern=r"^(tcp|tls)/\S+:[0-9]+$",
-        description="A Zenoh endpoint such as tls/0.0.0.0:7447 or tcp/127.0.0.1:7447.",
-    ),
+    doc("A Zenoh endpoint such as tls/0.0.0.0:7447 or tcp/127.0.0.1:7447.", pattern=r"^(tcp|tls)/\S+:[0-9]+$"),
 ]
 Name = Annotated[
-    str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=128,
-        description="A certificate common name (mTLS) or a user name of the passwords file.",
-    ),
+    NonEmptyStr,
+    doc("A certificate common name (mTLS) or a user name of the passwords file.", max_length=128),
 ]
-Names = Annotated[list[Name], msgspec.Meta(min_length=1, description="The members of this group.")]
-Scope = Annotated[
-    list[str],
-    msgspec.Meta(min_length=1, description='Key segments this group may serve; "*" for any.'),
-]
+Names = Annotated[list[Name], doc("The members of this group.", min_length=1)]
+Scope = Annotated[list[str], doc('Key segments this group may serve; "*" for any.', min_length=1)]
 Kind = Literal["cert_common_names", "usernames"]
 
 
 class RouterTls(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[router.tls]``: the router's certificate and the CA of the fleet."""
 
-    certificate: Annotated[
-        str, msgspec.Meta(min_length=1, description="PEM certificate of the router; its SAN names the address dialled.")
-    ]
-    private_key: Annotated[str, msgspec.Meta(min_length=1, description="PEM private key of the router certificate.")]
-    root_ca: Annotated[
-        str | None, msgspec.Meta(description="PEM CA that signed every member certificate (and other routers').")
-    ] = None
-    mtls: Annotated[
-        bool, msgspec.Meta(description="Require a client certificate; members are then named by its common name.")
-    ] = True
+    certificate: Annotated[NonEmptyStr, doc("PEM certificate of the router; its SAN names the address dialled.")]
+    private_key: Annotated[NonEmptyStr, doc("PEM private key of the router certificate.")]
+    root_ca: Annotated[str | None, doc("PEM CA that signed every member certificate (and other routers').")] = None
+    mtls: Annotated[bool, doc("Require a client certificate; members are then named by its common name.")] = True
 
 
 class RouterSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[router]``: where the router listens and which routers it joins."""
 
-    listen: Annotated[list[Endpoint], msgspec.Meta(min_length=1, description="Endpoints the router listens on.")]
-    connect: Annotated[list[Endpoint], msgspec.Meta(description="Other routers to join (a router mesh).")] = []
-    lease_ms: Annotated[
-        int, msgspec.Meta(ge=100, le=600_000, description="Lease announced to members (how fast a dead router shows).")
-    ] = 1000
+    listen: Annotated[list[Endpoint], doc("Endpoints the router listens on.", min_length=1)]
+    connect: Annotated[list[Endpoint], doc("Other routers to join (a router mesh).")] = []
+    lease_ms: Annotated[LeaseMs, doc("Lease announced to members (how fast a dead router shows).", le=600000)] = 1000
     tls: RouterTls | None = None
-    passwords_file: Annotated[
-        str | None, msgspec.Meta(description="File of name:password lines; members are then named by user name.")
-    ] = None
+    passwords_file: Annotated[str | None, doc("File of name:password lines; members are then named by user name.")] = (
+        None
+    )
 
 
 class Members(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -105,7 +87,7 @@ class MonitorGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[[monitors]]``: read-only observers (status, liveliness; optionally the data streams)."""
 
     names: Names
-    data: Annotated[bool, msgspec.Meta(description="Also subscribe to observations and action chunks.")] = False
+    data: Annotated[bool, doc("Also subscribe to observations and action chunks.")] = False
 
 
 class Fleet(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

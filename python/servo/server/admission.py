@@ -19,13 +19,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
-from typing import Annotated
 
 import msgspec
 
 from servo.server.manifest import LimitsSection
 from servo.wire import EncodedImage, Features, Rejection, WireError, decode, jpeg_dimensions
-from servo.wire.messages import MAX_CAMERAS, Name
+from servo.wire.messages import ByCamera
 
 Shapes = Mapping[str, tuple[int, int]]
 
@@ -105,7 +104,7 @@ def camera_shapes(client: Features, policy: Features, limits: LimitsSection) -> 
 class _Images(msgspec.Struct, frozen=True):
     """An observation's images only: the rest of the body is skipped, the frames stay zero-copy."""
 
-    images: Annotated[dict[Name, EncodedImage], msgspec.Meta(max_length=MAX_CAMERAS)] = {}
+    images: ByCamera[EncodedImage] = {}
 
 
 class ImageGate:

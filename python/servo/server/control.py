@@ -50,7 +50,7 @@ from servo.wire import (
     encode,
     reply_header,
 )
-from servo.wire.messages import SchemaVersions
+from servo.wire.messages import RejectCode, SchemaVersions
 
 log = get_logger(__name__)
 
@@ -190,13 +190,13 @@ class ControlPlane:
             inference_ms=state.metrics.inference_ms.recent_median(),
         )
 
-    def _reject(self, code: str, reason: str, **context: object) -> Rejection:
+    def _reject(self, code: RejectCode, reason: str, **context: object) -> Rejection:
         state = self._state
         state.metrics.sessions_rejected.labels(code).inc()
         if (suppressed := _THROTTLE.allow(("open", code))) is not None:
             log.info("session refused", code=code, reason=reason, suppressed=suppressed, **context)
         return Rejection(
-            code,  # type: ignore[arg-type]
+            code,
             reason,
             active_sessions=len(state.registry),
             max_sessions=state.replica.max_sessions,
@@ -335,11 +335,12 @@ class ControlPlane:
                 None if session is None else session.auth, query.attachment, payload, max_bytes=MAX_CONTROL_BYTES
             )
         except Refused as exc:
-            code = {"session": "unknown_session", "too_large": "bad_request"}.get(exc.reason, "unauthenticated")
+            codes: dict[str, RejectCode] = {"session": "unknown_session", "too_large": "bad_request"}
+            code = codes.get(exc.reason, "unauthenticated")
             return self._refuse_control(exc.reason, code, f"{exc} (client {client_id!r})")
         assert session is not None
         try:
-            request: ControlRequest = decode(request_body, ControlRequest)  # type: ignore[arg-type]
+            request: ControlRequest = decode(request_body, ControlRequest)
         except WireError as exc:
             return self._refuse_control("body", "bad_request", str(exc))
         if request.session_id != session.auth.wire_id:
@@ -358,11 +359,11 @@ class ControlPlane:
         state.collect(session, "closed")
         return Sealed(ControlAck(session.auth.wire_id), session.auth.key, ack)
 
-    def _refuse_control(self, reason: str, code: str, message: str) -> Rejection:
+    def _refuse_control(self, reason: str, code: RejectCode, message: str) -> Rejection:
         self._state.metrics.control_rejected.labels(reason).inc()
         if (suppressed := _THROTTLE.allow(("control", reason))) is not None:
             log.warning("control request refused", reason=reason, detail=message, suppressed=suppressed)
-        return Rejection(code, message)  # type: ignore[arg-type]
+        return Rejection(code, message)
 
     def audit(self, query: zenoh.Query, payload: zenoh.ZBytes) -> AuditTail | Rejection:
         """The replica's recent requests (`servo.wire.audit`); an empty query asks for every client's."""

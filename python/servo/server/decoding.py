@@ -23,7 +23,7 @@ from servo.policy.frames import DeviceFrameDecoder, is_cuda, jpeg_on_device_avai
 from servo.policy.protocol import Frame
 from servo.policy.runner import clamp_delay
 from servo.server.sessions import Decoded, Mail, Rejected, Session
-from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, decode_tensor
+from servo.wire import EncodedImage, Observation, WireError, decode, decode_floats, decode_image
 from servo.wire.image import jpeg_dimensions
 
 log = get_logger(__name__)
@@ -111,27 +111,23 @@ class ObservationDecoder:
                 f"{session.schema_version}"
             )
         msg = decode(payload, Observation, max_bytes=self._max_bytes)
-        state = decode_tensor(msg.state, dtype="float32", shape=(self._state_dim,), what="observation.state")
+        state = decode_floats(msg.state, shape=(self._state_dim,), what="observation.state")
         if not np.isfinite(state).all():
             raise WireError("observation.state contains NaN or inf")
         prefix_model = prefix_robot = None
         if session.rtc:
             shape = (None, self._action_dim)
             if msg.prefix_model is not None:
-                prefix_model = decode_tensor(
-                    msg.prefix_model, dtype="float32", shape=shape, what="observation.prefix_model"
-                )
+                prefix_model = decode_floats(msg.prefix_model, shape=shape, what="observation.prefix_model")
             if msg.prefix_robot is not None:
-                prefix_robot = decode_tensor(
-                    msg.prefix_robot, dtype="float32", shape=shape, what="observation.prefix_robot"
-                )
+                prefix_robot = decode_floats(msg.prefix_robot, shape=shape, what="observation.prefix_robot")
         delay = clamp_delay(msg.inference_delay_steps, self._chunk_size)
         obs = DecodedObservation(
-            state=state,  # type: ignore[arg-type]
+            state=state,
             images=self._images(msg.images),
             task=session.task if self._pin_task or not msg.task else msg.task,
-            prefix_model=prefix_model,  # type: ignore[arg-type]
-            prefix_robot=prefix_robot,  # type: ignore[arg-type]
+            prefix_model=prefix_model,
+            prefix_robot=prefix_robot,
         )
         return obs, delay
 

@@ -15,7 +15,22 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from servo.config import ConfigError, FieldError, load_toml, parse_toml
+from servo.config import (
+    ByteLimit,
+    ConfigError,
+    FieldError,
+    NonEmptyStr,
+    NonNegativeFloat,
+    NonNegativeInt,
+    NonNegativeSeconds,
+    Port,
+    PositiveFloat,
+    PositiveInt,
+    Seconds,
+    doc,
+    load_toml,
+    parse_toml,
+)
 from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings
 from servo.wire import WireError, segment
 from servo.wire.openpi import ObservationKeys
@@ -36,30 +51,26 @@ def _segment(field: str, value: str) -> None:
 class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[model]``: what to load and how to run it."""
 
-    source: Annotated[
-        str,
-        msgspec.Meta(min_length=1, description="A built-in policy (reference, lerobot) or 'package.module:factory'."),
-    ]
-    options: Annotated[dict[str, Any], msgspec.Meta(description="Keyword arguments of the policy factory.")] = {}
-    revision: Annotated[str, msgspec.Meta(description="Checkpoint revision reported to clients.")] = ""
-    device: Annotated[str, msgspec.Meta(description="cpu, cuda, cuda:N or mps; the policy is built on it.")] = "cpu"
+    source: Annotated[NonEmptyStr, doc("A built-in policy (reference, lerobot) or 'package.module:factory'.")]
+    options: Annotated[dict[str, Any], doc("Keyword arguments of the policy factory.")] = {}
+    revision: Annotated[str, doc("Checkpoint revision reported to clients.")] = ""
+    device: Annotated[str, doc("cpu, cuda, cuda:N or mps; the policy is built on it.")] = "cpu"
     dtype: Annotated[
-        Literal["float32", "bfloat16", "float16"],
-        msgspec.Meta(description="Compute dtype; bfloat16/float16 run under autocast on CUDA."),
+        Literal["float32", "bfloat16", "float16"], doc("Compute dtype; bfloat16/float16 run under autocast on CUDA.")
     ] = "float32"
-    warmup: Annotated[int, msgspec.Meta(ge=0, description="Forwards run before the server reports ready.")] = 2
-    compile: Annotated[bool, msgspec.Meta(description="Wrap the policy's networks in torch.compile.")] = False
+    warmup: Annotated[NonNegativeInt, doc("Forwards run before the server reports ready.")] = 2
+    compile: Annotated[bool, doc("Wrap the policy's networks in torch.compile.")] = False
     frames: Annotated[
         Literal["auto", "host", "device"],
-        msgspec.Meta(
-            description="Where camera frames are decoded: auto = onto the GPU (nvJPEG, pinned copies) when the "
+        doc(
+            "Where camera frames are decoded: auto = onto the GPU (nvJPEG, pinned copies) when the "
             "device is CUDA and the policy takes device frames; host = numpy on the CPU; device = always."
         ),
     ] = "auto"
     cuda_graphs: Annotated[
         bool,
-        msgspec.Meta(
-            description="Replay the policy's fixed-shape networks from CUDA graphs captured at warm-up "
+        doc(
+            "Replay the policy's fixed-shape networks from CUDA graphs captured at warm-up "
             "(policies with use_cuda_graphs(); no effect off CUDA)."
         ),
     ] = False
@@ -73,40 +84,25 @@ class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[serving]``: how sessions are admitted and scheduled."""
 
-    app: Annotated[str, msgspec.Meta(description="First key segment after @servo: groups a fleet's servers.")] = (
-        "default"
-    )
-    replica: Annotated[str, msgspec.Meta(description="This replica's id (default: host name and pid).")] = ""
+    app: Annotated[str, doc("First key segment after @servo: groups a fleet's servers.")] = "default"
+    replica: Annotated[str, doc("This replica's id (default: host name and pid).")] = ""
     mode: Annotated[
         Literal["shared", "exclusive"],
-        msgspec.Meta(description="shared (many sessions) or exclusive (one); chunk-stateful policies are exclusive."),
+        doc("shared (many sessions) or exclusive (one); chunk-stateful policies are exclusive."),
     ] = "shared"
-    max_sessions: Annotated[int, msgspec.Meta(ge=1, description="Sessions served at once (capacity).")] = 8
+    max_sessions: Annotated[PositiveInt, doc("Sessions served at once (capacity).")] = 8
     max_batch: Annotated[
-        int,
-        msgspec.Meta(
-            ge=1, le=1024, description="Most observations in one forward of a batching policy; 1 = round-robin."
-        ),
+        PositiveInt, doc("Most observations in one forward of a batching policy; 1 = round-robin.", le=1024)
     ] = 16
     batch_linger_ms: Annotated[
-        float,
-        msgspec.Meta(
-            ge=0,
-            le=100,
-            description="Longest an observation waits for batch partners (ms), never past a member's deadline.",
-        ),
+        NonNegativeFloat,
+        doc("Longest an observation waits for batch partners (ms), never past a member's deadline.", le=100),
     ] = 5.0
-    default_task: Annotated[str, msgspec.Meta(max_length=1024, description="Task of sessions that name none.")] = ""
-    pin_task: Annotated[
-        bool, msgspec.Meta(description="Refuse sessions asking for another task than default_task.")
-    ] = False
-    strict_fps: Annotated[bool, msgspec.Meta(description="Refuse (instead of warn) robots at another fps.")] = False
-    max_observation_bytes: Annotated[
-        int, msgspec.Meta(ge=1024, description="Largest observation accepted (bytes).")
-    ] = 16 * 1024 * 1024
-    client_grace_s: Annotated[
-        float, msgspec.Meta(ge=0, description="How long a vanished client's session is kept (s).")
-    ] = 3.0
+    default_task: Annotated[str, doc("Task of sessions that name none.", max_length=1024)] = ""
+    pin_task: Annotated[bool, doc("Refuse sessions asking for another task than default_task.")] = False
+    strict_fps: Annotated[bool, doc("Refuse (instead of warn) robots at another fps.")] = False
+    max_observation_bytes: Annotated[ByteLimit, doc("Largest observation accepted (bytes).")] = 16 * 1024 * 1024
+    client_grace_s: Annotated[NonNegativeSeconds, doc("How long a vanished client's session is kept (s).")] = 3.0
 
     def check(self) -> None:
         """Key segments and the task pin."""
@@ -127,62 +123,48 @@ class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """
 
     max_image_pixels: Annotated[
-        int,
-        msgspec.Meta(
-            ge=1,
-            le=8192 * 8192,
-            description="Largest camera frame accepted (height x width), checked on the JPEG header "
+        PositiveInt,
+        doc(
+            "Largest camera frame accepted (height x width), checked on the JPEG header "
             "before decoding; frames must also match the policy's camera shape.",
+            le=8192 * 8192,
         ),
     ] = 2048 * 2048
     decode_budget_pixels: Annotated[
-        int,
-        msgspec.Meta(ge=1, description="Pixels one observation may ask the server to decode, all cameras together."),
+        PositiveInt, doc("Pixels one observation may ask the server to decode, all cameras together.")
     ] = 4 * 2048 * 2048
     session_opens_per_s: Annotated[
-        float, msgspec.Meta(gt=0, description="Session opens accepted per second, all clients together (average).")
+        PositiveFloat, doc("Session opens accepted per second, all clients together (average).")
     ] = 50.0
-    session_open_burst: Annotated[
-        int, msgspec.Meta(ge=1, description="Session opens accepted at once before the rate applies.")
-    ] = 50
+    session_open_burst: Annotated[PositiveInt, doc("Session opens accepted at once before the rate applies.")] = 50
     client_opens_per_s: Annotated[
-        float, msgspec.Meta(gt=0, description="Session opens accepted per second under one client id (average).")
+        PositiveFloat, doc("Session opens accepted per second under one client id (average).")
     ] = 2.0
-    client_open_burst: Annotated[
-        int, msgspec.Meta(ge=1, description="Session opens accepted at once under one client id.")
-    ] = 5
+    client_open_burst: Annotated[PositiveInt, doc("Session opens accepted at once under one client id.")] = 5
     observations_per_s: Annotated[
-        float,
-        msgspec.Meta(
-            gt=0,
-            description="Authenticated observations one session may send per second; more are answered "
-            "with a rate_limited error, unserved.",
+        PositiveFloat,
+        doc(
+            "Authenticated observations one session may send per second; more are answered "
+            "with a rate_limited error, unserved."
         ),
     ] = 5000.0
     observation_burst: Annotated[
-        int, msgspec.Meta(ge=1, description="Observations one session may send at once before the rate applies.")
+        PositiveInt, doc("Observations one session may send at once before the rate applies.")
     ] = 500
     idle_session_s: Annotated[
-        float,
-        msgspec.Meta(gt=0, description="A session without an authenticated message for this long is closed (s)."),
+        Seconds, doc("A session without an authenticated message for this long is closed (s).")
     ] = 60.0
 
 
 class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[ops]``: health/metrics HTTP endpoint and the audit log."""
 
-    health_host: Annotated[str, msgspec.Meta(description="Address of the health/metrics endpoint.")] = "127.0.0.1"
-    health_port: Annotated[
-        int, msgspec.Meta(ge=0, le=65535, description="Port of /healthz and /metrics; 0 disables.")
-    ] = 9100
-    audit_log: Annotated[str, msgspec.Meta(description="One JSON line per request to this file; '-' = stdout.")] = ""
+    health_host: Annotated[str, doc("Address of the health/metrics endpoint.")] = "127.0.0.1"
+    health_port: Annotated[Port, doc("Port of /healthz and /metrics; 0 disables.")] = 9100
+    audit_log: Annotated[str, doc("One JSON line per request to this file; '-' = stdout.")] = ""
     robot_metrics: Annotated[
-        int,
-        msgspec.Meta(
-            ge=0,
-            le=100_000,
-            description='Most robots with /metrics series of their own at once (the rest: robot="other").',
-        ),
+        NonNegativeInt,
+        doc('Most robots with /metrics series of their own at once (the rest: robot="other").', le=100_000),
     ] = 256
 
 
@@ -191,17 +173,13 @@ class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     identity_key: Annotated[
         str,
-        msgspec.Meta(
-            description="File of the Ed25519 identity that signs session acks (created 0600 when missing); "
-            "ephemeral when empty."
-        ),
+        doc("File of the Ed25519 identity that signs session acks (created 0600 when missing); ephemeral when empty."),
     ] = ""
     takeover_idle_s: Annotated[
-        float,
-        msgspec.Meta(
-            gt=0,
-            description="A client's live session may be replaced by a new open under its id without proof "
-            "only after this long without an authenticated message (s).",
+        Seconds,
+        doc(
+            "A client's live session may be replaced by a new open under its id without proof "
+            "only after this long without an authenticated message (s)."
         ),
     ] = 30.0
 
@@ -213,24 +191,23 @@ class OpenpiSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     scheduling, per-session processor, audit log and metrics as a robot's.
     """
 
-    listen: Annotated[
-        str, msgspec.Meta(min_length=3, description="host:port of the WebSocket endpoint (and its /healthz).")
-    ] = "127.0.0.1:8000"
+    listen: Annotated[str, doc("host:port of the WebSocket endpoint (and its /healthz).", min_length=3)] = (
+        "127.0.0.1:8000"
+    )
     max_connections: Annotated[
-        int, msgspec.Meta(ge=1, le=4096, description="Open connections at once; more are refused with HTTP 503.")
+        PositiveInt, doc("Open connections at once; more are refused with HTTP 503.", le=4096)
     ] = 16
     max_message_bytes: Annotated[
-        int, msgspec.Meta(ge=1024, description="Largest message accepted; a larger one closes the connection (1009).")
+        ByteLimit, doc("Largest message accepted; a larger one closes the connection (1009).")
     ] = 16 * 1024 * 1024
     max_request_rate_hz: Annotated[
-        float, msgspec.Meta(gt=0, description="Requests per second one connection may make; faster ones wait.")
+        PositiveFloat, doc("Requests per second one connection may make; faster ones wait.")
     ] = 200.0
     request_timeout_s: Annotated[
-        float, msgspec.Meta(gt=0, description="How long a request may wait for its chunk before an error reply (s).")
+        Seconds, doc("How long a request may wait for its chunk before an error reply (s).")
     ] = 10.0
     metadata: Annotated[
-        dict[str, Any],
-        msgspec.Meta(description="Sent to every client on connect as openpi's policy metadata (servo adds 'servo')."),
+        dict[str, Any], doc("Sent to every client on connect as openpi's policy metadata (servo adds 'servo').")
     ] = {}
     observation: ObservationKeys = ObservationKeys()
 
@@ -262,8 +239,8 @@ class FrontendsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class TrajectoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[[trajectories]]``: a named recorded episode the server hands out for replay."""
 
-    name: Annotated[str, msgspec.Meta(description="Name edges ask for (--replay server:NAME).")]
-    path: Annotated[str, msgspec.Meta(description="A .servo recording.")]
+    name: Annotated[str, doc("Name edges ask for (--replay server:NAME).")]
+    path: Annotated[str, doc("A .servo recording.")]
 
     def check(self) -> None:
         """A usable name and an existing file."""

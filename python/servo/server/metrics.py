@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -24,8 +25,8 @@ class RecentHistogram(Histogram):
     ``deque.append`` and ``list(deque)`` are atomic under the GIL.
     """
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, name: str, documentation: str, *, buckets: Sequence[float], registry: CollectorRegistry) -> None:
+        super().__init__(name, documentation, buckets=buckets, registry=registry)
         self._recent: deque[float] = deque(maxlen=RECENT_WINDOW)
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:

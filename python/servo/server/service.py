@@ -41,7 +41,7 @@ from servo.server.sessions import Session
 from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
-from servo.transport import LoopBridge, open_session
+from servo.transport import Declared, LoopBridge, open_session
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
 
 log = get_logger(__name__)
@@ -143,7 +143,7 @@ class PolicyServer:
         self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
         self._warmup_s: list[float] = []
-        self._trajectories = TrajectoryLibrary(manifest.trajectories)
+        self._trajectories = TrajectoryLibrary({})
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
         """Wait until ``predicate(sessions)`` holds.
@@ -181,6 +181,8 @@ class PolicyServer:
             key = m.security.identity_key
             identity = await anyio.to_thread.run_sync(lambda: load_identity(key) if key else ephemeral_identity())
             policy = await anyio.to_thread.run_sync(self._load_policy)
+            # Read once here: the control plane answers from memory, never from disk on the loop.
+            self._trajectories = await anyio.to_thread.run_sync(TrajectoryLibrary.load, m.trajectories)
             model = m.model
             runner = InferenceRunner(
                 policy, device=model.device, dtype=model.dtype, compile=model.compile, cuda_graphs=model.cuda_graphs
@@ -239,7 +241,7 @@ class PolicyServer:
             "cuda_graphs": "on" if m.model.cuda_graphs else "off",
         }
         intake = ObservationIntake(state, m, decoder, zsession)
-        declared: list[zenoh.Subscriber[None] | zenoh.Queryable[None]] = []
+        declared: list[Declared] = []
         token: zenoh.LivelinessToken | None = None
         try:
             control = ControlPlane(
@@ -298,7 +300,7 @@ class PolicyServer:
                 finished = await anyio.to_thread.run_sync(lambda: worker.stop(DRAIN_TIMEOUT_S, abandon=self._hurry))
                 bridge.closed = True
                 for entity in reversed(declared):
-                    entity.undeclare()  # type: ignore[no-untyped-call]  # union defeats untyped_calls_exclude
+                    entity.undeclare()
                 decoder.close()
                 for session in self.registry.snapshot():
                     state.collect(session, "shutdown")

@@ -1,12 +1,13 @@
 """The server's trajectory library: recorded episodes handed out whole, for local replay.
 
 One request returns a whole trajectory (seeds/002: ship once at arm time, drain locally), never
-one frame per request.
+one frame per request. Every recording is read once, when the server starts (`load`, on a worker
+thread): the control plane answers from memory and never reads a file on the event loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from servo.logs import get_logger
 from servo.recording import read_recording
@@ -25,11 +26,37 @@ log = get_logger(__name__)
 
 
 class TrajectoryLibrary:
-    """Named trajectories loaded lazily from recordings. Used from the event loop."""
+    """Named trajectories, in memory. Immutable once built: any thread may answer from it.
 
-    def __init__(self, entries: Sequence[TrajectoryEntry]) -> None:
-        self._paths = {e.name: e.path for e in entries}
-        self._cache: dict[str, Trajectory] = {}
+    Args:
+        trajectories: Each name's trajectory, or why its recording cannot be read (the answer).
+    """
+
+    def __init__(self, trajectories: Mapping[str, Trajectory | str]) -> None:
+        self._trajectories = dict(trajectories)
+
+    @classmethod
+    def load(cls, entries: Sequence[TrajectoryEntry]) -> TrajectoryLibrary:
+        """Read every recording of the manifest (blocking: call it off the event loop).
+
+        An unreadable recording is logged and refused by name when asked for; the others serve.
+        """
+        trajectories: dict[str, Trajectory | str] = {}
+        for entry in entries:
+            try:
+                recording = read_recording(entry.path)
+            except (OSError, WireError) as exc:
+                log.warning("trajectory unreadable", name=entry.name, path=entry.path, error=str(exc))
+                trajectories[entry.name] = f"trajectory {entry.name!r} cannot be read: {exc}"
+                continue
+            trajectories[entry.name] = Trajectory(
+                name=entry.name,
+                joint_names=list(recording.header.joint_names),
+                fps=recording.header.fps,
+                positions=encode_tensor(recording.actions()),
+            )
+            log.info("trajectory loaded", name=entry.name, frames=len(recording.frames))
+        return cls(trajectories)
 
     def answer(self, payload: bytes) -> Trajectory | TrajectoryList | Rejection:
         """Reply to a trajectory query (bounded by the caller): the list (empty name) or one whole trajectory."""
@@ -38,27 +65,9 @@ class TrajectoryLibrary:
         except WireError as exc:
             return Rejection("bad_request", str(exc))
         if not request.name:
-            return TrajectoryList(sorted(self._paths))
-        if request.name not in self._paths:
-            return Rejection(
-                "bad_request",
-                f"no trajectory {request.name!r}; available: {', '.join(sorted(self._paths)) or 'none'}",
-            )
-        try:
-            return self.get(request.name)
-        except (OSError, WireError) as exc:
-            log.warning("trajectory unreadable", name=request.name, error=str(exc))
-            return Rejection("bad_request", f"trajectory {request.name!r} cannot be read: {exc}")
-
-    def get(self, name: str) -> Trajectory:
-        """Load (once) and return a trajectory."""
-        if name not in self._cache:
-            recording = read_recording(self._paths[name])
-            self._cache[name] = Trajectory(
-                name=name,
-                joint_names=list(recording.header.joint_names),
-                fps=recording.header.fps,
-                positions=encode_tensor(recording.actions()),
-            )
-            log.info("trajectory loaded", name=name, frames=len(recording.frames))
-        return self._cache[name]
+            return TrajectoryList(sorted(self._trajectories))
+        found = self._trajectories.get(request.name)
+        if found is None:
+            available = ", ".join(sorted(self._trajectories)) or "none"
+            return Rejection("bad_request", f"no trajectory {request.name!r}; available: {available}")
+        return Rejection("bad_request", found) if isinstance(found, str) else found

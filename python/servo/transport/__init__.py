@@ -4,11 +4,12 @@ from servo.transport.bridge import LoopBridge, query
 from servo.transport.certificate import CertificateError, common_name
 from servo.transport.config import DEFAULT_LOCAL_ENDPOINT, TlsSettings, UsrPwdSettings, ZenohSettings
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
-from servo.transport.session import open_session
+from servo.transport.session import Declared, open_session
 
 __all__ = [
     "DEFAULT_LOCAL_ENDPOINT",
     "CertificateError",
+    "Declared",
     "LoopBridge",
     "TlsSettings",
     "UsrPwdSettings",

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import zenoh
 
-from servo.config import FieldError
+from servo.config import FieldError, LeaseMs, NonEmptyStr, PositiveInt, doc
 
 #: Where a server listens when the manifest names no endpoint: loopback only, so an out-of-the-box
 #: server never exposes itself on the network.
@@ -41,21 +41,15 @@ _PROTOCOLS = ("tcp", "udp", "tls", "quic", "unixsock-stream", "ws")
 class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """TLS / mTLS files; paths are used as given (relative to the working directory)."""
 
-    root_ca_certificate: Annotated[
-        str | None, msgspec.Meta(description="CA certificate that signs the peers' certificates.")
-    ] = None
-    listen_certificate: Annotated[
-        str | None, msgspec.Meta(description="Certificate presented to connecting peers.")
-    ] = None
-    listen_private_key: Annotated[str | None, msgspec.Meta(description="Private key of listen_certificate.")] = None
-    connect_certificate: Annotated[
-        str | None, msgspec.Meta(description="Certificate presented when connecting (mTLS).")
-    ] = None
-    connect_private_key: Annotated[str | None, msgspec.Meta(description="Private key of connect_certificate.")] = None
-    enable_mtls: Annotated[bool, msgspec.Meta(description="Require a certificate from both sides.")] = False
-    verify_name_on_connect: Annotated[
-        bool, msgspec.Meta(description="Check that the peer's certificate names the host connected to.")
-    ] = True
+    root_ca_certificate: Annotated[str | None, doc("CA certificate that signs the peers' certificates.")] = None
+    listen_certificate: Annotated[str | None, doc("Certificate presented to connecting peers.")] = None
+    listen_private_key: Annotated[str | None, doc("Private key of listen_certificate.")] = None
+    connect_certificate: Annotated[str | None, doc("Certificate presented when connecting (mTLS).")] = None
+    connect_private_key: Annotated[str | None, doc("Private key of connect_certificate.")] = None
+    enable_mtls: Annotated[bool, doc("Require a certificate from both sides.")] = False
+    verify_name_on_connect: Annotated[bool, doc("Check that the peer's certificate names the host connected to.")] = (
+        True
+    )
 
     def check(self) -> None:
         """Every named file must exist (a typo fails here, not as zenoh's generic connect error)."""
@@ -72,8 +66,8 @@ class UsrPwdSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     manifest or a command line.
     """
 
-    user: Annotated[str, msgspec.Meta(min_length=1, description="User name listed in the router's passwords file.")]
-    password_file: Annotated[str, msgspec.Meta(description="File holding this user's password (one line).")]
+    user: Annotated[NonEmptyStr, doc("User name listed in the router's passwords file.")]
+    password_file: Annotated[str, doc("File holding this user's password (one line).")]
 
     def check(self) -> None:
         """The password file must exist (it is read when the session opens)."""
@@ -86,22 +80,15 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     mode: Annotated[
         Literal["peer", "client", "router"],
-        msgspec.Meta(description="peer (listens and connects), client (connects to a router or peer) or router."),
+        doc("peer (listens and connects), client (connects to a router or peer) or router."),
     ] = "peer"
-    listen: Annotated[list[str], msgspec.Meta(description="Endpoints to listen on, e.g. tcp/127.0.0.1:7447.")] = []
-    connect: Annotated[list[str], msgspec.Meta(description="Endpoints to connect to.")] = []
-    multicast_scouting: Annotated[
-        bool, msgspec.Meta(description="Find peers by multicast (off: explicit endpoints).")
-    ] = False
-    lease_ms: Annotated[
-        int,
-        msgspec.Meta(ge=100, description="Lease announced to peers: how fast this process's death is noticed (ms)."),
-    ] = 1000
-    retry_init_ms: Annotated[int, msgspec.Meta(ge=1, description="First reconnect delay of a lost link (ms).")] = 100
-    retry_max_ms: Annotated[int, msgspec.Meta(ge=1, description="Largest reconnect delay of a lost link (ms).")] = 1000
-    shared_memory: Annotated[
-        bool, msgspec.Meta(description="Move big payloads through /dev/shm between processes of one host.")
-    ] = True
+    listen: Annotated[list[str], doc("Endpoints to listen on, e.g. tcp/127.0.0.1:7447.")] = []
+    connect: Annotated[list[str], doc("Endpoints to connect to.")] = []
+    multicast_scouting: Annotated[bool, doc("Find peers by multicast (off: explicit endpoints).")] = False
+    lease_ms: Annotated[LeaseMs, doc("Lease announced to peers: how fast this process's death is noticed (ms).")] = 1000
+    retry_init_ms: Annotated[PositiveInt, doc("First reconnect delay of a lost link (ms).")] = 100
+    retry_max_ms: Annotated[PositiveInt, doc("Largest reconnect delay of a lost link (ms).")] = 1000
+    shared_memory: Annotated[bool, doc("Move big payloads through /dev/shm between processes of one host.")] = True
     tls: TlsSettings | None = None
     auth: UsrPwdSettings | None = None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 import anyio
 import zenoh
@@ -42,6 +43,14 @@ async def open_session(settings: ZenohSettings | zenoh.Config) -> AsyncIterator[
     finally:
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             await anyio.to_thread.run_sync(_close_quietly, session, abandon_on_cancel=True)
+
+
+class Declared(Protocol):
+    """A Zenoh entity declared on a session: subscriber, queryable, liveliness token, listener."""
+
+    def undeclare(self) -> None:
+        """Withdraw it (zenoh's own classes leave this unannotated)."""
+        ...
 
 
 def _close_quietly(session: zenoh.Session) -> None:

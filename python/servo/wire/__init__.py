@@ -48,7 +48,7 @@ from servo.wire.telemetry import (
     seal_telemetry,
     telemetry_key,
 )
-from servo.wire.tensor import Tensor, decode_tensor, encode_tensor
+from servo.wire.tensor import Tensor, decode_floats, decode_tensor, encode_tensor
 from servo.wire.trust import ack_transcript, fingerprint, parse_fingerprint, resume_body
 
 #: Every message body of the protocol, for codec tests and fuzzing.
@@ -94,6 +94,7 @@ __all__ = [
     "audit_selector",
     "check_frame",
     "decode",
+    "decode_floats",
     "decode_image",
     "decode_tensor",
     "encode",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -22,8 +22,18 @@ def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 
-def decode(buf: bytes | memoryview, kind: type[T], *, max_bytes: int = MAX_MESSAGE_BYTES) -> T:
+@overload
+def decode(buf: bytes | memoryview, kind: type[T], *, max_bytes: int = MAX_MESSAGE_BYTES) -> T: ...
+
+
+@overload
+def decode(buf: bytes | memoryview, kind: Any, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any: ...
+
+
+def decode(buf: bytes | memoryview, kind: Any, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
     """Deserialise ``buf`` as ``kind``; bytes fields become views into ``buf`` (no copy).
+
+    ``kind`` is a Struct type, or a union of tagged Structs (typed by the caller's annotation).
 
     Every failure is a `WireError`, whatever the bytes: that is the contract every receiver
     relies on to turn hostile input into one counted, logged rejection.
@@ -39,7 +49,7 @@ def decode(buf: bytes | memoryview, kind: type[T], *, max_bytes: int = MAX_MESSA
     if decoder is None:
         decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
     try:
-        return decoder.decode(buf)  # type: ignore[no-any-return]
+        return decoder.decode(buf)
     except msgspec.ValidationError as exc:
         raise WireError(f"invalid {name}: {exc}") from exc
     except msgspec.DecodeError as exc:

@@ -15,11 +15,12 @@ the wire (`SESSION_ID_SIZE`) and their 32-character hex text everywhere in Pytho
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
 from servo import _core
+from servo.config import NonNegativeFloat, NonNegativeInt, PositiveInt
 from servo.wire.image import EncodedImage
 from servo.wire.tensor import Tensor
 
@@ -38,6 +39,8 @@ MAX_CAMERAS = 16
 MAX_TAGS = 32
 MAX_TAG_CHARS = 256
 
+T = TypeVar("T")
+
 Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
 Task = Annotated[str, msgspec.Meta(max_length=MAX_TASK_CHARS)]
 SessionId = Annotated[bytes, msgspec.Meta(min_length=_core.SESSION_ID_SIZE, max_length=_core.SESSION_ID_SIZE)]
@@ -47,6 +50,15 @@ Pixels = Annotated[int, msgspec.Meta(ge=1, le=65_535)]
 Fps = Annotated[float, msgspec.Meta(gt=0.0, le=100_000.0)]
 #: The schema versions a client offers at open (the server reads them before the rest of the open).
 SchemaVersions = Annotated[list[int], msgspec.Meta(max_length=16)]
+#: State, action or unit names of a robot or policy.
+FeatureNames = Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)]
+#: Anything keyed by camera name.
+ByCamera = Annotated[dict[Name, T], msgspec.Meta(max_length=MAX_CAMERAS)]
+#: A reconnect's proof that it held its previous session (an attachment header and its tag, at most).
+Resume = Annotated[bytes, msgspec.Meta(max_length=_core.ATTACHMENT_SIZE)]
+#: A 32-bit counter of the attachment header (episode, session epoch).
+U32 = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]
+Tags = Annotated[dict[Name, Annotated[str, msgspec.Meta(max_length=MAX_TAG_CHARS)]], msgspec.Meta(max_length=MAX_TAGS)]
 
 
 class CameraFeature(msgspec.Struct, frozen=True):
@@ -65,11 +77,11 @@ class Features(msgspec.Struct, frozen=True):
     other name is compared verbatim); an empty list, or an empty entry, means "not declared".
     """
 
-    state_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)]
-    action_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)]
-    cameras: Annotated[dict[Name, CameraFeature], msgspec.Meta(max_length=MAX_CAMERAS)]
-    state_units: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)] = []
-    action_units: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)] = []
+    state_names: FeatureNames
+    action_names: FeatureNames
+    cameras: ByCamera[CameraFeature]
+    state_units: FeatureNames = []
+    action_units: FeatureNames = []
 
 
 class PolicyInfo(msgspec.Struct, frozen=True):
@@ -78,7 +90,7 @@ class PolicyInfo(msgspec.Struct, frozen=True):
     model: str
     revision: str
     features: Features
-    chunk_size: Annotated[int, msgspec.Meta(ge=1)]
+    chunk_size: PositiveInt
     fps: Fps
     supports_rtc: bool
     chunk_stateless: bool
@@ -105,15 +117,15 @@ class StatusReply(msgspec.Struct, frozen=True):
     policy: PolicyInfo
     warmed_up: bool
     draining: bool
-    active_sessions: Annotated[int, msgspec.Meta(ge=0)]
-    max_sessions: Annotated[int, msgspec.Meta(ge=1)]
-    load: Annotated[float, msgspec.Meta(ge=0.0)]
+    active_sessions: NonNegativeInt
+    max_sessions: PositiveInt
+    load: NonNegativeFloat
     identity: PublicKey
     #: Median wait of the replica's recent observations before inference (ms); placement uses it.
-    queue_wait_ms: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    queue_wait_ms: NonNegativeFloat = 0.0
     #: Median forward time of the replica's recent requests (ms; 0 before the first): an edge
     #: tells at session open whether the policy's chunks can outlast its round trips.
-    inference_ms: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    inference_ms: NonNegativeFloat = 0.0
 
     def __post_init__(self) -> None:
         """Refuse an impossible load (msgspec turns the ValueError into a decode error)."""
@@ -143,11 +155,9 @@ class SessionOpen(msgspec.Struct, frozen=True):
     client_key: PublicKey
     task: Task = ""
     rtc: bool = False
-    session_epoch: Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)] = 0
-    tags: Annotated[
-        dict[Name, Annotated[str, msgspec.Meta(max_length=MAX_TAG_CHARS)]], msgspec.Meta(max_length=MAX_TAGS)
-    ] = {}
-    resume: Annotated[bytes, msgspec.Meta(max_length=_core.ATTACHMENT_SIZE)] = b""
+    session_epoch: U32 = 0
+    tags: Tags = {}
+    resume: Resume = b""
 
 
 class SessionAck(msgspec.Struct, frozen=True):
@@ -209,7 +219,7 @@ class ResetRequest(msgspec.Struct, frozen=True, tag="reset"):
     """
 
     session_id: SessionId
-    episode_id: Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]
+    episode_id: U32
 
 
 class CloseRequest(msgspec.Struct, frozen=True, tag="close"):
@@ -237,7 +247,7 @@ class Observation(msgspec.Struct, frozen=True):
     """
 
     state: Tensor
-    images: Annotated[dict[Name, EncodedImage], msgspec.Meta(max_length=MAX_CAMERAS)] = {}
+    images: ByCamera[EncodedImage] = {}
     task: Task = ""
     inference_delay_steps: int = 0
     prefix_model: Tensor | None = None
@@ -284,7 +294,7 @@ class Trajectory(msgspec.Struct, frozen=True):
     """A whole trajectory in one transfer: positions (T, D) at ``fps``."""
 
     name: str
-    joint_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_FEATURES)]
+    joint_names: FeatureNames
     fps: Fps
     positions: Tensor
 

@@ -32,6 +32,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from servo.config import NonEmptyStr, doc
 from servo.wire.errors import WireError
 from servo.wire.messages import CameraFeature, Features, PolicyInfo
 
@@ -52,16 +53,13 @@ class ObservationKeys(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where a policy's inputs are in an openpi observation dict."""
 
     state: Annotated[
-        list[Annotated[str, msgspec.Meta(min_length=1)]],
-        msgspec.Meta(min_length=1, description="Keys whose values are concatenated, in order, into the state."),
+        list[NonEmptyStr], doc("Keys whose values are concatenated, in order, into the state.", min_length=1)
     ] = msgspec.field(default_factory=lambda: ["state"])
     cameras: Annotated[
-        dict[str, Annotated[str, msgspec.Meta(min_length=1)]],
-        msgspec.Meta(description="Policy camera name -> key of its frame; unlisted cameras come from images/<camera>."),
+        dict[str, NonEmptyStr],
+        doc("Policy camera name -> key of its frame; unlisted cameras come from images/<camera>."),
     ] = {}
-    prompt: Annotated[
-        str, msgspec.Meta(min_length=1, description="Key of the task instruction (optional in each observation).")
-    ] = "prompt"
+    prompt: Annotated[NonEmptyStr, doc("Key of the task instruction (optional in each observation).")] = "prompt"
 
     def camera_key(self, camera: str) -> str:
         """The key a camera's frame is read from."""

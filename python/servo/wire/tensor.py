@@ -81,3 +81,20 @@ def decode_tensor(
             f"of {tensor.dtype} ({expected} bytes)"
         )
     return np.frombuffer(tensor.data, dtype=np_dtype).reshape(tensor.shape)
+
+
+def decode_floats(
+    tensor: Tensor,
+    *,
+    shape: tuple[int | None, ...] | None = None,
+    max_bytes: int = MAX_TENSOR_BYTES,
+    what: str = "tensor",
+) -> npt.NDArray[np.float32]:
+    """`decode_tensor` for a tensor that must be float32, as a native float32 array.
+
+    Zero-copy on a little-endian host (the wire's byte order); converted on a big-endian one.
+
+    Raises:
+        WireError: see `decode_tensor`; also any dtype but float32.
+    """
+    return np.asarray(decode_tensor(tensor, dtype="float32", shape=shape, max_bytes=max_bytes, what=what), np.float32)

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from servo.config import FieldError, doc
+from servo.config import FieldError, Hertz, Seconds, doc
 
 from ..camera_list import parse_cameras
 from ..protocol import CameraSpec, RobotSpec
@@ -34,6 +34,7 @@ Transport = Literal["dds", "zenoh"]
 SCALE: dict[str, float] = {"radians": 1.0, "degrees": 180.0 / math.pi, "meters": 1.0, "raw": 1.0}
 #: ROS 2 domain ids that map onto valid DDS ports (the RTPS port formula).
 MAX_DOMAIN_ID = 232
+DomainId = Annotated[int, msgspec.Meta(ge=0, le=MAX_DOMAIN_ID)]
 _NAME = re.compile(r"/?[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*")
 _COMPRESSED = "/compressed"
 
@@ -60,7 +61,7 @@ class Ros2Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         tuple[str, ...], doc("Float64MultiArray: the robot joints in the order of its values (default: joints').")
     ] = ()
     trajectory_time_s: Annotated[
-        Annotated[float, msgspec.Meta(gt=0)] | None,
+        Seconds | None,
         doc("JointTrajectory: time_from_start of its one point (default: one control period)."),
     ] = None
     namespace: Annotated[str, doc("ROS namespace of relative topic names, e.g. /arm1.")] = ""
@@ -70,20 +71,17 @@ class Ros2Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     zenoh_connect: Annotated[tuple[str, ...], doc("transport=zenoh: the rmw_zenoh router's endpoint(s).")] = (
         "tcp/localhost:7447",
     )
-    domain_id: Annotated[
-        Annotated[int, msgspec.Meta(ge=0, le=MAX_DOMAIN_ID)] | None,
-        doc("DDS domain (ROS_DOMAIN_ID); default $ROS_DOMAIN_ID, else 0."),
-    ] = None
+    domain_id: Annotated[DomainId | None, doc("DDS domain (ROS_DOMAIN_ID); default $ROS_DOMAIN_ID, else 0.")] = None
     state_qos: Annotated[Reliability, doc("Reliability of the joint-state reader (sensor data: best_effort).")] = (
         "best_effort"
     )
     command_qos: Annotated[Reliability, doc("Reliability of the target writer.")] = "reliable"
-    fps: Annotated[float, doc("Control rate (Hz).", gt=0, le=1000)] = 30.0
+    fps: Annotated[Hertz, doc("Control rate (Hz).")] = 30.0
     state_timeout_s: Annotated[
-        float, doc("A joint state older than this (edge's clock) is a robot fault: no command.", gt=0)
+        Seconds, doc("A joint state older than this (edge's clock) is a robot fault: no command.")
     ] = 0.2
     connect_timeout_s: Annotated[
-        float, doc("How long the start waits for every joint, a target subscriber and each camera.", gt=0)
+        Seconds, doc("How long the start waits for every joint, a target subscriber and each camera.")
     ] = 5.0
     cameras: Annotated[
         str, doc("Image topics NAME:TOPIC:WxH[@FPS], e.g. 'front:/cam/image_raw:640x480'; …/compressed: jpeg.")

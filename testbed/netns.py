@@ -1,6 +1,7 @@
-"""A real slow link for benchmarks: a network namespace behind a veth pair shaped with ``tc tbf``.
+"""A real slow link: a network namespace behind a veth pair shaped with ``tc tbf``.
 
-Needs root and ``ip``/``tc`` (`available`); tests/transport/test_slow_link.py uses it too. The
+Needs root and ``ip``/``tc`` (`available`); benches/bench_link.py and
+tests/transport/test_slow_link.py use it. The
 host keeps one end of the veth, the namespace the other, and both directions are shaped to
 ``rate_mbit`` (observations leave through the host end, chunks through the namespace end).
 """
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from benches._support import free_port
+from testbed.processes import free_port
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,34 @@
+"""Child processes of tests and benchmarks: ports, teardown, memory."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (chosen by the kernel)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stop(proc: subprocess.Popen[Any], grace_s: float = 30) -> int:
+    """SIGTERM (the child drains), SIGKILL if it is not gone within ``grace_s``; its exit code."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def rss_mb(pid: int | None = None) -> float:
+    """Resident set size of process ``pid`` (this one by default) in MiB, from ``/proc/<pid>/status``."""
+    for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS line in /proc/{pid or 'self'}/status")
