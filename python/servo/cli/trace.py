@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from servo.cli.flags import HelpFormatter
 from servo.recording import read_recording
 from servo.trace import TraceError, build, parse_time, plot, read_audit, table
 from servo.wire import WireError
@@ -23,9 +24,7 @@ PROG = "servo-trace"
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--robot", required=True, help="The robot's id (its client id, its certificate's CN).")
     when = parser.add_mutually_exclusive_group(required=True)
     when.add_argument("--at", help="Start of the window: HH:MM[:SS] (local time, the recording's day) or ISO 8601.")
