@@ -135,7 +135,11 @@ async def test_a_hung_replica_is_left_when_its_lease_expires(tmp_path: Path) -> 
                     4,
                     "a chunk from the other replica",
                 )
-                assert [t.reason for t in engine.failsafe.transitions][-3] == "server liveliness lost"
+                # Whichever the lease ended first (the token, or the observation subscriber's match
+                # making sends fail), never the request timeouts.
+                left = [t.reason for t in engine.failsafe.transitions if t.state is EngineState.RECONNECTING]
+                assert left, "the edge never reconnected"
+                assert "timed out" not in left[-1], left
                 await run.stop()
         finally:
             if frozen is not None:  # thawed before two_replicas stops it: a stopped process cannot drain
