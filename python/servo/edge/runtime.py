@@ -71,6 +71,9 @@ class RunOptions:
     park_timeout_s: float = 5.0
     #: Ask for real-time (SCHED_FIFO) scheduling of the control loop (best effort).
     realtime: bool = True
+    #: The control process sleeps to just before each tick and spins the rest (an idle core wakes
+    #: late); False: a plain sleep, no spinning.
+    spin: bool = True
     #: Python's GIL switch interval while running (None keeps the default 5 ms): a control
     #: *thread* that wakes while a camera or network thread holds the GIL waits up to this long.
     switch_interval_s: float | None = 0.001
@@ -253,6 +256,7 @@ class EdgeRuntime:
             control=pipeline.control,
             source=pipeline.source,
             realtime=opts.realtime,
+            spin=opts.spin,
             rest_tolerance=opts.rest_tolerance,
             orphan_park_timeout_s=opts.park_timeout_s,
             task=config.task,
