@@ -309,6 +309,30 @@ class PolicyClient:
         assert last is not None
         raise last
 
+    async def rebalance(
+        self,
+        session: RemoteSession,
+        *,
+        features: Features,
+        fps: float,
+        app: str | None = None,
+        model: str | None = None,
+        accept: Callable[[ServerInfo], bool] | None = None,
+        **options: Unpack[SessionOptions],
+    ) -> RemoteSession | None:
+        """The settling of `connect_best`, for a session that already streams (a replica appeared).
+
+        Looks at the fleet the same way and, the first time the rule says to move, opens a
+        session on the emptiest replica and returns it; the caller switches to it and closes
+        ``session``. None when it stays. ``options`` are `open_session`'s (``epoch`` included).
+        """
+
+        def usable(server: ServerInfo) -> bool:
+            return accept is None or accept(server)
+
+        moved = await self._settle(session, app, model, usable, features, fps, True, **options)
+        return None if moved is session else moved
+
     async def _settle(
         self,
         session: RemoteSession,
@@ -317,9 +341,13 @@ class PolicyClient:
         usable: Callable[[ServerInfo], bool],
         features: Features,
         fps: float,
+        first_move: bool = False,
         **options: Unpack[SessionOptions],
     ) -> RemoteSession:
-        """Move to the emptiest replica while this one holds 2+ sessions more (see `connect_best`)."""
+        """Move to the emptiest replica while this one holds 2+ sessions more (see `connect_best`).
+
+        With ``first_move``, the first new session is returned at once and the old one left open.
+        """
         balanced = 0
         for _ in range(SETTLE_ROUNDS):
             await anyio.sleep(random.uniform(0.0, SETTLE_JITTER_S))
@@ -346,6 +374,8 @@ class PolicyClient:
                 moved = await self.open_session(target, features=features, fps=fps, **options)
             except (SessionRejected, RogueServer, RequestTimeout):
                 continue
+            if first_move:
+                return moved
             await session.close()
             session = moved
         return session
