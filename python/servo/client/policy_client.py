@@ -72,6 +72,8 @@ class PolicyClient:
         trusted: The servers to trust (pins); every replica when omitted.
         max_chunk_steps: Longest chunk accepted (steps); longer ones are rejected.
         auto_codec: How ``"auto"`` chooses (defaults of `AutoCodec` when omitted).
+        downsize: Send each camera at the policy's input size when the server offers it (its
+            session ack), shrunk here with the server's own function; False sends frames as given.
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class PolicyClient:
         trusted: TrustedServers | None = None,
         max_chunk_steps: int = MAX_CHUNK_STEPS,
         auto_codec: AutoCodec | None = None,
+        downsize: bool = True,
     ) -> None:
         self.zsession = zsession
         self.client_id = segment(client_id or f"robot-{uuid.uuid4().hex[:12]}", what="client_id")
@@ -90,6 +93,7 @@ class PolicyClient:
         self.trusted = trusted or TrustedServers()
         self.max_chunk_steps = max_chunk_steps
         self.auto_codec = auto_codec
+        self.downsize = downsize
         self.counters = ClientCounters()
 
     @classmethod
@@ -103,6 +107,7 @@ class PolicyClient:
         trusted: TrustedServers | None = None,
         max_chunk_steps: int = MAX_CHUNK_STEPS,
         auto_codec: AutoCodec | None = None,
+        downsize: bool = True,
     ) -> AsyncIterator[PolicyClient]:
         """Open a Zenoh session for the client and close it on exit (options as for the constructor)."""
         async with open_session(settings) as zsession:
@@ -113,6 +118,7 @@ class PolicyClient:
                 trusted=trusted,
                 max_chunk_steps=max_chunk_steps,
                 auto_codec=auto_codec,
+                downsize=downsize,
             )
 
     def statistics(self) -> ClientStatistics:
@@ -171,6 +177,7 @@ class PolicyClient:
             action_dim=len(features.action_names),
             counters=self.counters,
             max_chunk_steps=self.max_chunk_steps,
+            downsize=self.downsize,
         )
         keys = server.keys.client(self.client_id)
         session = RemoteSession(
