@@ -10,8 +10,10 @@
   robots sharing one Zenoh client session: each places itself (`PolicyClient.connect_best`), then
   sends one observation every 1/R s (a small JPEG frame, a state unique to the robot and request)
   and checks that the chunk answers exactly that state. A lost session (token gone, drain notice,
-  two timeouts in a row) re-places the robot at once. Prints ``CONNECTED`` once every robot has a
-  session; on SIGTERM writes every served request (time, replica, fresh?) as JSON and exits. With
+  two timeouts in a row) re-places the robot at once, and its new session asks at once (as the
+  edge's does). Prints ``CONNECTED`` once every robot has a session; on SIGTERM writes every
+  served request (time, replica, fresh?) and every re-placement (when the session was lost, when
+  the new one was open, how many opens were refused meanwhile) as JSON and exits. With
   ``--telemetry-hz H`` each robot also publishes its signed telemetry H times a second, built by
   the edge's own `TelemetryPublisher.record` from its counters, and counts the bytes it put.
 * ``python -m benches._scale monitor --router P --port Q`` — ``servo-monitor`` joining the router,
@@ -106,6 +108,8 @@ async def _robots(args: argparse.Namespace) -> None:
     failures: dict[int, int] = {}
     #: Per robot: (monotonic s, bytes put: key + body + attachment) of every telemetry record.
     telemetry: dict[int, list[tuple[float, int]]] = {}
+    #: Per robot: (monotonic s the session was lost, s the next one was open, opens refused between).
+    replaced: dict[int, list[tuple[float, float, int]]] = {}
     connected = 0
 
     async def report(index: int, zsession: Any, client: PolicyClient) -> None:
@@ -152,11 +156,14 @@ async def _robots(args: argparse.Namespace) -> None:
         first = True
         # Robots start their cadence at random phases, as independent robots would.
         next_at = time.monotonic() + float(np.random.default_rng(index).uniform(0, period))
+        lost_at: float | None = None
+        refused = 0
         while True:
             try:
                 session = await client.connect_best(features=features, fps=FPS, app=APP)
             except (NoServerFound, SessionRejected, RequestTimeout):
                 failures[index] = failures.get(index, 0) + 1
+                refused += 1
                 await anyio.sleep(0.1)  # nobody usable: the only case that waits
                 continue
             if first:
@@ -166,6 +173,10 @@ async def _robots(args: argparse.Namespace) -> None:
                     tg.start_soon(report, index, zsession, client)
                 if connected == args.count:
                     print("CONNECTED", flush=True)
+            elif lost_at is not None:
+                replaced.setdefault(index, []).append((lost_at, time.monotonic(), refused))
+                next_at = time.monotonic()  # a new session asks at once
+            lost_at, refused = None, 0
             replica = session.server.keys.replica
             timeouts = 0
             try:
@@ -192,6 +203,7 @@ async def _robots(args: argparse.Namespace) -> None:
             except SessionLost:
                 pass
             finally:
+                lost_at = time.monotonic()
                 with anyio.CancelScope(shield=True):
                     await session.close(timeout=0.1)
 
@@ -216,6 +228,7 @@ async def _robots(args: argparse.Namespace) -> None:
         "served": {str(k): v for k, v in served.items()},
         "failures": failures,
         "telemetry": {str(k): v for k, v in telemetry.items()},
+        "replaced": {str(k): v for k, v in replaced.items()},
     }
     await anyio.Path(args.out).write_text(json.dumps(result))
 
