@@ -274,6 +274,7 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
     yield from results_table(request, render, "failover.md")
 
 
+@pytest.mark.timeout(1800)  # every kill round restarts a replica: seconds each on a loaded machine
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_failover(benchmark: BenchmarkFixture, tmp_path: Path, table: list[dict[str, Any]], topology: str) -> None:
     configure_logging("warning")

@@ -105,11 +105,11 @@ async def run_design(server: ServerProcess, design: str, seconds: float) -> dict
                 await anyio.sleep(0.01)
         loop = runtime.loop
         start_ticks, start_fallback = loop.statistics().ticks, engine.pipeline.fallback_ticks
-        start_transitions, start_chunks = len(engine.failsafe.transitions), engine.chunks_received
+        start_transitions, start_chunks = engine.failsafe.transition_count, engine.chunks_received
         await anyio.sleep(seconds)
         ticks = loop.statistics().ticks - start_ticks
         fallback = engine.pipeline.fallback_ticks - start_fallback
-        states = [t.state.value for t in list(engine.failsafe.transitions)[start_transitions:]]
+        states = [t.state.value for t in engine.failsafe.transitions_since(start_transitions)]
         rtt_ns = engine.pipeline.latency.percentile(0.5) or 0
         result = {
             "design": design,

@@ -255,7 +255,7 @@ async def test_edges_settle_onto_a_replica_that_appears_without_a_reconnect(tmp_
                 await eventually(lambda: any(m.session_id == session_id for m in log.merges), 10, "a chunk from b")
                 # A move, not a loss: no reconnect, and the edge streamed on its queue meanwhile.
                 assert [e.failsafe.reconnects for e in engines] == [0, 0, 0]
-                assert "reconnecting" not in [state.value for state, _ in mover.failsafe.transitions]
+                assert "reconnecting" not in [t.state.value for t in mover.failsafe.transitions]
         finally:
             for server in servers.values():
                 server.stop()
