@@ -122,19 +122,22 @@ class RemoteEngine(EngineBase):
         )
 
     def _on_replica_liveliness(self, kind: zenoh.SampleKind) -> None:
-        if kind != zenoh.SampleKind.PUT:
-            return
-        self._replica_appeared.set()
+        if kind == zenoh.SampleKind.PUT:
+            self._replica_appeared.set()
+            self._settle_soon()  # a (re)started replica is settled onto like a new session
+
+    def _settle_soon(self) -> None:
+        """Run the placement looks in the background (`_rebalance`), unless they already run."""
         if self.session is not None and self._tasks is not None and not self._rebalancing:
-            # A (re)started replica is settled onto the way placement spreads new sessions.
             self._rebalancing = True
             self._tasks.start_soon(self._rebalance, self.session)
 
     async def _rebalance(self, session: RemoteSession) -> None:
         """Look at the fleet; when this edge should move, open the session it moves to (`_moved`).
 
-        Only for chunk-stateless policies: a move mid-episode loses the server-side processor's
-        state, as a failover does.
+        Runs beside the stream: after every new session (whose first request left at once) and
+        when a replica appears. Only for chunk-stateless policies: a move mid-episode loses the
+        server-side processor's state, as a failover does.
         """
         client, identity = self.client, self.rules.identity
         try:
@@ -209,12 +212,14 @@ class RemoteEngine(EngineBase):
         self._epoch += 1
         server, options = self.config.server, self._placement(self._epoch)
         options["previous"] = self._previous
+        # Settled in the background (`_adopt`): the first request must not wait for the looks.
         session = await client.connect_best(
             features=self.features,
             fps=self.spec.fps,
             app=server.app or None,
             model=server.model or None,
             accept=self._acceptable,
+            settle=False,
             **options,
         )
         await self._adopt(session)
@@ -247,6 +252,7 @@ class RemoteEngine(EngineBase):
         self.check_chunk_length(ack.policy.chunk_size, self.pipeline.expected_latency_ns() or forward_ns or None)
         for warning in ack.warnings:
             log.warning("server warning", session_id=session.session_id, client_id=self.client_id, warning=warning)
+        self._settle_soon()
 
     def _acceptable(self, server: ServerInfo) -> bool:
         """Whether this edge may use ``server`` now (`ReplicaRules.acceptable`)."""
