@@ -97,7 +97,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 async def _robots(args: argparse.Namespace) -> None:
     from benches._fleet import frames
-    from servo.client import PolicyClient, RequestTimeout, ServerError, SessionLost
+    from servo.client import PolicyClient, RemoteSession, RequestTimeout, ServerError, SessionLost
     from servo.client.errors import NoServerFound, SessionRejected
     from servo.transport import ZenohSettings, open_session
 
@@ -153,14 +153,60 @@ async def _robots(args: argparse.Namespace) -> None:
         state[0] = float(index)
         rows = served.setdefault(index, [])
         seq = 0
-        first = True
         # Robots start their cadence at random phases, as independent robots would.
         next_at = time.monotonic() + float(np.random.default_rng(index).uniform(0, period))
+
+        async def stream(session: RemoteSession) -> RemoteSession | None:
+            """Serve on ``session`` while placement looks on in the background, as the edge does;
+            returns the session it moved to, or None once lost."""
+            nonlocal seq, next_at
+            moved: list[RemoteSession] = []
+
+            async def settle() -> None:
+                if (better := await client.rebalance(session, features=features, fps=FPS, app=APP)) is not None:
+                    moved.append(better)
+
+            replica, timeouts = session.server.keys.replica, 0
+            try:
+                async with anyio.create_task_group() as looks:
+                    looks.start_soon(settle)
+                    while timeouts < 2 and not moved:
+                        with anyio.move_on_after(next_at - time.monotonic()):
+                            await session.lost.wait()  # a lost session re-places the robot at once
+                        if session.lost.is_set():
+                            break
+                        next_at = max(next_at + period, time.monotonic())
+                        seq += 1
+                        state[1] = float(seq)
+                        try:
+                            chunk = await session.infer(state, images, timeout=5.0)
+                        except RequestTimeout:
+                            timeouts += 1
+                            continue
+                        except ServerError:
+                            continue
+                        timeouts = 0
+                        fresh = bool(np.array_equal(chunk.chunk_robot[0], state))
+                        row = (time.monotonic(), replica, fresh, chunk.rtt_ns / 1e6, chunk.queue_wait_ms)
+                        rows.append((*row, chunk.inference_ms))
+                    looks.cancel_scope.cancel()
+            except SessionLost:
+                pass
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await session.close(timeout=0.1)
+            if moved:
+                next_at = time.monotonic()  # a new session asks at once
+                return moved[0]
+            return None
+
+        first = True
         lost_at: float | None = None
         refused = 0
         while True:
             try:
-                session = await client.connect_best(features=features, fps=FPS, app=APP)
+                # Settled in the background (`stream`): the first request does not wait for the looks.
+                session = await client.connect_best(features=features, fps=FPS, app=APP, settle=False)
             except (NoServerFound, SessionRejected, RequestTimeout):
                 failures[index] = failures.get(index, 0) + 1
                 refused += 1
@@ -177,35 +223,10 @@ async def _robots(args: argparse.Namespace) -> None:
                 replaced.setdefault(index, []).append((lost_at, time.monotonic(), refused))
                 next_at = time.monotonic()  # a new session asks at once
             lost_at, refused = None, 0
-            replica = session.server.keys.replica
-            timeouts = 0
-            try:
-                while timeouts < 2:
-                    with anyio.move_on_after(next_at - time.monotonic()):
-                        await session.lost.wait()  # a lost session re-places the robot at once
-                    if session.lost.is_set():
-                        break
-                    next_at = max(next_at + period, time.monotonic())
-                    seq += 1
-                    state[1] = float(seq)
-                    try:
-                        chunk = await session.infer(state, images, timeout=5.0)
-                    except RequestTimeout:
-                        timeouts += 1
-                        continue
-                    except ServerError:
-                        continue
-                    timeouts = 0
-                    fresh = bool(np.array_equal(chunk.chunk_robot[0], state))
-                    rows.append(
-                        (time.monotonic(), replica, fresh, chunk.rtt_ns / 1e6, chunk.queue_wait_ms, chunk.inference_ms)
-                    )
-            except SessionLost:
-                pass
-            finally:
-                lost_at = time.monotonic()
-                with anyio.CancelScope(shield=True):
-                    await session.close(timeout=0.1)
+            current: RemoteSession | None = session
+            while current is not None:
+                current = await stream(current)
+            lost_at = time.monotonic()
 
     async with open_session(settings) as zsession:
         probe = PolicyClient(zsession, f"probe-{args.first}")
