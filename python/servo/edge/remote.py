@@ -211,8 +211,8 @@ class RemoteEngine(EngineBase):
     async def _open(self, client: PolicyClient) -> None:
         self._epoch += 1
         server, options = self.config.server, self._placement(self._epoch)
-        options["previous"] = self._previous
-        # Settled in the background (`_adopt`): the first request must not wait for the looks.
+        options["previous"] = old = self._previous
+        # Settled later (`_adopt`); after a loss the other replicas known go first, without discovery.
         session = await client.connect_best(
             features=self.features,
             fps=self.spec.fps,
@@ -220,6 +220,7 @@ class RemoteEngine(EngineBase):
             model=server.model or None,
             accept=self._acceptable,
             settle=False,
+            avoid=(old.server.keys,) if old is not None and old.lost.is_set() else (),
             **options,
         )
         await self._adopt(session)
