@@ -202,11 +202,13 @@ async def _robots(args: argparse.Namespace) -> None:
 
         first = True
         lost_at: float | None = None
+        lost_on: tuple[Any, ...] = ()
         refused = 0
         while True:
             try:
-                # Settled in the background (`stream`): the first request does not wait for the looks.
-                session = await client.connect_best(features=features, fps=FPS, app=APP, settle=False)
+                # As the edge: settled in the background (`stream`), the first request does not wait
+                # for the looks, and after a loss the other replicas known are tried without discovery.
+                session = await client.connect_best(features=features, fps=FPS, app=APP, settle=False, avoid=lost_on)
             except (NoServerFound, SessionRejected, RequestTimeout):
                 failures[index] = failures.get(index, 0) + 1
                 refused += 1
@@ -225,6 +227,7 @@ async def _robots(args: argparse.Namespace) -> None:
             lost_at, refused = None, 0
             current: RemoteSession | None = session
             while current is not None:
+                lost_on = (current.server.keys,)
                 current = await stream(current)
             lost_at = time.monotonic()
 
