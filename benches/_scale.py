@@ -185,13 +185,13 @@ async def _robots(args: argparse.Namespace) -> None:
                             continue
                         except ServerError:
                             continue
+                        except SessionLost:  # caught here: out of the task group it is a group
+                            break
                         timeouts = 0
                         fresh = bool(np.array_equal(chunk.chunk_robot[0], state))
                         row = (time.monotonic(), replica, fresh, chunk.rtt_ns / 1e6, chunk.queue_wait_ms)
                         rows.append((*row, chunk.inference_ms))
                     looks.cancel_scope.cancel()
-            except SessionLost:
-                pass
             finally:
                 with anyio.CancelScope(shield=True):
                     await session.close(timeout=0.1)
