@@ -20,6 +20,8 @@ from servo.wire import ServerKeys, StatusReply, WireError, decode, status_select
 
 #: Recent queue wait that weighs as much as a full replica in the placement score (ms).
 QUEUE_WAIT_FULL_MS = 1000.0
+#: Placement scores this close to the best are equally good (`first_choice` draws among them).
+PLACEMENT_TIE = 0.05
 
 
 @dataclass(frozen=True)
@@ -84,16 +86,17 @@ async def discover(
 
 
 def first_choice(servers: list[ServerInfo]) -> list[ServerInfo]:
-    """``servers`` in the order to try them: the first at random, weighted by squared headroom.
+    """``servers`` in the order to try them: the first drawn among the best, the rest as they were.
 
-    Robots placing themselves at once on the same view of the fleet (a failover) spread over
-    the replicas instead of all picking the least loaded one; a clearly fuller replica is rarely
-    first (1 % for 90 % against 10 % full). The rest keep their order.
+    The best are the live replicas whose `placement_score` is within `PLACEMENT_TIE` of the
+    lowest: robots placing themselves at once on the same view of the fleet (a failover) spread
+    over equally good replicas instead of all picking the one a session emptier.
     """
     live = [s for s in servers if not s.status.draining]
     if len(live) < 2:
         return servers
-    first = random.choices(live, weights=[max(1e-3, 1.0 - placement_score(s.status)) ** 2 for s in live])[0]
+    best = min(placement_score(s.status) for s in live)
+    first = random.choice([s for s in live if placement_score(s.status) <= best + PLACEMENT_TIE])
     return [first, *(s for s in servers if s is not first)]
 
 

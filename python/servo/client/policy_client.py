@@ -279,13 +279,13 @@ class PolicyClient:
     ) -> RemoteSession:
         """Discover, then open a session on a lightly loaded replica that accepts us.
 
-        The first choice is random, weighted by squared headroom (`first_choice`): robots placing
-        themselves on one view of the fleet (a failover) spread; the rest follow by score. With
-        ``settle``, the client then looks at the fleet again, moving while its replica holds two
-        or more sessions more than the emptiest (`settle_look`; up to `SETTLE_ROUNDS` looks
-        `SETTLE_JITTER_S` apart at most, until `SETTLED_LOOKS` in a row found it balanced). With
-        ``avoid`` (replicas known gone), the others of the last discovery are tried first,
-        without a status query to each: a replica's robots failing over would all send one.
+        The first choice is drawn among the replicas of about the best `placement_score`
+        (`first_choice`): robots placing themselves on one view of the fleet (a failover) spread;
+        the rest follow by score. With ``settle``, the client then looks at the fleet again,
+        moving while its replica holds two or more sessions more than the emptiest (`settle_look`;
+        up to `SETTLE_ROUNDS` looks `SETTLE_JITTER_S` apart at most, until `SETTLED_LOOKS` in a
+        row found it balanced). With ``avoid`` (replicas known gone), the others of the last
+        discovery are tried first, without a status query to each: a failover herd would send one.
 
         A replica that is full, draining, still holds our previous session (``session_exists``)
         or whose ack fails verification is skipped; any other rejection is final (the next
