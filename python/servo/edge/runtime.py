@@ -69,10 +69,8 @@ class RunOptions:
     telemetry: TelemetryPublisher | None = None
     rest_tolerance: float = 2.0
     park_timeout_s: float = 5.0
-    #: Ask for real-time (SCHED_FIFO) scheduling of the control loop (best effort).
+    #: SCHED_FIFO for the control loop (best effort); ``spin``: see `ProcessControlLoop` (False: plain sleeps).
     realtime: bool = True
-    #: The control process sleeps to just before each tick and spins the rest (an idle core wakes
-    #: late); False: a plain sleep, no spinning.
     spin: bool = True
     #: Python's GIL switch interval while running (None keeps the default 5 ms): a control
     #: *thread* that wakes while a camera or network thread holds the GIL waits up to this long.
@@ -243,9 +241,8 @@ class EdgeRuntime:
         if in_thread:
             limiter = SafetyLimiter(spec, velocity_scale=self.engine.pipeline.control.velocity_scale)
             robot = self.robot.build()
-            return ThreadControlLoop(
-                channel, cameras, robot, self.engine, limiter, task=config.task, realtime=opts.realtime
-            )
+            parts = (channel, cameras, robot, self.engine, limiter)
+            return ThreadControlLoop(*parts, task=config.task, realtime=opts.realtime)
         pipeline = self.engine.pipeline
         return ProcessControlLoop(
             channel,
