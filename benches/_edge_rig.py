@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import anyio
 import numpy as np
@@ -46,9 +46,14 @@ CHUNK = 50
 
 
 class ServerProcess:
-    """``servo-serve`` in a child process (reference policy, two 480x640 cameras, audit log)."""
+    """``servo-serve`` in a child process (reference policy, two 480x640 cameras, audit log).
 
-    def __init__(self, workdir: Path, port: int, *, compute_ms: float = COMPUTE_MS) -> None:
+    ``options`` adds lines to ``[model.options]`` (e.g. other cameras), ``zenoh`` to ``[zenoh]``.
+    """
+
+    def __init__(
+        self, workdir: Path, port: int, *, compute_ms: float = COMPUTE_MS, options: str = "", zenoh: str = ""
+    ) -> None:
         self.port = port
         self.audit = workdir / "audit.jsonl"
         self.manifest = workdir / "manifest.toml"
@@ -62,11 +67,13 @@ warmup = 3
 chunk_size = {CHUNK}
 fps = 30.0
 compute_ms = {compute_ms}
+{options}
 [serving]
 max_sessions = 4
 [zenoh]
 mode = "peer"
 listen = ["tcp/127.0.0.1:{port}"]
+{zenoh}
 [ops]
 health_port = 0
 audit_log = "{self.audit}"
@@ -81,6 +88,18 @@ audit_log = "{self.audit}"
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+
+    def __enter__(self) -> Self:
+        """Wait until it serves (stopped when the block exits)."""
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout

@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,10 +34,13 @@ import anyio
 import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
+from testbed.processes import free_port
 
+from benches._edge_rig import ServerProcess
 from benches._fleet import frames as camera_like
-from benches._support import free_port, results_table, stop
+from benches._support import markdown, results_table
 from servo.client import PolicyClient
+from servo.logs import configure_logging
 from servo.transport import ZenohSettings
 from servo.wire import CameraFeature, Features
 
@@ -49,21 +49,18 @@ POLICY_INPUT = (96, 128)
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    lines = [
+    title = (
         f"Frames at the policy's input size: one {CAMERA[0]}x{CAMERA[1]} camera, a policy taking "
         f"{POLICY_INPUT[0]}x{POLICY_INPUT[1]} (reference, 20 ms forwards), `servo-serve` in another process, "
         f"Zenoh TCP on 127.0.0.1 (shared memory off), medians over the requests "
-        f"(machine load {os.getloadavg()[0]:.1f}).",
-        "",
-        "| design | codec | requests | frame bytes / request | client encode ms | round trip ms |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['design']} | {r['codec']} | {r['requests']} | {r['bytes']:,} | {r['encode_ms']:.2f} | "
-        f"{r['rtt_ms']:.2f} |"
+        f"(machine load {os.getloadavg()[0]:.1f})."
+    )
+    header = ["design", "codec", "requests", "frame bytes / request", "client encode ms", "round trip ms"]
+    cells = [
+        [r["design"], r["codec"], r["requests"], f"{r['bytes']:,}", f"{r['encode_ms']:.2f}", f"{r['rtt_ms']:.2f}"]
         for r in rows
     ]
-    return "\n".join(lines)
+    return markdown(title, header, cells)
 
 
 @pytest.fixture(scope="module")
@@ -73,41 +70,11 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    configure_logging("warning")
+    options = f"cameras = {{front = [{POLICY_INPUT[0]}, {POLICY_INPUT[1]}]}}"
     workdir = Path(tmp_path_factory.mktemp("downsize"))
-    port = free_port()
-    manifest = workdir / "manifest.toml"
-    manifest.write_text(
-        f"""
-[model]
-source = "reference"
-warmup = 2
-[model.options]
-cameras = {{front = [{POLICY_INPUT[0]}, {POLICY_INPUT[1]}]}}
-compute_ms = 20.0
-[zenoh]
-listen = ["tcp/127.0.0.1:{port}"]
-shared_memory = false
-[ops]
-health_port = 0
-"""
-    )
-    log = workdir / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "servo.cli.serve", str(manifest), "--log-level", "info"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while "] serving" not in log.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"servo-serve did not start:\n{log.read_text()}")
-            time.sleep(0.05)
-        yield port
-    finally:
-        stop(proc)
+    with ServerProcess(workdir, free_port(), options=options, zenoh="shared_memory = false") as proc:
+        yield proc.port
 
 
 async def stream(port: int, *, downsize: bool, quality: int, requests: int) -> dict[str, Any]:

@@ -48,7 +48,7 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 from testbed.processes import free_port
 
-from benches._support import percentiles_ms, results_table
+from benches._support import markdown, percentiles_ms, results_table
 from servo.edge.config import load_edge_config
 from servo.edge.engine import MergeEvent
 from servo.edge.remote import RemoteEngine
@@ -243,30 +243,25 @@ async def measure(workdir: Path, topology: str, kills: int, restarts: int, seed:
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    lines = [
+    title = (
         f"Failover and restart: 2 replicas, {COMPUTE_MS:g} ms forwards, one edge with default options "
         "(30 s backoff), Zenoh TCP on 127.0.0.1 with shared memory; seconds on the edge's clock, "
-        f"p50 / p99 / max (machine load {os.getloadavg()[0]:.1f}).",
-        "",
-        "| topology | kills | kill → session | kill → first fresh chunk | restarts | ready → session "
-        "| ready → first fresh chunk |",
-        "|---|---|---|---|---|---|---|",
-    ]
+        f"p50 / p99 / max (machine load {os.getloadavg()[0]:.1f})."
+    )
+    header = ["topology", "kills", "kill → session", "kill → first fresh chunk", "restarts", "ready → session"]
+    header.append("ready → first fresh chunk")
+    names = ("kill_session", "kill_fresh", "ready_session", "ready_fresh")
+    cells = []
     for r in rows:
-        cells = [
-            "n/a" if not r[name]["n"] else f"{r[name]['p50']:.3f} / {r[name]['p99']:.3f} / {r[name]['max']:.3f}"
-            for name in ("kill_session", "kill_fresh", "ready_session", "ready_fresh")
+        timed = [
+            "n/a" if not r[n]["n"] else f"{r[n]['p50']:.3f} / {r[n]['p99']:.3f} / {r[n]['max']:.3f}" for n in names
         ]
-        lines.append(
-            f"| {r['topology']} | {r['kill_fresh']['n']} | {cells[0]} | {cells[1]} | {r['ready_fresh']['n']} | "
-            f"{cells[2]} | {cells[3]} |"
-        )
-    lines += [
-        "",
+        cells.append([r["topology"], r["kill_fresh"]["n"], *timed[:2], r["ready_fresh"]["n"], *timed[2:]])
+    targets = (
         f"Targets: kill → first fresh chunk <= {FRESH_TARGET_S:.1f} s (0.5 s + one inference); "
-        f"ready → session <= {SESSION_TARGET_S:.1f} s.",
-    ]
-    return "\n".join(lines)
+        f"ready → session <= {SESSION_TARGET_S:.1f} s."
+    )
+    return markdown(title, header, cells) + "\n\n" + targets
 
 
 @pytest.fixture(scope="module")
