@@ -240,8 +240,7 @@ class EdgeRuntime:
         spec, config, opts = self.engine.spec, self.config, self.options
         if in_thread:
             limiter = SafetyLimiter(spec, velocity_scale=self.engine.pipeline.control.velocity_scale)
-            robot = self.robot.build()
-            parts = (channel, cameras, robot, self.engine, limiter)
+            parts = (channel, cameras, self.robot.build(), self.engine, limiter)
             return ThreadControlLoop(*parts, task=config.task, realtime=opts.realtime)
         pipeline = self.engine.pipeline
         return ProcessControlLoop(
