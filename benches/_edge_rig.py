@@ -7,7 +7,7 @@ simulated SO-100 with two 480x640 cameras, CPU hogs, and the results' bookkeepin
   process or (the baseline) on a thread; `EngineBase.on_merge` reports every merge with its
   duration (the ActionQueue.merge call) and the chunk's observation stamp. Tick lateness comes
   from the control loop's own histogram (`servo.edge.channel`), the same for both.
-* `CpuHogs` keeps every core busy with a normal-priority busy loop per core.
+* `benches._cpu` keeps every core busy (`CpuHogs`) and says who used the cores (`CpuWatch`).
 * The legacy inline loop (seeds/000 BUG-1) is in `benches._naive_loop`.
 """
 
@@ -29,11 +29,12 @@ import numpy as np
 import numpy.typing as npt
 from testbed.processes import stop
 
+from benches._cpu import CpuHogs, CpuWatch
 from servo.edge.channel import LATENESS_BINS, lateness_bin, lateness_percentiles_ms
 from servo.edge.config import load_edge_config
 from servo.edge.engine import MergeEvent
 from servo.edge.remote import RemoteEngine
-from servo.edge.runtime import EdgeRuntime, RunOptions
+from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.robots import RobotDescription
 
 JPEG_QUALITY = 90
@@ -45,9 +46,14 @@ CHUNK = 50
 
 
 class ServerProcess:
-    """``servo-serve`` in a child process (reference policy, two 480x640 cameras, audit log)."""
+    """``servo-serve`` in a child process (reference policy, two 480x640 cameras, audit log).
 
-    def __init__(self, workdir: Path, port: int, *, compute_ms: float = COMPUTE_MS) -> None:
+    ``options`` adds lines to ``[model.options]`` (e.g. other cameras), ``zenoh`` to ``[zenoh]``.
+    """
+
+    def __init__(
+        self, workdir: Path, port: int, *, compute_ms: float = COMPUTE_MS, options: str = "", zenoh: str = ""
+    ) -> None:
         self.port = port
         self.audit = workdir / "audit.jsonl"
         self.manifest = workdir / "manifest.toml"
@@ -61,11 +67,13 @@ warmup = 3
 chunk_size = {CHUNK}
 fps = 30.0
 compute_ms = {compute_ms}
+{options}
 [serving]
 max_sessions = 4
 [zenoh]
 mode = "peer"
 listen = ["tcp/127.0.0.1:{port}"]
+{zenoh}
 [ops]
 health_port = 0
 audit_log = "{self.audit}"
@@ -80,6 +88,18 @@ audit_log = "{self.audit}"
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+
+    def __enter__(self) -> Self:
+        """Wait until it serves (stopped when the block exits)."""
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -102,77 +122,6 @@ audit_log = "{self.audit}"
         if self.proc.poll() is None:
             stop(self.proc, grace_s=20)
         self._out.close()
-
-
-# ----------------------------------------------------------------------------- load
-
-
-class CpuHogs:
-    """One busy-loop process per core at normal priority, for the length of a ``with`` block."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> Self:
-        if self.enabled:
-            for _ in range(os.cpu_count() or 1):
-                self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            proc.kill()
-        for proc in self.procs:
-            proc.wait(10)
-        self.procs.clear()
-
-    @property
-    def pids(self) -> list[int]:
-        """The hogs' process ids."""
-        return [proc.pid for proc in self.procs]
-
-
-class CpuWatch:
-    """CPU used by everything *but* this process, the server and the hogs while a round runs (Linux).
-
-    The machine is shared: a round's lateness is only comparable with the background load next to
-    it. The edge's control process counts as background here (it uses a few % of a core).
-    """
-
-    def __init__(self, *pids: int) -> None:
-        self._pids = (os.getpid(), *pids)
-        self.others_cores: float | None = None
-
-    @staticmethod
-    def _system() -> tuple[int, int]:
-        values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        return sum(values), values[3] + values[4]  # all jiffies, idle + iowait
-
-    @staticmethod
-    def _process(pid: int) -> int:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime
-
-    def __enter__(self) -> Self:
-        try:
-            self._start = (self._system(), [self._process(p) for p in self._pids], time.monotonic())
-        except (OSError, ValueError, IndexError):
-            self._start = None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._start is None:
-            return
-        try:
-            (total0, idle0), procs0, t0 = self._start
-            total1, idle1 = self._system()
-            procs1 = [self._process(p) for p in self._pids]
-        except (OSError, ValueError, IndexError):
-            return
-        hz = os.sysconf("SC_CLK_TCK")
-        busy = (total1 - total0) - (idle1 - idle0) - sum(b - a for a, b in zip(procs0, procs1, strict=True))
-        self.others_cores = round(busy / hz / (time.monotonic() - t0), 2)
 
 
 # ----------------------------------------------------------------------------- results
@@ -219,6 +168,10 @@ class LoopResult:
     round_p99_ms: list[float | None] = field(default_factory=list)
     #: Cores busy with other processes during each round (the noise next to the numbers).
     background_cores: list[float | None] = field(default_factory=list)
+    #: Cores the control process used (its tick, sleeps and spinning), each round; None on a thread.
+    control_cpu: float | None = None
+    spin: bool = True
+    round_control_cpu: list[float | None] = field(default_factory=list)
 
     @property
     def p99_ms(self) -> float | None:
@@ -246,6 +199,8 @@ class LoopResult:
             hogs=first.hogs,
             round_p99_ms=[r.p99_ms for r in rounds],
             background_cores=[c for r in rounds for c in r.background_cores],
+            spin=first.spin,
+            round_control_cpu=[r.control_cpu for r in rounds],
         )
 
     def summary(self) -> dict[str, Any]:
@@ -267,6 +222,8 @@ class LoopResult:
             "error": self.error,
             "round_lateness_p99_ms": self.round_p99_ms,
             "background_cores": self.background_cores,
+            "spin": self.spin,
+            "control_process_cores": self.round_control_cpu,
         }
         for name in ("encode", "transport", "queue_wait", "inference", "rtt", "merge"):
             values = np.asarray([getattr(r, name) for r in self.requests], dtype=np.float64)
@@ -293,6 +250,7 @@ async def run_servo(
     switch_interval_s: float | None,
     design: str,
     robot: RobotDescription | None = None,
+    spin: bool = True,
 ) -> LoopResult:
     """servo's edge: the control loop in its process (or on a thread), the network worker on the event loop.
 
@@ -315,9 +273,19 @@ async def run_servo(
         switch_interval_s=switch_interval_s,
         park_timeout_s=0.5,
         control_loop=control_loop,
+        spin=spin,
     )
     runtime = EdgeRuntime(robot, engine, config, options)
-    summary = await runtime.run()
+    control_cpu: list[float | None] = [None]
+
+    async def run() -> RunSummary:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_control_cpu, runtime, duration_s * 0.8, control_cpu)
+            summary = await runtime.run()
+            tg.cancel_scope.cancel()
+        return summary
+
+    summary = await run()
     loop = runtime.loop
     assert loop is not None
     session = engine.session
@@ -349,7 +317,25 @@ async def run_servo(
         where=summary.control_loop,
         final_state=summary.final_state,
         error=loop.error or summary.fault,
+        control_cpu=control_cpu[0],
+        spin=spin,
     )
+
+
+async def _control_cpu(runtime: EdgeRuntime, seconds: float, out: list[float | None]) -> None:
+    """Cores the control process used over ``seconds`` once it runs (``out[0]``; stays None for a thread)."""
+    while runtime.loop is None or not runtime.loop.running:  # noqa: ASYNC110 - no event for it
+        await anyio.sleep(0.01)
+    pid = getattr(runtime.loop, "pid", None)
+    if pid is None:
+        return
+    try:
+        before, started = CpuWatch.process_jiffies(pid), time.monotonic()
+        await anyio.sleep(seconds)
+        used = CpuWatch.process_jiffies(pid) - before
+    except (OSError, ValueError, IndexError):
+        return
+    out[0] = round(used / os.sysconf("SC_CLK_TCK") / (time.monotonic() - started), 3)
 
 
 def pooled_rounds(
@@ -372,17 +358,17 @@ def table(rows: list[dict[str, Any]]) -> str:
     """Markdown table of run summaries."""
     head = (
         "| design | where | fps | hogs | ticks/expected | missed | tick lateness p50/p99/max ms | RT "
-        "| p99 per round | encode p50 | transport p50 | queue wait p50 | inference p50 | rtt p50/p99 "
-        "| merge p50 ms | other processes' cores per round |"
+        "| p99 per round | control process cores per round | encode p50 | transport p50 | queue wait p50 "
+        "| inference p50 | rtt p50/p99 | merge p50 ms | other processes' cores per round |"
     )
-    lines = [head, "|" + "---|" * 16]
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         j = r["lateness_ms"]
         lines.append(
             f"| {r['design']} | {r['where']} | {r['fps']:g} | {r['hogs']} | {r['ticks']}/{r['expected_ticks']} "
             f"| {r['missed_deadlines']} | {j['p50']}/{j['p99']}/{j['max']} | {r['realtime']} "
-            f"| {r['round_lateness_p99_ms']} | {r['encode_ms']['p50']} | {r['transport_ms']['p50']} "
-            f"| {r['queue_wait_ms']['p50']} | {r['inference_ms']['p50']} "
+            f"| {r['round_lateness_p99_ms']} | {r['control_process_cores']} | {r['encode_ms']['p50']} "
+            f"| {r['transport_ms']['p50']} | {r['queue_wait_ms']['p50']} | {r['inference_ms']['p50']} "
             f"| {r['rtt_ms']['p50']}/{r['rtt_ms']['p99']} | {r['merge_ms']['p50']} | {r['background_cores']} |"
         )
     return "\n".join(lines)

@@ -10,8 +10,10 @@
   robots sharing one Zenoh client session: each places itself (`PolicyClient.connect_best`), then
   sends one observation every 1/R s (a small JPEG frame, a state unique to the robot and request)
   and checks that the chunk answers exactly that state. A lost session (token gone, drain notice,
-  two timeouts in a row) re-places the robot at once. Prints ``CONNECTED`` once every robot has a
-  session; on SIGTERM writes every served request (time, replica, fresh?) as JSON and exits. With
+  two timeouts in a row) re-places the robot at once, and its new session asks at once (as the
+  edge's does). Prints ``CONNECTED`` once every robot has a session; on SIGTERM writes every
+  served request (time, replica, fresh?) and every re-placement (when the session was lost, when
+  the new one was open, how many opens were refused meanwhile) as JSON and exits. With
   ``--telemetry-hz H`` each robot also publishes its signed telemetry H times a second, built by
   the edge's own `TelemetryPublisher.record` from its counters, and counts the bytes it put.
 * ``python -m benches._scale monitor --router P --port Q`` — ``servo-monitor`` joining the router,
@@ -95,7 +97,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 async def _robots(args: argparse.Namespace) -> None:
     from benches._fleet import frames
-    from servo.client import PolicyClient, RequestTimeout, ServerError, SessionLost
+    from servo.client import PolicyClient, RemoteSession, RequestTimeout, ServerError, SessionLost
     from servo.client.errors import NoServerFound, SessionRejected
     from servo.transport import ZenohSettings, open_session
 
@@ -106,6 +108,8 @@ async def _robots(args: argparse.Namespace) -> None:
     failures: dict[int, int] = {}
     #: Per robot: (monotonic s, bytes put: key + body + attachment) of every telemetry record.
     telemetry: dict[int, list[tuple[float, int]]] = {}
+    #: Per robot: (monotonic s the session was lost, s the next one was open, opens refused between).
+    replaced: dict[int, list[tuple[float, float, int]]] = {}
     connected = 0
 
     async def report(index: int, zsession: Any, client: PolicyClient) -> None:
@@ -149,14 +153,65 @@ async def _robots(args: argparse.Namespace) -> None:
         state[0] = float(index)
         rows = served.setdefault(index, [])
         seq = 0
-        first = True
         # Robots start their cadence at random phases, as independent robots would.
         next_at = time.monotonic() + float(np.random.default_rng(index).uniform(0, period))
+
+        async def stream(session: RemoteSession) -> RemoteSession | None:
+            """Serve on ``session`` while placement looks on in the background, as the edge does;
+            returns the session it moved to, or None once lost."""
+            nonlocal seq, next_at
+            moved: list[RemoteSession] = []
+
+            async def settle() -> None:
+                if (better := await client.rebalance(session, features=features, fps=FPS, app=APP)) is not None:
+                    moved.append(better)
+
+            replica, timeouts = session.server.keys.replica, 0
+            try:
+                async with anyio.create_task_group() as looks:
+                    looks.start_soon(settle)
+                    while timeouts < 2 and not moved:
+                        with anyio.move_on_after(next_at - time.monotonic()):
+                            await session.lost.wait()  # a lost session re-places the robot at once
+                        if session.lost.is_set():
+                            break
+                        next_at = max(next_at + period, time.monotonic())
+                        seq += 1
+                        state[1] = float(seq)
+                        try:
+                            chunk = await session.infer(state, images, timeout=5.0)
+                        except RequestTimeout:
+                            timeouts += 1
+                            continue
+                        except ServerError:
+                            continue
+                        except SessionLost:  # caught here: out of the task group it is a group
+                            break
+                        timeouts = 0
+                        fresh = bool(np.array_equal(chunk.chunk_robot[0], state))
+                        row = (time.monotonic(), replica, fresh, chunk.rtt_ns / 1e6, chunk.queue_wait_ms)
+                        rows.append((*row, chunk.inference_ms))
+                    looks.cancel_scope.cancel()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await session.close(timeout=0.1)
+            if moved:
+                next_at = time.monotonic()  # a new session asks at once
+                return moved[0]
+            return None
+
+        first = True
+        lost_at: float | None = None
+        lost_on: tuple[Any, ...] = ()
+        refused = 0
         while True:
             try:
-                session = await client.connect_best(features=features, fps=FPS, app=APP)
+                # As the edge: settled in the background (`stream`), the first request does not wait
+                # for the looks, and after a loss the other replicas known are tried without discovery.
+                session = await client.connect_best(features=features, fps=FPS, app=APP, settle=False, avoid=lost_on)
             except (NoServerFound, SessionRejected, RequestTimeout):
                 failures[index] = failures.get(index, 0) + 1
+                refused += 1
                 await anyio.sleep(0.1)  # nobody usable: the only case that waits
                 continue
             if first:
@@ -166,34 +221,15 @@ async def _robots(args: argparse.Namespace) -> None:
                     tg.start_soon(report, index, zsession, client)
                 if connected == args.count:
                     print("CONNECTED", flush=True)
-            replica = session.server.keys.replica
-            timeouts = 0
-            try:
-                while timeouts < 2:
-                    with anyio.move_on_after(next_at - time.monotonic()):
-                        await session.lost.wait()  # a lost session re-places the robot at once
-                    if session.lost.is_set():
-                        break
-                    next_at = max(next_at + period, time.monotonic())
-                    seq += 1
-                    state[1] = float(seq)
-                    try:
-                        chunk = await session.infer(state, images, timeout=5.0)
-                    except RequestTimeout:
-                        timeouts += 1
-                        continue
-                    except ServerError:
-                        continue
-                    timeouts = 0
-                    fresh = bool(np.array_equal(chunk.chunk_robot[0], state))
-                    rows.append(
-                        (time.monotonic(), replica, fresh, chunk.rtt_ns / 1e6, chunk.queue_wait_ms, chunk.inference_ms)
-                    )
-            except SessionLost:
-                pass
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await session.close(timeout=0.1)
+            elif lost_at is not None:
+                replaced.setdefault(index, []).append((lost_at, time.monotonic(), refused))
+                next_at = time.monotonic()  # a new session asks at once
+            lost_at, refused = None, 0
+            current: RemoteSession | None = session
+            while current is not None:
+                lost_on = (current.server.keys,)
+                current = await stream(current)
+            lost_at = time.monotonic()
 
     async with open_session(settings) as zsession:
         probe = PolicyClient(zsession, f"probe-{args.first}")
@@ -216,6 +252,7 @@ async def _robots(args: argparse.Namespace) -> None:
         "served": {str(k): v for k, v in served.items()},
         "failures": failures,
         "telemetry": {str(k): v for k, v in telemetry.items()},
+        "replaced": {str(k): v for k, v in replaced.items()},
     }
     await anyio.Path(args.out).write_text(json.dumps(result))
 

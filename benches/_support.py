@@ -45,6 +45,13 @@ def results_table(
         publish(request, render(rows), name, smoke=rows[0]["smoke"])
 
 
+def markdown(title: str, header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A results table: ``title`` (what was measured, how), then the table of ``rows``."""
+    lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def percentiles_ms(values_ms: Iterable[float], qs: Sequence[float]) -> list[float]:
     """Quantiles ``qs`` of ``values_ms`` through the Rust LatencyTracker (servo's own); NaN when empty."""
     values = list(values_ms)

@@ -38,7 +38,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 from testbed.processes import free_port
 
 from benches._edge_rig import ServerProcess
-from benches._support import results_table
+from benches._support import markdown, results_table
 from servo.edge.config import load_edge_config
 from servo.edge.pipeline import ChunkPipeline
 from servo.edge.remote import RemoteEngine
@@ -58,20 +58,27 @@ class BufferOnly(ChunkPipeline):
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    lines = [
+    title = (
         f"Send on time: reference policy padded to {COMPUTE_MS:g} ms per forward, 50-step chunks at 30 fps, "
         "default edge options, TCP on 127.0.0.1 with shared memory; counted from the first chunk "
-        f"(machine load {os.getloadavg()[0]:.1f}).",
-        "",
-        "| design | s | ticks | fallback ticks | held | DEGRADED | STALLED | chunks | rtt p50 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"(machine load {os.getloadavg()[0]:.1f})."
+    )
+    header = ["design", "s", "ticks", "fallback ticks", "held", "DEGRADED", "STALLED", "chunks", "rtt p50 ms"]
+    return markdown(title, header, [_cells(r) for r in rows])
+
+
+def _cells(r: dict[str, Any]) -> list[object]:
+    return [
+        r["design"],
+        f"{r['seconds']:.1f}",
+        r["ticks"],
+        r["fallback_ticks"],
+        f"{r['held_pct']:.1f} %",
+        r["degraded"],
+        r["stalled"],
+        r["chunks"],
+        f"{r['rtt_ms_p50']:.0f}",
     ]
-    lines += [
-        f"| {r['design']} | {r['seconds']:.1f} | {r['ticks']} | {r['fallback_ticks']} | {r['held_pct']:.1f} % | "
-        f"{r['degraded']} | {r['stalled']} | {r['chunks']} | {r['rtt_ms_p50']:.0f} |"
-        for r in rows
-    ]
-    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +89,8 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     configure_logging("warning")
-    proc = ServerProcess(Path(tmp_path_factory.mktemp("send-bench")), free_port(), compute_ms=COMPUTE_MS)
-    try:
-        proc.wait_ready()
+    with ServerProcess(Path(tmp_path_factory.mktemp("send-bench")), free_port(), compute_ms=COMPUTE_MS) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 async def run_design(server: ServerProcess, design: str, seconds: float) -> dict[str, Any]:
@@ -105,11 +108,11 @@ async def run_design(server: ServerProcess, design: str, seconds: float) -> dict
                 await anyio.sleep(0.01)
         loop = runtime.loop
         start_ticks, start_fallback = loop.statistics().ticks, engine.pipeline.fallback_ticks
-        start_transitions, start_chunks = len(engine.failsafe.transitions), engine.chunks_received
+        start_transitions, start_chunks = engine.failsafe.transition_count, engine.chunks_received
         await anyio.sleep(seconds)
         ticks = loop.statistics().ticks - start_ticks
         fallback = engine.pipeline.fallback_ticks - start_fallback
-        states = [t.state.value for t in list(engine.failsafe.transitions)[start_transitions:]]
+        states = [t.state.value for t in engine.failsafe.transitions_since(start_transitions)]
         rtt_ns = engine.pipeline.latency.percentile(0.5) or 0
         result = {
             "design": design,

@@ -8,15 +8,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import anyio
 import msgspec
 import pytest
 
 from servo.client import PolicyClient, RemoteSession
-from servo.client.discovery import placement_score
+from servo.client.discovery import ServerInfo, SettleLook, first_choice, placement_score, settle_look
 from servo.transport import ZenohSettings, open_session
-from servo.wire import StatusReply
+from servo.wire import ServerKeys, StatusReply
 from tests.client.test_verify import status
 from tests.support import client_settings, free_port, make_manifest, running_server
 
@@ -85,3 +86,65 @@ async def test_thirty_simultaneous_connects_split_evenly_over_three_replicas() -
     assert len(sessions) == 30
     assert seen == dict(mine)  # the servers count what the robots hold: nobody left a session behind
     assert max(mine.values()) / min(mine.values()) <= 1.1, mine
+
+
+def info(replica: str, active: int, *, max_sessions: int = 100, draining: bool = False) -> ServerInfo:
+    reply = msgspec.structs.replace(
+        status(bytes(32)), replica=replica, active_sessions=active, max_sessions=max_sessions, draining=draining
+    )
+    return ServerInfo(ServerKeys("app", "model", replica), reply)
+
+
+def test_robots_placing_themselves_on_one_view_of_the_fleet_spread_over_it() -> None:
+    # A failover: every robot of a dead replica sees the same two survivors at once.
+    fleet = [info("a", 50), info("b", 51), info("c", 60)]
+    firsts = Counter(first_choice(fleet)[0].keys.replica for _ in range(2000))
+    assert 0.4 < firsts["a"] / 2000 < 0.6, firsts  # not all on the one with a session fewer
+    assert firsts["c"] == 0  # ten sessions more of 100: never first
+    assert [s.keys.replica for s in first_choice(fleet)][1:] in (["b", "c"], ["a", "c"])
+    assert [s.keys.replica for s in first_choice([info("a", 0, draining=True), info("b", 5)])] == ["a", "b"]
+
+
+def test_a_settle_look_moves_only_from_a_replica_two_or_more_above_the_emptiest() -> None:
+    keys = ServerKeys("app", "model", "a")
+    assert settle_look(keys, [info("a", 5), info("b", 4)]) == SettleLook(balanced=True)
+    assert settle_look(keys, [info("b", 4)]) is None  # its replica is gone: stop looking
+    assert settle_look(keys, [info("a", 5)]) is None  # nowhere else to go
+    moves = [settle_look(keys, [info("a", 10), info("b", 0)]) for _ in range(2000)]
+    assert all(look is not None and not look.balanced for look in moves)
+    movers = sum(look is not None and look.target is not None for look in moves)
+    assert 0.4 < movers / 2000 < 0.6  # (10 - mean 5) / 10: half of a's robots move, in expectation
+
+
+class CountingClient(PolicyClient):
+    """A client that counts its discoveries (event loop)."""
+
+    discoveries = 0
+
+    async def discover(self, *, app: str | None = None, model: str | None = None, timeout: float = 2.0) -> Any:
+        self.discoveries += 1
+        return await super().discover(app=app, model=model, timeout=timeout)
+
+
+async def test_a_failover_tries_the_replicas_known_without_discovering_again() -> None:
+    async with three_replicas() as router_port, open_session(client_settings(router_port)) as zsession:
+        client = CountingClient(zsession, "robot")
+        with anyio.fail_after(10):
+            while len(servers := await client.discover(app="spread")) < 3:  # noqa: ASYNC110 - joins have no event
+                await anyio.sleep(0.05)
+        policy = servers[0].status.policy
+        gone, discoveries = servers[0].keys, client.discoveries
+        session = await client.connect_best(
+            features=policy.features, fps=policy.fps, app="spread", settle=False, avoid=(gone,)
+        )
+        try:
+            assert session.server.keys != gone
+            assert session.server.keys in {s.keys for s in servers}
+            assert client.discoveries == discoveries  # straight to a replica it knew
+            # Without ``avoid`` (a first connect), it discovers as always.
+            fresh = CountingClient(zsession, "robot-2")
+            other = await fresh.connect_best(features=policy.features, fps=policy.fps, app="spread", settle=False)
+            await other.close()
+            assert fresh.discoveries == 1
+        finally:
+            await session.close()

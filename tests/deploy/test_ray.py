@@ -195,6 +195,10 @@ async def test_sigterm_to_a_replica_process_drains_it_and_ray_restarts_it(
                 assert await serves(session)
                 await session.close()
         assert set(await ready_lines(lines, 1)) == {"reference-0"}
+        # A stop on purpose, said as one: not a lost replica, nor Ray's "unexpected system error".
+        said = "\n".join(lines.seen)
+        assert "replica reference-0 restarting (SIGTERM): drained" in said, said
+        assert not re.search(r"lost \(|unexpected system error", said), said
         process.send_signal(signal.SIGTERM)
         with anyio.fail_after(30):
             assert await process.wait() == 0
@@ -280,6 +284,10 @@ async def test_sighup_restarts_the_replicas_one_at_a_time(ray_head: RayHead, rou
         restarted = {match[1]: int(match[2]) for line in lines.seen if (match := again.search(line))}
         assert restarted.keys() == pids.keys()
         assert all(restarted[replica] != pid for replica, pid in pids.items())
+        said = "\n".join(lines.seen)
+        for replica in pids:
+            assert f"replica {replica} restarting (rolling restart): drained" in said, said
+        assert not re.search(r"lost \(|unexpected system error", said), said
         process.send_signal(signal.SIGTERM)
         with anyio.fail_after(30):
             assert await process.wait() == 0

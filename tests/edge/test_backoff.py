@@ -44,7 +44,8 @@ async def test_wait_sleeps_the_delay_or_returns_false_without_sleeping() -> None
     backoff = Backoff(0.02, 0.02, deadline_s=0.05, clock=clock)
     started = time.monotonic()
     assert await backoff.wait()
-    assert time.monotonic() - started >= 0.02
+    # An event loop may run a timer up to its clock's resolution early (19.8 ms seen for 20 ms).
+    assert time.monotonic() - started >= 0.02 - 0.002
     clock.now += 0.04
     # Past the deadline: False without a checkpoint (an expired scope would otherwise cancel it).
     with anyio.move_on_after(0) as scope:

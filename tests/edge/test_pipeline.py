@@ -329,3 +329,14 @@ def test_starvation_names_the_chunk_length_that_would_keep_the_queue_fed(
     assert starvation.needed_steps == needed
     assert f"chunk_size >= {needed}" in starvation.message()
     assert f"need >= {needed}" in starvation.short()
+
+
+def test_starvation_waits_for_three_round_trips_before_judging() -> None:
+    pipe = make_pipeline()
+    for seq in range(1, 3):
+        round_trip(pipe, 900, seq)  # a slow start: a chunk of 10 steps (1 s) would need 18
+        assert pipe.starvation(10) is None
+    round_trip(pipe, 900, 3)
+    starvation = pipe.starvation(10)
+    assert starvation is not None
+    assert starvation.needed_steps == 18

@@ -305,7 +305,7 @@ async def test_no_reconnect_once_the_teardown_began(port: int, teardown: bool) -
 
 
 def test_the_dead_reason_names_every_field_that_differed() -> None:
-    from servo.edge.remote import model_differences
+    from servo.edge.replicas import model_differences
     from servo.policy.compatibility import describe
 
     info = describe(make_reference_policy(cameras={"front": (48, 64)}).spec, serving_mode="shared", revision="v1")

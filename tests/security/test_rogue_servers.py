@@ -92,13 +92,16 @@ def claims_real_identity(real: bytes) -> object:
 
 @pytest.mark.parametrize("forgery", ["unsigned", "signed by another identity", "claims the real identity"])
 async def test_a_rogue_ack_is_skipped_and_the_next_replica_used(port: int, tmp_path: Path, forgery: str) -> None:
-    """The rogue copies the real replica's identity into its status (load 0, first in order) and
-    answers the session open first; its ack cannot be signed by that identity."""
+    """The rogue copies the real replica's identity into its status (empty, so the edge's first
+    choice) and answers the session open; its ack cannot be signed by that identity."""
     policy = FixedComputePolicy(**sim_policy_spec(chunk_size=20))
     async with (
         running_server(make_manifest(port, extra=SERVING), policy) as (server, ready),
         PolicyClient.connect(peer_settings(port), "mallory") as mallory,
     ):
+        # The real replica holds a session already: the rogue, empty, is the better place by far.
+        (genuine,) = await mallory.discover()
+        busy = await mallory.open_session(genuine, features=genuine.status.policy.features, fps=30.0)
         real = parse_fingerprint(ready.fingerprint)
         acks = {
             "unsigned": unsigned,
@@ -117,7 +120,8 @@ async def test_a_rogue_ack_is_skipped_and_the_next_replica_used(port: int, tmp_p
                 await eventually(lambda: rig.engine.chunks_received >= 3, 15, "streaming from the real server")
                 assert rig.engine.server is not None
                 assert rig.engine.server.keys.replica == REAL
-                (session,) = server.registry.snapshot()
+                (session,) = [s for s in server.registry.snapshot() if s.client_id != "mallory"]
+        await busy.close()
     assert rogue.opens >= 1
     assert rig.summary.rogue_servers >= 1
     assert rig.summary.final_state == "streaming"

@@ -8,10 +8,11 @@ import msgspec
 import numpy as np
 import pytest
 
+from servo.client import PolicyClient
 from servo.wire import CameraFeature
 from tests.server.helpers import connected, open_on
 from tests.server.policies import FixedComputePolicy
-from tests.support import make_manifest, running_server
+from tests.support import client_settings, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -53,14 +54,16 @@ async def test_every_camera_arrives_decoded_in_rgb(port: int, quality: int) -> N
 
 
 @pytest.mark.parametrize("quality", [0, 90], ids=["raw", "jpeg90"])
-async def test_frames_twice_the_policy_input_reach_it_scaled_when_jpeg(port: int, quality: int) -> None:
+async def test_frames_larger_than_the_policy_input_reach_it_at_its_size(port: int, quality: int) -> None:
     policy = ColorProbe()
     # Every camera sent at 2x (front: 4x) the size the policy declares.
     sent = {"front": (192, 256), "wrist": (48, 64), "top": (60, 80)}
     frames = {name: np.full((h, w, 3), COLORS[name], np.uint8) for name, (h, w) in sent.items()}
     async with running_server(make_manifest(port), policy=policy) as (_, ready):
         policy.seen.clear()
-        async with connected(port, "robot", jpeg_quality=quality) as client:
+        # The server shrinks them: this client sends its frames as they are.
+        settings = client_settings(port)
+        async with PolicyClient.connect(settings, "robot", jpeg_quality=quality, downsize=False) as client:
             cameras = {name: CameraFeature(h, w) for name, (h, w) in sent.items()}
             features = msgspec.structs.replace(ready.info.features, cameras=cameras)
             session = await open_on(client, ready, features=features)  # declares the sizes it sends
@@ -68,6 +71,7 @@ async def test_frames_twice_the_policy_input_reach_it_scaled_when_jpeg(port: int
             await session.close()
     (seen,) = policy.seen
     for name, (mean, shape) in seen.items():
-        # JPEG: decoded straight to the policy's size (DCT-domain scaling); raw: as sent.
-        assert shape == ((*CAMERAS[name], 3) if quality else (*sent[name], 3))
+        # JPEG: decoded scaled in the DCT domain, then shrunk to the policy's size like a raw frame
+        # (`servo.wire.downsize`, the function the edge shrinks with).
+        assert shape == (*CAMERAS[name], 3)
         np.testing.assert_allclose(mean, COLORS[name], atol=3 if quality else 0)

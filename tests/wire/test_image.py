@@ -3,7 +3,7 @@ import threading
 import numpy as np
 import pytest
 
-from servo.wire import EncodedImage, WireError, decode, decode_image, encode, encode_image
+from servo.wire import EncodedImage, WireError, decode, decode_image, downsize, encode, encode_image
 
 
 def solid(rgb: tuple[int, int, int], h: int = 48, w: int = 64) -> np.ndarray:
@@ -144,3 +144,36 @@ def test_more_than_half_the_frame_is_decoded_in_full(target: tuple[int, int] | N
 def test_raw_frames_are_never_resized() -> None:
     frame = _camera_like(96, 128)
     np.testing.assert_array_equal(decode_image(encode_image(frame, 0), target=(24, 32)), frame)
+
+
+def area_mean(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The definition, pixel by pixel: the mean of each output's window, rounded half up."""
+    (height, width), (h, w) = frame.shape[:2], size
+    out = np.empty((h, w, frame.shape[2]), np.uint8)
+    for i in range(h):
+        r0, r1 = i * height // h, -(-(i + 1) * height // h)
+        for j in range(w):
+            c0, c1 = j * width // w, -(-(j + 1) * width // w)
+            window = frame[r0:r1, c0:c1].astype(np.int64)
+            count = window.shape[0] * window.shape[1]
+            out[i, j] = (window.sum(axis=(0, 1)) + count // 2) // count
+    return out
+
+
+@pytest.mark.parametrize("size", [(12, 16), (7, 9), (24, 32), (1, 1), (59, 79)])
+def test_downsize_is_the_area_mean_of_each_window(size: tuple[int, int]) -> None:
+    frame = np.random.default_rng(3).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(downsize(frame, size), area_mean(frame, size))
+
+
+def test_downsize_keeps_a_frame_of_the_size_and_refuses_to_grow() -> None:
+    frame = np.zeros((24, 32, 3), np.uint8)
+    assert downsize(frame, (24, 32)) is frame
+    for size in [(25, 32), (24, 33), (0, 10)]:
+        with pytest.raises(WireError, match="cannot shrink a 24x32 frame to"):
+            downsize(frame, size)
+
+
+def test_downsize_of_the_largest_frame_does_not_overflow() -> None:
+    frame = np.full((4096, 4096, 3), 255, np.uint8)
+    np.testing.assert_array_equal(downsize(frame, (1, 1)), np.full((1, 1, 3), 255, np.uint8))

@@ -247,6 +247,9 @@ def _describe(status: ReplicaStatus) -> str:
     if isinstance(status, ReplicaFailed):
         return f"replica {status.replica} failed: {status.error}"
     assert isinstance(status, ReplicaStopped)
+    if status.planned:
+        how = "drained" if status.drained else f"not drained: {status.error}"
+        return f"replica {status.replica} restarting ({status.planned}): {how}; Ray starts it again"
     if status.restarting:
         return f"replica {status.replica} lost ({status.error}); Ray restarts it"
     return f"replica {status.replica} stopped: {status.error or 'drained'}"

@@ -6,6 +6,7 @@ identity (`servo.client.trust`); the rest are ranked by `placement_score`, least
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ from servo.wire import ServerKeys, StatusReply, WireError, decode, status_select
 
 #: Recent queue wait that weighs as much as a full replica in the placement score (ms).
 QUEUE_WAIT_FULL_MS = 1000.0
+#: Placement scores this close to the best are equally good (`first_choice` draws among them).
+PLACEMENT_TIE = 0.05
 
 
 @dataclass(frozen=True)
@@ -80,3 +83,47 @@ async def discover(
         why = f"within {timeout:g} s" if waited >= timeout else "(none is reachable)"
         raise NoServerFound(f"no servo server answered on {where} {why}")
     return sorted(servers, key=lambda s: (s.status.draining, placement_score(s.status), s.keys.replica))
+
+
+def first_choice(servers: list[ServerInfo]) -> list[ServerInfo]:
+    """``servers`` in the order to try them: the first drawn among the best, the rest as they were.
+
+    The best are the live replicas whose `placement_score` is within `PLACEMENT_TIE` of the
+    lowest: robots placing themselves at once on the same view of the fleet (a failover) spread
+    over equally good replicas instead of all picking the one a session emptier.
+    """
+    live = [s for s in servers if not s.status.draining]
+    if len(live) < 2:
+        return servers
+    best = min(placement_score(s.status) for s in live)
+    first = random.choice([s for s in live if placement_score(s.status) <= best + PLACEMENT_TIE])
+    return [first, *(s for s in servers if s is not first)]
+
+
+@dataclass(frozen=True)
+class SettleLook:
+    """What one look at the fleet says a session should do (`settle_look`)."""
+
+    #: No replica holds two or more sessions fewer than the session's own.
+    balanced: bool
+    #: Where to move now (drawn with the probability that spreads the movers), or None: stay.
+    target: ServerInfo | None = None
+
+
+def settle_look(mine: ServerKeys, servers: list[ServerInfo]) -> SettleLook | None:
+    """Whether the session on replica ``mine`` should move, given the fleet ``servers``.
+
+    It may move while its replica holds two or more sessions more than the emptiest other one,
+    with the probability that makes the expected number of movers the replica's excess over
+    the mean. None when its replica or every other one is gone from the view (stop looking).
+    """
+    here_info = next((s for s in servers if s.keys == mine), None)
+    others = [s for s in servers if s is not here_info and not s.status.draining]
+    if here_info is None or not others:
+        return None
+    target = min(others, key=lambda s: (s.status.active_sessions, placement_score(s.status)))
+    here = here_info.status.active_sessions
+    if here - target.status.active_sessions < 2:
+        return SettleLook(balanced=True)
+    mean = sum(s.status.active_sessions for s in [here_info, *others]) / (len(others) + 1)
+    return SettleLook(balanced=False, target=target if random.random() < (here - mean) / here else None)

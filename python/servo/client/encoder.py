@@ -1,10 +1,12 @@
-"""JPEG encoding on persistent per-camera threads.
+"""Frame encoding (JPEG, and shrinking to the policy's input size) on persistent per-camera threads.
 
 One thread per camera lives as long as the session: the cameras of an observation encode in
-parallel (libjpeg-turbo releases the GIL) without a thread hand-off per camera per request, and
-each thread holds one job at most, the newest: a frame whose request was abandoned before its
-encode started is skipped. The session's uplink thread (`servo.client.uplink`) hands the frames
-over and waits for them, so the event loop never waits on an encode.
+parallel (libjpeg-turbo and numpy release the GIL) without a thread hand-off per camera per
+request, and each thread holds one job at most, the newest: a frame whose request was abandoned
+before its encode started is skipped. A frame the session's server takes smaller is shrunk there
+first, with the server's own function (`servo.wire.downsize`). The session's uplink thread
+(`servo.client.uplink`) hands the frames over and waits for them, so the event loop never waits
+on an encode.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from servo.wire import EncodedImage, check_frame, encode_image
+from servo.wire import EncodedImage, check_frame, downsize, encode_image
 
 Frame = npt.NDArray[np.uint8]
 
@@ -30,6 +32,8 @@ class _Job:
     frame: Frame
     quality: int
     report: Report
+    #: Shrink to this (height, width) first; None: as it is.
+    size: tuple[int, int] | None = None
 
 
 class _CameraThread:
@@ -64,7 +68,8 @@ class _CameraThread:
             assert job is not None
             started = time.perf_counter_ns()
             try:
-                result: EncodedImage | BaseException = encode_image(job.frame, job.quality)
+                frame = job.frame if job.size is None else downsize(job.frame, job.size)
+                result: EncodedImage | BaseException = encode_image(frame, job.quality)
             except Exception as exc:  # handed to the requester, who raises it
                 result = exc
             job.report(self.name, result, time.perf_counter_ns() - started)
@@ -74,8 +79,8 @@ class FrameEncoder:
     """Encodes an observation's frames on per-camera threads; used by one session's uplink thread.
 
     Threads start with the first frame of their camera and stop at `close`. Raw frames (quality
-    0) are zero-copy views and never leave the calling thread. ``camera_ms`` is written by the
-    camera threads and read by anyone (a snapshot of floats).
+    0) that need no shrinking are zero-copy views and never leave the calling thread.
+    ``camera_ms`` is written by the camera threads and read by anyone (a snapshot of floats).
     """
 
     def __init__(self) -> None:
@@ -93,13 +98,19 @@ class FrameEncoder:
         for name, frame in frames.items():
             check_frame(frame, what=f"camera {name!r}")
 
-    def encode(self, frames: Mapping[str, Frame], quality: int) -> dict[str, EncodedImage]:
+    def encode(
+        self, frames: Mapping[str, Frame], quality: int, sizes: Mapping[str, tuple[int, int]] | None = None
+    ) -> dict[str, EncodedImage]:
         """Encode every (checked) frame at ``quality`` (0: raw), in the order given; blocks until done.
+
+        ``sizes`` maps a camera to the (height, width) its frames are shrunk to first, when they
+        are larger in both dimensions (`servo.wire.downsize`); other frames are sent as they are.
 
         Raises:
             Exception: what encoding a frame raised.
         """
-        if quality == 0 or not frames:
+        shrink = {name: size for name, frame in frames.items() if (size := _smaller((sizes or {}).get(name), frame))}
+        if (quality == 0 and not shrink) or not frames:
             return {name: encode_image(frame, 0) for name, frame in frames.items()}
         done = threading.Condition()
         results: dict[str, EncodedImage | BaseException] = {}
@@ -113,7 +124,7 @@ class FrameEncoder:
         for name, frame in frames.items():
             if name not in self._threads:
                 self._threads[name] = _CameraThread(name)
-            self._threads[name].submit(_Job(frame, quality, report))
+            self._threads[name].submit(_Job(frame, quality, report, shrink.get(name)))
         with done:
             done.wait_for(lambda: len(results) == len(frames))
         out = {}
@@ -129,3 +140,10 @@ class FrameEncoder:
         for thread in self._threads.values():
             thread.close()
         self._threads.clear()
+
+
+def _smaller(size: tuple[int, int] | None, frame: Frame) -> tuple[int, int] | None:
+    """``size`` when ``frame`` is larger than it in both dimensions (then it is shrunk), else None."""
+    if size is None or size == frame.shape[:2] or size[0] > frame.shape[0] or size[1] > frame.shape[1]:
+        return None
+    return size

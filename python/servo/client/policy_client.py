@@ -8,9 +8,10 @@ by the replica's identity (`servo.client.trust`).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypedDict, Unpack
 
@@ -19,7 +20,7 @@ import zenoh
 
 from servo._core import KeyPair
 from servo.client.codec import AutoCodec
-from servo.client.discovery import ServerInfo, discover, placement_score
+from servo.client.discovery import ServerInfo, discover, first_choice, settle_look
 from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, SessionRejected
 from servo.client.protocol import SessionProtocol
 from servo.client.replies import request
@@ -31,6 +32,7 @@ from servo.transport import ZenohSettings, open_session, query
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     Features,
+    ServerKeys,
     SessionOpen,
     Trajectory,
     TrajectoryRequest,
@@ -72,6 +74,8 @@ class PolicyClient:
         trusted: The servers to trust (pins); every replica when omitted.
         max_chunk_steps: Longest chunk accepted (steps); longer ones are rejected.
         auto_codec: How ``"auto"`` chooses (defaults of `AutoCodec` when omitted).
+        downsize: Send each camera at the policy's input size when the server offers it (its
+            session ack), shrunk here with the server's own function; False sends frames as given.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class PolicyClient:
         trusted: TrustedServers | None = None,
         max_chunk_steps: int = MAX_CHUNK_STEPS,
         auto_codec: AutoCodec | None = None,
+        downsize: bool = True,
     ) -> None:
         self.zsession = zsession
         self.client_id = segment(client_id or f"robot-{uuid.uuid4().hex[:12]}", what="client_id")
@@ -90,7 +95,10 @@ class PolicyClient:
         self.trusted = trusted or TrustedServers()
         self.max_chunk_steps = max_chunk_steps
         self.auto_codec = auto_codec
+        self.downsize = downsize
         self.counters = ClientCounters()
+        #: The replicas of the last discovery (what `connect_best` fails over to first).
+        self._known: list[ServerInfo] = []
 
     @classmethod
     @asynccontextmanager
@@ -103,6 +111,7 @@ class PolicyClient:
         trusted: TrustedServers | None = None,
         max_chunk_steps: int = MAX_CHUNK_STEPS,
         auto_codec: AutoCodec | None = None,
+        downsize: bool = True,
     ) -> AsyncIterator[PolicyClient]:
         """Open a Zenoh session for the client and close it on exit (options as for the constructor)."""
         async with open_session(settings) as zsession:
@@ -113,6 +122,7 @@ class PolicyClient:
                 trusted=trusted,
                 max_chunk_steps=max_chunk_steps,
                 auto_codec=auto_codec,
+                downsize=downsize,
             )
 
     def statistics(self) -> ClientStatistics:
@@ -131,7 +141,9 @@ class PolicyClient:
         Raises:
             NoServerFound: nobody usable answered.
         """
-        return await discover(self.zsession, self.trusted, self.counters, app=app, model=model, timeout=timeout)
+        servers = await discover(self.zsession, self.trusted, self.counters, app=app, model=model, timeout=timeout)
+        self._known = servers
+        return servers
 
     async def open_session(
         self,
@@ -171,6 +183,7 @@ class PolicyClient:
             action_dim=len(features.action_names),
             counters=self.counters,
             max_chunk_steps=self.max_chunk_steps,
+            downsize=self.downsize,
         )
         keys = server.keys.client(self.client_id)
         session = RemoteSession(
@@ -261,37 +274,47 @@ class PolicyClient:
         model: str | None = None,
         accept: Callable[[ServerInfo], bool] | None = None,
         settle: bool = True,
+        avoid: Collection[ServerKeys] = (),
         **options: Unpack[SessionOptions],
     ) -> RemoteSession:
         """Discover, then open a session on a lightly loaded replica that accepts us.
 
-        Placement spreads a burst of simultaneous connects: the first choice is the better of two
-        random usable replicas by `placement_score` (power of two choices), the rest follow by
-        score. Then, with ``settle``, the client looks at the fleet again (up to `SETTLE_ROUNDS`
-        times, each after a random wait up to `SETTLE_JITTER_S`): while its replica holds two or
-        more sessions than the emptiest one, it moves there with the probability that makes the
-        expected number of movers the replica's excess over the mean, opening the new session
-        before closing the old one. It stops after `SETTLED_LOOKS` looks in a row found the fleet
-        balanced (robots still settling elsewhere may unbalance it meanwhile).
+        The first choice is drawn among the replicas of about the best `placement_score`
+        (`first_choice`): robots placing themselves on one view of the fleet (a failover) spread;
+        the rest follow by score. With ``settle``, the client then looks at the fleet again,
+        moving while its replica holds two or more sessions more than the emptiest (`settle_look`;
+        up to `SETTLE_ROUNDS` looks `SETTLE_JITTER_S` apart at most, until `SETTLED_LOOKS` in a
+        row found it balanced). With ``avoid`` (replicas known gone), the others of the last
+        discovery are tried first, without a status query to each: a failover herd would send one.
 
         A replica that is full, draining, still holds our previous session (``session_exists``)
         or whose ack fails verification is skipped; any other rejection is final (the next
         replica of the same model would refuse for the same reason).
         """
-
-        def usable(server: ServerInfo) -> bool:
-            return accept is None or accept(server)
-
+        usable = accept or (lambda _: True)
+        known = [s for s in self._known if s.keys not in avoid and usable(s)]
+        if avoid and known:
+            with contextlib.suppress(SessionRejected, RogueServer, RequestTimeout):
+                return await self._place(known, app, model, usable, settle, features, fps, **options)
         servers = [s for s in await self.discover(app=app, model=model) if usable(s)]
         if not servers:
             raise NoServerFound("no discovered server matches the requested model")
-        live = [s for s in servers if not s.status.draining]
-        if len(live) >= 2:
-            # Ties go to the discovery order, so two replicas are always tried best first.
-            first = min(random.sample(live, 2), key=lambda s: (placement_score(s.status), servers.index(s)))
-            servers = [first, *(s for s in servers if s is not first)]
+        return await self._place(servers, app, model, usable, settle, features, fps, **options)
+
+    async def _place(
+        self,
+        servers: list[ServerInfo],
+        app: str | None,
+        model: str | None,
+        usable: Callable[[ServerInfo], bool],
+        settle: bool,
+        features: Features,
+        fps: float,
+        **options: Unpack[SessionOptions],
+    ) -> RemoteSession:
+        """Open on the first of ``servers`` that takes the session (see `connect_best`)."""
         last: SessionRejected | RogueServer | None = None
-        for server in servers:
+        for server in first_choice(servers):
             try:
                 session = await self.open_session(server, features=features, fps=fps, **options)
             except SessionRejected as exc:
@@ -309,6 +332,27 @@ class PolicyClient:
         assert last is not None
         raise last
 
+    async def rebalance(
+        self,
+        session: RemoteSession,
+        *,
+        features: Features,
+        fps: float,
+        app: str | None = None,
+        model: str | None = None,
+        accept: Callable[[ServerInfo], bool] | None = None,
+        **options: Unpack[SessionOptions],
+    ) -> RemoteSession | None:
+        """The settling of `connect_best`, for a session that already streams (a replica appeared).
+
+        Looks at the fleet the same way and, the first time the rule says to move, opens a
+        session on the emptiest replica and returns it; the caller switches to it and closes
+        ``session``. None when it stays. ``options`` are `open_session`'s (``epoch`` included).
+        """
+        usable = accept or (lambda _: True)
+        moved = await self._settle(session, app, model, usable, features, fps, True, **options)
+        return None if moved is session else moved
+
     async def _settle(
         self,
         session: RemoteSession,
@@ -317,9 +361,13 @@ class PolicyClient:
         usable: Callable[[ServerInfo], bool],
         features: Features,
         fps: float,
+        first_move: bool = False,
         **options: Unpack[SessionOptions],
     ) -> RemoteSession:
-        """Move to the emptiest replica while this one holds 2+ sessions more (see `connect_best`)."""
+        """Move to the emptiest replica while this one holds 2+ sessions more (see `connect_best`).
+
+        With ``first_move``, the first new session is returned at once and the old one left open.
+        """
         balanced = 0
         for _ in range(SETTLE_ROUNDS):
             await anyio.sleep(random.uniform(0.0, SETTLE_JITTER_S))
@@ -327,25 +375,23 @@ class PolicyClient:
                 servers = [s for s in await self.discover(app=app, model=model, timeout=0.5) if usable(s)]
             except NoServerFound:
                 return session
-            mine = next((s for s in servers if s.keys == session.server.keys), None)
-            others = [s for s in servers if s is not mine and not s.status.draining]
-            if mine is None or not others:
-                return session
-            target = min(others, key=lambda s: (s.status.active_sessions, placement_score(s.status)))
-            here = mine.status.active_sessions
-            if here - target.status.active_sessions < 2:
+            look = settle_look(session.server.keys, servers)
+            if look is None:
+                return session  # its replica, or any other, is gone from the view
+            if look.balanced:
                 balanced += 1
                 if balanced >= SETTLED_LOOKS:
                     return session
                 continue
             balanced = 0
-            mean = sum(s.status.active_sessions for s in [mine, *others]) / (len(others) + 1)
-            if random.random() >= (here - mean) / here:
+            if look.target is None:
                 continue
             try:
-                moved = await self.open_session(target, features=features, fps=fps, **options)
+                moved = await self.open_session(look.target, features=features, fps=fps, **options)
             except (SessionRejected, RogueServer, RequestTimeout):
                 continue
+            if first_move:
+                return moved
             await session.close()
             session = moved
         return session

@@ -128,10 +128,17 @@ class SessionProtocol:
         action_dim: The robot's action dimension (a chunk of another width is refused).
         counters: Refusals, shared with the `PolicyClient` that opened the session.
         max_chunk_steps: Longest chunk accepted.
+        downsize: Take the ack's offer of smaller frames (``input_sizes``); False sends them as given.
     """
 
     def __init__(
-        self, *, epoch: int, action_dim: int, counters: ClientCounters, max_chunk_steps: int = MAX_CHUNK_STEPS
+        self,
+        *,
+        epoch: int,
+        action_dim: int,
+        counters: ClientCounters,
+        max_chunk_steps: int = MAX_CHUNK_STEPS,
+        downsize: bool = True,
     ) -> None:
         self.epoch = epoch
         self.action_dim = action_dim
@@ -140,6 +147,10 @@ class SessionProtocol:
         self.stats = SessionStats()
         self.episode_id = 0
         self.ack: SessionAck | None = None
+        #: The (height, width) the server takes each camera at when smaller than declared (its ack's
+        #: offer, taken unless ``downsize`` is off): frames are shrunk to it before they are sent.
+        self.input_sizes: dict[str, tuple[int, int]] = {}
+        self._downsize = downsize
         #: The answer to the latest request, once it came (None while in flight).
         self.result: ChunkResult | Exception | None = None
         self.latest_seq = 0
@@ -154,6 +165,8 @@ class SessionProtocol:
     def established(self, ack: SessionAck, key: SessionKey) -> None:
         """The handshake is done: from now on messages are sealed and verified with ``key``."""
         self.ack, self._key, self._wire_id = ack, key, ack.session_id
+        if self._downsize:
+            self.input_sizes = {name: (cam.height, cam.width) for name, cam in ack.input_sizes.items()}
 
     @property
     def key(self) -> SessionKey:

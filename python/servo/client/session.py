@@ -236,6 +236,7 @@ class RemoteSession:
             prefix_model=None if prefix_model is None else encode_tensor(prefix_model),
             prefix_robot=None if prefix_robot is None else encode_tensor(prefix_robot),
             started_ns=started,
+            sizes=self.protocol.input_sizes,
         )
         seq = job.header.seq_id
         self._result_ready = anyio.Event()

@@ -43,6 +43,8 @@ class Outgoing:
     prefix_model: Tensor | None
     prefix_robot: Tensor | None
     started_ns: int
+    #: The (height, width) the server takes each camera at, when smaller (its ack's ``input_sizes``).
+    sizes: Mapping[str, tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class Uplink:
 
     def _send(self, job: Outgoing) -> None:
         """Uplink thread: the whole way out of one observation."""
-        images = self.encoder.encode(job.frames, job.quality)
+        images = self.encoder.encode(job.frames, job.quality, job.sizes)
         body = encode(
             Observation(
                 state=job.state,

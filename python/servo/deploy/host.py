@@ -51,13 +51,16 @@ class ReplicaFailed(msgspec.Struct, frozen=True, tag="failed"):
 class ReplicaStopped(msgspec.Struct, frozen=True, tag="stopped"):
     """A replica's server stopped: drained on request, or ended by ``error``.
 
-    ``restarting`` is set by a supervisor that saw the process die while its engine restarts it.
+    ``restarting`` is set by a supervisor that saw the process die while its engine restarts it;
+    ``planned`` says why the process ended on purpose (a rolling restart, SIGTERM, its node
+    draining), empty for a crash.
     """
 
     replica: str
     drained: bool
     error: str = ""
     restarting: bool = False
+    planned: str = ""
 
 
 ReplicaStatus = ReplicaReady | ReplicaFailed | ReplicaStopped
@@ -122,6 +125,11 @@ class ReplicaHost:
             TimeoutError: still running after ``timeout`` seconds.
         """
         return self._stopped.result(timeout)
+
+    def sessions(self) -> int:
+        """Sessions the server holds now (0 until it serves); any thread."""
+        server = self._server
+        return len(server.registry) if server is not None and self._ready.done() else 0
 
     def drain_nowait(self) -> None:
         """Ask the server to drain (or to abandon its start); returns at once. Idempotent.

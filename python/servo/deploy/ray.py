@@ -19,7 +19,9 @@ Ray restarts it the same way.
 
 **Draining**: `Deployment.drain` (``servo-serve`` does it on SIGTERM/Ctrl-C), which then ends
 the actors. `Deployment.rolling_restart` (``servo-serve`` on SIGHUP) drains and restarts one
-replica at a time, each serving again before the next drains. SIGTERM to an actor's process
+replica at a time, each serving again, and holding its share of the sessions, before the next
+drains (`Deployment.resettled`). Planned stops are reported as such (`servo.deploy.ray_actor`).
+SIGTERM to an actor's process
 drains the replica, then ends the process (Ray then restarts it: a drain-and-restart of one
 replica). A node being drained (SIGTERM to ``ray start --block``
 makes Ray drain its node) drains its replicas, which then exit so Ray can place them elsewhere.
@@ -32,15 +34,12 @@ process's sockets, and fail over; stop the driver first for drain notices.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import socket
-import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import anyio
 import msgspec
@@ -49,131 +48,22 @@ from anyio.streams.memory import MemoryObjectSendStream
 from ray.actor import ActorHandle
 from ray.exceptions import ActorAlreadyExistsError, ActorDiedError, RayActorError
 
-from servo.config import NonEmptyStr, PositiveFloat, PositiveInt, Seconds, convert, doc
+from servo.config import convert
 from servo.deploy import DeployError
-from servo.deploy.host import (
-    ReplicaFailed,
-    ReplicaHost,
-    ReplicaReady,
-    ReplicaStatus,
-    ReplicaStopped,
-    decode_status,
-    encode_status,
-)
+from servo.deploy.host import ReplicaFailed, ReplicaReady, ReplicaStatus, ReplicaStopped, decode_status
 from servo.deploy.plan import replica_manifests
-from servo.logs import configure_logging, get_logger
+from servo.deploy.ray_actor import ACTOR, ACTOR_CONCURRENCY, RayOptions, ReplicaActor
+from servo.logs import get_logger
 from servo.server.manifest import Manifest
-from servo.server.service import DRAIN_TIMEOUT_S
+
+__all__ = ["Deployment", "RayOptions", "Replica", "actor_options", "deploy"]
 
 log = get_logger(__name__)
 
-#: How often an actor asks whether its node is being drained (one small GCS call).
-NODE_POLL_S = 1.0
-#: Calls one actor serves at once: wait_ready, wait_stopped and drain from a driver, with room.
-_ACTOR_CONCURRENCY = 8
+#: How often a rolling restart looks at the replicas' sessions while edges settle (s).
+RESETTLE_POLL_S = 0.1
 
 
-class RayOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """How `deploy` places the replicas (``servo-serve --ray`` flags)."""
-
-    address: Annotated[NonEmptyStr, doc("Ray cluster to join: 'auto' or the head's host:port.")] = "auto"
-    replicas: Annotated[PositiveInt, doc("Number of servers to start.", le=1024)] = 1
-    num_cpus: Annotated[PositiveFloat, doc("CPUs Ray reserves for each replica.")] = 1.0
-    max_restarts: Annotated[int, doc("How often Ray restarts a dead replica; -1 restarts forever.", ge=-1)] = -1
-    namespace: Annotated[NonEmptyStr, doc("Ray namespace of the replica actors.")] = "servo"
-    drain_timeout_s: Annotated[Seconds, doc("How long a replica may take to drain before it is killed.")] = (
-        DRAIN_TIMEOUT_S + 5.0
-    )
-    log_level: Annotated[Literal["debug", "info", "warning", "error"], doc("Log level of the replicas.")] = "info"
-    json_logs: Annotated[bool, doc("Replicas log JSON lines instead of console text.")] = False
-
-
-# ---------------------------------------------------------------------------- the actor
-class ReplicaActor:
-    """One replica: a `ReplicaHost` inside a Ray actor.
-
-    Ray runs the constructor on the worker's main thread (again after a restart, with the same
-    arguments) and the methods on a pool of threads. Only a drain asked through `drain` leaves
-    the process running. A server that stops for any other reason ends the process the way a
-    crash does, so that Ray restarts the actor: SIGTERM (drained first), its node draining
-    (drained first; a daemon thread watches), or the server failing while it served.
-    ``os._exit`` is the way out: Ray's own SIGTERM handler exits through the interpreter, which
-    waits for every thread still serving a call.
-
-    Args:
-        manifest: The replica's `Manifest`, msgpack-encoded.
-        options: The deployment's `RayOptions`, msgpack-encoded.
-        search_path: A directory a ``package.module:factory`` policy may be imported from.
-    """
-
-    def __init__(self, manifest: bytes, options: bytes, search_path: str | None) -> None:
-        opts = msgspec.msgpack.decode(options, type=RayOptions)
-        configure_logging(opts.log_level, json=opts.json_logs)
-        self._drain_timeout = opts.drain_timeout_s
-        self._host = ReplicaHost(msgspec.msgpack.decode(manifest, type=Manifest), search_path=search_path)
-        self._asked = threading.Event()  # set by `drain`: the process outlives this stop
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-        node_id = ray.get_runtime_context().get_node_id()
-        threading.Thread(target=self._watch, args=(node_id,), name="servo-watch", daemon=True).start()
-
-    def wait_ready(self) -> bytes:
-        """The replica's `ReplicaReady` or `ReplicaFailed`, once known."""
-        return encode_status(self._host.wait_ready())
-
-    def wait_stopped(self) -> bytes:
-        """The replica's `ReplicaStopped`, once a drain asked through `drain` (or a failed start) ended it.
-
-        Any other stop ends the process before this returns: the call fails with the actor's
-        death, which is what the caller must learn (Ray restarts the actor).
-        """
-        stopped = self._host.wait_stopped()
-        if not self._asked.is_set() and isinstance(self._host.wait_ready(), ReplicaReady):
-            threading.Event().wait()  # never set: the process ends first
-        return encode_status(stopped)
-
-    def drain(self) -> bytes:
-        """Drain the replica and keep the process; its `ReplicaStopped`."""
-        self._asked.set()
-        return encode_status(self._host.drain(self._drain_timeout))
-
-    def restart(self) -> None:
-        """Drain the replica, then end the process so that Ray starts it again (a rolling restart).
-
-        The call never returns: the caller learns the end from the actor's death.
-        """
-        self._drain_and_exit("rolling restart")
-
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        """Main thread: drain, then end the process (replacing Ray's handler, see the class)."""
-        self._drain_and_exit("SIGTERM")
-
-    def _watch(self, node_id: str) -> None:
-        while True:
-            try:
-                stopped = self._host.wait_stopped(NODE_POLL_S)
-            except TimeoutError:
-                if _node_draining(node_id):
-                    self._drain_and_exit("node draining")  # Ray restarts the replica on another node
-                continue
-            if not self._asked.is_set() and isinstance(self._host.wait_ready(), ReplicaReady):
-                self._drain_and_exit(f"server stopped: {stopped.error or 'drained'}")
-            return
-
-    def _drain_and_exit(self, reason: str) -> None:
-        log.info("ending the replica's process", replica=self._host.replica, reason=reason)
-        self._host.drain(self._drain_timeout)
-        os._exit(1)
-
-
-def _node_draining(node_id: str) -> bool:
-    # Ray offers no public call for this (Ray Serve's controller polls the same private one).
-    try:
-        return node_id in ray._private.state.state.get_draining_nodes()
-    except Exception:  # a Ray without the call, or a GCS going away: not known to drain
-        return False
-
-
-# ---------------------------------------------------------------------------- the driver
 @dataclass(frozen=True)
 class Replica:
     """One replica actor, as seen by the driver that deployed it (owned by its event loop)."""
@@ -182,26 +72,40 @@ class Replica:
     replica_id: str
     actor: ActorHandle[ReplicaActor]
 
-    async def wait_ready(self) -> ReplicaReady | ReplicaFailed:
+    async def wait_ready(self, replacing: int = 0) -> ReplicaReady | ReplicaFailed:
         """Wait until the replica serves, across restarts of its actor.
 
-        `ReplicaFailed` when it cannot start or its actor is dead for good.
+        With ``replacing`` (the pid of a process ending on purpose), until the process after it
+        serves. `ReplicaFailed` when it cannot start or its actor is dead for good.
         """
         try:
-            data = await self.actor.wait_ready.options(max_task_retries=-1).remote()
+            data = await self.actor.wait_ready.options(max_task_retries=-1).remote(replacing)
         except RayActorError as exc:
             return ReplicaFailed(self.replica_id, f"actor is dead: {_reason(exc)}")
         return _expect(decode_status(data), ReplicaReady, ReplicaFailed)
 
     async def wait_stopped(self) -> ReplicaStopped:
-        """Wait until the replica's server stops or its actor dies (``restarting`` if Ray restarts it)."""
+        """Wait until the replica's server stops or its actor dies (``restarting`` if Ray restarts it).
+
+        A stop on purpose (``planned``) is acknowledged, which lets the replica's process end.
+        """
         try:
             data = await self.actor.wait_stopped.remote()
         except ActorDiedError as exc:
             return ReplicaStopped(self.replica_id, drained=False, error=f"actor is dead: {_reason(exc)}")
         except RayActorError as exc:
             return ReplicaStopped(self.replica_id, drained=False, error=_reason(exc), restarting=True)
-        return _expect(decode_status(data), ReplicaStopped)
+        stopped: ReplicaStopped = _expect(decode_status(data), ReplicaStopped)
+        if stopped.planned:
+            self.actor.acknowledge.remote()  # fire and forget: the process ends either way
+        return stopped
+
+    async def sessions(self) -> int:
+        """Sessions the replica holds now (0 while it is down or starting)."""
+        try:
+            return int(await self.actor.sessions.remote())
+        except RayActorError:
+            return 0
 
 
 class Deployment:
@@ -249,15 +153,41 @@ class Deployment:
             say("rolling restart refused: the replicas are not restarted by Ray (--ray-max-restarts 0)")
             return False
         for replica in self.replicas:
+            running = await replica.wait_ready()
             say(f"rolling restart: draining replica {replica.replica_id}")
             with contextlib.suppress(RayActorError):
                 await replica.actor.restart.remote()
-            ready = await replica.wait_ready()
+            ready = await replica.wait_ready(replacing=running.pid if isinstance(running, ReplicaReady) else 0)
             if isinstance(ready, ReplicaFailed):
                 say(f"rolling restart stopped: replica {replica.replica_id} failed: {ready.error}")
                 return False
             say(f"rolling restart: replica {replica.replica_id} serves again (pid {ready.pid})")
+            if replica is not self.replicas[-1]:
+                held, share = await self.resettled(replica)
+                if held < share:
+                    say(
+                        f"rolling restart: replica {replica.replica_id} holds {held} of its {share} sessions after "
+                        f"{self.options.resettle_timeout_s:g} s; draining the next one anyway"
+                    )
+                elif share:
+                    say(f"rolling restart: replica {replica.replica_id} holds {held} sessions")
         return True
+
+    async def resettled(self, replica: Replica) -> tuple[int, int]:
+        """Wait until edges hold sessions on ``replica`` again, at most ``resettle_timeout_s``.
+
+        Its share is what balanced placement gives it, ``sessions // replicas`` of every session
+        the replicas hold: edges move to a replica that holds two or more fewer than theirs when
+        its liveliness token appears. Draining the next replica before that would leave its
+        edges with a replica they have not reached yet. Returns (sessions held, share).
+        """
+        deadline = time.monotonic() + self.options.resettle_timeout_s
+        while True:
+            counts = [await other.sessions() for other in self.replicas]
+            held, share = counts[replica.index], sum(counts) // len(counts)
+            if held >= share or time.monotonic() >= deadline:
+                return held, share
+            await anyio.sleep(RESETTLE_POLL_S)
 
     async def drain(self) -> list[ReplicaStopped]:
         """Drain every replica at once, then end their actors (no restart)."""
@@ -317,7 +247,7 @@ def deploy(manifest: Manifest, *, manifest_path: str | Path | None = None, **opt
     try:
         for index, replica_manifest in enumerate(manifests):
             replica_id = replica_manifest.serving.replica
-            actor = _ACTOR.options(name=f"{manifest.serving.app}/{replica_id}", **placement).remote(
+            actor = ACTOR.options(name=f"{manifest.serving.app}/{replica_id}", **placement).remote(
                 msgspec.msgpack.encode(replica_manifest), encoded_options, search_path
             )
             assert isinstance(actor, ActorHandle)
@@ -338,12 +268,9 @@ def actor_options(manifest: Manifest, options: RayOptions) -> dict[str, Any]:
         "num_cpus": options.num_cpus,
         "num_gpus": 1 if manifest.model.device.startswith("cuda") else 0,
         "max_restarts": options.max_restarts,
-        "max_concurrency": _ACTOR_CONCURRENCY,
+        "max_concurrency": ACTOR_CONCURRENCY,
         "scheduling_strategy": "SPREAD",
     }
-
-
-_ACTOR = ray.remote(ReplicaActor)
 
 
 def _connect(address: str, namespace: str) -> None:
@@ -363,8 +290,9 @@ async def _append_ready(replica: Replica, statuses: list[ReplicaReady | ReplicaF
 
 async def _follow(replica: Replica, send: MemoryObjectSendStream[ReplicaStatus]) -> None:
     async with send:
+        replacing = 0
         while True:
-            ready = await replica.wait_ready()
+            ready = await replica.wait_ready(replacing)
             await send.send(ready)
             if isinstance(ready, ReplicaFailed):
                 return
@@ -372,6 +300,8 @@ async def _follow(replica: Replica, send: MemoryObjectSendStream[ReplicaStatus])
             await send.send(stopped)
             if not stopped.restarting:
                 return
+            # A planned stop is reported while its process still runs: wait for the next one.
+            replacing = ready.pid if stopped.planned else 0
 
 
 def _expect(status: ReplicaStatus, *kinds: type[Any]) -> Any:

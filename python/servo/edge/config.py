@@ -67,6 +67,11 @@ InferenceMode = Literal["remote", "sync", "rtc", "replay"]
 #: Raised for every edge configuration problem (the edge's name for `servo.config.ConfigError`).
 EdgeConfigError = ConfigError
 
+#: How often a robot re-dials a server or router it lost (ms): a restarted server is linked again
+#: within this of listening, so its liveliness token (and the re-handshake it triggers) follows at
+#: once. A failed dial is one refused TCP connect.
+REDIAL_MS = 100
+
 
 class LinkConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[link]``: how this robot reaches its server: the Zenoh session, reconnects, the frame codec."""
@@ -284,6 +289,8 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             mode=link.zenoh_mode,
             connect=list(link.connect),
             lease_ms=link.lease_ms,
+            retry_init_ms=REDIAL_MS // 2,
+            retry_max_ms=REDIAL_MS,
             tls=security.tls(),
             auth=security.auth(),
         )

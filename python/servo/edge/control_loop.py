@@ -268,7 +268,8 @@ class ThreadControlLoop(ControlLoop):
         try:
             self.robot.connect()
             connected = True
-            ticker = Ticker(self.robot, self._actions, self._limiter, channel, bell)
+            # No spinning on a thread: it would hold the GIL the network side needs meanwhile.
+            ticker = Ticker(self.robot, self._actions, self._limiter, channel, bell, spin=False)
             ticker.start()
             realtime = self._realtime and request_realtime()
             log.info("control thread scheduling", realtime=realtime, priority=REALTIME_PRIORITY)

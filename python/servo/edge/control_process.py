@@ -59,6 +59,7 @@ class ControlSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     channel_fd: Annotated[NonNegativeInt, doc("Descriptor of the ControlChannel block.")]
     bell_fd: Annotated[NonNegativeInt, doc("Write end of the bell pipe.")]
     realtime: Annotated[bool, doc("Ask for SCHED_FIFO.")]
+    spin: Annotated[bool, doc("Spin the last stretch before each tick's deadline (else a plain sleep).")]
     log_level: Annotated[str, doc("Level of the records sent to the parent.")]
     rest_tolerance: Annotated[PositiveFloat, doc("How close to the rest pose counts as parked.")]
     orphan_park_timeout_s: Annotated[NonNegativeSeconds, doc("How long to park when the edge is gone (s).")]
@@ -80,6 +81,7 @@ class ProcessControlLoop(ControlLoop):
         control: What the control process does with queued actions (staleness, fallback, speed).
         source: How queued actions are labelled.
         realtime: Ask for ``SCHED_FIFO``.
+        spin: Sleep to just before each deadline and spin the rest (`servo.edge.ticker.DeadlineSleeper`).
         rest_tolerance: How close to the rest pose counts as parked when the edge is gone.
         orphan_park_timeout_s: How long the control process parks when the edge is gone.
         task: Task instruction attached to every observation.
@@ -96,6 +98,7 @@ class ProcessControlLoop(ControlLoop):
         control: ControlConfig,
         source: Source = "policy",
         realtime: bool = True,
+        spin: bool = True,
         rest_tolerance: float = 2.0,
         orphan_park_timeout_s: float = 5.0,
         task: str = "",
@@ -111,6 +114,7 @@ class ProcessControlLoop(ControlLoop):
             channel_fd=channel.memory.fileno(),
             bell_fd=0,
             realtime=realtime,
+            spin=spin,
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
             rest_tolerance=rest_tolerance,
             orphan_park_timeout_s=orphan_park_timeout_s,
@@ -235,7 +239,7 @@ def main() -> int:
     try:
         feed = ActionFeed.attach(SharedMemory.attach(spec.pipeline_fd), spec.control, spec.source)
         limiter = SafetyLimiter(robot.spec, velocity_scale=spec.control.velocity_scale)
-        ticker = Ticker(robot, feed, limiter, channel, bell)
+        ticker = Ticker(robot, feed, limiter, channel, bell, spin=spec.spin)
         ticker.start()
         # Started before asking for real-time scheduling, so it stays a normal thread.
         args = (ticker, spec.rest_tolerance, spec.orphan_park_timeout_s)

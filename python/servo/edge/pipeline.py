@@ -47,6 +47,8 @@ DELAY_QUANTILE = 0.6
 SEND_MARGIN_SHARE = 0.25
 #: ... and at least this much (s): a few control ticks of scheduling noise on either side.
 SEND_MARGIN_MIN_S = 0.05
+#: Round trips measured before the pipeline judges whether chunks outlast them (`starvation`).
+STARVATION_SAMPLES = DELAY_WINDOW // 2 + 1
 
 
 class PipelineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -228,10 +230,13 @@ class ChunkPipeline:
         """Why chunks of ``chunk_steps`` cannot keep the queue fed, or None when they can.
 
         One request is in flight at a time, so the next chunk comes back a round trip
-        (``round_trip_ns``, the expected one when omitted) after this one was merged. What a
+        (``round_trip_ns``, else the expected one once `STARVATION_SAMPLES` were measured) after
+        this one was merged. What a
         chunk leaves once merged must cover that round trip: all of it when appended; with RTC,
         what is left once the steps that passed during its own round trip are dropped.
         """
+        if round_trip_ns is None and self.recent.count() < STARVATION_SAMPLES:
+            return None  # a first round trip or two (cold caches, a thread starting) are no verdict
         rtt = self.expected_latency_ns() if round_trip_ns is None else round_trip_ns
         if rtt is None or rtt <= 0:
             return None

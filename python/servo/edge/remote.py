@@ -19,7 +19,7 @@ from servo.client import (
     SessionLost,
     SessionRejected,
 )
-from servo.client.policy_client import RETRYABLE
+from servo.client.policy_client import RETRYABLE, SessionOptions
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase, Produced
@@ -27,11 +27,12 @@ from servo.edge.errors import EdgeStartError
 from servo.edge.failures import SessionEnded
 from servo.edge.observation import robot_features
 from servo.edge.pipeline import Request
+from servo.edge.replicas import ReplicaRules
 from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
 from servo.transport import open_session
-from servo.wire import PolicyInfo, alive_selector
+from servo.wire import alive_selector
 
 log = get_logger(__name__)
 
@@ -52,7 +53,7 @@ class RemoteEngine(EngineBase):
     vanished, a drain notice, a timeout streak, a server that forgot the session) re-handshakes
     at once on the best usable replica while the fallback ladder holds the arm. Only when nobody
     usable answers does the engine back off, and a replica token appearing (a restarted or new
-    server) ends that wait at once.
+    server) ends that wait at once; while streaming, it is a placement look (`_rebalance`).
     """
 
     def __init__(self, config: EdgeConfig, spec: RobotSpec) -> None:
@@ -63,8 +64,11 @@ class RemoteEngine(EngineBase):
         self.client: PolicyClient | None = None
         #: The last session opened: a reconnect proves it held it (see `PolicyClient.open_session`).
         self._previous: RemoteSession | None = None
-        self._identity: PolicyInfo | None = None
+        self.rules = ReplicaRules()
         self._epoch = 0
+        #: A session opened on a replica that appeared, to switch to between two requests.
+        self._moved: RemoteSession | None = None
+        self._rebalancing = False
         self._receive_scope: anyio.CancelScope | None = None
         #: Set when a replica's liveliness token appears: ends a reconnect backoff at once.
         self._replica_appeared = anyio.Event()
@@ -120,6 +124,44 @@ class RemoteEngine(EngineBase):
     def _on_replica_liveliness(self, kind: zenoh.SampleKind) -> None:
         if kind == zenoh.SampleKind.PUT:
             self._replica_appeared.set()
+            self._settle_soon()  # a (re)started replica is settled onto like a new session
+
+    def _settle_soon(self) -> None:
+        """Run the placement looks in the background (`_rebalance`), unless they already run."""
+        if self.session is not None and self._tasks is not None and not self._rebalancing:
+            self._rebalancing = True
+            self._tasks.start_soon(self._rebalance, self.session)
+
+    async def _rebalance(self, session: RemoteSession) -> None:
+        """Look at the fleet; when this edge should move, open the session it moves to (`_moved`).
+
+        Runs beside the stream: after every new session (whose first request left at once) and
+        when a replica appears. Only for chunk-stateless policies: a move mid-episode loses the
+        server-side processor's state, as a failover does.
+        """
+        client, identity = self.client, self.rules.identity
+        try:
+            if client is None or identity is None or not identity.chunk_stateless:
+                return
+            server = self.config.server
+            moved = await client.rebalance(
+                session,
+                features=self.features,
+                fps=self.spec.fps,
+                app=server.app or None,
+                model=server.model or None,
+                accept=self._acceptable,
+                **self._placement(self._epoch + 1),
+            )
+        finally:
+            self._rebalancing = False
+        if moved is None:
+            return
+        if self.session is not session or session.lost.is_set() or self.tearing_down:
+            await moved.close()
+            return
+        log.info("moving to a less loaded replica", client_id=self.client_id, to=moved.server.keys.replica)
+        self._moved = moved
 
     async def _open_zenoh(self) -> zenoh.Session:
         # A Zenoh client's open() fails at once while nothing listens (ZENOH_FACTS §1).
@@ -155,34 +197,50 @@ class RemoteEngine(EngineBase):
                     refused=False,
                 )
 
-    async def _open(self, client: PolicyClient) -> None:
+    def _placement(self, epoch: int) -> SessionOptions:
+        """How `PolicyClient.connect_best` and `PolicyClient.rebalance` open this edge's sessions."""
         cfg = self.config
+        return SessionOptions(
+            task=cfg.task,
+            rtc=cfg.pipeline.rtc,
+            epoch=epoch,
+            tags=dict(cfg.tags),
+            timeout=min(2.0, cfg.failsafe.request_timeout_s),
+        )
+
+    async def _open(self, client: PolicyClient) -> None:
         self._epoch += 1
+        server, options = self.config.server, self._placement(self._epoch)
+        options["previous"] = old = self._previous
+        # Settled later (`_adopt`); after a loss the other replicas known go first, without discovery.
         session = await client.connect_best(
             features=self.features,
             fps=self.spec.fps,
-            app=cfg.server.app or None,
-            model=cfg.server.model or None,
+            app=server.app or None,
+            model=server.model or None,
             accept=self._acceptable,
-            task=cfg.task,
-            rtc=cfg.pipeline.rtc,
-            epoch=self._epoch,
-            tags=dict(cfg.tags),
-            timeout=min(2.0, cfg.failsafe.request_timeout_s),
-            previous=self._previous,
+            settle=False,
+            avoid=(old.server.keys,) if old is not None and old.lost.is_set() else (),
+            **options,
         )
+        await self._adopt(session)
+
+    async def _adopt(self, session: RemoteSession) -> None:
+        """Use a newly opened session, if the replica rules allow it (raises `SessionEnded` if not)."""
         self._previous = session
+        self._epoch = max(self._epoch, session.epoch)
         assert session.ack is not None
         ack = session.ack
-        if not self._acceptable(session.server, ack.policy.revision):
-            await session.close()  # the status said otherwise: a replica mid-upgrade
-            raise SessionEnded(f"replica {session.server.keys.replica} serves revision {ack.policy.revision}")
-        # The revision was checked above; anything else that differs breaks the robot's contract.
-        if self._identity is not None and (differences := model_differences(self._identity, ack.policy)):
-            await session.close()
-            self.failsafe.fatal(f"server came back with a different model: {'; '.join(differences)}")
-            raise SessionEnded("different model")
-        self._identity = ack.policy
+        refused = self.rules.refusal(
+            self.config.server, session.server, ack.policy, episode_starting=self.episode_starting
+        )
+        if refused is not None:
+            reason, fatal = refused
+            await session.close()  # a replica mid-upgrade, or (fatal) another model
+            if fatal:
+                self.failsafe.fatal(reason)
+            raise SessionEnded(reason)
+        self.rules.identity = ack.policy
         self.task = ack.task  # the effective task (the server's default when the edge names none)
         self.server, self.session = session.server, session
         self.log = self.failures.log = log.bind(session_id=session.session_id, client_id=self.client_id)
@@ -194,26 +252,12 @@ class RemoteEngine(EngineBase):
         forward_ns = round(session.server.status.inference_ms * 1e6)
         self.check_chunk_length(ack.policy.chunk_size, self.pipeline.expected_latency_ns() or forward_ns or None)
         for warning in ack.warnings:
-            log.warning(
-                "server warning",
-                session_id=session.session_id,
-                client_id=self.client_id,
-                warning=warning,
-            )
+            log.warning("server warning", session_id=session.session_id, client_id=self.client_id, warning=warning)
+        self._settle_soon()
 
-    def _revision_may_change(self) -> bool:
-        """Unpinned edges take another revision only at an episode boundary (seeds/001 §8)."""
-        return not self.config.server.revision and self.episode_starting
-
-    def _acceptable(self, server: ServerInfo, revision: str | None = None) -> bool:
-        """Whether this edge may use ``server`` now: the replica and revision rules."""
-        rules = self.config.server
-        revision = server.status.policy.revision if revision is None else revision
-        if rules.replica and server.keys.replica != rules.replica:
-            return False
-        if rules.revision:
-            return revision == rules.revision
-        return self._identity is None or self._revision_may_change() or revision == self._identity.revision
+    def _acceptable(self, server: ServerInfo) -> bool:
+        """Whether this edge may use ``server`` now (`ReplicaRules.acceptable`)."""
+        return self.rules.acceptable(self.config.server, server, episode_starting=self.episode_starting)
 
     async def serve(self) -> None:
         """The engine loop on each session in turn, until DEAD or the teardown.
@@ -227,16 +271,24 @@ class RemoteEngine(EngineBase):
             if (session := self.session) is not None:
                 try:
                     # A new session asks at once: the queue holds the last replica's chunk
-                    # (failover, drain, restart) or nothing, and only a chunk of this session is fresh.
-                    await self.stream(lambda: session.lost_reason if session.lost.is_set() else None, at_once=True)
+                    # (failover, drain, restart, a move) or nothing; only a chunk of this session is fresh.
+                    await self.stream(lambda: self._ended(session), at_once=True)
                 except SessionEnded as exc:
-                    self.failsafe.lost(str(exc))
+                    if self._moved is None or session.lost.is_set():
+                        self.failsafe.lost(str(exc))  # a move is no loss: the arm runs on the queue
                 with anyio.CancelScope(shield=True):
                     await session.close()
                 self.session = None
                 backoff.reset()
+            moved, self._moved = self._moved, None
             if self.failsafe.dead.is_set() or self.tearing_down:
+                if moved is not None:
+                    await moved.close()
                 return  # the arm is parking: nothing may start a session now
+            if moved is not None:
+                with contextlib.suppress(SessionEnded):  # refused: open one as after any loss
+                    await self._adopt(moved)
+                    continue
             # A token that appears while this attempt runs must still cut the next wait short.
             appeared = self._replica_appeared = anyio.Event()
             try:
@@ -254,6 +306,12 @@ class RemoteEngine(EngineBase):
             log.info("reconnect attempt failed", client_id=self.client_id, error=problem, retry_in_s=delay)
             with anyio.move_on_after(delay):
                 await appeared.wait()
+
+    def _ended(self, session: RemoteSession) -> str | None:
+        """Why the engine leaves ``session`` (lost, or a move to `_moved`), or None."""
+        if session.lost.is_set():
+            return session.lost_reason
+        return None if self._moved is None else f"moving to replica {self._moved.server.keys.replica}"
 
     async def produce(self, request: Request, *, episode_start: bool) -> Produced | None:
         """Send the request's observation and wait for its chunk (None: abandoned by a reset).
@@ -318,24 +376,3 @@ class RemoteEngine(EngineBase):
 def _undeclare(watcher: zenoh.Subscriber[None]) -> None:
     with contextlib.suppress(zenoh.ZError):
         watcher.undeclare()
-
-
-#: What every replica an edge uses must share with the first one: a difference is DEAD. The revision
-#: has its own rules (`RemoteEngine._acceptable`: pinned, or changed at an episode boundary only).
-SAME_MODEL_FIELDS = ("model", "chunk_size", "features")
-
-
-def model_differences(was: PolicyInfo, now: PolicyInfo) -> list[str]:
-    """Every field of `SAME_MODEL_FIELDS` that differs, as ``field now (was …)``; empty when the same."""
-    differences = []
-    for name in SAME_MODEL_FIELDS:
-        old, new = getattr(was, name), getattr(now, name)
-        if name == "features":
-            differences += [
-                f"features.{field} {getattr(new, field)!r} (was {getattr(old, field)!r})"
-                for field in old.__struct_fields__
-                if getattr(old, field) != getattr(new, field)
-            ]
-        elif old != new:
-            differences.append(f"{name} {new!r} (was {old!r})")
-    return differences

@@ -69,8 +69,9 @@ class RunOptions:
     telemetry: TelemetryPublisher | None = None
     rest_tolerance: float = 2.0
     park_timeout_s: float = 5.0
-    #: Ask for real-time (SCHED_FIFO) scheduling of the control loop (best effort).
+    #: SCHED_FIFO for the control loop (best effort); ``spin``: see `ProcessControlLoop` (False: plain sleeps).
     realtime: bool = True
+    spin: bool = True
     #: Python's GIL switch interval while running (None keeps the default 5 ms): a control
     #: *thread* that wakes while a camera or network thread holds the GIL waits up to this long.
     switch_interval_s: float | None = 0.001
@@ -239,10 +240,8 @@ class EdgeRuntime:
         spec, config, opts = self.engine.spec, self.config, self.options
         if in_thread:
             limiter = SafetyLimiter(spec, velocity_scale=self.engine.pipeline.control.velocity_scale)
-            robot = self.robot.build()
-            return ThreadControlLoop(
-                channel, cameras, robot, self.engine, limiter, task=config.task, realtime=opts.realtime
-            )
+            parts = (channel, cameras, self.robot.build(), self.engine, limiter)
+            return ThreadControlLoop(*parts, task=config.task, realtime=opts.realtime)
         pipeline = self.engine.pipeline
         return ProcessControlLoop(
             channel,
@@ -253,6 +252,7 @@ class EdgeRuntime:
             control=pipeline.control,
             source=pipeline.source,
             realtime=opts.realtime,
+            spin=opts.spin,
             rest_tolerance=opts.rest_tolerance,
             orphan_park_timeout_s=opts.park_timeout_s,
             task=config.task,

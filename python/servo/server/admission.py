@@ -101,6 +101,20 @@ def camera_shapes(client: Features, policy: Features, limits: LimitsSection) -> 
     return shapes
 
 
+def input_sizes(shapes: Shapes, policy: Features) -> dict[str, tuple[int, int]]:
+    """The cameras a client may send at the policy's input size instead of its declared ``shapes``.
+
+    Those declared larger (in both dimensions, and not equal): the server shrinks such frames to
+    the policy's size itself (`servo.server.decoding`), so the client may as well send them so.
+    """
+    sizes = {name: (cam.height, cam.width) for name, cam in policy.cameras.items()}
+    return {
+        name: (h, w)
+        for name, (h, w) in sizes.items()
+        if (h, w) != shapes[name] and h <= shapes[name][0] and w <= shapes[name][1]
+    }
+
+
 class _Images(msgspec.Struct, frozen=True):
     """An observation's images only: the rest of the body is skipped, the frames stay zero-copy."""
 
@@ -115,11 +129,15 @@ class ImageGate:
     Args:
         shapes: (height, width) of every camera the policy reads (from `camera_shapes`).
         max_bytes: The observation size bound.
+        smaller: The policy's input size of the cameras that may be sent at it instead (`input_sizes`).
     """
 
-    def __init__(self, shapes: Shapes, *, max_bytes: int) -> None:
+    def __init__(self, shapes: Shapes, *, max_bytes: int, smaller: Shapes | None = None) -> None:
         # The field path each camera's errors name, formatted once per session, not per observation.
-        self._frames = {name: (shape, f"observation.images[{name!r}]") for name, shape in shapes.items()}
+        self._frames = {
+            name: (shape, (smaller or {}).get(name, shape), f"observation.images[{name!r}]")
+            for name, shape in shapes.items()
+        }
         self._max_bytes = max_bytes
 
     def check(self, body: bytes) -> None:
@@ -129,13 +147,17 @@ class ImageGate:
             WireError: naming the camera and both sizes.
         """
         images = decode(body, _Images, max_bytes=self._max_bytes).images
-        for name, ((height, width), what) in self._frames.items():
+        for name, (declared, small, what) in self._frames.items():
             image = images.get(name)
             if image is None:
                 raise WireError(f"observation has no image for camera {name!r}")
-            if (image.height, image.width) != (height, width):
-                raise WireError(f"{what}: size {image.height}x{image.width}, the session declared {height}x{width}")
+            size = (image.height, image.width)
+            if size not in (declared, small):
+                also = "" if small == declared else f" (or {small[0]}x{small[1]})"
+                raise WireError(
+                    f"{what}: size {size[0]}x{size[1]}, the session declared {declared[0]}x{declared[1]}{also}"
+                )
             if image.codec == "jpeg":
                 jh, jw = jpeg_dimensions(image.data, what=what)
-                if (jh, jw) != (height, width):
-                    raise WireError(f"{what}: JPEG header says {jh}x{jw}, the session declared {height}x{width}")
+                if (jh, jw) != size:
+                    raise WireError(f"{what}: JPEG header says {jh}x{jw}, the message declares {size[0]}x{size[1]}")

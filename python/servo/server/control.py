@@ -26,7 +26,7 @@ from servo._core import MSG_CONTROL_ACK, Header, SessionKey
 from servo.logs import LogThrottle, get_logger
 from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
-from servo.server.admission import ImageGate, KeyedBuckets, TokenBucket, camera_shapes
+from servo.server.admission import ImageGate, KeyedBuckets, TokenBucket, camera_shapes, input_sizes
 from servo.server.auth import Refused, SessionAuth, accept_handshake, takeover, verify_control
 from servo.server.manifest import LimitsSection
 from servo.server.sessions import Session
@@ -37,6 +37,7 @@ from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     AuditQuery,
     AuditTail,
+    CameraFeature,
     CloseRequest,
     ControlAck,
     ControlRequest,
@@ -279,7 +280,8 @@ class ControlPlane:
             handshake = accept_handshake(request, replica.identity, keys.replica)
         except Refused as exc:
             return self._reject("bad_request", str(exc), client_id=client_id)
-        gate = ImageGate(shapes, max_bytes=self._max_observation_bytes)
+        smaller = input_sizes(shapes, info.features)
+        gate = ImageGate(shapes, max_bytes=self._max_observation_bytes, smaller=smaller)
         session = self._create_session(request, verdict, handshake.auth, gate, keys.client(client_id).action)
         log.info(
             "session opened",
@@ -303,6 +305,7 @@ class ControlPlane:
             server_identity=replica.identity.public_key,
             signature=handshake.signature,
             warnings=verdict.warnings,
+            input_sizes={name: CameraFeature(h, w) for name, (h, w) in smaller.items()},
         )
 
     def _create_session(

@@ -23,7 +23,7 @@ from servo.policy.frames import DeviceFrameDecoder, is_cuda, jpeg_on_device_avai
 from servo.policy.protocol import Frame
 from servo.policy.runner import clamp_delay
 from servo.server.sessions import Decoded, Mail, Rejected, Session
-from servo.wire import EncodedImage, Observation, WireError, decode, decode_floats, decode_image
+from servo.wire import EncodedImage, Observation, WireError, decode, decode_floats, decode_image, downsize
 from servo.wire.image import jpeg_dimensions
 
 log = get_logger(__name__)
@@ -131,22 +131,39 @@ class ObservationDecoder:
         )
         return obs, delay
 
+    def _shrinks(self, image: EncodedImage, name: str) -> bool:
+        """Whether ``image`` is larger than the policy's input (in both dimensions: then it is shrunk)."""
+        h, w = self._targets[name]
+        return (image.height, image.width) != (h, w) and image.height >= h and image.width >= w
+
+    def _frame(self, image: EncodedImage, name: str) -> Frame:
+        """One camera's frame at the policy's input size when it was larger (`servo.wire.downsize`).
+
+        The same function the edge shrinks with before it sends (when the session ack offers
+        it), so the policy sees the same pixels either way.
+        """
+        target = self._targets[name]
+        frame = decode_image(image, target=target, what=self._what[name])
+        if self._shrinks(image, name):
+            frame = downsize(frame, target)
+            frame.flags.writeable = False  # read-only, like every frame a policy gets
+        return frame
+
     def _images(self, images: dict[str, EncodedImage]) -> dict[str, Frame]:
         for name in self._cameras:
             if name not in images:
                 raise WireError(f"observation has no image for camera {name!r}")
         if self._device is not None:
+            # Decoded on the device as sent: the edge's shrinking is what makes them the policy's size.
             return self._device_images(images, self._device)
-        jpegs = [name for name in self._cameras if images[name].codec == "jpeg"]
-        futures = {
-            name: self._pool.submit(decode_image, images[name], target=self._targets[name], what=self._what[name])
-            for name in jpegs[1:]
-        }
+        # JPEG decodes, and shrinking any frame, run in parallel: both release the GIL.
+        slow = [name for name in self._cameras if images[name].codec == "jpeg" or self._shrinks(images[name], name)]
+        futures = {name: self._pool.submit(self._frame, images[name], name) for name in slow[1:]}
         out = {}
         try:
             for name in self._cameras:
                 if name not in futures:
-                    out[name] = decode_image(images[name], target=self._targets[name], what=self._what[name])
+                    out[name] = self._frame(images[name], name)
         finally:
             for name, future in futures.items():
                 out[name] = future.result()  # re-raises the camera's WireError

@@ -180,37 +180,43 @@ class PolicyServer:
                     health_port = await tg.start(ops.run, m.ops.health_host, m.ops.health_port)
             key = m.security.identity_key
             identity = await anyio.to_thread.run_sync(lambda: load_identity(key) if key else ephemeral_identity())
-            policy = await anyio.to_thread.run_sync(self._load_policy)
-            # Read once here: the control plane answers from memory, never from disk on the loop.
-            self._trajectories = await anyio.to_thread.run_sync(TrajectoryLibrary.load, m.trajectories)
-            model = m.model
-            runner = InferenceRunner(
-                policy, device=model.device, dtype=model.dtype, compile=model.compile, cuda_graphs=model.cuda_graphs
-            )
-            replica = self._replica(policy, identity)
-            scheduler = self._scheduler or scheduler_for(
-                policy, exclusive=replica.exclusive, max_batch=m.serving.max_batch, linger_ms=m.serving.batch_linger_ms
-            )
-            # Every batch size the scheduler can form is warmed, not only a forward of one.
-            sizes = range(1, min(scheduler.max_batch, replica.max_sessions) + 1)
-            started = time.perf_counter()
-            self._warmup_s = await anyio.to_thread.run_sync(runner.warmup, model.warmup, sizes)
-            log.info(
-                "policy warmed up",
-                warmup=model.warmup,
-                batch_sizes=len(sizes),
-                seconds=round(time.perf_counter() - started, 3),
-            )
-            self.state.bind(replica, tg)
-            audit = AuditLog(m.ops.audit_log, self.state.recent)
-            try:
-                # Frontends end before the Zenoh session their sessions live on.
-                async with open_session(m.zenoh) as zsession, anyio.create_task_group() as frontends:
-                    self._zsession = zsession
-                    await self._serve(zsession, runner, scheduler, audit, task_status, health_port, frontends)
-            finally:
-                audit.close()
-                tg.cancel_scope.cancel()
+            # Listening while the policy loads: an edge that lost this server links again meanwhile,
+            # and re-handshakes the moment the liveliness token appears (nothing is declared before).
+            async with open_session(m.zenoh) as zsession:
+                policy = await anyio.to_thread.run_sync(self._load_policy)
+                # Read once here: the control plane answers from memory, never from disk on the loop.
+                self._trajectories = await anyio.to_thread.run_sync(TrajectoryLibrary.load, m.trajectories)
+                model = m.model
+                runner = InferenceRunner(
+                    policy, device=model.device, dtype=model.dtype, compile=model.compile, cuda_graphs=model.cuda_graphs
+                )
+                replica = self._replica(policy, identity)
+                scheduler = self._scheduler or scheduler_for(
+                    policy,
+                    exclusive=replica.exclusive,
+                    max_batch=m.serving.max_batch,
+                    linger_ms=m.serving.batch_linger_ms,
+                )
+                # Every batch size the scheduler can form is warmed, not only a forward of one.
+                sizes = range(1, min(scheduler.max_batch, replica.max_sessions) + 1)
+                started = time.perf_counter()
+                self._warmup_s = await anyio.to_thread.run_sync(runner.warmup, model.warmup, sizes)
+                log.info(
+                    "policy warmed up",
+                    warmup=model.warmup,
+                    batch_sizes=len(sizes),
+                    seconds=round(time.perf_counter() - started, 3),
+                )
+                self.state.bind(replica, tg)
+                audit = AuditLog(m.ops.audit_log, self.state.recent)
+                try:
+                    # Frontends end before the Zenoh session their sessions live on.
+                    async with anyio.create_task_group() as frontends:
+                        self._zsession = zsession
+                        await self._serve(zsession, runner, scheduler, audit, task_status, health_port, frontends)
+                finally:
+                    audit.close()
+                    tg.cancel_scope.cancel()
 
     async def _serve(
         self,

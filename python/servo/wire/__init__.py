@@ -6,7 +6,7 @@ from servo.wire.audit import AuditEntry, AuditQuery, AuditTail
 from servo.wire.codec import MAX_MESSAGE_BYTES, decode, encode
 from servo.wire.errors import WireError
 from servo.wire.header import reply_header
-from servo.wire.image import EncodedImage, check_frame, decode_image, encode_image, jpeg_dimensions
+from servo.wire.image import EncodedImage, check_frame, decode_image, downsize, encode_image, jpeg_dimensions
 from servo.wire.keys import (
     ROOT,
     ClientKeys,
@@ -97,6 +97,7 @@ __all__ = [
     "decode_floats",
     "decode_image",
     "decode_tensor",
+    "downsize",
     "encode",
     "encode_image",
     "encode_tensor",

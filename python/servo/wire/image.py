@@ -6,7 +6,7 @@ control loop keeps the interpreter.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -167,3 +167,62 @@ def _scaling(height: int, width: int, target: tuple[int, int] | None) -> dict[st
         return {}
     # min_factor 2: libjpeg-turbo's factors between 1 and 2 (e.g. 8/9) cost more than a full decode.
     return {"min_height": target[0], "min_width": target[1], "min_factor": 2}
+
+
+def downsize(frame: Frame, size: tuple[int, int]) -> Frame:
+    """``frame`` shrunk to ``size`` (height, width) by area averaging: the one resize of servo.
+
+    Each output pixel is the mean of the input pixels its window covers (rows
+    ``floor(i * H / h)`` to ``ceil((i + 1) * H / h)``, likewise for columns: torch's
+    ``interpolate(mode="area")``, adaptive average pooling), rounded half up. Computed in
+    integers, so a frame the edge shrinks before sending is, byte for byte, what the server makes
+    of the full frame on any platform. A frame already of that size is returned as is.
+
+    Raises:
+        WireError: ``size`` is larger than the frame in either dimension (this only shrinks).
+    """
+    height, width = int(frame.shape[0]), int(frame.shape[1])
+    h, w = size
+    if (h, w) == (height, width):
+        return frame
+    if not (0 < h <= height and 0 < w <= width):
+        raise WireError(f"cannot shrink a {height}x{width} frame to {h}x{w}")
+    # uint32 holds 255 x 65535 rows; uint64 any window of a frame within MAX_IMAGE_PIXELS.
+    rows = _window_sums(frame.reshape(height, -1), h, axis=0, dtype=np.uint32).reshape(h, width, -1)
+    sums = _window_sums(rows, w, axis=1, dtype=np.uint64)
+    count = (_window_lengths(height, h)[:, None] * _window_lengths(width, w)[None, :])[:, :, None]
+    out: Frame = ((sums + count // 2) // count).astype(np.uint8)
+    return out
+
+
+def _windows(n_in: int, n_out: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Start and end (exclusive) of each output index's window over ``n_in`` inputs."""
+    index = np.arange(n_out, dtype=np.int64)
+    return (index * n_in) // n_out, -((-(index + 1) * n_in) // n_out)
+
+
+def _window_lengths(n_in: int, n_out: int) -> npt.NDArray[np.uint64]:
+    start, end = _windows(n_in, n_out)
+    return (end - start).astype(np.uint64)
+
+
+def _window_sums(
+    a: npt.NDArray[Any], n_out: int, *, axis: int, dtype: type[np.unsignedinteger[Any]]
+) -> npt.NDArray[Any]:
+    """Sums of ``a`` over each output's window along ``axis``, in ``dtype``."""
+    n_in = a.shape[axis]
+    start, end = _windows(n_in, n_out)
+    shape = list(a.shape)
+    shape[axis] = n_out
+    out = np.zeros(shape, dtype)
+    mask_shape = [1] * a.ndim
+    mask_shape[axis] = n_out
+    shortest = int((end - start).min())
+    # One gather per position in the window: every window has the first `shortest`; the rest
+    # are masked out where a window is shorter.
+    for k in range(int((end - start).max())):
+        part = np.take(a, np.minimum(start + k, n_in - 1), axis=axis)
+        if k >= shortest:
+            part = part * (start + k < end).reshape(mask_shape)
+        np.add(out, part, out=out)
+    return out

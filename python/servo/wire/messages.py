@@ -180,6 +180,9 @@ class SessionAck(msgspec.Struct, frozen=True):
     server_identity: PublicKey
     signature: Signature
     warnings: list[str] = []
+    #: Cameras the client may send shrunk to the policy's input size (`servo.wire.downsize`)
+    #: instead of the size it declared: the server shrinks larger frames to it anyway.
+    input_sizes: Annotated[dict[Name, CameraFeature], msgspec.Meta(max_length=MAX_CAMERAS)] = {}
 
 
 RejectCode = Literal[
