@@ -27,7 +27,6 @@ from typing import Any, Literal, Self
 import anyio
 import numpy as np
 import numpy.typing as npt
-from testbed.processes import stop
 
 from servo.edge.channel import LATENESS_BINS, lateness_bin, lateness_percentiles_ms
 from servo.edge.config import load_edge_config
@@ -35,6 +34,7 @@ from servo.edge.engine import MergeEvent
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.robots import RobotDescription
+from testbed.processes import stop
 
 JPEG_QUALITY = 90
 COMPUTE_MS = 20.0

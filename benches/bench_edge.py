@@ -41,11 +41,11 @@ from typing import Any
 import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed.processes import free_port
 
 from benches._edge_rig import LoopResult, ServerProcess, pooled_rounds, run_servo, table
 from benches._naive_loop import run_naive
 from servo.logs import configure_logging
+from testbed.processes import free_port
 
 P99_TARGET_MS = 1.0
 MAX_TARGET_MS = 5.0

@@ -34,7 +34,6 @@ import anyio
 import numpy as np
 import zenoh
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed.processes import free_port
 
 from servo.edge.config import load_edge_config
 from servo.edge.engine import MergeEvent
@@ -44,6 +43,7 @@ from servo.logs import configure_logging
 from servo.robots import RobotDescription
 from servo.transport import ZenohSettings, open_session
 from servo.wire import alive_selector
+from testbed.processes import free_port
 
 #: One inference: long enough that a kill right after a request leaves reliably lands mid-forward.
 COMPUTE_MS = 100.0
