@@ -27,7 +27,6 @@ from typing import Any, Literal, Self
 import anyio
 import numpy as np
 import numpy.typing as npt
-from testbed.processes import stop
 
 from benches._cpu import CpuHogs, CpuWatch
 from servo.edge.channel import LATENESS_BINS, lateness_bin, lateness_percentiles_ms
@@ -36,6 +35,7 @@ from servo.edge.engine import MergeEvent
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.robots import RobotDescription
+from testbed.processes import stop
 
 JPEG_QUALITY = 90
 COMPUTE_MS = 20.0

@@ -143,9 +143,8 @@ class CostModelPolicy(FixedComputePolicy):
 @contextlib.contextmanager
 def spawn_server(role: str, *args: str) -> Iterator[int]:
     """Run ``python -m benches._fleet <role> --port P <args>`` until the block exits; yields P."""
-    from testbed.processes import free_port
-
     from benches._support import ready_process
+    from testbed.processes import free_port
 
     port = free_port()
     with ready_process([sys.executable, "-m", "benches._fleet", role, "--port", str(port), *args], f"{role} server"):

@@ -73,11 +73,10 @@ async def _router(args: argparse.Namespace) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    from testbed.processes import free_port
-
     from servo.cli.lifecycle import on_signal
     from servo.server.manifest import parse_manifest
     from servo.server.service import PolicyServer
+    from testbed.processes import free_port
 
     policy = FixedComputePolicy(args.compute_ms, HEIGHT, WIDTH)
     manifest = parse_manifest(
@@ -118,12 +117,12 @@ async def _robots(args: argparse.Namespace) -> None:
 
         from servo._core import ServerIdentity
         from servo.edge.engine import EngineStats
-        from servo.edge.failsafe import FailSafe
+        from servo.edge.failsafe import FailSafe, FailSafeConfig
         from servo.edge.telemetry import TelemetryPublisher
         from servo.wire import seal_telemetry, telemetry_key
 
         publisher = TelemetryPublisher(ServerIdentity.generate(), period_s=1.0 / args.telemetry_hz)
-        failsafe = FailSafe(degraded_after_s=1.0, timeout_streak=2, max_offline_s=60.0)
+        failsafe = FailSafe(FailSafeConfig(degraded_after_s=1.0, timeout_streak=2, max_offline_s=60.0))
         failsafe.merged()
         key = telemetry_key(f"robot-{index}")
         put = zsession.declare_publisher(key, congestion_control=CongestionControl.DROP, priority=Priority.DATA_LOW)

@@ -13,12 +13,12 @@ from typing import Any
 
 import anyio
 import pytest
-from testbed.processes import stop
 
 from servo._core import LatencyTracker
 from servo.policy import Policy
 from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer, ServerReady
+from testbed.processes import stop
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benches" / "results"

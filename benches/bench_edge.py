@@ -49,11 +49,11 @@ from typing import Any
 import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed.processes import free_port
 
 from benches._edge_rig import LoopResult, ServerProcess, pooled_rounds, run_servo, table
 from benches._naive_loop import run_naive
 from servo.logs import configure_logging
+from testbed.processes import free_port
 
 P99_TARGET_MS = 0.5
 MAX_TARGET_MS = 2.0

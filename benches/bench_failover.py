@@ -46,7 +46,6 @@ from typing import Any
 import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed.processes import free_port
 
 from benches._support import markdown, percentiles_ms, results_table
 from servo.edge.config import load_edge_config
@@ -56,6 +55,7 @@ from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.logs import configure_logging
 from servo.robots import RobotDescription
 from servo.transport import ZenohSettings, open_session
+from testbed.processes import free_port
 
 #: One inference: long enough that a kill at a random moment often lands mid-forward.
 COMPUTE_MS = 100.0

@@ -29,11 +29,11 @@ from typing import Any, Literal
 import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed import netns
-from testbed.processes import free_port
 
 from benches._fleet import FleetResult, Sample, run_fleet, window
 from benches._support import percentiles_ms, publish, ready_process
+from testbed import netns
+from testbed.processes import free_port
 
 pytestmark = pytest.mark.skipif(not netns.available(), reason="needs root, ip and tc (network namespace + tbf)")
 

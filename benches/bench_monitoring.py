@@ -40,8 +40,8 @@ from typing import Any
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._support import free_port
 from benches.bench_scale import PER_PROCESS, RATE_HZ, REPLICAS, UTILISATION, Child
+from testbed.processes import free_port
 
 #: Four fleets of 300 robots, one after the other: minutes, not the suite's 2.
 pytestmark = pytest.mark.timeout(1800)

@@ -40,7 +40,6 @@ from typing import Any
 
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed.processes import free_port
 
 from benches._edge_rig import LoopResult, ServerProcess, pooled_rounds, run_servo, table
 from benches._support import ready_process
@@ -49,6 +48,7 @@ from servo.robots import RobotDescription
 from servo.robots import so100_joints as so100
 from servo.robots.ros2.dds import loopback_config
 from servo.robots.ros2.options import MAX_DOMAIN_ID
+from testbed.processes import free_port
 
 FPS = 100.0
 P99_TARGET_MS = 1.0

@@ -38,11 +38,11 @@ from typing import Any
 import anyio
 import numpy as np
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed.processes import free_port
 
 from benches._fleet import CHUNK, FPS
 from servo.client import PolicyClient
 from servo.transport import ZenohSettings, open_session
+from testbed.processes import free_port
 
 RATE_HZ = 0.5
 REPLICAS = ("r0", "r1", "r2")

@@ -28,11 +28,11 @@ import numpy as np
 import pytest
 import simplejpeg
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed.processes import free_port, rss_mb
 
 from benches._support import REPO, bench_env, percentiles_ms, ready_process
 from servo.server.admission import ImageGate
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, encode, encode_tensor
+from testbed.processes import free_port, rss_mb
 
 BOMB = 8192
 LEGIT = (480, 640)

@@ -35,7 +35,6 @@ from typing import Any
 import anyio
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed.processes import free_port
 
 from benches._edge_rig import ServerProcess
 from benches._support import markdown, results_table
@@ -45,6 +44,7 @@ from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.logs import configure_logging
 from servo.robots import RobotDescription
+from testbed.processes import free_port
 
 COMPUTE_MS = 700.0
 DESIGNS = ("servo", "buffer-only")

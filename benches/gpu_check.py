@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from benches._fleet import CAMERAS, HEIGHT, WIDTH, run_process_fleet
-from benches._support import REPO, free_port, percentiles_ms, ready_process
+from benches._support import REPO, percentiles_ms, ready_process
+from testbed.processes import free_port
 
 #: (label, dtype, cuda_graphs) of each reference-policy configuration measured.
 CONFIGS = (("fp32", "float32", False), ("bf16+graphs", "bfloat16", True))

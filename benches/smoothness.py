@@ -24,7 +24,6 @@ from typing import Any
 import anyio
 import msgspec
 import numpy as np
-from testbed.processes import free_port
 
 from benches._support import in_process_server
 from servo.edge.actions import ControlConfig
@@ -38,6 +37,7 @@ from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Pr
 from servo.recording import read_recording
 from servo.robots import RobotDescription
 from servo.wire import Features
+from testbed.processes import free_port
 
 RESULTS = Path(__file__).parent / "results"
 ENGINES = ("sync", "rtc", "remote")

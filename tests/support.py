@@ -7,12 +7,12 @@ from contextlib import asynccontextmanager
 
 import anyio
 import numpy as np
-from testbed.processes import free_port as free_port  # the one definition, shared with the benchmarks
 
 from servo.policy import Policy
 from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.transport import ZenohSettings
+from testbed.processes import free_port as free_port  # the one definition, shared with the benchmarks
 
 
 def client_settings(port: int) -> ZenohSettings:

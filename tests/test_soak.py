@@ -17,7 +17,6 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from testbed.processes import rss_mb
 
 from servo.client import PolicyClient
 from servo.client.protocol import ENCODE_WINDOW
@@ -29,6 +28,7 @@ from servo.edge.failsafe import MAX_TRANSITIONS, FailSafeConfig
 from servo.edge.pipeline import PipelineConfig
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.robots import RobotDescription
+from testbed.processes import rss_mb
 from tests.edge.fakes import EchoEngine
 from tests.edge.harness import start_server, write_manifest
 from tests.support import client_settings

@@ -44,7 +44,6 @@ with atheris.instrument_imports():
 import contextlib
 
 from testbed.processes import rss_mb
-
 from tests.wire.test_decoders import SAMPLES
 
 KEY = SessionKey(bytes(range(32)))

@@ -22,9 +22,9 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from testbed.processes import rss_mb, stop
 
 from servo.client import PolicyClient
+from testbed.processes import rss_mb, stop
 from tests.server.helpers import eventually
 from tests.support import client_settings
 

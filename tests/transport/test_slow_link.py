@@ -19,10 +19,10 @@ from typing import Literal
 import anyio
 import numpy as np
 import pytest
-from testbed.netns import Link, available, shaped_link
 
 from servo.client import PolicyClient, SendFailed, SessionLost
 from servo.transport import ZenohSettings
+from testbed.netns import Link, available, shaped_link
 from tests.server.test_cli import Lines
 from tests.support import camera_frames, free_port
 
