@@ -34,7 +34,6 @@ import anyio
 import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
-from testbed.processes import free_port
 
 from benches._edge_rig import ServerProcess
 from benches._fleet import frames as camera_like
@@ -43,6 +42,7 @@ from servo.client import PolicyClient
 from servo.logs import configure_logging
 from servo.transport import ZenohSettings
 from servo.wire import CameraFeature, Features
+from testbed.processes import free_port
 
 CAMERA = (480, 640)
 POLICY_INPUT = (96, 128)
