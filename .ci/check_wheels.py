@@ -76,7 +76,7 @@ SMOKE = textwrap.dedent(
     import servo.cli.edge, servo.edge
     assert "torch" not in sys.modules, "the edge imported torch"
     import importlib.resources
-    page = importlib.resources.files("servo.monitor").joinpath("static")
+    page = importlib.resources.files("servo").joinpath("monitor", "static")  # servo.monitor needs the extra
     assert all(page.joinpath(name).is_file() for name in ("index.html", "monitor.js", "monitor.css")), "monitor page"
     print(f"servo {servo.__version__} from {pathlib.Path(servo.__file__).parent}")
     """

@@ -33,8 +33,11 @@ def tool(name: str) -> str:
 @contextmanager
 def chromium(width: int = 1400, height: int = 1100) -> Iterator[Any]:
     """A headless Chromium session (a Selenium ``WebDriver``), quit at the end."""
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ModuleNotFoundError:
+        pytest.fail("selenium is not installed: pip install -e '.[dev]' (make setup)")
 
     options = webdriver.ChromeOptions()
     options.binary_location = tool("chromium")

@@ -9,7 +9,9 @@ port is busy, 2 for a bad option or robot keys file.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
+from typing import TYPE_CHECKING
 
 import anyio
 import zenoh
@@ -18,13 +20,20 @@ from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.config import ConfigError, convert
 from servo.logs import configure_logging
-from servo.monitor import MonitorConfig, MonitorReady, TrustError, run_monitor
+
+if TYPE_CHECKING:
+    from servo.monitor import MonitorConfig
 
 PROG = "servo-monitor"
+#: What a machine without the monitor extra is told to run.
+MONITOR_EXTRA = "pip install 'servo-robotics[monitor]'"
+MONITOR_EXTRA = "pip install 'servo-robotics[monitor]'"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every `MonitorConfig` field is a flag."""
+    from servo.monitor import MonitorConfig
+
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     add_struct_flags(parser, MonitorConfig, "monitor options")
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error.")
@@ -39,11 +48,15 @@ def load(args: argparse.Namespace) -> MonitorConfig:
     Raises:
         ConfigError: a bad value, naming the option.
     """
+    from servo.monitor import MonitorConfig
+
     return convert(struct_flag_values(args, MonitorConfig), MonitorConfig, origin="command line", strict=False)
 
 
 async def serve(config: MonitorConfig) -> None:
     """Run until SIGINT/SIGTERM."""
+    from servo.monitor import MonitorReady, run_monitor
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: on_signal(tg.cancel_scope.cancel, lambda: None, say=_say, what="still closing"))
         ready: MonitorReady = await tg.start(run_monitor, config)
@@ -56,6 +69,11 @@ def _say(text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-monitor``."""
+    if importlib.util.find_spec("prometheus_client") is None:
+        _say(f"error: servo-monitor needs prometheus_client, which is not installed: {MONITOR_EXTRA}")
+        return 2
+    from servo.monitor import TrustError
+
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, json=args.json_logs)
     try:
