@@ -158,7 +158,7 @@ def check_arm_command(argv: list[str], printed: list[str]) -> None:
     """The README's SO-101 command parses as servo-edge parses it, for a robot the checkpoint accepts."""
     args = build_parser().parse_args(argv[1:])
     config = load_edge_config(None, struct_flag_values(args, EdgeConfig))
-    assert config.tls_root_ca == option(printed, "--tls-root-ca")
+    assert config.security.tls_root_ca == option(printed, "--tls-root-ca")
     spec = RobotDescription(args.robot, robot_option_values(args.robot_opt)).spec()
     printed_cameras = robot_option_values(build_parser().parse_args(printed[1:]).robot_opt)["cameras"]
     assert [entry.split(":")[0] for entry in printed_cameras.split(",")] == list(CAMERAS)
