@@ -144,6 +144,8 @@ def write_manifest(
     ``connect`` is a router's port to join; ``extra`` is appended as more tables.
     """
     joins = "" if connect is None else f'connect = ["tcp/127.0.0.1:{connect}"]'
+    # Peers beside a router, on purpose (a test network): allowed explicitly.
+    beside = "" if connect is None else "[security]\nlisten_beside_router = true"
     path.write_text(
         f"""
 [model]
@@ -159,6 +161,7 @@ listen = ["tcp/127.0.0.1:{port}"]
 lease_ms = {lease_ms}
 [ops]
 health_port = 0
+{beside}
 {extra}
 """
     )

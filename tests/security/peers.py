@@ -313,7 +313,7 @@ def with_status(**changes: Any) -> Callable[[StatusReply], bytes]:
     """A status encoder that changes fields after construction (bypassing validation)."""
 
     def build(status: StatusReply) -> bytes:
-        raw = msgspec.to_builtins(status)
+        raw = msgspec.to_builtins(status, builtin_types=(bytes,))
         raw.update(changes)
         return msgspec.msgpack.encode(raw)
 

@@ -21,7 +21,7 @@ from servo.wire import (
     decode,
     encode,
 )
-from tests.server.helpers import connected, metric, open_on
+from tests.server.helpers import connected, metric, open_on, signed
 from tests.server.policies import JOINTS, FixedComputePolicy
 from tests.support import make_manifest, running_server
 
@@ -210,7 +210,6 @@ OVERSIZED = {
     "a tag value of 257 characters": (encode(open_request("robot", tags={"k": "v" * 257})), "$.tags"),
     "a tag key of 129 characters": (encode(open_request("robot", tags={"k" * 129: "v"})), "$.tags"),
     "a client id of 129 characters": (encode(open_request("r" * 129)), "$.client_id"),
-    "a low-order client key": (encode(open_request("robot", client_key=bytes(32))), "client_key"),
     "5000 schema versions": (msgspec.msgpack.encode({"schema_versions": [9] * 5000}), "$.schema_versions"),
 }
 
@@ -226,6 +225,29 @@ async def test_what_a_peer_sends_at_open_is_bounded(port: int, payload: bytes, w
         assert rejection.code == "bad_request"
         assert words in rejection.reason
         assert len(rejection.reason) < 300
+        assert len(server.registry) == 0
+
+
+async def test_an_unsigned_or_low_order_open_is_refused_before_any_session_exists(port: int) -> None:
+    """A client without a robot identity (servo before them) is told so; a signed open whose
+    X25519 key is of low order (an all-zero shared secret) passes the gate, then is refused."""
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            key = ready.keys.client("robot").session
+            unsigned = open_request("robot", features=ready.info.features)
+            (reply,) = await query(client.zsession, key, payload=encode(unsigned), timeout=5)
+            assert reply.err is not None
+            rejection = decode(reply.err.payload.to_bytes(), Rejection)
+            assert rejection.code == "unauthenticated"
+            assert "not signed by a robot identity" in rejection.reason
+            low_order = await signed(
+                client, ready, open_request("robot", features=ready.info.features, client_key=bytes(32))
+            )
+            (reply,) = await query(client.zsession, key, payload=encode(low_order), timeout=5)
+            assert reply.err is not None
+            rejection = decode(reply.err.payload.to_bytes(), Rejection)
+        assert rejection.code == "bad_request"
+        assert "client_key" in rejection.reason
         assert len(server.registry) == 0
 
 

@@ -20,21 +20,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import msgspec
 import zenoh
 
 from servo._core import verify_signature
 from servo.client.errors import RequestTimeout, RogueServer, SessionRejected
 from servo.client.replies import rejection_of
 from servo.client.verify import ClientCounters
+from servo.identity import Identity
 from servo.wire import (
     Rejection,
     ServerKeys,
     SessionAck,
+    SessionOpen,
     StatusReply,
     WireError,
     ack_transcript,
     decode,
+    encode,
     fingerprint,
+    open_transcript,
     parse_fingerprint,
     segment,
 )
@@ -83,6 +88,16 @@ class TrustedServers:
         if not self.trusts(keys.replica, status.identity):
             return f"identity {fingerprint(status.identity)} is not trusted"
         return None
+
+
+def signed_open(request: SessionOpen, identity: Identity, *, prefix: str, nonce: bytes) -> SessionOpen:
+    """``request`` signed by the robot ``identity`` for the replica ``prefix`` with its status ``nonce``.
+
+    Signed as the server will decode it (`servo.wire.trust.open_transcript`): the request is
+    normalised through its encoding first (an int fps becomes a float on the way).
+    """
+    request = decode(encode(msgspec.structs.replace(request, robot_key=identity.public_key, nonce=nonce)), SessionOpen)
+    return msgspec.structs.replace(request, robot_signature=identity.sign(open_transcript(request, prefix)))
 
 
 def pick_ack(

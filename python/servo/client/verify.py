@@ -113,6 +113,12 @@ class ClientCounters:
         if (suppressed := self._throttle.allow(("rogue", replica))) is not None:
             log.warning("replica skipped", replica=replica, detail=detail, suppressed=suppressed)
 
+    def untrusted(self, replica: str, detail: str) -> None:
+        """Count one replica skipped because its identity is not the one trusted: logged as an error."""
+        self.rogue_servers += 1
+        if (suppressed := self._throttle.allow(("untrusted", replica))) is not None:
+            log.error("replica refused: untrusted identity", replica=replica, detail=detail, suppressed=suppressed)
+
     def undecodable(self, detail: str) -> None:
         """Count one status reply that did not decode."""
         self.undecodable_status += 1

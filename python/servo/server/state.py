@@ -19,6 +19,7 @@ from servo._core import ServerIdentity
 from servo.logs import get_logger
 from servo.server.audit import RecentRequests
 from servo.server.metrics import ServerMetrics
+from servo.server.robots import ReturningRobots
 from servo.server.sessions import Session, SessionRegistry
 from servo.wire import PolicyInfo, ServerKeys, WireError
 
@@ -52,8 +53,8 @@ class ServerState:
     """The state shared by `PolicyServer`, its `ControlPlane` and its `InferenceWorker`.
 
     The event loop owns the lifecycle, the replica binding and the opening and collection of
-    sessions; the inference worker thread only reads `replica` and `load`. ``registry`` and
-    ``metrics`` are thread-safe on their own.
+    sessions; the inference worker thread only reads `replica` and `load`. ``registry``,
+    ``metrics`` and ``returning`` (robot keys that streamed here) are thread-safe on their own.
 
     ::
 
@@ -67,9 +68,9 @@ class ServerState:
     Args:
         client_grace_s: How long a session whose client's liveliness token is gone (or never
             appeared) is kept before it is collected.
-        idle_session_s: A session without an authenticated message for this long is collected
-            (``idle``), whether or not its client's token is there: a squatter that declares a
-            token and never streams does not hold a slot for good.
+        idle_session_s: A session without an authenticated observation for this long is collected
+            (``idle``), whether or not its client's token is there and whatever else it sends: a
+            squatter that declares a token and resets but never streams holds no slot for good.
         robot_labels: Most robots with metrics series of their own (`ServerMetrics`).
     """
 
@@ -78,6 +79,7 @@ class ServerState:
         self.metrics = ServerMetrics(robot_labels)
         #: The last requests of each client, for the audit queryable (the audit log writes them).
         self.recent = RecentRequests()
+        self.returning = ReturningRobots()
         self.lifecycle: Lifecycle = "starting"
         self._grace_s = client_grace_s
         self._idle_s = idle_session_s
@@ -194,7 +196,7 @@ class ServerState:
                 return
             cutoff = time.monotonic_ns() - int(self._idle_s * 1e9)
             for session in self.registry.snapshot():
-                if session.auth.last_seen_ns < cutoff:
+                if session.auth.last_observation_ns < cutoff:
                     log.info("session idle", session_id=session.session_id, client_id=session.client_id)
                     self.collect(session, "idle")
 
