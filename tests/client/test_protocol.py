@@ -147,7 +147,7 @@ def test_a_sealed_error_and_a_sealed_drain() -> None:
     assert isinstance(verdict.result, ServerError)
     assert verdict.result.code == "bad_observation"
     drain = encode(DrainNotice("bye"))
-    assert protocol.on_action(answer(request, MSG_DRAIN, drain), drain, 3) == Lost("server draining")
+    assert protocol.on_action(answer(request, MSG_DRAIN, drain), drain, 3) == Lost("bye")
     forged = unauthenticated(reply_header(request, MSG_DRAIN))
     assert isinstance(protocol.on_action(forged, drain, 3), Dropped)
 

@@ -53,6 +53,7 @@ from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, 
 from servo.wire import (
     ActionChunk,
     ControlAck,
+    DrainNotice,
     ErrorEvent,
     SessionAck,
     WireError,
@@ -277,7 +278,10 @@ class SessionProtocol:
             assert attachment is not None
             return self._keyless_hint(attachment, payload)
         if header.msg_type == MSG_DRAIN:
-            return Lost("server draining")
+            try:
+                return Lost(decode(payload, DrainNotice).reason)
+            except WireError:
+                return Lost("server draining")
         if header.msg_type not in (MSG_CHUNK, MSG_ERROR):
             self.counters.reject("undecodable", f"msg_type {header.msg_type} on the action key")
             return Dropped()

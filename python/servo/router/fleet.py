@@ -31,7 +31,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from servo.config import ConfigError, LeaseMs, NonEmptyStr, doc, load_toml, parse_toml, quoted
+from servo.config import ConfigError, LeaseMs, NonEmptyStr, convert, doc, load_toml, parse_toml, quoted
 from servo.wire import WireError, parse_fingerprint, segment
 
 #: The link protocols a router listens on: identities need ``tls`` (certificates) or any link with
@@ -147,7 +147,7 @@ def load_fleet(path: str | Path) -> Fleet:
     return _checked(load_toml(path, Fleet), str(path), Path(path).resolve().parent)
 
 
-class _RobotsOnly(msgspec.Struct, frozen=True):
+class _RobotsOnly(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The part of a fleet file a policy server reads (the rest is the router's)."""
 
     robots: list[RobotGroup] = []
@@ -162,7 +162,11 @@ def robot_identities(path: str | Path) -> dict[str, bytes]:
     Raises:
         ConfigError: the file cannot be read, or an identity is malformed or given twice.
     """
-    fleet = load_toml(path, _RobotsOnly)
+    try:
+        values = msgspec.toml.decode(Path(path).read_bytes())
+    except (OSError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the fleet file: {getattr(exc, 'strerror', None) or exc}") from None
+    fleet = convert({"robots": values.get("robots", [])}, _RobotsOnly, origin=str(path))
     try:
         return _identities(fleet.robots)
     except ValueError as exc:

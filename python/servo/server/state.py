@@ -15,13 +15,13 @@ import anyio
 import zenoh
 from anyio.abc import TaskGroup
 
-from servo._core import ServerIdentity
+from servo._core import MSG_DRAIN, ServerIdentity
 from servo.logs import get_logger
 from servo.server.audit import RecentRequests
 from servo.server.metrics import ServerMetrics
 from servo.server.robots import ReturningRobots
 from servo.server.sessions import Session, SessionRegistry
-from servo.wire import PolicyInfo, ServerKeys, WireError
+from servo.wire import DrainNotice, PolicyInfo, ServerKeys, WireError, encode
 
 log = get_logger(__name__)
 
@@ -145,9 +145,15 @@ class ServerState:
         self._collect_later(session.session_id)
 
     def collect(self, session: Session, reason: str) -> None:
-        """Close a session (closed by its client, vanished, replaced, shutdown); idempotent."""
+        """Close a session (closed by its client, vanished, replaced, idle, shutdown); idempotent.
+
+        Unless its client closed it (or the drain told it already), the client is told, sealed: it
+        re-opens at once instead of waiting out a request the server will never answer.
+        """
         if self.registry.remove(session.session_id) is None:
             return
+        if reason not in ("closed", "shutdown"):
+            session.publish(MSG_DRAIN, encode(DrainNotice(f"the server closed this session: {reason}")))
         session.close_publisher()
         self._sessions_changed()
         if self.registry.by_client(session.client_id) is None:
