@@ -172,7 +172,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         display=display,
     )
     if config.telemetry_period_s > 0:
-        identity = await anyio.to_thread.run_sync(robot_identity)
+        identity = await anyio.to_thread.run_sync(robot_identity, config.identity_key)
         options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s)
     runtime = EdgeRuntime(robot, engine, config, options)
     async with anyio.create_task_group() as tg:

@@ -89,7 +89,7 @@ class _Close(Exception):
 
 
 class OpenpiFrontDoor:
-    """Serves openpi's WebSocket protocol from a `PolicyServer` (a `servo.server.service.Frontend`).
+    """Serves openpi's WebSocket protocol from a `PolicyServer` (a `servo.server.frontend.Frontend`).
 
     Owned by the server's event loop. Each connection is handled by its own asyncio task
     (created by ``websockets``' server on that loop), which owns the connection's servo session.
