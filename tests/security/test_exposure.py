@@ -28,6 +28,7 @@ from servo.transport import ZenohSettings
 from servo.wire import ServerKeys
 from tests.edge.harness import Proc
 from tests.router.harness import Credentials, fleet_toml
+from tests.router.test_e2e import _manifest as mtls_server_manifest
 from tests.security.peers import ChunkForger, NoticeForger, RogueReplica, closing, edge_rig, sim_policy_spec
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, free_port, running_server
@@ -95,27 +96,13 @@ def test_an_edge_refuses_plain_text_to_another_host_in_one_line() -> None:
 
 
 def manifest_beside(creds: Credentials, router_port: int, bypass_port: int) -> str:
-    gpu = creds.leaves["gpu-0"]
-    return f"""
-[model]
-source = "injected"
-warmup = 1
-[serving]
-replica = "r-real"
-[zenoh]
-mode = "peer"
-connect = ["tls/127.0.0.1:{router_port}"]
-listen = ["tcp/127.0.0.1:{bypass_port}"]
-[zenoh.tls]
-root_ca_certificate = "{creds.pki.ca}"
-connect_certificate = "{gpu.cert}"
-connect_private_key = "{gpu.key}"
-enable_mtls = true
-[ops]
-health_port = 0
-[security]
-listen_beside_router = true
-"""
+    """robot-7's server behind the mTLS router (as in tests/router), in peer mode, also listening
+    in plain TCP on ``bypass_port``: the set-up of issue 18, allowed explicitly."""
+    behind_router = mtls_server_manifest(creds, router_port)
+    return (
+        behind_router.replace('mode = "client"', f'mode = "peer"\nlisten = ["tcp/127.0.0.1:{bypass_port}"]')
+        + '[serving]\nreplica = "r-real"\n[security]\nlisten_beside_router = true\n'
+    )
 
 
 async def test_through_a_bypass_a_peer_still_cannot_drive_or_stall_a_robot(creds: Credentials, tmp_path: Path) -> None:

@@ -154,7 +154,6 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
     from servo.edge.telemetry import TelemetryPublisher
-    from servo.identity import robot_identity
     from servo.robots import RobotDescription
 
     config = load_edge_config(args.config, struct_flag_values(args, EdgeConfig))
@@ -172,7 +171,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         display=display,
     )
     if config.telemetry_period_s > 0:
-        identity = await anyio.to_thread.run_sync(robot_identity, config.identity_key)
+        identity = await anyio.to_thread.run_sync(config.identity)
         options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s)
     runtime = EdgeRuntime(robot, engine, config, options)
     async with anyio.create_task_group() as tg:
