@@ -82,7 +82,8 @@ class ClientStatistics:
         rogue_servers: Replicas skipped: untrusted identity, inconsistent status, or a session
             ack whose signature did not verify.
         undecodable_status: Status replies that did not decode (skipped).
-        unknown_session_hints: Keyless ``unknown_session`` notices acted on (each: a re-handshake).
+        unknown_session_hints: ``unknown_session`` notices signed by the replica and acted on (each: a
+            re-handshake); forged ones are counted in ``chunks_rejected["mac"]``.
     """
 
     chunks_rejected: dict[str, int]
