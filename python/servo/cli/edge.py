@@ -171,7 +171,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         display=display,
     )
     if config.telemetry_period_s > 0:
-        identity = await anyio.to_thread.run_sync(config.identity)
+        identity = await anyio.to_thread.run_sync(config.security.identity)
         options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s)
     runtime = EdgeRuntime(robot, engine, config, options)
     async with anyio.create_task_group() as tg:
