@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import msgspec
 import numpy as np
 import pytest
 import zenoh
@@ -19,11 +20,12 @@ from zenoh.handlers import Callback
 
 from servo._core import ServerIdentity
 from servo.client import PolicyClient
-from servo.edge.config import EdgeConfig
+from servo.edge.config import EdgeConfig, SecurityConfig
 from servo.edge.replay import ReplayEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.wire import Rejection, Trajectory, TrajectoryRequest, decode, encode, encode_tensor, trajectory_transcript
 from tests.edge.test_replay import executed, sim, trajectory, write_recording
+from tests.edge.test_replay import replay as replay_options
 from tests.security.peers import closing, peer_settings
 from tests.support import make_manifest, running_server
 
@@ -62,7 +64,7 @@ class TrajectoryForger:
 
 async def replay(config: EdgeConfig, record: Path) -> tuple[RunSummary, ReplayEngine]:
     robot = sim()
-    engine = ReplayEngine(config, robot.spec(), "server:wave")
+    engine = ReplayEngine(config, robot.spec())
     with anyio.fail_after(60):
         summary = await EdgeRuntime(robot, engine, config, RunOptions(duration_s=20.0, record_path=str(record))).run()
     return summary, engine
@@ -85,7 +87,9 @@ async def test_a_forged_trajectory_or_refusal_is_never_obeyed(
         forger = TrajectoryForger(mallory.zsession, ready.keys.trajectory, forgery, frames, list(spec.joint_names))
         with closing(forger):
             pins = [ready.fingerprint] if pinned else []
-            config = EdgeConfig(connect=[f"tcp/127.0.0.1:{port}"], trusted_servers=pins)
+            config = msgspec.structs.replace(
+                replay_options("server:wave", port=port), security=SecurityConfig(trusted_servers=pins)
+            )
             summary, engine = await replay(config, tmp_path / "replayed.servo")
     assert forger.answered >= 1  # it answered the robot's fetch
     assert summary.stop_reason == "finished"  # not stopped by the forged refusal
