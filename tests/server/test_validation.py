@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from servo._core import KeyPair
-from servo.client import SessionRejected
+from servo.client import ServerInfo, SessionRejected
 from servo.transport import query
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -262,3 +262,17 @@ async def test_a_schema_1_client_is_told_which_versions_the_server_speaks(port: 
         assert rejection.code == "schema_version"
         assert "client speaks [1], server speaks [2]" in rejection.reason
         assert metric(server, "servo_sessions_rejected_total", code="schema_version") == 1
+
+
+async def test_an_open_with_an_old_nonce_asks_the_status_again_once(port: int) -> None:
+    """A status older than its nonce (a frontend's, a script's kept for minutes) costs one more
+    status query, not the session; an open signed for any nonce but the replica's is refused."""
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            (found,) = [s for s in await client.discover() if s.keys == ready.keys]
+            old = ServerInfo(found.keys, msgspec.structs.replace(found.status, nonce=bytes(16)))
+            session = await client.open_session(old, features=ready.info.features, fps=ready.info.fps)
+            assert session.server.status.nonce == found.status.nonce  # the replica's current one
+            await session.close()
+        assert metric(server, "servo_sessions_rejected_total", code="stale_nonce") == 1
+        assert metric(server, "servo_sessions_opened_total") == 1

@@ -44,39 +44,34 @@ async def handshake(
         RogueServer: only forged or unverifiable acks came back (counted, never used).
         RequestTimeout: the server did not answer.
     """
-    try:
-        return await _exchange(zsession, session, request, identity, counters, previous, timeout)
-    except SessionRejected as exc:
-        if exc.rejection.code != "stale_nonce":
-            raise
-    session.server = await _fresh_status(zsession, session.server, timeout)
-    return await _exchange(zsession, session, request, identity, counters, previous, timeout)
-
-
-async def _exchange(
-    zsession: zenoh.Session,
-    session: RemoteSession,
-    request: SessionOpen,
-    identity: Identity,
-    counters: ClientCounters,
-    previous: RemoteSession | None,
-    timeout: float,
-) -> SessionAck:
-    server = session.server
-    pair = KeyPair()
-    resume = b"" if previous is None else previous.protocol.resume_proof(pair.public_key)
-    request = msgspec.structs.replace(request, client_key=pair.public_key, resume=resume)
-    request = signed_open(request, identity, prefix=server.keys.prefix, nonce=server.status.nonce)
-    replies = await query(zsession, session.keys.session, payload=encode(request), timeout=timeout)
-    ack = pick_ack(
-        replies, keys=server.keys, status=server.status, client_key=pair.public_key, counters=counters, timeout=timeout
-    )
-    key = pair.session_key(
-        ack.server_key, client_public=pair.public_key, server_public=ack.server_key, session_id=ack.session_id
-    )
-    session.protocol.established(ack, key)
-    await session.wait_matched(timeout)
-    return ack
+    server, retried = session.server, False
+    while True:
+        pair = KeyPair()
+        resume = b"" if previous is None else previous.protocol.resume_proof(pair.public_key)
+        opening = msgspec.structs.replace(request, client_key=pair.public_key, resume=resume)
+        opening = signed_open(opening, identity, prefix=server.keys.prefix, nonce=server.status.nonce)
+        replies = await query(zsession, session.keys.session, payload=encode(opening), timeout=timeout)
+        try:
+            ack = pick_ack(
+                replies,
+                keys=server.keys,
+                status=server.status,
+                client_key=pair.public_key,
+                counters=counters,
+                timeout=timeout,
+            )
+        except SessionRejected as exc:
+            if exc.rejection.code != "stale_nonce" or retried:
+                raise
+            server, retried = await _fresh_status(zsession, server, timeout), True
+            continue
+        session.server = server
+        key = pair.session_key(
+            ack.server_key, client_public=pair.public_key, server_public=ack.server_key, session_id=ack.session_id
+        )
+        session.protocol.established(ack, key)
+        await session.wait_matched(timeout)
+        return ack
 
 
 async def _fresh_status(zsession: zenoh.Session, server: ServerInfo, timeout: float) -> ServerInfo:
