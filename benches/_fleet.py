@@ -174,6 +174,9 @@ listen = ["tcp/{host}:{port}"]
 shared_memory = {str(shared_memory).lower()}
 [ops]
 health_port = 0
+[security]
+# Plain TCP off loopback only on the benches' private veth link (bench_link): said explicitly.
+insecure = {str(host != "127.0.0.1").lower()}
 """
 
 

@@ -59,6 +59,8 @@ connect = ["tcp/127.0.0.1:{router_port}"]
 [ops]
 health_port = {health_port}
 robot_metrics = {robot_metrics}
+[security]
+listen_beside_router = true
 """
 
 

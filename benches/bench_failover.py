@@ -93,6 +93,8 @@ listen = ["tcp/127.0.0.1:{self.port}"]
 {connect}
 [ops]
 health_port = {self.health_port}
+[security]
+listen_beside_router = true
 """
         )
         self.log = workdir / "server.log"

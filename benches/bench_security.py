@@ -10,6 +10,12 @@
   ``benches._flood`` (another process) sends ``FLOOD_MESSAGES`` mutated observations, session
   opens and control requests at the server's keys; the server's RSS before and after the flood.
   Target: flood p99 <= 2x quiet p99, 0 errors, RSS growth < 50 MB.
+* ``open-signature`` (issue 18): what a signed session open costs the robot (signing it, against
+  encoding it unsigned) and the server (the robot gate: nonce, replay cache, Ed25519 check,
+  budgets; against the handshake it runs anyway), median per open, in-process.
+* ``notice-signature``: a keyless ``unknown_session`` notice signed by the server and checked by
+  the edge, against sealing and opening a session message of the same size (what every other
+  notice costs), median per notice, in-process.
 
 Smoke (CI): ``pytest benches/bench_security.py --benchmark-disable`` (a 2000-message flood).
 Measure: ``pytest benches/bench_security.py --benchmark-enable --benchmark-only``.
@@ -30,8 +36,36 @@ import simplejpeg
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._support import REPO, bench_env, percentiles_ms, ready_process
+from servo._core import (
+    ATTACHMENT_SIZE,
+    MSG_ERROR,
+    SCHEMA_VERSION,
+    SIGNATURE_SIZE,
+    Header,
+    KeyPair,
+    SessionKey,
+    unauthenticated,
+    verify_signature,
+)
+from servo.client.trust import signed_open
+from servo.identity import Identity
 from servo.server.admission import ImageGate
-from servo.wire import EncodedImage, Observation, WireError, decode, decode_image, encode, encode_tensor
+from servo.server.auth import accept_handshake
+from servo.server.manifest import LimitsSection
+from servo.server.robots import ReturningRobots, RobotGate
+from servo.wire import (
+    EncodedImage,
+    ErrorEvent,
+    Features,
+    Observation,
+    SessionOpen,
+    WireError,
+    decode,
+    decode_image,
+    encode,
+    encode_tensor,
+    notice_transcript,
+)
 from testbed.processes import free_port, rss_mb
 
 BOMB = 8192
@@ -215,3 +249,92 @@ def test_flood(benchmark: BenchmarkFixture) -> None:
     )
     print("\n", stats, flush=True)
     assert benchmark.extra_info["correct"], stats
+
+
+# ----------------------------------------------------------------------------- signatures
+# What the checks of issue 18 cost, in-process (no transport), each beside what the same step
+# cost before them, in the same run: a robot signs its session open, the server admits it (the
+# gate: nonce, replay cache, Ed25519 verification, budgets) where it only ran the handshake
+# before; a keyless notice is signed by the server and verified by the edge where a sealed error
+# is sealed and opened with the session key (MAC) in the same place.
+_OPEN_LIMITS = LimitsSection(
+    session_opens_per_s=1e9, session_open_burst=10**9, client_opens_per_s=1e9, client_open_burst=10**9
+)
+_ROBOT, _SERVER = Identity.generate(), Identity.generate()
+_PREFIX = "@servo/bench/model/r0"
+_FEATURES = Features(["j0", "j1", "j2", "j3", "j4", "j5"], ["j0", "j1", "j2", "j3", "j4", "j5"], {})
+
+
+def _open() -> SessionOpen:
+    return SessionOpen("robot-7", [SCHEMA_VERSION], _FEATURES, 30.0, KeyPair().public_key, task="sweep")
+
+
+@pytest.mark.parametrize("case", ["client: sign the open", "client: encode the open (before)"])
+def test_open_signing(benchmark: BenchmarkFixture, case: str) -> None:
+    benchmark.group = "open-signature"
+    nonce = bytes(16)
+    if case == "client: sign the open":
+        signed = benchmark(lambda: encode(signed_open(_open(), _ROBOT, prefix=_PREFIX, nonce=nonce)))
+        correct = len(decode(signed, SessionOpen).robot_signature) == SIGNATURE_SIZE
+    else:
+        correct = len(decode(benchmark(lambda: encode(_open())), SessionOpen).robot_signature) == 0
+    benchmark.extra_info["correct"] = correct
+    assert correct
+
+
+@pytest.mark.parametrize("case", ["server: admit the signed open", "server: handshake (before and after)"])
+def test_open_admission(benchmark: BenchmarkFixture, case: str) -> None:
+    benchmark.group = "open-signature"
+    gate = RobotGate({}, _OPEN_LIMITS, ReturningRobots(), _SERVER.public_key)
+    nonce = gate.nonces.current()
+
+    def fresh() -> tuple[tuple[SessionOpen], dict[str, Any]]:
+        return (signed_open(_open(), _ROBOT, prefix=_PREFIX, nonce=nonce),), {}
+
+    if case == "server: admit the signed open":
+        outcomes = []
+        benchmark.pedantic(lambda request: outcomes.append(gate.admit(request, _PREFIX)), setup=fresh, rounds=300)
+        correct = outcomes == [None] * len(outcomes)
+    else:
+        acks = []
+        benchmark.pedantic(
+            lambda request: acks.append(accept_handshake(request, _SERVER, "r0")), setup=fresh, rounds=300
+        )
+        correct = all(len(ack.signature) == SIGNATURE_SIZE for ack in acks)
+    benchmark.extra_info["correct"] = correct
+    assert correct
+
+
+def _notice_sides() -> tuple[Header, bytes, SessionKey]:
+    header = Header(SCHEMA_VERSION, MSG_ERROR, 0, 7, 0, 1, 0, bytes(range(16)))
+    return header, unauthenticated(header), SessionKey(bytes(32))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "server: sign a keyless notice",
+        "server: seal an error (MAC)",
+        "edge: verify a keyless notice",
+        "edge: open a sealed error (MAC)",
+    ],
+)
+def test_notice_signature(benchmark: BenchmarkFixture, case: str) -> None:
+    benchmark.group = "notice-signature"
+    header, keyless, key = _notice_sides()
+    code, message = "unknown_session", "no session here; open a new one"
+    signature = _SERVER.sign(notice_transcript(_PREFIX, keyless, code, message))
+    body = encode(ErrorEvent(code, message))
+    if case == "server: sign a keyless notice":
+        made = benchmark(lambda: _SERVER.sign(notice_transcript(_PREFIX, keyless, code, message)))
+        correct = made == signature
+    elif case == "server: seal an error (MAC)":
+        correct = len(benchmark(key.seal, header, body)) == ATTACHMENT_SIZE
+    elif case == "edge: verify a keyless notice":
+        transcript = notice_transcript(_PREFIX, keyless, code, message)
+        correct = benchmark(verify_signature, _SERVER.public_key, transcript, signature)
+    else:
+        sealed = key.seal(header, body)
+        correct = benchmark(key.open, sealed, body) == header
+    benchmark.extra_info["correct"] = correct
+    assert correct

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,24 @@ def test_an_explicit_path_wins_over_the_default(tmp_path: Path) -> None:
     path = tmp_path / "arm.key"
     assert robot_identity(path).public_key == load_identity(path).public_key
     assert not robot_identity_path().exists()
+
+
+def test_processes_creating_one_identity_at_once_all_get_it_whole(tmp_path: Path) -> None:
+    """Bench clients start by the dozen on one servo directory: the file appears complete or not
+    at all, so none reads it half written, and all share the one that won."""
+    path = tmp_path / "robot.key"
+    start = threading.Barrier(8)
+    keys: list[bytes] = []
+
+    def load() -> None:
+        start.wait()
+        keys.append(load_identity(path, role="robot").public_key)
+
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(keys) == 8
+    assert len(set(keys)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["robot.key"]  # no staging file left behind

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from servo.client import PolicyClient
-from servo.client.protocol import ENCODE_WINDOW
+from servo.client.results import ENCODE_WINDOW
 from servo.edge.actions import ControlConfig
 from servo.edge.channel import LATENESS_BINS
 from servo.edge.config import EdgeConfig

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -61,14 +63,22 @@ def load_identity(path: str | Path, *, role: str = "server") -> Identity:
     except FileNotFoundError:
         pass
     identity = Identity.generate()
+    # Written whole under a private name, then linked into place: the file appears complete or
+    # not at all (another process reading it meanwhile never sees it half written), and an
+    # existing one is never overwritten.
+    staging = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{_TAG} {base64.urlsafe_b64encode(identity.seed).decode()}\n")
+        os.link(staging, path)
     except FileExistsError:  # another process created it meanwhile: use theirs
         return _read(path)
     except OSError as exc:
         raise IdentityError(f"{path}: cannot create the identity key: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{_TAG} {base64.urlsafe_b64encode(identity.seed).decode()}\n")
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            staging.unlink()
     log.info("identity created", role=role, path=str(path), fingerprint=fingerprint(identity.public_key))
     return identity
 

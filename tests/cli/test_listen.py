@@ -9,6 +9,7 @@ from pathlib import Path
 from servo.cli.listen import edge_command, robot_options, secure_listen
 from servo.server.manifest import parse_manifest
 from servo.server.selfsigned import ensure_certificate, primary_address
+from servo.transport import exposed_endpoint
 
 MANIFEST = '[model]\nsource = "reference"\n[zenoh]\nlisten = [{listen}]\n{tls}'
 
@@ -59,8 +60,12 @@ def test_edge_commands_name_what_the_robot_must_match(tmp_path: Path) -> None:
 def test_hosts_an_edge_can_dial() -> None:
     wildcard = edge_command("tcp/0.0.0.0:7447", robot="sim", certificate=None)
     assert wildcard is not None
-    dialled = shlex.split(wildcard)[-1].removeprefix("tcp/").rpartition(":")[0]
+    args = shlex.split(wildcard)
+    connect = args[args.index("--connect") + 1]
+    dialled = connect.removeprefix("tcp/").rpartition(":")[0]
     assert dialled == str(primary_address(socket.AF_INET) or socket.gethostname())
+    # Plain text to another host: the server had to be told --insecure, and so must the edge.
+    assert ("--insecure" in args) == exposed_endpoint(connect)
     assert edge_command("tcp/[::1]:7447", robot="sim", certificate=None) == (
         "servo-edge --robot sim --connect 'tcp/[::1]:7447'"
     )

@@ -53,7 +53,8 @@ async def three_replicas() -> AsyncIterator[int]:
             manifest = make_manifest(
                 free_port(),
                 zenoh=f'mode = "peer"\nconnect = ["tcp/127.0.0.1:{router_port}"]',
-                extra=f'[serving]\napp = "spread"\nreplica = "{name}"\nmax_sessions = 16',
+                extra=f'[serving]\napp = "spread"\nreplica = "{name}"\nmax_sessions = 16\n'
+                "[security]\nlisten_beside_router = true",  # peers beside the router, on purpose
             )
             await stack.enter_async_context(running_server(manifest))
         yield router_port

@@ -25,9 +25,10 @@ from servo._core import (
     unauthenticated,
 )
 from servo.client import ServerError, SessionLost
-from servo.client.protocol import Answered, ChunkResult, Dropped, Lost, SessionProtocol
+from servo.client.protocol import MAX_NOTICE_CHECKS, Answered, Dropped, Lost, SessionProtocol
+from servo.client.results import ChunkResult
 from servo.client.verify import ClientCounters
-from servo.wire import ControlAck, DrainNotice, ErrorEvent, encode, reply_header, resume_body
+from servo.wire import ControlAck, DrainNotice, ErrorEvent, encode, notice_transcript, reply_header, resume_body
 from tests.client.test_verify import chunk
 from tests.client.test_verify import signed_ack as make_ack
 
@@ -35,10 +36,27 @@ KEY = SessionKey(bytes(range(32)))
 GOOD = np.ones((5, 6), np.float32)
 
 
+SERVER = ServerIdentity.generate()
+PREFIX = "@servo/lab/act/r1"
+
+
 def established(epoch: int = 3) -> SessionProtocol:
-    protocol = SessionProtocol(epoch=epoch, action_dim=6, counters=ClientCounters(), max_chunk_steps=50)
-    protocol.established(make_ack(ServerIdentity.generate(), KeyPair().public_key), KEY)
+    protocol = SessionProtocol(
+        epoch=epoch,
+        action_dim=6,
+        counters=ClientCounters(),
+        max_chunk_steps=50,
+        prefix=PREFIX,
+        server_identity=SERVER.public_key,
+    )
+    protocol.established(make_ack(SERVER, KeyPair().public_key), KEY)
     return protocol
+
+
+def notice(attachment: bytes, *, by: ServerIdentity = SERVER, prefix: str = PREFIX) -> bytes:
+    """An unknown_session notice body, signed like a replica signs it."""
+    code, message = "unknown_session", "no session here"
+    return encode(ErrorEvent(code, message, by.sign(notice_transcript(prefix, attachment, code, message))))
 
 
 def answer(request: Header, msg_type: int, body: bytes, *, key: SessionKey = KEY, **changes: int) -> bytes:
@@ -129,25 +147,49 @@ def test_a_sealed_error_and_a_sealed_drain() -> None:
     assert isinstance(verdict.result, ServerError)
     assert verdict.result.code == "bad_observation"
     drain = encode(DrainNotice("bye"))
-    assert protocol.on_action(answer(request, MSG_DRAIN, drain), drain, 3) == Lost("server draining")
+    assert protocol.on_action(answer(request, MSG_DRAIN, drain), drain, 3) == Lost("bye")
     forged = unauthenticated(reply_header(request, MSG_DRAIN))
     assert isinstance(protocol.on_action(forged, drain, 3), Dropped)
 
 
-def test_a_keyless_notice_only_ends_the_request_it_echoes() -> None:
+def test_a_keyless_notice_ends_the_request_only_when_the_replica_signed_it_for_that_request() -> None:
     protocol = established()
     request = protocol.observation(mono_ns=1, episode_start=False)
-    body = encode(ErrorEvent("unknown_session", "no session here"))
+    keyless = unauthenticated(reply_header(request, MSG_ERROR))
+    forgeries = {
+        "unsigned": encode(ErrorEvent("unknown_session", "no session here")),
+        "signed by another identity": notice(keyless, by=ServerIdentity.generate()),
+        "signed for another replica": notice(keyless, prefix="@servo/lab/act/r2"),
+        "signed for another request": notice(unauthenticated(reply_header(request, MSG_ERROR).replace(seq_id=7))),
+    }
+    for name, body in forgeries.items():
+        assert isinstance(protocol.on_action(keyless, body, 2), Dropped), name
     other = unauthenticated(reply_header(request, MSG_ERROR).replace(seq_id=7))
-    assert isinstance(protocol.on_action(other, body, 2), Dropped)
+    assert isinstance(protocol.on_action(other, notice(other), 2), Dropped)  # genuine, but not for us
     chunk_lookalike = unauthenticated(reply_header(request, MSG_CHUNK))
     assert isinstance(protocol.on_action(chunk_lookalike, encode(chunk(GOOD)), 2), Dropped)
-    verdict = protocol.on_action(unauthenticated(reply_header(request, MSG_ERROR)), body, 2)
+    assert protocol.counters.unknown_session_hints == 0
+    verdict = protocol.on_action(keyless, notice(keyless), 2)
     assert isinstance(verdict, Answered)
     assert isinstance(verdict.result, ServerError)
     assert verdict.result.code == "unknown_session"
     assert protocol.counters.unknown_session_hints == 1
-    assert protocol.counters.chunks_rejected["mac"] == 2
+    assert protocol.counters.chunks_rejected["mac"] == len(forgeries) + 2
+
+
+def test_a_flood_of_forged_notices_costs_a_bounded_number_of_signature_checks() -> None:
+    protocol = established()
+    request = protocol.observation(mono_ns=1, episode_start=False)
+    keyless = unauthenticated(reply_header(request, MSG_ERROR))
+    forged = notice(keyless, by=ServerIdentity.generate())
+    for _ in range(MAX_NOTICE_CHECKS):
+        assert isinstance(protocol.on_action(keyless, forged, 2), Dropped)
+    # Past the bound, even the genuine notice is dropped unverified: the request times out instead.
+    assert isinstance(protocol.on_action(keyless, notice(keyless), 2), Dropped)
+    # The next request has its own budget.
+    request = protocol.observation(mono_ns=3, episode_start=False)
+    keyless = unauthenticated(reply_header(request, MSG_ERROR))
+    assert isinstance(protocol.on_action(keyless, notice(keyless), 4), Answered)
 
 
 def test_oversized_messages_are_refused_before_they_are_copied() -> None:

@@ -1,4 +1,4 @@
-"""read_reply: the one reading of unauthenticated control-plane replies (the trajectory fetch)."""
+"""Reading control-plane replies: `rejection_of` and `sealed_answer` (only what the check accepts)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from servo.client import RequestTimeout, ServerError, SessionRejected
-from servo.client.replies import read_reply
-from servo.wire import ControlAck, Rejection, encode
+from servo._core import AuthError
+from servo.client import RequestTimeout, ServerError
+from servo.client.replies import sealed_answer
+from servo.wire import ControlAck, Rejection, decode, encode
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Payload:
 @dataclass
 class Part:
     payload: Payload
+    attachment: Payload | None = None
 
 
 @dataclass
@@ -32,8 +34,8 @@ class Reply:
     err: Part | None = None
 
 
-def ok(body: bytes) -> Reply:
-    return Reply(ok=Part(Payload(body)))
+def ok(body: bytes, attachment: bytes | None = None) -> Reply:
+    return Reply(ok=Part(Payload(body), None if attachment is None else Payload(attachment)))
 
 
 def err(body: bytes) -> Reply:
@@ -41,25 +43,32 @@ def err(body: bytes) -> Reply:
 
 
 REFUSED = encode(Rejection("unknown_session", "no session 7 for client 'a'"))
+ACK = encode(ControlAck(bytes(16), 2))
 
 
-def test_the_answer_is_decoded_as_the_expected_struct() -> None:
-    ack = read_reply([ok(encode(ControlAck(bytes(16), 2)))], ControlAck, unanswered="reset not answered")  # type: ignore[list-item]
-    assert ack == ControlAck(bytes(16), 2)
+def sealed_by_us(attachment: bytes | None, payload: bytes) -> ControlAck:
+    if attachment != b"sealed":
+        raise AuthError("tag mismatch")
+    return decode(payload, ControlAck)
 
 
-def test_zenohs_own_errors_are_skipped_and_a_rejection_is_raised_as_asked() -> None:
+def test_only_an_answer_the_check_accepts_counts() -> None:
+    refused: list[str] = []
+    replies = [ok(ACK), ok(ACK, b"forged"), err(REFUSED), ok(ACK, b"sealed")]
+    answer = sealed_answer(replies, sealed_by_us, refused=refused.append, unanswered="reset not answered")  # type: ignore[arg-type]
+    assert answer == ControlAck(bytes(16), 2)
+    assert refused == ["tag mismatch", "tag mismatch"]
+
+
+def test_without_an_accepted_answer_a_refusal_is_raised_and_zenohs_own_errors_skipped() -> None:
     # A replica that did not finish in time yields Zenoh's b"Timeout" error reply; it is not a Rejection.
-    replies = [err(b"Timeout"), err(REFUSED)]
+    replies = [err(b"Timeout"), err(REFUSED), ok(ACK, b"forged")]
     with pytest.raises(ServerError) as server_error:
-        read_reply(replies, ControlAck, unanswered="reset not answered")  # type: ignore[arg-type]
+        sealed_answer(replies, sealed_by_us, refused=lambda _: None, unanswered="reset not answered")  # type: ignore[arg-type]
     assert (server_error.value.code, server_error.value.message) == ("unknown_session", "no session 7 for client 'a'")
-    with pytest.raises(SessionRejected) as rejected:
-        read_reply(replies, ControlAck, unanswered="open not answered", rejected=SessionRejected)  # type: ignore[arg-type]
-    assert rejected.value.rejection.code == "unknown_session"
 
 
-def test_no_answer_is_a_timeout_named_by_the_caller() -> None:
-    for replies in ([], [err(b"Timeout")]):
+def test_no_accepted_answer_is_a_timeout_named_by_the_caller() -> None:
+    for replies in ([], [err(b"Timeout")], [ok(ACK, b"forged")]):
         with pytest.raises(RequestTimeout, match=r"^reset not answered within 1 s$"):
-            read_reply(replies, ControlAck, unanswered="reset not answered within 1 s")  # type: ignore[arg-type]
+            sealed_answer(replies, sealed_by_us, refused=lambda _: None, unanswered="reset not answered within 1 s")  # type: ignore[arg-type]

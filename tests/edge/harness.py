@@ -4,12 +4,14 @@ and subprocesses (servo-serve / servo-edge) whose output can be waited on.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -50,13 +52,14 @@ def small_sim(**options: Any) -> RobotDescription:
 
 @dataclass(frozen=True)
 class Merge:
-    """One merged chunk as the pipeline saw it."""
+    """One merged chunk as the pipeline saw it, and when (`time.monotonic_ns`)."""
 
     session_id: str
     seq_id: int
     episode_id: int
     chunk_robot: FloatArray
     trimmed: int
+    at_ns: int = 0
 
 
 class MergeLog:
@@ -80,8 +83,19 @@ class MergeLog:
                 event.request.episode_id,
                 produced.chunk_robot.copy(),
                 event.trimmed,
+                time.monotonic_ns(),
             )
             self.merges.append(merge)
+
+    def longest_gap_s(self, since_ns: int = 0, until_ns: int | None = None) -> float:
+        """The longest time without a fresh chunk merged between ``since_ns`` and ``until_ns`` (s).
+
+        The edges of the window count as merges: a robot that got nothing after ``since_ns``
+        has a gap as long as the window.
+        """
+        until = time.monotonic_ns() if until_ns is None else until_ns
+        stamps = [since_ns, *(m.at_ns for m in self.merges if since_ns < m.at_ns < until), until]
+        return max(b - a for a, b in itertools.pairwise(stamps)) / 1e9
 
 
 @dataclass
@@ -144,6 +158,8 @@ def write_manifest(
     ``connect`` is a router's port to join; ``extra`` is appended as more tables.
     """
     joins = "" if connect is None else f'connect = ["tcp/127.0.0.1:{connect}"]'
+    # Peers beside a router, on purpose (a test network): allowed explicitly.
+    beside = "" if connect is None else "[security]\nlisten_beside_router = true"
     path.write_text(
         f"""
 [model]
@@ -159,6 +175,7 @@ listen = ["tcp/127.0.0.1:{port}"]
 lease_ms = {lease_ms}
 [ops]
 health_port = 0
+{beside}
 {extra}
 """
     )

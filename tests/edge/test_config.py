@@ -40,7 +40,7 @@ def test_toml_then_flags(tmp_path: Path) -> None:
 tags = {site = "lab"}
 
 [link]
-connect = ["tcp/10.0.0.1:7447"]
+connect = ["tls/10.0.0.1:7447"]
 
 [pipeline]
 buffer_time_s = 0.8
@@ -67,7 +67,7 @@ fallback = "zero"
     assert config.pipeline.rtc is True
     assert config.control.fallback == "zero"  # file beats default
     assert config.control.max_action_age_s == 2.0
-    assert config.link.connect == ["tcp/10.0.0.1:7447"]
+    assert config.link.connect == ["tls/10.0.0.1:7447"]
     assert config.tags == {"fleet": "a", "n": "7"}  # flags replace the table; values stay text
     assert config.local.policy_options == {"chunk_size": 20}  # JSON-decoded
     assert config.failsafe.request_timeout_s == 5.0  # untouched default
@@ -132,11 +132,31 @@ def test_repeatable_connect_flag_replaces_the_file(tmp_path: Path) -> None:
         ),
         ("[security]\nmax_chunk_steps = 5000", (), "security.max_chunk_steps"),
         ("[pipeline]\nbuffer_tim_s = 0.5", (), r"pipeline\.buffer_tim_s: unknown key \(valid: buffer_time_s,"),
+        (
+            '[link]\nconnect = ["tcp/10.0.0.1:7447"]',
+            (),
+            r"link\.connect\[0\] = 'tcp/10.0.0.1:7447'.*not TLS.*--insecure",
+        ),
+        ("", ("--connect", "tcp/0.0.0.0:7447"), r"link\.connect\[0\].*not TLS and not loopback"),
     ],
 )
 def test_bad_values_name_the_option(tmp_path: Path, toml: str, flags: tuple[str, ...], option: str) -> None:
     with pytest.raises(EdgeConfigError, match=option):
         load(tmp_path, toml, *flags)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["tcp/127.0.0.1:7447", "tcp/127.1.2.3:7447", "tcp/[::1]:7447", "tcp/localhost:7447", "tls/10.0.0.1:7447"],
+)
+def test_loopback_and_tls_connect_without_insecure(tmp_path: Path, endpoint: str) -> None:
+    assert load(tmp_path, f'[link]\nconnect = ["{endpoint}"]').link.connect == [endpoint]
+
+
+def test_plain_tcp_to_another_host_is_an_explicit_choice(tmp_path: Path) -> None:
+    config = load(tmp_path, '[link]\nconnect = ["tcp/10.0.0.1:7447"]\n[security]\ninsecure = true')
+    assert config.security.insecure
+    assert config.link.connect == ["tcp/10.0.0.1:7447"]
 
 
 def test_unknown_option(tmp_path: Path) -> None:

@@ -98,7 +98,10 @@ def test_a_server_group_is_limited_to_its_apps_and_models(fleet_dir: Path) -> No
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (MTLS + "[[robots]]\nnames = ['robot-7']\nname = 'x'\n", "robots[0].name: unknown key (valid: names)"),
+        (
+            MTLS + "[[robots]]\nnames = ['robot-7']\nname = 'x'\n",
+            "robots[0].name: unknown key (valid: identities, names)",
+        ),
         (
             MTLS.replace("listen =", "lisen =") + MEMBERS,
             "router.lisen: unknown key (valid: connect, lease_ms, listen, passwords_file, tls)",

@@ -7,6 +7,7 @@ the whole run; one status reply with invalid UTF-8 stopped edges from starting.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import msgspec
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.anyio
 REAL = "r-real"
 SERVING = f'[serving]\nreplica = "{REAL}"\n'
 HOSTILE = 66.6
+#: The edge's per-request watchdog in the rig (`tests.edge.harness.edge_config` leaves the default).
+REQUEST_TIMEOUT_S = 5.0
 
 
 def rogue_keys(ready_keys: ServerKeys, replica: str = "a-rogue") -> ServerKeys:
@@ -167,3 +170,43 @@ async def test_an_edge_that_trusts_nobody_answering_does_not_start(port: int) ->
     assert "no usable servo server" in str(error)
     assert engine.client is not None
     assert engine.client.statistics().rogue_servers >= 1
+
+
+@pytest.mark.parametrize("replica", ["a-rogue", REAL], ids=["under a new replica id", "under the real replica id"])
+async def test_a_rogue_with_its_own_valid_identity_never_drives_an_unpinned_edge(
+    port: int, tmp_path: Path, replica: str
+) -> None:
+    """Issue 18: a rogue with its own valid Ed25519 identity, a correct handshake and load 0 drove
+    an unpinned edge for 211 ticks (207 under the real replica id). The edge trusted the real
+    server on first contact (known servers); when its session is lost and it re-handshakes with
+    the rogue in sight, the rogue's identity is not the one trusted for the deployment."""
+    policy = FixedComputePolicy(**sim_policy_spec(chunk_size=20))
+    async with (
+        running_server(make_manifest(port, extra=SERVING), policy) as (server, ready),
+        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
+        edge_rig(port, tmp_path) as rig,
+    ):  # no pins: trust on first use
+        await eventually(lambda: rig.engine.chunks_received >= 3, 15, "streaming from the real server")
+        rogue = RogueReplica(
+            mallory.zsession,
+            rogue_keys(ready.keys, replica),
+            chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32),
+            identity=ServerIdentity.generate(),
+        )
+        with closing(rogue):
+            attack_started = time.monotonic_ns()
+            for _ in range(3):  # the server drops the session: the edge re-handshakes, the rogue in sight
+                (session,) = await server.wait_sessions(lambda sessions: len(sessions) == 1)
+                server.state.collect(session, "idle")
+                await server.wait_sessions(
+                    lambda sessions, gone=session.session_id: [s.session_id for s in sessions] not in ([], [gone])
+                )
+                received = rig.engine.chunks_received
+                await eventually(lambda n=received: rig.engine.chunks_received >= n + 2, 15, "streaming again")
+            attack_ended = time.monotonic_ns()
+    assert rig.summary.final_state == "streaming"
+    assert rig.summary.rogue_servers >= 1  # seen, refused, counted
+    assert not any(np.isclose(m.chunk_robot, HOSTILE).any() for m in rig.merges.merges)
+    assert rig.merges.longest_gap_s(attack_started, attack_ended) < REQUEST_TIMEOUT_S
+    executed = [f for f in rig.recording().frames if f.action is not None]
+    assert not any(np.isclose(np.frombuffer(f.action.data, "<f4"), HOSTILE).any() for f in executed if f.action)

@@ -21,6 +21,7 @@ import zenoh
 
 from servo._core import MSG_CONTROL, MSG_OBS, SCHEMA_VERSION, Header, KeyPair, SessionKey, unauthenticated
 from servo.client import PolicyClient, RemoteSession, SessionRejected
+from servo.identity import Identity
 from servo.transport import query
 from servo.wire import (
     CloseRequest,
@@ -34,7 +35,7 @@ from servo.wire import (
     resume_body,
 )
 from tests.security.peers import Capture, Tap, closing, peer_settings
-from tests.server.helpers import metric, observation, open_on
+from tests.server.helpers import metric, observation, open_on, signed
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
 
@@ -155,13 +156,14 @@ async def test_a_peer_cannot_close_reset_or_feed_a_session_it_guessed_or_sniffed
 
 
 async def test_a_peer_cannot_squat_or_steal_a_live_robots_name(port: int) -> None:
-    """Opening under robot-7's id while robot-7 streams is refused, with or without a forged or
-    captured-and-replayed resume proof; robot-7 never notices."""
+    """Opening under robot-7's id while robot-7 streams is refused, with or without a forged resume
+    proof, and robot-7's own open, captured and replayed, is refused as a replay; robot-7 never
+    notices. (The squatter is another robot: its own identity.)"""
     policy = FixedComputePolicy(compute_ms=2)
     async with (
         running_server(make_manifest(port), policy) as (server, ready),
         PolicyClient.connect(peer_settings(port), "robot-7", jpeg_quality=0) as victim,
-        PolicyClient.connect(peer_settings(port), "robot-7") as squatter,
+        PolicyClient.connect(peer_settings(port), "robot-7", identity=Identity.generate()) as squatter,
     ):
         capture = Capture(squatter.zsession, ready.keys.client("robot-7").session)
         with closing(capture):
@@ -183,11 +185,15 @@ async def test_a_peer_cannot_squat_or_steal_a_live_robots_name(port: int) -> Non
                     header(MSG_CONTROL, session.wire_id, 1_000, session.epoch), resume_body(client_key)
                 )
                 forged = SessionOpen("robot-7", [2], ready.info.features, ready.info.fps, client_key, resume=proof)
+                assert await refused(squatter.zsession, key, encode(forged), None) == "unauthenticated"  # unsigned
+                forged = await signed(squatter, ready, forged)
                 assert await refused(squatter.zsession, key, encode(forged), None) == "session_exists"
-                assert await refused(squatter.zsession, key, captured_open, None) == "session_exists"
+                # robot-7's own signed open, captured and replayed: its X25519 key was used already.
+                assert await refused(squatter.zsession, key, captured_open, None) == "unauthenticated"
                 await still_streaming(served)
             (kept,) = server.registry.snapshot()
             assert kept.session_id == session.session_id
             await session.close()
-    assert metric(server, "servo_sessions_rejected_total", code="session_exists") == 3
+    assert metric(server, "servo_sessions_rejected_total", code="session_exists") == 2
+    assert metric(server, "servo_sessions_rejected_total", code="unauthenticated") == 2
     assert metric(server, "servo_sessions_collected_total", reason="replaced") == 1  # the victim's own resume

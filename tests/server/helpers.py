@@ -13,9 +13,12 @@ import zenoh
 
 from servo._core import MSG_OBS, SCHEMA_VERSION, Header, HeaderError, decode_header
 from servo.client import PolicyClient, RemoteSession
+from servo.client.trust import signed_open
+from servo.identity import Identity
 from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.transport import LoopBridge
+from servo.wire import SessionOpen
 from tests.support import client_settings
 from tests.support import eventually as eventually  # re-exported: tests/security/test_flood.py imports it here
 
@@ -62,10 +65,18 @@ def cameras_of(ready: ServerReady) -> dict[str, tuple[int, int]]:
 
 @asynccontextmanager
 async def connected(
-    port: int, client_id: str, *, jpeg_quality: int | Literal["auto"] = 0
+    port: int, client_id: str, *, jpeg_quality: int | Literal["auto"] = 0, identity: Identity | None = None
 ) -> AsyncIterator[PolicyClient]:
-    async with PolicyClient.connect(client_settings(port), client_id, jpeg_quality=jpeg_quality) as client:
+    """A client on the server at ``port``; it signs as this machine's robot unless given ``identity``."""
+    settings = client_settings(port)
+    async with PolicyClient.connect(settings, client_id, jpeg_quality=jpeg_quality, identity=identity) as client:
         yield client
+
+
+async def signed(client: PolicyClient, ready: ServerReady, request: SessionOpen) -> SessionOpen:
+    """A session open sent by hand, signed as ``client``'s robot with the nonce the server hands out now."""
+    (server,) = [s for s in await client.discover() if s.keys == ready.keys]
+    return signed_open(request, client.identity, prefix=ready.keys.prefix, nonce=server.status.nonce)
 
 
 async def open_on(client: PolicyClient, ready: ServerReady, **options: object) -> RemoteSession:

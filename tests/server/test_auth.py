@@ -33,8 +33,13 @@ from tests.server.test_control import Uncopyable
 FEATURES = Features(["a"], ["a"], {"front": CameraFeature(8, 8)})
 
 
-def opening(pair: KeyPair, *, resume: bytes = b"", epoch: int = 3) -> SessionOpen:
-    return SessionOpen("robot", [2], FEATURES, 30.0, pair.public_key, session_epoch=epoch, resume=resume)
+ROBOT = ServerIdentity.generate().public_key
+
+
+def opening(pair: KeyPair, *, resume: bytes = b"", epoch: int = 3, robot: bytes = ROBOT) -> SessionOpen:
+    return SessionOpen(
+        "robot", [2], FEATURES, 30.0, pair.public_key, session_epoch=epoch, resume=resume, robot_key=robot
+    )
 
 
 def handshake() -> tuple[SessionAuth, SessionKey]:
@@ -202,24 +207,32 @@ def test_an_attachment_of_the_wrong_size_is_refused_before_it_is_copied() -> Non
         assert (header.seq_id, header.msg_type, copied) == (1, msg_type, body)
 
 
-def test_a_live_session_is_replaced_only_by_proof_absence_or_silence() -> None:
-    auth, _key = handshake()
+def test_a_live_session_is_replaced_only_by_its_robot_proof_absence_or_silence() -> None:
+    auth, key = handshake()
     newcomer = KeyPair()
-    plain = opening(newcomer)
-    assert takeover(auth, plain, client_present=True, idle_s=30) is None
-    assert takeover(auth, plain, client_present=False, idle_s=30) == "vanished"
-    auth.last_seen_ns = time.monotonic_ns() - 31_000_000_000
-    assert takeover(auth, plain, client_present=True, idle_s=30) == "idle"
+    stranger = opening(newcomer, robot=ServerIdentity.generate().public_key)
+    assert auth.robot_key == ROBOT
+    assert takeover(auth, opening(newcomer), client_present=True, idle_s=30) == "same_robot"
+    assert takeover(auth, stranger, client_present=True, idle_s=30) is None
+    assert takeover(auth, stranger, client_present=False, idle_s=30) == "vanished"
+    auth.last_observation_ns = time.monotonic_ns() - 31_000_000_000
+    # Only an authenticated observation is activity: a control request keeps nothing alive.
+    body = b"reset"
+    verify_control(auth, key.seal(obs(auth, 1, msg_type=MSG_CONTROL), body), body, max_bytes=64)
+    assert takeover(auth, stranger, client_present=True, idle_s=30) == "idle"
+    verify_observation(auth, key.seal(obs(auth, 1), b"o"), b"o", max_bytes=64)
+    assert takeover(auth, stranger, client_present=True, idle_s=30) is None
 
 
 def test_a_resume_proof_counts_once_for_the_handshake_it_names() -> None:
     auth, key = handshake()
     newcomer = KeyPair()
     proof = key.seal(obs(auth, 1, msg_type=MSG_CONTROL), resume_body(newcomer.public_key))
-    with_proof = opening(newcomer, resume=proof)
     # For another handshake's key the proof says nothing (a sniffed proof is worthless).
-    assert takeover(auth, opening(KeyPair(), resume=proof), client_present=True, idle_s=30) is None
+    other = ServerIdentity.generate().public_key  # the proof, not the robot identity, must decide
+    assert takeover(auth, opening(KeyPair(), resume=proof, robot=other), client_present=True, idle_s=30) is None
+    with_proof = opening(newcomer, resume=proof, robot=other)
     assert takeover(auth, with_proof, client_present=True, idle_s=30) == "resumed"
     assert takeover(auth, with_proof, client_present=True, idle_s=30) is None  # replayed: the seq is used
     forged = SessionKey(bytes(32)).seal(obs(auth, 9, msg_type=MSG_CONTROL), resume_body(newcomer.public_key))
-    assert takeover(auth, opening(newcomer, resume=forged), client_present=True, idle_s=30) is None
+    assert takeover(auth, opening(newcomer, resume=forged, robot=other), client_present=True, idle_s=30) is None

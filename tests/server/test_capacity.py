@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servo.client import SessionRejected
+from servo.identity import Identity
 from tests.server.helpers import connected, metric, observation, open_on
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
@@ -43,7 +44,8 @@ async def test_third_client_is_refused_with_the_load(port: int) -> None:
 
 async def test_reconnecting_client_replaces_its_own_session(port: int) -> None:
     """Same client_id, new epoch, new Zenoh session (the robot reconnected): the old session is
-    replaced, not added, so a full server still takes it back — but only by its holder."""
+    replaced, not added, so a full server still takes it back — but only by its holder: the same
+    robot identity, or a client that proves it held the old session."""
     manifest = make_manifest(port, extra="[serving]\nmax_sessions = 2\n")
     async with running_server(manifest, policy=FixedComputePolicy()) as (server, ready):
         async with connected(port, "b") as cb:
@@ -51,8 +53,8 @@ async def test_reconnecting_client_replaces_its_own_session(port: int) -> None:
             async with connected(port, "a") as old_client:
                 old = await open_on(old_client, ready, epoch=0)
                 await old.infer(*observation(1), timeout=5)
-                async with connected(port, "a") as new_client:
-                    # A second open under a live session's name proves nothing: refused.
+                async with connected(port, "a", identity=Identity.generate()) as new_client:
+                    # A second open under a live session's name, by another robot, proves nothing: refused.
                     with pytest.raises(SessionRejected) as info:
                         await open_on(new_client, ready, epoch=1)
                     assert info.value.rejection.code == "session_exists"
@@ -77,10 +79,17 @@ async def test_reconnecting_client_replaces_its_own_session(port: int) -> None:
                 third = await open_on(again, ready, epoch=2)
                 await third.infer(*observation(7), timeout=5)
                 assert len(server.registry) == 2
-                await third.close()
+                # The same robot again (it restarted, its old session still live): replaced at once.
+                fourth = await open_on(again, ready, epoch=3)
+                await fourth.infer(*observation(9), timeout=5)
+                assert server.registry.by_client("a").session_id == fourth.session_id  # type: ignore[union-attr]
+                assert len(server.registry) == 2
+                await fourth.close()
             await sb.infer(*observation(2), timeout=5)
             await sb.close()
-        assert metric(server, "servo_sessions_collected_total", reason="replaced") == 2
+        assert (
+            metric(server, "servo_sessions_collected_total", reason="replaced") == 3
+        )  # the proof, the restart, the same robot
         assert metric(server, "servo_sessions_rejected_total", code="session_exists") == 1
         assert metric(server, "servo_sessions_rejected_total", code="capacity") == 0
 

@@ -10,7 +10,7 @@ import pytest
 from servo._core import KeyPair
 from servo.transport import query
 from servo.wire import SUPPORTED_SCHEMA_VERSIONS, SessionAck, SessionOpen, decode, encode
-from tests.server.helpers import connected, metric, observation, open_on
+from tests.server.helpers import connected, metric, observation, open_on, signed
 from tests.server.policies import FixedComputePolicy
 from tests.support import make_manifest, running_server
 
@@ -76,6 +76,7 @@ async def test_session_without_liveliness_token_is_collected(port: int) -> None:
             fps=ready.info.fps,
             client_key=KeyPair().public_key,
         )
+        request = await signed(client, ready, request)
         key = ready.keys.client("tokenless").session
         (reply,) = await query(client.zsession, key, payload=encode(request), timeout=2)
         assert reply.ok is not None

@@ -12,6 +12,7 @@ from servo.client import RemoteSession, ServerError
 from servo.server.admission import TokenBucket
 from servo.server.control import MAX_CONTROL_BYTES, ControlPlane
 from servo.server.manifest import LimitsSection
+from servo.server.robots import RobotGate
 from servo.server.state import ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.transport import query
@@ -249,6 +250,7 @@ async def test_control_queries_are_bounded_before_their_payload_is_copied() -> N
             policy=FixedComputePolicy(),
             zsession=None,  # type: ignore[arg-type]  # nothing gets far enough to declare
             trajectories=TrajectoryLibrary({}),
+            robots=RobotGate({}, LimitsSection(), state.returning, state.replica.identity.public_key),
             takeover_idle_s=1.0,
             limits=LimitsSection(),
             max_observation_bytes=1 << 20,

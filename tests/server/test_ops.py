@@ -37,7 +37,10 @@ async def test_every_replica_answers_discovery_sorted_by_load(port: int) -> None
     second = free_port()
     first_manifest = server_manifest(port, serving='app = "fleet"\nreplica = "r1"')
     second_manifest = server_manifest(
-        second, serving='app = "fleet"\nreplica = "r2"', zenoh=f'connect = ["tcp/127.0.0.1:{port}"]'
+        second,
+        serving='app = "fleet"\nreplica = "r2"',
+        zenoh=f'connect = ["tcp/127.0.0.1:{port}"]',
+        extra="[security]\nlisten_beside_router = true",  # a peer mesh of two servers, on purpose
     )
     async with (
         running_server(first_manifest, policy=FixedComputePolicy()) as (_, r1),

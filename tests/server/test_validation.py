@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from servo._core import KeyPair
-from servo.client import SessionRejected
+from servo.client import ServerInfo, SessionRejected
 from servo.transport import query
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -21,7 +21,7 @@ from servo.wire import (
     decode,
     encode,
 )
-from tests.server.helpers import connected, metric, open_on
+from tests.server.helpers import connected, metric, open_on, signed
 from tests.server.policies import JOINTS, FixedComputePolicy
 from tests.support import make_manifest, running_server
 
@@ -210,7 +210,6 @@ OVERSIZED = {
     "a tag value of 257 characters": (encode(open_request("robot", tags={"k": "v" * 257})), "$.tags"),
     "a tag key of 129 characters": (encode(open_request("robot", tags={"k" * 129: "v"})), "$.tags"),
     "a client id of 129 characters": (encode(open_request("r" * 129)), "$.client_id"),
-    "a low-order client key": (encode(open_request("robot", client_key=bytes(32))), "client_key"),
     "5000 schema versions": (msgspec.msgpack.encode({"schema_versions": [9] * 5000}), "$.schema_versions"),
 }
 
@@ -229,6 +228,29 @@ async def test_what_a_peer_sends_at_open_is_bounded(port: int, payload: bytes, w
         assert len(server.registry) == 0
 
 
+async def test_an_unsigned_or_low_order_open_is_refused_before_any_session_exists(port: int) -> None:
+    """A client without a robot identity (servo before them) is told so; a signed open whose
+    X25519 key is of low order (an all-zero shared secret) passes the gate, then is refused."""
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            key = ready.keys.client("robot").session
+            unsigned = open_request("robot", features=ready.info.features)
+            (reply,) = await query(client.zsession, key, payload=encode(unsigned), timeout=5)
+            assert reply.err is not None
+            rejection = decode(reply.err.payload.to_bytes(), Rejection)
+            assert rejection.code == "unauthenticated"
+            assert "not signed by a robot identity" in rejection.reason
+            low_order = await signed(
+                client, ready, open_request("robot", features=ready.info.features, client_key=bytes(32))
+            )
+            (reply,) = await query(client.zsession, key, payload=encode(low_order), timeout=5)
+            assert reply.err is not None
+            rejection = decode(reply.err.payload.to_bytes(), Rejection)
+        assert rejection.code == "bad_request"
+        assert "client_key" in rejection.reason
+        assert len(server.registry) == 0
+
+
 async def test_a_schema_1_client_is_told_which_versions_the_server_speaks(port: int) -> None:
     """Schema 1 opened sessions on <prefix>/session, with no key exchange: refused by version."""
     async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
@@ -240,3 +262,17 @@ async def test_a_schema_1_client_is_told_which_versions_the_server_speaks(port: 
         assert rejection.code == "schema_version"
         assert "client speaks [1], server speaks [2]" in rejection.reason
         assert metric(server, "servo_sessions_rejected_total", code="schema_version") == 1
+
+
+async def test_an_open_with_an_old_nonce_asks_the_status_again_once(port: int) -> None:
+    """A status older than its nonce (a frontend's, a script's kept for minutes) costs one more
+    status query, not the session; an open signed for any nonce but the replica's is refused."""
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            (found,) = [s for s in await client.discover() if s.keys == ready.keys]
+            old = ServerInfo(found.keys, msgspec.structs.replace(found.status, nonce=bytes(16)))
+            session = await client.open_session(old, features=ready.info.features, fps=ready.info.fps)
+            assert session.server.status.nonce == found.status.nonce  # the replica's current one
+            await session.close()
+        assert metric(server, "servo_sessions_rejected_total", code="stale_nonce") == 1
+        assert metric(server, "servo_sessions_opened_total") == 1

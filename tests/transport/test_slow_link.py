@@ -68,6 +68,8 @@ listen = ["tcp/{link.server_ip}:{port}"]
 shared_memory = false
 [ops]
 health_port = 0
+[security]
+insecure = true  # plain TCP on the test's private veth link, said explicitly
 """
     )
     command = ["ip", "netns", "exec", link.namespace, sys.executable, "-m", "servo.cli.serve", str(manifest)]

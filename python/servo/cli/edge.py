@@ -1,5 +1,8 @@
 """``servo-edge --robot sim``: drive a robot with chunks from a policy server (or a local policy).
 
+``servo-edge --identity`` prints this robot's identity (for a server's ``[security] robots``);
+``servo-edge trust …`` edits the servers it trusts (``servo-edge trust --help``).
+
 Exit codes: 0 after a normal stop, 1 when no server (or robot) could be reached, 2 for a
 configuration or capability mismatch, 3 when the engine died, the control loop faulted (e.g. a
 non-finite action) or the control loop ended (the summary says whether the arm was parked), 130 when a
@@ -54,9 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--robot",
-        required=True,
         metavar="TYPE",
-        help=f"Robot to drive: {', '.join(ROBOTS)}, or a plugin's package.module:factory.",
+        help=f"Robot to drive (required): {', '.join(ROBOTS)}, or a plugin's package.module:factory.",
+    )
+    parser.add_argument(
+        "--identity", action="store_true", help="Print this robot's identity fingerprint (created if missing), exit."
     )
     parser.add_argument(
         "--robot-opt",
@@ -149,7 +154,6 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
     from servo.edge.telemetry import TelemetryPublisher
-    from servo.identity import robot_identity
     from servo.robots import RobotDescription
 
     config = load_edge_config(args.config, struct_flag_values(args, EdgeConfig))
@@ -167,7 +171,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         display=display,
     )
     if config.telemetry_period_s > 0:
-        identity = await anyio.to_thread.run_sync(robot_identity)
+        identity = await anyio.to_thread.run_sync(config.security.identity)
         options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s)
     runtime = EdgeRuntime(robot, engine, config, options)
     async with anyio.create_task_group() as tg:
@@ -226,9 +230,21 @@ def show_robot_help(robot: str, console: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-edge``."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["trust"]:
+        from servo.cli.trust import main as trust
+
+        return trust(argv[1:], Console())
+    parser = build_parser()
+    args = parser.parse_args(argv)
     console = Console()
     configure_logging(args.log_level, json=args.json_logs, stream=console)
+    if args.identity:
+        from servo.cli.trust import show_identity
+
+        return show_identity(args.identity_key or "", console)
+    if args.robot is None:
+        parser.error("the following arguments are required: --robot")
     if args.robot_help:
         return show_robot_help(args.robot, console)
     try:

@@ -24,7 +24,7 @@ from servo.home import config_dir, ensure_config_dir
 from servo.robots.builtin import SimOptions
 from servo.robots.camera_list import parse_cameras
 from servo.server.manifest import Manifest
-from servo.transport import TlsSettings
+from servo.transport import TlsSettings, exposed_endpoint
 
 if TYPE_CHECKING:
     from servo.server.selfsigned import ServerCertificate
@@ -82,9 +82,12 @@ def edge_command(
 
         host = str(primary_address(socket.AF_INET) or socket.gethostname())
     with_brackets = f"[{host}]" if _is_ipv6(host) else host
-    parts = ["servo-edge", "--robot", robot, *options, "--connect", f"{protocol}/{with_brackets}:{port}"]
+    connect = f"{protocol}/{with_brackets}:{port}"
+    parts = ["servo-edge", "--robot", robot, *options, "--connect", connect]
     if certificate is not None:
         parts += ["--tls-root-ca", certificate.cert.name]
+    if exposed_endpoint(connect):  # the server was told --insecure; the edge must be too
+        parts.append("--insecure")
     return shlex.join(parts)
 
 

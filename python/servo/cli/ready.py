@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from servo.cli.lerobot import checkpoint_facts
 from servo.cli.listen import edge_command, robot_options
 from servo.deploy.capacity import CapacityPlan, measured_forward_s
+from servo.home import server_identity_path
 from servo.server.manifest import Manifest
+from servo.transport import exposed_endpoint
 
 if TYPE_CHECKING:
     from servo.server.selfsigned import ServerCertificate
@@ -35,14 +37,32 @@ def ready_lines(ready: ServerReady, manifest: Manifest, certificate: ServerCerti
     if facts is not None:
         lines.append(facts.describe())
     lines.append(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")
-    kept = f"from {manifest.security.identity_key}" if manifest.security.identity_key else "ephemeral"
-    lines.append(f"identity {ready.fingerprint} ({kept}); edges pin it with --trusted-servers")
+    lines += security_lines(ready, manifest)
     lines += capacity_lines(ready, manifest)
     lines += connect_lines(ready, manifest, certificate, arm=None if facts is None else facts.robot or DEFAULT_ARM)
     if ready.health_port:
         lines.append(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
     for name, url in ready.frontends.items():
         lines.append(f"{name} front door {url} (health {url.replace('ws://', 'http://', 1)}/healthz)")
+    return lines
+
+
+def security_lines(ready: ServerReady, manifest: Manifest) -> list[str]:
+    """Who the server is, who may connect, and what it exposes on purpose."""
+    security = manifest.security
+    kept = (
+        "ephemeral"
+        if security.ephemeral_identity
+        else f"from {security.identity_key or server_identity_path(manifest.serving.app)}"
+    )
+    lines = [
+        f"identity {ready.fingerprint} ({kept}); edges trust it on first contact, or pin it with --trusted-servers",
+        f"robots: {ready.enrolled} enrolled, any other robot is refused"
+        if ready.enrolled
+        else "robots: any robot may connect (none enrolled: [security] robots = [...], servo-edge --identity)",
+    ]
+    if security.insecure and any(exposed_endpoint(endpoint) for endpoint in manifest.zenoh.listen):
+        lines.append("insecure: a plain tcp/ endpoint is open to the network; anyone on it reads every robot's traffic")
     return lines
 
 

@@ -85,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--health-port", type=int, metavar="PORT", help="Replace ops.health_port (0 disables).")
     parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="Allow a plain tcp/ listen endpoint on a non-loopback address ([security] insecure): anyone on the "
+        "network then reads every robot's observations and chunks.",
+    )
+    parser.add_argument(
+        "--listen-beside-router",
+        action="store_true",
+        help="Allow listening while connected to a router ([security] listen_beside_router): peers reaching the "
+        "listen endpoint bypass the router's access control.",
+    )
+    parser.add_argument(
         "--openpi-listen", metavar="HOST:PORT", help="Replace frontends.openpi.listen (starts the openpi front door)."
     )
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error.")
@@ -116,6 +128,10 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["serving.default_task"] = args.task
     if args.max_sessions is not None:
         out["serving.max_sessions"] = args.max_sessions
+    if args.insecure:
+        out["security.insecure"] = True
+    if args.listen_beside_router:
+        out["security.listen_beside_router"] = True
     return out
 
 

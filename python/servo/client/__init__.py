@@ -14,9 +14,10 @@ from servo.client.errors import (
     ServerError,
     SessionLost,
     SessionRejected,
+    UntrustedServer,
 )
 from servo.client.policy_client import PolicyClient
-from servo.client.protocol import ChunkResult
+from servo.client.results import ChunkResult
 from servo.client.session import RemoteSession
 from servo.client.sync import SyncPolicyClient
 from servo.client.trust import TrustedServers
@@ -44,4 +45,5 @@ __all__ = [
     "SessionRejected",
     "SyncPolicyClient",
     "TrustedServers",
+    "UntrustedServer",
 ]

@@ -1,7 +1,9 @@
 """Finding replicas: ask every status queryable, keep the usable ones, rank them.
 
 Discovery skips replicas whose status does not decode, is inconsistent or names an untrusted
-identity (`servo.client.trust`); the rest are ranked by `placement_score`, least loaded first.
+identity: one the pins refuse (`servo.client.trust`) or, without pins, one the known-servers file
+does not hold for the deployment (`servo.client.known`, `first_use`). The rest are ranked by
+`placement_score`, least loaded first.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ from dataclasses import dataclass
 
 import zenoh
 
-from servo.client.errors import NoServerFound
+from servo.client.errors import NoServerFound, UntrustedServer
+from servo.client.known import KnownServers, accept_command, deployment
 from servo.client.trust import TrustedServers
 from servo.client.verify import ClientCounters
+from servo.logs import get_logger
 from servo.transport import query
-from servo.wire import ServerKeys, StatusReply, WireError, decode, status_selector
+from servo.wire import ServerKeys, StatusReply, WireError, decode, fingerprint, status_selector
+
+log = get_logger(__name__)
 
 #: Recent queue wait that weighs as much as a full replica in the placement score (ms).
 QUEUE_WAIT_FULL_MS = 1000.0
@@ -49,14 +55,17 @@ async def discover(
     app: str | None,
     model: str | None,
     timeout: float,
+    known: KnownServers | None = None,
 ) -> list[ServerInfo]:
     """Ask every replica for its status; returns the usable ones, least-loaded first.
 
     A reply that does not decode (or advertises an impossible load) is skipped with a
     rate-limited warning; one that names another replica than its key, or an identity
-    ``trusted`` refuses, is skipped and counted as rogue. Neither is ever fatal.
+    ``trusted`` refuses, is skipped and counted as rogue. Neither is ever fatal. Without pins,
+    ``known`` decides which identities are trusted (`first_use`).
 
     Raises:
+        UntrustedServer: replicas answered, but none with an identity trusted for the deployment.
         NoServerFound: nobody usable answered.
     """
     started = time.monotonic()
@@ -77,6 +86,8 @@ async def discover(
             counters.rogue(keys.replica, problem)
             continue
         servers.append(ServerInfo(keys, status))
+    if servers and known is not None and not trusted.pinned:
+        servers = first_use(servers, known, deployment(app, model), counters)
     if not servers:
         where = status_selector(app, model)
         # Zenoh ends a query at once when no queryable matches: say so instead of a timeout.
@@ -127,3 +138,52 @@ def settle_look(mine: ServerKeys, servers: list[ServerInfo]) -> SettleLook | Non
         return SettleLook(balanced=True)
     mean = sum(s.status.active_sessions for s in [here_info, *others]) / (len(others) + 1)
     return SettleLook(balanced=False, target=target if random.random() < (here - mean) / here else None)
+
+
+def first_use(
+    servers: list[ServerInfo], known: KnownServers, selector: str, counters: ClientCounters
+) -> list[ServerInfo]:
+    """The replicas whose identity ``known`` trusts for ``selector``; at first contact, all of them.
+
+    First contact (nothing known for ``selector``) trusts the one identity that answered and
+    writes it down; several identities are refused, listed. Later, a replica advertising an
+    identity not written down is skipped, counted and logged as an error naming both identities
+    and the command that accepts the new one.
+
+    Raises:
+        UntrustedServer: several identities at first contact, or none of the known ones later.
+    """
+    trusted = known.identities(selector)
+    seen = {server.status.identity for server in servers}
+    if not trusted:
+        if len(seen) > 1:
+            holders = {i: ", ".join(s.keys.replica for s in servers if s.status.identity == i) for i in seen}
+            listed = "; ".join(f"{fingerprint(identity)} ({holders[identity]})" for identity in sorted(seen))
+            raise UntrustedServer(
+                f"first contact with {selector}: {len(seen)} server identities answered ({listed}), so nothing "
+                f"is trusted (one may be an impostor); trust the right one with: {accept_command(selector, seen)} "
+                "(keep only yours), or pin it with --trusted-servers"
+            )
+        known.replace(selector, seen)
+        log.info("server trusted on first use", deployment=selector, identity=fingerprint(next(iter(seen))))
+        return servers
+    was = ", ".join(fingerprint(identity) for identity in sorted(trusted))
+    usable = []
+    for server in servers:
+        if server.status.identity in trusted:
+            usable.append(server)
+            continue
+        now = fingerprint(server.status.identity)
+        counters.untrusted(
+            server.keys.replica,
+            f"{selector} is trusted as {was} ({known.path}), replica {server.keys.replica} is {now}; if the server "
+            f"was re-keyed on purpose: {accept_command(selector, [server.status.identity])}",
+        )
+    if not usable:
+        news = sorted(seen)
+        raise UntrustedServer(
+            f"no replica of {selector} has the identity trusted for it: known {was} ({known.path}), now "
+            f"{', '.join(fingerprint(identity) for identity in news)}; if the server was re-keyed on purpose, "
+            f"accept it with: {accept_command(selector, news)} (or pin it with --trusted-servers)"
+        )
+    return usable

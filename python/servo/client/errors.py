@@ -13,6 +13,13 @@ class NoServerFound(ClientError):
     """No replica answered the status query (or none matched the selectors)."""
 
 
+class UntrustedServer(NoServerFound):
+    """No replica advertises an identity this client trusts for the deployment (`servo.client.known`).
+
+    The message names the identities seen and trusted, and the command that accepts a new one.
+    """
+
+
 class RogueServer(NoServerFound):
     """A replica's session ack failed verification (forged, or signed by another identity): skipped."""
 

@@ -18,32 +18,32 @@ from typing import Any, Literal, TypedDict, Unpack
 import anyio
 import zenoh
 
-from servo._core import KeyPair
 from servo.client.codec import AutoCodec
 from servo.client.discovery import ServerInfo, discover, first_choice, settle_look
 from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, SessionRejected
+from servo.client.handshake import handshake
+from servo.client.known import KnownServers
 from servo.client.protocol import SessionProtocol
-from servo.client.replies import request
 from servo.client.session import RemoteSession
-from servo.client.trust import TrustedServers, pick_ack
+from servo.client.trajectory import fetch_trajectory
+from servo.client.trust import TrustedServers
 from servo.client.verify import MAX_CHUNK_STEPS, ClientCounters, ClientStatistics
+from servo.identity import Identity, robot_identity
 from servo.logs import get_logger
-from servo.transport import ZenohSettings, open_session, query
+from servo.transport import ZenohSettings, open_session
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     Features,
     ServerKeys,
     SessionOpen,
     Trajectory,
-    TrajectoryRequest,
-    encode,
     segment,
 )
 
 log = get_logger(__name__)
 
 #: Refusals another replica (or a later attempt) may not repeat.
-RETRYABLE = frozenset({"capacity", "draining", "session_exists", "rate_limited"})
+RETRYABLE = frozenset({"capacity", "draining", "session_exists", "rate_limited", "stale_nonce"})
 #: Looks at the fleet after a session opened, at most (see `PolicyClient.connect_best`).
 SETTLE_ROUNDS = 24
 #: Consecutive balanced looks that end the settling: robots that moved last still look after it.
@@ -71,11 +71,15 @@ class PolicyClient:
         client_id: This robot's id (a key segment); a random one when omitted.
         jpeg_quality: JPEG quality for camera frames, 0 sends raw pixels, ``"auto"`` picks raw or
             JPEG per request from measured link and codec costs (`servo.client.codec`).
-        trusted: The servers to trust (pins); every replica when omitted.
+        trusted: The servers to trust (pins); without pins, the ones ``known`` trusts.
         max_chunk_steps: Longest chunk accepted (steps); longer ones are rejected.
         auto_codec: How ``"auto"`` chooses (defaults of `AutoCodec` when omitted).
         downsize: Send each camera at the policy's input size when the server offers it (its
             session ack), shrunk here with the server's own function; False sends frames as given.
+        identity: The robot identity that signs session opens; this machine's (``robot.key`` in
+            servo's directory, created on first use) when omitted.
+        known: Without pins, the servers trusted on first use (`servo.client.known`); the
+            user's known-servers file when omitted.
     """
 
     def __init__(
@@ -88,6 +92,8 @@ class PolicyClient:
         max_chunk_steps: int = MAX_CHUNK_STEPS,
         auto_codec: AutoCodec | None = None,
         downsize: bool = True,
+        identity: Identity | None = None,
+        known: KnownServers | None = None,
     ) -> None:
         self.zsession = zsession
         self.client_id = segment(client_id or f"robot-{uuid.uuid4().hex[:12]}", what="client_id")
@@ -96,6 +102,8 @@ class PolicyClient:
         self.max_chunk_steps = max_chunk_steps
         self.auto_codec = auto_codec
         self.downsize = downsize
+        self.identity = identity if identity is not None else robot_identity()
+        self.known_servers = known if known is not None else KnownServers()
         self.counters = ClientCounters()
         #: The replicas of the last discovery (what `connect_best` fails over to first).
         self._known: list[ServerInfo] = []
@@ -103,27 +111,16 @@ class PolicyClient:
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls,
-        settings: ZenohSettings,
-        client_id: str | None = None,
-        *,
-        jpeg_quality: int | Literal["auto"] = 90,
-        trusted: TrustedServers | None = None,
-        max_chunk_steps: int = MAX_CHUNK_STEPS,
-        auto_codec: AutoCodec | None = None,
-        downsize: bool = True,
+        cls, settings: ZenohSettings, client_id: str | None = None, **options: Any
     ) -> AsyncIterator[PolicyClient]:
-        """Open a Zenoh session for the client and close it on exit (options as for the constructor)."""
+        """Open a Zenoh session for the client and close it on exit (options as for the constructor).
+
+        The robot identity is read (or created) off the event loop when not given.
+        """
+        if options.get("identity") is None:
+            options["identity"] = await anyio.to_thread.run_sync(robot_identity)
         async with open_session(settings) as zsession:
-            yield cls(
-                zsession,
-                client_id,
-                jpeg_quality=jpeg_quality,
-                trusted=trusted,
-                max_chunk_steps=max_chunk_steps,
-                auto_codec=auto_codec,
-                downsize=downsize,
-            )
+            yield cls(zsession, client_id, **options)
 
     def statistics(self) -> ClientStatistics:
         """What this client refused so far (rejected chunks by reason, rogue replicas, …)."""
@@ -138,10 +135,15 @@ class PolicyClient:
         rate-limited warning; one that names another replica than its key, or an identity this
         client does not trust, is skipped and counted as rogue. Neither is ever fatal.
 
+        Without pins, only identities trusted for the deployment are used (`servo.client.known`).
+
         Raises:
+            UntrustedServer: replicas answered, none with an identity trusted for the deployment.
             NoServerFound: nobody usable answered.
         """
-        servers = await discover(self.zsession, self.trusted, self.counters, app=app, model=model, timeout=timeout)
+        servers = await discover(
+            self.zsession, self.trusted, self.counters, app=app, model=model, timeout=timeout, known=self.known_servers
+        )
         self._known = servers
         return servers
 
@@ -173,6 +175,8 @@ class PolicyClient:
                 proves it held it, so the server lets the new session replace it even when the
                 old one's close was lost.
 
+        The open is signed by this client's robot identity (`servo.client.handshake`).
+
         Raises:
             SessionRejected: the server refused; ``.rejection.code`` names the failed rule.
             RogueServer: only forged or unverifiable acks came back (counted, never used).
@@ -184,6 +188,8 @@ class PolicyClient:
             counters=self.counters,
             max_chunk_steps=self.max_chunk_steps,
             downsize=self.downsize,
+            prefix=server.keys.prefix,
+            server_identity=server.status.identity,
         )
         keys = server.keys.client(self.client_id)
         session = RemoteSession(
@@ -191,33 +197,26 @@ class PolicyClient:
         )
         session.declare()
         try:
-            pair = KeyPair()
-            opening = SessionOpen(
-                client_id=self.client_id,
-                schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
-                features=features,
-                fps=fps,
-                client_key=pair.public_key,
+            request = SessionOpen(
+                self.client_id,
+                list(SUPPORTED_SCHEMA_VERSIONS),
+                features,
+                fps,
+                bytes(32),  # the handshake's own X25519 key goes here
                 task=task,
                 rtc=rtc,
                 session_epoch=epoch,
                 tags=dict(tags or {}),
-                resume=b"" if previous is None else previous.protocol.resume_proof(pair.public_key),
             )
-            replies = await query(self.zsession, session.keys.session, payload=encode(opening), timeout=timeout)
-            ack = pick_ack(
-                replies,
-                keys=server.keys,
-                status=server.status,
-                client_key=pair.public_key,
+            ack = await handshake(
+                self.zsession,
+                session,
+                request,
+                identity=self.identity,
                 counters=self.counters,
+                previous=previous,
                 timeout=timeout,
             )
-            key = pair.session_key(
-                ack.server_key, client_public=pair.public_key, server_public=ack.server_key, session_id=ack.session_id
-            )
-            session.protocol.established(ack, key)
-            await session.wait_matched(timeout)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await session.close()
@@ -233,20 +232,16 @@ class PolicyClient:
         return session
 
     async def fetch_trajectory(self, server: ServerInfo, name: str, *, timeout: float = 5.0) -> Trajectory:
-        """Fetch a whole named trajectory from a server's library in one request.
+        """Fetch a whole named trajectory from a server's library in one signed request.
+
+        Only the replica's own answer to this request is believed (`servo.client.trajectory`).
 
         Raises:
             ServerError: the server has no such trajectory (the message lists what it has).
+            RogueServer: only answers that failed verification came back (counted).
             RequestTimeout: no answer in time.
         """
-        return await request(
-            self.zsession,
-            server.keys.trajectory,
-            TrajectoryRequest(name),
-            Trajectory,
-            timeout=timeout,
-            what=f"trajectory {name!r}",
-        )
+        return await fetch_trajectory(self.zsession, server, name, counters=self.counters, timeout=timeout)
 
     @asynccontextmanager
     async def session(self, server: ServerInfo | None = None, **options: Any) -> AsyncIterator[RemoteSession]:

@@ -12,15 +12,18 @@ with bytes (tests/client/test_protocol.py), as `servo.server.auth` is on the ser
   answer to the latest seq_id of the current epoch is accepted, once.
 * **Incoming** (`on_action`), in this order: sizes (`oversized`, before anything is copied out
   of Zenoh); the MAC under the session key; the session id and epoch; the message type; the
-  request in flight; the body (`servo.client.verify`). A keyless ``unknown_session`` notice is
-  the one exception: it may end the request in flight when it echoes it, since the server that
-  sends it no longer holds the key. Anything else is dropped and counted by reason.
+  request in flight; the body (`servo.client.verify`). The ``unknown_session`` notice is the
+  one message without the session key (the server that sends it no longer holds one): it ends
+  the request in flight only when it echoes it and is signed by the replica's identity, the one
+  the ack was signed by (`servo.wire.trust.notice_transcript`); at most `MAX_NOTICE_CHECKS`
+  signatures are checked per request, so a flood of forgeries costs a bounded ~0.1 ms each.
+  Anything else is dropped and counted by reason.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -35,60 +38,37 @@ from servo._core import (
     MSG_ERROR,
     MSG_OBS,
     SCHEMA_VERSION,
+    SIGNATURE_SIZE,
     TAG_SIZE,
     AuthError,
     Header,
     HeaderError,
-    LatencyTracker,
     SessionKey,
     decode_header,
+    verify_signature,
 )
 from servo.client.errors import ServerError, SessionLost
+from servo.client.results import ChunkResult, SessionStats
 from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, check_chunk
-from servo.wire import ActionChunk, ControlAck, ErrorEvent, SessionAck, WireError, decode, resume_body
+from servo.wire import (
+    ActionChunk,
+    ControlAck,
+    DrainNotice,
+    ErrorEvent,
+    SessionAck,
+    WireError,
+    decode,
+    notice_transcript,
+    resume_body,
+)
 
 FloatArray = npt.NDArray[np.float32]
 
 #: Room in a server message beyond its chunk tensors (header fields, an error's text): anything
 #: larger on the action key is dropped before it is copied out of Zenoh.
 MESSAGE_SLACK_BYTES = 1 << 20
-#: Encode times kept for `SessionStats.encode` (a fixed window, whatever the uptime).
-ENCODE_WINDOW = 1000
-
-
-@dataclass(frozen=True)
-class ChunkResult:
-    """A chunk with its timings. ``obs_mono_ns`` is the client's own stamp, echoed back."""
-
-    seq_id: int
-    episode_id: int
-    chunk_model: FloatArray
-    chunk_robot: FloatArray
-    obs_mono_ns: int
-    rtt_ns: int
-    queue_wait_ms: float
-    inference_ms: float
-    superseded: int
-    server_load: float
-
-
-@dataclass
-class SessionStats:
-    """Counters of one session (written and read on the event loop).
-
-    ``encode`` holds the encode times (ns) of the last `ENCODE_WINDOW` requests, ``last_encode_ms``
-    the latest one: memory stays fixed however long the session runs. ``send_failed`` counts
-    observations that never left (`SendFailed`).
-    """
-
-    sent: int = 0
-    send_failed: int = 0
-    chunks: int = 0
-    dropped_stale: int = 0
-    errors: int = 0
-    undecodable: int = 0
-    last_encode_ms: float = 0.0
-    encode: LatencyTracker = field(default_factory=lambda: LatencyTracker(ENCODE_WINDOW))
+#: Signatures of keyless notices checked per request, at most (each check costs ~0.1 ms).
+MAX_NOTICE_CHECKS = 8
 
 
 @dataclass(frozen=True)
@@ -129,6 +109,8 @@ class SessionProtocol:
         counters: Refusals, shared with the `PolicyClient` that opened the session.
         max_chunk_steps: Longest chunk accepted.
         downsize: Take the ack's offer of smaller frames (``input_sizes``); False sends them as given.
+        prefix: The replica's key prefix (what a keyless notice is signed for).
+        server_identity: The replica's trusted identity (what signs a keyless notice).
     """
 
     def __init__(
@@ -139,8 +121,12 @@ class SessionProtocol:
         counters: ClientCounters,
         max_chunk_steps: int = MAX_CHUNK_STEPS,
         downsize: bool = True,
+        prefix: str = "",
+        server_identity: bytes = b"",
     ) -> None:
         self.epoch = epoch
+        self.prefix = prefix
+        self.server_identity = server_identity
         self.action_dim = action_dim
         self.max_chunk_steps = max_chunk_steps
         self.counters = counters
@@ -160,6 +146,7 @@ class SessionProtocol:
         self._wire_id = bytes(16)
         self._seq = 0
         self._control_seq = 0
+        self._notice_checks = 0
 
     # ------------------------------------------------------------------ keys and ids
     def established(self, ack: SessionAck, key: SessionKey) -> None:
@@ -209,7 +196,7 @@ class SessionProtocol:
         if self._key is None:
             raise SessionLost("the session is not open yet")
         self._seq += 1
-        self.latest_seq, self.result = self._seq, None
+        self.latest_seq, self.result, self._notice_checks = self._seq, None, 0
         return Header(
             schema_version=self.schema_version,
             msg_type=MSG_OBS,
@@ -291,7 +278,10 @@ class SessionProtocol:
             assert attachment is not None
             return self._keyless_hint(attachment, payload)
         if header.msg_type == MSG_DRAIN:
-            return Lost("server draining")
+            try:
+                return Lost(decode(payload, DrainNotice).reason)
+            except WireError:
+                return Lost("server draining")
         if header.msg_type not in (MSG_CHUNK, MSG_ERROR):
             self.counters.reject("undecodable", f"msg_type {header.msg_type} on the action key")
             return Dropped()
@@ -346,20 +336,27 @@ class SessionProtocol:
         return header
 
     def _keyless_hint(self, attachment: bytes, payload: bytes) -> Verdict:
-        """A keyless notice counts only as the ``unknown_session`` hint for the request in flight.
+        """A keyless message counts only as a signed ``unknown_session`` notice for the request in flight.
 
-        It re-opens the session (nothing more): a forger gains at most a re-handshake, and only
-        by echoing the session id and seq_id of the request in flight.
+        It re-opens the session (nothing more), and only when the replica's identity signed it
+        for this replica and this request: a forger gains nothing.
         """
         event = None
         with contextlib.suppress(HeaderError, WireError):
             header = decode_header(attachment)
             # The cheap header checks first: an unauthenticated body is decoded only when it
-            # could be the hint for the request in flight.
-            if (header.msg_type, header.session_id, header.seq_id) == (MSG_ERROR, self._wire_id, self.latest_seq):
+            # could be the notice for the request in flight.
+            expected = (MSG_ERROR, self._wire_id, self.latest_seq)
+            if (header.msg_type, header.session_id, header.seq_id) == expected and self.result is None:
                 event = decode(payload, ErrorEvent)
-        if event is None or event.code != "unknown_session" or self.result is not None:
+        if event is None or event.code != "unknown_session" or self._notice_checks >= MAX_NOTICE_CHECKS:
             self.counters.reject("mac", "unauthenticated message", session_id=self.session_id)
+            return Dropped()
+        self._notice_checks += 1
+        transcript = notice_transcript(self.prefix, attachment, event.code, event.message)
+        signature = event.signature
+        if len(signature) != SIGNATURE_SIZE or not verify_signature(self.server_identity, transcript, signature):
+            self.counters.reject("mac", "unknown_session notice not signed by the replica", session_id=self.session_id)
             return Dropped()
         self.counters.unknown_session_hints += 1
         self.result = error = ServerError(event.code, event.message)

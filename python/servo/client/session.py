@@ -28,8 +28,9 @@ from servo._core import SessionKey
 from servo.client.codec import AutoCodec, CodecChooser, CodecStatus, codec_name
 from servo.client.discovery import ServerInfo
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
-from servo.client.protocol import Answered, ChunkResult, Lost, SessionProtocol, SessionStats
+from servo.client.protocol import Answered, Lost, SessionProtocol
 from servo.client.replies import sealed_answer
+from servo.client.results import ChunkResult, SessionStats
 from servo.client.uplink import Outgoing, Uplink
 from servo.logs import LogThrottle, get_logger
 from servo.transport import Declared, LoopBridge, declare_obs_publisher, query

@@ -1,4 +1,4 @@
-"""Which servers a client trusts, and how it tells a real session ack from a forgery.
+"""Which servers a client trusts, how it tells a real session ack from a forgery, and how it signs.
 
 A replica proves who it is by signing each session ack with its Ed25519 identity
 (`servo.wire.trust.ack_transcript`). A client:
@@ -6,9 +6,12 @@ A replica proves who it is by signing each session ack with its Ed25519 identity
 * with ``trusted_servers`` pins (fingerprints ``ed25519:…`` and/or replica ids) only considers
   replicas whose status names a pinned identity or replica id, and only accepts an ack signed by
   that identity;
-* without pins accepts any replica, but still only an ack signed by the identity the replica's
+* without pins considers only replicas whose identity it trusts for the deployment on first use
+  (`servo.client.known`), and still only accepts an ack signed by the identity the replica's
   status advertised: a peer that answers the session query in the real replica's place cannot
   sign it, so it is skipped and the real ack is used.
+
+A robot proves who it is by signing its session open (`signed_open`) with its own identity.
 
 A replica-id pin names a key segment anybody can answer on; it means something only behind a
 ``servo-router`` whose access control lets nobody but fleet servers answer (see README "Security").
@@ -20,21 +23,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import msgspec
 import zenoh
 
 from servo._core import verify_signature
 from servo.client.errors import RequestTimeout, RogueServer, SessionRejected
 from servo.client.replies import rejection_of
 from servo.client.verify import ClientCounters
+from servo.identity import Identity
 from servo.wire import (
     Rejection,
     ServerKeys,
     SessionAck,
+    SessionOpen,
     StatusReply,
     WireError,
     ack_transcript,
     decode,
+    encode,
     fingerprint,
+    open_transcript,
     parse_fingerprint,
     segment,
 )
@@ -42,7 +50,7 @@ from servo.wire import (
 
 @dataclass(frozen=True)
 class TrustedServers:
-    """The servers a client pins; trusts every replica when empty (frozen, shareable).
+    """The servers a client pins; when empty, trust on first use decides (frozen, shareable).
 
     Args:
         identities: Pinned Ed25519 public keys (32 bytes each).
@@ -83,6 +91,16 @@ class TrustedServers:
         if not self.trusts(keys.replica, status.identity):
             return f"identity {fingerprint(status.identity)} is not trusted"
         return None
+
+
+def signed_open(request: SessionOpen, identity: Identity, *, prefix: str, nonce: bytes) -> SessionOpen:
+    """``request`` signed by the robot ``identity`` for the replica ``prefix`` with its status ``nonce``.
+
+    Signed as the server will decode it (`servo.wire.trust.open_transcript`): the request is
+    normalised through its encoding first (an int fps becomes a float on the way).
+    """
+    request = decode(encode(msgspec.structs.replace(request, robot_key=identity.public_key, nonce=nonce)), SessionOpen)
+    return msgspec.structs.replace(request, robot_signature=identity.sign(open_transcript(request, prefix)))
 
 
 def pick_ack(

@@ -21,7 +21,7 @@ import zenoh
 from servo._core import Header, SessionKey
 from servo.client.codec import CodecChooser
 from servo.client.encoder import Frame, FrameEncoder
-from servo.client.protocol import SessionStats
+from servo.client.results import SessionStats
 from servo.wire import Observation, Tensor, encode
 
 

@@ -82,7 +82,8 @@ class ClientStatistics:
         rogue_servers: Replicas skipped: untrusted identity, inconsistent status, or a session
             ack whose signature did not verify.
         undecodable_status: Status replies that did not decode (skipped).
-        unknown_session_hints: Keyless ``unknown_session`` notices acted on (each: a re-handshake).
+        unknown_session_hints: ``unknown_session`` notices signed by the replica and acted on (each: a
+            re-handshake); forged ones are counted in ``chunks_rejected["mac"]``.
     """
 
     chunks_rejected: dict[str, int]
@@ -112,6 +113,12 @@ class ClientCounters:
         self.rogue_servers += 1
         if (suppressed := self._throttle.allow(("rogue", replica))) is not None:
             log.warning("replica skipped", replica=replica, detail=detail, suppressed=suppressed)
+
+    def untrusted(self, replica: str, detail: str) -> None:
+        """Count one replica skipped because its identity is not the one trusted: logged as an error."""
+        self.rogue_servers += 1
+        if (suppressed := self._throttle.allow(("untrusted", replica))) is not None:
+            log.error("replica refused: untrusted identity", replica=replica, detail=detail, suppressed=suppressed)
 
     def undecodable(self, detail: str) -> None:
         """Count one status reply that did not decode."""

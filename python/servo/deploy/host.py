@@ -19,6 +19,7 @@ import zenoh
 
 from servo.config import ConfigError
 from servo.errors import first_error
+from servo.identity import Identity
 from servo.logs import get_logger
 from servo.policy import Policy, PolicyLoadError
 from servo.server.manifest import Manifest
@@ -93,13 +94,22 @@ class ReplicaHost:
         manifest: The replica's manifest (``serving.replica`` set).
         policy: An already-built policy (tests); loaded from the manifest otherwise.
         search_path: A directory a ``package.module:factory`` policy may be imported from.
+        identity: The deployment's identity, shared by its replicas; from the manifest otherwise.
     """
 
-    def __init__(self, manifest: Manifest, *, policy: Policy | None = None, search_path: str | None = None) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        *,
+        policy: Policy | None = None,
+        search_path: str | None = None,
+        identity: Identity | None = None,
+    ) -> None:
         self.replica = manifest.serving.replica
         self._manifest = manifest
         self._policy = policy
         self._search_path = search_path
+        self._identity = identity
         self._ready: Future[ReplicaReady | ReplicaFailed] = Future()
         self._stopped: Future[ReplicaStopped] = Future()
         self._lock = threading.Lock()  # guards `_bridge` and `_drain_requested`, shared with callers
@@ -174,7 +184,9 @@ class ReplicaHost:
 
     async def _main(self) -> None:
         with anyio.CancelScope() as scope:
-            server = PolicyServer(self._manifest, policy=self._policy, search_path=self._search_path)
+            server = PolicyServer(
+                self._manifest, policy=self._policy, search_path=self._search_path, identity=self._identity
+            )
             with self._lock:
                 if self._drain_requested:
                     return

@@ -53,7 +53,9 @@ from servo.deploy import DeployError
 from servo.deploy.host import ReplicaFailed, ReplicaReady, ReplicaStatus, ReplicaStopped, decode_status
 from servo.deploy.plan import replica_manifests
 from servo.deploy.ray_actor import ACTOR, ACTOR_CONCURRENCY, RayOptions, ReplicaActor
+from servo.identity import IdentityError
 from servo.logs import get_logger
+from servo.server.enrolment import replica_identity
 from servo.server.manifest import Manifest
 
 __all__ = ["Deployment", "RayOptions", "Replica", "actor_options", "deploy"]
@@ -220,7 +222,8 @@ def deploy(manifest: Manifest, *, manifest_path: str | Path | None = None, **opt
     """Start the replicas of ``manifest`` as Ray actors; returns once they are created.
 
     Connects to the cluster at ``options["address"]`` unless this process already called
-    ``ray.init``. Call from the main thread: Ray installs its signal handlers there.
+    ``ray.init``. Call from the main thread: Ray installs its signal handlers there. The identity
+    (``[security]``, on this machine) is loaded here and handed to every replica.
 
     Args:
         manifest: The validated manifest every replica derives its own from.
@@ -233,6 +236,7 @@ def deploy(manifest: Manifest, *, manifest_path: str | Path | None = None, **opt
             replicas (the key named).
         DeployError: a replica of the same id already runs in the namespace.
         ConnectionError: no Ray cluster at the address.
+        IdentityError: the identity file cannot be read or created.
     """
     opts = convert(options, RayOptions, origin="ray options")
     origin = str(manifest_path) if manifest_path is not None else "manifest"
@@ -241,6 +245,11 @@ def deploy(manifest: Manifest, *, manifest_path: str | Path | None = None, **opt
     owns_ray = not ray.is_initialized()
     if owns_ray:
         _connect(opts.address, opts.namespace)
+    try:
+        seed = replica_identity(manifest.security, manifest.serving.app).seed
+    except IdentityError:
+        Deployment([], opts, owns_ray=owns_ray).close()  # leave Ray as it was found
+        raise
     placement = actor_options(manifest, opts)
     encoded_options = msgspec.msgpack.encode(opts)
     replicas: list[Replica] = []
@@ -248,7 +257,7 @@ def deploy(manifest: Manifest, *, manifest_path: str | Path | None = None, **opt
         for index, replica_manifest in enumerate(manifests):
             replica_id = replica_manifest.serving.replica
             actor = ACTOR.options(name=f"{manifest.serving.app}/{replica_id}", **placement).remote(
-                msgspec.msgpack.encode(replica_manifest), encoded_options, search_path
+                msgspec.msgpack.encode(replica_manifest), encoded_options, search_path, seed
             )
             assert isinstance(actor, ActorHandle)
             replicas.append(Replica(index, replica_id, actor))

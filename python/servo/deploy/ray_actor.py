@@ -23,6 +23,7 @@ import ray
 
 from servo.config import NonEmptyStr, NonNegativeSeconds, PositiveFloat, PositiveInt, Seconds, doc
 from servo.deploy.host import ReplicaHost, ReplicaReady, encode_status
+from servo.identity import Identity
 from servo.logs import configure_logging, get_logger
 from servo.server.manifest import Manifest
 from servo.server.service import DRAIN_TIMEOUT_S
@@ -74,13 +75,15 @@ class ReplicaActor:
         manifest: The replica's `Manifest`, msgpack-encoded.
         options: The deployment's `RayOptions`, msgpack-encoded.
         search_path: A directory a ``package.module:factory`` policy may be imported from.
+        identity_seed: The deployment's identity, loaded by the driver: replicas sign as one server.
     """
 
-    def __init__(self, manifest: bytes, options: bytes, search_path: str | None) -> None:
+    def __init__(self, manifest: bytes, options: bytes, search_path: str | None, identity_seed: bytes) -> None:
         opts = msgspec.msgpack.decode(options, type=RayOptions)
         configure_logging(opts.log_level, json=opts.json_logs)
         self._drain_timeout = opts.drain_timeout_s
-        self._host = ReplicaHost(msgspec.msgpack.decode(manifest, type=Manifest), search_path=search_path)
+        replica = msgspec.msgpack.decode(manifest, type=Manifest)
+        self._host = ReplicaHost(replica, search_path=search_path, identity=Identity.from_seed(identity_seed))
         self._asked = threading.Event()  # set by `drain`: the process outlives this stop
         #: Why the process ends on purpose ("" until it does): what `wait_stopped` reports.
         self._planned = ""

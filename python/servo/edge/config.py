@@ -34,6 +34,7 @@ import msgspec
 
 from servo.client import TrustedServers
 from servo.client.codec import AutoCodec, JpegQuality
+from servo.client.known import KnownServers
 from servo.client.verify import MAX_CHUNK_STEPS
 from servo.config import (
     ConfigError,
@@ -52,6 +53,7 @@ from servo.config import (
 from servo.edge.actions import ControlConfig
 from servo.edge.failsafe import FailSafeConfig
 from servo.edge.pipeline import PipelineConfig
+from servo.identity import Identity, robot_identity
 from servo.transport import (
     DEFAULT_LOCAL_ENDPOINT,
     CertificateError,
@@ -59,6 +61,7 @@ from servo.transport import (
     UsrPwdSettings,
     ZenohSettings,
     common_name,
+    exposed_endpoint,
 )
 from servo.wire import WireError, segment
 
@@ -134,10 +137,22 @@ class SecurityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     trusted_servers: Annotated[
         list[str],
         doc(
-            "Servers to trust: ed25519:… fingerprints (printed by servo-serve) and/or replica ids "
-            "(meaningful only behind a servo-router); any server when empty."
+            "Servers to trust (pins): ed25519:… fingerprints (printed by servo-serve) and/or replica ids "
+            "(meaningful only behind a servo-router); when empty, the ones trusted on first use (known_servers)."
         ),
     ] = []
+    known_servers: Annotated[
+        str,
+        doc("File of the servers trusted on first use, per app/model; known_servers in servo's directory when empty."),
+    ] = ""
+    identity_key: Annotated[
+        str,
+        doc("This robot's Ed25519 identity, which signs its session opens; robot.key in servo's directory when empty."),
+    ] = ""
+    insecure: Annotated[
+        bool,
+        doc("Allow a plain (not TLS) connection to a non-loopback endpoint: anyone on the path reads the traffic."),
+    ] = False
     max_chunk_steps: Annotated[
         PositiveInt, doc("Longest chunk accepted (steps); longer ones are rejected, never merged.", le=4096)
     ] = MAX_CHUNK_STEPS
@@ -172,6 +187,18 @@ class SecurityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             WireError: a malformed entry.
         """
         return TrustedServers.parse(self.trusted_servers)
+
+    def known(self) -> KnownServers:
+        """The servers trusted on first use (used when nothing is pinned)."""
+        return KnownServers(self.known_servers or None)
+
+    def identity(self) -> Identity:
+        """This robot's identity (``identity_key``, else this machine's; created on first use).
+
+        Raises:
+            IdentityError: the file cannot be read or created.
+        """
+        return robot_identity(self.identity_key)
 
     def tls(self) -> TlsSettings | None:
         """The Zenoh TLS settings, or None without TLS."""
@@ -252,6 +279,13 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """Rules that span sections; raises `FieldError` naming the option."""
         if self.inference == "remote" and not self.link.connect:
             raise FieldError("link.connect", "name at least one endpoint of the server or router")
+        for i, endpoint in enumerate(self.link.connect):
+            if not self.security.insecure and exposed_endpoint(endpoint):
+                raise FieldError(
+                    f"link.connect[{i}]",
+                    f"{endpoint!r} is not TLS and not loopback: anyone on the path would read this robot's "
+                    "observations and chunks; connect over tls/ (--tls-root-ca), or accept that with --insecure",
+                )
         if self.inference == "replay" and not self.replay.trajectory:
             raise FieldError("replay.trajectory", "name a recording file or server:NAME to replay (--replay)")
         if self.client_id:

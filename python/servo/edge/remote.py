@@ -18,6 +18,7 @@ from servo.client import (
     ServerInfo,
     SessionLost,
     SessionRejected,
+    UntrustedServer,
 )
 from servo.client.policy_client import RETRYABLE, SessionOptions
 from servo.edge.backoff import Backoff
@@ -100,6 +101,8 @@ class RemoteEngine(EngineBase):
             auto_codec=self.config.link.auto_codec(),
             trusted=self.config.security.trusted(),
             max_chunk_steps=self.config.security.max_chunk_steps,
+            identity=await anyio.to_thread.run_sync(self.config.security.identity),
+            known=self.config.security.known(),
         )
         await self._first_session(self.client)
 
@@ -189,6 +192,8 @@ class RemoteEngine(EngineBase):
                 if exc.rejection.code not in RETRYABLE:
                     raise EdgeStartError(f"server refused this robot: {exc.rejection.reason}", refused=True) from None
                 problem = str(exc)
+            except UntrustedServer as exc:
+                raise EdgeStartError(str(exc), refused=True) from None
             except (NoServerFound, RequestTimeout) as exc:
                 problem = str(exc)
             if not await backoff.wait():

@@ -15,11 +15,12 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from servo.client import PolicyClient
+from servo.client import PolicyClient, UntrustedServer
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
 from servo.edge.errors import EdgeStartError
 from servo.edge.pipeline import Request
+from servo.identity import Identity
 from servo.logs import get_logger
 from servo.recording import check_rate, read_recording
 from servo.robots.protocol import RobotSpec
@@ -83,6 +84,8 @@ class ReplayEngine(EngineBase):
         self.loop = config.replay.loop
         self.trajectory: FloatArray | None = None
         self._plan: FloatArray | None = None
+        #: The client that fetched a ``server:NAME`` trajectory (its statistics count forgeries).
+        self.client: PolicyClient | None = None
         self._cursor = 0
         self.laps = 0
 
@@ -124,10 +127,21 @@ class ReplayEngine(EngineBase):
         cfg = self.config
         try:
             async with open_session(cfg.zenoh_settings()) as zsession:
-                client = PolicyClient(zsession, self.client_id, trusted=cfg.security.trusted())
+                # Only the trusted server's signed answer is believed (servo.client.trajectory);
+                # the identity is never used (nothing is opened): an ephemeral one reads no file.
+                security = cfg.security
+                client = self.client = PolicyClient(
+                    zsession,
+                    self.client_id,
+                    trusted=security.trusted(),
+                    known=security.known(),
+                    identity=Identity.generate(),
+                )
                 servers = await client.discover(app=cfg.server.app or None, model=cfg.server.model or None)
                 self.network_requests += 1
                 trajectory = await client.fetch_trajectory(servers[0], name)
+        except UntrustedServer as exc:
+            raise EdgeStartError(f"cannot fetch trajectory {name!r}: {exc}", refused=True) from None
         except Exception as exc:
             raise EdgeStartError(f"cannot fetch trajectory {name!r}: {exc}", refused=False) from None
         what = f"trajectory {name!r}"

@@ -1,15 +1,16 @@
 """Other protocols in front of a servo server, served by the same policy, scheduler and sessions.
 
-A frontend is started by `servo.server.service.PolicyServer` (``frontends=``) on its event loop
-and reaches the policy only through ordinary servo sessions opened with `servo.client` on the
-server's own Zenoh session: a frontend's requests are admitted, scheduled, audited and counted
-exactly like a robot's. Each frontend's dependencies are imported only when it is configured.
+A frontend (`servo.server.frontend.Frontend`) is started by `servo.server.service.PolicyServer`
+(``frontends=``) on its event loop and reaches the policy only through ordinary servo sessions
+opened with `servo.client` on the server's own Zenoh session, signed by the server's identity: a
+frontend's requests are admitted, scheduled, audited and counted exactly like a robot's. Each
+frontend's dependencies are imported only when it is configured.
 """
 
 from __future__ import annotations
 
+from servo.server.frontend import Frontend
 from servo.server.manifest import FrontendsSection
-from servo.server.service import Frontend
 
 
 def frontends_of(section: FrontendsSection) -> list[Frontend]:

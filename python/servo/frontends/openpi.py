@@ -55,6 +55,7 @@ from servo.client import (
     TrustedServers,
 )
 from servo.config import ConfigError
+from servo.identity import Identity
 from servo.logs import Logger, get_logger
 from servo.server.manifest import OpenpiSection
 from servo.wire import CameraFeature, ServerKeys, WireError
@@ -88,7 +89,7 @@ class _Close(Exception):
 
 
 class OpenpiFrontDoor:
-    """Serves openpi's WebSocket protocol from a `PolicyServer` (a `servo.server.service.Frontend`).
+    """Serves openpi's WebSocket protocol from a `PolicyServer` (a `servo.server.frontend.Frontend`).
 
     Owned by the server's event loop. Each connection is handled by its own asyncio task
     (created by ``websockets``' server on that loop), which owns the connection's servo session.
@@ -105,13 +106,14 @@ class OpenpiFrontDoor:
         self._zsession: zenoh.Session | None = None
         self._health: Callable[[], tuple[bool, str]] = lambda: (False, "starting")
         self._active = 0
+        self._identity: Identity | None = None
 
     async def run(
         self,
         zsession: zenoh.Session,
         keys: ServerKeys,
         health: Callable[[], tuple[bool, str]],
-        identity: bytes,
+        identity: Identity,
         *,
         task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -122,7 +124,7 @@ class OpenpiFrontDoor:
             OSError: the port cannot be bound (named with the setting that chose it).
         """
         s = self.settings
-        self._zsession, self._health = zsession, health
+        self._zsession, self._health, self._identity = zsession, health, identity
         self._target = await self._own_replica(zsession, keys, identity)
         self._check_cameras(self._target)
         try:
@@ -147,17 +149,23 @@ class OpenpiFrontDoor:
         finally:
             await self._shut(server)
 
-    async def _own_replica(self, zsession: zenoh.Session, keys: ServerKeys, identity: bytes) -> ServerInfo:
+    async def _own_replica(self, zsession: zenoh.Session, keys: ServerKeys, identity: Identity) -> ServerInfo:
         """This server as a client discovers it, pinned by its identity (others may answer too).
 
         Every session then opens against this status, so its ack must be signed by ``identity``.
         """
-        trusted = TrustedServers(identities=frozenset({identity}))
-        servers = await PolicyClient(zsession, trusted=trusted).discover(app=keys.app, model=keys.model)
+        client = self._client(zsession)
+        servers = await client.discover(app=keys.app, model=keys.model)
         for server in servers:
             if server.keys == keys:
                 return server
         raise RuntimeError(f"the openpi front door cannot see its own server {keys.prefix}")
+
+    def _client(self, zsession: zenoh.Session, client_id: str | None = None) -> PolicyClient:
+        """A client of this server only: pinned to its identity, signing its opens with it."""
+        assert self._identity is not None
+        trusted = TrustedServers(identities=frozenset({self._identity.public_key}))
+        return PolicyClient(zsession, client_id, jpeg_quality=0, trusted=trusted, identity=self._identity)
 
     def _check_cameras(self, target: ServerInfo) -> None:
         cameras = target.status.policy.features.cameras
@@ -207,7 +215,7 @@ class OpenpiFrontDoor:
         assert self._target is not None
         s = self.settings
         peer = _peer(ws.remote_address)
-        client = PolicyClient(self._zsession, f"openpi-{uuid.uuid4().hex[:12]}", jpeg_quality=0)
+        client = self._client(self._zsession, f"openpi-{uuid.uuid4().hex[:12]}")
         link = _Link(client, self._target, peer)
         bound = log.bind(client_id=link.client.client_id, peer=peer)
         try:

@@ -13,6 +13,7 @@ A fleet file is TOML, converted with `servo.config` (one line naming the key for
     names = ["gpu-0"]
     [[robots]]
     names = ["robot-7", "robot-8"]      # a robot's name is its client id
+    identities = {robot-7 = "ed25519:…"}  # optional: servers enrol them (servo-edge --identity)
     [[monitors]]
     names = ["dashboard"]
 
@@ -30,8 +31,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from servo.config import ConfigError, LeaseMs, NonEmptyStr, doc, load_toml, parse_toml, quoted
-from servo.wire import WireError, segment
+from servo.config import ConfigError, LeaseMs, NonEmptyStr, convert, doc, load_toml, parse_toml, quoted
+from servo.wire import WireError, parse_fingerprint, segment
 
 #: The link protocols a router listens on: identities need ``tls`` (certificates) or any link with
 #: a password; other protocols were not verified with access control.
@@ -70,9 +71,22 @@ class RouterSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Members(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``[[robots]]`` / ``[[routers]]``: identities sharing one role."""
+    """``[[routers]]``: identities sharing one role."""
 
     names: Names
+
+
+class RobotGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[[robots]]``: robots; with ``identities``, servers that read the fleet file enrol them."""
+
+    names: Names
+    identities: Annotated[
+        dict[Name, str],
+        msgspec.Meta(
+            description="Name -> the robot's Ed25519 fingerprint (servo-edge --identity): servers whose "
+            "[security] fleet names this file admit only these robots, each under its own name."
+        ),
+    ] = {}
 
 
 class ServerGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -98,7 +112,7 @@ class Fleet(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     router: RouterSection
     servers: list[ServerGroup] = []
-    robots: list[Members] = []
+    robots: list[RobotGroup] = []
     monitors: list[MonitorGroup] = []
     routers: list[Members] = []
 
@@ -110,7 +124,7 @@ class Fleet(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def count(self, role: Literal["servers", "robots", "monitors", "routers"]) -> int:
         """How many identities hold ``role``."""
-        groups: list[ServerGroup] | list[Members] | list[MonitorGroup] = getattr(self, role)
+        groups: list[ServerGroup] | list[RobotGroup] | list[Members] | list[MonitorGroup] = getattr(self, role)
         return sum(len(group.names) for group in groups)
 
 
@@ -131,6 +145,50 @@ def load_fleet(path: str | Path) -> Fleet:
         ConfigError: the file cannot be read or is refused.
     """
     return _checked(load_toml(path, Fleet), str(path), Path(path).resolve().parent)
+
+
+class _RobotsOnly(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The part of a fleet file a policy server reads (the rest is the router's)."""
+
+    robots: list[RobotGroup] = []
+
+
+def robot_identities(path: str | Path) -> dict[str, bytes]:
+    """The robots a fleet file gives identities to, name -> Ed25519 public key.
+
+    A server reads only ``[[robots]]`` (it need not hold the router's certificates); the
+    identities are checked as `load_fleet` checks them.
+
+    Raises:
+        ConfigError: the file cannot be read, or an identity is malformed or given twice.
+    """
+    try:
+        values = msgspec.toml.decode(Path(path).read_bytes())
+    except (OSError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the fleet file: {getattr(exc, 'strerror', None) or exc}") from None
+    fleet = convert({"robots": values.get("robots", [])}, _RobotsOnly, origin=str(path))
+    try:
+        return _identities(fleet.robots)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _identities(groups: list[RobotGroup]) -> dict[str, bytes]:
+    keys: dict[str, bytes] = {}
+    holders: dict[bytes, str] = {}
+    for g, group in enumerate(groups):
+        for name, text in group.identities.items():
+            where = f"robots[{g}].identities.{name}"
+            if name not in group.names:
+                raise ValueError(f"{where}: {quoted(name)} is not in robots[{g}].names")
+            try:
+                key = parse_fingerprint(text)
+            except WireError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            if key in holders:
+                raise ValueError(f"{where}: also the identity of {quoted(holders[key])} (one identity, one robot)")
+            keys[name], holders[key] = key, name
+    return keys
 
 
 def password_names(path: str) -> set[str]:
@@ -188,6 +246,7 @@ def _resolved(fleet: Fleet, base_dir: Path) -> Fleet:
 def _check(fleet: Fleet) -> None:
     _check_router(fleet.router)
     _check_names(fleet)
+    _identities(fleet.robots)
     if fleet.router.connect and not fleet.routers:
         raise ValueError(
             "routers: router.connect joins other routers, but no [[routers]] group names them "

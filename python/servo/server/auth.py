@@ -15,10 +15,12 @@ Nothing a client sends is acted on before it passed the checks here.
   CONTROL, its own seq_id stream: a reset travels beside the observation in flight and may
   overtake it).
 * **Takeover** (`takeover`): when a second open names a client that already has a session here,
-  the new session replaces the old one only if the request proves it holds the old session's key
-  (``SessionOpen.resume``), or the old client is gone (its liveliness token vanished, or it has
-  been silent for ``idle_s``). Otherwise the open is refused with ``session_exists``: nobody can
-  cut a live robot's session by opening one under its name.
+  the new session replaces the old one only if it is signed by the same robot identity (a robot
+  that restarted; `servo.server.robots` already refused replays), proves it holds the old
+  session's key (``SessionOpen.resume``), or the old client is gone (its liveliness token
+  vanished, or it sent no authenticated observation for ``idle_s``). Otherwise the open is
+  refused with ``session_exists``: nobody can cut a live robot's session by opening one under
+  its name.
 
 Everything here is pure verification over the state in `SessionAuth`; the data plane (mailboxes,
 decoder, worker) only ever sees what passed.
@@ -82,10 +84,14 @@ class SessionAuth:
     key: SessionKey
     wire_id: bytes
     epoch: int
+    #: The Ed25519 identity that signed the open (`servo.server.robots`).
+    robot_key: bytes = b""
     last_obs_seq: int = 0
     last_control_seq: int = 0
-    #: Monotonic time of the open or of the last authenticated message (the takeover rule).
-    last_seen_ns: int = field(default_factory=time.monotonic_ns)
+    #: Monotonic time of the open or of the last authenticated observation: what counts as
+    #: activity for idle eviction and the takeover rule (control requests do not: a squatter
+    #: that only resets keeps nothing alive).
+    last_observation_ns: int = field(default_factory=time.monotonic_ns)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -102,9 +108,9 @@ class SessionAuth:
                 raise Refused("replay", f"seq_id {header.seq_id} is not above the last accepted {last}", header)
             if stream == "obs":
                 self.last_obs_seq = header.seq_id
+                self.last_observation_ns = time.monotonic_ns()
             else:
                 self.last_control_seq = header.seq_id
-            self.last_seen_ns = time.monotonic_ns()
             return header
 
     def open(self, attachment: bytes, body: bytes, stream: Stream) -> Header:
@@ -150,7 +156,8 @@ def accept_handshake(request: SessionOpen, identity: ServerIdentity, replica: st
     except AuthError as exc:
         raise Refused("header", f"client_key refused: {exc}") from None
     signature = identity.sign(ack_transcript(request.client_key, pair.public_key, session_id, replica))
-    return Handshake(SessionAuth(key, session_id, request.session_epoch), pair.public_key, signature)
+    auth = SessionAuth(key, session_id, request.session_epoch, robot_key=request.robot_key)
+    return Handshake(auth, pair.public_key, signature)
 
 
 def peek(attachment: bytes | None, msg_type: int) -> Header:
@@ -245,21 +252,25 @@ def _verify(
     return auth.open(attachment, body, stream), body
 
 
-Takeover = Literal["resumed", "vanished", "idle"]
+Takeover = Literal["same_robot", "resumed", "vanished", "idle"]
 
 
 def takeover(old: SessionAuth, request: SessionOpen, *, client_present: bool, idle_s: float) -> Takeover | None:
     """Whether a new open under the same client id may replace the session ``old``, and why.
 
+    * ``same_robot``: the open is signed by the robot identity that opened ``old`` (checked,
+      fresh and not a replay: `servo.server.robots`), e.g. the robot restarted;
     * ``resumed``: ``request.resume`` is sealed by the old key over the new client key (and its
       seq_id continues the old control stream, so a captured proof cannot be replayed);
     * ``vanished``: the client's liveliness token is gone, never appeared, or vanished at least
       once since the open (a token under the name now may belong to a restarted client; a
       peer cannot make another's token vanish);
-    * ``idle``: nothing authenticated came from the old session for ``idle_s`` (a client that
-      restarted before its old token expired would otherwise be locked out for good);
+    * ``idle``: no authenticated observation came from the old session for ``idle_s`` (a client
+      that restarted before its old token expired would otherwise be locked out for good);
     * None: the old session is live and the request proves nothing: refuse it.
     """
+    if old.robot_key and request.robot_key == old.robot_key:
+        return "same_robot"
     if request.resume:
         try:
             claimed = peek(request.resume, MSG_CONTROL)
@@ -270,6 +281,6 @@ def takeover(old: SessionAuth, request: SessionOpen, *, client_present: bool, id
             pass
     if not client_present:
         return "vanished"
-    if time.monotonic_ns() - old.last_seen_ns > idle_s * 1e9:
+    if time.monotonic_ns() - old.last_observation_ns > idle_s * 1e9:
         return "idle"
     return None

@@ -7,11 +7,14 @@ A bad request, or a bug in a handler, costs that one query — never the server.
 Who may do what (see `servo.server.auth` for the checks themselves):
 
 * a session is opened on the client's own ``…/c/<client>/session`` key, whose client id the
-  request must repeat; a client that already has a live session here gets ``session_exists``
-  unless the request proves it holds that session's key (or the old client is gone);
+  request must repeat, signed by the robot's identity (`servo.server.robots` decides who may
+  open, and how often, before validation and capacity); a client that already has a live
+  session here gets ``session_exists`` unless the open is signed by the same robot, proves it
+  holds that session's key, or the old client is gone;
 * reset and close must be sealed with the session key (a fresh seq_id each); anything else is
   refused, counted in ``servo_control_rejected_total{reason}``, and changes nothing;
-* the replies to reset and close are sealed too, so the client can tell them from a forgery.
+* the replies to reset and close are sealed too, so the client can tell them from a forgery;
+* trajectories and their refusals are signed by the replica (`servo.server.trajectories`).
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from servo._core import MSG_CONTROL_ACK, Header, SessionKey
 from servo.logs import LogThrottle, get_logger
 from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
-from servo.server.admission import ImageGate, KeyedBuckets, TokenBucket, camera_shapes, input_sizes
+from servo.server.admission import ImageGate, TokenBucket, camera_shapes, input_sizes
 from servo.server.auth import Refused, SessionAuth, accept_handshake, takeover, verify_control
 from servo.server.manifest import LimitsSection
+from servo.server.robots import RobotGate
 from servo.server.sessions import Session
 from servo.server.state import ServerState
-from servo.server.trajectories import TrajectoryLibrary
+from servo.server.trajectories import Signed, TrajectoryLibrary
 from servo.transport import LoopBridge, declare_action_publisher
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -69,7 +73,7 @@ class Sealed:
     header: Header
 
 
-Handler = Callable[[zenoh.Query, zenoh.ZBytes], msgspec.Struct | Sealed]
+Handler = Callable[[zenoh.Query, zenoh.ZBytes], msgspec.Struct | Sealed | Signed]
 
 
 def body(payload: zenoh.ZBytes) -> bytes:
@@ -100,6 +104,7 @@ class ControlPlane:
         policy: Makes each session's processor.
         zsession: Declares the queryables and each session's action publisher.
         trajectories: The trajectory library.
+        robots: Who may open sessions, how often (`servo.server.robots`).
         takeover_idle_s: See `servo.server.auth.takeover`.
         limits: Rates and sizes a peer may ask for (`servo.server.admission`).
         max_observation_bytes: The observation size bound (each session's image gate decodes
@@ -113,6 +118,7 @@ class ControlPlane:
         policy: Policy,
         zsession: zenoh.Session,
         trajectories: TrajectoryLibrary,
+        robots: RobotGate,
         takeover_idle_s: float,
         limits: LimitsSection,
         max_observation_bytes: int,
@@ -121,13 +127,10 @@ class ControlPlane:
         self._policy = policy
         self._zsession = zsession
         self._trajectories = trajectories
+        self._robots = robots
         self._takeover_idle_s = takeover_idle_s
         self._limits = limits
         self._max_observation_bytes = max_observation_bytes
-        # Session opens are handshakes (an X25519 exchange, a signature, a processor, a
-        # publisher) that anybody may ask for: bounded for everyone and per client id.
-        self._opens = TokenBucket(limits.session_opens_per_s, limits.session_open_burst)
-        self._client_opens = KeyedBuckets(limits.client_opens_per_s, limits.client_open_burst)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop."""
@@ -159,6 +162,8 @@ class ControlPlane:
             elif isinstance(result, Sealed):
                 body = encode(result.message)
                 query.reply(key, body, attachment=result.key.seal(result.header, body))
+            elif isinstance(result, Signed):
+                query.reply(key, result.body, attachment=result.signature)
             elif result is not None:
                 query.reply(key, encode(result))
         except zenoh.ZError as exc:
@@ -189,6 +194,7 @@ class ControlPlane:
             identity=replica.identity.public_key,
             queue_wait_ms=state.metrics.queue_wait_ms.recent_median(),
             inference_ms=state.metrics.inference_ms.recent_median(),
+            nonce=self._robots.nonces.current(),
         )
 
     def _reject(self, code: RejectCode, reason: str, **context: object) -> Rejection:
@@ -241,12 +247,9 @@ class ControlPlane:
             )
         if state.lifecycle != "serving":
             return self._reject("draining", "server is draining; open a session on another replica")
-        if not self._client_opens.take(client_id):
-            limit = self._limits.client_opens_per_s
-            return self._reject("rate_limited", f"more than {limit:g} session opens per second by {client_id!r}; retry")
-        if not self._opens.take():
-            limit = self._limits.session_opens_per_s
-            return self._reject("rate_limited", f"more than {limit:g} session opens per second; retry")
+        refused = self._robots.admit(request, keys.prefix)
+        if refused is not None:
+            return self._reject(refused.code, refused.reason, client_id=client_id)
         verdict = validate_open(request, info)
         if isinstance(verdict, Rejection):
             return self._reject(verdict.code, verdict.reason, client_id=client_id)
@@ -264,18 +267,20 @@ class ControlPlane:
             if why is None:
                 return self._reject(
                     "session_exists",
-                    f"client {client_id!r} already has a live session on this replica; close it first "
-                    "(or prove you hold it: SessionOpen.resume)",
+                    f"client {client_id!r} already has a live session on this replica, opened by another "
+                    "robot identity; close it first (or prove you hold it: SessionOpen.resume)",
                     client_id=client_id,
                 )
             log.info("session takeover", session_id=previous.session_id, client_id=client_id, why=why)
         elif len(state.registry) >= replica.max_sessions:
-            active = len(state.registry)
-            return self._reject(
-                "capacity",
-                f"server is full ({active}/{replica.max_sessions} sessions)",
-                client_id=client_id,
-            )
+            idle = self._robots.displaceable(request.robot_key, state.registry.snapshot())
+            if idle is None:
+                active = len(state.registry)
+                return self._reject(
+                    "capacity", f"server is full ({active}/{replica.max_sessions} sessions)", client_id=client_id
+                )
+            log.info("session displaced", session_id=idle.session_id, client_id=idle.client_id, by=client_id)
+            state.collect(idle, "displaced")
         try:
             handshake = accept_handshake(request, replica.identity, keys.replica)
         except Refused as exc:
@@ -376,10 +381,11 @@ class ControlPlane:
             return Rejection("bad_request", str(exc))
         return AuditTail(self._state.replica.keys.replica, self._state.recent.tail(request))
 
-    def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> msgspec.Struct:
-        """A whole trajectory of the library (or the list of names)."""
+    def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
+        """A whole trajectory of the library (or the list of names), signed by this replica."""
         try:
             request_body = body(payload)
         except WireError as exc:
             return Rejection("bad_request", str(exc))
-        return self._trajectories.answer(request_body)
+        replica = self._state.replica
+        return self._trajectories.answer(request_body, replica.identity, replica.keys.replica)

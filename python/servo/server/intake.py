@@ -9,24 +9,21 @@ ready: no decode and no thread hop stand between the mailbox and the forward.
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import zenoh
 
-from servo._core import MSG_ERROR, Header, unauthenticated
+from servo._core import MSG_ERROR, Header
 from servo.logs import LogThrottle, get_logger
 from servo.server.auth import Reason, Refused, verify_observation
 from servo.server.decoding import ObservationDecoder
 from servo.server.manifest import Manifest
+from servo.server.notices import KeylessNotices
 from servo.server.sessions import Session
 from servo.server.state import ServerState
-from servo.wire import ErrorEvent, WireError, encode, reply_header
+from servo.wire import ErrorEvent, WireError, encode
 
 log = get_logger(__name__)
-
-#: At most one keyless unknown_session notice per client id per this many seconds.
-UNKNOWN_SESSION_NOTICE_INTERVAL_S = 1.0
 
 
 class ObservationIntake:
@@ -39,11 +36,11 @@ class ObservationIntake:
         state: The server's shared state (registry, metrics, replica keys).
         manifest: Bounds on observations (size, rate).
         decoder: Turns an authenticated message into what a processor takes.
-        zsession: The server's Zenoh session, for the keyless ``unknown_session`` notice.
+        notices: Sends the signed ``unknown_session`` notice (`servo.server.notices`).
     """
 
     def __init__(
-        self, state: ServerState, manifest: Manifest, decoder: ObservationDecoder, zsession: zenoh.Session
+        self, state: ServerState, manifest: Manifest, decoder: ObservationDecoder, notices: KeylessNotices
     ) -> None:
         self._state = state
         self._registry = state.registry
@@ -51,10 +48,9 @@ class ObservationIntake:
         self._max_bytes = manifest.serving.max_observation_bytes
         self._rate = manifest.limits.observations_per_s
         self._decode = decoder
-        self._zsession = zsession
-        # Rejected observations: one log line per reason per second; notices: one per client per second.
+        self._notices = notices
+        # Rejected observations: one log line per reason per second.
         self._log_throttle = LogThrottle(1.0)
-        self._notice_throttle = LogThrottle(UNKNOWN_SESSION_NOTICE_INTERVAL_S, max_keys=4096)
 
     def on_sample(self, sample: zenoh.Sample) -> None:
         """Route by key, authenticate, admit, decode, deposit, return.
@@ -64,8 +60,8 @@ class ObservationIntake:
         a chunk. An authenticated one beyond the session's rate is dropped too (``rate``); one
         whose frames are not the sizes the session declared is answered with an error before any
         pixel is decoded (``image``, `servo.server.admission`). Only a well-formed observation
-        naming a session this replica does not know gets the keyless ``unknown_session`` notice,
-        so a client whose server restarted re-opens at once.
+        naming a session this replica does not know gets the signed ``unknown_session`` notice
+        (`servo.server.notices`), so a client whose server restarted re-opens at once.
         """
         now = time.monotonic_ns()
         try:
@@ -84,9 +80,12 @@ class ObservationIntake:
         except Refused as exc:
             self._reject(exc, client_id)
             if exc.reason == "session" and exc.header is not None:
-                self._tell_unknown_session(client_id, exc.header)
+                self._notices.unknown_session(client_id, exc.header)
             return
         assert session is not None
+        if not session.streamed:  # its robot key now counts as returning (servo.server.robots)
+            session.streamed = True
+            self._state.returning.add(session.auth.robot_key)
         # Answered, never queued: a one-in-flight client learns at once instead of timing out.
         if not session.observations.take():
             self._refuse(session, header, "rate", "rate_limited", f"more than {self._rate:g} observations/s")
@@ -116,22 +115,4 @@ class ObservationIntake:
                 detail=str(refused),
                 client_id=client_id,
                 suppressed=suppressed,
-            )
-
-    def _tell_unknown_session(self, client_id: str, header: Header) -> None:
-        """Send the keyless hint (rate limited per client id).
-
-        No key signs it: the client only re-opens a session when it echoes the session id and
-        the request it sent.
-        """
-        if self._notice_throttle.allow(client_id) is None:
-            return
-        body = encode(ErrorEvent("unknown_session", f"no session {header.session_id.hex()} here; open a new one"))
-        self._metrics.unknown_session_notices.inc()
-        with contextlib.suppress(zenoh.ZError):
-            self._zsession.put(
-                self._state.replica.keys.client(client_id).action,
-                body,
-                attachment=unauthenticated(reply_header(header, MSG_ERROR)),
-                congestion_control=zenoh.CongestionControl.DROP,
             )

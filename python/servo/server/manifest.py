@@ -31,8 +31,8 @@ from servo.config import (
     load_toml,
     parse_toml,
 )
-from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings
-from servo.wire import WireError, segment
+from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings, exposed_endpoint
+from servo.wire import WireError, parse_fingerprint, segment
 from servo.wire.openpi import ObservationKeys
 
 _DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
@@ -134,13 +134,17 @@ class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         PositiveInt, doc("Pixels one observation may ask the server to decode, all cameras together.")
     ] = 4 * 2048 * 2048
     session_opens_per_s: Annotated[
-        PositiveFloat, doc("Session opens accepted per second, all clients together (average).")
+        PositiveFloat,
+        doc(
+            "Session opens accepted per second, all robots together (average); without enrolment, robots new "
+            "to this server have a budget of this size and returning ones another."
+        ),
     ] = 50.0
     session_open_burst: Annotated[PositiveInt, doc("Session opens accepted at once before the rate applies.")] = 50
     client_opens_per_s: Annotated[
-        PositiveFloat, doc("Session opens accepted per second under one client id (average).")
+        PositiveFloat, doc("Session opens accepted per second from one robot identity (average).")
     ] = 2.0
-    client_open_burst: Annotated[PositiveInt, doc("Session opens accepted at once under one client id.")] = 5
+    client_open_burst: Annotated[PositiveInt, doc("Session opens accepted at once from one robot identity.")] = 5
     observations_per_s: Annotated[
         PositiveFloat,
         doc(
@@ -152,7 +156,7 @@ class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         PositiveInt, doc("Observations one session may send at once before the rate applies.")
     ] = 500
     idle_session_s: Annotated[
-        Seconds, doc("A session without an authenticated message for this long is closed (s).")
+        Seconds, doc("A session without an authenticated observation for this long is closed (s).")
     ] = 60.0
 
 
@@ -168,20 +172,75 @@ class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = 256
 
 
+class EnrolledRobot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One entry of ``[security] robots``: a robot's name and the identity it signs with."""
+
+    name: Annotated[str, doc("The robot's client id (its certificate CN behind a router).")]
+    identity: Annotated[str, doc("Its Ed25519 fingerprint, ed25519:… (printed by servo-edge --identity).")]
+
+    def check(self) -> None:
+        """A usable name and fingerprint."""
+        _segment("name", self.name)
+        try:
+            parse_fingerprint(self.identity)
+        except WireError as exc:
+            raise FieldError("identity", str(exc)) from None
+
+
 class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``[security]``: the replica's identity and the session-takeover rule."""
+    """``[security]``: the replica's identity, the robots it admits and what it may expose."""
 
     identity_key: Annotated[
         str,
-        doc("File of the Ed25519 identity that signs session acks (created 0600 when missing); ephemeral when empty."),
+        doc(
+            "File of the Ed25519 identity that signs session acks, trajectories and notices (created 0600 "
+            "when missing); servers/<app>.key in servo's directory when empty."
+        ),
     ] = ""
+    ephemeral_identity: Annotated[
+        bool, doc("A new identity at every start, kept nowhere: edges cannot pin or remember it.")
+    ] = False
+    robots: Annotated[
+        list[EnrolledRobot], doc("Enrolled robots: only these may open sessions, each under its own name.")
+    ] = []
+    fleet: Annotated[str, doc("A fleet file whose [[robots]] identities are enrolled too (servo-router's).")] = ""
     takeover_idle_s: Annotated[
         Seconds,
         doc(
-            "A client's live session may be replaced by a new open under its id without proof "
-            "only after this long without an authenticated message (s)."
+            "A client's live session may be replaced by another robot's open under its id only "
+            "after this long without an authenticated observation (s)."
         ),
     ] = 30.0
+    insecure: Annotated[
+        bool,
+        doc(
+            "Allow a plain (not TLS) listen endpoint on a non-loopback address: anyone on the network then "
+            "reads every robot's observations and chunks."
+        ),
+    ] = False
+    listen_beside_router: Annotated[
+        bool,
+        doc(
+            "Allow listening while connected to a router: peers reaching the listen endpoint bypass the "
+            "router's access control."
+        ),
+    ] = False
+
+    def check(self) -> None:
+        """One identity source; robot names and identities unique; the fleet file exists."""
+        if self.ephemeral_identity and self.identity_key:
+            raise FieldError("ephemeral_identity", "an ephemeral identity is kept nowhere: remove identity_key")
+        names: dict[str, int] = {}
+        keys: dict[str, int] = {}
+        for i, robot in enumerate(self.robots):
+            if robot.name in names:
+                raise FieldError(f"robots[{i}].name", f"{robot.name!r} is enrolled at robots[{names[robot.name]}] too")
+            if robot.identity in keys:
+                where = f"robots[{keys[robot.identity]}]"
+                raise FieldError(f"robots[{i}].identity", f"enrolled for {where} too (one identity, one robot)")
+            names[robot.name], keys[robot.identity] = i, i
+        if self.fleet and not Path(self.fleet).is_file():
+            raise FieldError("fleet", "file does not exist")
 
 
 class OpenpiSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -262,10 +321,26 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     trajectories: list[TrajectoryEntry] = []
 
     def check(self) -> None:
-        """Trajectory names are unique."""
+        """Trajectory names are unique; nothing is exposed by accident (see `SecuritySection`)."""
         names = [t.name for t in self.trajectories]
         if len(set(names)) != len(names):
             raise FieldError("trajectories", "names must be unique")
+        z, security = self.zenoh, self.security
+        for i, endpoint in enumerate(z.listen):
+            if not security.insecure and exposed_endpoint(endpoint):
+                raise FieldError(
+                    f"zenoh.listen[{i}]",
+                    f"{endpoint!r} is not TLS and not loopback: anyone on the network would read every robot's "
+                    "observations and chunks; listen on tls/ (README: Certificates), or accept that with "
+                    "--insecure ([security] insecure = true)",
+                )
+        if z.listen and z.connect and not security.listen_beside_router:
+            raise FieldError(
+                "zenoh.listen",
+                f"{z.listen[0]!r} beside connect {z.connect[0]!r}: peers reaching this port bypass the access "
+                "control of the router connected to; set zenoh.listen = [] (servers are clients of the router), "
+                "or accept that with --listen-beside-router ([security] listen_beside_router = true)",
+            )
 
 
 def parse_manifest(text: str, *, origin: str = "<manifest>", overrides: dict[str, Any] | None = None) -> Manifest:

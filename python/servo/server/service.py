@@ -17,14 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import anyio
 import zenoh
 from anyio.abc import TaskGroup, TaskStatus
 
-from servo._core import MSG_DRAIN, ServerIdentity
-from servo.identity import ephemeral_identity, load_identity
+from servo._core import MSG_DRAIN
+from servo.identity import Identity
 from servo.logs import get_logger
 from servo.policy import Policy, load_policy
 from servo.policy.compatibility import describe
@@ -33,9 +32,13 @@ from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.control import ControlPlane
 from servo.server.decoding import ObservationDecoder, device_frames_for
+from servo.server.enrolment import enrolled_robots, replica_identity
+from servo.server.frontend import Frontend
 from servo.server.intake import ObservationIntake
 from servo.server.manifest import Manifest
+from servo.server.notices import KeylessNotices
 from servo.server.ops import OpsEndpoint
+from servo.server.robots import RobotGate
 from servo.server.scheduler import Scheduler, scheduler_for
 from servo.server.sessions import Session
 from servo.server.state import Replica, ServerState
@@ -70,36 +73,8 @@ class ServerReady:
     #: The data-plane paths in use: ``device``, ``frames`` (host, or device: nvJPEG on CUDA),
     #: ``pinned`` (host frames copied through pinned buffers), ``dtype``, ``cuda_graphs``.
     paths: dict[str, str] = field(default_factory=dict)
-
-
-class Frontend(Protocol):
-    """Another way into the server, e.g. openpi's WebSocket protocol (`servo.frontends`).
-
-    Runs on the server's event loop from the moment the server serves until its drain has told
-    every session; it reaches the policy only through ordinary sessions opened on the server's
-    own Zenoh session, so admission, scheduling and metrics are the robots'.
-    """
-
-    name: str
-
-    async def run(
-        self,
-        zsession: zenoh.Session,
-        keys: ServerKeys,
-        health: Callable[[], tuple[bool, str]],
-        identity: bytes,
-        *,
-        task_status: TaskStatus[str],
-    ) -> None:
-        """Serve until cancelled; ``task_status.started(url)`` once listening.
-
-        Args:
-            zsession: The server's own Zenoh session, to open sessions on.
-            keys: This replica's keys.
-            health: ``(serving, lifecycle state)`` of the server, for a health check.
-            identity: This replica's public key: pin it, so no other peer can pose as this server.
-            task_status: Reports where the frontend listens.
-        """
+    #: Robots enrolled (`servo.server.robots`); 0: any robot may connect.
+    enrolled: int = 0
 
 
 class PolicyServer:
@@ -115,6 +90,8 @@ class PolicyServer:
         frontends: Other protocols served alongside Zenoh (see `Frontend`).
         search_path: A directory a ``package.module:factory`` policy may be imported from (the
             manifest's own directory when started by ``servo-serve``).
+        identity: The replica's identity, already loaded (``servo-serve --ray`` gives every replica
+            the driver's); from ``[security]`` otherwise (`servo.server.enrolment`).
     """
 
     def __init__(
@@ -125,7 +102,9 @@ class PolicyServer:
         scheduler: Scheduler | None = None,
         frontends: Sequence[Frontend] = (),
         search_path: str | Path | None = None,
+        identity: Identity | None = None,
     ) -> None:
+        self._identity = identity
         self.manifest = manifest
         self._frontends = tuple(frontends)
         self._policy = policy
@@ -178,8 +157,10 @@ class PolicyServer:
                 ops = OpsEndpoint(self.state.health, self.metrics.render)
                 if m.ops.health_port:
                     health_port = await tg.start(ops.run, m.ops.health_host, m.ops.health_port)
-            key = m.security.identity_key
-            identity = await anyio.to_thread.run_sync(lambda: load_identity(key) if key else ephemeral_identity())
+            identity = self._identity
+            if identity is None:
+                identity = await anyio.to_thread.run_sync(replica_identity, m.security, m.serving.app)
+            enrolled = await anyio.to_thread.run_sync(enrolled_robots, m.security)
             # Listening while the policy loads: an edge that lost this server links again meanwhile,
             # and re-handshakes the moment the liveliness token appears (nothing is declared before).
             async with open_session(m.zenoh) as zsession:
@@ -213,7 +194,10 @@ class PolicyServer:
                     # Frontends end before the Zenoh session their sessions live on.
                     async with anyio.create_task_group() as frontends:
                         self._zsession = zsession
-                        await self._serve(zsession, runner, scheduler, audit, task_status, health_port, frontends)
+                        robots = RobotGate(enrolled, m.limits, self.state.returning, identity.public_key)
+                        await self._serve(
+                            zsession, runner, scheduler, audit, task_status, health_port, frontends, robots
+                        )
                 finally:
                     audit.close()
                     tg.cancel_scope.cancel()
@@ -227,6 +211,7 @@ class PolicyServer:
         task_status: TaskStatus[ServerReady],
         health_port: int | None,
         frontends: TaskGroup,
+        robots: RobotGate,
     ) -> None:
         m, state = self.manifest, self.state
         keys, info = state.replica.keys, state.replica.info
@@ -246,7 +231,8 @@ class PolicyServer:
             "dtype": m.model.dtype,
             "cuda_graphs": "on" if m.model.cuda_graphs else "off",
         }
-        intake = ObservationIntake(state, m, decoder, zsession)
+        notices = KeylessNotices(zsession, keys, state.replica.identity, self.metrics)
+        intake = ObservationIntake(state, m, decoder, notices)
         declared: list[Declared] = []
         token: zenoh.LivelinessToken | None = None
         try:
@@ -255,6 +241,7 @@ class PolicyServer:
                 policy=runner.policy,
                 zsession=zsession,
                 trajectories=self._trajectories,
+                robots=robots,
                 takeover_idle_s=m.security.takeover_idle_s,
                 limits=m.limits,
                 max_observation_bytes=m.serving.max_observation_bytes,
@@ -282,13 +269,19 @@ class PolicyServer:
                 max_sessions=state.replica.max_sessions,
                 scheduler=type(scheduler).__name__,
                 identity=identity,
+                enrolled=len(robots.enrolled),
                 **paths,
             )
-            own = state.replica.identity.public_key
+            if not robots.enrolled:
+                log.warning("any robot may connect: no robot is enrolled ([security] robots, or fleet)")
+            own = state.replica.identity
             endpoints = {
                 f.name: await frontends.start(f.run, zsession, keys, state.health, own) for f in self._frontends
             }
-            task_status.started(ServerReady(keys, info, health_port, identity, endpoints, self._warmup_s, paths))
+            ready = ServerReady(
+                keys, info, health_port, identity, endpoints, self._warmup_s, paths, enrolled=len(robots.enrolled)
+            )
+            task_status.started(ready)
             await self._stop.wait()
         finally:
             with anyio.CancelScope(shield=True):
@@ -319,7 +312,7 @@ class PolicyServer:
             self._policy = load_policy(model.source, model.options, device=model.device, search_path=self._search_path)
         return self._policy
 
-    def _replica(self, policy: Policy, identity: ServerIdentity) -> Replica:
+    def _replica(self, policy: Policy, identity: Identity) -> Replica:
         """What this replica serves; the one place the serving mode and capacity are decided."""
         spec, serving = policy.spec, self.manifest.serving
         exclusive = serving.mode == "exclusive" or not spec.chunk_stateless

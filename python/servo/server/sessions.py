@@ -113,6 +113,9 @@ class Session:
     images: ImageGate
     #: Authenticated observations this session may still send (Zenoh callback threads).
     observations: TokenBucket
+    #: Set by the observation thread at the first authenticated observation: the robot key is
+    #: then a returning one (`servo.server.robots.ReturningRobots`).
+    streamed: bool = False
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0
     mailbox: Mail | None = None

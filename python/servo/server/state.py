@@ -15,12 +15,13 @@ import anyio
 import zenoh
 from anyio.abc import TaskGroup
 
-from servo._core import ServerIdentity
+from servo._core import MSG_DRAIN, ServerIdentity
 from servo.logs import get_logger
 from servo.server.audit import RecentRequests
 from servo.server.metrics import ServerMetrics
+from servo.server.robots import ReturningRobots
 from servo.server.sessions import Session, SessionRegistry
-from servo.wire import PolicyInfo, ServerKeys, WireError
+from servo.wire import DrainNotice, PolicyInfo, ServerKeys, WireError, encode
 
 log = get_logger(__name__)
 
@@ -52,8 +53,8 @@ class ServerState:
     """The state shared by `PolicyServer`, its `ControlPlane` and its `InferenceWorker`.
 
     The event loop owns the lifecycle, the replica binding and the opening and collection of
-    sessions; the inference worker thread only reads `replica` and `load`. ``registry`` and
-    ``metrics`` are thread-safe on their own.
+    sessions; the inference worker thread only reads `replica` and `load`. ``registry``,
+    ``metrics`` and ``returning`` (robot keys that streamed here) are thread-safe on their own.
 
     ::
 
@@ -67,9 +68,9 @@ class ServerState:
     Args:
         client_grace_s: How long a session whose client's liveliness token is gone (or never
             appeared) is kept before it is collected.
-        idle_session_s: A session without an authenticated message for this long is collected
-            (``idle``), whether or not its client's token is there: a squatter that declares a
-            token and never streams does not hold a slot for good.
+        idle_session_s: A session without an authenticated observation for this long is collected
+            (``idle``), whether or not its client's token is there and whatever else it sends: a
+            squatter that declares a token and resets but never streams holds no slot for good.
         robot_labels: Most robots with metrics series of their own (`ServerMetrics`).
     """
 
@@ -78,6 +79,7 @@ class ServerState:
         self.metrics = ServerMetrics(robot_labels)
         #: The last requests of each client, for the audit queryable (the audit log writes them).
         self.recent = RecentRequests()
+        self.returning = ReturningRobots()
         self.lifecycle: Lifecycle = "starting"
         self._grace_s = client_grace_s
         self._idle_s = idle_session_s
@@ -143,9 +145,15 @@ class ServerState:
         self._collect_later(session.session_id)
 
     def collect(self, session: Session, reason: str) -> None:
-        """Close a session (closed by its client, vanished, replaced, shutdown); idempotent."""
+        """Close a session (closed by its client, vanished, replaced, idle, shutdown); idempotent.
+
+        Unless its client closed it (or the drain told it already), the client is told, sealed: it
+        re-opens at once instead of waiting out a request the server will never answer.
+        """
         if self.registry.remove(session.session_id) is None:
             return
+        if reason not in ("closed", "shutdown"):
+            session.publish(MSG_DRAIN, encode(DrainNotice(f"the server closed this session: {reason}")))
         session.close_publisher()
         self._sessions_changed()
         if self.registry.by_client(session.client_id) is None:
@@ -194,7 +202,7 @@ class ServerState:
                 return
             cutoff = time.monotonic_ns() - int(self._idle_s * 1e9)
             for session in self.registry.snapshot():
-                if session.auth.last_seen_ns < cutoff:
+                if session.auth.last_observation_ns < cutoff:
                     log.info("session idle", session_id=session.session_id, client_id=session.client_id)
                     self.collect(session, "idle")
 

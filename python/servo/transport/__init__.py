@@ -2,7 +2,13 @@
 
 from servo.transport.bridge import LoopBridge, query
 from servo.transport.certificate import CertificateError, common_name
-from servo.transport.config import DEFAULT_LOCAL_ENDPOINT, TlsSettings, UsrPwdSettings, ZenohSettings
+from servo.transport.config import (
+    DEFAULT_LOCAL_ENDPOINT,
+    TlsSettings,
+    UsrPwdSettings,
+    ZenohSettings,
+    exposed_endpoint,
+)
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
 from servo.transport.session import Declared, open_session
 
@@ -17,6 +23,7 @@ __all__ = [
     "common_name",
     "declare_action_publisher",
     "declare_obs_publisher",
+    "exposed_endpoint",
     "open_session",
     "query",
 ]

@@ -7,6 +7,7 @@ a fast connect retry so a restarted router is rejoined within milliseconds.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -36,6 +37,29 @@ DATA_QUEUE_BATCHES = 16
 
 
 _PROTOCOLS = ("tcp", "udp", "tls", "quic", "unixsock-stream", "ws")
+#: Protocols whose traffic is encrypted (and authenticated by certificate) on the wire.
+_ENCRYPTED = ("tls", "quic")
+#: Protocols that never leave the host.
+_LOCAL = ("unixsock-stream",)
+
+
+def exposed_endpoint(endpoint: str) -> bool:
+    """Whether ``endpoint`` carries plain text to or from other hosts.
+
+    True for ``tcp/``, ``udp/`` and ``ws/`` on any address but a loopback one (127.0.0.0/8,
+    ``::1``, ``localhost``); False for ``tls/``, ``quic/`` and Unix sockets. A host name other
+    than ``localhost`` counts as another host (it may resolve anywhere).
+    """
+    proto, _, address = endpoint.partition("/")
+    if proto in _ENCRYPTED or proto in _LOCAL:
+        return False
+    host = address.split("?")[0].split("#")[0].rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
 
 
 class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

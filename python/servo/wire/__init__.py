@@ -18,6 +18,7 @@ from servo.wire.keys import (
     status_selector,
 )
 from servo.wire.messages import (
+    NONCE_SIZE,
     SESSION_MESSAGE_TYPES,
     SUPPORTED_SCHEMA_VERSIONS,
     ActionChunk,
@@ -49,7 +50,16 @@ from servo.wire.telemetry import (
     telemetry_key,
 )
 from servo.wire.tensor import Tensor, decode_floats, decode_tensor, encode_tensor
-from servo.wire.trust import ack_transcript, fingerprint, parse_fingerprint, resume_body
+from servo.wire.trust import (
+    ack_transcript,
+    fingerprint,
+    notice_transcript,
+    open_transcript,
+    parse_fingerprint,
+    rejection_transcript,
+    resume_body,
+    trajectory_transcript,
+)
 
 #: Every message body of the protocol, for codec tests and fuzzing.
 MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (*SESSION_MESSAGE_TYPES, EdgeTelemetry, AuditQuery, AuditTail)
@@ -57,6 +67,7 @@ MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (*SESSION_MESSAGE_TYPES, EdgeT
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "MESSAGE_TYPES",
+    "NONCE_SIZE",
     "ROOT",
     "SUPPORTED_SCHEMA_VERSIONS",
     "TELEMETRY_SELECTOR",
@@ -103,8 +114,11 @@ __all__ = [
     "encode_tensor",
     "fingerprint",
     "jpeg_dimensions",
+    "notice_transcript",
     "open_telemetry",
+    "open_transcript",
     "parse_fingerprint",
+    "rejection_transcript",
     "reply_header",
     "resume_body",
     "seal_telemetry",
@@ -112,4 +126,5 @@ __all__ = [
     "slugify",
     "status_selector",
     "telemetry_key",
+    "trajectory_transcript",
 ]

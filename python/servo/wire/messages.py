@@ -46,6 +46,14 @@ Task = Annotated[str, msgspec.Meta(max_length=MAX_TASK_CHARS)]
 SessionId = Annotated[bytes, msgspec.Meta(min_length=_core.SESSION_ID_SIZE, max_length=_core.SESSION_ID_SIZE)]
 PublicKey = Annotated[bytes, msgspec.Meta(min_length=_core.PUBLIC_KEY_SIZE, max_length=_core.PUBLIC_KEY_SIZE)]
 Signature = Annotated[bytes, msgspec.Meta(min_length=_core.SIGNATURE_SIZE, max_length=_core.SIGNATURE_SIZE)]
+#: A signature where older peers send none (empty); whoever checks it refuses the empty one.
+OptionalSignature = Annotated[bytes, msgspec.Meta(max_length=_core.SIGNATURE_SIZE)]
+#: A public key where older peers send none (empty); whoever checks it refuses the empty one.
+OptionalPublicKey = Annotated[bytes, msgspec.Meta(max_length=_core.PUBLIC_KEY_SIZE)]
+#: A random value that makes a signed answer fresh (`NONCE_SIZE` bytes when set).
+Nonce = Annotated[bytes, msgspec.Meta(max_length=32)]
+#: Bytes of the nonces servo draws.
+NONCE_SIZE = 16
 Pixels = Annotated[int, msgspec.Meta(ge=1, le=65_535)]
 Fps = Annotated[float, msgspec.Meta(gt=0.0, le=100_000.0)]
 #: The schema versions a client offers at open (the server reads them before the rest of the open).
@@ -126,6 +134,9 @@ class StatusReply(msgspec.Struct, frozen=True):
     #: Median forward time of the replica's recent requests (ms; 0 before the first): an edge
     #: tells at session open whether the policy's chunks can outlast its round trips.
     inference_ms: NonNegativeFloat = 0.0
+    #: What a session open must carry (and sign) now: a robot's open is fresh only with a nonce
+    #: the replica handed out in the last minute, so a captured open cannot be replayed.
+    nonce: Nonce = b""
 
     def __post_init__(self) -> None:
         """Refuse an impossible load (msgspec turns the ValueError into a decode error)."""
@@ -158,6 +169,9 @@ class SessionOpen(msgspec.Struct, frozen=True):
     session_epoch: U32 = 0
     tags: Tags = {}
     resume: Resume = b""
+    robot_key: OptionalPublicKey = b""
+    nonce: Nonce = b""
+    robot_signature: OptionalSignature = b""
 
 
 class SessionAck(msgspec.Struct, frozen=True):
@@ -201,17 +215,23 @@ RejectCode = Literal[
     "session_exists",
     "unauthenticated",
     "rate_limited",
+    "stale_nonce",
 ]
 
 
 class Rejection(msgspec.Struct, frozen=True):
-    """Why a control request was refused; sent as a Zenoh error reply."""
+    """Why a control request was refused; sent as a Zenoh error reply.
+
+    A refused trajectory fetch is signed by the replica (``signature`` over
+    `servo.wire.trust.rejection_transcript`): a robot obeys no refusal it cannot verify.
+    """
 
     code: RejectCode
     reason: str
     active_sessions: int = 0
     max_sessions: int = 0
     load: float = 0.0
+    signature: OptionalSignature = b""
 
 
 class ResetRequest(msgspec.Struct, frozen=True, tag="reset"):
@@ -275,10 +295,16 @@ class ActionChunk(msgspec.Struct, frozen=True):
 
 
 class ErrorEvent(msgspec.Struct, frozen=True):
-    """Server -> client data plane: the observation named in the header could not be served."""
+    """Server -> client data plane: the observation named in the header could not be served.
+
+    Sealed with the session key like every message of a session, except the ``unknown_session``
+    notice of a replica that holds no key for the session: that one carries the replica's
+    ``signature`` over `servo.wire.trust.notice_transcript` instead.
+    """
 
     code: str
     message: str
+    signature: OptionalSignature = b""
 
 
 class DrainNotice(msgspec.Struct, frozen=True):
@@ -288,9 +314,14 @@ class DrainNotice(msgspec.Struct, frozen=True):
 
 
 class TrajectoryRequest(msgspec.Struct, frozen=True):
-    """Client -> server: fetch a named trajectory (``name=""`` lists the library)."""
+    """Client -> server: fetch a named trajectory (``name=""`` lists the library).
+
+    The replica signs its answer over the client's fresh ``nonce`` (`servo.wire.trust`), so only
+    its own, new answer is believed.
+    """
 
     name: Name = ""
+    nonce: Nonce = b""
 
 
 class Trajectory(msgspec.Struct, frozen=True):

@@ -1,12 +1,26 @@
-"""What the handshake signs and proves, and how server identities are written down.
+"""What the identities sign and prove, and how identities are written down.
 
-Both ends build these bytes the same way, so they live in the wire layer:
+Both ends build these bytes the same way, so they live in the wire layer. Every transcript starts
+with its own context string, so a signature made for one purpose never verifies for another (the
+server signs notices for whatever header an observation claimed: that must not make it sign an
+ack or a trajectory).
 
+* `open_transcript`: what a robot's Ed25519 identity signs in a `SessionOpen`: every field of
+  the open (the client id, its ephemeral X25519 key, the features, the task, the epoch, the
+  resume proof) and the replica's key prefix and nonce, so an open can be neither altered, nor
+  sent to another replica, nor replayed once the nonce is old (the server refuses a nonce it
+  did not hand out in the last minute, and an X25519 key it saw already).
 * `ack_transcript`: what a replica's Ed25519 identity signs in a `SessionAck`. It binds the
   client's and the server's ephemeral X25519 keys, the session id and the replica: an edge that
   verifies it knows that the session key it derives is shared with the holder of that identity,
   for this session on this replica, and nobody else (a peer that answered the session-open
   query first holds no identity the edge trusts, or cannot sign this transcript).
+* `trajectory_transcript` / `rejection_transcript`: what a replica signs when it answers a
+  trajectory fetch (the trajectory bytes, or its refusal): bound to the client's fresh nonce,
+  the replica and the name asked for, so nobody else's answer, and no old answer, is believed.
+* `notice_transcript`: what a replica signs in a notice it cannot seal because it holds no key
+  for the session (``unknown_session``): bound to the replica and to the header of the request
+  it answers, so it only ends that request, on that replica.
 * `resume_body`: what an old session key seals to let a new open replace its session.
 * `fingerprint` / `parse_fingerprint`: the text form of an identity (``ed25519:`` + urlsafe
   base64 of the 32-byte public key, no padding), as printed by ``servo-serve`` and pinned in an
@@ -18,13 +32,55 @@ from __future__ import annotations
 import base64
 import binascii
 
-from servo._core import PUBLIC_KEY_SIZE
+import msgspec
+
+from servo._core import HEADER_SIZE, PUBLIC_KEY_SIZE
 from servo.wire.errors import WireError
+from servo.wire.messages import SessionOpen
 
 #: Prefix of an identity fingerprint.
 FINGERPRINT_PREFIX = "ed25519:"
 ACK_CONTEXT = b"servo/2 session-ack\0"
 RESUME_CONTEXT = b"servo/2 session-resume\0"
+OPEN_CONTEXT = b"servo/2 session-open\0"
+TRAJECTORY_CONTEXT = b"servo/2 trajectory\0"
+REJECTION_CONTEXT = b"servo/2 trajectory-refused\0"
+NOTICE_CONTEXT = b"servo/2 keyless-notice\0"
+
+
+def open_transcript(request: SessionOpen, prefix: str) -> bytes:
+    """The bytes a `SessionOpen.robot_signature` signs, for the replica whose key prefix is ``prefix``."""
+    fields = [
+        prefix,
+        request.client_id,
+        request.schema_versions,
+        request.features,
+        request.fps,
+        request.client_key,
+        request.task,
+        request.rtc,
+        request.session_epoch,
+        request.tags,
+        request.resume,
+        request.robot_key,
+        request.nonce,
+    ]
+    return OPEN_CONTEXT + msgspec.msgpack.encode(fields)
+
+
+def trajectory_transcript(nonce: bytes, replica: str, name: str, payload: bytes) -> bytes:
+    """What a replica signs when it answers the trajectory fetch ``nonce`` with ``payload``."""
+    return TRAJECTORY_CONTEXT + msgspec.msgpack.encode([nonce, replica, name]) + payload
+
+
+def rejection_transcript(nonce: bytes, replica: str, name: str, code: str, reason: str) -> bytes:
+    """What a replica signs when it refuses the trajectory fetch ``nonce``."""
+    return REJECTION_CONTEXT + msgspec.msgpack.encode([nonce, replica, name, code, reason])
+
+
+def notice_transcript(prefix: str, attachment: bytes, code: str, message: str) -> bytes:
+    """What a replica signs in a keyless notice: its prefix, the notice's header, the event."""
+    return NOTICE_CONTEXT + msgspec.msgpack.encode([prefix, attachment[:HEADER_SIZE], code, message])
 
 
 def ack_transcript(client_key: bytes, server_key: bytes, session_id: bytes, replica: str) -> bytes:

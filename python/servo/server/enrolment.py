@@ -1,0 +1,48 @@
+"""Who a replica is and which robots it knows: its identity and its enrolled robots.
+
+Both come from the manifest's ``[security]`` (`servo.server.manifest.SecuritySection`) and are
+read once, at start, off the event loop.
+"""
+
+from __future__ import annotations
+
+from servo.config import ConfigError
+from servo.identity import Identity, ephemeral_identity, server_identity
+from servo.router.fleet import robot_identities
+from servo.server.manifest import SecuritySection
+from servo.wire import parse_fingerprint
+
+
+def replica_identity(security: SecuritySection, app: str) -> Identity:
+    """The identity ``[security]`` asks for.
+
+    ``identity_key``, else ``servers/<app>.key`` in servo's directory (`servo.home`), so replicas
+    started from one directory share it; a new one kept nowhere with ``ephemeral_identity``.
+
+    Raises:
+        IdentityError: the file cannot be read or created.
+    """
+    if security.ephemeral_identity:
+        return ephemeral_identity()
+    return server_identity(security.identity_key, app)
+
+
+def enrolled_robots(security: SecuritySection) -> dict[str, bytes]:
+    """The robots ``[security] robots`` and the ``[[robots]]`` of its ``fleet`` file enrol, name to key.
+
+    Raises:
+        ConfigError: the fleet file is unusable, or it and the manifest enrol one name with two
+            identities (or one identity under two names).
+    """
+    enrolled = {robot.name: parse_fingerprint(robot.identity) for robot in security.robots}
+    if not security.fleet:
+        return enrolled
+    for name, key in robot_identities(security.fleet).items():
+        if enrolled.get(name, key) != key:
+            raise ConfigError(f"security.fleet: {name!r} has another identity in {security.fleet} than in robots")
+        enrolled[name] = key
+    holders: dict[bytes, str] = {}
+    for name, key in enrolled.items():
+        if holders.setdefault(key, name) != name:
+            raise ConfigError(f"security: {holders[key]!r} and {name!r} are enrolled with one identity")
+    return enrolled
