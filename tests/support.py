@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 
 import anyio
@@ -86,3 +87,13 @@ async def eventually(
                 await anyio.sleep(poll)
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
+
+
+def new_threads(before: Collection[threading.Thread]) -> list[str]:
+    """Names of the threads alive now that were not in ``before`` (`threading.enumerate` then), sorted.
+
+    What a component leaves behind, unlike a `threading.active_count` difference: threads of
+    earlier tests that end meanwhile (an idle AnyIO worker, a closed Zenoh session's callback
+    thread, later on a loaded machine) do not count.
+    """
+    return sorted(t.name for t in threading.enumerate() if t not in before)

@@ -11,6 +11,7 @@ import pytest
 from servo.robots.cameras import CameraError, CameraGroup, OpenCVCamera, import_cv2
 from servo.robots.capture import CaptureThread, LatestFrame
 from servo.robots.protocol import Frame
+from tests.support import new_threads
 
 
 def frame(value: int) -> Frame:
@@ -98,7 +99,7 @@ def _red_video(path: Path, width: int = 64, height: int = 48) -> Path:
 
 def test_opencv_camera_delivers_rgb_frames(tmp_path: Path) -> None:
     video = _red_video(tmp_path / "red.avi")
-    before = threading.active_count()
+    before = set(threading.enumerate())
     camera = OpenCVCamera(str(video), width=64, height=48, fps=100.0, name="file")
     assert camera.latest() is None
     camera.connect()
@@ -114,16 +115,16 @@ def test_opencv_camera_delivers_rgb_frames(tmp_path: Path) -> None:
     finally:
         camera.disconnect()
         camera.disconnect()
-    assert threading.active_count() == before
+    assert new_threads(before) == []
 
 
 def test_opencv_camera_with_wrong_size_fails_clearly(tmp_path: Path) -> None:
     video = _red_video(tmp_path / "red.avi")
-    before = threading.active_count()
+    before = set(threading.enumerate())
     camera = OpenCVCamera(str(video), width=640, height=480, name="file")
     with pytest.raises(CameraError, match=r"frames are \(48, 64, 3\), expected \(480, 640, 3\)"):
         camera.connect()
-    assert threading.active_count() == before
+    assert new_threads(before) == []
 
 
 def test_opencv_camera_that_does_not_open(tmp_path: Path) -> None:
@@ -134,7 +135,7 @@ def test_opencv_camera_that_does_not_open(tmp_path: Path) -> None:
 
 def test_camera_group_connects_all_or_none(tmp_path: Path) -> None:
     video = _red_video(tmp_path / "red.avi")
-    before = threading.active_count()
+    before = set(threading.enumerate())
     group = CameraGroup({"a": OpenCVCamera(str(video), 64, 48, 100.0, name="a"), "b": OpenCVCamera(str(video), 64, 48)})
     group.connect()
     try:
@@ -144,8 +145,8 @@ def test_camera_group_connects_all_or_none(tmp_path: Path) -> None:
         }
     finally:
         group.disconnect()
-    assert threading.active_count() == before
+    assert new_threads(before) == []
     broken = CameraGroup({"a": OpenCVCamera(str(video), 64, 48), "b": OpenCVCamera(str(tmp_path / "none"))})
     with pytest.raises(CameraError, match="cannot open"):
         broken.connect()
-    assert threading.active_count() == before  # the camera that had opened was released again
+    assert new_threads(before) == []  # the camera that had opened was released again

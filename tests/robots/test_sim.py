@@ -16,6 +16,7 @@ from servo.robots import Robot, SimCameraConfig, SimCameras, SimConfig, SimSO100
 from servo.robots.sim import first_order_step
 from servo.robots.sim_render import ArmRenderer, view_for
 from servo.robots.so100_joints import JOINT_NAMES, LOWER, MAX_VELOCITY, REST_POSE, UPPER
+from tests.support import new_threads
 
 VMAX = np.asarray(MAX_VELOCITY)
 SMALL = SimCameraConfig("front", height=120, width=160, fps=60.0)
@@ -207,15 +208,15 @@ def test_jpeg_size_is_camera_like() -> None:
 
 
 def test_connect_disconnect_stop_the_threads() -> None:
-    before = threading.active_count()
+    before = set(threading.enumerate())
     config = SimConfig(cameras=(SMALL, SimCameraConfig("side", 60, 80, fps=60.0)))
     cameras = SimCameras(config, SimSO100(config))
     cameras.connect()
     assert len(cam_threads()) == 2
-    assert threading.active_count() == before + 2
+    assert new_threads(before) == sorted(t.name for t in cam_threads())
     cameras.disconnect()
     cameras.disconnect()
-    assert threading.active_count() == before
+    assert new_threads(before) == []
     assert cam_threads() == []
 
 

@@ -275,7 +275,9 @@ def test_without_the_server_extra_says_how_to_install_it(tmp_path: Path) -> None
     # A torch that is not installed: importing it fails the way a missing package does.
     (fake / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
     manifest = tmp_path / "manifest.toml"
-    manifest.write_text(f"[model]\nsource = 'reference'\n[zenoh]\nlisten = ['tcp/127.0.0.1:{free_port()}']\n")
+    manifest.write_text(
+        f"[model]\nsource = 'reference'\n[zenoh]\nlisten = ['tcp/127.0.0.1:{free_port()}']\n[ops]\nhealth_port = 0\n"
+    )
     env = {**os.environ, "PYTHONPATH": f"{fake}{os.pathsep}{REPO}"}
     done = subprocess.run(serve_command(manifest), capture_output=True, text=True, timeout=60, env=env, check=False)
     assert done.returncode == 2, done.stderr

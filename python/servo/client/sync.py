@@ -9,7 +9,8 @@ fewer bytes on a slow link. Closing is deterministic (``close()`` or the ``with`
 Zenoh callback threads are started from the loop thread and inherit its daemon flag, so nothing
 of the client holds the interpreter at exit (ZENOH_FACTS §9); a client the program never closed
 is closed properly at exit, so the server ends its session at once instead of collecting it
-after its grace period. Never imports torch.
+after its grace period. Exit then waits for those callback threads to end: one still parked in
+Zenoh when the interpreter finalises is killed there, which aborts the process. Never imports torch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -34,6 +36,8 @@ from servo.wire.openpi import ObservationKeys, action_reply, check_sizes, policy
 
 #: How long `SyncPolicyClient.close` waits for the loop thread (a wedged Zenoh close gives up at 12 s).
 CLOSE_TIMEOUT_S = 15.0
+#: How long exit waits for the Zenoh callback threads of closed clients to end (ms when all is well).
+EXIT_JOIN_TIMEOUT_S = 5.0
 
 T = TypeVar("T")
 Args = TypeVarTuple("Args")
@@ -104,6 +108,7 @@ class SyncPolicyClient:
             self._loop.stop()
             raise
         _OPEN.add(self)
+        _USED.set()
 
     async def _open(
         self,
@@ -266,6 +271,8 @@ class _LoopThread:
 
 #: Clients not closed yet, closed by `_close_forgotten` at exit (held strongly until then).
 _OPEN: set[SyncPolicyClient] = set()
+#: Set once a client opened: only then does exit wait for Zenoh's callback threads.
+_USED = threading.Event()
 
 
 @atexit.register
@@ -274,3 +281,19 @@ def _close_forgotten() -> None:
     # atexit with the client's loop thread still running, and the close completes.
     for client in list(_OPEN):
         client.close()
+    if _USED.is_set():
+        _join_callback_threads(EXIT_JOIN_TIMEOUT_S)
+
+
+def _join_callback_threads(timeout: float) -> None:
+    """Wait until the Zenoh callback threads started from the clients' loop threads have ended.
+
+    A closed session's callback thread wakes in Zenoh, takes the GIL once more and ends. Being a
+    daemon, nothing else waits for it: if the interpreter finalises first, Python 3.11 ends the
+    thread with ``pthread_exit`` inside pyo3's frames, and the forced unwind aborts the whole
+    process ("FATAL: exception not rethrown"; seen in about 1 exit in 20 on a loaded machine).
+    """
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.daemon and thread.name.endswith("(pyo3-closure)"):
+            thread.join(max(0.0, deadline - time.monotonic()))

@@ -16,6 +16,7 @@ import pytest
 
 from servo.recording import EpisodeHeader, FrameRecord, RecordingWriter, read_recording
 from servo.wire import decode_tensor, encode_tensor
+from tests.edge.fakes import wait_for
 from tests.edge.harness import Proc, edge_argv, run_edge, start_server, write_manifest
 from tests.robots.ros2.node import LOWER, NODE_JOINTS, NODE_POSE, POLICY_JOINTS, REST, UPPER, RosEnv, received
 from tests.support import free_port
@@ -126,7 +127,7 @@ def test_a_driver_that_hangs_then_recovers_is_parked_before_the_edge_exits_3(
     proc = Proc(edge_argv(edge(ros_env, server, f"--duration 60 --summary {summary}")))
     try:
         proc.wait_line("control loop running", 60)
-        time.sleep(0.5)  # let the policy move the arm a little
+        wait_for(lambda: record.exists() and len(received(record)) >= 10, 20, "the policy's targets")
         node.popen.send_signal(signal.SIGSTOP)  # the driver hangs: no state, no ack of targets
         proc.wait_line("joint states stopped arriving", 20)
         node.popen.send_signal(signal.SIGCONT)
