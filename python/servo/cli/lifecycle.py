@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
 
@@ -45,3 +45,33 @@ async def on_signal(
             else:
                 say("interrupted a third time: exiting now")
                 os._exit(INTERRUPTED)
+
+
+def run_service(
+    serve: Callable[[], Awaitable[None]],
+    *,
+    say: Callable[[str], None],
+    known: Mapping[type[BaseException] | tuple[type[BaseException], ...], int],
+    debug: bool,
+) -> int:
+    """Run a long-lived service on asyncio (uvloop) until it stops; its exit status.
+
+    0 when it stopped, 130 after an interrupt; an error of a ``known`` type is said in one line
+    and gives its status; anything else gives 1, said in one line, or its traceback with ``debug``.
+    """
+    try:
+        anyio.run(serve, backend="asyncio", backend_options={"use_uvloop": True})
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except BaseException as group:
+        error = first_error(group)
+        for kinds, status in known.items():
+            if isinstance(error, kinds):
+                say(f"error: {error}")
+                return status
+        if debug:
+            raise
+        say(f"error: unexpected {type(error).__name__}: {error} (--debug shows the traceback)")
+        return 1
+    say("stopped")
+    return 0

@@ -17,7 +17,7 @@ import anyio
 import zenoh
 
 from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
-from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.lifecycle import on_signal, run_service
 from servo.config import ConfigError, convert
 from servo.logs import configure_logging
 
@@ -81,24 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         _say(f"error: {exc}")
         return 2
-    try:
-        anyio.run(serve, config, backend="asyncio", backend_options={"use_uvloop": True})
-    except KeyboardInterrupt:
-        return INTERRUPTED
-    except BaseException as group:
-        error = first_error(group)
-        if isinstance(error, TrustError):
-            _say(f"error: {error}")
-            return 2
-        if isinstance(error, zenoh.ZError | OSError):
-            _say(f"error: {error}")
-            return 1
-        if args.debug:
-            raise
-        _say(f"error: unexpected {type(error).__name__}: {error} (--debug shows the traceback)")
-        return 1
-    _say("stopped")
-    return 0
+    return run_service(
+        lambda: serve(config),
+        say=_say,
+        known={TrustError: 2, (zenoh.ZError, OSError): 1},
+        debug=args.debug,
+    )
 
 
 if __name__ == "__main__":

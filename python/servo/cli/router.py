@@ -14,7 +14,7 @@ import sys
 import anyio
 
 from servo.cli.flags import HelpFormatter
-from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.lifecycle import on_signal, run_service
 from servo.config import ConfigError
 from servo.logs import configure_logging
 from servo.router import Fleet, RouterReady, RouterStartError, access_control, load_fleet, run_router
@@ -73,21 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         _say(f"error: {exc}")
         return 2
-    try:
-        anyio.run(serve, fleet, backend="asyncio", backend_options={"use_uvloop": True})
-    except KeyboardInterrupt:
-        return INTERRUPTED
-    except BaseException as group:
-        error = first_error(group)
-        if isinstance(error, RouterStartError):
-            _say(f"error: {error}")
-            return 1
-        if args.debug:
-            raise
-        _say(f"error: unexpected {type(error).__name__}: {error} (--debug shows the traceback)")
-        return 1
-    _say("stopped")
-    return 0
+    return run_service(lambda: serve(fleet), say=_say, known={RouterStartError: 1}, debug=args.debug)
 
 
 if __name__ == "__main__":
