@@ -16,10 +16,11 @@ import pytest
 
 from servo._core import ServerIdentity
 from servo.client import PolicyClient
+from servo.client.known import KnownServers, deployment
 from servo.edge.errors import EdgeStartError
 from servo.edge.remote import RemoteEngine
 from servo.wire import ServerKeys, SessionAck, SessionOpen, StatusReply, encode, parse_fingerprint
-from tests.edge.harness import edge_config, first_error, running_edge, small_sim
+from tests.edge.harness import MergeLog, edge_config, first_error, running_edge, small_sim
 from tests.security.peers import RogueReplica, closing, edge_rig, peer_settings, sim_policy_spec, with_status
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
@@ -210,3 +211,33 @@ async def test_a_rogue_with_its_own_valid_identity_never_drives_an_unpinned_edge
     assert rig.merges.longest_gap_s(attack_started, attack_ended) < REQUEST_TIMEOUT_S
     executed = [f for f in rig.recording().frames if f.action is not None]
     assert not any(np.isclose(np.frombuffer(f.action.data, "<f4"), HOSTILE).any() for f in executed if f.action)
+
+
+async def test_known_servers_others_may_write_are_refused(port: int) -> None:
+    """Found re-verifying issue 18: another local user who may write the known-servers file
+    (mode 0666) adds a rogue's identity next to the real one, and the edge followed the rogue
+    (load 0, sorted first). Such a file is now refused, as ssh refuses a key others may read."""
+    policy = FixedComputePolicy(**sim_policy_spec(chunk_size=20))
+    async with (
+        running_server(make_manifest(port, extra=SERVING), policy) as (_, ready),
+        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
+    ):
+        rogue = RogueReplica(
+            mallory.zsession,
+            rogue_keys(ready.keys),
+            chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32),
+            identity=ServerIdentity.generate(),
+        )
+        with closing(rogue):
+            known = KnownServers()
+            known.replace(deployment(None, None), [parse_fingerprint(ready.fingerprint), rogue.identity.public_key])
+            known.path.chmod(0o666)
+            sim = small_sim()
+            engine = RemoteEngine(edge_config(port, connect_timeout_s=1.0), sim.spec())
+            merges = MergeLog.attach(engine)
+            async with running_edge(sim, engine) as run:
+                with pytest.raises(BaseException) as info:
+                    await run.stop()
+    assert "writable by others" in str(first_error(info.value))
+    assert rogue.opens == 0
+    assert not any(np.isclose(m.chunk_robot, HOSTILE).any() for m in merges.merges)
