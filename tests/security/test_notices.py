@@ -10,12 +10,23 @@ replica cannot seal are now signed by its identity for that replica and that req
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from servo.client import PolicyClient
-from tests.security.peers import NoticeForger, NoticeOracle, closing, edge_rig, peer_settings, sim_policy_spec
+from servo.server.service import PolicyServer, ServerReady
+from tests.security.peers import (
+    EdgeRig,
+    NoticeForger,
+    NoticeOracle,
+    closing,
+    edge_rig,
+    peer_settings,
+    sim_policy_spec,
+)
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
 
@@ -26,15 +37,24 @@ OBS = "@servo/*/*/*/c/robot-7/obs"
 REQUEST_TIMEOUT_S = 5.0
 
 
-async def test_a_burst_of_forged_notices_forces_no_re_handshake(port: int, tmp_path: Path) -> None:
-    # 30 ms per request: four forged notices reach the edge long before each real chunk.
+@asynccontextmanager
+async def robot7_streaming(
+    port: int, tmp_path: Path
+) -> AsyncIterator[tuple[PolicyServer, ServerReady, PolicyClient, EdgeRig]]:
+    """A real server, robot-7's edge streaming from it, and mallory on the same network."""
+    # 30 ms per request: forged notices reach the edge long before each real chunk.
     policy = FixedComputePolicy(compute_ms=30, **sim_policy_spec(chunk_size=20))
     async with (
-        running_server(make_manifest(port), policy) as (server, _),
+        running_server(make_manifest(port), policy) as (server, ready),
         PolicyClient.connect(peer_settings(port), "mallory") as mallory,
         edge_rig(port, tmp_path) as rig,
     ):
         await eventually(lambda: rig.engine.chunks_received >= 3, 15, "streaming")
+        yield server, ready, mallory, rig
+
+
+async def test_a_burst_of_forged_notices_forces_no_re_handshake(port: int, tmp_path: Path) -> None:
+    async with robot7_streaming(port, tmp_path) as (server, _, mallory, rig):
         first = rig.engine.session
         assert first is not None
         stats = rig.engine.statistics
@@ -61,13 +81,7 @@ async def test_a_notice_the_replica_signed_for_another_client_forces_no_re_hands
     # it answered, not the client it answered, so a sniffer re-published robot-7's observations
     # under fresh client ids and forwarded the genuine notices: 38 re-handshakes in 20 s, the
     # robot's open budget spent, 5.5 s without a fresh action.
-    policy = FixedComputePolicy(compute_ms=30, **sim_policy_spec(chunk_size=20))
-    async with (
-        running_server(make_manifest(port), policy) as (server, ready),
-        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
-        edge_rig(port, tmp_path) as rig,
-    ):
-        await eventually(lambda: rig.engine.chunks_received >= 3, 15, "streaming")
+    async with robot7_streaming(port, tmp_path) as (server, ready, mallory, rig):
         first = rig.engine.session
         assert first is not None
         oracle = NoticeOracle(mallory.zsession, ready.keys.prefix, "robot-7")

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+import zenoh
 
 from servo._core import ServerIdentity
 from servo.client import PolicyClient
@@ -42,6 +43,13 @@ def rogue_keys(ready_keys: ServerKeys, replica: str = "a-rogue") -> ServerKeys:
 def poisoned_status(status: StatusReply) -> bytes:
     """A genuine status whose server id is invalid UTF-8."""
     return encode(status).replace(b"\xa5rogue", b"\xa5\xff\xfe\xfd\xfc\xfb")
+
+
+def hostile_rogue(z: zenoh.Session, keys: ServerKeys) -> RogueReplica:
+    """A rogue replica with a working handshake under its own valid identity, sending HOSTILE chunks."""
+    return RogueReplica(
+        z, keys, chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32), identity=ServerIdentity.generate()
+    )
 
 
 POISONED = {
@@ -141,12 +149,7 @@ async def test_a_pinned_edge_never_opens_an_untrusted_replica(port: int, tmp_pat
         running_server(make_manifest(port, extra=SERVING), policy) as (_, ready),
         PolicyClient.connect(peer_settings(port), "mallory") as mallory,
     ):
-        rogue = RogueReplica(
-            mallory.zsession,
-            rogue_keys(ready.keys),
-            chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32),
-            identity=ServerIdentity.generate(),
-        )
+        rogue = hostile_rogue(mallory.zsession, rogue_keys(ready.keys))
         trusted = [ready.fingerprint] if pin == "fingerprint" else [REAL]
         with closing(rogue):
             async with edge_rig(port, tmp_path, trusted_servers=trusted) as rig:
@@ -188,12 +191,7 @@ async def test_a_rogue_with_its_own_valid_identity_never_drives_an_unpinned_edge
         edge_rig(port, tmp_path) as rig,
     ):  # no pins: trust on first use
         await eventually(lambda: rig.engine.chunks_received >= 3, 15, "streaming from the real server")
-        rogue = RogueReplica(
-            mallory.zsession,
-            rogue_keys(ready.keys, replica),
-            chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32),
-            identity=ServerIdentity.generate(),
-        )
+        rogue = hostile_rogue(mallory.zsession, rogue_keys(ready.keys, replica))
         with closing(rogue):
             attack_started = time.monotonic_ns()
             for _ in range(3):  # the server drops the session: the edge re-handshakes, the rogue in sight
@@ -222,12 +220,7 @@ async def test_known_servers_others_may_write_are_refused(port: int) -> None:
         running_server(make_manifest(port, extra=SERVING), policy) as (_, ready),
         PolicyClient.connect(peer_settings(port), "mallory") as mallory,
     ):
-        rogue = RogueReplica(
-            mallory.zsession,
-            rogue_keys(ready.keys),
-            chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32),
-            identity=ServerIdentity.generate(),
-        )
+        rogue = hostile_rogue(mallory.zsession, rogue_keys(ready.keys))
         with closing(rogue):
             known = KnownServers()
             known.replace(deployment(None, None), [parse_fingerprint(ready.fingerprint), rogue.identity.public_key])
