@@ -31,10 +31,10 @@ from servo.wire import ServerKeys
 from tests.edge.harness import Proc
 from tests.router.harness import Credentials, fleet_toml
 from tests.router.test_e2e import _manifest as mtls_server_manifest
+from tests.security.notice_peers import NoticeForger
 from tests.security.peers import (
     ChunkForger,
     EdgeRig,
-    NoticeForger,
     RogueReplica,
     Tap,
     closing,

@@ -18,10 +18,9 @@ import pytest
 
 from servo.client import PolicyClient
 from servo.server.service import PolicyServer, ServerReady
+from tests.security.notice_peers import NoticeForger, NoticeOracle
 from tests.security.peers import (
     EdgeRig,
-    NoticeForger,
-    NoticeOracle,
     closing,
     edge_rig,
     peer_settings,
