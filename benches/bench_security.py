@@ -262,6 +262,7 @@ _OPEN_LIMITS = LimitsSection(
 )
 _ROBOT, _SERVER = Identity.generate(), Identity.generate()
 _PREFIX = "@servo/bench/model/r0"
+_ACTION = f"{_PREFIX}/c/robot-7/action"
 _FEATURES = Features(["j0", "j1", "j2", "j3", "j4", "j5"], ["j0", "j1", "j2", "j3", "j4", "j5"], {})
 
 
@@ -323,15 +324,15 @@ def test_notice_signature(benchmark: BenchmarkFixture, case: str) -> None:
     benchmark.group = "notice-signature"
     header, keyless, key = _notice_sides()
     code, message = "unknown_session", "no session here; open a new one"
-    signature = _SERVER.sign(notice_transcript(_PREFIX, keyless, code, message))
+    signature = _SERVER.sign(notice_transcript(_ACTION, keyless, code, message))
     body = encode(ErrorEvent(code, message))
     if case == "server: sign a keyless notice":
-        made = benchmark(lambda: _SERVER.sign(notice_transcript(_PREFIX, keyless, code, message)))
+        made = benchmark(lambda: _SERVER.sign(notice_transcript(_ACTION, keyless, code, message)))
         correct = made == signature
     elif case == "server: seal an error (MAC)":
         correct = len(benchmark(key.seal, header, body)) == ATTACHMENT_SIZE
     elif case == "edge: verify a keyless notice":
-        transcript = notice_transcript(_PREFIX, keyless, code, message)
+        transcript = notice_transcript(_ACTION, keyless, code, message)
         correct = benchmark(verify_signature, _SERVER.public_key, transcript, signature)
     else:
         sealed = key.seal(header, body)

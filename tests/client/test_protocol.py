@@ -37,7 +37,7 @@ GOOD = np.ones((5, 6), np.float32)
 
 
 SERVER = ServerIdentity.generate()
-PREFIX = "@servo/lab/act/r1"
+ACTION = "@servo/lab/act/r1/c/robot-7/action"
 
 
 def established(epoch: int = 3) -> SessionProtocol:
@@ -46,17 +46,17 @@ def established(epoch: int = 3) -> SessionProtocol:
         action_dim=6,
         counters=ClientCounters(),
         max_chunk_steps=50,
-        prefix=PREFIX,
+        action_key=ACTION,
         server_identity=SERVER.public_key,
     )
     protocol.established(make_ack(SERVER, KeyPair().public_key), KEY)
     return protocol
 
 
-def notice(attachment: bytes, *, by: ServerIdentity = SERVER, prefix: str = PREFIX) -> bytes:
+def notice(attachment: bytes, *, by: ServerIdentity = SERVER, action_key: str = ACTION) -> bytes:
     """An unknown_session notice body, signed like a replica signs it."""
     code, message = "unknown_session", "no session here"
-    return encode(ErrorEvent(code, message, by.sign(notice_transcript(prefix, attachment, code, message))))
+    return encode(ErrorEvent(code, message, by.sign(notice_transcript(action_key, attachment, code, message))))
 
 
 def answer(request: Header, msg_type: int, body: bytes, *, key: SessionKey = KEY, **changes: int) -> bytes:
@@ -159,7 +159,8 @@ def test_a_keyless_notice_ends_the_request_only_when_the_replica_signed_it_for_t
     forgeries = {
         "unsigned": encode(ErrorEvent("unknown_session", "no session here")),
         "signed by another identity": notice(keyless, by=ServerIdentity.generate()),
-        "signed for another replica": notice(keyless, prefix="@servo/lab/act/r2"),
+        "signed for another replica": notice(keyless, action_key="@servo/lab/act/r2/c/robot-7/action"),
+        "signed for another client": notice(keyless, action_key="@servo/lab/act/r1/c/oracle-1/action"),
         "signed for another request": notice(unauthenticated(reply_header(request, MSG_ERROR).replace(seq_id=7))),
     }
     for name, body in forgeries.items():

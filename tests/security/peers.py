@@ -9,8 +9,7 @@ any key, answer any query, declare any token. What it cannot do is hold a key it
   records the queries sent to someone else's queryable key (the victim's control requests).
 * `ChunkForger`: answers every observation of a robot at once with a forged chunk, echoing the
   observation's header (the attack of issue 8: the robot executed the forger's targets).
-* `NoticeForger`: answers every observation of a robot with a burst of forged keyless
-  ``unknown_session`` notices (unsigned, or signed by the wrong identity).
+* Notice forgers (`NoticeForger`, `NoticeOracle`) live in `tests.security.notice_peers`.
 * `RogueReplica`: poses as a server replica; its status, its session ack and its chunks are
   whatever the test makes them (unsigned, signed by another identity, load -1, invalid UTF-8…).
   With ``handshake=True`` it completes a genuine key exchange under its own identity: a key
@@ -39,7 +38,6 @@ from zenoh.handlers import Callback
 
 from servo._core import (
     MSG_CHUNK,
-    MSG_ERROR,
     Header,
     HeaderError,
     ServerIdentity,
@@ -56,7 +54,6 @@ from servo.transport import ZenohSettings
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     ActionChunk,
-    ErrorEvent,
     PolicyInfo,
     ServerKeys,
     SessionAck,
@@ -66,7 +63,6 @@ from servo.wire import (
     decode,
     encode,
     encode_tensor,
-    notice_transcript,
 )
 from tests.edge.harness import MergeLog, RuntimeRun, edge_config, running_edge, small_sim
 from tests.server.policies import make_spec
@@ -207,41 +203,6 @@ class ChunkForger:
         action_key = seen.key.rsplit("/", 1)[0] + "/action"
         self._z.put(action_key, self._body, attachment=echo(seen, self._msg_type, self._body, key=self._key))
         self.forged += 1
-
-    def close(self) -> None:
-        self._sub.undeclare()
-
-
-class NoticeForger:
-    """Answers every observation on ``obs_selector`` at once with ``repeat`` forged keyless
-    ``unknown_session`` notices echoing it: unsigned ones, and ones signed by an identity of
-    the forger's own over the replica's prefix (a valid signature, by the wrong key).
-
-    What a sniffer on a flat network can do to make a robot drop its session (issue 18: ~20
-    re-handshakes, then the robot's own open limit, 6.8 s without a fresh action).
-    """
-
-    def __init__(self, z: zenoh.Session, obs_selector: str, *, repeat: int = 4) -> None:
-        self.forged = 0
-        self._z, self._repeat = z, repeat
-        self._identity = ServerIdentity.generate()
-        self._sub = z.declare_subscriber(obs_selector, Callback(self._answer, indirect=False))
-
-    def _answer(self, sample: zenoh.Sample) -> None:
-        if sample.attachment is None:
-            return
-        seen = Seen(str(sample.key_expr), sample.attachment.to_bytes(), b"")
-        if seen.header is None:
-            return
-        prefix, _, _ = seen.key.rpartition("/c/")
-        action_key = seen.key.rsplit("/", 1)[0] + "/action"
-        attachment = echo(seen, MSG_ERROR, b"")
-        code, message = "unknown_session", "forged: open a new one"
-        signature = self._identity.sign(notice_transcript(prefix, attachment, code, message))
-        for i in range(self._repeat):
-            body = encode(ErrorEvent(code, message, signature if i % 2 else b""))
-            self._z.put(action_key, body, attachment=attachment)
-            self.forged += 1
 
     def close(self) -> None:
         self._sub.undeclare()

@@ -14,22 +14,33 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import anyio
+import msgspec
 import numpy as np
 import pytest
 
 from servo._core import ServerIdentity, SessionKey
 from servo.client import PolicyClient
-from servo.router import load_fleet, run_router
+from servo.router import Fleet, load_fleet, run_router
 from servo.server.manifest import parse_manifest
 from servo.transport import ZenohSettings
 from servo.wire import ServerKeys
 from tests.edge.harness import Proc
 from tests.router.harness import Credentials, fleet_toml
 from tests.router.test_e2e import _manifest as mtls_server_manifest
-from tests.security.peers import ChunkForger, NoticeForger, RogueReplica, closing, edge_rig, sim_policy_spec
+from tests.security.notice_peers import NoticeForger
+from tests.security.peers import (
+    ChunkForger,
+    EdgeRig,
+    RogueReplica,
+    Tap,
+    closing,
+    edge_rig,
+    sim_policy_spec,
+)
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, free_port, running_server
 
@@ -51,19 +62,24 @@ def serve(manifest: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-def test_a_server_that_listens_beside_a_router_is_refused_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("listen", [True, False], ids=["listening", "peer mode, no listen"])
+def test_a_server_beside_a_router_is_refused_in_one_line(tmp_path: Path, listen: bool) -> None:
+    """Peers reaching a listen endpoint bypass the router's ACL; and with no listen endpoint at
+    all, a peer still dials every peer the router gossips about (a fleet member in peer mode with
+    a listen endpoint of its own read robot-7's chunks that way)."""
+    listening = f'["tcp/127.0.0.1:{free_port()}"]' if listen else "[]"
     manifest = tmp_path / "manifest.toml"
     manifest.write_text(
-        '[model]\nsource = "reference"\n[zenoh]\nmode = "peer"\n'
-        f'listen = ["tcp/127.0.0.1:{free_port()}"]\nconnect = ["tcp/127.0.0.1:{free_port()}"]\n'
-        "[ops]\nhealth_port = 0\n"
+        f'[model]\nsource = "reference"\n[zenoh]\nmode = "peer"\nlisten = {listening}\n'
+        f'connect = ["tcp/127.0.0.1:{free_port()}"]\n[ops]\nhealth_port = 0\n'
     )
     done = serve(manifest)
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("servo-serve: error: ")
-    assert "zenoh.listen" in line
-    assert "bypass the access control" in line
+    assert ("zenoh.listen" if listen else "zenoh.mode") in line
+    assert "access control" in line
+    assert 'mode = "client"' in line
     assert "--listen-beside-router" in line
 
 
@@ -105,26 +121,36 @@ def manifest_beside(creds: Credentials, router_port: int, bypass_port: int) -> s
     )
 
 
+def mtls_fleet(creds: Credentials, router_port: int, tmp_path: Path) -> Fleet:
+    """The test fleet behind an mTLS router on ``router_port``."""
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(fleet_toml("mtls", router_port, creds.pki, None))
+    return load_fleet(fleet_file)
+
+
+def robot7_rig(creds: Credentials, router_port: int, tmp_path: Path) -> AbstractAsyncContextManager[EdgeRig]:
+    """robot-7's edge, a client of the router with its certificate."""
+    robot7 = creds.leaves["robot-7"]
+    return edge_rig(
+        router_port,
+        tmp_path,
+        connect=[f"tls/127.0.0.1:{router_port}"],
+        tls_root_ca=creds.pki.ca,
+        tls_cert=robot7.cert,
+        tls_key=robot7.key,
+    )
+
+
 async def test_through_a_bypass_a_peer_still_cannot_drive_or_stall_a_robot(creds: Credentials, tmp_path: Path) -> None:
     """The operator allowed the bypass (``listen_beside_router``); a peer with no certificate joins
     there and attacks robot-7, which sits behind the mTLS router."""
     router_port, bypass_port = free_port(), free_port()
-    fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(fleet_toml("mtls", router_port, creds.pki, None))
-    robot7 = creds.leaves["robot-7"]
     policy = FixedComputePolicy(compute_ms=30, **sim_policy_spec(chunk_size=20))
     async with anyio.create_task_group() as tg:
-        await tg.start(run_router, load_fleet(fleet_file))
+        await tg.start(run_router, mtls_fleet(creds, router_port, tmp_path))
         async with (
             running_server(parse_manifest(manifest_beside(creds, router_port, bypass_port)), policy) as (server, ready),
-            edge_rig(
-                router_port,
-                tmp_path,
-                connect=[f"tls/127.0.0.1:{router_port}"],
-                tls_root_ca=creds.pki.ca,
-                tls_cert=robot7.cert,
-                tls_key=robot7.key,
-            ) as rig,
+            robot7_rig(creds, router_port, tmp_path) as rig,
         ):
             await eventually(lambda: rig.engine.chunks_received >= 3, 30, "robot-7 streaming through the router")
             first = rig.engine.session
@@ -158,4 +184,39 @@ async def test_through_a_bypass_a_peer_still_cannot_drive_or_stall_a_robot(creds
     merged = rig.merges.merges
     assert not any(np.isclose(m.chunk_robot, FORGED).any() or np.isclose(m.chunk_robot, HOSTILE).any() for m in merged)
     assert {m.session_id for m in merged} <= {session.session_id, reopened.session_id}  # the real server's only
+    assert rig.merges.longest_gap_s(attack_started, attack_ended) < REQUEST_TIMEOUT_S
+
+
+async def test_a_fleet_member_in_peer_mode_gets_no_link_to_a_server_behind_the_router(
+    creds: Credentials, tmp_path: Path
+) -> None:
+    """The set-up the refusals lead to (the server a client of the mTLS router): robot-8, with a
+    valid fleet certificate, joins in peer mode with a plain listen endpoint of its own, so the
+    router's gossip names it to every peer. No member links to it: it reads none of robot-7's
+    traffic, and its forged chunks never reach robot-7, which keeps streaming."""
+    router_port = free_port()
+    policy = FixedComputePolicy(compute_ms=30, **sim_policy_spec(chunk_size=20))
+    robot8 = msgspec.structs.replace(
+        creds.mtls("robot-8", router_port), mode="peer", listen=[f"tcp/127.0.0.1:{free_port()}"]
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_router, mtls_fleet(creds, router_port, tmp_path))
+        async with (
+            running_server(parse_manifest(mtls_server_manifest(creds, router_port)), policy),
+            robot7_rig(creds, router_port, tmp_path) as rig,
+            PolicyClient.connect(robot8, "robot-8") as mallory,
+        ):
+            await eventually(lambda: rig.engine.chunks_received >= 3, 30, "robot-7 streaming through the router")
+            tap = Tap(mallory.zsession, "@servo/*/*/*/c/robot-7/**")
+            forger = ChunkForger(mallory.zsession, OBS, FORGED)
+            with closing(tap, forger):
+                attack_started = time.monotonic_ns()
+                received = rig.engine.chunks_received
+                await eventually(lambda: rig.engine.chunks_received >= received + 10, 30, "streaming through it")
+                attack_ended = time.monotonic_ns()
+                assert list(mallory.zsession.info.peers_zid()) == []  # nobody dialled the peer
+                assert tap.seen == []  # not one of robot-7's observations or chunks
+        tg.cancel_scope.cancel()
+    assert rig.summary.final_state == "streaming"
+    assert not any(np.isclose(m.chunk_robot, FORGED).any() for m in rig.merges.merges)
     assert rig.merges.longest_gap_s(attack_started, attack_ended) < REQUEST_TIMEOUT_S

@@ -13,13 +13,15 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+import zenoh
 
 from servo._core import ServerIdentity
 from servo.client import PolicyClient
+from servo.client.known import KnownServers, deployment
 from servo.edge.errors import EdgeStartError
 from servo.edge.remote import RemoteEngine
 from servo.wire import ServerKeys, SessionAck, SessionOpen, StatusReply, encode, parse_fingerprint
-from tests.edge.harness import edge_config, first_error, running_edge, small_sim
+from tests.edge.harness import MergeLog, edge_config, first_error, running_edge, small_sim
 from tests.security.peers import RogueReplica, closing, edge_rig, peer_settings, sim_policy_spec, with_status
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
@@ -41,6 +43,13 @@ def rogue_keys(ready_keys: ServerKeys, replica: str = "a-rogue") -> ServerKeys:
 def poisoned_status(status: StatusReply) -> bytes:
     """A genuine status whose server id is invalid UTF-8."""
     return encode(status).replace(b"\xa5rogue", b"\xa5\xff\xfe\xfd\xfc\xfb")
+
+
+def hostile_rogue(z: zenoh.Session, keys: ServerKeys) -> RogueReplica:
+    """A rogue replica with a working handshake under its own valid identity, sending HOSTILE chunks."""
+    return RogueReplica(
+        z, keys, chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32), identity=ServerIdentity.generate()
+    )
 
 
 POISONED = {
@@ -140,12 +149,7 @@ async def test_a_pinned_edge_never_opens_an_untrusted_replica(port: int, tmp_pat
         running_server(make_manifest(port, extra=SERVING), policy) as (_, ready),
         PolicyClient.connect(peer_settings(port), "mallory") as mallory,
     ):
-        rogue = RogueReplica(
-            mallory.zsession,
-            rogue_keys(ready.keys),
-            chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32),
-            identity=ServerIdentity.generate(),
-        )
+        rogue = hostile_rogue(mallory.zsession, rogue_keys(ready.keys))
         trusted = [ready.fingerprint] if pin == "fingerprint" else [REAL]
         with closing(rogue):
             async with edge_rig(port, tmp_path, trusted_servers=trusted) as rig:
@@ -187,12 +191,7 @@ async def test_a_rogue_with_its_own_valid_identity_never_drives_an_unpinned_edge
         edge_rig(port, tmp_path) as rig,
     ):  # no pins: trust on first use
         await eventually(lambda: rig.engine.chunks_received >= 3, 15, "streaming from the real server")
-        rogue = RogueReplica(
-            mallory.zsession,
-            rogue_keys(ready.keys, replica),
-            chunks=lambda seq: np.full((20, 6), HOSTILE, np.float32),
-            identity=ServerIdentity.generate(),
-        )
+        rogue = hostile_rogue(mallory.zsession, rogue_keys(ready.keys, replica))
         with closing(rogue):
             attack_started = time.monotonic_ns()
             for _ in range(3):  # the server drops the session: the edge re-handshakes, the rogue in sight
@@ -210,3 +209,28 @@ async def test_a_rogue_with_its_own_valid_identity_never_drives_an_unpinned_edge
     assert rig.merges.longest_gap_s(attack_started, attack_ended) < REQUEST_TIMEOUT_S
     executed = [f for f in rig.recording().frames if f.action is not None]
     assert not any(np.isclose(np.frombuffer(f.action.data, "<f4"), HOSTILE).any() for f in executed if f.action)
+
+
+async def test_known_servers_others_may_write_are_refused(port: int) -> None:
+    """Found re-verifying issue 18: another local user who may write the known-servers file
+    (mode 0666) adds a rogue's identity next to the real one, and the edge followed the rogue
+    (load 0, sorted first). Such a file is now refused, as ssh refuses a key others may read."""
+    policy = FixedComputePolicy(**sim_policy_spec(chunk_size=20))
+    async with (
+        running_server(make_manifest(port, extra=SERVING), policy) as (_, ready),
+        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
+    ):
+        rogue = hostile_rogue(mallory.zsession, rogue_keys(ready.keys))
+        with closing(rogue):
+            known = KnownServers()
+            known.replace(deployment(None, None), [parse_fingerprint(ready.fingerprint), rogue.identity.public_key])
+            known.path.chmod(0o666)
+            sim = small_sim()
+            engine = RemoteEngine(edge_config(port, connect_timeout_s=1.0), sim.spec())
+            merges = MergeLog.attach(engine)
+            async with running_edge(sim, engine) as run:
+                with pytest.raises(BaseException) as info:
+                    await run.stop()
+    assert "writable by others" in str(first_error(info.value))
+    assert rogue.opens == 0
+    assert not any(np.isclose(m.chunk_robot, HOSTILE).any() for m in merges.merges)

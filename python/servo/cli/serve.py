@@ -93,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--listen-beside-router",
         action="store_true",
-        help="Allow listening while connected to a router ([security] listen_beside_router): peers reaching the "
-        "listen endpoint bypass the router's access control.",
+        help="Allow listening, or peer mode, while connected to a router ([security] listen_beside_router): peers "
+        "reaching the listen endpoint, or linked to by gossip, bypass the router's access control.",
     )
     parser.add_argument(
         "--openpi-listen", metavar="HOST:PORT", help="Replace frontends.openpi.listen (starts the openpi front door)."

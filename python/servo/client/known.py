@@ -9,7 +9,8 @@ per identity::
     kitchen/pi0 ed25519:bm9pc2U…
 
 The deployment is the selector the client discovers with (``--app``/``--model``, ``*`` for
-unspecified). From then on only replicas advertising a written-down identity are used (and
+unspecified); the file is written mode 0600 and refused when others may write it (they would
+choose the servers). From then on only replicas advertising a written-down identity are used (and
 their acks must be signed by it: `servo.client.trust`); one that advertises another is refused
 loudly, with both fingerprints and the command that accepts it (`accept_command`). If first
 contact sees several identities for the deployment, nothing is trusted: the client refuses,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -60,11 +62,18 @@ class KnownServers:
             UntrustedServer: a line is malformed (named with its number): nothing is trusted then.
         """
         try:
-            text = self.path.read_text(encoding="utf-8")
+            with self.path.open("rb") as file:
+                mode = os.fstat(file.fileno()).st_mode
+                text = file.read().decode("utf-8")
         except FileNotFoundError:
             return []
         except (OSError, UnicodeDecodeError) as exc:
             raise UntrustedServer(f"{self.path}: cannot read the known servers: {exc}") from None
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            # Whoever may write the file chooses which servers this robot obeys.
+            raise UntrustedServer(
+                f"{self.path}: the known servers are writable by others (mode {stat.S_IMODE(mode):04o}); chmod 600 it"
+            )
         out = []
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip() or line.lstrip().startswith("#"):
@@ -92,7 +101,10 @@ class KnownServers:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         try:
-            temporary.write_text(_HEADER + "".join(lines), encoding="utf-8")
+            with os.fdopen(
+                os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8"
+            ) as file:
+                file.write(_HEADER + "".join(lines))
             os.replace(temporary, self.path)  # atomic: a reader sees the old file or the new one
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -188,7 +188,7 @@ class PolicyClient:
             counters=self.counters,
             max_chunk_steps=self.max_chunk_steps,
             downsize=self.downsize,
-            prefix=server.keys.prefix,
+            action_key=server.keys.client(self.client_id).action,
             server_identity=server.status.identity,
         )
         keys = server.keys.client(self.client_id)

@@ -15,7 +15,7 @@ with bytes (tests/client/test_protocol.py), as `servo.server.auth` is on the ser
   request in flight; the body (`servo.client.verify`). The ``unknown_session`` notice is the
   one message without the session key (the server that sends it no longer holds one): it ends
   the request in flight only when it echoes it and is signed by the replica's identity, the one
-  the ack was signed by (`servo.wire.trust.notice_transcript`); at most `MAX_NOTICE_CHECKS`
+  the ack was signed by, for this client (`servo.wire.trust.notice_transcript`); at most `MAX_NOTICE_CHECKS`
   signatures are checked per request, so a flood of forgeries costs a bounded ~0.1 ms each.
   Anything else is dropped and counted by reason.
 """
@@ -109,7 +109,7 @@ class SessionProtocol:
         counters: Refusals, shared with the `PolicyClient` that opened the session.
         max_chunk_steps: Longest chunk accepted.
         downsize: Take the ack's offer of smaller frames (``input_sizes``); False sends them as given.
-        prefix: The replica's key prefix (what a keyless notice is signed for).
+        action_key: This client's action key on the replica (what a keyless notice is signed for).
         server_identity: The replica's trusted identity (what signs a keyless notice).
     """
 
@@ -121,11 +121,11 @@ class SessionProtocol:
         counters: ClientCounters,
         max_chunk_steps: int = MAX_CHUNK_STEPS,
         downsize: bool = True,
-        prefix: str = "",
+        action_key: str = "",
         server_identity: bytes = b"",
     ) -> None:
         self.epoch = epoch
-        self.prefix = prefix
+        self.action_key = action_key
         self.server_identity = server_identity
         self.action_dim = action_dim
         self.max_chunk_steps = max_chunk_steps
@@ -353,7 +353,7 @@ class SessionProtocol:
             self.counters.reject("mac", "unauthenticated message", session_id=self.session_id)
             return Dropped()
         self._notice_checks += 1
-        transcript = notice_transcript(self.prefix, attachment, event.code, event.message)
+        transcript = notice_transcript(self.action_key, attachment, event.code, event.message)
         signature = event.signature
         if len(signature) != SIGNATURE_SIZE or not verify_signature(self.server_identity, transcript, signature):
             self.counters.reject("mac", "unknown_session notice not signed by the replica", session_id=self.session_id)

@@ -221,8 +221,8 @@ class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listen_beside_router: Annotated[
         bool,
         doc(
-            "Allow listening while connected to a router: peers reaching the listen endpoint bypass the "
-            "router's access control."
+            "Allow listening, or peer mode, while connected to a router: peers reaching the listen endpoint, "
+            "or linked to by gossip, bypass the router's access control."
         ),
     ] = False
 
@@ -334,13 +334,23 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     "observations and chunks; listen on tls/ (README: Certificates), or accept that with "
                     "--insecure ([security] insecure = true)",
                 )
-        if z.listen and z.connect and not security.listen_beside_router:
-            raise FieldError(
-                "zenoh.listen",
-                f"{z.listen[0]!r} beside connect {z.connect[0]!r}: peers reaching this port bypass the access "
-                "control of the router connected to; set zenoh.listen = [] (servers are clients of the router), "
-                "or accept that with --listen-beside-router ([security] listen_beside_router = true)",
-            )
+        if z.connect and not security.listen_beside_router:
+            accept = "or accept that with --listen-beside-router ([security] listen_beside_router = true)"
+            if z.listen:
+                raise FieldError(
+                    "zenoh.listen",
+                    f"{z.listen[0]!r} beside connect {z.connect[0]!r}: peers reaching this port bypass the access "
+                    'control of the router connected to; set zenoh.listen = [] and zenoh.mode = "client" (servers '
+                    f"are clients of the router), {accept}",
+                )
+            if z.mode == "peer":
+                # A peer dials every peer the router gossips about, with no listen endpoint of its own.
+                raise FieldError(
+                    "zenoh.mode",
+                    f"'peer' with connect {z.connect[0]!r}: a peer links straight to every peer the router "
+                    "announces, and those links bypass the router's access control; set zenoh.mode = "
+                    f'"client" (servers are clients of the router), {accept}',
+                )
 
 
 def parse_manifest(text: str, *, origin: str = "<manifest>", overrides: dict[str, Any] | None = None) -> Manifest:

@@ -3,7 +3,7 @@
 An observation naming a session this replica does not know (it restarted, or collected the
 session) cannot be answered under the session key: the replica holds none. So the notice is
 signed by the replica's identity instead (`servo.wire.trust.notice_transcript`, bound to the
-replica and to the header of the observation it answers) and the edge re-handshakes only when
+replica, the client it goes to and the header of the observation it answers) and the edge re-handshakes only when
 the signature verifies under the identity it trusts for that replica: a forged notice costs it
 nothing. Signing is bounded twice, since anybody can send observations naming unknown sessions:
 one notice per client id per second (`NOTICE_INTERVAL_S`) and `NOTICES_PER_S` for everybody.
@@ -49,11 +49,12 @@ class KeylessNotices:
             return
         attachment = unauthenticated(reply_header(header, MSG_ERROR))
         code, message = "unknown_session", f"no session {header.session_id.hex()} here; open a new one"
-        signature = self._identity.sign(notice_transcript(self._keys.prefix, attachment, code, message))
+        action_key = self._keys.client(client_id).action
+        signature = self._identity.sign(notice_transcript(action_key, attachment, code, message))
         self._metrics.unknown_session_notices.inc()
         with contextlib.suppress(zenoh.ZError):
             self._zsession.put(
-                self._keys.client(client_id).action,
+                action_key,
                 encode(ErrorEvent(code, message, signature)),
                 attachment=attachment,
                 congestion_control=zenoh.CongestionControl.DROP,

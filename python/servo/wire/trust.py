@@ -19,8 +19,10 @@ ack or a trajectory).
   trajectory fetch (the trajectory bytes, or its refusal): bound to the client's fresh nonce,
   the replica and the name asked for, so nobody else's answer, and no old answer, is believed.
 * `notice_transcript`: what a replica signs in a notice it cannot seal because it holds no key
-  for the session (``unknown_session``): bound to the replica and to the header of the request
-  it answers, so it only ends that request, on that replica.
+  for the session (``unknown_session``): bound to the replica, the client it goes to and the
+  header of the request it answers, so it only ends that request, of that client, on that replica
+  (a notice the replica signed for an observation re-published under another client id is
+  worth nothing to the robot whose header it echoes).
 * `resume_body`: what an old session key seals to let a new open replace its session.
 * `fingerprint` / `parse_fingerprint`: the text form of an identity (``ed25519:`` + urlsafe
   base64 of the 32-byte public key, no padding), as printed by ``servo-serve`` and pinned in an
@@ -78,9 +80,9 @@ def rejection_transcript(nonce: bytes, replica: str, name: str, code: str, reaso
     return REJECTION_CONTEXT + msgspec.msgpack.encode([nonce, replica, name, code, reason])
 
 
-def notice_transcript(prefix: str, attachment: bytes, code: str, message: str) -> bytes:
-    """What a replica signs in a keyless notice: its prefix, the notice's header, the event."""
-    return NOTICE_CONTEXT + msgspec.msgpack.encode([prefix, attachment[:HEADER_SIZE], code, message])
+def notice_transcript(action_key: str, attachment: bytes, code: str, message: str) -> bytes:
+    """What a replica signs in a keyless notice: where it goes (the client's action key), its header, the event."""
+    return NOTICE_CONTEXT + msgspec.msgpack.encode([action_key, attachment[:HEADER_SIZE], code, message])
 
 
 def ack_transcript(client_key: bytes, server_key: bytes, session_id: bytes, replica: str) -> bytes:
