@@ -10,6 +10,7 @@ from typing import Literal
 import anyio
 import numpy as np
 import zenoh
+from prometheus_client.parser import text_string_to_metric_families
 
 from servo._core import MSG_OBS, SCHEMA_VERSION, Header, HeaderError, decode_header
 from servo.client import PolicyClient, RemoteSession
@@ -89,9 +90,17 @@ async def open_on(client: PolicyClient, ready: ServerReady, **options: object) -
 
 
 def metric(server: PolicyServer, name: str, **labels: str) -> float:
-    """Current value of one Prometheus sample of the server (0 when absent)."""
-    value = server.metrics.registry.get_sample_value(name, labels)
-    return 0.0 if value is None else value
+    """Current value of one Prometheus sample of the server, as its /metrics shows it (0 when absent)."""
+    return sample(server.metrics.render(), name, **labels)
+
+
+def sample(exposition: bytes, name: str, **labels: str) -> float:
+    """One sample's value in Prometheus text (0 when absent)."""
+    for family in text_string_to_metric_families(exposition.decode()):
+        for each in family.samples:
+            if each.name == name and each.labels == labels:
+                return float(each.value)
+    return 0.0
 
 
 def obs_header(session: RemoteSession, seq_id: int, **changes: int | bytes) -> Header:

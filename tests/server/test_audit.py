@@ -92,3 +92,15 @@ def test_recent_requests_tail_filters_limits_and_ages() -> None:
     errors = recent.tail(AuditQuery(errors_only=True), now_ns=10_000_000)
     assert [(e.client_id, e.outcome) for e in errors] == [("b", "rate_limited"), ("a", "inference_failed")]
     assert [e.seq_id for e in recent.tail(AuditQuery("a", limit=2))] == [2, 3]
+
+
+def test_a_refusal_pushed_out_of_its_ring_is_no_longer_reported() -> None:
+    recent = RecentRequests(per_client=2)
+    for seq, outcome in enumerate(["rate_limited", "ok", "ok"]):  # the refusal falls out of the ring
+        recent.add(entry("a", seq, outcome))
+    recent.add(entry("b", 0))
+    assert recent.tail(AuditQuery(errors_only=True)) == []
+    for seq, outcome in enumerate(["inference_failed", "stale_observation", "ok"], start=3):
+        recent.add(entry("a", seq, outcome))  # two refusals, then the older one falls out
+    errors = recent.tail(AuditQuery(errors_only=True))
+    assert [(e.client_id, e.seq_id, e.outcome) for e in errors] == [("a", 4, "stale_observation")]

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,15 +28,17 @@ class RecentRequests:
     """The last `RECENT_PER_CLIENT` requests of the last `RECENT_CLIENTS` clients served.
 
     Written by the inference worker and reply threads, read by the event loop (the audit
-    queryable); one lock, held for O(1) work or one copy of a client's ring.
+    queryable); one lock, held for O(1) work or one copy of the rows asked for. Each client's
+    refused requests are counted, so the query monitors repeat every few seconds (every client's
+    refusals) skips the clients that have none instead of sorting every request kept.
     """
 
     def __init__(self, per_client: int = RECENT_PER_CLIENT, clients: int = RECENT_CLIENTS) -> None:
         self._per_client = per_client
         self._clients = clients
         self._lock = threading.Lock()
-        #: client id -> (monotonic ns served, entry with age 0), oldest first.
-        self._rings: OrderedDict[str, deque[tuple[int, AuditEntry]]] = OrderedDict()
+        #: client id -> its requests, oldest first.
+        self._rings: OrderedDict[str, _Ring] = OrderedDict()
 
     def add(self, entry: AuditEntry, now_ns: int | None = None) -> None:
         """Remember one request (``age_ms`` is filled in when asked)."""
@@ -43,24 +46,42 @@ class RecentRequests:
         with self._lock:
             ring = self._rings.get(entry.client_id)
             if ring is None:
-                ring = self._rings[entry.client_id] = deque(maxlen=self._per_client)
+                ring = self._rings[entry.client_id] = _Ring(deque(maxlen=self._per_client))
                 if len(self._rings) > self._clients:
                     self._rings.popitem(last=False)
             else:
                 self._rings.move_to_end(entry.client_id)
-            ring.append((stamp, entry))
+            ring.append(stamp, entry)
 
     def tail(self, query: AuditQuery, now_ns: int | None = None) -> list[AuditEntry]:
         """The newest ``query.limit`` matching requests, oldest first, with their age."""
         now = time.monotonic_ns() if now_ns is None else now_ns
+        errors = query.errors_only
         with self._lock:
             if query.client_id:
-                rows = list(self._rings.get(query.client_id, ()))
+                ring = self._rings.get(query.client_id)
+                rings = [] if ring is None else [ring]
             else:
-                rows = sorted((row for ring in self._rings.values() for row in ring), key=lambda row: row[0])
-        if query.errors_only:
-            rows = [row for row in rows if row[1].outcome != "ok"]
+                rings = [ring for ring in self._rings.values() if ring.refused or not errors]
+            rows = [row for ring in rings for row in ring.rows if not errors or row[1].outcome != "ok"]
+        if len(rings) > 1:
+            rows.sort(key=lambda row: row[0])
         return [_aged(entry, now - stamp) for stamp, entry in rows[-query.limit :]]
+
+
+@dataclass
+class _Ring:
+    """One client's recent requests, (monotonic ns served, entry with age 0), and how many were refused."""
+
+    rows: deque[tuple[int, AuditEntry]]
+    refused: int = 0
+
+    def append(self, stamp: int, entry: AuditEntry) -> None:
+        if len(self.rows) == self.rows.maxlen and self.rows[0][1].outcome != "ok":
+            self.refused -= 1
+        self.rows.append((stamp, entry))
+        if entry.outcome != "ok":
+            self.refused += 1
 
 
 def _aged(entry: AuditEntry, age_ns: int) -> AuditEntry:

@@ -43,6 +43,9 @@ class RecentHistogram(Histogram):
 class ServerMetrics:
     """Counters and histograms; updated from the worker thread and the event loop (thread-safe).
 
+    ``registry`` holds the replica-wide series; the per-robot ones (`robots`) are kept apart and
+    written after them by `render`.
+
     Args:
         robot_labels: Most robots with series of their own (`RobotMetrics`); the rest are ``other``.
     """
@@ -105,8 +108,8 @@ class ServerMetrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
-        self.robots = RobotMetrics(r, robot_labels)
+        self.robots = RobotMetrics(robot_labels)
 
     def render(self) -> bytes:
-        """Prometheus text exposition."""
-        return generate_latest(self.registry)
+        """Prometheus text exposition: the replica's series (`registry`), then every robot's."""
+        return generate_latest(self.registry) + self.robots.exposition()
