@@ -12,8 +12,9 @@
   and checks that the chunk answers exactly that state. A lost session (token gone, drain notice,
   two timeouts in a row) re-places the robot at once, and its new session asks at once (as the
   edge's does). Prints ``CONNECTED`` once every robot has a session; on SIGTERM writes every
-  served request (time, replica, fresh?) and every re-placement (when the session was lost, when
-  the new one was open, how many opens were refused meanwhile) as JSON and exits. With
+  served request (time, replica, fresh?) and every re-placement (when the loss was seen, when the
+  dead session was closed, when the new one was open, how many opens were refused meanwhile) as
+  JSON and exits. With
   ``--telemetry-hz H`` each robot also publishes its signed telemetry H times a second, built by
   the edge's own `TelemetryPublisher.record` from its counters, and counts the bytes it put.
 * ``python -m benches._scale monitor --router P --port Q`` — ``servo-monitor`` joining the router,
@@ -109,8 +110,9 @@ async def _robots(args: argparse.Namespace) -> None:
     failures: dict[int, int] = {}
     #: Per robot: (monotonic s, bytes put: key + body + attachment) of every telemetry record.
     telemetry: dict[int, list[tuple[float, int]]] = {}
-    #: Per robot: (monotonic s the session was lost, s the next one was open, opens refused between).
-    replaced: dict[int, list[tuple[float, float, int]]] = {}
+    #: Per robot: (monotonic s the loss was seen, s the dead session was closed, s the next one was
+    #: open, opens refused between).
+    replaced: dict[int, list[tuple[float, float, float, int]]] = {}
     connected = 0
 
     async def report(index: int, zsession: Any, client: PolicyClient) -> None:
@@ -160,7 +162,7 @@ async def _robots(args: argparse.Namespace) -> None:
         async def stream(session: RemoteSession) -> RemoteSession | None:
             """Serve on ``session`` while placement looks on in the background, as the edge does;
             returns the session it moved to, or None once lost."""
-            nonlocal seq, next_at
+            nonlocal seq, next_at, seen_at
             moved: list[RemoteSession] = []
 
             async def settle() -> None:
@@ -194,6 +196,7 @@ async def _robots(args: argparse.Namespace) -> None:
                         rows.append((*row, chunk.inference_ms))
                     looks.cancel_scope.cancel()
             finally:
+                seen_at = time.monotonic()
                 with anyio.CancelScope(shield=True):
                     await session.close(timeout=0.1)
             if moved:
@@ -203,6 +206,7 @@ async def _robots(args: argparse.Namespace) -> None:
 
         first = True
         lost_at: float | None = None
+        seen_at = 0.0
         lost_on: tuple[Any, ...] = ()
         refused = 0
         while True:
@@ -223,7 +227,7 @@ async def _robots(args: argparse.Namespace) -> None:
                 if connected == args.count:
                     print("CONNECTED", flush=True)
             elif lost_at is not None:
-                replaced.setdefault(index, []).append((lost_at, time.monotonic(), refused))
+                replaced.setdefault(index, []).append((seen_at, lost_at, time.monotonic(), refused))
                 next_at = time.monotonic()  # a new session asks at once
             lost_at, refused = None, 0
             current: RemoteSession | None = session
