@@ -14,7 +14,8 @@
   edge's does). Prints ``CONNECTED`` once every robot has a session; on SIGTERM writes every
   served request (time, replica, fresh?) and every re-placement (when the loss was seen, when the
   dead session was closed, when the new one was open, how many opens were refused meanwhile) as
-  JSON and exits. With
+  JSON and exits, with when the process's Zenoh callback thread saw each replica's liveliness
+  token gone and how late its event loop woke from 10 ms sleeps (its own CPU starvation). With
   ``--telemetry-hz H`` each robot also publishes its signed telemetry H times a second, built by
   the edge's own `TelemetryPublisher.record` from its counters, and counts the bytes it put.
 * ``python -m benches._scale monitor --router P --port Q`` — ``servo-monitor`` joining the router,
@@ -28,6 +29,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -98,6 +100,8 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 async def _robots(args: argparse.Namespace) -> None:
+    from zenoh import Sample, SampleKind
+
     from benches._fleet import frames
     from servo.client import PolicyClient, RemoteSession, RequestTimeout, ServerError, SessionLost
     from servo.client.errors import NoServerFound, SessionRejected
@@ -113,7 +117,17 @@ async def _robots(args: argparse.Namespace) -> None:
     #: Per robot: (monotonic s the loss was seen, s the dead session was closed, s the next one was
     #: open, opens refused between).
     replaced: dict[int, list[tuple[float, float, float, int]]] = {}
+    #: Per replica: monotonic s its liveliness token was seen gone, on Zenoh's callback thread.
+    gone: dict[str, float] = {}
+    #: (monotonic s, ms late) of every 10 ms sleep of this process's event loop.
+    lag: list[tuple[float, float]] = []
     connected = 0
+
+    async def loop_lag() -> None:
+        while True:
+            before = time.monotonic()
+            await anyio.sleep(0.01)
+            lag.append((before, (time.monotonic() - before - 0.01) * 1e3))
 
     async def report(index: int, zsession: Any, client: PolicyClient) -> None:
         """The robot's telemetry, as an edge publishes it (`servo.edge.telemetry`)."""
@@ -241,23 +255,39 @@ async def _robots(args: argparse.Namespace) -> None:
         with anyio.fail_after(60):
             while True:
                 try:
-                    (server, *_) = await probe.discover(app=APP)
+                    (server, *others) = await probe.discover(app=APP)
                     break
                 except NoServerFound:
                     await anyio.sleep(0.2)
         features = server.status.policy.features
+
+        def watch(replica: str) -> Callable[[Sample], None]:
+            def seen(sample: Sample) -> None:
+                if sample.kind == SampleKind.DELETE:
+                    gone.setdefault(replica, time.monotonic())
+
+            return seen
+
+        alive = [
+            zsession.liveliness().declare_subscriber(r.keys.alive, watch(r.keys.replica)) for r in (server, *others)
+        ]
         async with anyio.create_task_group() as tg:
+            tg.start_soon(loop_lag)
             for i in range(args.first, args.first + args.count):
                 tg.start_soon(robot, i, zsession)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     break
             tg.cancel_scope.cancel()
+        for subscriber in alive:
+            subscriber.undeclare()
     result = {
         "served": {str(k): v for k, v in served.items()},
         "failures": failures,
         "telemetry": {str(k): v for k, v in telemetry.items()},
         "replaced": {str(k): v for k, v in replaced.items()},
+        "gone": gone,
+        "lag": lag,
     }
     await anyio.Path(args.out).write_text(json.dumps(result))
 

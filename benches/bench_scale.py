@@ -138,16 +138,22 @@ def run_fleet(workdir: Path, robots: int, window_s: float, recovery_s: float) ->
             child.stop()
         served: dict[int, list[list[Any]]] = {}
         replaced: dict[int, list[list[Any]]] = {}
+        gone: list[dict[str, float]] = []
+        lag: list[list[float]] = []
         for out in outputs:
             result = json.loads(out.read_text())
             served.update({int(k): v for k, v in result["served"].items()})
             replaced.update({int(k): v for k, v in result["replaced"].items()})
+            gone.append(result["gone"])
+            lag.extend(result["lag"])
     finally:
         for child in reversed(children):
             child.stop()
     return {
         "served": served,
         "replaced": replaced,
+        "gone": gone,
+        "lag": lag,
         "census": census,
         "victim": victim,
         "window": (start, end),
@@ -190,6 +196,9 @@ def analyse(run: dict[str, Any]) -> dict[str, Any]:
     closed_after = [m[1] - killed for m in moves]
     open_after = [m[2] - killed for m in moves]
     refusals = [m[3] for m in moves]
+    # Each robot process: the token's DELETE on Zenoh's callback thread, then its loop's lateness.
+    delivered = [gone[run["victim"]] - killed for gone in run["gone"] if run["victim"] in gone]
+    lag_ms = [ms for at, ms in run["lag"] if killed <= at <= killed + RECOVERY_TRACE_S]
     firsts = {robot: _first_after(served[robot], killed, run["victim"]) for robot in recovered}
     established = [
         r[4]
@@ -216,6 +225,8 @@ def analyse(run: dict[str, Any]) -> dict[str, Any]:
         "victim_robots": len(victims),
         "victim_robots_served_again": len(recovered),
         "served_again_s": _p50_max(back_after),
+        "token_gone_delivered_s": _p50_max(delivered),
+        "robot_loop_lag_ms_after_kill": _p50_max(lag_ms),
         "session_lost_s": _p50_max(lost_after),
         "dead_session_closed_s": _p50_max(closed_after),
         "new_session_open_s": _p50_max(open_after),

@@ -281,7 +281,7 @@ class PolicyClient:
         up to `SETTLE_ROUNDS` looks `SETTLE_JITTER_S` apart at most, until `SETTLED_LOOKS` in a
         row found it balanced). With ``avoid`` (replicas known gone), the others of the last
         discovery are tried first, without a status query to each: a failover herd would send one;
-        that view is old, so the first choice weighs its session counts only.
+        that view is old, so the first is drawn among all of them (`first_choice`).
 
         A replica that is full, draining, still holds our previous session (``session_exists``)
         or whose ack fails verification is skipped; any other rejection is final (the next
