@@ -12,8 +12,10 @@
   and checks that the chunk answers exactly that state. A lost session (token gone, drain notice,
   two timeouts in a row) re-places the robot at once, and its new session asks at once (as the
   edge's does). Prints ``CONNECTED`` once every robot has a session; on SIGTERM writes every
-  served request (time, replica, fresh?) and every re-placement (when the session was lost, when
-  the new one was open, how many opens were refused meanwhile) as JSON and exits. With
+  served request (time, replica, fresh?) and every re-placement (when the loss was seen, when the
+  dead session was closed, when the new one was open, how many opens were refused meanwhile) as
+  JSON and exits, with when the process's Zenoh callback thread saw each replica's liveliness
+  token gone and how late its event loop woke from 10 ms sleeps (its own CPU starvation). With
   ``--telemetry-hz H`` each robot also publishes its signed telemetry H times a second, built by
   the edge's own `TelemetryPublisher.record` from its counters, and counts the bytes it put.
 * ``python -m benches._scale monitor --router P --port Q`` — ``servo-monitor`` joining the router,
@@ -27,6 +29,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -97,6 +100,8 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 async def _robots(args: argparse.Namespace) -> None:
+    from zenoh import Sample, SampleKind
+
     from benches._fleet import frames
     from servo.client import PolicyClient, RemoteSession, RequestTimeout, ServerError, SessionLost
     from servo.client.errors import NoServerFound, SessionRejected
@@ -109,9 +114,20 @@ async def _robots(args: argparse.Namespace) -> None:
     failures: dict[int, int] = {}
     #: Per robot: (monotonic s, bytes put: key + body + attachment) of every telemetry record.
     telemetry: dict[int, list[tuple[float, int]]] = {}
-    #: Per robot: (monotonic s the session was lost, s the next one was open, opens refused between).
-    replaced: dict[int, list[tuple[float, float, int]]] = {}
+    #: Per robot: (monotonic s the loss was seen, s the dead session was closed, s the next one was
+    #: open, opens refused between).
+    replaced: dict[int, list[tuple[float, float, float, int]]] = {}
+    #: Per replica: monotonic s its liveliness token was seen gone, on Zenoh's callback thread.
+    gone: dict[str, float] = {}
+    #: (monotonic s, ms late) of every 10 ms sleep of this process's event loop.
+    lag: list[tuple[float, float]] = []
     connected = 0
+
+    async def loop_lag() -> None:
+        while True:
+            before = time.monotonic()
+            await anyio.sleep(0.01)
+            lag.append((before, (time.monotonic() - before - 0.01) * 1e3))
 
     async def report(index: int, zsession: Any, client: PolicyClient) -> None:
         """The robot's telemetry, as an edge publishes it (`servo.edge.telemetry`)."""
@@ -160,7 +176,7 @@ async def _robots(args: argparse.Namespace) -> None:
         async def stream(session: RemoteSession) -> RemoteSession | None:
             """Serve on ``session`` while placement looks on in the background, as the edge does;
             returns the session it moved to, or None once lost."""
-            nonlocal seq, next_at
+            nonlocal seq, next_at, seen_at
             moved: list[RemoteSession] = []
 
             async def settle() -> None:
@@ -194,6 +210,7 @@ async def _robots(args: argparse.Namespace) -> None:
                         rows.append((*row, chunk.inference_ms))
                     looks.cancel_scope.cancel()
             finally:
+                seen_at = time.monotonic()
                 with anyio.CancelScope(shield=True):
                     await session.close(timeout=0.1)
             if moved:
@@ -203,6 +220,7 @@ async def _robots(args: argparse.Namespace) -> None:
 
         first = True
         lost_at: float | None = None
+        seen_at = 0.0
         lost_on: tuple[Any, ...] = ()
         refused = 0
         while True:
@@ -223,7 +241,7 @@ async def _robots(args: argparse.Namespace) -> None:
                 if connected == args.count:
                     print("CONNECTED", flush=True)
             elif lost_at is not None:
-                replaced.setdefault(index, []).append((lost_at, time.monotonic(), refused))
+                replaced.setdefault(index, []).append((seen_at, lost_at, time.monotonic(), refused))
                 next_at = time.monotonic()  # a new session asks at once
             lost_at, refused = None, 0
             current: RemoteSession | None = session
@@ -237,23 +255,39 @@ async def _robots(args: argparse.Namespace) -> None:
         with anyio.fail_after(60):
             while True:
                 try:
-                    (server, *_) = await probe.discover(app=APP)
+                    (server, *others) = await probe.discover(app=APP)
                     break
                 except NoServerFound:
                     await anyio.sleep(0.2)
         features = server.status.policy.features
+
+        def watch(replica: str) -> Callable[[Sample], None]:
+            def seen(sample: Sample) -> None:
+                if sample.kind == SampleKind.DELETE:
+                    gone.setdefault(replica, time.monotonic())
+
+            return seen
+
+        alive = [
+            zsession.liveliness().declare_subscriber(r.keys.alive, watch(r.keys.replica)) for r in (server, *others)
+        ]
         async with anyio.create_task_group() as tg:
+            tg.start_soon(loop_lag)
             for i in range(args.first, args.first + args.count):
                 tg.start_soon(robot, i, zsession)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     break
             tg.cancel_scope.cancel()
+        for subscriber in alive:
+            subscriber.undeclare()
     result = {
         "served": {str(k): v for k, v in served.items()},
         "failures": failures,
         "telemetry": {str(k): v for k, v in telemetry.items()},
         "replaced": {str(k): v for k, v in replaced.items()},
+        "gone": gone,
+        "lag": lag,
     }
     await anyio.Path(args.out).write_text(json.dumps(result))
 

@@ -50,6 +50,8 @@ PER_PROCESS = 50
 UTILISATION = 0.8
 #: Every robot of the killed replica served again (a fresh chunk) within this after the kill.
 SERVED_AGAIN_TARGET_S = 1.5
+#: The established robots' queue wait is read over requests sent this long after the kill.
+RECOVERY_TRACE_S = 2.0
 
 
 class Child:
@@ -136,16 +138,22 @@ def run_fleet(workdir: Path, robots: int, window_s: float, recovery_s: float) ->
             child.stop()
         served: dict[int, list[list[Any]]] = {}
         replaced: dict[int, list[list[Any]]] = {}
+        gone: list[dict[str, float]] = []
+        lag: list[list[float]] = []
         for out in outputs:
             result = json.loads(out.read_text())
             served.update({int(k): v for k, v in result["served"].items()})
             replaced.update({int(k): v for k, v in result["replaced"].items()})
+            gone.append(result["gone"])
+            lag.extend(result["lag"])
     finally:
         for child in reversed(children):
             child.stop()
     return {
         "served": served,
         "replaced": replaced,
+        "gone": gone,
+        "lag": lag,
         "census": census,
         "victim": victim,
         "window": (start, end),
@@ -182,11 +190,23 @@ def analyse(run: dict[str, Any]) -> dict[str, Any]:
         min(r[0] for r in served[robot] if r[0] > killed and r[1] != run["victim"]) - killed for robot in recovered
     ]
     stale = sum(1 for rows in served.values() for r in rows if not r[2])
-    # The victims' re-placements after the kill: session lost -> the next one open.
+    # The victims' re-placements after the kill: loss seen -> dead session closed -> next one open.
     moves = [m for robot in victims for m in run["replaced"].get(robot, []) if m[0] >= killed - 0.5]
     lost_after = [m[0] - killed for m in moves]
-    open_after = [m[1] - killed for m in moves]
-    refusals = [m[2] for m in moves]
+    closed_after = [m[1] - killed for m in moves]
+    open_after = [m[2] - killed for m in moves]
+    refusals = [m[3] for m in moves]
+    # Each robot process: the token's DELETE on Zenoh's callback thread, then its loop's lateness.
+    delivered = [gone[run["victim"]] - killed for gone in run["gone"] if run["victim"] in gone]
+    lag_ms = [ms for at, ms in run["lag"] if killed <= at <= killed + RECOVERY_TRACE_S]
+    firsts = {robot: _first_after(served[robot], killed, run["victim"]) for robot in recovered}
+    established = [
+        r[4]
+        for robot, rows in served.items()
+        if robot not in firsts
+        for r in rows
+        if killed <= r[0] - r[3] / 1e3 <= killed + RECOVERY_TRACE_S
+    ]
     info: dict[str, Any] = {
         "robots": robots,
         "replicas": len(REPLICAS),
@@ -205,9 +225,21 @@ def analyse(run: dict[str, Any]) -> dict[str, Any]:
         "victim_robots": len(victims),
         "victim_robots_served_again": len(recovered),
         "served_again_s": _p50_max(back_after),
+        "token_gone_delivered_s": _p50_max(delivered),
+        "robot_loop_lag_ms_after_kill": _p50_max(lag_ms),
         "session_lost_s": _p50_max(lost_after),
+        "dead_session_closed_s": _p50_max(closed_after),
         "new_session_open_s": _p50_max(open_after),
         "opens_refused_per_robot": _p50_max(refusals),
+        # The victims' first request on their new replica, from the chunk that answered it.
+        "first_request_sent_s": _p50_max([f["sent_s"] for f in firsts.values()]),
+        "first_request_queue_wait_ms": _p50_max([f["queue_wait_ms"] for f in firsts.values()]),
+        "first_request_rest_ms": _p50_max([f["rest_ms"] for f in firsts.values()]),
+        "established_queue_wait_ms_after_kill": _p50_max(established),
+        "slowest_victim": _slowest(firsts, run["replaced"], killed),
+        "victims_per_survivor": dict(
+            Counter(_replica_after(served[robot], killed, run["victim"]) for robot in recovered)
+        ),
         "stale_actions": stale,
         "requests_served": sum(len(rows) for rows in served.values()),
     }
@@ -221,6 +253,41 @@ def analyse(run: dict[str, Any]) -> dict[str, Any]:
         and max(back_after) <= SERVED_AGAIN_TARGET_S
     )
     return info
+
+
+def _replica_after(rows: list[list[Any]], killed: float, victim: str) -> str:
+    """The replica that served a victim's first chunk after the kill."""
+    return str(min(r for r in rows if r[0] > killed and r[1] != victim)[1])
+
+
+def _first_after(rows: list[list[Any]], killed: float, victim: str) -> dict[str, float]:
+    """A victim's first chunk after the kill from another replica, split along its way: when the
+    request left (after the kill), its wait in the server's queue, and the rest of its round trip
+    (encode, network both ways, decode, reply)."""
+    at, _, _, rtt_ms, wait_ms, inference_ms = min(r for r in rows if r[0] > killed and r[1] != victim)
+    return {
+        "served_s": at - killed,
+        "sent_s": at - rtt_ms / 1e3 - killed,
+        "queue_wait_ms": wait_ms,
+        "inference_ms": inference_ms,
+        "rest_ms": rtt_ms - wait_ms - inference_ms,
+    }
+
+
+def _slowest(
+    firsts: dict[int, dict[str, float]], replaced: dict[int, list[list[Any]]], killed: float
+) -> dict[str, Any]:
+    """The timeline of the victim served last: session lost, next open, first request, chunk."""
+    if not firsts:
+        return {}
+    robot = max(firsts, key=lambda r: firsts[r]["served_s"])
+    move = next((m for m in replaced.get(robot, []) if m[0] >= killed - 0.5), None)
+    timeline = {name: round(value, 3) for name, value in firsts[robot].items()}
+    if move is not None:
+        timeline.update(
+            {name: round(at - killed, 3) for name, at in zip(("lost_s", "closed_s", "open_s"), move[:3], strict=True)}
+        )
+    return {"robot": robot, **timeline}
 
 
 def _p50_max(values: list[float]) -> dict[str, float | None]:
@@ -237,7 +304,9 @@ def test_fleet_scale(benchmark: BenchmarkFixture, tmp_path: Path) -> None:
     recovery_s = 5.0 if benchmark.disabled else 12.0
 
     def run() -> dict[str, Any]:
-        return analyse(run_fleet(tmp_path, robots, window_s, recovery_s))
+        raw = run_fleet(tmp_path, robots, window_s, recovery_s)
+        (tmp_path / "run.json").write_text(json.dumps(raw))  # every timestamp, for a closer look
+        return analyse(raw)
 
     info = benchmark.pedantic(run, rounds=1, iterations=1)
     benchmark.extra_info.update(info)

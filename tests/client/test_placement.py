@@ -106,6 +106,19 @@ def test_robots_placing_themselves_on_one_view_of_the_fleet_spread_over_it() -> 
     assert [s.keys.replica for s in first_choice([info("a", 0, draining=True), info("b", 5)])] == ["a", "b"]
 
 
+def test_a_failover_on_an_old_view_draws_among_every_live_replica_of_it() -> None:
+    # The robots of a dead replica fail over to the survivors of their last discovery, made long
+    # before (or in mid start-up): one survivor had a queue then, another fewer sessions.
+    queued = msgspec.structs.replace(info("a", 50).status, queue_wait_ms=120.0)
+    fleet = [ServerInfo(ServerKeys("app", "model", "a"), queued), info("b", 50), info("c", 20)]
+    fleet.append(info("d", 0, draining=True))
+    fresh = Counter(first_choice(fleet)[0].keys.replica for _ in range(3000))
+    old = Counter(first_choice(fleet, recent=False)[0].keys.replica for _ in range(3000))
+    assert fresh == {"c": 3000}  # a view of now: the emptiest replica
+    assert old.keys() == {"a", "b", "c"}, old  # never the draining one
+    assert all(800 < old[name] < 1200 for name in "abc"), old  # that load is long gone: as many on each
+
+
 def test_a_settle_look_moves_only_from_a_replica_two_or_more_above_the_emptiest() -> None:
     keys = ServerKeys("app", "model", "a")
     assert settle_look(keys, [info("a", 5), info("b", 4)]) == SettleLook(balanced=True)

@@ -133,3 +133,19 @@ async def test_max_batch_one_keeps_round_robin(port: int) -> None:
             await session.receive(seq, timeout=5)
     assert policy.batches == []
     assert policy.served == [HOLDER, 1, 2, 3]  # one at a time, in ring order
+
+
+async def test_a_new_sessions_first_request_leads_the_next_batch(port: int) -> None:
+    """A session's first request goes ahead of the established sessions' (`ServiceOrder`) and
+    still shares its forward: with batches of two, the newcomer that queued last is in the first."""
+    policy = GatedBatchingPolicy()
+    async with fleet(port, policy, 4, serving="max_batch = 2\n") as (server, holder, others):
+        *established, newcomer = others
+        for i, session in enumerate(established):
+            await session.infer(*observation(i + 1), timeout=5)  # served once (the gate is not armed yet)
+        policy.batches.clear()
+        sends = [(s, request(i + 1)) for i, s in enumerate(established)] + [(newcomer, request(9))]
+        _held, seqs = await queue_behind_the_holder(server, policy, holder, sends)
+        for (session, kwargs), seq in zip(sends, seqs, strict=True):
+            assert (await session.receive(seq, timeout=5)).chunk_robot[0][0] == kwargs["state"][0]
+    assert [states for states, _, _ in policy.batches] == [[9, 1], [2, 3]]

@@ -1,4 +1,4 @@
-"""Round-robin scheduling: many clients, one worker, nobody starves."""
+"""Round-robin scheduling: many clients, one worker, nobody starves; a new session asks first."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from anyio.abc import TaskStatus
 
-from servo.client import RemoteSession
+from servo.client import PolicyClient, RemoteSession
 from tests.server.helpers import connected, metric, observation, open_on, server_manifest
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
@@ -24,6 +24,10 @@ pytestmark = pytest.mark.anyio
 
 N_CLIENTS = 8
 ROUNDS = 12
+#: New sessions opened one after another on each newcomer lane (each asks once and closes).
+NEWCOMERS_PER_LANE = 8
+#: States from this value up are the newcomers'.
+NEWCOMER = 100
 
 
 async def test_eight_concurrent_clients_are_served_round_robin(port: int) -> None:
@@ -174,6 +178,105 @@ async def test_a_newer_observation_takes_the_turn_of_the_one_it_supersedes(port:
         assert result.superseded == 1
         for session in (x, b, r, c):
             await session.close()
+
+
+async def test_a_new_sessions_first_request_goes_ahead_of_the_established_ones(port: int) -> None:
+    """A robot whose session just opened (a failover, a restart) has no chunk of this replica
+    yet, while the established robots still run on theirs: its first request is served before
+    the established requests waiting, even those the worker already holds, and new sessions keep
+    their arrival order among themselves. Its next request queues like anybody's."""
+    policy = SteppedPolicy()
+    manifest = make_manifest(port, extra="[serving]\nmax_sessions = 6\n")
+
+    async def next_forward() -> int:
+        return await anyio.to_thread.run_sync(lambda: policy.started.get(timeout=10))
+
+    async def queued(*names: str) -> None:
+        def waiting() -> bool:
+            sessions = [server.registry.by_client(name) for name in names]
+            return all(s is not None and (s.mailbox is not None or s.held) for s in sessions)
+
+        await eventually(waiting, what=f"{names} queued")
+
+    async with running_server(manifest, policy=policy) as (server, ready), connected(port, "old-0") as first:
+        clients = [first, *(PolicyClient(first.zsession, f"old-{i}") for i in (1, 2, 3))]
+        old = [await open_on(client, ready) for client in clients]
+        for index, session in enumerate(old):
+            await session.infer(*observation(index), timeout=5)  # served once: established
+        policy.armed = True
+        with anyio.fail_after(30):
+            await old[0].send(*observation(0))
+            assert await next_forward() == 0  # old-0 holds the device
+            for index in (1, 2, 3):
+                await old[index].send(*observation(index))
+            await queued("old-1", "old-2", "old-3")
+            policy.step.release()
+            assert await next_forward() == 1  # the worker took old-2 and old-3 into its queue
+            new = [await open_on(PolicyClient(first.zsession, name), ready) for name in ("new-1", "new-2")]
+            seqs = {11: await new[0].send(*observation(11)), 12: await new[1].send(*observation(12))}
+            await old[0].send(*observation(10))
+            await queued("new-1", "new-2", "old-0")
+            order = []
+            for _ in range(5):
+                policy.step.release()
+                order.append(await next_forward())
+            policy.armed = False
+            policy.step.release()
+            assert order == [11, 12, 2, 3, 10]
+            for session, value in zip(new, (11, 12), strict=True):
+                assert (await session.receive(seqs[value], timeout=5)).chunk_robot[0][0] == value
+            assert (await new[0].infer(*observation(21), timeout=5)).chunk_robot[0][0] == 21
+        for session in (*old, *new):
+            await session.close()
+
+
+async def test_established_sessions_keep_their_share_while_new_sessions_keep_arriving(port: int) -> None:
+    """Four robots stream while new sessions open one after another on two lanes, each asking
+    once and closing: every newcomer gets its own chunk, and the established robots are served
+    evenly all along, newcomers or not (each newcomer has one first request; `ServiceOrder`
+    bounds how often they overtake, see test_scheduler.py)."""
+    policy = FixedComputePolicy(compute_ms=4)
+    manifest = make_manifest(port, extra="[serving]\nmax_sessions = 8\n")
+    received: Counter[int] = Counter()
+    newcomers_served = 0
+    stop = anyio.Event()
+
+    async def robot(session: RemoteSession, index: int) -> None:
+        while not stop.is_set():
+            result = await session.infer(*observation(index), timeout=5)
+            assert result.chunk_robot[0][0] == index
+            received[index] += 1
+
+    async def newcomers(client: PolicyClient, lane: int) -> None:
+        nonlocal newcomers_served
+        for k in range(NEWCOMERS_PER_LANE):
+            value = NEWCOMER + 10 * lane + k
+            session = await open_on(PolicyClient(client.zsession, f"new-{value}"), ready)
+            assert (await session.infer(*observation(value), timeout=5)).chunk_robot[0][0] == value
+            await session.close()
+            newcomers_served += 1
+
+    async with running_server(manifest, policy=policy) as (server, ready), connected(port, "old") as first:
+        old = [await open_on(PolicyClient(first.zsession, f"old-{i}"), ready) for i in range(4)]
+        policy.served.clear()
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for index, session in enumerate(old):
+                    tg.start_soon(robot, session, index)
+                async with anyio.create_task_group() as lanes:
+                    for lane in (0, 1):
+                        lanes.start_soon(newcomers, first, lane)
+                stop.set()
+        for session in old:
+            await session.close()
+    assert newcomers_served == 2 * NEWCOMERS_PER_LANE
+    order = policy.served
+    arrivals = [position for position, value in enumerate(order) if value >= NEWCOMER]
+    while_new = Counter(order[arrivals[0] : arrivals[-1]])
+    assert all(while_new[index] > 0 for index in range(4)), while_new  # nobody waited for the newcomers to end
+    counts = [received[i] for i in range(4)]
+    assert max(counts) - min(counts) <= 2, counts
+    assert metric(server, "servo_requests_total", outcome="ok") == len(order)
 
 
 async def test_replies_leave_in_the_order_the_forwards_served_them(port: int, tmp_path: Path) -> None:

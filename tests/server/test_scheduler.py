@@ -1,13 +1,14 @@
-"""Grouping rules of the schedulers, on their own (no server, no clock)."""
+"""Grouping rules of the schedulers and the worker's service order, on their own (no server, no clock)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Hashable
 from dataclasses import dataclass
 
 import pytest
 
-from servo.server.scheduler import DeadlineBatcher, ForwardCost, RoundRobin, scheduler_for
+from servo.server.scheduler import DeadlineBatcher, ForwardCost, RoundRobin, ServiceOrder, scheduler_for
 from tests.server.policies import BatchingFixedPolicy, FixedComputePolicy
 
 MS = 1_000_000
@@ -127,3 +128,77 @@ def test_only_a_chunk_stateless_batching_policy_served_shared_is_batched() -> No
     stateful = BatchingFixedPolicy(chunk_stateless=False)
     assert isinstance(scheduler_for(stateful, exclusive=False, max_batch=8), RoundRobin)
     assert isinstance(scheduler_for(FixedComputePolicy(), exclusive=False, max_batch=8), RoundRobin)
+
+
+@dataclass(eq=False)
+class Job:
+    session: str
+    first: bool = False
+
+
+def order(queue: ServiceOrder[Job]) -> list[str]:
+    return [job.session for job in queue]
+
+
+def test_a_sessions_first_request_goes_ahead_of_the_established_in_arrival_order() -> None:
+    queue: ServiceOrder[Job] = ServiceOrder()
+    for job in (Job("a"), Job("b"), Job("new-1", True), Job("c"), Job("new-2", True)):
+        queue.push(job, first=job.first, limit=8)
+    assert order(queue) == ["new-1", "new-2", "a", "b", "c"]
+    assert queue.head().session == "new-1"
+    queue.remove(queue.head())
+    assert order(queue) == ["new-2", "a", "b", "c"]
+    with pytest.raises(ValueError, match="not queued"):
+        queue.remove(Job("a"))  # an equal job, not the queued one
+
+
+def test_a_waiting_entry_lets_at_most_limit_first_requests_by() -> None:
+    queue: ServiceOrder[Job] = ServiceOrder()
+    queue.push(Job("a"), first=False, limit=2)
+    for name in ("new-1", "new-2", "new-3"):
+        queue.push(Job(name, True), first=True, limit=2)
+    assert order(queue) == ["new-1", "new-2", "a", "new-3"]
+    queue.push(Job("b"), first=False, limit=2)
+    queue.push(Job("new-4", True), first=True, limit=2)
+    assert order(queue) == ["new-1", "new-2", "a", "new-3", "new-4", "b"]  # b has let one by
+
+
+def test_newcomers_at_every_turn_never_keep_an_established_session_waiting_past_two_cycles() -> None:
+    """A round-robin worker (one entry per session queued, the head served each turn) under a
+    flood of new sessions, each served once and closed: as many open at every turn as
+    ``max_sessions`` allows. Every established request is served within two cycles, and every
+    established session keeps half its share or more."""
+    rng = random.Random(19)
+    established = [f"robot-{i}" for i in range(6)]
+    max_sessions, turns = 10, 2000
+    queue: ServiceOrder[Job] = ServiceOrder()
+    pushed_at: dict[int, int] = {}  # id(job) -> the turn it was queued
+    newcomers = served_new = 0
+    served: dict[str, int] = dict.fromkeys(established, 0)
+    idle = set(established)
+    for turn in range(turns):
+        open_new = sum(1 for job in queue if job.first)
+        for _ in range(max_sessions - len(established) - open_new):  # every free session slot, at once
+            newcomers += 1
+            job = Job(f"new-{newcomers}", True)
+            pushed_at[id(job)] = turn
+            open_new += 1
+            queue.push(job, first=True, limit=len(established) + open_new)
+        for name in sorted(idle):
+            if rng.random() < 0.7:  # back from its round trip
+                job = Job(name)
+                pushed_at[id(job)] = turn
+                queue.push(job, first=False, limit=len(established) + open_new)
+                idle.discard(name)
+        job = queue.head()
+        queue.remove(job)
+        since = pushed_at.pop(id(job))
+        if job.first:
+            served_new += 1
+        else:
+            assert turn - since <= 2 * max_sessions - 1, (job.session, turn - since)
+            served[job.session] += 1
+            idle.add(job.session)
+    assert served_new > turns / 2  # the newcomers did go first most of the time
+    # Half its share without newcomers (one turn in max_sessions), less its own round trips.
+    assert min(served.values()) >= turns / (2 * max_sessions + 4), served

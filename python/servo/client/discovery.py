@@ -96,18 +96,25 @@ async def discover(
     return sorted(servers, key=lambda s: (s.status.draining, placement_score(s.status), s.keys.replica))
 
 
-def first_choice(servers: list[ServerInfo]) -> list[ServerInfo]:
+def first_choice(servers: list[ServerInfo], *, recent: bool = True) -> list[ServerInfo]:
     """``servers`` in the order to try them: the first drawn among the best, the rest as they were.
 
     The best are the live replicas whose `placement_score` is within `PLACEMENT_TIE` of the
     lowest: robots placing themselves at once on the same view of the fleet (a failover) spread
-    over equally good replicas instead of all picking the one a session emptier.
+    over equally good replicas instead of all picking the one a session emptier. A view kept
+    from an earlier discovery (``recent=False``: a failover to the replicas known) says nothing of
+    their load now: its session counts and queue waits are those of one past moment, often the
+    same for robots that started together (weighed, they sent 68 robots of a killed replica to one
+    survivor and 33 to the other), so the first is drawn among every live replica and settling
+    (`settle_look`) evens out what chance left uneven.
     """
     live = [s for s in servers if not s.status.draining]
     if len(live) < 2:
         return servers
-    best = min(placement_score(s.status) for s in live)
-    first = random.choice([s for s in live if placement_score(s.status) <= best + PLACEMENT_TIE])
+    if recent:
+        best = min(placement_score(s.status) for s in live)
+        live = [s for s in live if placement_score(s.status) <= best + PLACEMENT_TIE]
+    first = random.choice(live)
     return [first, *(s for s in servers if s is not first)]
 
 

@@ -280,7 +280,8 @@ class PolicyClient:
         moving while its replica holds two or more sessions more than the emptiest (`settle_look`;
         up to `SETTLE_ROUNDS` looks `SETTLE_JITTER_S` apart at most, until `SETTLED_LOOKS` in a
         row found it balanced). With ``avoid`` (replicas known gone), the others of the last
-        discovery are tried first, without a status query to each: a failover herd would send one.
+        discovery are tried first, without a status query to each: a failover herd would send one;
+        that view is old, so the first is drawn among all of them (`first_choice`).
 
         A replica that is full, draining, still holds our previous session (``session_exists``)
         or whose ack fails verification is skipped; any other rejection is final (the next
@@ -290,11 +291,13 @@ class PolicyClient:
         known = [s for s in self._known if s.keys not in avoid and usable(s)]
         if avoid and known:
             with contextlib.suppress(SessionRejected, RogueServer, RequestTimeout):
-                return await self._place(known, app, model, usable, settle, features, fps, **options)
+                return await self._place(
+                    first_choice(known, recent=False), app, model, usable, settle, features, fps, **options
+                )
         servers = [s for s in await self.discover(app=app, model=model) if usable(s)]
         if not servers:
             raise NoServerFound("no discovered server matches the requested model")
-        return await self._place(servers, app, model, usable, settle, features, fps, **options)
+        return await self._place(first_choice(servers), app, model, usable, settle, features, fps, **options)
 
     async def _place(
         self,
@@ -307,9 +310,9 @@ class PolicyClient:
         fps: float,
         **options: Unpack[SessionOptions],
     ) -> RemoteSession:
-        """Open on the first of ``servers`` that takes the session (see `connect_best`)."""
+        """Open on the first of ``servers`` (in the order to try them) that takes the session."""
         last: SessionRejected | RogueServer | None = None
-        for server in first_choice(servers):
+        for server in servers:
             try:
                 session = await self.open_session(server, features=features, fps=fps, **options)
             except SessionRejected as exc:

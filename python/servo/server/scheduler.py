@@ -1,16 +1,19 @@
 """Which of the decoded observations the inference worker serves in its next forward.
 
-The worker keeps what it took from the mailboxes in arrival (ring) order and asks its
-`Scheduler` for the next group: the head of that queue is always in it, so every session is
-served once per cycle however fast another one sends. `RoundRobin` serves the head alone;
-`DeadlineBatcher` adds later entries of compatible shapes as long as the bigger forward puts no
-member's deadline at risk, for policies with ``predict_chunk_batch``.
+The worker keeps what it took from the mailboxes in a `ServiceOrder`: arrival (ring) order,
+except that a session's first request goes ahead of the established sessions' requests, within
+a bound that keeps every session served at least once per two cycles. It asks its `Scheduler`
+for the next group: the head of that queue is always in it, so every session is served however
+fast another one sends. `RoundRobin` serves the head alone; `DeadlineBatcher` adds later entries
+of compatible shapes as long as the bigger forward puts no member's deadline at risk, for
+policies with ``predict_chunk_batch``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import Protocol, TypeVar
+from collections import deque
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Generic, Protocol, TypeVar
 
 from servo.policy import BatchingPolicy, Policy
 
@@ -33,6 +36,74 @@ class Candidate(Protocol):
 
 
 C = TypeVar("C", bound=Candidate)
+
+
+E = TypeVar("E")
+
+
+class _Slot(Generic[E]):
+    """An entry of a `ServiceOrder` and how often a first request went ahead of it."""
+
+    __slots__ = ("entry", "first", "overtaken")
+
+    def __init__(self, entry: E, first: bool) -> None:
+        self.entry = entry
+        self.first = first
+        self.overtaken = 0
+
+
+class ServiceOrder(Generic[E]):
+    """The inference worker's queue: arrival order, a session's first request ahead.
+
+    A session that just opened has nothing to act on yet (or, after a failover, only what is left
+    of the dead replica's chunk), while an established session's robot still executes its last
+    chunk: its first request overtakes the waiting requests of established sessions, in arrival
+    order among first requests. A waiting entry lets no more first requests by than there are
+    sessions open (``limit``), and the queue holds at most one entry per session: an established
+    request waits at most two cycles of the sessions open, however many newcomers arrive. A
+    session has one first request and opens are rate limited per client
+    (``limits.client_opens_per_s``), so nobody can buy priority by asking often. Owned by the
+    inference worker thread.
+    """
+
+    def __init__(self) -> None:
+        self._slots: deque[_Slot[E]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __iter__(self) -> Iterator[E]:
+        return (slot.entry for slot in self._slots)
+
+    def head(self) -> E:
+        """The entry served next (the queue must not be empty)."""
+        return self._slots[0].entry
+
+    def push(self, entry: E, *, first: bool, limit: int) -> None:
+        """Queue ``entry`` at the back, or a session's ``first`` request further ahead.
+
+        A first request goes ahead of the established entries at the back that have let fewer
+        than ``limit`` (the sessions open now) first requests by.
+        """
+        slot = _Slot(entry, first)
+        position = len(self._slots)
+        if first:
+            while position > 0:
+                ahead = self._slots[position - 1]
+                if ahead.first or ahead.overtaken >= limit:
+                    break
+                position -= 1
+            for index in range(position, len(self._slots)):
+                self._slots[index].overtaken += 1
+        self._slots.insert(position, slot)
+
+    def remove(self, entry: E) -> None:
+        """Take ``entry`` out (it is being served or dropped)."""
+        for index, slot in enumerate(self._slots):
+            if slot.entry is entry:
+                del self._slots[index]
+                return
+        raise ValueError("entry not queued")
 
 
 class Scheduler(Protocol):

@@ -6,8 +6,9 @@ path and one thread each:
 
 * **receive** (the Zenoh observation callback thread, `servo.server.intake`): authenticate,
   admit, decode, deposit into the session's newest-wins mailbox;
-* **serve** (this thread, "servo-inference"): take every mailbox not held yet, let the
-  `Scheduler` pick the group to serve from what it holds, head first (round-robin, or a
+* **serve** (this thread, "servo-inference"): take every mailbox not held yet into its
+  `ServiceOrder` (arrival order, a new session's first request ahead), let the `Scheduler`
+  pick the group to serve from what it holds, head first (round-robin, or a
   deadline-aware batch for a `BatchingPolicy`, which may linger a few ms for partners), claim
   each member right before the forward (a newer observation of the session takes the held
   one's turn; a reset episode or a closed session drops it) and run the forward;
@@ -29,14 +30,13 @@ import functools
 import itertools
 import threading
 import time
-from collections import deque
 from collections.abc import Hashable
 
 from servo.logs import get_logger
 from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.replies import Reply, ReplyStage, queue_wait_ms
-from servo.server.scheduler import Scheduler
+from servo.server.scheduler import Scheduler, ServiceOrder
 from servo.server.sessions import Claim, Decoded, Mail, Rejected, Session
 from servo.server.state import ServerState
 
@@ -93,7 +93,7 @@ class InferenceWorker:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="servo-inference", daemon=True)
         self._replies = ReplyStage(state, audit)
-        self._queue: deque[_Entry] = deque()
+        self._queue: ServiceOrder[_Entry] = ServiceOrder()
         self._device_free_ns = 0  # when the last forward ended
 
     def start(self) -> None:
@@ -121,8 +121,12 @@ class InferenceWorker:
         while not self._stop.is_set():
             if not self._queue and not self._registry.wait_ready(timeout=0.25):
                 continue
-            for session, item in self._registry.take():
-                self._queue.append(_Entry(session, item, self._fps))
+            if taken := self._registry.take():
+                sessions = len(self._registry)
+                for session, item in taken:
+                    # A session never served yet: its robot is waiting for its first chunk.
+                    first = isinstance(item, Decoded) and session.served_episode < 0
+                    self._queue.push(_Entry(session, item, self._fps), first=first, limit=sessions)
             if not self._queue:
                 continue
             try:
@@ -131,7 +135,7 @@ class InferenceWorker:
                 log.exception("request handling failed")
 
     def _serve_next(self) -> None:
-        head = self._queue[0]
+        head = self._queue.head()
         group = [head]
         if isinstance(head.item, Decoded):
             window = itertools.islice(self._queue, self._scheduler.max_batch)

@@ -24,6 +24,9 @@ import anyio
 import zenoh
 from zenoh.handlers import Callback
 
+#: How long after its own timeout a query waits for Zenoh's drop callback (s).
+DROP_GRACE_S = 2.0
+
 
 class LoopBridge:
     """Schedules calls on the event loop that created it; safe to use from any thread.
@@ -61,7 +64,9 @@ async def query(
 
     Consolidation is always off: replicas answering on the same key would otherwise be merged
     into one reply (ZENOH_FACTS §3). Ends when every queryable has answered or ``timeout`` (s)
-    elapsed; a cancelled caller cancels the query.
+    elapsed; a cancelled caller cancels the query. Never raises a timeout of its own: the replies
+    gathered by then are the answer, as when Zenoh's timeout ends the query, so callers see the
+    errors they already handle (no reply, or no genuine one).
     """
     bridge = LoopBridge()
     replies: list[zenoh.Reply] = []
@@ -81,8 +86,10 @@ async def query(
         cancellation_token=token,
     )
     try:
-        # Zenoh's own timeout ends the query; the margin only guards against a lost drop.
-        with anyio.fail_after(timeout + 2.0):
+        # Zenoh's own timeout ends the query; the grace only guards against a lost or late drop
+        # (a callback thread starved for seconds under load). Raising then (the builtin
+        # TimeoutError) discarded the replies and escaped every connect_best caller.
+        with anyio.move_on_after(timeout + DROP_GRACE_S):
             await done.wait()
     finally:
         bridge.closed = True
