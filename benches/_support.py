@@ -25,11 +25,12 @@ RESULTS = REPO / "benches" / "results"
 
 
 def publish(request: pytest.FixtureRequest, text: str, name: str, *, smoke: bool) -> None:
-    """Print a results table past pytest's capture; a real (not smoke) run also writes it to results/."""
+    """Print a results table past pytest's capture; a real (not smoke) run of every case also writes
+    it to results/ (a ``-k`` selection would replace the whole table with its few rows)."""
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
         print("\n" + text, flush=True)
-    if not smoke:
+    if not smoke and not request.config.option.keyword:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / name).write_text(text + "\n")
 
