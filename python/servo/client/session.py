@@ -281,9 +281,11 @@ class RemoteSession:
     def resend_after(self, expected_rtt_ns: int | None) -> float | None:
         """When an unanswered request should be sent again (s after it left; `receive`'s ``resend_after``).
 
-        `RESEND_ROUND_TRIPS` of the round trip expected, or of this replica's forward when that is
-        longer (so a slow policy's forward is not duplicated), and never sooner than `RESEND_MIN_S`.
-        None (never) while neither is known: a fresh replica's first forward may be any length.
+        `RESEND_ROUND_TRIPS` of ``expected_rtt_ns`` (the slowest of the last few round trips: a
+        queue that grows then costs one copy, not one per request), or of this replica's forward
+        when that is longer (a slow policy's forward is not duplicated), and never sooner than
+        `RESEND_MIN_S`. None (never) while neither is known: a fresh replica's first forward may
+        be any length.
         """
         return resend_delay(expected_rtt_ns, self.server.status.inference_ms)
 

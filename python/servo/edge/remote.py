@@ -343,8 +343,9 @@ class RemoteEngine(EngineBase):
         with anyio.CancelScope() as scope:
             self._receive_scope = scope
             # An answer overdue by a few round trips is most likely lost, not late: it is asked
-            # for again long before the request timeout (`RemoteSession.resend`).
-            resend_after = session.resend_after(self.pipeline.expected_latency_ns())
+            # for again long before the request timeout (`RemoteSession.resend`). Measured
+            # against the slowest recent one, so that a replica's queue growing costs one copy.
+            resend_after = session.resend_after(self.pipeline.recent.max())
             result = await session.receive(
                 seq, timeout=self.config.failsafe.request_timeout_s, resend_after=resend_after
             )
