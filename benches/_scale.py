@@ -29,6 +29,7 @@ import json
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +118,8 @@ async def _robots(args: argparse.Namespace) -> None:
     #: Per robot: (monotonic s the loss was seen, s the dead session was closed, s the next one was
     #: open, opens refused between).
     replaced: dict[int, list[tuple[float, float, float, int]]] = {}
+    #: Per robot: monotonic s of every request answered only after it was sent again (`resend`).
+    resent: dict[int, list[float]] = {}
     #: Per replica: monotonic s its liveliness token was seen gone, on Zenoh's callback thread.
     gone: dict[str, float] = {}
     #: (monotonic s, ms late) of every 10 ms sleep of this process's event loop.
@@ -169,6 +172,7 @@ async def _robots(args: argparse.Namespace) -> None:
         state = np.zeros(len(JOINTS), dtype=np.float32)
         state[0] = float(index)
         rows = served.setdefault(index, [])
+        recent: deque[int] = deque(maxlen=5)  # round trips (ns): when to ask again, as the edge does
         seq = 0
         # Robots start their cadence at random phases, as independent robots would.
         next_at = time.monotonic() + float(np.random.default_rng(index).uniform(0, period))
@@ -195,8 +199,14 @@ async def _robots(args: argparse.Namespace) -> None:
                         next_at = max(next_at + period, time.monotonic())
                         seq += 1
                         state[1] = float(seq)
+                        copies = session.stats.resent
                         try:
-                            chunk = await session.infer(state, images, timeout=5.0)
+                            chunk = await session.infer(
+                                state,
+                                images,
+                                timeout=5.0,
+                                resend_after=session.resend_after(max(recent, default=None)),
+                            )
                         except RequestTimeout:
                             timeouts += 1
                             continue
@@ -205,6 +215,9 @@ async def _robots(args: argparse.Namespace) -> None:
                         except SessionLost:  # caught here: out of the task group it is a group
                             break
                         timeouts = 0
+                        recent.append(chunk.rtt_ns)
+                        if session.stats.resent > copies:
+                            resent.setdefault(index, []).append(time.monotonic())
                         fresh = bool(np.array_equal(chunk.chunk_robot[0], state))
                         row = (time.monotonic(), replica, fresh, chunk.rtt_ns / 1e6, chunk.queue_wait_ms)
                         rows.append((*row, chunk.inference_ms))
@@ -286,6 +299,7 @@ async def _robots(args: argparse.Namespace) -> None:
         "failures": failures,
         "telemetry": {str(k): v for k, v in telemetry.items()},
         "replaced": {str(k): v for k, v in replaced.items()},
+        "resent": {str(k): v for k, v in resent.items()},
         "gone": gone,
         "lag": lag,
     }

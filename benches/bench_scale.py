@@ -138,12 +138,14 @@ def run_fleet(workdir: Path, robots: int, window_s: float, recovery_s: float) ->
             child.stop()
         served: dict[int, list[list[Any]]] = {}
         replaced: dict[int, list[list[Any]]] = {}
+        resent: dict[int, list[float]] = {}
         gone: list[dict[str, float]] = []
         lag: list[list[float]] = []
         for out in outputs:
             result = json.loads(out.read_text())
             served.update({int(k): v for k, v in result["served"].items()})
             replaced.update({int(k): v for k, v in result["replaced"].items()})
+            resent.update({int(k): v for k, v in result["resent"].items()})
             gone.append(result["gone"])
             lag.extend(result["lag"])
     finally:
@@ -152,6 +154,7 @@ def run_fleet(workdir: Path, robots: int, window_s: float, recovery_s: float) ->
     return {
         "served": served,
         "replaced": replaced,
+        "resent": resent,
         "gone": gone,
         "lag": lag,
         "census": census,
@@ -239,6 +242,11 @@ def analyse(run: dict[str, Any]) -> dict[str, Any]:
         "slowest_victim": _slowest(firsts, run["replaced"], killed),
         "victims_per_survivor": dict(
             Counter(_replica_after(served[robot], killed, run["victim"]) for robot in recovered)
+        ),
+        # Requests answered only after they were sent again (their first answer overdue).
+        "resent_answered": sum(len(times) for times in run["resent"].values()),
+        "resent_answered_victims_after_kill": sum(
+            1 for robot in victims for at in run["resent"].get(robot, []) if at > killed
         ),
         "stale_actions": stale,
         "requests_served": sum(len(rows) for rows in served.values()),

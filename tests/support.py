@@ -8,10 +8,13 @@ from contextlib import asynccontextmanager
 
 import anyio
 import numpy as np
+import pytest
 
+from servo._core import MSG_CHUNK, Header
 from servo.policy import Policy
 from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
+from servo.server.sessions import Session
 from servo.transport import ZenohSettings
 from testbed.processes import free_port as free_port  # the one definition, shared with the benchmarks
 
@@ -97,3 +100,18 @@ def new_threads(before: Collection[threading.Thread]) -> list[str]:
     thread, later on a loaded machine) do not count.
     """
     return sorted(t.name for t in threading.enumerate() if t not in before)
+
+
+def lose_chunks(monkeypatch: pytest.MonkeyPatch, lost: Callable[[int], bool]) -> list[int]:
+    """Every server session's chunks answering a seq_id for which ``lost`` holds vanish after the put."""
+    dropped: list[int] = []
+    publish = Session.publish
+
+    def put(session: Session, msg_type: int, body: bytes, request: Header | None = None) -> bool:
+        if msg_type == MSG_CHUNK and request is not None and lost(request.seq_id):
+            dropped.append(request.seq_id)
+            return True  # what a dropping publisher tells its caller
+        return publish(session, msg_type, body, request)
+
+    monkeypatch.setattr(Session, "publish", put)
+    return dropped

@@ -99,6 +99,52 @@ def test_a_newer_request_supersedes_the_one_in_flight() -> None:
     assert protocol.stats.dropped_stale == 1
 
 
+@pytest.mark.parametrize("answered", ["original", "copy"])
+def test_a_request_sent_again_takes_the_first_answer_to_either_seq(answered: str) -> None:
+    protocol = established()
+    original = protocol.observation(mono_ns=1_000, episode_start=True)
+    copy = protocol.observation(mono_ns=1_000, episode_start=True, resend=True)
+    assert (copy.seq_id, protocol.in_flight, protocol.resent_seq) == (2, 2, 1)
+    first, second = (original, copy) if answered == "original" else (copy, original)
+    body = encode(chunk(GOOD))
+    verdict = protocol.on_action(answer(first, MSG_CHUNK, body), body, 5_000)
+    assert isinstance(verdict, Answered)
+    assert isinstance(verdict.result, ChunkResult)
+    assert (verdict.result.seq_id, verdict.result.rtt_ns) == (first.seq_id, 4_000)
+    # The other answer is for the same observation, but the request is answered: it is dropped,
+    # as expected (not counted as a refused chunk).
+    assert isinstance(protocol.on_action(answer(second, MSG_CHUNK, body), body, 6_000), Dropped)
+    assert protocol.stats.dropped_stale == 1
+    assert not protocol.counters.chunks_rejected
+
+
+def test_only_the_request_in_flight_is_sent_again_and_a_newer_request_forgets_the_copy() -> None:
+    protocol = established()
+    with pytest.raises(ValueError, match="no request in flight"):
+        protocol.observation(mono_ns=1, episode_start=False, resend=True)
+    original = protocol.observation(mono_ns=1, episode_start=False)
+    protocol.observation(mono_ns=1, episode_start=False, resend=True)
+    newer = protocol.observation(mono_ns=2, episode_start=False)
+    body = encode(chunk(GOOD))
+    # Only the copy's own request could take the original's answer; a newer observation cannot.
+    assert isinstance(protocol.on_action(answer(original, MSG_CHUNK, body), body, 3), Dropped)
+    assert isinstance(protocol.on_action(answer(newer, MSG_CHUNK, body), body, 3), Answered)
+    with pytest.raises(ValueError, match="no request in flight"):
+        protocol.observation(mono_ns=3, episode_start=False, resend=True)
+
+
+def test_a_copy_keeps_the_notice_budget_of_its_request() -> None:
+    protocol = established()
+    request = protocol.observation(mono_ns=1, episode_start=False)
+    keyless = unauthenticated(reply_header(request, MSG_ERROR))
+    forged = notice(keyless, by=ServerIdentity.generate())
+    for _ in range(MAX_NOTICE_CHECKS):
+        assert isinstance(protocol.on_action(keyless, forged, 2), Dropped)
+    copy = protocol.observation(mono_ns=1, episode_start=False, resend=True)
+    keyless = unauthenticated(reply_header(copy, MSG_ERROR))
+    assert isinstance(protocol.on_action(keyless, notice(keyless), 3), Dropped)
+
+
 @pytest.mark.parametrize(
     ("forgery", "reason"),
     [

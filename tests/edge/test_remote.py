@@ -27,7 +27,7 @@ from tests.edge.harness import (
     running_edge,
     small_sim,
 )
-from tests.support import eventually, make_manifest, running_server
+from tests.support import eventually, lose_chunks, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -220,6 +220,24 @@ async def test_staleness_bound_trips_when_chunks_stop(port: int, tmp_path: Path)
     for frame in policy_frames:
         assert frame.provenance is not None
         assert frame.mono_ns - frame.provenance[3] <= max_age_ns
+
+
+async def test_a_chunk_lost_on_the_way_back_is_asked_for_again_long_before_the_timeout(
+    port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dropped = lose_chunks(monkeypatch, lambda seq: seq == 3)
+    async with running_server(make_manifest(port, options=CHUNK_20)):
+        sim = small_sim()
+        engine = RemoteEngine(edge_config(port, request_timeout_s=30.0), sim.spec())
+        async with running_edge(sim, engine, RunOptions()) as run:
+            # Twenty actions a chunk at 30 Hz: waiting out the timeout would hold the arm ~29 s.
+            await eventually(lambda: engine.chunks_received >= 4, 10, "the chunks after the lost one")
+            session = engine.session
+            assert session is not None
+            assert session.stats.resent >= 1
+            summary = await run.stop()
+    assert dropped == [3]
+    assert summary.timeouts == 0
 
 
 def _f32(tensor: Any) -> np.ndarray:

@@ -9,7 +9,9 @@ with bytes (tests/client/test_protocol.py), as `servo.server.auth` is on the ser
   each control request the next of the control stream (`control_header`); both are sealed with
   the session key by whoever sends them.
 * **One request in flight**: a new observation supersedes the request in flight; only an
-  answer to the latest seq_id of the current epoch is accepted, once.
+  answer to the latest seq_id of the current epoch is accepted, once. A request sent again
+  (``resend``: the same observation under the next seq_id, when its answer is overdue) is the
+  one exception: the first answer to either seq_id is taken, since both answer that observation.
 * **Incoming** (`on_action`), in this order: sizes (`oversized`, before anything is copied out
   of Zenoh); the MAC under the session key; the session id and epoch; the message type; the
   request in flight; the body (`servo.client.verify`). The ``unknown_session`` notice is the
@@ -140,6 +142,8 @@ class SessionProtocol:
         #: The answer to the latest request, once it came (None while in flight).
         self.result: ChunkResult | Exception | None = None
         self.latest_seq = 0
+        #: The seq_id the latest request was sent again for (its answer counts too), or 0.
+        self.resent_seq = 0
         # The largest chunk (both spaces, float32) plus room for the rest of any server message.
         self.max_message_bytes = 2 * max_chunk_steps * action_dim * 4 + MESSAGE_SLACK_BYTES
         self._key: SessionKey | None = None
@@ -187,16 +191,25 @@ class SessionProtocol:
         return self.latest_seq if self.result is None and self.latest_seq else None
 
     # ------------------------------------------------------------------ outgoing
-    def observation(self, *, mono_ns: int, episode_start: bool) -> Header:
+    def observation(self, *, mono_ns: int, episode_start: bool, resend: bool = False) -> Header:
         """The header of the next observation; it becomes the request in flight.
+
+        With ``resend`` it carries the observation in flight again: an answer to either seq_id is
+        taken (the first one), and the notice budget stays that request's.
 
         Raises:
             SessionLost: before the handshake.
+            ValueError: ``resend`` with no request in flight.
         """
         if self._key is None:
             raise SessionLost("the session is not open yet")
+        if resend and self.in_flight is None:
+            raise ValueError("no request in flight to send again")
         self._seq += 1
-        self.latest_seq, self.result, self._notice_checks = self._seq, None, 0
+        self.resent_seq = self.latest_seq if resend else 0
+        if not resend:
+            self._notice_checks = 0
+        self.latest_seq, self.result = self._seq, None
         return Header(
             schema_version=self.schema_version,
             msg_type=MSG_OBS,
@@ -285,10 +298,13 @@ class SessionProtocol:
         if header.msg_type not in (MSG_CHUNK, MSG_ERROR):
             self.counters.reject("undecodable", f"msg_type {header.msg_type} on the action key")
             return Dropped()
-        if header.seq_id != self.latest_seq or self.result is not None:
-            # Late or replayed answer: merging it would corrupt the queue (one in flight).
+        answers = header.seq_id == self.latest_seq or (self.resent_seq != 0 and header.seq_id == self.resent_seq)
+        if not answers or self.result is not None:
+            # Late or replayed answer: merging it would corrupt the queue (one in flight). The
+            # second answer to a request sent again is expected, not refused.
             self.stats.dropped_stale += 1
-            self.counters.reject("stale_seq", f"seq {header.seq_id}, in flight {self.in_flight}")
+            if not (answers and self.resent_seq):
+                self.counters.reject("stale_seq", f"seq {header.seq_id}, in flight {self.in_flight}")
             return Dropped()
         return Answered(self._answer(header, payload, now_ns))
 

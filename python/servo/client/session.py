@@ -23,8 +23,9 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 import zenoh
+from zenoh.handlers import Callback
 
-from servo._core import SessionKey
+from servo._core import FLAG_EPISODE_START, SessionKey
 from servo.client.codec import AutoCodec, CodecChooser, CodecStatus, codec_name
 from servo.client.discovery import ServerInfo
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
@@ -33,7 +34,7 @@ from servo.client.replies import sealed_answer
 from servo.client.results import ChunkResult, SessionStats
 from servo.client.uplink import Outgoing, Uplink
 from servo.logs import LogThrottle, get_logger
-from servo.transport import Declared, LoopBridge, declare_obs_publisher, query
+from servo.transport import Declared, LoopBridge, declare_obs_publisher, direct, query
 from servo.wire import (
     ClientKeys,
     CloseRequest,
@@ -47,7 +48,19 @@ from servo.wire import (
 
 log = get_logger(__name__)
 
+#: An unanswered request is sent again after this many expected round trips (`resend_after`)...
+RESEND_ROUND_TRIPS = 3
+#: ...and never sooner than this (s): a survivor's queue right after a failover is longer than
+#: the round trips seen before it, and a copy of a request still waiting there costs nothing.
+RESEND_MIN_S = 0.3
+
 FloatArray = npt.NDArray[np.float32]
+
+
+def resend_delay(expected_rtt_ns: int | None, forward_ms: float) -> float | None:
+    """`RemoteSession.resend_after` from the round trip expected (ns) and the replica's forward (ms)."""
+    longest_s = max((expected_rtt_ns or 0) / 1e9, forward_ms / 1e3)
+    return None if longest_s <= 0 else max(RESEND_MIN_S, RESEND_ROUND_TRIPS * longest_s)
 
 
 class RemoteSession:
@@ -87,6 +100,8 @@ class RemoteSession:
         self._matching = anyio.Event()
         self._matched = False
         self._uplink: Uplink | None = None
+        #: The latest observation handed to the uplink (what `resend` sends again).
+        self._last_job: Outgoing | None = None
         self._server_seen = False
         self._send_throttle = LogThrottle(1.0)
         self._entities: list[Declared] = []
@@ -145,19 +160,15 @@ class RemoteSession:
         subscription that has not propagated yet.
         """
         bridge = self._bridge
-        self._entities.append(self._z.declare_subscriber(self.keys.action, self._on_action))
+        on_matching: Callback[zenoh.MatchingStatus] = direct(lambda m: bridge.call(self._on_matching, m.matching))
+        on_server_alive: Callback[zenoh.Sample] = direct(lambda s: bridge.call(self._on_server_liveliness, s))
+        self._entities.append(self._z.declare_subscriber(self.keys.action, direct(self._on_action)))
         publisher = declare_obs_publisher(self._z, self.keys.obs)
         self._uplink = Uplink(publisher, self.stats, self.codec)
-        self._entities.append(
-            publisher.declare_matching_listener(lambda status: bridge.call(self._on_matching, status.matching))
-        )
+        self._entities.append(publisher.declare_matching_listener(on_matching))
         self._entities.append(self._z.liveliness().declare_token(self.keys.alive))
         self._entities.append(
-            self._z.liveliness().declare_subscriber(
-                self.server.keys.alive,
-                lambda s: bridge.call(self._on_server_liveliness, s),
-                history=True,
-            )
+            self._z.liveliness().declare_subscriber(self.server.keys.alive, on_server_alive, history=True)
         )
 
     async def wait_matched(self, timeout: float) -> bool:
@@ -239,8 +250,48 @@ class RemoteSession:
             started_ns=started,
             sizes=self.protocol.input_sizes,
         )
-        seq = job.header.seq_id
         self._result_ready = anyio.Event()
+        return self._submit(uplink, job)
+
+    def resend(self) -> int:
+        """Send the request in flight again, under a new seq_id; returns it.
+
+        For an answer that is overdue, most likely lost on the way (a chunk publisher drops what
+        waits too long for room in a starved transmit queue): the first answer to either seq_id
+        completes the request. On the server the copy takes the original's place while that
+        still waits (newest wins), so it costs a forward only when the original was served.
+        Counted in ``stats.resent``.
+
+        Raises:
+            SessionLost: the session is lost.
+            ValueError: no request in flight.
+        """
+        if self.lost.is_set():
+            raise SessionLost(self.lost_reason)
+        uplink, job = self._uplink, self._last_job
+        if uplink is None or job is None:
+            raise ValueError("no request in flight to send again")
+        original = job.header
+        header = self.protocol.observation(
+            mono_ns=original.client_mono_ns, episode_start=bool(original.flags & FLAG_EPISODE_START), resend=True
+        )
+        self.stats.resent += 1
+        return self._submit(uplink, dataclasses.replace(job, header=header, started_ns=time.monotonic_ns()))
+
+    def resend_after(self, expected_rtt_ns: int | None) -> float | None:
+        """When an unanswered request should be sent again (s after it left; `receive`'s ``resend_after``).
+
+        `RESEND_ROUND_TRIPS` of ``expected_rtt_ns`` (the slowest of the last few round trips: a
+        queue that grows then costs one copy, not one per request), or of this replica's forward
+        when that is longer (a slow policy's forward is not duplicated), and never sooner than
+        `RESEND_MIN_S`. None (never) while neither is known: a fresh replica's first forward may
+        be any length.
+        """
+        return resend_delay(expected_rtt_ns, self.server.status.inference_ms)
+
+    def _submit(self, uplink: Uplink, job: Outgoing) -> int:
+        seq = job.header.seq_id
+        self._last_job = job
         if not self._matched:
             self._send_failed(seq, "no server subscribes to this session's observations")
         else:
@@ -266,11 +317,12 @@ class RemoteSession:
         if self.protocol.fail(seq, SendFailed(f"observation {seq} not sent: {reason}")):
             self._result_ready.set()
 
-    async def receive(self, seq_id: int, *, timeout: float) -> ChunkResult:
+    async def receive(self, seq_id: int, *, timeout: float, resend_after: float | None = None) -> ChunkResult:
         """Wait for the chunk answering ``seq_id`` (which must be the latest request).
 
         A chunk that arrives after a timeout is still delivered by a later call, as long as no
-        newer request was sent.
+        newer request was sent. With ``resend_after`` (s, see `resend_after`) a request still
+        unanswered then is sent again once (`resend`); the result's ``seq_id`` says which answered.
 
         Raises:
             RequestTimeout: nothing within ``timeout`` seconds.
@@ -280,10 +332,17 @@ class RemoteSession:
         protocol = self.protocol
         if seq_id != protocol.latest_seq:
             raise ValueError(f"seq_id {seq_id} is not the latest request ({protocol.latest_seq})")
-        if protocol.result is None and not self.lost.is_set():
-            # `_result_ready` is also set when the session is lost: one event, no helper tasks
-            # (two watcher tasks in a task group cost ~0.1 ms per round trip).
-            with anyio.move_on_after(timeout):
+        # `_result_ready` is also set when the session is lost: one event, no helper tasks
+        # (two watcher tasks in a task group cost ~0.1 ms per round trip).
+        waits = [timeout]
+        if resend_after is not None and resend_after < timeout:
+            waits = [resend_after, timeout - resend_after]
+        for turn, wait in enumerate(waits):
+            if protocol.result is not None or self.lost.is_set():
+                break
+            if turn:
+                seq_id = self.resend()
+            with anyio.move_on_after(wait):
                 await self._result_ready.wait()
         result = protocol.result
         if isinstance(result, ChunkResult):
@@ -304,12 +363,13 @@ class RemoteSession:
         mono_ns: int | None = None,
         task: str = "",
         timeout: float = 5.0,
+        resend_after: float | None = None,
         inference_delay_steps: int = 0,
         prefix_model: FloatArray | None = None,
         prefix_robot: FloatArray | None = None,
         episode_start: bool = False,
     ) -> ChunkResult:
-        """`send` then `receive`: one round trip (the arguments are `send`'s, plus ``timeout``)."""
+        """`send` then `receive`: one round trip (`send`'s arguments, `receive`'s ``timeout`` and ``resend_after``)."""
         seq = await self.send(
             state,
             images,
@@ -320,7 +380,7 @@ class RemoteSession:
             prefix_robot=prefix_robot,
             episode_start=episode_start,
         )
-        return await self.receive(seq, timeout=timeout)
+        return await self.receive(seq, timeout=timeout, resend_after=resend_after)
 
     # ------------------------------------------------------------------ control plane
     async def reset(self, episode_id: int, *, timeout: float = 1.0) -> None:
@@ -356,7 +416,7 @@ class RemoteSession:
 
     # ------------------------------------------------------------------ callbacks
     def _on_action(self, sample: zenoh.Sample) -> None:
-        """Zenoh callback thread: size the message, copy it out of Zenoh, hand it to the loop.
+        """Zenoh's thread (`direct`): size the message, copy it out of Zenoh, hand it to the loop.
 
         The sizes are checked before the copy (`SessionProtocol.oversized`, which is pure); the
         protocol's state is only ever touched on the loop.

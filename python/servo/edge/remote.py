@@ -8,6 +8,7 @@ import uuid
 
 import anyio
 import zenoh
+from zenoh.handlers import Callback
 
 from servo.client import (
     NoServerFound,
@@ -32,7 +33,7 @@ from servo.edge.replicas import ReplicaRules
 from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
-from servo.transport import open_session
+from servo.transport import direct, open_session
 from servo.wire import alive_selector
 
 log = get_logger(__name__)
@@ -119,10 +120,9 @@ class RemoteEngine(EngineBase):
         bridge = self._bridge
         assert bridge is not None
         server = self.config.server
-        return zsession.liveliness().declare_subscriber(
-            alive_selector(server.app or None, server.model or None),
-            lambda sample: bridge.call(self._on_replica_liveliness, sample.kind),
-        )
+        on_token: Callback[zenoh.Sample] = direct(lambda sample: bridge.call(self._on_replica_liveliness, sample.kind))
+        selector = alive_selector(server.app or None, server.model or None)
+        return zsession.liveliness().declare_subscriber(selector, on_token)
 
     def _on_replica_liveliness(self, kind: zenoh.SampleKind) -> None:
         if kind == zenoh.SampleKind.PUT:
@@ -342,11 +342,17 @@ class RemoteEngine(EngineBase):
         self.failsafe.request_sent()
         with anyio.CancelScope() as scope:
             self._receive_scope = scope
-            result = await session.receive(seq, timeout=self.config.failsafe.request_timeout_s)
+            # An answer overdue by a few round trips is most likely lost, not late: it is asked
+            # for again long before the request timeout (`RemoteSession.resend`). Measured
+            # against the slowest recent one, so that a replica's queue growing costs one copy.
+            resend_after = session.resend_after(self.pipeline.recent.max())
+            result = await session.receive(
+                seq, timeout=self.config.failsafe.request_timeout_s, resend_after=resend_after
+            )
         self._receive_scope = None
         if scope.cancel_called:
             return None
-        return Produced(result.chunk_model, result.chunk_robot, session.session_id, seq, result.inference_ms)
+        return Produced(result.chunk_model, result.chunk_robot, session.session_id, result.seq_id, result.inference_ms)
 
     def _start_server_reset(self) -> None:
         session, episode = self.session, self.pipeline.episode_id

@@ -1,6 +1,6 @@
 """Zenoh plumbing shared by the server and the client: settings, sessions, QoS, async bridge."""
 
-from servo.transport.bridge import LoopBridge, query
+from servo.transport.bridge import LoopBridge, direct, query
 from servo.transport.certificate import CertificateError, common_name
 from servo.transport.config import (
     DEFAULT_LOCAL_ENDPOINT,
@@ -23,6 +23,7 @@ __all__ = [
     "common_name",
     "declare_action_publisher",
     "declare_obs_publisher",
+    "direct",
     "exposed_endpoint",
     "open_session",
     "query",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import zenoh
@@ -26,6 +26,20 @@ from zenoh.handlers import Callback
 
 #: How long after its own timeout a query waits for Zenoh's drop callback (s).
 DROP_GRACE_S = 2.0
+
+T = TypeVar("T")
+
+
+def direct(fn: Callable[[T], None], drop: Callable[[], None] | None = None) -> Callback[T]:
+    """A Zenoh callback run on Zenoh's own thread, for callbacks that only deposit (never block).
+
+    By default zenoh-python starts a Python thread for every callback entity and every callback
+    ``get``, synchronously, on the caller's thread: a client that fails over declares about six
+    of them, and at load each start held the event loop ~10 ms (a 50-robot process stalled for
+    most of a second after a replica died). A function that only schedules work on the loop
+    (`LoopBridge.call`) or copies a bounded sample needs no thread of its own.
+    """
+    return Callback(fn, drop, indirect=False)
 
 
 class LoopBridge:
@@ -72,7 +86,7 @@ async def query(
     replies: list[zenoh.Reply] = []
     done = anyio.Event()
     token = zenoh.CancellationToken()
-    handler: Callback[zenoh.Reply] = Callback(
+    handler: Callback[zenoh.Reply] = direct(
         lambda reply: bridge.call(replies.append, reply), lambda: bridge.call(done.set)
     )
     session.get(

@@ -8,7 +8,8 @@ from its own sender thread, so the wait never reaches the event loop, and the ro
 loop runs in its own process anyway. A link that stays stalled is closed by Zenoh after
 ``block/wait_before_close`` and the client learns it from the lost match at once. Action chunks: RELIABLE per hop,
 DROP (never BLOCK: one dead robot uplink must not stall the server's publish path), express,
-high priority. A lost chunk is survivable: the edge's queue rides through it.
+high priority. A lost chunk is survivable: the edge's queue rides through it, and the edge
+asks again once the answer is a few round trips overdue (`RemoteSession.resend`).
 """
 
 from __future__ import annotations
