@@ -238,6 +238,7 @@ async def test_a_chunk_lost_on_the_way_back_is_asked_for_again_long_before_the_t
             summary = await run.stop()
     assert dropped == [3]
     assert summary.timeouts == 0
+    assert summary.resent >= 1
 
 
 def _f32(tensor: Any) -> np.ndarray:

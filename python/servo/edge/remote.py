@@ -72,6 +72,8 @@ class RemoteEngine(EngineBase):
         self._moved: RemoteSession | None = None
         self._rebalancing = False
         self._receive_scope: anyio.CancelScope | None = None
+        #: Requests sent again because their answer was overdue, over every session.
+        self.resent = 0
         #: Set when a replica's liveliness token appears: ends a reconnect backoff at once.
         self._replica_appeared = anyio.Event()
 
@@ -346,9 +348,13 @@ class RemoteEngine(EngineBase):
             # for again long before the request timeout (`RemoteSession.resend`). Measured
             # against the slowest recent one, so that a replica's queue growing costs one copy.
             resend_after = session.resend_after(self.pipeline.recent.max())
-            result = await session.receive(
-                seq, timeout=self.config.failsafe.request_timeout_s, resend_after=resend_after
-            )
+            copies = session.stats.resent
+            try:
+                result = await session.receive(
+                    seq, timeout=self.config.failsafe.request_timeout_s, resend_after=resend_after
+                )
+            finally:
+                self.resent += session.stats.resent - copies
         self._receive_scope = None
         if scope.cancel_called:
             return None
@@ -378,6 +384,7 @@ class RemoteEngine(EngineBase):
             stats,
             chunks_rejected=refused.chunks_rejected,
             rogue_servers=refused.rogue_servers,
+            resent=self.resent,
             codec=None if self.session is None else self.session.codec_status(),
             replica="" if self.session is None else self.session.server.keys.replica,
             model="" if self.session is None else self.session.server.keys.model,

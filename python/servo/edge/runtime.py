@@ -106,6 +106,7 @@ class RunSummary:
     missed_deadlines: int = 0
     requests: int = 0
     timeouts: int = 0
+    resent: int = 0
     errors: int = 0
     stale_refusals: int = 0
     network_requests: int = 0
@@ -345,6 +346,7 @@ class EdgeRuntime:
             missed_deadlines=loop.missed_deadlines if loop else 0,
             requests=stats.requests,
             timeouts=stats.timeouts,
+            resent=stats.resent,
             errors=stats.errors,
             stale_refusals=stats.stale_refusals,
             network_requests=self.engine.network_requests,

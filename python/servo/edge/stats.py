@@ -31,6 +31,8 @@ class EngineStats:
     rtt_ms_p99: float | None
     chunks_rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
     rogue_servers: int = 0
+    #: Remote engines: requests sent again because their answer was overdue (`RemoteSession.resend`).
+    resent: int = 0
     #: Remote engines: the current session's codec choice and what it measured.
     codec: CodecStatus | None = None
     #: Set while chunks are too short for the round trip (`Starvation.short`): the fix is in the log.
