@@ -210,10 +210,10 @@ class RemoteSession:
 
         The codec is the pick of the session's `CodecChooser` (``codec``) for this request. A
         newer request supersedes any request still in flight. Encoding, packing, sealing and the
-        put run on the session's uplink thread, which reads ``images`` after this returned: do
-        not write to them. An observation that cannot leave (no server subscribes to it, or the
-        put fails) fails its `receive` at once with `SendFailed` and is counted in
-        ``stats.send_failed``.
+        put run on the session's uplink thread, which reads ``images`` after this returned (and
+        again for a `resend`): do not write to them. An observation that cannot leave (no server
+        subscribes to it, or the put fails) fails its `receive` at once with `SendFailed` and is
+        counted in ``stats.send_failed``.
 
         Args:
             state: Joint state (converted to float32).
