@@ -133,18 +133,6 @@ def test_only_the_request_in_flight_is_sent_again_and_a_newer_request_forgets_th
         protocol.observation(mono_ns=3, episode_start=False, resend=True)
 
 
-def test_a_copy_keeps_the_notice_budget_of_its_request() -> None:
-    protocol = established()
-    request = protocol.observation(mono_ns=1, episode_start=False)
-    keyless = unauthenticated(reply_header(request, MSG_ERROR))
-    forged = notice(keyless, by=ServerIdentity.generate())
-    for _ in range(MAX_NOTICE_CHECKS):
-        assert isinstance(protocol.on_action(keyless, forged, 2), Dropped)
-    copy = protocol.observation(mono_ns=1, episode_start=False, resend=True)
-    keyless = unauthenticated(reply_header(copy, MSG_ERROR))
-    assert isinstance(protocol.on_action(keyless, notice(keyless), 3), Dropped)
-
-
 @pytest.mark.parametrize(
     ("forgery", "reason"),
     [
@@ -233,6 +221,10 @@ def test_a_flood_of_forged_notices_costs_a_bounded_number_of_signature_checks() 
         assert isinstance(protocol.on_action(keyless, forged, 2), Dropped)
     # Past the bound, even the genuine notice is dropped unverified: the request times out instead.
     assert isinstance(protocol.on_action(keyless, notice(keyless), 2), Dropped)
+    # Sending the request again buys no new budget: the copy is the same request.
+    copy = protocol.observation(mono_ns=1, episode_start=False, resend=True)
+    keyless = unauthenticated(reply_header(copy, MSG_ERROR))
+    assert isinstance(protocol.on_action(keyless, notice(keyless), 3), Dropped)
     # The next request has its own budget.
     request = protocol.observation(mono_ns=3, episode_start=False)
     keyless = unauthenticated(reply_header(request, MSG_ERROR))
