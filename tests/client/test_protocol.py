@@ -105,6 +105,7 @@ def test_a_request_sent_again_takes_the_first_answer_to_either_seq(answered: str
     original = protocol.observation(mono_ns=1_000, episode_start=True)
     copy = protocol.observation(mono_ns=1_000, episode_start=True, resend=True)
     assert (copy.seq_id, protocol.in_flight, protocol.resent_seq) == (2, 2, 1)
+    assert (protocol.stats.resent, protocol.counters.resent) == (1, 1)
     first, second = (original, copy) if answered == "original" else (copy, original)
     body = encode(chunk(GOOD))
     verdict = protocol.on_action(answer(first, MSG_CHUNK, body), body, 5_000)

@@ -195,7 +195,8 @@ class SessionProtocol:
         """The header of the next observation; it becomes the request in flight.
 
         With ``resend`` it carries the observation in flight again: an answer to either seq_id is
-        taken (the first one), and the notice budget stays that request's.
+        taken (the first one), the notice budget stays that request's, and it is counted
+        (``stats.resent``, and the client's ``counters.resent`` over all its sessions).
 
         Raises:
             SessionLost: before the handshake.
@@ -207,7 +208,10 @@ class SessionProtocol:
             raise ValueError("no request in flight to send again")
         self._seq += 1
         self.resent_seq = self.latest_seq if resend else 0
-        if not resend:
+        if resend:
+            self.stats.resent += 1
+            self.counters.resent += 1
+        else:
             self._notice_checks = 0
         self.latest_seq, self.result = self._seq, None
         return Header(

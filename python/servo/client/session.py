@@ -260,7 +260,7 @@ class RemoteSession:
         waits too long for room in a starved transmit queue): the first answer to either seq_id
         completes the request. On the server the copy takes the original's place while that
         still waits (newest wins), so it costs a forward only when the original was served.
-        Counted in ``stats.resent``.
+        Counted in ``stats.resent`` and in the client's statistics.
 
         Raises:
             SessionLost: the session is lost.
@@ -275,7 +275,6 @@ class RemoteSession:
         header = self.protocol.observation(
             mono_ns=original.client_mono_ns, episode_start=bool(original.flags & FLAG_EPISODE_START), resend=True
         )
-        self.stats.resent += 1
         return self._submit(uplink, dataclasses.replace(job, header=header, started_ns=time.monotonic_ns()))
 
     def resend_after(self, expected_rtt_ns: int | None) -> float | None:

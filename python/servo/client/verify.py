@@ -84,12 +84,14 @@ class ClientStatistics:
         undecodable_status: Status replies that did not decode (skipped).
         unknown_session_hints: ``unknown_session`` notices signed by the replica and acted on (each: a
             re-handshake); forged ones are counted in ``chunks_rejected["mac"]``.
+        resent: Requests sent again because their answer was overdue (`RemoteSession.resend`).
     """
 
     chunks_rejected: dict[str, int]
     rogue_servers: int
     undecodable_status: int
     unknown_session_hints: int
+    resent: int
 
 
 @dataclass
@@ -100,6 +102,7 @@ class ClientCounters:
     rogue_servers: int = 0
     undecodable_status: int = 0
     unknown_session_hints: int = 0
+    resent: int = 0
     _throttle: LogThrottle = field(default_factory=lambda: LogThrottle(1.0), repr=False)
 
     def reject(self, reason: RejectReason, detail: str, **context: object) -> None:
@@ -133,4 +136,5 @@ class ClientCounters:
             rogue_servers=self.rogue_servers,
             undecodable_status=self.undecodable_status,
             unknown_session_hints=self.unknown_session_hints,
+            resent=self.resent,
         )

@@ -71,8 +71,6 @@ class RemoteEngine(EngineBase):
         self._moved: RemoteSession | None = None
         self._rebalancing = False
         self._receive_scope: anyio.CancelScope | None = None
-        #: Requests sent again because their answer was overdue, over every session.
-        self.resent = 0
         #: Set when a replica's liveliness token appears: ends a reconnect backoff at once.
         self._replica_appeared = anyio.Event()
 
@@ -350,13 +348,9 @@ class RemoteEngine(EngineBase):
             # for again long before the request timeout (`RemoteSession.resend`). Measured
             # against the slowest recent one, so that a replica's queue growing costs one copy.
             resend_after = session.resend_after(self.pipeline.recent.max())
-            copies = session.stats.resent
-            try:
-                result = await session.receive(
-                    seq, timeout=self.config.failsafe.request_timeout_s, resend_after=resend_after
-                )
-            finally:
-                self.resent += session.stats.resent - copies
+            result = await session.receive(
+                seq, timeout=self.config.failsafe.request_timeout_s, resend_after=resend_after
+            )
         self._receive_scope = None
         if scope.cancel_called:
             return None
@@ -386,7 +380,7 @@ class RemoteEngine(EngineBase):
             stats,
             chunks_rejected=refused.chunks_rejected,
             rogue_servers=refused.rogue_servers,
-            resent=self.resent,
+            resent=refused.resent,
             codec=None if self.session is None else self.session.codec_status(),
             replica="" if self.session is None else self.session.server.keys.replica,
             model="" if self.session is None else self.session.server.keys.model,
