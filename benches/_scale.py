@@ -29,7 +29,6 @@ import json
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -104,8 +103,10 @@ async def _robots(args: argparse.Namespace) -> None:
     from zenoh import Sample, SampleKind
 
     from benches._fleet import frames
+    from servo._core import LatencyTracker
     from servo.client import PolicyClient, RemoteSession, RequestTimeout, ServerError, SessionLost
     from servo.client.errors import NoServerFound, SessionRejected
+    from servo.edge.pipeline import DELAY_WINDOW
     from servo.transport import ZenohSettings, open_session
 
     settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{args.router}"])
@@ -172,7 +173,7 @@ async def _robots(args: argparse.Namespace) -> None:
         state = np.zeros(len(JOINTS), dtype=np.float32)
         state[0] = float(index)
         rows = served.setdefault(index, [])
-        recent: deque[int] = deque(maxlen=5)  # round trips (ns): when to ask again, as the edge does
+        recent = LatencyTracker(DELAY_WINDOW)  # round trips: when to ask again, as the edge does
         seq = 0
         # Robots start their cadence at random phases, as independent robots would.
         next_at = time.monotonic() + float(np.random.default_rng(index).uniform(0, period))
@@ -205,7 +206,7 @@ async def _robots(args: argparse.Namespace) -> None:
                                 state,
                                 images,
                                 timeout=5.0,
-                                resend_after=session.resend_after(max(recent, default=None)),
+                                resend_after=session.resend_after(recent.max()),
                             )
                         except RequestTimeout:
                             timeouts += 1
@@ -215,7 +216,7 @@ async def _robots(args: argparse.Namespace) -> None:
                         except SessionLost:  # caught here: out of the task group it is a group
                             break
                         timeouts = 0
-                        recent.append(chunk.rtt_ns)
+                        recent.add(chunk.rtt_ns)
                         if session.stats.resent > copies:
                             resent.setdefault(index, []).append(time.monotonic())
                         fresh = bool(np.array_equal(chunk.chunk_robot[0], state))
