@@ -5,19 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from servo.home import CONFIG_DIR_VARIABLE
-
-
-@pytest.fixture(autouse=True)
-def servo_config_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh servo directory for every benchmark (identities, known servers), inherited by the
-    processes it starts: a run never reads or writes the user's own ``~/.config/servo``."""
-    path = tmp_path_factory.mktemp("servo-home") / "servo"
-    monkeypatch.setenv(CONFIG_DIR_VARIABLE, str(path))
-    return path
-
 
 def pytest_configure(config: Any) -> None:
     """Create the folder ``--benchmark-json`` writes to (``benches/results/raw/`` is not in git):

@@ -1,26 +1,12 @@
-"""Fixtures shared by every test."""
+"""Fixtures shared by every test (the servo directory is redirected in the root conftest.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from servo.home import CONFIG_DIR_VARIABLE
 from tests.support import free_port
-
-
-@pytest.fixture(autouse=True)
-def servo_config_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh, not yet created servo directory for every test (identities, known servers).
-
-    Set in the environment, so processes a test starts use it too; nothing reaches the user's
-    own ``~/.config/servo``.
-    """
-    path = tmp_path_factory.mktemp("servo-home") / "servo"
-    monkeypatch.setenv(CONFIG_DIR_VARIABLE, str(path))
-    return path
 
 
 @pytest.fixture
