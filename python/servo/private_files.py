@@ -82,13 +82,15 @@ def check_dir(path: Path, what: str = "directory") -> None:
 
 
 def private_dir(path: Path, what: str = "servo directory") -> Path:
-    """``path``, created with mode 0700 (and its parents) when missing, then checked (`check_dir`).
+    """``path``, created with mode 0700 (and its missing parents too) when missing, then checked (`check_dir`).
 
     Raises:
         PrivateFileError: it cannot be created or used.
     """
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for missing in reversed([path, *path.parents]):
+            if not missing.exists():
+                missing.mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
         raise PrivateFileError(f"{path}: cannot create the {what}: {exc.strerror or exc}") from None
     try:

@@ -26,7 +26,7 @@ async def front_door(
     manifest = server_manifest(
         free_port(), serving=serving, extra=f'{extra}\n[frontends.openpi]\nlisten = "127.0.0.1:0"\n{openpi}'
     )
-    server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest.frontends))
+    server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest))
     async with anyio.create_task_group() as tg:
         ready: ServerReady = await tg.start(server.run)
         try:

@@ -123,8 +123,8 @@ class ServerState:
 
     @property
     def load(self) -> float:
-        """Open sessions over capacity (any thread)."""
-        return len(self.registry) / self.replica.max_sessions
+        """Robots' open sessions over their capacity (any thread); frontends' sessions apart."""
+        return self.registry.robots() / self.replica.max_sessions
 
     # ------------------------------------------------------------------ sessions (event loop)
     def register(self, session: Session) -> None:

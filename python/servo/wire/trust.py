@@ -10,6 +10,9 @@ ack or a trajectory).
   resume proof) and the replica's key prefix and nonce, so an open can be neither altered, nor
   sent to another replica, nor replayed once the nonce is old (the server refuses a nonce it
   did not hand out in the last minute, and an X25519 key it saw already).
+* `join_transcript`: what a join token's key signs (`servo.join`): the open transcript under its
+  own context, so the proof is bound to this open (its nonce, X25519 key, robot key and name, the
+  replica) and worth nothing for any other.
 * `ack_transcript`: what a replica's Ed25519 identity signs in a `SessionAck`. It binds the
   client's and the server's ephemeral X25519 keys, the session id and the replica: an edge that
   verifies it knows that the session key it derives is shared with the holder of that identity,
@@ -48,6 +51,7 @@ OPEN_CONTEXT = b"servo/2 session-open\0"
 TRAJECTORY_CONTEXT = b"servo/2 trajectory\0"
 REJECTION_CONTEXT = b"servo/2 trajectory-refused\0"
 NOTICE_CONTEXT = b"servo/2 keyless-notice\0"
+JOIN_CONTEXT = b"servo/2 join-token\0"
 
 
 def open_transcript(request: SessionOpen, prefix: str) -> bytes:
@@ -67,7 +71,14 @@ def open_transcript(request: SessionOpen, prefix: str) -> bytes:
         request.robot_key,
         request.nonce,
     ]
+    if request.join_id:  # added by joins only: the transcript of every other open is unchanged
+        fields.append(request.join_id)
     return OPEN_CONTEXT + msgspec.msgpack.encode(fields)
+
+
+def join_transcript(request: SessionOpen, prefix: str) -> bytes:
+    """The bytes a `SessionOpen.join_signature` signs: the open transcript, under the join context."""
+    return JOIN_CONTEXT + open_transcript(request, prefix)[len(OPEN_CONTEXT) :]
 
 
 def trajectory_transcript(nonce: bytes, replica: str, name: str, payload: bytes) -> bytes:
