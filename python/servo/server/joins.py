@@ -110,6 +110,9 @@ class JoinDesk:
         self._static = dict(static)
         #: The file as last read, and the joins made since that are not in it yet.
         self._base = RosterFile()
+        self._parsed: dict[str, bytes] = dict(static)
+        self._keys: dict[str, ApiKey] = {}
+        self._holders: dict[bytes, str] = {}
         self._pending: list[_Spend] = []
         self._view = self._base
         self._wake = anyio.Event()
@@ -118,24 +121,27 @@ class JoinDesk:
     def apply(self, file: RosterFile) -> None:
         """Adopt ``file`` as the roster as read (joins made here but not yet written stay in force)."""
         self._base = file
-        self._refresh()
-
-    def _refresh(self) -> None:
-        view = self._base
-        for spent in self._pending:
-            view, _ = spend(view, spent.token, spent.name, spent.key, time.time())
-        self._view = view
-        robots = dict(self._static)
-        for robot in view.robots:
+        self._parsed = dict(self._static)
+        for robot in file.robots:
             try:
                 key = parse_fingerprint(robot.identity)
             except WireError:
                 log.warning("roster entry skipped: malformed identity", name=robot.name)
                 continue
-            if robots.setdefault(robot.name, key) != key:
+            if self._parsed.setdefault(robot.name, key) != key:
                 log.warning("roster entry skipped: the manifest enrols this name", name=robot.name)
-        keys = {k.id: ApiKey(k.name, bytes.fromhex(k.digest), k.expires) for k in view.api_keys}
-        self._access.update(robots=robots, api_keys=keys)
+        self._keys = {k.id: ApiKey(k.name, bytes.fromhex(k.digest), k.expires) for k in file.api_keys}
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """The view the open handler checks: the file as read, and the joins not written yet."""
+        view, robots = self._base, dict(self._parsed)
+        for spent in self._pending:  # a second's worth at most: `watch` writes them
+            view, _ = spend(view, spent.token, spent.name, spent.key, time.time())
+            robots.setdefault(spent.name, spent.key)
+        self._view = view
+        self._holders = {key: name for name, key in robots.items()}
+        self._access.update(robots=robots, api_keys=self._keys)
 
     def refusal(self, request: SessionOpen, now: float) -> str | None:
         """Why ``request``'s join token cannot enrol it (cheap checks only); None: go on."""
@@ -147,9 +153,9 @@ class JoinDesk:
             return f"{problem} (ask the server's operator for a new one: servo-serve robots token)"
         if token.name and token.name != request.client_id:
             return f"join token {token.id} is for robot {token.name!r}, not {request.client_id!r}"
-        for name, key in self._access.rules.robots.items():
-            if key == request.robot_key:
-                return f"identity {fingerprint(key)} is enrolled as {name!r} (one identity, one robot name)"
+        holder = self._holders.get(request.robot_key)
+        if holder is not None:
+            return f"identity {fingerprint(request.robot_key)} is enrolled as {holder!r} (one identity, one robot name)"
         return None
 
     def proves(self, request: SessionOpen, prefix: str) -> bool:
@@ -160,7 +166,11 @@ class JoinDesk:
     def enrol(self, request: SessionOpen) -> None:
         """Enrol ``request``'s robot by its proven token: in force now, written by `watch` soon."""
         spent = _Spend(request.join_id, request.client_id, request.robot_key)
-        self._pending.append(spent)
+        if self.roster is None:  # kept in memory only: nothing to write
+            self._base, _ = spend(self._base, spent.token, spent.name, spent.key, time.time())
+            self._parsed.setdefault(spent.name, spent.key)
+        else:
+            self._pending.append(spent)
         self._refresh()
         log.info("robot joined", client_id=spent.name, identity=fingerprint(spent.key), token=spent.token)
         self._wake.set()
