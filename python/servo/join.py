@@ -35,7 +35,6 @@ Server side: `servo.server.roster` (storage), `servo.server.joins` (checks and s
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import re
 import secrets
@@ -45,7 +44,8 @@ import msgspec
 
 from servo._core import PUBLIC_KEY_SIZE, verify_signature
 from servo._core import ServerIdentity as Identity
-from servo.wire import SessionOpen, join_transcript
+from servo.wire import SessionOpen, WireError, join_transcript
+from servo.wire.trust import b64, unb64
 
 __all__ = ["JoinToken", "JoinTokenError", "sign_join", "verify_join"]
 
@@ -62,18 +62,11 @@ class JoinTokenError(ValueError):
     """Text that is no usable join token; the message says what is wrong (never the secret)."""
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def _unb64(text: str, size: int, what: str) -> bytes:
     try:
-        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        raise JoinTokenError(f"its {what} is not urlsafe base64") from None
-    if len(data) != size or _b64(data) != text:
-        raise JoinTokenError(f"its {what} does not encode {size} bytes")
-    return data
+        return unb64(text, size)
+    except WireError as exc:
+        raise JoinTokenError(f"its {what} {exc}") from None
 
 
 def new_token_id() -> str:
@@ -121,9 +114,9 @@ class JoinToken:
         return cls(token_id, secret, server, certificate)
 
     def __str__(self) -> str:
-        fields = [PREFIX, self.id, _b64(self.secret), _b64(self.server)]
+        fields = [PREFIX, self.id, b64(self.secret), b64(self.server)]
         if self.certificate:
-            fields.append(_b64(self.certificate))
+            fields.append(b64(self.certificate))
         return ".".join(fields)
 
     def __repr__(self) -> str:  # never the secret, in logs or tracebacks

@@ -28,6 +28,7 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["PrivateFileError", "check_dir", "create_private", "private_dir", "read_private", "write_private"]
@@ -160,11 +161,23 @@ def _staging(path: Path) -> tuple[Path, int]:
             continue
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    with os.fdopen(fd, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
+def _put(path: Path, data: bytes, *, what: str, place: Callable[[Path, Path], None], verb: str) -> None:
+    """Write ``data`` to a new temporary file beside ``path``, flush it, and ``place`` it at ``path``."""
+    _writable_dir(path, what)
+    staging, fd = _staging(path)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        place(staging, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise PrivateFileError(f"{path}: cannot {verb} the {what}: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            staging.unlink()
 
 
 def write_private(path: str | Path, data: bytes, *, what: str) -> None:
@@ -175,20 +188,7 @@ def write_private(path: str | Path, data: bytes, *, what: str) -> None:
     Raises:
         PrivateFileError: the directory is untrustworthy, or the file cannot be written.
     """
-    path = Path(path)
-    _writable_dir(path, what)
-    staging: Path | None = None
-    try:
-        staging, fd = _staging(path)
-        _write_all(fd, data)
-        os.replace(staging, path)
-        staging = None
-    except OSError as exc:
-        raise PrivateFileError(f"{path}: cannot write the {what}: {exc.strerror or exc}") from None
-    finally:
-        if staging is not None:
-            with contextlib.suppress(FileNotFoundError):
-                staging.unlink()
+    _put(Path(path), data, what=what, place=os.replace, verb="write")
 
 
 def create_private(path: str | Path, data: bytes, *, what: str) -> bool:
@@ -199,19 +199,8 @@ def create_private(path: str | Path, data: bytes, *, what: str) -> bool:
     Raises:
         PrivateFileError: the directory is untrustworthy, or the file cannot be created.
     """
-    path = Path(path)
-    _writable_dir(path, what)
-    staging: Path | None = None
     try:
-        staging, fd = _staging(path)
-        _write_all(fd, data)
-        os.link(staging, path)
+        _put(Path(path), data, what=what, place=os.link, verb="create")
     except FileExistsError:
         return False
-    except OSError as exc:
-        raise PrivateFileError(f"{path}: cannot create the {what}: {exc.strerror or exc}") from None
-    finally:
-        if staging is not None:
-            with contextlib.suppress(FileNotFoundError):
-                staging.unlink()
     return True

@@ -63,6 +63,15 @@ def serve(manifest: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
+def refusal(manifest: Path, *flags: str) -> str:
+    """The one line ``servo-serve`` refuses to start with (exit 2)."""
+    done = serve(manifest, *flags)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("servo-serve: error: ")
+    return line
+
+
 @pytest.mark.parametrize("listen", [True, False], ids=["listening", "peer mode, no listen"])
 def test_a_server_beside_a_router_is_refused_in_one_line(tmp_path: Path, listen: bool) -> None:
     """Peers reaching a listen endpoint bypass the router's ACL; and with no listen endpoint at
@@ -74,10 +83,7 @@ def test_a_server_beside_a_router_is_refused_in_one_line(tmp_path: Path, listen:
         f'[model]\nsource = "reference"\n[zenoh]\nmode = "peer"\nlisten = {listening}\n'
         f'connect = ["tcp/127.0.0.1:{free_port()}"]\n[ops]\nhealth_port = 0\n'
     )
-    done = serve(manifest)
-    assert done.returncode == 2, done.stderr
-    (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("servo-serve: error: ")
+    line = refusal(manifest)
     assert ("zenoh.listen" if listen else "zenoh.mode") in line
     assert "access control" in line
     assert 'mode = "client"' in line
@@ -87,9 +93,7 @@ def test_a_server_beside_a_router_is_refused_in_one_line(tmp_path: Path, listen:
 def test_a_plain_listen_on_the_network_is_refused_unless_insecure(tmp_path: Path) -> None:
     manifest = tmp_path / "manifest.toml"
     manifest.write_text('[model]\nsource = "reference"\nwarmup = 0\n[ops]\nhealth_port = 0\n')
-    done = serve(manifest, "--listen", f"tcp/0.0.0.0:{free_port()}")
-    assert done.returncode == 2, done.stderr
-    (line,) = done.stderr.strip().splitlines()
+    line = refusal(manifest, "--listen", f"tcp/0.0.0.0:{free_port()}")
     assert "zenoh.listen[0]" in line
     assert "not TLS and not loopback" in line
     assert "--insecure" in line
@@ -230,9 +234,7 @@ def test_health_off_loopback_is_refused_in_one_line_unless_expose_health(tmp_pat
         f'[model]\nsource = "reference"\nwarmup = 0\n[zenoh]\nlisten = ["tcp/127.0.0.1:{free_port()}"]\n'
         f'[ops]\nhealth_host = "0.0.0.0"\nhealth_port = {free_port()}\n'
     )
-    done = serve(manifest)
-    assert done.returncode == 2, done.stderr
-    (line,) = done.stderr.strip().splitlines()
+    line = refusal(manifest)
     assert "ops.health_host = '0.0.0.0'" in line
     assert "anyone on the network would read /metrics" in line
     assert "--expose-health" in line
@@ -250,9 +252,7 @@ def test_a_servers_plain_connect_to_another_host_is_refused_unless_insecure(tmp_
         '[model]\nsource = "reference"\nwarmup = 0\n[zenoh]\nmode = "client"\nlisten = []\n'
         'connect = ["tcp/10.0.0.1:7447"]\n[ops]\nhealth_port = 0\n'
     )
-    done = serve(manifest)
-    assert done.returncode == 2, done.stderr
-    (line,) = done.stderr.strip().splitlines()
+    line = refusal(manifest)
     assert "zenoh.connect[0] = 'tcp/10.0.0.1:7447'" in line
     assert "not TLS and not loopback" in line
     assert "--insecure" in line

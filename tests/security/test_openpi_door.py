@@ -7,11 +7,9 @@ server: an enrolled robot exited with ``capacity: server is full (8/8 sessions)`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-import anyio
 import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import InvalidStatus
@@ -20,11 +18,10 @@ from servo.cli.console import Console
 from servo.cli.listen import secure_listen
 from servo.cli.robots import main as robots_cli
 from servo.config import ConfigError
-from servo.frontends import frontends_of
 from servo.frontends.openpi_gate import OpenpiGate
 from servo.server.manifest import Manifest
 from servo.server.service import PolicyServer, ServerReady
-from tests.frontends.helpers import aloha_obs, blocking
+from tests.frontends.helpers import aloha_obs, blocking, serving_door
 from tests.server.helpers import connected, open_on, server_manifest
 from tests.server.policies import FixedComputePolicy
 from tests.support import free_port
@@ -41,17 +38,9 @@ def door_manifest(listen: str, *, serving: str = "", security: str = "") -> Mani
     )
 
 
-@asynccontextmanager
-async def door(manifest: Manifest) -> AsyncIterator[tuple[PolicyServer, ServerReady, int]]:
+def door(manifest: Manifest) -> AbstractAsyncContextManager[tuple[PolicyServer, ServerReady, int]]:
     """The server with its openpi door, set up as ``servo-serve`` sets it up (its certificate made)."""
-    manifest, _ = secure_listen(manifest)
-    server = PolicyServer(manifest, policy=FixedComputePolicy(), frontends=frontends_of(manifest))
-    async with anyio.create_task_group() as tg:
-        ready: ServerReady = await tg.start(server.run)
-        try:
-            yield server, ready, int(ready.frontends["openpi"].rsplit(":", 1)[1])
-        finally:
-            server.drain()
+    return serving_door(secure_listen(manifest)[0], FixedComputePolicy())
 
 
 def api_key(name: str, capsys: pytest.CaptureFixture[str]) -> str:

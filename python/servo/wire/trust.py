@@ -110,9 +110,29 @@ def resume_body(client_key: bytes) -> bytes:
     return RESUME_CONTEXT + client_key
 
 
+def b64(data: bytes) -> str:
+    """Urlsafe base64 without padding: how identities and join tokens write bytes."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unb64(text: str, size: int) -> bytes:
+    """The ``size`` bytes ``text`` (`b64`) encodes, in its one canonical spelling.
+
+    Raises:
+        WireError: not urlsafe base64, or not of ``size`` bytes.
+    """
+    try:
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        raise WireError("is not urlsafe base64") from None
+    if len(data) != size or b64(data) != text:
+        raise WireError(f"does not encode {size} bytes")
+    return data
+
+
 def fingerprint(public_key: bytes) -> str:
     """``ed25519:<urlsafe base64, no padding>`` of a 32-byte Ed25519 public key."""
-    return FINGERPRINT_PREFIX + base64.urlsafe_b64encode(public_key).rstrip(b"=").decode()
+    return FINGERPRINT_PREFIX + b64(public_key)
 
 
 def parse_fingerprint(text: str) -> bytes:
@@ -123,11 +143,7 @@ def parse_fingerprint(text: str) -> bytes:
     """
     if not text.startswith(FINGERPRINT_PREFIX):
         raise WireError(f"fingerprint {text[:80]!r} does not start with {FINGERPRINT_PREFIX!r}")
-    encoded = text[len(FINGERPRINT_PREFIX) :]
     try:
-        key = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-    except (binascii.Error, ValueError):
-        raise WireError(f"fingerprint {text[:80]!r} is not urlsafe base64") from None
-    if len(key) != PUBLIC_KEY_SIZE or fingerprint(key) != text:
-        raise WireError(f"fingerprint {text[:80]!r} does not encode a {PUBLIC_KEY_SIZE}-byte key")
-    return key
+        return unb64(text[len(FINGERPRINT_PREFIX) :], PUBLIC_KEY_SIZE)
+    except WireError as exc:
+        raise WireError(f"fingerprint {text[:80]!r} {exc}") from None
