@@ -33,9 +33,10 @@ from servo.client.trust import signed_open
 from servo.home import roster_path
 from servo.identity import Identity, server_identity
 from servo.join import JoinToken
+from servo.server.admission import ReturningRobots
 from servo.server.joins import JoinDesk, issue
 from servo.server.manifest import LimitsSection, parse_manifest
-from servo.server.robots import ReturningRobots, RobotGate
+from servo.server.robots import RobotGate
 from servo.server.roster import Roster, RosterFile
 from servo.server.service import PolicyServer, ServerReady
 from servo.transport import ZenohSettings

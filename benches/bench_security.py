@@ -50,11 +50,11 @@ from servo._core import (
 from servo.access import Access, AccessRules
 from servo.client.trust import signed_open
 from servo.identity import Identity
-from servo.server.admission import ImageGate
+from servo.server.admission import ImageGate, ReturningRobots
 from servo.server.auth import accept_handshake
 from servo.server.joins import JoinDesk
 from servo.server.manifest import LimitsSection
-from servo.server.robots import ReturningRobots, RobotGate
+from servo.server.robots import RobotGate
 from servo.wire import (
     EncodedImage,
     ErrorEvent,

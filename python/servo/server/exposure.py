@@ -21,13 +21,10 @@ to start: off loopback only enrolled robots may open sessions unless ``--allow-a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from servo.config import FieldError
 from servo.transport import ZenohSettings, exposed_endpoint, loopback_host, off_loopback
-
-if TYPE_CHECKING:
-    from servo.server.manifest import Manifest
 
 
 def reachable_off_loopback(zenoh: ZenohSettings) -> bool:
@@ -35,25 +32,39 @@ def reachable_off_loopback(zenoh: ZenohSettings) -> bool:
     return zenoh.multicast_scouting or any(off_loopback(e) for e in (*zenoh.listen, *zenoh.connect))
 
 
-def refuse_exposures(manifest: Manifest) -> None:
-    """Raise `FieldError` for the first exposure nobody accepted (module docstring)."""
-    z, security = manifest.zenoh, manifest.security
+@dataclass(frozen=True)
+class Accepted:
+    """The exposures a manifest accepts (its ``[security]`` flags)."""
+
+    insecure: bool = False
+    listen_beside_router: bool = False
+    expose_health: bool = False
+
+
+def refuse_exposures(z: ZenohSettings, health: tuple[str, int], accepted: Accepted) -> None:
+    """Raise `FieldError` for the first exposure nobody accepted (module docstring).
+
+    Args:
+        z: The manifest's ``[zenoh]``.
+        health: ``ops.health_host`` and ``ops.health_port`` (0: none).
+        accepted: What ``[security]`` accepts.
+    """
     accept = "or accept that with --insecure ([security] insecure = true)"
     for field in ("listen", "connect"):
         for i, endpoint in enumerate(getattr(z, field)):
-            if not security.insecure and exposed_endpoint(endpoint):
+            if not accepted.insecure and exposed_endpoint(endpoint):
                 fix = "listen on tls/ (README: Certificates)" if field == "listen" else "connect over tls/"
                 raise FieldError(
                     f"zenoh.{field}[{i}]",
                     f"{endpoint!r} is not TLS and not loopback: anyone on the network would read every robot's "
                     f"observations and chunks; {fix}, {accept}",
                 )
-    _refuse_beside_router(z, security.listen_beside_router)
-    ops = manifest.ops
-    if ops.health_port and not loopback_host(ops.health_host) and not security.expose_health:
+    _refuse_beside_router(z, accepted.listen_beside_router)
+    host, port = health
+    if port and not loopback_host(host) and not accepted.expose_health:
         raise FieldError(
             "ops.health_host",
-            f"{ops.health_host!r} is not loopback: anyone on the network would read /metrics (robot names, request "
+            f"{host!r} is not loopback: anyone on the network would read /metrics (robot names, request "
             "rates, refusals); scrape it from this host, or accept that with --expose-health "
             "([security] expose_health = true)",
         )

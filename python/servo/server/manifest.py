@@ -31,7 +31,7 @@ from servo.config import (
     load_toml,
     parse_toml,
 )
-from servo.server.exposure import refuse_exposures
+from servo.server.exposure import Accepted, refuse_exposures
 from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings
 from servo.wire import WireError, parse_fingerprint, segment
 from servo.wire.openpi import ObservationKeys
@@ -370,7 +370,9 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         names = [t.name for t in self.trajectories]
         if len(set(names)) != len(names):
             raise FieldError("trajectories", "names must be unique")
-        refuse_exposures(self)
+        security = self.security
+        accepted = Accepted(security.insecure, security.listen_beside_router, security.expose_health)
+        refuse_exposures(self.zenoh, (self.ops.health_host, self.ops.health_port), accepted)
 
 
 def parse_manifest(text: str, *, origin: str = "<manifest>", overrides: dict[str, Any] | None = None) -> Manifest:

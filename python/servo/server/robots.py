@@ -20,7 +20,7 @@ Every session open is signed by the robot's Ed25519 identity (`servo.wire.trust.
 5. **Budgets**: per robot (key and name: several robots of one machine may share its key;
    ``client_opens_per_s``), then for everyone: enrolled robots share one bucket
    (``session_opens_per_s``); without enrolment, keys that already streamed on this replica
-   (`ReturningRobots`) and never-seen keys have a bucket each, so a flood of fresh identities
+   (`servo.server.admission.ReturningRobots`) and never-seen keys have a bucket each, so a flood of fresh identities
    cannot lock a returning robot out. Nobody can spend another robot's budget: it is keyed by
    a key only its holder signs with. Joins spend the new robots' bucket.
 
@@ -33,7 +33,6 @@ that used this replica. On a closed door strangers hold no slot in the first pla
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from servo._core import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, verify_signature
 from servo.access import Access, Caller, Denied
-from servo.server.admission import KeyedBuckets, TokenBucket
+from servo.server.admission import KeyedBuckets, ReturningRobots, TokenBucket
 from servo.server.manifest import LimitsSection
 from servo.wire import NONCE_SIZE, SessionOpen, fingerprint, open_transcript
 from servo.wire.messages import RejectCode
@@ -55,8 +54,6 @@ if TYPE_CHECKING:
 NONCE_PERIOD_S = 30.0
 #: Most X25519 keys of recent opens remembered (the oldest are forgotten first).
 MAX_RECENT_OPENS = 65536
-#: Most robot keys remembered as having streamed on this replica.
-MAX_RETURNING = 4096
 #: A session that never streamed yields its slot to a returning robot once this old (s).
 DISPLACE_AFTER_S = 1.0
 
@@ -113,30 +110,6 @@ class OpenNonces:
         horizon = now - 2 * NONCE_PERIOD_S
         while self._seen and next(iter(self._seen.values())) < horizon:
             self._seen.popitem(last=False)
-
-
-class ReturningRobots:
-    """Robot keys that streamed on this replica (an authenticated observation), most recent last.
-
-    Thread-safe: marked on Zenoh's observation thread, read by the event loop. Bounded by
-    `MAX_RETURNING`, the least recently seen forgotten first.
-    """
-
-    def __init__(self) -> None:
-        self._keys: OrderedDict[bytes, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def add(self, key: bytes) -> None:
-        """``key`` streamed (again)."""
-        with self._lock:
-            self._keys[key] = None
-            self._keys.move_to_end(key)
-            if len(self._keys) > MAX_RETURNING:
-                self._keys.popitem(last=False)
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return key in self._keys
 
 
 class RobotGate:

@@ -114,7 +114,7 @@ class Session:
     #: Authenticated observations this session may still send (Zenoh callback threads).
     observations: TokenBucket
     #: Set by the observation thread at the first authenticated observation: the robot key is
-    #: then a returning one (`servo.server.robots.ReturningRobots`).
+    #: then a returning one (`servo.server.admission.ReturningRobots`).
     streamed: bool = False
     #: Opened by one of the server's frontends (the openpi door), with the replica's own key: it
     #: counts against that door's capacity, never the robots' (`SessionRegistry.robots`).

@@ -17,9 +17,9 @@ from anyio.abc import TaskGroup
 
 from servo._core import MSG_DRAIN, ServerIdentity
 from servo.logs import get_logger
+from servo.server.admission import ReturningRobots
 from servo.server.audit import RecentRequests
 from servo.server.metrics import ServerMetrics
-from servo.server.robots import ReturningRobots
 from servo.server.sessions import Session, SessionRegistry
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, WireError, encode
 
