@@ -67,6 +67,7 @@ async def test_off_loopback_a_stranger_is_refused_and_a_keyed_client_served_over
 
         assert await blocking(stranger, "wss://127.0.0.1", None) == 401
         assert await blocking(stranger, "wss://127.0.0.1", key.replace(key[-6:], "AAAAAA")) == 401
+        assert server.registry.snapshot() == []  # the strangers never held a session
 
         def keyed() -> float:
             client = WebsocketClientPolicy("wss://127.0.0.1", port, api_key=key)
@@ -76,7 +77,6 @@ async def test_off_loopback_a_stranger_is_refused_and_a_keyed_client_served_over
                 client._ws.close()
 
         assert await blocking(keyed) == pytest.approx(3.0)
-        assert server.registry.snapshot() == []  # the strangers never held a session
 
 
 def test_off_loopback_plain_ws_needs_insecure_and_keys_need_allow_any_robot() -> None:
