@@ -6,7 +6,8 @@
   proving a token good for all of them, enrolled by that open (the roster written after, off the
   event loop); ``open, robot enrolled (before)``: a robot the server knows already, opening the
   same way. Latency per open, from the monotonic clock around the call: p50 / p99 in
-  ``extra_info``.
+  ``extra_info`` (the benchmark's own time is the whole run: server start included, and torch's
+  first import in whichever case runs first).
 * ``join-admission`` (in-process, no transport, median per open): the robot signs its open with
   the token's proof, against signing it without; the server's gate admits a join (the proof's
   Ed25519 check and the enrolment in memory), against admitting an enrolled robot's open.
