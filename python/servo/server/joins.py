@@ -97,6 +97,13 @@ def advertise(file: RosterFile, advertised: Advertised) -> tuple[RosterFile, Non
 class JoinDesk:
     """The roster in memory, for admission (module docstring). Owned by the event loop.
 
+    What it holds, and where each part comes from::
+
+        roster file ──read by `watch` (off the loop)──► _base (+ _parsed, _keys) ──┐
+                                                                                    ├─► _view, _holders,
+        a proven join ──`enrol`──► _pending ─────────────────────────────────────────┘   access.robots
+                                      └── written by `watch` under the roster lock; dropped once read back
+
     Args:
         roster: The roster file; None keeps everything in memory (tests, embedding).
         access: The admission rule whose enrolled robots and API keys this desk maintains.
