@@ -279,7 +279,7 @@ async def test_the_doors_capacity_is_its_own_and_drain_closes_with_a_reason(port
 
             assert await blocking(refused) == 503
             assert metric(server, "servo_sessions_rejected_total", code="capacity") == 0
-            second._ws.close()
+            await blocking(second._ws.close)  # off the loop: the server answers the close handshake
             server.drain()
 
             def drained() -> ConnectionClosed:
