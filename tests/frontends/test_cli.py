@@ -45,8 +45,8 @@ def test_a_missing_websockets_is_one_line_naming_the_extra() -> None:
 def test_websockets_is_imported_only_when_the_front_door_is_configured() -> None:
     code = (
         "import sys, servo.cli.serve, servo.server.service, servo.client, servo.frontends\n"
-        "from servo.server.manifest import FrontendsSection\n"
-        "assert servo.frontends.frontends_of(FrontendsSection()) == []\n"
+        "from servo.server.manifest import parse_manifest\n"
+        "assert servo.frontends.frontends_of(parse_manifest('[model]\\nsource = \"reference\"')) == []\n"
         "print('websockets' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

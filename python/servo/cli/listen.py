@@ -2,10 +2,11 @@
 
 A ``tls/…`` listen endpoint with no certificate in the manifest (``[zenoh.tls]
 listen_certificate``) gets servo's own self-signed one (`servo.server.selfsigned`), kept in
-``tls/`` of servo's user configuration directory and made once; ``servo-serve`` then prints the
-``servo-edge`` commands that trust it (the robot's copy of the certificate as
-``--tls-root-ca``). A fleet with its own CA configures ``[zenoh.tls]`` instead (README,
-*Certificates*).
+``tls/`` of servo's user configuration directory and made once; so does an openpi door off
+loopback without ``--insecure`` (``wss://``). ``servo-serve`` then prints the ``servo-edge``
+commands that reach it: with a join token (`servo.join`) that pins the certificate, the robot
+fetches it itself; otherwise the robot's copy of the certificate goes to ``--tls-root-ca``. A
+fleet with its own CA configures ``[zenoh.tls]`` instead (README, *Certificates*).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from msgspec.structs import replace
 
 from servo.cli.ports import split_endpoint
 from servo.home import config_dir, ensure_config_dir
+from servo.join import JoinToken
 from servo.robots.builtin import SimOptions
 from servo.robots.camera_list import parse_cameras
 from servo.server.manifest import Manifest
-from servo.transport import TlsSettings, exposed_endpoint
+from servo.transport import TlsSettings, exposed_endpoint, loopback_host
 
 if TYPE_CHECKING:
     from servo.server.selfsigned import ServerCertificate
@@ -47,17 +49,30 @@ def secure_listen(manifest: Manifest) -> tuple[Manifest, ServerCertificate | Non
         OSError: the certificate directory or files cannot be written or read.
         CertificateFileError: the key on disk is unusable (named).
     """
-    z = manifest.zenoh
+    z, openpi = manifest.zenoh, manifest.frontends.openpi
     hosts = [host for protocol, host, _ in map(split_endpoint, z.listen) if protocol == "tls"]
-    if not hosts or (z.tls is not None and z.tls.listen_certificate):
+    zenoh_needs = bool(hosts) and not (z.tls is not None and z.tls.listen_certificate)
+    openpi_needs = (
+        openpi is not None
+        and not openpi.certificate
+        and not loopback_host(openpi.host)
+        and not manifest.security.insecure
+    )
+    if not (zenoh_needs or openpi_needs):
         return manifest, None
     from servo.server.selfsigned import ensure_certificate  # cryptography: the server extra
 
     ensure_config_dir()
-    certificate = ensure_certificate(certificate_dir(), hosts=hosts)
-    files = {"listen_certificate": str(certificate.cert), "listen_private_key": str(certificate.key)}
-    tls = replace(z.tls or TlsSettings(), **files)
-    return replace(manifest, zenoh=replace(z, tls=tls)), certificate
+    door_hosts = [openpi.host] if openpi is not None and openpi_needs else []
+    certificate = ensure_certificate(certificate_dir(), hosts=[*hosts, *door_hosts])
+    if zenoh_needs:
+        files = {"listen_certificate": str(certificate.cert), "listen_private_key": str(certificate.key)}
+        manifest = replace(manifest, zenoh=replace(z, tls=replace(z.tls or TlsSettings(), **files)))
+    if openpi_needs:
+        assert openpi is not None
+        door = replace(openpi, certificate=str(certificate.cert), private_key=str(certificate.key))
+        manifest = replace(manifest, frontends=replace(manifest.frontends, openpi=door))
+    return manifest, certificate
 
 
 def edge_command(
@@ -66,16 +81,19 @@ def edge_command(
     robot: str,
     certificate: ServerCertificate | None,
     options: Sequence[str] = (),
+    join: str = "",
 ) -> str | None:
     """The ``servo-edge`` command that reaches a server listening on ``endpoint`` (None if unknown).
 
-    A TLS endpoint is described only with servo's self-signed certificate (the edge trusts its
-    copy, named like the original); a wildcard host becomes this host's primary address.
+    A TLS endpoint is described only with servo's self-signed certificate: a ``join`` token pins
+    it (the edge fetches it), else the edge trusts its copy, named like the original. A wildcard
+    host becomes this host's primary address.
     """
     protocol, host, port = split_endpoint(endpoint)
     if protocol not in ("tcp", "tls") or not port.isdigit() or int(port) == 0:
         return None
-    if protocol == "tls" and certificate is None:
+    pinned = bool(join) and bool(JoinToken.parse(join).certificate)
+    if protocol == "tls" and certificate is None and not pinned:
         return None
     if host in WILDCARD_HOSTS:
         from servo.server.selfsigned import primary_address
@@ -84,10 +102,12 @@ def edge_command(
     with_brackets = f"[{host}]" if _is_ipv6(host) else host
     connect = f"{protocol}/{with_brackets}:{port}"
     parts = ["servo-edge", "--robot", robot, *options, "--connect", connect]
-    if certificate is not None:
+    if certificate is not None and not join:
         parts += ["--tls-root-ca", certificate.cert.name]
     if exposed_endpoint(connect):  # the server was told --insecure; the edge must be too
         parts.append("--insecure")
+    if join:
+        parts += ["--join", join]
     return shlex.join(parts)
 
 

@@ -15,7 +15,7 @@ from servo.cli.listen import edge_command, robot_options
 from servo.deploy.capacity import CapacityPlan, measured_forward_s
 from servo.home import server_identity_path
 from servo.server.manifest import Manifest
-from servo.transport import exposed_endpoint
+from servo.transport import exposed_endpoint, loopback_host
 
 if TYPE_CHECKING:
     from servo.server.selfsigned import ServerCertificate
@@ -43,7 +43,11 @@ def ready_lines(ready: ServerReady, manifest: Manifest, certificate: ServerCerti
     if ready.health_port:
         lines.append(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
     for name, url in ready.frontends.items():
-        lines.append(f"{name} front door {url} (health {url.replace('ws://', 'http://', 1)}/healthz)")
+        health = url.replace("ws", "http", 1)
+        openpi = manifest.frontends.openpi
+        keys = openpi is not None and not loopback_host(openpi.host) and not manifest.security.allow_any_robot
+        needs = "; clients need an API key: servo-serve robots api-key NAME" if keys else ""
+        lines.append(f"{name} front door {url} (health {health}/healthz){needs}")
     return lines
 
 
@@ -55,15 +59,30 @@ def security_lines(ready: ServerReady, manifest: Manifest) -> list[str]:
         if security.ephemeral_identity
         else f"from {security.identity_key or server_identity_path(manifest.serving.app)}"
     )
-    lines = [
-        f"identity {ready.fingerprint} ({kept}); edges trust it on first contact, or pin it with --trusted-servers",
-        f"robots: {ready.enrolled} enrolled, any other robot is refused"
-        if ready.enrolled
-        else "robots: any robot may connect (none enrolled: [security] robots = [...], servo-edge --identity)",
-    ]
+    trust = "a join token pins it" if ready.join_token else "edges trust it on first contact"
+    lines = [f"identity {ready.fingerprint} ({kept}); {trust}, or pin it with --trusted-servers"]
+    if ready.closed:
+        uses = security.join_token_uses
+        token = (
+            f"; the command below joins {'one robot' if uses == 1 else f'{uses} robots'} within "
+            f"{_duration(security.join_token_ttl_s)} (more: servo-serve robots token)"
+            if ready.join_token
+            else "; join tokens: servo-serve robots token"
+        )
+        lines.append(f"robots: only enrolled robots may connect ({ready.enrolled} enrolled){token}")
+    elif security.allow_any_robot:
+        lines.append("robots: any robot may connect (--allow-any-robot): anyone who reaches this server takes capacity")
+    else:
+        lines.append("robots: any robot may connect (loopback only, none enrolled in the manifest)")
     if security.insecure and any(exposed_endpoint(endpoint) for endpoint in manifest.zenoh.listen):
         lines.append("insecure: a plain tcp/ endpoint is open to the network; anyone on it reads every robot's traffic")
     return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds % 60 == 0 else f"{seconds:g} s"
 
 
 def capacity_lines(ready: ServerReady, manifest: Manifest) -> list[str]:
@@ -90,19 +109,24 @@ def connect_lines(
         return []
     cameras, fps = list(ready.info.features.cameras), ready.info.fps
     lines = []
+    join = ready.join_token
     if certificate is not None:
         names = ", ".join([*certificate.dns_names, *certificate.addresses])
+        copy = "the join token pins it" if join else f"copy it to each robot as {certificate.cert.name}"
         lines.append(
-            f"TLS with the self-signed certificate {certificate.cert} ({certificate.state}; names {names}); "
-            f"copy it to each robot as {certificate.cert.name}"
+            f"TLS with the self-signed certificate {certificate.cert} ({certificate.state}; names {names}); {copy}"
         )
     if arm is not None:
         options = robot_options(cameras=cameras, fps=fps, sim=False)
-        command = edge_command(listen[0], robot=arm, certificate=certificate, options=options)
+        command = edge_command(listen[0], robot=arm, certificate=certificate, options=options, join=join)
         if command is not None:
             lines.append(f"on the robot: {command}")
     sim = edge_command(
-        listen[0], robot="sim", certificate=certificate, options=robot_options(cameras=cameras, fps=fps, sim=True)
+        listen[0],
+        robot="sim",
+        certificate=certificate,
+        options=robot_options(cameras=cameras, fps=fps, sim=True),
+        join=join,
     )
     if sim is not None:
         lines.append(f"without hardware: {sim}")

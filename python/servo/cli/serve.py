@@ -6,6 +6,10 @@ no certificate configured gets servo's self-signed one for this host. Once ready
 how many robots it carries at this fps (a capacity plan from the warm-up forwards, with a warning
 when a forward outlasts a chunk) and prints the ``servo-edge`` commands that reach it.
 
+Reachable off loopback, it admits only enrolled robots: it prints a join token in the robot's
+command (``servo-edge … --join TOKEN``), and ``servo-serve robots …`` lists and revokes robots and
+makes more tokens and openpi API keys (``servo-serve robots --help``).
+
 With ``--ray``, start ``--replicas`` servers of the manifest as actors on an existing Ray cluster
 instead, print one line per replica as it becomes ready (again after Ray restarts it), drain and
 restart them one at a time on SIGHUP (a rolling restart), and drain them all on Ctrl-C / SIGTERM.
@@ -97,6 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
         "reaching the listen endpoint, or linked to by gossip, bypass the router's access control.",
     )
     parser.add_argument(
+        "--allow-any-robot",
+        action="store_true",
+        help="Admit robots nobody enrolled (and openpi clients without an API key) although the server is reachable "
+        "off loopback ([security] allow_any_robot): anyone who reaches it may open sessions and take capacity.",
+    )
+    parser.add_argument(
+        "--expose-health",
+        action="store_true",
+        help="Allow ops.health_host off loopback ([security] expose_health): anyone on the network reads /metrics "
+        "(robot names, request rates).",
+    )
+    parser.add_argument(
         "--openpi-listen", metavar="HOST:PORT", help="Replace frontends.openpi.listen (starts the openpi front door)."
     )
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error.")
@@ -132,6 +148,10 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["security.insecure"] = True
     if args.listen_beside_router:
         out["security.listen_beside_router"] = True
+    if args.allow_any_robot:
+        out["security.allow_any_robot"] = True
+    if args.expose_health:
+        out["security.expose_health"] = True
     return out
 
 
@@ -161,7 +181,7 @@ async def serve(
     def say(text: str) -> None:
         console.say(f"{PROG}: {text}")
 
-    server = PolicyServer(manifest, frontends=frontends_of(manifest.frontends), search_path=base_dir)
+    server = PolicyServer(manifest, frontends=frontends_of(manifest), search_path=base_dir)
     async with anyio.create_task_group() as tg:
 
         async def run_server(*, task_status: TaskStatus[ServerReady]) -> None:
@@ -278,9 +298,10 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
     from servo.deploy import DeployError
     from servo.identity import IdentityError
     from servo.policy import PolicyLoadError
+    from servo.private_files import PrivateFileError
     from servo.server.selfsigned import CertificateFileError
 
-    if isinstance(exc, ConfigError | PolicyLoadError | IdentityError | CertificateFileError):
+    if isinstance(exc, ConfigError | PolicyLoadError | IdentityError | CertificateFileError | PrivateFileError):
         return 2, str(exc)
     if isinstance(exc, ModuleNotFoundError) and exc.name == "ray":
         return 2, f"--ray needs Ray, which is not installed: {RAY_EXTRA}"
@@ -305,6 +326,11 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-serve``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["robots"]:
+        from servo.cli.robots import main as robots
+
+        return robots(argv[1:], Console(live=False))
     args = build_parser().parse_args(argv)
     console = Console(live=False)
     configure_logging(args.log_level, json=args.json_logs, stream=console)

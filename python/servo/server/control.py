@@ -188,7 +188,7 @@ class ControlPlane:
             policy=replica.info,
             warmed_up=state.lifecycle != "starting",
             draining=state.lifecycle == "draining",
-            active_sessions=len(state.registry),
+            active_sessions=state.registry.robots(),
             max_sessions=replica.max_sessions,
             load=state.load,
             identity=replica.identity.public_key,
@@ -205,7 +205,7 @@ class ControlPlane:
         return Rejection(
             code,
             reason,
-            active_sessions=len(state.registry),
+            active_sessions=state.registry.robots(),
             max_sessions=state.replica.max_sessions,
             load=state.load,
         )
@@ -257,6 +257,7 @@ class ControlPlane:
         if isinstance(shapes, Rejection):
             return self._reject(shapes.code, shapes.reason, client_id=client_id)
         previous = state.registry.by_client(client_id)
+        frontend = request.robot_key == replica.identity.public_key
         if previous is not None:
             why = takeover(
                 previous.auth,
@@ -272,10 +273,11 @@ class ControlPlane:
                     client_id=client_id,
                 )
             log.info("session takeover", session_id=previous.session_id, client_id=client_id, why=why)
-        elif len(state.registry) >= replica.max_sessions:
+        elif not frontend and state.registry.robots() >= replica.max_sessions:
+            # The frontends' sessions count against their own doors' capacity, never the robots'.
             idle = self._robots.displaceable(request.robot_key, state.registry.snapshot())
             if idle is None:
-                active = len(state.registry)
+                active = state.registry.robots()
                 return self._reject(
                     "capacity", f"server is full ({active}/{replica.max_sessions} sessions)", client_id=client_id
                 )
@@ -326,6 +328,7 @@ class ControlPlane:
             publisher=declare_action_publisher(self._zsession, action_key),
             images=images,
             observations=TokenBucket(self._limits.observations_per_s, self._limits.observation_burst),
+            frontend=request.robot_key == self._state.replica.identity.public_key,
         )
         self._state.register(session)
         return session

@@ -32,7 +32,7 @@ from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.control import ControlPlane
 from servo.server.decoding import ObservationDecoder, device_frames_for
-from servo.server.enrolment import enrolled_robots, replica_identity
+from servo.server.enrolment import Doors, enrolled_robots, open_doors, replica_identity
 from servo.server.frontend import Frontend
 from servo.server.intake import ObservationIntake
 from servo.server.manifest import Manifest
@@ -73,8 +73,12 @@ class ServerReady:
     #: The data-plane paths in use: ``device``, ``frames`` (host, or device: nvJPEG on CUDA),
     #: ``pinned`` (host frames copied through pinned buffers), ``dtype``, ``cuda_graphs``.
     paths: dict[str, str] = field(default_factory=dict)
-    #: Robots enrolled (`servo.server.robots`); 0: any robot may connect.
+    #: Robots enrolled (`servo.server.robots`).
     enrolled: int = 0
+    #: Whether only enrolled robots may open sessions (`servo.server.enrolment.open_doors`).
+    closed: bool = False
+    #: The join token made at start for the robot's command (`servo.join`); empty when none.
+    join_token: str = ""
 
 
 class PolicyServer:
@@ -161,6 +165,7 @@ class PolicyServer:
             if identity is None:
                 identity = await anyio.to_thread.run_sync(replica_identity, m.security, m.serving.app)
             enrolled = await anyio.to_thread.run_sync(enrolled_robots, m.security)
+            doors = await anyio.to_thread.run_sync(open_doors, m, identity, enrolled)
             # Listening while the policy loads: an edge that lost this server links again meanwhile,
             # and re-handshakes the moment the liveliness token appears (nothing is declared before).
             async with open_session(m.zenoh) as zsession:
@@ -189,14 +194,15 @@ class PolicyServer:
                     seconds=round(time.perf_counter() - started, 3),
                 )
                 self.state.bind(replica, tg)
+                tg.start_soon(doors.joins.watch, self.state)
                 audit = AuditLog(m.ops.audit_log, self.state.recent)
                 try:
                     # Frontends end before the Zenoh session their sessions live on.
                     async with anyio.create_task_group() as frontends:
                         self._zsession = zsession
-                        robots = RobotGate(enrolled, m.limits, self.state.returning, identity.public_key)
+                        robots = RobotGate(doors.access, doors.joins, m.limits, self.state.returning)
                         await self._serve(
-                            zsession, runner, scheduler, audit, task_status, health_port, frontends, robots
+                            zsession, runner, scheduler, audit, task_status, health_port, frontends, robots, doors
                         )
                 finally:
                     audit.close()
@@ -212,6 +218,7 @@ class PolicyServer:
         health_port: int | None,
         frontends: TaskGroup,
         robots: RobotGate,
+        doors: Doors,
     ) -> None:
         m, state = self.manifest, self.state
         keys, info = state.replica.keys, state.replica.info
@@ -270,16 +277,27 @@ class PolicyServer:
                 scheduler=type(scheduler).__name__,
                 identity=identity,
                 enrolled=len(robots.enrolled),
+                closed=doors.closed,
                 **paths,
             )
-            if not robots.enrolled:
-                log.warning("any robot may connect: no robot is enrolled ([security] robots, or fleet)")
+            if not doors.closed:
+                log.warning("any robot may connect: none is required to be enrolled")
             own = state.replica.identity
             endpoints = {
-                f.name: await frontends.start(f.run, zsession, keys, state.health, own) for f in self._frontends
+                f.name: await frontends.start(f.run, zsession, keys, state.health, own, doors.access)
+                for f in self._frontends
             }
             ready = ServerReady(
-                keys, info, health_port, identity, endpoints, self._warmup_s, paths, enrolled=len(robots.enrolled)
+                keys,
+                info,
+                health_port,
+                identity,
+                endpoints,
+                self._warmup_s,
+                paths,
+                enrolled=len(robots.enrolled),
+                closed=doors.closed,
+                join_token="" if doors.join_token is None else str(doors.join_token),
             )
             task_status.started(ready)
             await self._stop.wait()

@@ -8,6 +8,8 @@ from servo.transport.config import (
     UsrPwdSettings,
     ZenohSettings,
     exposed_endpoint,
+    loopback_host,
+    off_loopback,
 )
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
 from servo.transport.session import Declared, open_session
@@ -25,6 +27,8 @@ __all__ = [
     "declare_obs_publisher",
     "direct",
     "exposed_endpoint",
+    "loopback_host",
+    "off_loopback",
     "open_session",
     "query",
 ]

@@ -53,6 +53,7 @@ from servo.wire.tensor import Tensor, decode_floats, decode_tensor, encode_tenso
 from servo.wire.trust import (
     ack_transcript,
     fingerprint,
+    join_transcript,
     notice_transcript,
     open_transcript,
     parse_fingerprint,
@@ -113,6 +114,7 @@ __all__ = [
     "encode_image",
     "encode_tensor",
     "fingerprint",
+    "join_transcript",
     "jpeg_dimensions",
     "notice_transcript",
     "open_telemetry",

@@ -52,6 +52,8 @@ OptionalSignature = Annotated[bytes, msgspec.Meta(max_length=_core.SIGNATURE_SIZ
 OptionalPublicKey = Annotated[bytes, msgspec.Meta(max_length=_core.PUBLIC_KEY_SIZE)]
 #: A random value that makes a signed answer fresh (`NONCE_SIZE` bytes when set).
 Nonce = Annotated[bytes, msgspec.Meta(max_length=32)]
+#: A join token's id (`servo.join`): lowercase base32, or empty.
+JoinId = Annotated[str, msgspec.Meta(max_length=16, pattern="^[a-z2-7]*$")]
 #: Bytes of the nonces servo draws.
 NONCE_SIZE = 16
 Pixels = Annotated[int, msgspec.Meta(ge=1, le=65_535)]
@@ -157,6 +159,8 @@ class SessionOpen(msgspec.Struct, frozen=True):
     key is derived from it, never sent). ``resume`` proves the client holds the key of its
     current session on this replica, so the new session may replace it: an attachment sealed
     with the old key over `servo.wire.trust.resume_body` of ``client_key``, or empty.
+    ``join_id`` and ``join_signature`` prove a join token (`servo.join`): the signature, by the
+    token's key, over `servo.wire.trust.join_transcript`, enrols a robot nobody enrolled yet.
     """
 
     client_id: Name
@@ -172,6 +176,8 @@ class SessionOpen(msgspec.Struct, frozen=True):
     robot_key: OptionalPublicKey = b""
     nonce: Nonce = b""
     robot_signature: OptionalSignature = b""
+    join_id: JoinId = ""
+    join_signature: OptionalSignature = b""
 
 
 class SessionAck(msgspec.Struct, frozen=True):
