@@ -294,8 +294,9 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
         what, extra = FRONTEND_DEPENDENCIES[exc.name]
         return 2, f"{what} needs {exc.name}, which is not installed: {extra}"
     if isinstance(exc, zenoh.ZError):
-        # zenoh appends source paths of its own build to messages; users need the first part.
-        return 1, f"zenoh: {str(exc).split(' at /')[0]}"
+        from servo.transport import zenoh_message
+
+        return 1, f"zenoh: {zenoh_message(exc)}"
     if isinstance(exc, OSError):
         return 1, str(exc)
     if isinstance(exc, KeyboardInterrupt):

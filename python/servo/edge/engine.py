@@ -37,6 +37,7 @@ from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
 from servo.transport import LoopBridge
+from servo.wire import Tuning
 
 log = get_logger(__name__)
 
@@ -122,6 +123,8 @@ class EngineBase(abc.ABC):
         self.feed: ObservationFeed | None = None
         #: Chunks too short for the round trip, as last checked (`check_chunk_length`).
         self.starving: Starvation | None = None
+        #: The served policy's own options named in advice (the session ack's; local: the policy's).
+        self.tuning = Tuning()
         self._starvation_said = False
         #: Remote engines: their Zenoh session once `run` opened it (telemetry publishes on it).
         self.zenoh_session: zenoh.Session | None = None
@@ -309,7 +312,7 @@ class EngineBase(abc.ABC):
         self.starving = self.pipeline.starvation(chunk_steps, round_trip_ns)
         if self.starving is not None and not self._starvation_said:
             self._starvation_said = True
-            log.warning("chunks too short for the round trip", advice=self.starving.message())
+            log.warning("chunks too short for the round trip", advice=self.starving.message(self.tuning))
 
     def merge(self, request: Request, produced: Produced, now_ns: int) -> int | None:
         """Merge a produced chunk (the same call for every engine).

@@ -32,7 +32,7 @@ from servo.edge.replicas import ReplicaRules
 from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
-from servo.transport import open_session
+from servo.transport import open_session, zenoh_message
 from servo.wire import alive_selector
 
 log = get_logger(__name__)
@@ -169,20 +169,7 @@ class RemoteEngine(EngineBase):
         self._moved = moved
 
     async def _open_zenoh(self) -> zenoh.Session:
-        # A Zenoh client's open() fails at once while nothing listens (ZENOH_FACTS §1).
-        settings = self.config.zenoh_settings()
-        backoff = self._backoff(deadline_s=self.config.link.connect_timeout_s)
-        while True:
-            try:
-                return await self.resources.enter_async_context(open_session(settings))
-            except zenoh.ZError as exc:
-                problem = str(exc)
-            if not await backoff.wait():
-                raise EdgeStartError(
-                    f"cannot reach a servo server at {', '.join(self.config.link.connect)} ({problem}); "
-                    "is servo-serve running there?",
-                    refused=False,
-                )
+        return await open_link(self.config, self.resources)
 
     async def _first_session(self, client: PolicyClient) -> None:
         backoff = self._backoff(deadline_s=self.config.link.connect_timeout_s)
@@ -199,10 +186,7 @@ class RemoteEngine(EngineBase):
             except (NoServerFound, RequestTimeout) as exc:
                 problem = str(exc)
             if not await backoff.wait():
-                raise EdgeStartError(
-                    f"no usable servo server within {self.config.link.connect_timeout_s:g} s: {problem}",
-                    refused=False,
-                )
+                raise no_server(self.config, problem)
 
     def _placement(self, epoch: int) -> SessionOptions:
         """How `PolicyClient.connect_best` and `PolicyClient.rebalance` open this edge's sessions."""
@@ -248,6 +232,7 @@ class RemoteEngine(EngineBase):
                 self.failsafe.fatal(reason)
             raise SessionEnded(reason)
         self.rules.identity = ack.policy
+        self.tuning = ack.policy.tuning
         self.task = ack.task  # the effective task (the server's default when the edge names none)
         self.server, self.session = session.server, session
         self.log = self.failures.log = log.bind(session_id=session.session_id, client_id=self.client_id)
@@ -385,6 +370,34 @@ class RemoteEngine(EngineBase):
             replica="" if self.session is None else self.session.server.keys.replica,
             model="" if self.session is None else self.session.server.keys.model,
         )
+
+
+async def open_link(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zenoh.Session:
+    """The edge's Zenoh session, on ``stack``; retried with backoff for ``connect_timeout_s``.
+
+    Raises:
+        EdgeStartError: nothing reachable at ``[link] connect`` within the timeout (one line).
+    """
+    # A Zenoh client's open() fails at once while nothing listens (ZENOH_FACTS §1).
+    link = config.link
+    backoff = Backoff(link.reconnect_initial_backoff_s, link.reconnect_max_backoff_s, deadline_s=link.connect_timeout_s)
+    while True:
+        try:
+            return await stack.enter_async_context(open_session(config.zenoh_settings()))
+        except zenoh.ZError as exc:
+            problem = zenoh_message(exc)
+        if not await backoff.wait():
+            raise no_server(config, problem)
+
+
+def no_server(config: EdgeConfig, problem: str) -> EdgeStartError:
+    """The one-line start error when no usable server answered within ``connect_timeout_s``."""
+    link = config.link
+    return EdgeStartError(
+        f"no usable servo server at {', '.join(link.connect)} within {link.connect_timeout_s:g} s ({problem}); "
+        "is servo-serve running there? (--connect, --connect-timeout-s)",
+        refused=False,
+    )
 
 
 def _undeclare(watcher: zenoh.Subscriber[None]) -> None:

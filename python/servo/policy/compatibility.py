@@ -51,6 +51,7 @@ def describe(
         default_task=default_task,
         pin_task=pin_task,
         strict_fps=strict_fps,
+        tuning=spec.tuning,
     )
 
 

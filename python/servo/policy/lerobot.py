@@ -50,9 +50,12 @@ from servo.policy.lerobot_checkpoint import (
 )
 from servo.policy.lerobot_metadata import CheckpointFacts, read_facts
 from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Prepared
-from servo.wire import CameraFeature, Features
+from servo.wire import CameraFeature, Features, Tuning
 
 log = get_logger(__name__)
+
+#: Config options that set how many denoising / flow steps a forward runs (fewer: faster).
+STEP_OPTIONS = ("num_inference_steps", "num_steps")
 
 
 def make_lerobot_policy(*, device: str = "cpu", **options: Any) -> LeRobotPolicy:
@@ -298,7 +301,26 @@ class LeRobotPolicy:
             supports_rtc=self.rtc,
             chunk_stateless=self._history is None,
             device_frames=True,
+            tuning=self._tuning(),
         )
+
+    def _tuning(self) -> Tuning:
+        """What sets this type's chunk length and what shortens its forward, as its config.json names them."""
+        config = self._config
+        faster = []
+        for name in STEP_OPTIONS:
+            if hasattr(config, name):
+                value = getattr(config, name)
+                if value is None:  # Diffusion: as many as it was trained with
+                    value = getattr(config, "num_train_timesteps", None)
+                faster.append(f"{name} ({value} now)")
+        if self._history is None:
+            return Tuning(chunk="chunk_size", faster=faster)
+        horizon, n_obs = getattr(config, "horizon", None), int(getattr(config, "n_obs_steps", 1))
+        if horizon is None:
+            return Tuning(chunk="n_action_steps", faster=faster)
+        why = f"horizon {horizon} - n_obs_steps {n_obs} + 1; a longer horizon means retraining"
+        return Tuning(chunk="n_action_steps", chunk_max=int(horizon) - n_obs + 1, chunk_max_why=why, faster=faster)
 
     def _chunk_size(self) -> int:
         config = self._config

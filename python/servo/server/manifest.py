@@ -59,6 +59,10 @@ class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         Literal["float32", "bfloat16", "float16"], doc("Compute dtype; bfloat16/float16 run under autocast on CUDA.")
     ] = "float32"
     warmup: Annotated[NonNegativeInt, doc("Forwards run before the server reports ready.")] = 2
+    plan_forwards: Annotated[
+        NonNegativeInt,
+        doc("Forwards timed after the warm-up for servo-serve's capacity plan (median, p90); 0 (or warmup 0): none."),
+    ] = 10
     compile: Annotated[bool, doc("Wrap the policy's networks in torch.compile.")] = False
     frames: Annotated[
         Literal["auto", "host", "device"],
@@ -308,6 +312,38 @@ class TrajectoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise FieldError("path", "file does not exist")
 
 
+class RobotSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[robot]``: the robot the policy drives, for the ``servo-edge`` command ``servo-serve`` prints."""
+
+    type: Annotated[NonEmptyStr, doc("servo-edge --robot: so100, so101, ros2, sim or package.module:factory.")]
+    options: Annotated[
+        dict[str, Any],
+        doc("Its --robot-opt options (lists as TOML arrays); paths as the robot's computer sees them."),
+    ] = {}
+
+    def check(self) -> None:
+        """A built-in robot's options are checked as the edge will check them (a plugin's on the robot)."""
+        from servo.robots.registry import ROBOTS, robot_options
+
+        if self.type in ROBOTS:
+            try:
+                robot_options(self.type, self.option_text())
+            except ConfigError as exc:
+                raise FieldError("options", str(exc)) from None
+
+    def option_text(self) -> dict[str, str]:
+        """The options as ``--robot-opt KEY=VALUE`` values (lists comma-separated)."""
+        return {key: _option_text(value) for key, value in self.options.items()}
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(_option_text(item) for item in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The whole manifest."""
 
@@ -319,6 +355,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     limits: LimitsSection = LimitsSection()
     frontends: FrontendsSection = FrontendsSection()
     trajectories: list[TrajectoryEntry] = []
+    robot: RobotSection | None = None
 
     def check(self) -> None:
         """Trajectory names are unique; nothing is exposed by accident (see `SecuritySection`)."""

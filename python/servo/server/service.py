@@ -68,8 +68,11 @@ class ServerReady:
     #: The identity's fingerprint (``ed25519:…``): what edges pin in ``trusted_servers``.
     fingerprint: str
     frontends: dict[str, str] = field(default_factory=dict)
-    #: Each warm-up request's duration (s), for a capacity plan (`servo.deploy.capacity`).
+    #: Each warm-up request's duration (s).
     warmup_s: list[float] = field(default_factory=list)
+    #: Each request timed after the warm-up (``model.plan_forwards``, s): the capacity plan's
+    #: forward time (`servo.deploy.capacity`).
+    forward_s: list[float] = field(default_factory=list)
     #: The data-plane paths in use: ``device``, ``frames`` (host, or device: nvJPEG on CUDA),
     #: ``pinned`` (host frames copied through pinned buffers), ``dtype``, ``cuda_graphs``.
     paths: dict[str, str] = field(default_factory=dict)
@@ -122,6 +125,7 @@ class PolicyServer:
         self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
         self._warmup_s: list[float] = []
+        self._forward_s: list[float] = []
         self._trajectories = TrajectoryLibrary({})
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
@@ -182,6 +186,8 @@ class PolicyServer:
                 sizes = range(1, min(scheduler.max_batch, replica.max_sessions) + 1)
                 started = time.perf_counter()
                 self._warmup_s = await anyio.to_thread.run_sync(runner.warmup, model.warmup, sizes)
+                if model.warmup:
+                    self._forward_s = await anyio.to_thread.run_sync(runner.timed_forwards, model.plan_forwards)
                 log.info(
                     "policy warmed up",
                     warmup=model.warmup,
@@ -279,7 +285,15 @@ class PolicyServer:
                 f.name: await frontends.start(f.run, zsession, keys, state.health, own) for f in self._frontends
             }
             ready = ServerReady(
-                keys, info, health_port, identity, endpoints, self._warmup_s, paths, enrolled=len(robots.enrolled)
+                keys,
+                info,
+                health_port,
+                identity,
+                endpoints,
+                warmup_s=self._warmup_s,
+                forward_s=self._forward_s,
+                paths=paths,
+                enrolled=len(robots.enrolled),
             )
             task_status.started(ready)
             await self._stop.wait()

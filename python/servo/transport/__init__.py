@@ -10,7 +10,7 @@ from servo.transport.config import (
     exposed_endpoint,
 )
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
-from servo.transport.session import Declared, open_session
+from servo.transport.session import Declared, open_session, zenoh_message
 
 __all__ = [
     "DEFAULT_LOCAL_ENDPOINT",
@@ -27,4 +27,5 @@ __all__ = [
     "exposed_endpoint",
     "open_session",
     "query",
+    "zenoh_message",
 ]
