@@ -45,7 +45,9 @@ def test_the_plan_agrees_with_the_served_forwards(tmp_path: Path) -> None:
         with SyncPolicyClient(f"tcp/127.0.0.1:{port}") as policy:
             frame = np.zeros((24, 32, 3), np.uint8)
             served = [
-                policy.infer({"state": np.zeros(6, np.float32), "images": {"front": frame}})["policy_timing"]["infer_ms"]
+                policy.infer({"state": np.zeros(6, np.float32), "images": {"front": frame}})["policy_timing"][
+                    "infer_ms"
+                ]
                 for _ in range(15)
             ]
     finally:

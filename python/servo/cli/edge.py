@@ -190,10 +190,13 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     console.clear_status()
     rtt = summary.rtt_ms["p50"]
     rejected = sum(summary.chunks_rejected.values())
+    reasons = ", ".join(f"{n} {reason}" for reason, n in summary.chunks_rejected.items() if n)
+    stalls = sum(summary.stalls.values())
     console.say(
         f"{PROG}: {summary.stop_reason}; {summary.ticks} ticks, {summary.actions_executed} actions, "
         f"{summary.fallback_ticks} fallback ticks, {summary.chunks_received} chunks"
-        + (f" ({rejected} rejected: see the summary's chunks_rejected)" if rejected else "")
+        + (f" ({rejected} rejected: {reasons})" if rejected else "")
+        + (f", stalled {stalls} time(s): {next(iter(summary.stalls))}" if stalls else "")
         + (f", {summary.rogue_servers} untrusted replicas skipped" if summary.rogue_servers else "")
         + (f", rtt p50 {rtt} ms" if rtt is not None else "")
         + f", jitter p99 {summary.tick_jitter_ms['p99']} ms, final state {summary.final_state}"

@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fps", type=float, metavar="HZ", help="With --lerobot: the rate it was trained at.")
     parser.add_argument("--units", metavar="UNITS", help="With --lerobot: its joint units, degrees or range_m100_100.")
     parser.add_argument(
+        "--action-names",
+        metavar="NAMES",
+        help="With --lerobot: its action names in order, comma-separated (when its training dataset is not at hand).",
+    )
+    parser.add_argument(
         "--listen",
         action="append",
         metavar="ENDPOINT",

@@ -256,8 +256,28 @@ class EngineBase(abc.ABC):
                 starved_since_ns=pipeline.last_starved_ns,
                 runway_ns=pipeline.queued() * pipeline.dt_ns,
                 expected_rtt_ns=pipeline.expected_latency_ns(),
+                why_starved=self.why_starved,
             )
             await anyio.sleep(TICK_S)
+
+    def why_starved(self) -> str:
+        """Why the control loop has no fresh action, as far as this edge can tell (for the summary)."""
+        if self.paused:
+            return "requests paused"
+        if self.starving is not None:
+            return f"{self.starving.short()}: each chunk runs out before the next can be back"
+        out, rtt = self.failsafe.outstanding_ns(), self.pipeline.expected_latency_ns()
+        if out is None:
+            return "no request in flight: the last one failed or timed out, or none could be sent"
+        if rtt is None or out > rtt:
+            usual = "" if rtt is None else f", round trips took {rtt / 1e9:.2f} s"
+            return (
+                f"a chunk is late: its request has been out {out / 1e9:.2f} s{usual} (the server or the link is slow)"
+            )
+        return (
+            f"the request left too late: out {out / 1e9:.2f} s of a {rtt / 1e9:.2f} s round trip when the queue ran "
+            "dry (raise --buffer-time-s)"
+        )
 
     def latest_observation(self) -> ObservationInput | None:
         """Worker: the newest observation, if any."""
