@@ -2,8 +2,9 @@
 
 Starts ``servo-serve examples/manifest.toml`` (reference policy, CPU) and waits for it to say it
 is ready, runs ``servo-edge --robot sim`` for a while, prints the run summary, then drains the
-server. servo-serve refuses to start (exit 2, one line naming the port) when either port is
-taken, so the demo never drives someone else's server.
+server. A port already taken is refused before anything starts (exit 2, one line naming it and
+the flags that choose free ones: ``make demo DEMO_ARGS='--port 7448'``), so the demo never
+drives someone else's server.
 
     .venv/bin/python examples/demo.py --duration 15
 """
@@ -18,6 +19,8 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+
+from servo.cli.ports import PortInUseError, free_ports_advice, refuse_busy
 
 HERE = Path(__file__).resolve().parent
 #: What servo-serve says once it serves (after loading and warming the policy).
@@ -42,6 +45,16 @@ def main() -> int:
     args = parser.parse_args()
 
     endpoint = f"tcp/127.0.0.1:{args.port}"
+    try:
+        refuse_busy([endpoint], "127.0.0.1", args.health_port)
+    except PortInUseError as busy:
+        flags = free_ports_advice(busy, {"zenoh.listen": "--port", "ops.health_port": "--health-port"}, port_only=True)
+        print(
+            f"demo: error: {busy} (another servo-serve?); stop it, or choose free ports: make demo "
+            f"DEMO_ARGS='{flags}' (examples/demo.py {flags})",
+            file=sys.stderr,
+        )
+        return 2
     server = subprocess.Popen(
         [
             sys.executable,
@@ -64,11 +77,7 @@ def main() -> int:
         while not ready.wait(0.2):
             if server.poll() is not None:
                 relaying.join()
-                print(
-                    f"demo: error: servo-serve exited with {server.returncode} before it was ready; "
-                    "choose free ports with --port, --health-port",
-                    file=sys.stderr,
-                )
+                print(f"demo: error: servo-serve exited with {server.returncode} before it was ready", file=sys.stderr)
                 return 2 if server.returncode == 2 else 1
         with tempfile.TemporaryDirectory() as tmp:
             summary_path = Path(tmp) / "summary.json"

@@ -32,7 +32,7 @@ from servo.cli.flags import HelpFormatter
 from servo.cli.lerobot import OPTION_FLAGS, lerobot_manifest
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.cli.listen import secure_listen
-from servo.cli.ports import PortInUseError, refuse_busy
+from servo.cli.ports import PortInUseError, free_ports_advice, refuse_busy
 from servo.cli.ready import ready_lines
 from servo.config import ConfigError
 from servo.logs import configure_logging
@@ -51,6 +51,12 @@ RAY_EXTRA = "pip install 'servo-robotics[ray]'"
 SERVER_DEPENDENCIES = frozenset({"torch", "prometheus_client", "cryptography"})
 #: What a frontend needs beyond the server extra, imported only when the manifest configures it.
 FRONTEND_DEPENDENCIES = {"websockets": ("the openpi front door", "pip install 'servo-robotics[openpi]'")}
+#: The flag that moves each port servo-serve listens on (its manifest key -> flag).
+PORT_FLAGS = {
+    "zenoh.listen": "--listen",
+    "ops.health_port": "--health-port",
+    "frontends.openpi.listen": "--openpi-listen",
+}
 #: ``--ray-*`` flag → `servo.deploy.ray.RayOptions` field.
 RAY_FLAGS = {
     "ray_address": "address",
@@ -292,7 +298,8 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
     if isinstance(exc, DeployError):
         return 1, str(exc)
     if isinstance(exc, PortInUseError):
-        return 2, f"{exc} (another servo-serve?); stop it or choose free ports with --listen, --health-port"
+        flags = free_ports_advice(exc, PORT_FLAGS)
+        return 2, f"{exc} (another servo-serve?); stop it, or choose free ports: {flags}"
     if isinstance(exc, ModuleNotFoundError) and exc.name in SERVER_DEPENDENCIES:
         return 2, f"serving needs {exc.name}, which is not installed: {SERVER_EXTRA}"
     if isinstance(exc, ModuleNotFoundError) and exc.name in FRONTEND_DEPENDENCIES:
