@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -57,6 +57,7 @@ from servo.client import (
 from servo.config import ConfigError
 from servo.identity import Identity
 from servo.logs import Logger, get_logger
+from servo.server import robots
 from servo.server.manifest import OpenpiSection
 from servo.wire import CameraFeature, ServerKeys, WireError
 from servo.wire.openpi import (
@@ -103,6 +104,8 @@ class OpenpiFrontDoor:
     def __init__(self, settings: OpenpiSection) -> None:
         self.settings = settings
         self._target: ServerInfo | None = None
+        self._target_at = 0.0
+        self._keys: ServerKeys | None = None
         self._zsession: zenoh.Session | None = None
         self._health: Callable[[], tuple[bool, str]] = lambda: (False, "starting")
         self._active = 0
@@ -125,7 +128,8 @@ class OpenpiFrontDoor:
         """
         s = self.settings
         self._zsession, self._health, self._identity = zsession, health, identity
-        self._target = await self._own_replica(zsession, keys, identity)
+        self._keys = keys
+        self._target = await self._own_replica()
         self._check_cameras(self._target)
         try:
             server = await serve(
@@ -149,17 +153,30 @@ class OpenpiFrontDoor:
         finally:
             await self._shut(server)
 
-    async def _own_replica(self, zsession: zenoh.Session, keys: ServerKeys, identity: Identity) -> ServerInfo:
+    async def _own_replica(self) -> ServerInfo:
         """This server as a client discovers it, pinned by its identity (others may answer too).
 
-        Every session then opens against this status, so its ack must be signed by ``identity``.
+        Every session then opens against this status, so its ack must be signed by the identity.
         """
-        client = self._client(zsession)
-        servers = await client.discover(app=keys.app, model=keys.model)
+        assert self._zsession is not None
+        assert self._keys is not None
+        keys = self._keys
+        servers = await self._client(self._zsession).discover(app=keys.app, model=keys.model)
         for server in servers:
             if server.keys == keys:
+                self._target_at = time.monotonic()
                 return server
         raise RuntimeError(f"the openpi front door cannot see its own server {keys.prefix}")
+
+    async def _current(self) -> ServerInfo:
+        """This server's status with a nonce it still accepts: asked again once half a nonce period old.
+
+        A session open carries the nonce of the status it opens against; an older one is refused
+        (``stale_nonce``) and asked again, which a normal connection should never cost.
+        """
+        if self._target is None or time.monotonic() - self._target_at > robots.NONCE_PERIOD_S / 2:
+            self._target = await self._own_replica()
+        return self._target
 
     def _client(self, zsession: zenoh.Session, client_id: str | None = None) -> PolicyClient:
         """A client of this server only: pinned to its identity, signing its opens with it."""
@@ -216,7 +233,7 @@ class OpenpiFrontDoor:
         s = self.settings
         peer = _peer(ws.remote_address)
         client = self._client(self._zsession, f"openpi-{uuid.uuid4().hex[:12]}")
-        link = _Link(client, self._target, peer)
+        link = _Link(client, self._current, peer)
         bound = log.bind(client_id=link.client.client_id, peer=peer)
         try:
             session = await link.open(self._target.status.policy.features.cameras)
@@ -324,7 +341,7 @@ class _Link:
     the server swaps them in place. Owned by the connection's task.
     """
 
-    def __init__(self, client: PolicyClient, target: ServerInfo, peer: str) -> None:
+    def __init__(self, client: PolicyClient, target: Callable[[], Awaitable[ServerInfo]], peer: str) -> None:
         self.client = client
         self._target = target
         self._tags = {"frontend": "openpi", "peer": peer}
@@ -345,11 +362,12 @@ class _Link:
             SessionRejected: the server refused (the current session stays).
             RequestTimeout: the server did not answer (the current session stays).
         """
-        policy = self._target.status.policy
+        target = await self._target()
+        policy = target.status.policy
         features = msgspec.structs.replace(policy.features, cameras=cameras)
         previous = self._session
         session = await self.client.open_session(
-            self._target, features=features, fps=policy.fps, tags=self._tags, previous=previous
+            target, features=features, fps=policy.fps, tags=self._tags, previous=previous
         )
         self._session, self._cameras = session, dict(cameras)
         if previous is not None:
