@@ -11,7 +11,6 @@ while the worker already runs the next forward.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
 from servo.transport import Declared, LoopBridge, open_session
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
+from servo.wire.keys import host_server_id
 
 log = get_logger(__name__)
 
@@ -114,7 +114,7 @@ class PolicyServer:
         self._search_path = search_path
         self._hurry = threading.Event()
         self._scheduler = scheduler
-        self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
+        self.server_id = host_server_id(os.getpid())
         self.state = ServerState(
             client_grace_s=manifest.serving.client_grace_s,
             idle_session_s=manifest.limits.idle_session_s,
