@@ -212,7 +212,10 @@ class LeRobotPolicy:
     def raw_batch(self, obs: DecodedObservation) -> dict[str, Any]:
         """LeRobot's observation dict: (1, D) state, (1, 3, H, W) float images in [0, 1], the task.
 
-        Frames may be host arrays or tensors already on the device (``spec.device_frames``).
+        Frames may be host arrays or tensors already on the device (``spec.device_frames``). Images
+        are contiguous channels-first, the memory layout LeRobot's ``prepare_observation_for_inference``
+        gives them: a convolution over a permuted (channels-last) view sums in another order, and
+        the chunks then differ from LeRobot's in the last float bits.
         """
         import torch
         import torch.nn.functional as F
@@ -221,9 +224,9 @@ class LeRobotPolicy:
         batch: dict[str, Any] = {STATE_KEY: torch.from_numpy(np.array(obs.state, dtype=np.float32)).unsqueeze(0)}
         for camera, key in self._camera_keys.items():
             image = stack_on_device([obs.images[camera]], self.device, self._stager)
-            image = image.permute(0, 3, 1, 2).float().div_(255.0)
+            image = image.float().div_(255.0).permute(0, 3, 1, 2).contiguous()
             if tuple(image.shape[-2:]) != self._image_hw[key]:
-                image = F.interpolate(image, size=self._image_hw[key], mode="bilinear", antialias=True)
+                image = F.interpolate(image, size=self._image_hw[key], mode="bilinear", antialias=True).contiguous()
             batch[key] = image
         batch["task"] = [obs.task]
         batch["robot_type"] = ""
