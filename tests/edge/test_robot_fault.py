@@ -83,3 +83,33 @@ async def test_no_command_while_blind_then_the_park_starts_from_the_measured_pos
     ramp = np.vstack([MOVED, *after])
     assert np.all(np.abs(np.diff(ramp, axis=0)) <= max_step + 1e-3)
     assert len(actions.calls) == taken  # no policy action after the fault
+
+
+async def test_a_driver_that_recovers_with_the_arm_in_place_goes_on_from_the_last_command(
+    robot: BlindRobot,
+) -> None:
+    """The arm is within one slew step of the command it held while states stopped: the ramp to the
+    rest pose goes on from that command, every step within the slew limit."""
+    actions = ScriptedActions(lambda i: AWAY, until=10)
+    channel = ControlChannel.create(robot.spec.action_dim, shared=False)
+    loop = ThreadControlLoop(channel, NoCameras(), robot, actions, SafetyLimiter(robot.spec), realtime=False)
+    max_step = np.asarray(robot.spec.max_velocity, np.float32) / np.float32(robot.spec.fps)
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        await anyio.to_thread.run_sync(actions.reached.wait, 5.0)
+        robot.blind.set()
+        await eventually(lambda: loop.fault != "", 5, "the fault")
+        sent = len(robot.commands)
+        last = robot.commands[-1]
+        # The arm settled short of the command it holds, by less than one slew step, on the side of
+        # the rest pose: a restart from the measured pose would step almost two steps from `last`.
+        toward_rest = np.sign(START - last).astype(np.float32)
+        robot.sim.send_action(last + np.float32(0.9) * max_step * toward_rest)
+        robot.sim.step(5.0)
+        robot.blind.clear()
+        parked = await loop.park(START, tolerance=1.0, timeout=10.0)
+        await loop.stop()
+    assert parked
+    after = robot.commands[sent:]
+    ramp = np.vstack([last, *after])
+    assert np.all(np.abs(np.diff(ramp, axis=0)) <= max_step + 1e-3)
