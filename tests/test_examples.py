@@ -137,3 +137,23 @@ def test_example_fleet_file_checks(tmp_path: Path) -> None:
     assert subjects["robot:robot-7"] == {"id": "robot:robot-7", "cert_common_names": ["robot-7"]}
     assert subjects["servers[1]"]["cert_common_names"] == ["gpu-kitchen"]
     assert "servers: 3, robots: 2, monitors: 1, routers: 0" in done.stderr
+
+
+def test_the_ros2_example_manifest_prints_a_robot_its_arm_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from servo.robots import RobotDescription
+    from servo.server.manifest import load_manifest
+
+    manifest = load_manifest(EXAMPLES / "ros2" / "manifest.toml")
+    assert manifest.robot is not None
+    assert manifest.robot.type == "ros2"
+    monkeypatch.chdir(EXAMPLES.parent)  # its urdf= is a path in a checkout, as the README runs it
+    spec = RobotDescription("ros2", manifest.robot.option_text()).spec()
+    assert list(spec.joint_names) == [
+        "shoulder_pan.pos",
+        "shoulder_lift.pos",
+        "elbow_flex.pos",
+        "wrist_flex.pos",
+        "wrist_roll.pos",
+        "gripper.pos",
+    ]
+    assert set(spec.cameras) == set(manifest.model.options["cameras"])

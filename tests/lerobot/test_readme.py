@@ -10,11 +10,9 @@ dataset; the robot's copy of the certificate is made the way the README's ``scp`
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,36 +29,13 @@ from servo.recording import read_recording
 from servo.robots import RobotDescription
 from tests.edge.harness import Proc
 from tests.lerobot.checkpoints import SO101_JOINTS, build_trained_act
+from tests.readme import command, commands, option, program, section, without_asked_buffer
 from tests.robots.calib_data import write_calibration
 from tests.support import free_port
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 #: What the checkpoint is trained on: LeRobot's usual SO-101 cameras (the sim arm's too), at 30 fps.
 CAMERAS = ("front", "wrist")
 REPO_ID, DATASET_ROOT, FPS = "local/so101_try", "data/so101_try", 30
-
-
-def section(title: str) -> str:
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end >= 0 else None]
-
-
-def commands(text: str) -> list[list[str]]:
-    """The shell commands of a README section's ``bash`` blocks, as argv."""
-    found = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            if argv := shlex.split(line, comments=True):
-                found.append(argv)
-    return found
-
-
-def command(found: list[list[str]], *start: str) -> list[str]:
-    """The one command that starts with ``start``."""
-    (argv,) = [argv for argv in found if argv[: len(start)] == list(start)]
-    return argv
 
 
 def on_this_machine(argv: list[str], port: int) -> list[str]:
@@ -70,18 +45,6 @@ def on_this_machine(argv: list[str], port: int) -> list[str]:
         arg = arg.replace("0.0.0.0", "127.0.0.1").replace("gpu-box", "127.0.0.1").replace(":7447", f":{port}")
         out.append("cpu" if out and out[-1] == "--device" else arg)
     return out
-
-
-def program(argv: list[str]) -> list[str]:
-    """The console script of this environment (``servo-serve`` …), else its module."""
-    script = Path(sys.executable).with_name(argv[0])
-    if script.exists():
-        return [str(script), *argv[1:]]
-    return [sys.executable, "-m", f"servo.cli.{argv[0].removeprefix('servo-')}", *argv[1:]]
-
-
-def option(argv: list[str], flag: str) -> str:
-    return argv[argv.index(flag) + 1]
 
 
 @pytest.mark.slow
@@ -112,6 +75,7 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(
         assert "TLS with the self-signed certificate" in said
         printed_sim = shlex.split(server.wait_line("servo-serve: without hardware: ", 1).split(": ", 2)[2])
         printed_arm = shlex.split(server.wait_line("servo-serve: on the robot: ", 1).split(": ", 2)[2])
+        printed_sim, printed_arm = without_asked_buffer(printed_sim), without_asked_buffer(printed_arm)
 
         # The README's copy step fetches the file servo-serve writes by default (~/.config/servo/tls).
         source, destination = copy[1].split(":", 1)[1], copy[2]
