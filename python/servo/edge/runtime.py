@@ -225,6 +225,8 @@ class EdgeRuntime:
                 await self._supervise()
                 parked = await self._park()
                 await loop.stop()
+                if opts.telemetry is not None:  # its last record says goodbye: stopped, not silent
+                    opts.telemetry.goodbye = self.stop_reason or "stopped"
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
