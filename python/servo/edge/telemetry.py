@@ -62,8 +62,10 @@ class TelemetryPublisher:
     _lateness: npt.NDArray[np.uint64] | None = None
 
     async def run(self, zsession: zenoh.Session, engine: EngineBase, loop: ControlLoop, client_id: str) -> None:
-        """Publish until cancelled; a last record goes out as the task ends (the final state, and
-        `goodbye` when the run ended on purpose)."""
+        """Publish until cancelled; a last record goes out as the task ends.
+
+        That record has the final state, and `goodbye` when the run ended on purpose.
+        """
         publisher = zsession.declare_publisher(
             telemetry_key(client_id),
             congestion_control=zenoh.CongestionControl.DROP,

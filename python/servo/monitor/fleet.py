@@ -149,8 +149,10 @@ class FleetView:
         return self.liveness(view)[0] in ("stale", "crashed")
 
     def liveness(self, view: RobotView) -> tuple[str, float | None]:
-        """``live``, ``stopped``, ``stale`` or ``crashed`` (see the module docstring), and since when
-        on this machine's wall clock (None while live)."""
+        """``live``, ``stopped``, ``stale`` or ``crashed`` (see the module docstring), and since when.
+
+        The time is on this machine's wall clock; None while live.
+        """
         period = view.record.period_ms / 1e3
         if view.record.goodbye:
             return "stopped", view.seen_wall
