@@ -141,6 +141,7 @@ def test_example_fleet_file_checks(tmp_path: Path) -> None:
 
 def test_the_ros2_example_manifest_prints_a_robot_its_arm_takes(monkeypatch: pytest.MonkeyPatch) -> None:
     from servo.robots import RobotDescription
+    from servo.robots.so100_joints import JOINT_NAMES
     from servo.server.manifest import load_manifest
 
     manifest = load_manifest(EXAMPLES / "ros2" / "manifest.toml")
@@ -148,12 +149,5 @@ def test_the_ros2_example_manifest_prints_a_robot_its_arm_takes(monkeypatch: pyt
     assert manifest.robot.type == "ros2"
     monkeypatch.chdir(EXAMPLES.parent)  # its urdf= is a path in a checkout, as the README runs it
     spec = RobotDescription("ros2", manifest.robot.option_text()).spec()
-    assert list(spec.joint_names) == [
-        "shoulder_pan.pos",
-        "shoulder_lift.pos",
-        "elbow_flex.pos",
-        "wrist_flex.pos",
-        "wrist_roll.pos",
-        "gripper.pos",
-    ]
+    assert list(spec.joint_names) == list(JOINT_NAMES)
     assert set(spec.cameras) == set(manifest.model.options["cameras"])

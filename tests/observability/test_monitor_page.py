@@ -60,12 +60,7 @@ def test_the_page_shows_the_fleet_and_follows_a_replica_kill(tmp_path: Path) -> 
         driver.get(fleet.url)
         assert driver.title == "servo fleet"
         robots = {f"robot-{i}" for i in range(3)}
-        wait_until(
-            driver,
-            lambda d: rows(d, "robots", "state") == dict.fromkeys(robots, "streaming"),
-            90,
-            "three streaming robots",
-        )
+        wait_until(driver, lambda d: rows(d, "robots", "state") == dict.fromkeys(robots, "streaming"), 90, "streaming")
         assert rows(driver, "replicas", "status") == {"replica-0": "serving", "replica-1": "serving"}
         assert "replicas 2/2 up" in text(driver, "#replica-count")
         assert driver.execute_script("return document.querySelectorAll('#histogram rect').length") > 0
@@ -121,12 +116,7 @@ def test_stopped_crashed_and_stale_robots_a_filter_a_link_and_round_trips_over_t
         assert page.count("loading…") == 3
         driver.get(fleet.url)
         robots = {f"robot-{i}" for i in range(3)}
-        wait_until(
-            driver,
-            lambda d: rows(d, "robots", "state") == dict.fromkeys(robots, "streaming"),
-            90,
-            "three streaming robots",
-        )
+        wait_until(driver, lambda d: rows(d, "robots", "state") == dict.fromkeys(robots, "streaming"), 90, "streaming")
         # The filter narrows the robots (and events) to what it names.
         driver.find_element("id", "filter").send_keys("robot-1")
         wait_until(driver, lambda d: set(rows(d, "robots", "state")) == {"robot-1"}, 10, "robot-1 alone")

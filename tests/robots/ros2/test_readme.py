@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from servo.recording import read_recording
+from servo.robots.so100_joints import JOINT_NAMES
 from tests.edge.harness import Proc
 from tests.readme import README, command, commands, option, program, section, without_asked_buffer
 from tests.robots.ros2.node import RosEnv
@@ -92,14 +93,7 @@ def test_the_example_arm_as_the_readme_says(ros_env: RosEnv, tmp_path: Path, ser
     assert (result["final_state"], result["parked"], result["fault"]) == ("streaming", True, "")
     assert result["chunks_received"] >= 2
     recording = read_recording(episode)
-    assert recording.header.joint_names == [
-        "shoulder_pan.pos",
-        "shoulder_lift.pos",
-        "elbow_flex.pos",
-        "wrist_flex.pos",
-        "wrist_roll.pos",
-        "gripper.pos",
-    ]
+    assert recording.header.joint_names == list(JOINT_NAMES)
     driven = [i for i, frame in enumerate(recording.frames) if frame.source == "policy"]
     assert len(driven) > 30
     # The arm moved under the policy: some joint travelled more than 2 degrees.
