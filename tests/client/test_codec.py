@@ -291,8 +291,11 @@ def test_on_a_local_link_auto_sends_raw_whatever_the_noise() -> None:
 
 def test_a_local_link_measured_slow_is_chosen_for_as_any_other() -> None:
     chooser = CodecChooser("auto", local=True)
-    FakeLink(mbit_s=100).run(chooser, 60)  # raw frames at 100 Mbit/s: slow, whatever the host
+    FakeLink(mbit_s=10).run(chooser, 60)  # raw frames at 10 Mbit/s: slow, whatever the host
     assert chooser.current == 80
+    busy = CodecChooser("auto", local=True)
+    FakeLink(mbit_s=50).run(busy, 60)  # 1.8 MB in 300 ms: a loaded machine's loopback, still raw
+    assert busy.current == RAW
     small = CodecChooser("auto", local=True)  # frames too small to tell the link from overheads
     link = FakeLink(mbit_s=100)
     for _ in range(60):

@@ -71,8 +71,9 @@ RISE = 1.5
 #: ...and at most for this multiple of ``reprobe_every`` requests since the option was last measured.
 MAX_POSTPONE = 128
 
-#: A local link is slow (and auto chooses from measured costs) when raw frames cross it slower than this.
-LOCAL_SLOW_MBPS = 200.0
+#: A local link is slow (and auto chooses from measured costs) when raw frames cross it slower than this:
+#: far below any memory copy, so that a busy scheduler (which stretches every option alike) never counts.
+LOCAL_SLOW_MBPS = 25.0
 #: ...measured on requests of at least this many frame bytes.
 LOCAL_MEASURE_BYTES = 256_000
 

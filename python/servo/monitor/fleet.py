@@ -65,7 +65,7 @@ class RobotView:
 
 @dataclass
 class RttBucket:
-    """The round trips robots reported within one `FLEET_BUCKET_S` (for the fleet's chart)."""
+    """The round trips robots reported within one `FLEET_BUCKET_S` (the fleet chart); owned by its `FleetView`."""
 
     start: float
     p50s: list[float] = field(default_factory=list)
