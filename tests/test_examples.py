@@ -51,16 +51,18 @@ def test_demo_refuses_a_busy_port_with_advice_that_works_through_make(which: str
         )
         assert done.returncode == 2, done.stderr[-3000:]
         setting = f"zenoh.listen tcp/127.0.0.1:{held}" if which == "zenoh" else "ops.health_port on 127.0.0.1"
-        # One line, before anything started: what is taken, and the flags that choose free ports.
-        (line,) = done.stderr.splitlines()
+        # servo-serve's refusal (relayed), then the same free ports as the demo's flags: nothing started.
+        refusal, line = done.stderr.splitlines()
+        assert refusal.startswith(f"servo-serve: error: port {held} ({setting}) is already in use")
         assert line.startswith(
-            f"demo: error: port {held} ({setting}) is already in use (another servo-serve?); stop it, or choose "
-            "free ports: make demo DEMO_ARGS='"
+            "demo: error: servo-serve exited with 2 before it was ready; stop the other server, or choose free "
+            "ports: make demo DEMO_ARGS='"
         )
         assert done.stdout == ""
         demo_args = line.split("DEMO_ARGS='", 1)[1].split("'", 1)[0]
         flag = "--port" if which == "zenoh" else "--health-port"
         assert demo_args.split()[0] == flag
+        assert refusal.endswith(demo_args.split()[1])  # the same free port servo-serve named
         # make passes DEMO_ARGS on to the demo (a dry run: nothing is built or installed) ...
         planned = subprocess.run(
             ["make", "-n", "demo", f"DEMO_ARGS={demo_args}"], cwd=EXAMPLES.parent, capture_output=True, text=True

@@ -79,21 +79,17 @@ def refuse_busy(
         raise PortInUseError(busy)
 
 
-def free_ports_advice(error: PortInUseError, flags: dict[str, str], *, port_only: bool = False) -> str:
+def free_ports_advice(error: PortInUseError, flags: dict[str, str]) -> str:
     """The flags that move every busy port to a free one: ``--listen tcp/127.0.0.1:7448 --health-port 9101``.
 
     ``flags`` maps a setting to the flag that sets it (``{"ops.health_port": "--health-port"}``);
-    a listen endpoint is given whole, with the free port in place, unless ``port_only`` (flags
-    that take a port number, as the demo's ``--port``). Settings without a flag, or ports with no
-    free one near, are left out.
+    a listen endpoint is given whole, with the free port in place. Settings without a flag, or
+    ports with no free one near, are left out.
     """
     parts = []
     for busy in error.busy:
         flag = flags.get(busy.setting)
         if flag is None or busy.free is None:
-            continue
-        if port_only:
-            parts.append(f"{flag} {busy.free}")
             continue
         # A port alone, host:port or an endpoint (with ?metadata#config): the same, the free port in place.
         address = busy.value.split("?", 1)[0].split("#", 1)[0]

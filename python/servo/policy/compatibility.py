@@ -132,8 +132,8 @@ _UNIT_FIX = {
 }
 #: A policy unit a ROS 2 robot cannot convert to: the joint's value is passed through as ``raw``.
 _NOT_SI = ("range_0_100", "range_m100_100")
-#: What a ROS 2 robot declares (its SI units, or degrees converted from them).
-_ROS_UNITS = ("radians", "meters", "degrees")
+#: SI units only a ROS 2 robot declares (an SO arm's are degrees and percent).
+_ROS_UNITS = ("radians", "meters")
 
 
 def _units(what: str, names: list[str], robot: list[str], policy: list[str]) -> Rejection | list[str]:
