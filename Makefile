@@ -34,9 +34,9 @@ $(STAMP): pyproject.toml $(RUST_SOURCES)
 ## setup: create .venv and install servo (Rust extension in release mode) with server + dev extras
 setup: $(STAMP)
 
-## demo: start servo-serve and drive the simulated arm with servo-edge for 15 s
+## demo: start servo-serve and drive the simulated arm with servo-edge for 15 s (DEMO_ARGS='--port N --health-port N' when 7447 or 9100 is taken)
 demo: setup
-	$(PY) examples/demo.py --duration 15
+	$(PY) examples/demo.py --duration 15 $(DEMO_ARGS)
 
 ## test: Rust tests, the Python suite, and every benchmark once as a smoke test
 test: setup

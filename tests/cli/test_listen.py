@@ -6,7 +6,7 @@ import shlex
 import socket
 from pathlib import Path
 
-from servo.cli.listen import edge_command, robot_options, secure_listen
+from servo.cli.listen import arm_options, edge_command, secure_listen
 from servo.join import JoinToken
 from servo.server.manifest import parse_manifest
 from servo.server.selfsigned import ensure_certificate, primary_address, public_key_pin
@@ -42,7 +42,9 @@ def test_edge_commands_name_what_the_robot_must_match(tmp_path: Path) -> None:
         "tls/10.1.2.3:7447",
         robot="so101",
         certificate=certificate,
-        options=robot_options(cameras=["front", "wrist"], fps=50, sim=False),
+        fps=50,
+        buffer_time_s=0.65,
+        options=arm_options(cameras=["front", "wrist"], units=["range_m100_100"] * 5 + ["range_0_100"]),
     )
     assert arm is not None
     assert shlex.split(arm) == [
@@ -50,12 +52,16 @@ def test_edge_commands_name_what_the_robot_must_match(tmp_path: Path) -> None:
         "--robot",
         "so101",
         *("--robot-opt", "port=PORT", "--robot-opt", "id=ARM"),
-        *("--robot-opt", "cameras=front:DEVICE,wrist:DEVICE", "--robot-opt", "fps=50"),
+        *("--robot-opt", "cameras=front:DEVICE,wrist:DEVICE", "--robot-opt", "use_degrees=false"),
+        *("--robot-opt", "fps=50", "--buffer-time-s", "0.65"),
         *("--connect", "tls/10.1.2.3:7447", "--tls-root-ca", "server.pem"),
     ]
-    # The sim's own cameras need no option; others are named.
-    assert "cameras" not in " ".join(robot_options(cameras=["front"], fps=30, sim=True))
-    assert robot_options(cameras=["laptop"], fps=30, sim=True) == ["--robot-opt", "cameras=laptop"]
+    # The robots' own rate needs no option, nor one the options already set.
+    assert edge_command("tcp/127.0.0.1:7447", robot="sim", certificate=None, fps=30) == (
+        "servo-edge --robot sim --connect tcp/127.0.0.1:7447"
+    )
+    ros2 = edge_command("tcp/127.0.0.1:7447", robot="ros2", certificate=None, fps=15, options={"fps": "100"})
+    assert ros2 == "servo-edge --robot ros2 --robot-opt fps=100 --connect tcp/127.0.0.1:7447"
 
 
 def test_hosts_an_edge_can_dial() -> None:

@@ -29,10 +29,10 @@ def test_a_busy_openpi_port_is_refused_in_one_line(tmp_path: Path) -> None:
         )
         done = subprocess.run(serve_command(manifest), capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.splitlines() == [
-        f"servo-serve: error: port {held} (frontends.openpi.listen on 127.0.0.1) is already in use "
-        "(another servo-serve?); stop it or choose free ports with --listen, --health-port"
-    ]
+    (line,) = done.stderr.splitlines()
+    head = f"servo-serve: error: port {held} (frontends.openpi.listen on 127.0.0.1) is already in use "
+    assert line.startswith(head + "(another servo-serve?); stop it, or choose free ports: --openpi-listen 127.0.0.1:")
+    assert int(line.rsplit(":", 1)[1]) > held
 
 
 def test_a_missing_websockets_is_one_line_naming_the_extra() -> None:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,36 +29,13 @@ from servo.recording import read_recording
 from servo.robots import RobotDescription
 from tests.edge.harness import Proc
 from tests.lerobot.checkpoints import SO101_JOINTS, build_trained_act
+from tests.readme import command, commands, option, program, section, with_token, without_asked_buffer
 from tests.robots.calib_data import write_calibration
 from tests.support import free_port
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 #: What the checkpoint is trained on: LeRobot's usual SO-101 cameras (the sim arm's too), at 30 fps.
 CAMERAS = ("front", "wrist")
 REPO_ID, DATASET_ROOT, FPS = "local/so101_try", "data/so101_try", 30
-
-
-def section(title: str) -> str:
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end >= 0 else None]
-
-
-def commands(text: str) -> list[list[str]]:
-    """The shell commands of a README section's ``bash`` blocks, as argv."""
-    found = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            if argv := shlex.split(line, comments=True):
-                found.append(argv)
-    return found
-
-
-def command(found: list[list[str]], *start: str) -> list[str]:
-    """The one command that starts with ``start``."""
-    (argv,) = [argv for argv in found if argv[: len(start)] == list(start)]
-    return argv
 
 
 def on_this_machine(argv: list[str], port: int) -> list[str]:
@@ -69,25 +44,6 @@ def on_this_machine(argv: list[str], port: int) -> list[str]:
     for arg in argv:
         arg = arg.replace("0.0.0.0", "127.0.0.1").replace("gpu-box", "127.0.0.1").replace(":7447", f":{port}")
         out.append("cpu" if out and out[-1] == "--device" else arg)
-    return out
-
-
-def program(argv: list[str]) -> list[str]:
-    """The console script of this environment (``servo-serve`` …), else its module."""
-    script = Path(sys.executable).with_name(argv[0])
-    if script.exists():
-        return [str(script), *argv[1:]]
-    return [sys.executable, "-m", f"servo.cli.{argv[0].removeprefix('servo-')}", *argv[1:]]
-
-
-def option(argv: list[str], flag: str) -> str:
-    return argv[argv.index(flag) + 1]
-
-
-def with_token(argv: list[str], token: str) -> list[str]:
-    """A README command with the join token this server printed in place of the README's."""
-    out = list(argv)
-    out[out.index("--join") + 1] = token
     return out
 
 
@@ -116,6 +72,7 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(tmp_path: Path, monke
         assert "TLS with the self-signed certificate" in said
         printed_sim = shlex.split(server.wait_line("servo-serve: without hardware: ", 1).split(": ", 2)[2])
         printed_arm = shlex.split(server.wait_line("servo-serve: on the robot: ", 1).split(": ", 2)[2])
+        printed_sim, printed_arm = without_asked_buffer(printed_sim), without_asked_buffer(printed_arm)
 
         assert "the join token pins it" in said
         token = option(printed_sim, "--join")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 import shlex
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,7 @@ from servo.cli.ports import split_endpoint
 from servo.home import config_dir, ensure_config_dir
 from servo.join import JoinToken
 from servo.robots.builtin import SimOptions
-from servo.robots.camera_list import parse_cameras
+from servo.robots.calibration import NormMode
 from servo.server.manifest import Manifest
 from servo.transport import TlsSettings, exposed_endpoint, loopback_host
 
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 #: Listen hosts that mean every interface: an edge dials one of this host's addresses instead.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-#: What the simulated arm runs with when given no options (``servo-edge --robot sim``).
-_SIM = SimOptions()
+#: The control rate every built-in robot runs at unless told (``--robot-opt fps=``).
+DEFAULT_FPS = SimOptions().fps
 
 
 def certificate_dir() -> Path:
@@ -80,14 +80,21 @@ def edge_command(
     *,
     robot: str,
     certificate: ServerCertificate | None,
-    options: Sequence[str] = (),
+    fps: float | None = None,
+    buffer_time_s: float | None = None,
+    options: Mapping[str, str] | None = None,
     join: str = "",
+    client_id: str = "",
 ) -> str | None:
     """The ``servo-edge`` command that reaches a server listening on ``endpoint`` (None if unknown).
 
-    A TLS endpoint is described only with servo's self-signed certificate: a ``join`` token pins
-    it (the edge fetches it), else the edge trusts its copy, named like the original. A wildcard
-    host becomes this host's primary address.
+    Every command ``servo-serve`` prints is built here, from what the robot needs to match the
+    policy: its ``--robot-opt`` ``options``, the policy's rate (``fps``, added as ``--robot-opt
+    fps=`` when it is not the robots' default and the options do not set it) and the edge buffer
+    the capacity plan asks for (``buffer_time_s``). A TLS endpoint is described only with servo's
+    self-signed certificate: a ``join`` token pins it (the edge fetches it), else the edge trusts
+    its copy, named like the original. A wildcard host becomes this host's primary address.
+    ``client_id`` names the robot (the name a token was issued for).
     """
     protocol, host, port = split_endpoint(endpoint)
     if protocol not in ("tcp", "tls") or not port.isdigit() or int(port) == 0:
@@ -101,7 +108,17 @@ def edge_command(
         host = str(primary_address(socket.AF_INET) or socket.gethostname())
     with_brackets = f"[{host}]" if _is_ipv6(host) else host
     connect = f"{protocol}/{with_brackets}:{port}"
-    parts = ["servo-edge", "--robot", robot, *options, "--connect", connect]
+    given = dict(options or {})
+    if fps is not None and fps != DEFAULT_FPS and "fps" not in given:
+        given["fps"] = f"{fps:g}"
+    parts = ["servo-edge", "--robot", robot]
+    for key, value in given.items():
+        parts += ["--robot-opt", f"{key}={value}"]
+    if buffer_time_s is not None:
+        parts += ["--buffer-time-s", f"{buffer_time_s:g}"]
+    if client_id:
+        parts += ["--client-id", client_id]
+    parts += ["--connect", connect]
     if certificate is not None and not join:
         parts += ["--tls-root-ca", certificate.cert.name]
     if exposed_endpoint(connect):  # the server was told --insecure; the edge must be too
@@ -111,17 +128,16 @@ def edge_command(
     return shlex.join(parts)
 
 
-def robot_options(*, cameras: Sequence[str], fps: float, sim: bool) -> list[str]:
-    """``--robot-opt`` flags a robot needs to match the policy (cameras it names, its rate)."""
-    out: list[str] = []
-    if sim and not set(cameras) <= {entry.name for entry in parse_cameras(_SIM.cameras)}:
-        out += ["--robot-opt", f"cameras={','.join(cameras)}"]
-    elif not sim:
-        out += ["--robot-opt", "port=PORT", "--robot-opt", "id=ARM"]
-        if cameras:
-            out += ["--robot-opt", "cameras=" + ",".join(f"{name}:DEVICE" for name in cameras)]
-    if fps != _SIM.fps:  # the SO arms' default rate is the sim's
-        out += ["--robot-opt", f"fps={fps:g}"]
+def arm_options(*, cameras: Sequence[str], units: Sequence[str]) -> dict[str, str]:
+    """``--robot-opt`` options of an SO-100/101 arm for a policy: its port, id, the cameras it names, its units.
+
+    ``PORT``, ``ARM`` and ``DEVICE`` stand for what only the robot's computer knows.
+    """
+    out = {"port": "PORT", "id": "ARM"}
+    if cameras:
+        out["cameras"] = ",".join(f"{name}:DEVICE" for name in cameras)
+    if NormMode.RANGE_M100_100.value in units:  # LeRobot's use_degrees=False checkpoints
+        out["use_degrees"] = "false"
     return out
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from servo.cli.lerobot import checkpoint_facts
-from servo.cli.listen import edge_command, robot_options
-from servo.deploy.capacity import CapacityPlan, measured_forward_s
+from servo.cli.listen import arm_options, edge_command
+from servo.deploy.capacity import CapacityPlan, ForwardTiming
 from servo.home import server_identity_path
+from servo.policy.lerobot_metadata import CheckpointFacts
+from servo.robots.so100_joints import JOINT_NAMES
 from servo.server.manifest import Manifest
 from servo.transport import exposed_endpoint, loopback_host
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from servo.server.selfsigned import ServerCertificate
     from servo.server.service import ServerReady
 
-#: The arm a LeRobot checkpoint is shown driving when its dataset names no robot servo knows.
+#: The arm a policy of the SO arm's joints is shown driving when its dataset names no arm servo knows.
 DEFAULT_ARM = "so101"
 
 
@@ -38,8 +40,10 @@ def ready_lines(ready: ServerReady, manifest: Manifest, certificate: ServerCerti
         lines.append(facts.describe())
     lines.append(f"zenoh {z.mode}: listen {z.listen or '-'} connect {z.connect or '-'}; key {ready.keys.prefix}")
     lines += security_lines(ready, manifest)
-    lines += capacity_lines(ready, manifest)
-    lines += connect_lines(ready, manifest, certificate, arm=None if facts is None else facts.robot or DEFAULT_ARM)
+    timing = ForwardTiming.measure(ready.forward_s)
+    plan = None if timing is None else capacity_plan(ready, timing)
+    lines += capacity_lines(ready, manifest, plan, timing)
+    lines += connect_lines(ready, manifest, certificate, plan=plan, facts=facts)
     if ready.health_port:
         lines.append(f"health http://{manifest.ops.health_host}:{ready.health_port}/healthz  metrics /metrics")
     for name, url in ready.frontends.items():
@@ -85,29 +89,49 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:g} min" if seconds % 60 == 0 else f"{seconds:g} s"
 
 
-def capacity_lines(ready: ServerReady, manifest: Manifest) -> list[str]:
-    """The capacity plan from the warm-up forwards, for robots with the edge's default buffer."""
+def capacity_plan(ready: ServerReady, timing: ForwardTiming) -> CapacityPlan:
+    """The plan from the requests timed after warm-up, for robots with the edge's default buffer."""
     from servo.edge.pipeline import PipelineConfig
 
-    forward_s = measured_forward_s(ready.warmup_s)
-    if forward_s is None:
-        return ["capacity: no plan without a warm-up forward to time (model.warmup = 0)"]
     info = ready.info
-    plan = CapacityPlan(
-        forward_s, info.chunk_size, info.fps, rtc=info.supports_rtc, buffer_s=PipelineConfig().buffer_time_s
+    return CapacityPlan(
+        timing.median_s,
+        info.chunk_size,
+        info.fps,
+        rtc=info.supports_rtc,
+        buffer_s=PipelineConfig().buffer_time_s,
+        tuning=info.tuning,
     )
-    max_sessions = 1 if info.serving_mode == "exclusive" else manifest.serving.max_sessions
-    return plan.describe(device=manifest.model.device, max_sessions=max_sessions)
+
+
+def capacity_lines(
+    ready: ServerReady, manifest: Manifest, plan: CapacityPlan | None, timing: ForwardTiming | None
+) -> list[str]:
+    """The capacity plan, or why there is none."""
+    if plan is None:
+        return ["capacity: no plan without forwards timed after a warm-up (model.warmup, model.plan_forwards)"]
+    max_sessions = 1 if ready.info.serving_mode == "exclusive" else manifest.serving.max_sessions
+    return plan.describe(device=manifest.model.device, max_sessions=max_sessions, timing=timing)
 
 
 def connect_lines(
-    ready: ServerReady, manifest: Manifest, certificate: ServerCertificate | None, *, arm: str | None
+    ready: ServerReady,
+    manifest: Manifest,
+    certificate: ServerCertificate | None,
+    *,
+    plan: CapacityPlan | None,
+    facts: CheckpointFacts | None,
 ) -> list[str]:
-    """How edges reach the first listen endpoint: the certificate to copy, a real arm's and the sim's command."""
+    """How edges reach the first listen endpoint: the certificate to copy, the robot's and the sim's command.
+
+    The robot is the manifest's ``[robot]``, else an SO-100/101 arm for a policy of its joints;
+    the sim (which takes the policy's joints, rate and cameras) is always shown. Each command
+    carries the policy's rate and the edge buffer the capacity plan asked for.
+    """
     listen = manifest.zenoh.listen
     if not listen:
         return []
-    cameras, fps = list(ready.info.features.cameras), ready.info.fps
+    info = ready.info
     lines = []
     join = ready.join_token
     if certificate is not None:
@@ -116,18 +140,26 @@ def connect_lines(
         lines.append(
             f"TLS with the self-signed certificate {certificate.cert} ({certificate.state}; names {names}); {copy}"
         )
-    if arm is not None:
-        options = robot_options(cameras=cameras, fps=fps, sim=False)
-        command = edge_command(listen[0], robot=arm, certificate=certificate, options=options, join=join)
+    buffer = None if plan is None else plan.edge_buffer_s
+    robot: tuple[str, dict[str, str]] | None = None
+    if manifest.robot is not None:
+        robot = manifest.robot.type, manifest.robot.option_text()
+    elif list(info.features.action_names) == list(JOINT_NAMES):
+        arm = (facts.robot if facts is not None else None) or DEFAULT_ARM
+        robot = arm, arm_options(cameras=list(info.features.cameras), units=info.features.action_units)
+    if robot is not None:
+        command = edge_command(
+            listen[0],
+            robot=robot[0],
+            certificate=certificate,
+            fps=info.fps,
+            buffer_time_s=buffer,
+            options=robot[1],
+            join=join,
+        )
         if command is not None:
             lines.append(f"on the robot: {command}")
-    sim = edge_command(
-        listen[0],
-        robot="sim",
-        certificate=certificate,
-        options=robot_options(cameras=cameras, fps=fps, sim=True),
-        join=join,
-    )
+    sim = edge_command(listen[0], robot="sim", certificate=certificate, fps=info.fps, buffer_time_s=buffer, join=join)
     if sim is not None:
         lines.append(f"without hardware: {sim}")
     return lines

@@ -154,14 +154,13 @@ def _token(args: argparse.Namespace, server: _Server, console: Console) -> int:
     )
     robots = "one robot" if args.uses == 1 else f"{args.uses} robots"
     console.say(f"{PROG}: join token {token.id} for {robots}, valid until {_when(time.time() + args.ttl)}")
-    options = [] if args.name is None else ["--client-id", args.name]
+    name = args.name or ""
     listen = advertised.listen if own and advertised is not None else []
     command = (
-        edge_command(listen[0], robot="ROBOT", certificate=None, options=options, join=str(token)) if listen else None
+        edge_command(listen[0], robot="ROBOT", certificate=None, join=str(token), client_id=name) if listen else None
     )
-    print(
-        command or f"servo-edge --robot ROBOT --connect ENDPOINT {' '.join(options)} --join {token}".replace("  ", " ")
-    )
+    named = f" --client-id {name}" if name else ""
+    print(command or f"servo-edge --robot ROBOT{named} --connect ENDPOINT --join {token}")
     return 0
 
 

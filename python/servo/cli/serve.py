@@ -36,7 +36,7 @@ from servo.cli.flags import HelpFormatter
 from servo.cli.lerobot import OPTION_FLAGS, lerobot_manifest
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.cli.listen import secure_listen
-from servo.cli.ports import PortInUseError, refuse_busy
+from servo.cli.ports import PortInUseError, free_ports_advice, refuse_busy
 from servo.cli.ready import ready_lines
 from servo.config import ConfigError
 from servo.logs import configure_logging
@@ -55,6 +55,12 @@ RAY_EXTRA = "pip install 'servo-robotics[ray]'"
 SERVER_DEPENDENCIES = frozenset({"torch", "prometheus_client", "cryptography"})
 #: What a frontend needs beyond the server extra, imported only when the manifest configures it.
 FRONTEND_DEPENDENCIES = {"websockets": ("the openpi front door", "pip install 'servo-robotics[openpi]'")}
+#: The flag that moves each port servo-serve listens on (its manifest key -> flag).
+PORT_FLAGS = {
+    "zenoh.listen": "--listen",
+    "ops.health_port": "--health-port",
+    "frontends.openpi.listen": "--openpi-listen",
+}
 #: ``--ray-*`` flag → `servo.deploy.ray.RayOptions` field.
 RAY_FLAGS = {
     "ray_address": "address",
@@ -81,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--fps", type=float, metavar="HZ", help="With --lerobot: the rate it was trained at.")
     parser.add_argument("--units", metavar="UNITS", help="With --lerobot: its joint units, degrees or range_m100_100.")
+    parser.add_argument(
+        "--action-names",
+        metavar="NAMES",
+        help="With --lerobot: its action names in order, comma-separated (when its training dataset is not at hand).",
+    )
     parser.add_argument(
         "--listen",
         action="append",
@@ -308,15 +319,17 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
     if isinstance(exc, DeployError):
         return 1, str(exc)
     if isinstance(exc, PortInUseError):
-        return 2, f"{exc} (another servo-serve?); stop it or choose free ports with --listen, --health-port"
+        flags = free_ports_advice(exc, PORT_FLAGS)
+        return 2, f"{exc} (another servo-serve?); stop it, or choose free ports: {flags}"
     if isinstance(exc, ModuleNotFoundError) and exc.name in SERVER_DEPENDENCIES:
         return 2, f"serving needs {exc.name}, which is not installed: {SERVER_EXTRA}"
     if isinstance(exc, ModuleNotFoundError) and exc.name in FRONTEND_DEPENDENCIES:
         what, extra = FRONTEND_DEPENDENCIES[exc.name]
         return 2, f"{what} needs {exc.name}, which is not installed: {extra}"
     if isinstance(exc, zenoh.ZError):
-        # zenoh appends source paths of its own build to messages; users need the first part.
-        return 1, f"zenoh: {str(exc).split(' at /')[0]}"
+        from servo.transport import zenoh_message
+
+        return 1, f"zenoh: {zenoh_message(exc)}"
     if isinstance(exc, OSError):
         return 1, str(exc)
     if isinstance(exc, KeyboardInterrupt):

@@ -27,7 +27,7 @@ from servo.client.known import deployment
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
 from servo.edge.errors import EdgeStartError
-from servo.transport import open_session
+from servo.transport import open_session, zenoh_message
 
 
 def _backoff(config: EdgeConfig) -> Backoff:
@@ -78,13 +78,9 @@ async def open_link(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zen
             zsession = await stack.enter_async_context(open_session(settings))
             break
         except zenoh.ZError as exc:
-            problem = str(exc).split(" at /")[0].strip()  # zenoh appends paths of its own build
+            problem = zenoh_message(exc)
         if not await backoff.wait():
-            raise EdgeStartError(
-                f"cannot reach a servo server at {', '.join(config.link.connect)} ({problem}); "
-                "is servo-serve running there?",
-                refused=False,
-            )
+            raise no_server(config, problem)
     if config.link.zenoh_mode == "peer" and not config.security.peer_beside_router and zsession.info.routers_zid():
         raise EdgeStartError(
             f"link.zenoh_mode = 'peer' while {config.link.connect[0]!r} is a router: the peers it announces would "
@@ -93,3 +89,13 @@ async def open_link(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zen
             refused=True,
         )
     return zsession
+
+
+def no_server(config: EdgeConfig, problem: str) -> EdgeStartError:
+    """The one-line start error when no usable server answered within ``connect_timeout_s``."""
+    link = config.link
+    return EdgeStartError(
+        f"no usable servo server at {', '.join(link.connect)} within {link.connect_timeout_s:g} s ({problem}); "
+        "is servo-serve running there? (--connect, --connect-timeout-s)",
+        refused=False,
+    )

@@ -27,7 +27,7 @@ from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase, Produced
 from servo.edge.errors import EdgeStartError
 from servo.edge.failures import SessionEnded
-from servo.edge.link import open_link, prepare_join
+from servo.edge.link import no_server, open_link, prepare_join
 from servo.edge.observation import robot_features
 from servo.edge.pipeline import Request
 from servo.edge.replicas import ReplicaRules
@@ -189,10 +189,7 @@ class RemoteEngine(EngineBase):
             except (NoServerFound, RequestTimeout) as exc:
                 problem = str(exc)
             if not await backoff.wait():
-                raise EdgeStartError(
-                    f"no usable servo server within {self.config.link.connect_timeout_s:g} s: {problem}",
-                    refused=False,
-                )
+                raise no_server(self.config, problem)
 
     def _placement(self, epoch: int) -> SessionOptions:
         """How `PolicyClient.connect_best` and `PolicyClient.rebalance` open this edge's sessions."""
@@ -238,6 +235,7 @@ class RemoteEngine(EngineBase):
                 self.failsafe.fatal(reason)
             raise SessionEnded(reason)
         self.rules.identity = ack.policy
+        self.tuning = ack.policy.tuning
         self.task = ack.task  # the effective task (the server's default when the edge names none)
         self.server, self.session = session.server, session
         self.log = self.failures.log = log.bind(session_id=session.session_id, client_id=self.client_id)

@@ -62,6 +62,7 @@ from servo.frontends.openpi_gate import OpenpiGate, respond
 from servo.frontends.openpi_link import Link
 from servo.identity import Identity
 from servo.logs import Logger, get_logger
+from servo.server import robots
 from servo.server.manifest import OpenpiSection
 from servo.wire import ServerKeys, WireError
 from servo.wire.openpi import (
@@ -111,6 +112,8 @@ class OpenpiFrontDoor:
         self._gate = gate
         self._callers: dict[ServerConnection, Caller] = {}
         self._target: ServerInfo | None = None
+        self._target_at = 0.0
+        self._keys: ServerKeys | None = None
         self._zsession: zenoh.Session | None = None
         self._health: Callable[[], tuple[bool, str]] = lambda: (False, "starting")
         self._active = 0
@@ -137,7 +140,8 @@ class OpenpiFrontDoor:
         tls = self._gate.ssl_context()
         self._gate.access = access
         self._zsession, self._health, self._identity = zsession, health, identity
-        self._target = await self._own_replica(zsession, keys, identity)
+        self._keys = keys
+        self._target = await self._own_replica()
         self._check_cameras(self._target)
         try:
             server = await serve(
@@ -164,17 +168,30 @@ class OpenpiFrontDoor:
         finally:
             await self._shut(server)
 
-    async def _own_replica(self, zsession: zenoh.Session, keys: ServerKeys, identity: Identity) -> ServerInfo:
+    async def _own_replica(self) -> ServerInfo:
         """This server as a client discovers it, pinned by its identity (others may answer too).
 
-        Every session then opens against this status, so its ack must be signed by ``identity``.
+        Every session then opens against this status, so its ack must be signed by the identity.
         """
-        client = self._client(zsession)
-        servers = await client.discover(app=keys.app, model=keys.model)
+        assert self._zsession is not None
+        assert self._keys is not None
+        keys = self._keys
+        servers = await self._client(self._zsession).discover(app=keys.app, model=keys.model)
         for server in servers:
             if server.keys == keys:
+                self._target_at = time.monotonic()
                 return server
         raise RuntimeError(f"the openpi front door cannot see its own server {keys.prefix}")
+
+    async def _current(self) -> ServerInfo:
+        """This server's status with a nonce it still accepts: asked again once half a nonce period old.
+
+        A session open carries the nonce of the status it opens against; an older one is refused
+        (``stale_nonce``) and asked again, which a normal connection should never cost.
+        """
+        if self._target is None or time.monotonic() - self._target_at > robots.NONCE_PERIOD_S / 2:
+            self._target = await self._own_replica()
+        return self._target
 
     def _client(self, zsession: zenoh.Session, client_id: str | None = None) -> PolicyClient:
         """A client of this server only: pinned to its identity, signing its opens with it."""
@@ -237,7 +254,7 @@ class OpenpiFrontDoor:
         peer = _peer(ws.remote_address)
         named = f"{caller.name}-" if caller.name else ""
         client = self._client(self._zsession, f"openpi-{named}{uuid.uuid4().hex[:12]}")
-        link = Link(client, self._target, peer)
+        link = Link(client, self._current, peer)
         bound = log.bind(client_id=link.client.client_id, peer=peer)
         try:
             session = await link.open(self._target.status.policy.features.cameras)

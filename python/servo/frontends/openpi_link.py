@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import msgspec
 
@@ -20,7 +22,7 @@ class Link:
     the server swaps them in place. Owned by the connection's task.
     """
 
-    def __init__(self, client: PolicyClient, target: ServerInfo, peer: str) -> None:
+    def __init__(self, client: PolicyClient, target: Callable[[], Awaitable[ServerInfo]], peer: str) -> None:
         self.client = client
         self._target = target
         self._tags = {"frontend": "openpi", "peer": peer}
@@ -41,11 +43,12 @@ class Link:
             SessionRejected: the server refused (the current session stays).
             RequestTimeout: the server did not answer (the current session stays).
         """
-        policy = self._target.status.policy
+        target = await self._target()
+        policy = target.status.policy
         features = msgspec.structs.replace(policy.features, cameras=cameras)
         previous = self._session
         session = await self.client.open_session(
-            self._target, features=features, fps=policy.fps, tags=self._tags, previous=previous
+            target, features=features, fps=policy.fps, tags=self._tags, previous=previous
         )
         self._session, self._cameras = session, dict(cameras)
         if previous is not None:

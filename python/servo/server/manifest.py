@@ -60,6 +60,10 @@ class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         Literal["float32", "bfloat16", "float16"], doc("Compute dtype; bfloat16/float16 run under autocast on CUDA.")
     ] = "float32"
     warmup: Annotated[NonNegativeInt, doc("Forwards run before the server reports ready.")] = 2
+    plan_forwards: Annotated[
+        NonNegativeInt,
+        doc("Forwards timed after the warm-up for servo-serve's capacity plan (median, p90); 0 (or warmup 0): none."),
+    ] = 10
     compile: Annotated[bool, doc("Wrap the policy's networks in torch.compile.")] = False
     frames: Annotated[
         Literal["auto", "host", "device"],
@@ -353,6 +357,39 @@ class TrajectoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise FieldError("path", "file does not exist")
 
 
+class RobotSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[robot]``: the robot the policy drives, for the ``servo-edge`` command ``servo-serve`` prints."""
+
+    type: Annotated[NonEmptyStr, doc("servo-edge --robot: so100, so101, ros2, sim or package.module:factory.")]
+    options: Annotated[
+        dict[str, Any],
+        doc("Its --robot-opt options (lists as TOML arrays); paths as the robot's computer sees them."),
+    ] = {}
+
+    def check(self) -> None:
+        """A robot servo-edge knows: a built-in one or a plugin's ``package.module:factory``.
+
+        Its options are checked where they are used, on the robot (they may name its files).
+        """
+        from servo.robots.registry import PLUGIN_FORM, ROBOTS
+
+        module, sep, factory = self.type.partition(":")
+        if self.type not in ROBOTS and not (sep and module and factory):
+            raise FieldError("type", f"must be one of {', '.join(sorted(ROBOTS))} or {PLUGIN_FORM}")
+
+    def option_text(self) -> dict[str, str]:
+        """The options as ``--robot-opt KEY=VALUE`` values (lists comma-separated)."""
+        return {key: _option_text(value) for key, value in self.options.items()}
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(_option_text(item) for item in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The whole manifest."""
 
@@ -364,6 +401,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     limits: LimitsSection = LimitsSection()
     frontends: FrontendsSection = FrontendsSection()
     trajectories: list[TrajectoryEntry] = []
+    robot: RobotSection | None = None
 
     def check(self) -> None:
         """Trajectory names are unique; nothing is exposed by accident (`servo.server.exposure`)."""

@@ -11,7 +11,6 @@ while the worker already runs the next forward.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
 from servo.transport import Declared, LoopBridge, open_session
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
+from servo.wire.keys import host_server_id
 
 log = get_logger(__name__)
 
@@ -68,8 +68,11 @@ class ServerReady:
     #: The identity's fingerprint (``ed25519:…``): what edges pin in ``trusted_servers``.
     fingerprint: str
     frontends: dict[str, str] = field(default_factory=dict)
-    #: Each warm-up request's duration (s), for a capacity plan (`servo.deploy.capacity`).
+    #: Each warm-up request's duration (s).
     warmup_s: list[float] = field(default_factory=list)
+    #: Each request timed after the warm-up (``model.plan_forwards``, s): the capacity plan's
+    #: forward time (`servo.deploy.capacity`).
+    forward_s: list[float] = field(default_factory=list)
     #: The data-plane paths in use: ``device``, ``frames`` (host, or device: nvJPEG on CUDA),
     #: ``pinned`` (host frames copied through pinned buffers), ``dtype``, ``cuda_graphs``.
     paths: dict[str, str] = field(default_factory=dict)
@@ -115,7 +118,7 @@ class PolicyServer:
         self._search_path = search_path
         self._hurry = threading.Event()
         self._scheduler = scheduler
-        self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
+        self.server_id = host_server_id(os.getpid())
         self.state = ServerState(
             client_grace_s=manifest.serving.client_grace_s,
             idle_session_s=manifest.limits.idle_session_s,
@@ -126,6 +129,7 @@ class PolicyServer:
         self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
         self._warmup_s: list[float] = []
+        self._forward_s: list[float] = []
         self._trajectories = TrajectoryLibrary({})
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
@@ -187,6 +191,8 @@ class PolicyServer:
                 sizes = range(1, min(scheduler.max_batch, replica.max_sessions) + 1)
                 started = time.perf_counter()
                 self._warmup_s = await anyio.to_thread.run_sync(runner.warmup, model.warmup, sizes)
+                if model.warmup:
+                    self._forward_s = await anyio.to_thread.run_sync(runner.timed_forwards, model.plan_forwards)
                 log.info(
                     "policy warmed up",
                     warmup=model.warmup,
@@ -293,8 +299,9 @@ class PolicyServer:
                 health_port,
                 identity,
                 endpoints,
-                self._warmup_s,
-                paths,
+                warmup_s=self._warmup_s,
+                forward_s=self._forward_s,
+                paths=paths,
                 enrolled=len(robots.enrolled),
                 closed=doors.closed,
                 join_token="" if doors.join_token is None else str(doors.join_token),

@@ -12,7 +12,7 @@ from servo.transport.config import (
     off_loopback,
 )
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
-from servo.transport.session import Declared, open_session
+from servo.transport.session import Declared, open_session, zenoh_message
 
 __all__ = [
     "DEFAULT_LOCAL_ENDPOINT",
@@ -31,4 +31,5 @@ __all__ = [
     "off_loopback",
     "open_session",
     "query",
+    "zenoh_message",
 ]

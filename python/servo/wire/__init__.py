@@ -39,6 +39,7 @@ from servo.wire.messages import (
     Trajectory,
     TrajectoryList,
     TrajectoryRequest,
+    Tuning,
 )
 from servo.wire.telemetry import (
     TELEMETRY_SELECTOR,
@@ -100,6 +101,7 @@ __all__ = [
     "TrajectoryList",
     "TrajectoryRequest",
     "Transition",
+    "Tuning",
     "WireError",
     "ack_transcript",
     "alive_selector",

@@ -94,6 +94,35 @@ class Features(msgspec.Struct, frozen=True):
     action_units: FeatureNames = []
 
 
+class Tuning(msgspec.Struct, frozen=True):
+    """The policy's own options that fix a chunk too short for its forward, as its configuration names them.
+
+    What every "chunks too short" advice names (the server's capacity plan, the edge's warning):
+    ``chunk`` sets the chunk length (``chunk_size``; a Diffusion policy's ``n_action_steps``),
+    at most ``chunk_max`` with the rest of the configuration as it is (0: no bound known; then
+    ``chunk_max_why`` says what bounds it); ``faster`` are options that make a forward cheaper,
+    each with its value now (``num_inference_steps = 100``).
+    """
+
+    chunk: Name = "chunk_size"
+    chunk_max: NonNegativeInt = 0
+    chunk_max_why: Name = ""
+    faster: Annotated[list[Name], msgspec.Meta(max_length=8)] = []
+
+    def longer_chunk(self, needed: int) -> str:
+        """The fix on the chunk's side: ``a longer chunk (n_action_steps >= 36; at most 15 here: …)``."""
+        bound = ""
+        if self.chunk_max and needed > self.chunk_max:
+            bound = f"; at most {self.chunk_max} here: {self.chunk_max_why}" if self.chunk_max_why else ""
+        return f"a longer chunk ({self.chunk} >= {needed}{bound})"
+
+    def faster_forward(self) -> str:
+        """The fix on the forward's side, naming the policy's own options when it has some."""
+        options = f"lower {', '.join(self.faster)}, " if self.faster else ""
+        gpu = "a GPU: servo-serve --device cuda"
+        return f"a faster forward ({options}{gpu}, fewer or lower-resolution cameras, a smaller model)"
+
+
 class PolicyInfo(msgspec.Struct, frozen=True):
     """What a server serves, as reported by status and session ack."""
 
@@ -108,6 +137,7 @@ class PolicyInfo(msgspec.Struct, frozen=True):
     default_task: str = ""
     pin_task: bool = False
     strict_fps: bool = False
+    tuning: Tuning = Tuning()
 
 
 class StatusReply(msgspec.Struct, frozen=True):
