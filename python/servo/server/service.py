@@ -123,6 +123,7 @@ class PolicyServer:
         self._zsession: zenoh.Session | None = None
         self._warmup_s: list[float] = []
         self._trajectories = TrajectoryLibrary({})
+        self._worker: InferenceWorker | None = None
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
         """Wait until ``predicate(sessions)`` holds.
@@ -131,6 +132,11 @@ class PolicyServer:
         server (tests and embedding applications use it to wait for collection).
         """
         return await self.state.wait_sessions(predicate)
+
+    @property
+    def worker_turns(self) -> int | None:
+        """Turns of the inference worker's loop once it serves (a health signal), None before."""
+        return None if self._worker is None else self._worker.turns
 
     # ------------------------------------------------------------------ lifecycle
     def hurry(self) -> None:
@@ -216,7 +222,7 @@ class PolicyServer:
         m, state = self.manifest, self.state
         keys, info = state.replica.keys, state.replica.info
         bridge = LoopBridge()
-        worker = InferenceWorker(runner, state, scheduler, audit)
+        self._worker = worker = InferenceWorker(runner, state, scheduler, audit)
         device_frames = device_frames_for(m.model.frames, m.model.device, runner.policy)
         decoder = ObservationDecoder(
             runner.policy.spec,
