@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from servo.identity import load_identity
-from tests.edge.harness import run_edge
+from tests.edge.harness import run_edge, write_manifest
 from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,23 +115,8 @@ def images(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def server(images: None, podman: Podman, tmp_path: Path) -> Iterator[tuple[str, int, int]]:
     """The server image running with host networking; yields (container, zenoh port, health port)."""
     port, health = free_port(), free_port()
-    manifest = tmp_path / "manifest.toml"
-    manifest.write_text(
-        f"""
-[model]
-source = "reference"
-warmup = 1
-[model.options]
-cameras = {{front = [48, 64]}}
-chunk_size = 20
-[zenoh]
-listen = ["tcp/127.0.0.1:{port}"]
-[ops]
-health_port = {health}
-[security]
-identity_key = "/var/lib/servo/identity/server.key"
-"""
-    )
+    identity_key = 'identity_key = "/var/lib/servo/identity/server.key"'
+    manifest = write_manifest(tmp_path / "manifest.toml", port, extra=f"[security]\n{identity_key}")
     identity = tmp_path / "identity"
     identity.mkdir()
     load_identity(identity / "server.key")
@@ -140,7 +125,7 @@ identity_key = "/var/lib/servo/identity/server.key"
         "run", "--detach", "--name", name, "--network", "host",
         "--volume", f"{manifest}:/etc/servo/manifest.toml:ro",
         "--volume", f"{identity}:/var/lib/servo/identity:U",
-        SERVER,
+        SERVER, "/etc/servo/manifest.toml", "--health-port", str(health),
     )  # fmt: skip
     try:
         yield name, port, health
