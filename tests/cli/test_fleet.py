@@ -105,7 +105,9 @@ def test_up_shows_the_robots_streaming_and_ctrl_c_stops_everything(tmp_path: Pat
         assert alive(members) == []
         logs = tmp_path / "fleet" / "logs"
         assert "servo-serve: stopped" in (logs / "replica-0.log").read_text()
-        assert "servo-edge: signal;" in (logs / "robot-0.log").read_text()  # stopped by the fleet, parked
+        for robot in robots:  # stopped by the fleet, each parked its arm
+            summary = json.loads((logs / f"{robot}.summary.json").read_text())
+            assert (summary["stop_reason"], summary["parked"]) == ("signal", True)
     finally:
         fleet.kill()
 

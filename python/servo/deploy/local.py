@@ -109,15 +109,20 @@ class Member:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def signal(self, signum: int) -> None:
-        """Send ``signum`` to its process group (its own children included) if it still runs."""
+    def terminate(self) -> None:
+        """SIGTERM to the process alone, not its group.
+
+        A robot parks its arm through its control process, which must keep ticking meanwhile (a
+        SIGTERM of its own would stop it at once).
+        """
         if self.running():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signum)
+            self.popen.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """SIGKILL (a crash: no drain, no goodbye) and reap."""
-        self.signal(signal.SIGKILL)
+        """SIGKILL to its whole process group (its control process too: a crash, no goodbye) and reap."""
+        if self.running():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait()
 
 
@@ -217,6 +222,7 @@ class LocalFleet:
                 *("--robot", "sim", "--robot-opt", "cameras=front:64x48", "--no-status"),
                 *("--connect", self.endpoint, "--client-id", name, "--telemetry-period-s", "0.5"),
                 *("--auth-user", name, "--auth-password-file", str(files.secret(name))),
+                *("--summary", str(files.summary(name))),
                 env={"SERVO_CONFIG_DIR": str(files.robot_home(name))},
             )
         if plan.robots:
@@ -278,7 +284,7 @@ class LocalFleet:
         router = [] if self.router is None else [self.router]
         for stage in (list(self.robots.values()), monitor + list(self.replicas.values()), router):
             for member in stage:
-                member.signal(signal.SIGTERM)
+                member.terminate()
             deadline = time.monotonic() + grace_s
             for member in stage:
                 try:

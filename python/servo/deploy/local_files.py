@@ -9,7 +9,7 @@ Written into one directory, every path absolute so each member runs from anywher
     replicas/           the replicas' servo directory: their shared identity
     robots/<robot>/     each robot's servo directory: its identity, enrolled in fleet.toml
     robot-keys          the robots' fingerprints, pinned by the monitor
-    logs/<member>.log   what each process printed
+    logs/<member>.log   what each process printed (and each robot's run summary, <robot>.summary.json)
 
 Members log in with a user name and password over TCP on 127.0.0.1: nothing leaves the host.
 """
@@ -64,6 +64,10 @@ class FleetFiles:
     def robot_home(self, robot: str) -> Path:
         """The servo directory of ``robot``."""
         return self.directory / "robots" / robot
+
+    def summary(self, robot: str) -> Path:
+        """Where ``robot`` writes its run summary when it stops."""
+        return self.directory / "logs" / f"{robot}.summary.json"
 
     def log(self, member: str) -> Path:
         """Where ``member``'s output goes."""
