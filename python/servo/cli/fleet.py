@@ -78,7 +78,7 @@ def up(args: argparse.Namespace) -> int:
         nonlocal interrupts
         interrupts += 1
         stop.set()
-        if interrupts == 2:
+        if interrupts >= 2:
             raise KeyboardInterrupt
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

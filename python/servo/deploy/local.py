@@ -191,8 +191,11 @@ class LocalFleet:
         deadline = time.monotonic() + timeout_s
         try:
             self._start(deadline)
-        except BaseException:
+        except FleetError:
             self.stop()
+            raise
+        except BaseException:  # a second interrupt, a bug: nothing is waited for
+            self.kill()
             raise
 
     def _start(self, deadline: float) -> None:
