@@ -25,6 +25,7 @@ LEROBOT_STAMP := $(LEROBOT_VENV)/.servo-installed
 # exists, else the python3 on PATH.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 
+comma := ,
 # `$(call stage,what,command)`: one line before a setup step, its seconds after it.
 stage = @echo "==> $(1)"; start=$$(date +%s); $(2) || exit 1; echo "    done in $$(( $$(date +%s) - start )) s"
 
@@ -33,17 +34,21 @@ $(SERVER_STAMP): pyproject.toml $(RUST_SOURCES)
 	$(call stage,pip up to date,$(PY) -m pip install --quiet --upgrade pip)
 	@# venvs made before the rename to servo-robotics hold a `servo` dist owning the same scripts
 	@$(PY) -m pip uninstall --quiet --yes servo 2>/dev/null || true
-	@echo "==> servo-robotics[server]: builds the Rust core (about a minute) and fetches torch with its CUDA"
-	@echo "    libraries (the larger part: about 3 GB to download, 5.5 GB installed; pip shows each download)"
-	$(call stage,servo-robotics[server],$(PY) -m pip install --progress-bar on -e '.[server]')
+	$(call stage,dependencies: torch with its CUDA libraries (about 3 GB to download and most of the 5.5 GB\
+		installed; pip shows each download)$(comma) numpy$(comma) zenoh …,$(PY) -m pip install --progress-bar on $(SERVER_REQUIREMENTS))
+	$(call stage,servo-robotics[server]: the Rust core$(comma) a release build with LTO (minutes of CPU on a busy machine),\
+		$(PY) -m pip install -e '.[server]')
 	@touch $(SERVER_STAMP)
 	@echo "==> $(VENV) holds $$(du -sh $(VENV) | cut -f1)"
 
-# The dev extra's packages, read from pyproject.toml: servo itself is not built again.
-DEV_EXTRA = $(shell $(PY) -c "import shlex, tomllib; print(shlex.join(tomllib.load(open('pyproject.toml', 'rb'))\
-	['project']['optional-dependencies']['dev']))")
+# pyproject.toml's requirement lists (`p` is its [project] table): dependencies installed as steps
+# of their own, so each step's time shows, and the dev extra without building servo again.
+requirements = $(shell $(PYTHON) -c "import shlex, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project'];\
+	print(shlex.join($(1)))")
+SERVER_REQUIREMENTS = $(call requirements,p['dependencies'] + p['optional-dependencies']['server'])
+DEV_REQUIREMENTS = $(call requirements,p['optional-dependencies']['dev'])
 $(DEV_STAMP): $(SERVER_STAMP)
-	$(call stage,the dev extra (test and lint tools: about 1.5 GB more),$(PY) -m pip install --quiet $(DEV_EXTRA))
+	$(call stage,the dev extra (test and lint tools: about 1.5 GB more),$(PY) -m pip install --quiet $(DEV_REQUIREMENTS))
 	$(call stage,$(OPENPI_CLIENT),$(PY) -m pip install --quiet --no-deps $(OPENPI_CLIENT))
 	@touch $(DEV_STAMP)
 
@@ -91,8 +96,6 @@ IMAGE_CA ?= $(or $(PIP_CERT),$(shell $(PYTHON) -m pip config get global.cert 2>/
 IMAGE_ARGS ?=
 IMAGE_BUILD = $(CONTAINER) build -f deploy/container/Containerfile --build-arg BASE=$(IMAGE_BASE) \
 	$(if $(IMAGE_CA),--secret id=ca$(comma)src=$(IMAGE_CA)) $(IMAGE_ARGS)
-comma := ,
-
 ## image: the policy-server image (servo-server, torch from PyPI) and the edge image (servo-edge, no torch)
 image:
 	$(call stage,servo-server:$(IMAGE_TAG) (builds the wheel; torch is most of the time and size),$(IMAGE_BUILD) --target server -t servo-server:$(IMAGE_TAG) .)

@@ -98,6 +98,7 @@ def test_every_resource_is_valid_against_the_kubernetes_schemas(path: Path, vers
 
 
 def test_the_yaml_is_clean() -> None:
+    assert {path.name for path in FILES} == {"replicas.yaml", "router.yaml", "secrets.yaml"}
     config = YamlLintConfig("{extends: default, rules: {line-length: {max: 120}, braces: {max-spaces-inside: 1}}}")
     problems = [f"{path.name}:{p.line}: {p.desc}" for path in FILES for p in linter.run(path.read_text(), config)]
     assert problems == []
