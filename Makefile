@@ -36,7 +36,7 @@ $(SERVER_STAMP): pyproject.toml $(RUST_SOURCES)
 	@$(PY) -m pip uninstall --quiet --yes servo 2>/dev/null || true
 	$(call stage,dependencies: torch with its CUDA libraries (about 3 GB to download and most of the 5.5 GB\
 		installed; pip shows each download)$(comma) numpy$(comma) zenoh …,$(PY) -m pip install --progress-bar on $(SERVER_REQUIREMENTS))
-	$(call stage,servo-robotics[server]: the Rust core$(comma) a release build with LTO (minutes of CPU on a busy machine),\
+	$(call stage,servo-robotics[server]: the Rust core$(comma) a release build with LTO (about a minute of CPU),\
 		$(PY) -m pip install -e '.[server]')
 	@touch $(SERVER_STAMP)
 	@echo "==> $(VENV) holds $$(du -sh $(VENV) | cut -f1)"

@@ -241,8 +241,11 @@ class LocalFleet:
             self._wait(self.monitor, deadline, "serving its page", lambda: _http_ok(f"{self.url}api/fleet"))
 
     def _spawn(self, name: str, module: str, *args: str, env: dict[str, str] | None = None) -> Member:
+        """Start a member; its servo directory is in the fleet's (the user's is never read or written)."""
         argv = [sys.executable, "-m", module, *args, "--log-level", self.plan.log_level]
-        member = Member(name, argv, self.files.log(name), env)
+        member = Member(
+            name, argv, self.files.log(name), {"SERVO_CONFIG_DIR": str(self.files.directory), **(env or {})}
+        )
         log.debug("member started", member=name, pid=member.pid)
         return member
 
