@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -132,12 +133,14 @@ def test_server_and_edge_notify_ready_watchdog_and_stopping(
 ) -> None:
     port = free_port()
     served = notify_socket(f"@servo-serve-{secrets.token_hex(6)}")
-    manifest = write_manifest(tmp_path / "m.toml", port)
-    server = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest), "--log-level", "info"], env=served.env())
+    manifest, health = write_manifest(tmp_path / "m.toml", port), free_port()
+    argv = [sys.executable, "-m", "servo.cli.serve", str(manifest), "--health-port", str(health), "--log-level", "info"]
+    server = Proc(argv, env=served.env())
     edge = None
     try:
         served.wait_for(lambda lines: "READY=1" in lines, 90, "the server's READY")
-        assert "ready — Ctrl-C" in server.output  # READY comes once it serves, not before
+        with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=10) as reply:
+            assert reply.read() == b"serving\n"  # READY once it serves, not before
         served.wait_for(lambda lines: pings(lines) >= 2, 30, "the server's pings")
 
         robot = notify_socket(f"@servo-edge-{secrets.token_hex(6)}")
