@@ -83,11 +83,11 @@ def images(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             check=True,
             timeout=900,
         )
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        command = ["podman", "import", "-", BASE]
-        imported = subprocess.run(command, stdin=tar.stdout, env=podman.env, capture_output=True, check=False)
+        with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE) as tar:
+            command = ["podman", "import", "-", BASE]
+            imported = subprocess.run(command, stdin=tar.stdout, env=podman.env, capture_output=True, check=False)
         assert imported.returncode == 0, imported.stderr
-        assert tar.wait() == 0
+        assert tar.returncode == 0
         shutil.rmtree(rootfs)
         stage(f"base image {BASE} (debootstrap)", started)
     started = time.monotonic()
