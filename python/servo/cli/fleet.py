@@ -36,7 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    up = commands.add_parser("up", help="Start a local fleet and keep it running until Ctrl-C.")
+    up = commands.add_parser(
+        "up",
+        help="Start a local fleet and keep it running until Ctrl-C.",
+        description="servo-router, replicas, simulated robots and servo-monitor on 127.0.0.1 with generated "
+        "credentials, until Ctrl-C; the monitor's address is printed once the robots stream.",
+        formatter_class=HelpFormatter,
+    )
     up.add_argument("--replicas", type=int, default=2, metavar="N", help="Policy server replicas (default 2).")
     up.add_argument("--robots", type=int, default=3, metavar="N", help="Simulated robots (default 3).")
     up.add_argument(
