@@ -20,10 +20,12 @@ import anyio
 from servo.cli.console import Console
 from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.notify import notify_edge, stopping
 from servo.config import ConfigError, convert, fields_of
 from servo.edge.config import EdgeConfig, load_edge_config
 from servo.edge.display import INSTALL_HINT, DisplayConfig
 from servo.logs import configure_logging
+from servo.systemd import Notifier
 
 PROG = "servo-edge"
 
@@ -176,10 +178,13 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         identity = await anyio.to_thread.run_sync(config.security.identity)
         options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s)
     runtime = EdgeRuntime(robot, engine, config, options)
+    notifier = Notifier.from_environment()
     async with anyio.create_task_group() as tg:
+        if notifier is not None:
+            tg.start_soon(notify_edge, notifier, runtime)
         tg.start_soon(
             lambda: on_signal(
-                lambda: runtime.request_stop("signal"),
+                stopping(notifier, lambda: runtime.request_stop("signal")),
                 runtime.hurry,
                 say=lambda text: console.say(f"{PROG}: {text}"),
                 what="still parking the arm",

@@ -36,11 +36,13 @@ from servo.cli.flags import HelpFormatter
 from servo.cli.lerobot import OPTION_FLAGS, lerobot_manifest
 from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
 from servo.cli.listen import secure_listen
+from servo.cli.notify import notify_server, stopping
 from servo.cli.ports import PortInUseError, free_ports_advice, refuse_busy
 from servo.cli.ready import ready_lines
 from servo.config import ConfigError
 from servo.logs import configure_logging
 from servo.server.manifest import Manifest, load_manifest
+from servo.systemd import Notifier
 
 if TYPE_CHECKING:
     from servo.deploy.host import ReplicaStatus
@@ -98,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ENDPOINT",
         help="Replace zenoh.listen (repeatable), e.g. tls/0.0.0.0:7447 (a self-signed certificate is made for it).",
     )
+    parser.add_argument(
+        "--connect",
+        action="append",
+        metavar="ENDPOINT",
+        help="Join the router at ENDPOINT as its client (repeatable): replaces zenoh.connect, sets zenoh.mode to "
+        "client and, unless --listen is given, zenoh.listen to none (a server behind a router listens nowhere else).",
+    )
+    parser.add_argument(
+        "--replica",
+        metavar="NAME",
+        help="Replace serving.replica: this replica's name in its keys (default: host name and pid), e.g. a pod's.",
+    )
     parser.add_argument("--health-port", type=int, metavar="PORT", help="Replace ops.health_port (0 disables).")
     parser.add_argument(
         "--insecure",
@@ -143,8 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Manifest keys replaced by flags (checked by the same rules as the file)."""
     out: dict[str, Any] = {}
+    if args.connect:
+        out |= {"zenoh.connect": list(args.connect), "zenoh.mode": "client", "zenoh.listen": []}
     if args.listen:
         out["zenoh.listen"] = list(args.listen)
+    if args.replica is not None:
+        out["serving.replica"] = args.replica
     if args.health_port is not None:
         out["ops.health_port"] = args.health_port
     if args.openpi_listen is not None:
@@ -193,21 +211,23 @@ async def serve(
         console.say(f"{PROG}: {text}")
 
     server = PolicyServer(manifest, frontends=frontends_of(manifest), search_path=base_dir)
+    notifier = Notifier.from_environment()
     async with anyio.create_task_group() as tg:
 
         async def run_server(*, task_status: TaskStatus[ServerReady]) -> None:
             await server.run(task_status=task_status)
             tg.cancel_scope.cancel()
 
-        tg.start_soon(
-            lambda: on_signal(server.drain, server.hurry, say=say, what="not waiting for the request in flight")
-        )
+        drain = stopping(notifier, server.drain)
+        tg.start_soon(lambda: on_signal(drain, server.hurry, say=say, what="not waiting for the request in flight"))
         model = manifest.model
         say(f"loading {model.source} on {model.device}, {model.warmup} warm-up forward(s)…")
         ready: ServerReady = await tg.start(run_server)
         for line in ready_lines(ready, manifest, certificate):
             say(line)
         say("ready — Ctrl-C to drain and stop")
+        if notifier is not None:
+            tg.start_soon(notify_server, notifier, server, ready)
 
 
 def serve_on_ray(manifest: Manifest, args: argparse.Namespace, console: Console) -> int:

@@ -131,6 +131,7 @@ class PolicyServer:
         self._warmup_s: list[float] = []
         self._forward_s: list[float] = []
         self._trajectories = TrajectoryLibrary({})
+        self._worker: InferenceWorker | None = None
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
         """Wait until ``predicate(sessions)`` holds.
@@ -139,6 +140,11 @@ class PolicyServer:
         server (tests and embedding applications use it to wait for collection).
         """
         return await self.state.wait_sessions(predicate)
+
+    @property
+    def worker_turns(self) -> int | None:
+        """Turns of the inference worker's loop once it serves (a health signal), None before."""
+        return None if self._worker is None else self._worker.turns
 
     # ------------------------------------------------------------------ lifecycle
     def hurry(self) -> None:
@@ -229,7 +235,7 @@ class PolicyServer:
         m, state = self.manifest, self.state
         keys, info = state.replica.keys, state.replica.info
         bridge = LoopBridge()
-        worker = InferenceWorker(runner, state, scheduler, audit)
+        self._worker = worker = InferenceWorker(runner, state, scheduler, audit)
         device_frames = device_frames_for(m.model.frames, m.model.device, runner.policy)
         decoder = ObservationDecoder(
             runner.policy.spec,
