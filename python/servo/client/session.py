@@ -34,7 +34,8 @@ from servo.client.replies import sealed_answer
 from servo.client.results import ChunkResult, SessionStats
 from servo.client.uplink import Outgoing, Uplink
 from servo.logs import LogThrottle, get_logger
-from servo.transport import Declared, LoopBridge, declare_obs_publisher, direct, query
+from servo.stages import LoopBridge
+from servo.transport import Declared, declare_obs_publisher, direct, query
 from servo.wire import (
     ClientKeys,
     CloseRequest,
@@ -183,7 +184,7 @@ class RemoteSession:
             with anyio.move_on_after(timeout):
                 with contextlib.suppress(RequestTimeout, ServerError):
                     await self._control(CloseRequest(self.wire_id), timeout=timeout)
-        self._bridge.closed = True
+        self._bridge.close()
         for entity in reversed(self._entities):
             with contextlib.suppress(zenoh.ZError):
                 entity.undeclare()

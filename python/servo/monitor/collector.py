@@ -20,7 +20,8 @@ from anyio.abc import TaskStatus
 
 from servo.logs import get_logger
 from servo.monitor.fleet import FleetView
-from servo.transport import LoopBridge, query
+from servo.stages import LoopBridge
+from servo.transport import query
 from servo.wire import (
     TELEMETRY_SELECTOR,
     AuditQuery,
@@ -86,7 +87,7 @@ class FleetCollector:
                     next_refusals = time.monotonic() + REFUSALS_PERIOD_S
                     await self.poll_refusals()
         finally:
-            bridge.closed = True
+            bridge.close()
             for entity in reversed(declared):
                 with contextlib.suppress(zenoh.ZError):
                     entity.undeclare()

@@ -36,7 +36,8 @@ from servo.server.robots import RobotGate
 from servo.server.sessions import Session
 from servo.server.state import ServerState
 from servo.server.trajectories import Signed, TrajectoryLibrary
-from servo.transport import LoopBridge, declare_action_publisher
+from servo.stages import LoopBridge
+from servo.transport import declare_action_publisher
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     AuditQuery,

@@ -44,7 +44,8 @@ from servo.server.sessions import Session
 from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
-from servo.transport import Declared, LoopBridge, open_session
+from servo.stages import LoopBridge
+from servo.transport import Declared, open_session
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
 
 log = get_logger(__name__)
@@ -297,7 +298,7 @@ class PolicyServer:
                 if token is not None:
                     token.undeclare()
                 finished = await anyio.to_thread.run_sync(lambda: worker.stop(DRAIN_TIMEOUT_S, abandon=self._hurry))
-                bridge.closed = True
+                bridge.close()
                 for entity in reversed(declared):
                     entity.undeclare()
                 decoder.close()
