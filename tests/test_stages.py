@@ -79,7 +79,8 @@ def test_newest_slot_close_wakes_a_waiting_reader_and_refuses_later_puts() -> No
 
 def test_bounded_fifo_keeps_order_refuses_when_full_and_drains_on_close() -> None:
     fifo: BoundedFifo[int] = BoundedFifo(2)
-    assert fifo.put(1) and fifo.put(2)
+    assert fifo.put(1)
+    assert fifo.put(2)
     assert not fifo.put(3)  # full: refused at once, never blocks the writer
     assert (fifo.refused, len(fifo)) == (1, 2)
     assert fifo.get() == 1
