@@ -34,7 +34,7 @@ from servo.client.replies import sealed_answer
 from servo.client.results import ChunkResult, SessionStats
 from servo.client.uplink import Outgoing, Uplink
 from servo.logs import LogThrottle, get_logger
-from servo.stages import LoopBridge
+from servo.stages import LoopBridge, NotRun
 from servo.transport import Declared, declare_obs_publisher, direct, query
 from servo.wire import (
     ClientKeys,
@@ -300,11 +300,13 @@ class RemoteSession:
         return seq
 
     def _after_put(self, seq: int, done: Future[None]) -> None:
-        """Event loop: observation ``seq`` left, or failed to (a failed put fails its request now)."""
-        if done.cancelled():
-            return
+        """Event loop: observation ``seq`` left, or failed to (a failed put fails its request now).
+
+        One that never ran was replaced by a newer observation or its copy (`Superseded`), or the
+        session is closing (`StageClosed`): neither fails a request.
+        """
         error = done.exception()
-        if error is not None:
+        if error is not None and not isinstance(error, NotRun):
             self._send_failed(seq, f"put failed: {error}")
 
     def _send_failed(self, seq: int, reason: str) -> None:
