@@ -12,12 +12,14 @@ encode that never ran fails with `StageClosed`): the uplink thread never waits f
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
 
+from servo.client.codec import CodecStatus, codec_name
 from servo.stages import StageThread
 from servo.wire import EncodedImage, check_frame, downsize, encode_image
 
@@ -74,6 +76,11 @@ class FrameEncoder:
         self._closed = True
         for stage in list(self._stages.values()):  # the uplink thread may be adding one (see `_stage`)
             stage.close()
+
+    def with_camera_times(self, status: CodecStatus) -> CodecStatus:
+        """``status`` with each camera's latest encode time per quality (``camera_encode_ms``)."""
+        per_camera = {f"{camera}/{codec_name(q)}": round(ms, 3) for (camera, q), ms in self.camera_ms.items()}
+        return dataclasses.replace(status, camera_encode_ms=per_camera)
 
     def _stage(self, name: str) -> StageThread:
         stage = self._stages.get(name)

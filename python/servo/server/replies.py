@@ -25,6 +25,7 @@ from servo._core import MSG_CHUNK, MSG_ERROR, Header
 from servo.logs import Logger, LogThrottle, get_logger
 from servo.policy.protocol import FloatArray
 from servo.server.audit import AuditLog
+from servo.server.copies import Answer
 from servo.server.sessions import Claim, Decoded, Rejected, Session
 from servo.server.state import ServerState
 from servo.stages import StageThread
@@ -134,7 +135,7 @@ class ReplyStage:
         )
         # Publish first (the client is waiting), account after; an inference whose session was
         # closed meanwhile is still audited, as undeliverable.
-        outcome = "ok" if _publish(session, MSG_CHUNK, encode(body), header, bound) else "undeliverable"
+        outcome = "ok" if self._answer(session, MSG_CHUNK, encode(body), header, bound) else "undeliverable"
         staleness_ms = (time.monotonic_ns() - item.received_ns) / 1e6
         self._metrics.requests.labels(outcome).inc()
         self._metrics.superseded.inc(claim.superseded)
@@ -159,7 +160,7 @@ class ReplyStage:
         )
 
     def _fail(self, session: Session, header: Header, code: str, message: str, reply: Reply, bound: Logger) -> None:
-        _publish(session, MSG_ERROR, encode(ErrorEvent(code, message)), header, bound)
+        self._answer(session, MSG_ERROR, encode(ErrorEvent(code, message)), header, bound)
         staleness_ms = (time.monotonic_ns() - reply.claim.item.received_ns) / 1e6
         self._metrics.requests.labels(code).inc()
         self._metrics.robots.served(session.client_id, code, reply.queue_wait_ms, reply.inference_ms, staleness_ms, 0)
@@ -177,13 +178,16 @@ class ReplyStage:
             replica=self._state.replica.keys.replica,
         )
 
-
-def _publish(session: Session, msg_type: int, body: bytes, request: Header, bound: Logger) -> bool:
-    if not session.publish(msg_type, body, request):
-        # The session was closed by the loop while this request was in flight.
-        bound.info("reply not sent: session closed")
-        return False
-    return True
+    def _answer(self, session: Session, msg_type: int, body: bytes, request: Header, bound: Logger) -> bool:
+        """Publish the answer to ``request``, and to every copy of it that joined meanwhile."""
+        copies = self._state.registry.answered(session, Answer(request, msg_type, body))
+        if not session.publish(msg_type, body, request):
+            # The session was closed by the loop while this request was in flight.
+            bound.info("reply not sent: session closed")
+            return False
+        for copy in copies:
+            session.publish(msg_type, body, copy)
+        return True
 
 
 def queue_wait_ms(item: Decoded | Rejected, start_ns: int) -> float:
