@@ -117,15 +117,12 @@ class RemoteEngine(EngineBase):
     def _watch_replicas(self, zsession: zenoh.Session) -> zenoh.Subscriber[None]:
         """Liveliness of every replica this edge may use: a new token ends a reconnect backoff.
 
-        The callback only deposits (`servo.stages.LoopBridge`). It keeps zenoh-python's thread of
-        its own (one for the edge's life: nothing at failover) rather than `direct`, for a reason
-        outside this thread: with `direct`, the settle test (three edges, a replica appears)
-        failed 3 of 5 runs. Traced, the three edges saw the token within 8 ms of each other, their
-        placement looks (30 ms of jitter) all counted the same census (a: 3, b: 0), and two or
-        three moved where one was needed (a: 1, b: 2; once all three, then two back): the herd of
-        placement, where each edge decides alone on the same view. A thread hop spreads the
-        reactions a little and hid the herd most of the time; `direct` is right once placement
-        moves only the robots needed.
+        The callback only deposits (`servo.stages.LoopBridge`), on a thread of its own (one for
+        the edge's life) rather than `direct`: with `direct` the settle test (three edges, a
+        replica appears) failed 3 of 5 runs, traced to placement, not threads. The edges saw the
+        token within 8 ms of each other, their looks all counted the same census (a: 3, b: 0)
+        and two or three moved where one was needed: a herd. A thread hop spreads the reactions
+        and hid it; `direct` is right once placement moves only the robots needed.
         """
         bridge = self._bridge
         assert bridge is not None
