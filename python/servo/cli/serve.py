@@ -19,10 +19,9 @@ from __future__ import annotations
 import argparse
 import math
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 from anyio.abc import TaskStatus
@@ -30,7 +29,7 @@ from anyio.abc import TaskStatus
 from servo.cli.console import Console
 from servo.cli.flags import HelpFormatter
 from servo.cli.lerobot import OPTION_FLAGS, lerobot_manifest
-from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.lifecycle import INTERRUPTED, exit_process, first_error, on_signal
 from servo.cli.listen import secure_listen
 from servo.cli.ports import PortInUseError, refuse_busy
 from servo.cli.ready import ready_lines
@@ -349,5 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def script() -> NoReturn:
+    """Console-script entry of ``servo-serve``: `main`, then the process ends at once (`exit_process`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

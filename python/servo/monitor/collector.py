@@ -17,11 +17,12 @@ from typing import Any
 import anyio
 import zenoh
 from anyio.abc import TaskStatus
+from zenoh.handlers import Callback
 
 from servo.logs import get_logger
 from servo.monitor.fleet import FleetView
 from servo.stages import LoopBridge
-from servo.transport import query
+from servo.transport import direct, query
 from servo.wire import (
     TELEMETRY_SELECTOR,
     AuditQuery,
@@ -68,14 +69,12 @@ class FleetCollector:
         bridge = LoopBridge()
         declared: list[Any] = []
         try:
-            declared.append(self.zsession.declare_subscriber(TELEMETRY_SELECTOR, lambda s: self._on_sample(bridge, s)))
-            declared.append(
-                self.zsession.liveliness().declare_subscriber(
-                    alive_selector(),
-                    lambda s: bridge.call(self._on_token, str(s.key_expr), s.kind == zenoh.SampleKind.PUT),
-                    history=True,
-                )
+            on_sample: Callback[zenoh.Sample] = direct(lambda s: self._on_sample(bridge, s))
+            on_token: Callback[zenoh.Sample] = direct(
+                lambda s: bridge.call(self._on_token, str(s.key_expr), s.kind == zenoh.SampleKind.PUT)
             )
+            declared.append(self.zsession.declare_subscriber(TELEMETRY_SELECTOR, on_sample))
+            declared.append(self.zsession.liveliness().declare_subscriber(alive_selector(), on_token, history=True))
             await self.poll_status()
             task_status.started()
             next_refusals = 0.0
@@ -93,7 +92,7 @@ class FleetCollector:
                     entity.undeclare()
 
     def _on_sample(self, bridge: LoopBridge, sample: zenoh.Sample) -> None:
-        """Zenoh callback thread: copy a bounded sample out and hand it to the loop."""
+        """Zenoh's thread (`direct`): copy a bounded sample out and hand it to the loop."""
         if len(sample.payload) > MAX_TELEMETRY_BYTES:
             self.oversized += 1
             return
