@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 
 def free_port() -> int:
@@ -47,7 +47,7 @@ class CpuLoad:
         self.max_s = max_s
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def __enter__(self) -> CpuLoad:
+    def __enter__(self) -> Self:
         loop = f"import time\nend = time.monotonic() + {self.max_s}\nwhile time.monotonic() < end: pass"
         self.procs = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(self.count)]
         return self
