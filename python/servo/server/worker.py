@@ -6,12 +6,13 @@ path and one thread each:
 
 * **receive** (the Zenoh observation callback thread, `servo.server.intake`): authenticate,
   admit, decode, deposit into the session's newest-wins mailbox;
-* **serve** (this stage thread, "servo-inference", whose one job is the loop): take every mailbox not held yet into its
-  `ServiceOrder` (arrival order, a new session's first request ahead), let the `Scheduler`
-  pick the group to serve from what it holds, head first (round-robin, or a
-  deadline-aware batch for a `BatchingPolicy`, which may linger a few ms for partners), claim
-  each member right before the forward (a newer observation of the session takes the held
-  one's turn; a reset episode or a closed session drops it) and run the forward;
+* **serve** (this stage thread, "servo-inference", whose one job is the loop): take every
+  mailbox not held yet into its `ServiceOrder` (arrival order, a new session's first request
+  ahead), let the `Scheduler` pick the group to serve from what it holds, head first
+  (round-robin, or a deadline-aware batch for a `BatchingPolicy`, which may linger a few ms
+  for partners), claim each member right before the forward (a newer observation of the
+  session takes the held one's turn; a reset episode or a closed session drops it) and run
+  the forward;
 * **reply** (the "servo-reply" thread, `servo.server.replies`): encode, seal, put, account, in
   the order the forwards were served, while this thread already runs the next one.
 
