@@ -69,11 +69,12 @@ class FleetCollector:
         bridge = LoopBridge()
         declared: list[Any] = []
         try:
-            on_sample: Callback[zenoh.Sample] = direct(lambda s: self._on_sample(bridge, s))
             on_token: Callback[zenoh.Sample] = direct(
                 lambda s: bridge.call(self._on_token, str(s.key_expr), s.kind == zenoh.SampleKind.PUT)
             )
-            declared.append(self.zsession.declare_subscriber(TELEMETRY_SELECTOR, on_sample))
+            # Telemetry keeps a thread of its own: a fleet's records arrive at N per second, and a
+            # `direct` callback would hold Zenoh's receive path while it waits for the GIL.
+            declared.append(self.zsession.declare_subscriber(TELEMETRY_SELECTOR, lambda s: self._on_sample(bridge, s)))
             declared.append(self.zsession.liveliness().declare_subscriber(alive_selector(), on_token, history=True))
             await self.poll_status()
             task_status.started()
@@ -92,7 +93,7 @@ class FleetCollector:
                     entity.undeclare()
 
     def _on_sample(self, bridge: LoopBridge, sample: zenoh.Sample) -> None:
-        """Zenoh's thread (`direct`): copy a bounded sample out and hand it to the loop."""
+        """Zenoh's callback thread: copy a bounded sample out and hand it to the loop."""
         if len(sample.payload) > MAX_TELEMETRY_BYTES:
             self.oversized += 1
             return
