@@ -98,7 +98,6 @@ def run_variant(workdir: Path, env: dict[str, str], window_s: float, load: int) 
                 name,
                 "--compute-ms",
                 str(COMPUTE_MS),
-                "--cpu-bound",
             ]
             replicas[name] = Child(workdir, name, *args, "--health-port", str(port), env=env)
             children.append(replicas[name])
