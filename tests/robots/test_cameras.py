@@ -163,16 +163,19 @@ from servo.robots.capture import CaptureThread, LatestFrame
 class Camera:
     pass
 
-camera, slot, stalled = Camera(), LatestFrame(), sys.argv[1] == "stalled"
+camera, slot, stalled, stuck = Camera(), LatestFrame(), sys.argv[1] == "stalled", threading.Event()
 
 def grab():
     if stalled and slot.seq:
+        stuck.set()
         threading.Event().wait()  # a USB read that never returns
     return np.zeros((4, 6, 3), np.uint8)
 
 thread = CaptureThread("front", grab, slot, owner=camera, period_s=0.001, on_exit=lambda: print("released"))
 thread.start()
 slot.wait(0, timeout_s=30)
+if stalled:
+    stuck.wait(30)
 print(time.monotonic(), flush=True)  # never stopped: the interpreter's exit must end it
 """
 
