@@ -24,7 +24,6 @@ from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, Sess
 from servo.client.handshake import handshake
 from servo.client.known import KnownServers
 from servo.client.protocol import SessionProtocol
-from servo.client.resend import ResendRule
 from servo.client.session import RemoteSession
 from servo.client.trajectory import fetch_trajectory
 from servo.client.trust import TrustedServers
@@ -191,7 +190,6 @@ class PolicyClient:
             downsize=self.downsize,
             action_key=server.keys.client(self.client_id).action,
             server_identity=server.status.identity,
-            resend=ResendRule(forward_ms=server.status.inference_ms, sessions=server.status.active_sessions),
         )
         keys = server.keys.client(self.client_id)
         session = RemoteSession(

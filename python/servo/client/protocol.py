@@ -118,7 +118,6 @@ class SessionProtocol:
         downsize: Take the ack's offer of smaller frames (``input_sizes``); False sends them as given.
         action_key: This client's action key on the replica (what a keyless notice is signed for).
         server_identity: The replica's trusted identity (what signs a keyless notice).
-        resend: When a request is sent again (`servo.client.resend`), from the replica's status.
     """
 
     def __init__(
@@ -131,7 +130,6 @@ class SessionProtocol:
         downsize: bool = True,
         action_key: str = "",
         server_identity: bytes = b"",
-        resend: ResendRule | None = None,
     ) -> None:
         self.epoch = epoch
         self.action_key = action_key
@@ -151,7 +149,8 @@ class SessionProtocol:
         self.latest_seq = 0
         #: The seq_id the latest request was sent again for (its answer counts too), or 0.
         self.resent_seq = 0
-        self.resend = resend or ResendRule()
+        #: When a request is sent again (`servo.client.resend`); the session sets the replica's.
+        self.resend = ResendRule()
         #: The other seq_id of each copied request answered lately: its answer is expected.
         self._late_copies: deque[int] = deque(maxlen=LATE_COPIES)
         # The largest chunk (both spaces, float32) plus room for the rest of any server message.

@@ -31,7 +31,8 @@ from servo.client.discovery import ServerInfo
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
 from servo.client.protocol import Answered, Lost, SessionProtocol
 from servo.client.replies import sealed_request
-from servo.client.results import ChunkResult, SessionStats
+from servo.client.resend import ResendRule
+from servo.client.results import ChunkResult
 from servo.client.uplink import Outgoing, Uplink
 from servo.logs import LogThrottle, get_logger
 from servo.stages import LoopBridge, NotRun
@@ -79,10 +80,9 @@ class RemoteSession:
         self.server = server
         self.keys = keys
         self.protocol = protocol
-        #: The session epoch chosen at open.
-        self.epoch = protocol.epoch
-        #: This session's counters.
-        self.stats: SessionStats = protocol.stats
+        protocol.resend = ResendRule(forward_ms=server.status.inference_ms, sessions=server.status.active_sessions)
+        #: The session epoch chosen at open, and this session's counters.
+        self.epoch, self.stats = protocol.epoch, protocol.stats
         #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs.
         self.codec = CodecChooser(jpeg_quality, auto_codec)
         self.lost = anyio.Event()
