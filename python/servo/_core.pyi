@@ -41,6 +41,7 @@ from typing_extensions import Buffer
 
 __all__ = [
     "ATTACHMENT_SIZE",
+    "FLAG_COPY",
     "FLAG_EPISODE_START",
     "HEADER_MAGIC",
     "HEADER_SIZE",
@@ -608,6 +609,11 @@ MSG_CONTROL_ACK: Final[int]
 
 FLAG_EPISODE_START: Final[int]
 """Flag bit 1: this observation starts a new episode."""
+
+FLAG_COPY: Final[int]
+"""Flag bit 2: this observation is a copy of the request in flight, sent again under the next
+seq_id because its answer is overdue; a server that still holds, serves or has answered the
+original answers the copy from that instead of running another forward."""
 
 class HeaderError(ValueError):
     """A header could not be built, encoded or decoded.

@@ -192,6 +192,8 @@ class Proc:
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.argv = argv
         self.lines: list[str] = []
+        #: When each line was read (`time.monotonic`), in step with ``lines``.
+        self.seen_at: list[float] = []
         self._cond = threading.Condition()
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.popen = subprocess.Popen(
@@ -210,6 +212,7 @@ class Proc:
         for line in self.popen.stdout:
             with self._cond:
                 self.lines.append(line.rstrip("\n"))
+                self.seen_at.append(time.monotonic())
                 self._cond.notify_all()
         with self._cond:
             self._cond.notify_all()

@@ -36,7 +36,7 @@ from servo.edge.pipeline import ChunkPipeline, Request, Starvation
 from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
-from servo.transport import LoopBridge
+from servo.stages import LoopBridge
 from servo.wire import Tuning
 
 log = get_logger(__name__)
@@ -176,7 +176,7 @@ class EngineBase(abc.ABC):
                 await self.serve()
                 tg.cancel_scope.cancel()
         finally:
-            self._bridge.closed = True
+            self._bridge.close()
             with anyio.CancelScope(shield=True):
                 await self.resources.aclose()
 
