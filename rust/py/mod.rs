@@ -21,7 +21,7 @@ create_exception!(
     servo._core,
     QueueError,
     PyValueError,
-    "A chunk was rejected by ActionQueue.merge (dtype, shape or capacity)."
+    "A chunk was rejected by ActionQueue.merge (dtype, shape, capacity or a stale position)."
 );
 
 create_exception!(

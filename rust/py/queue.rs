@@ -2,10 +2,11 @@
 //!
 //! GIL policy. Methods that copy O(chunk) data (`merge`, `get_left_over`,
 //! `get_processed_left_over`) release the GIL around the copy. The per-tick consumer methods
-//! (`get`, `get_with_provenance`, `qsize`, `empty`, `get_action_index`, `peek_provenance`,
-//! `clear`, `discard_chunk`) copy at most one row and never wait, so they keep it: releasing
-//! the GIL on the control-loop thread would let another Python thread take it, and the loop
-//! would then wait up to `sys.getswitchinterval()` (5 ms) to get it back.
+//! (`get`, `get_with_provenance`, `qsize`, `empty`, `get_action_index`, `get_position`,
+//! `is_current`, `peek_provenance`, `clear`, `discard_chunk`) copy at most one row and never
+//! wait, so they keep it: releasing the GIL on the control-loop thread would let another Python
+//! thread take it, and the loop would then wait up to `sys.getswitchinterval()` (5 ms) to get it
+//! back.
 
 use std::borrow::Cow;
 
@@ -58,18 +59,32 @@ fn session_hex(bytes: &[u8; 16]) -> String {
 #[pymethods]
 impl PyProvenance {
     #[new]
-    fn new(session_id: &str, seq_id: u64, episode_id: u64, obs_mono_ns: i64) -> PyResult<Self> {
+    #[pyo3(signature = (session_id, seq_id, episode_id, obs_mono_ns, step = 0))]
+    fn new(
+        session_id: &str,
+        seq_id: u64,
+        episode_id: u64,
+        obs_mono_ns: i64,
+        step: u64,
+    ) -> PyResult<Self> {
         Ok(Self(queue::Provenance {
             session_id: session_bytes(session_id)?,
             seq_id,
             episode_id,
             obs_mono_ns,
+            step,
         }))
     }
 
     #[classattr]
-    fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str) {
-        ("session_id", "seq_id", "episode_id", "obs_mono_ns")
+    fn __match_args__() -> (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+    ) {
+        ("session_id", "seq_id", "episode_id", "obs_mono_ns", "step")
     }
 
     #[getter]
@@ -92,19 +107,29 @@ impl PyProvenance {
         self.0.obs_mono_ns
     }
 
+    #[getter]
+    fn step(&self) -> u64 {
+        self.0.step
+    }
+
+    fn same_chunk(&self, other: &Self) -> bool {
+        self.0.same_chunk(&other.0)
+    }
+
     fn __repr__(&self) -> String {
         let p = &self.0;
         format!(
-            "Provenance(session_id='{}', seq_id={}, episode_id={}, obs_mono_ns={})",
+            "Provenance(session_id='{}', seq_id={}, episode_id={}, obs_mono_ns={}, step={})",
             session_hex(&p.session_id),
             p.seq_id,
             p.episode_id,
-            p.obs_mono_ns
+            p.obs_mono_ns,
+            p.step
         )
     }
 
     fn __len__(&self) -> usize {
-        4
+        5
     }
 
     fn __getitem__<'py>(
@@ -134,6 +159,7 @@ impl PyProvenance {
             p.seq_id,
             p.episode_id,
             p.obs_mono_ns,
+            p.step,
         )
             .into_pyobject(py)
     }
@@ -349,7 +375,8 @@ impl PyActionQueue {
         self.inner.capacity()
     }
 
-    #[pyo3(signature = (original, processed, real_delay, idx_before = None, *, provenance = None))]
+    #[pyo3(signature = (original, processed, real_delay, idx_before = None, *, provenance = None, since = None))]
+    #[allow(clippy::too_many_arguments)]
     fn merge(
         &self,
         py: Python<'_>,
@@ -358,7 +385,14 @@ impl PyActionQueue {
         real_delay: i64,
         idx_before: Option<i64>,
         provenance: Option<PyProvenance>,
+        since: Option<u64>,
     ) -> PyResult<usize> {
+        if since.is_some() && idx_before.is_some() {
+            self.inner.note_rejected();
+            return Err(PyValueError::new_err(
+                "merge takes idx_before (LeRobot's rule) or since (a position), not both",
+            ));
+        }
         let dim = self.inner.action_dim();
         let arrays = readonly_chunk("original", original, dim)
             .and_then(|o| Ok((o, readonly_chunk("processed", processed, dim)?)));
@@ -369,13 +403,15 @@ impl PyActionQueue {
         // copies, this assumes no other thread mutates them during the call.
         py.detach(|| {
             let (original, processed) = (ChunkData::new(&original), ChunkData::new(&processed));
-            self.inner.merge(
-                original.view(),
-                processed.view(),
-                real_delay,
-                idx_before,
-                provenance,
-            )
+            let (original, processed) = (original.view(), processed.view());
+            match since {
+                Some(position) => self
+                    .inner
+                    .merge_since(original, processed, position, real_delay, provenance),
+                None => self
+                    .inner
+                    .merge(original, processed, real_delay, idx_before, provenance),
+            }
         })
         .map_err(queue_err)
     }
@@ -409,17 +445,30 @@ impl PyActionQueue {
         self.inner.action_index()
     }
 
-    fn get_left_over<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
-        let left = py.detach(|| self.inner.left_over_original());
-        self.to_array(py, left)
+    fn get_position(&self) -> u64 {
+        self.inner.position()
     }
 
+    fn is_current(&self, position: u64) -> bool {
+        self.inner.is_current(position)
+    }
+
+    #[pyo3(signature = (since = None))]
+    fn get_left_over<'py>(
+        &self,
+        py: Python<'py>,
+        since: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        self.left_over(py, true, since)
+    }
+
+    #[pyo3(signature = (since = None))]
     fn get_processed_left_over<'py>(
         &self,
         py: Python<'py>,
+        since: Option<u64>,
     ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
-        let left = py.detach(|| self.inner.left_over_processed());
-        self.to_array(py, left)
+        self.left_over(py, false, since)
     }
 
     fn clear(&self) {
@@ -460,6 +509,21 @@ impl PyActionQueue {
         };
         let provenance = self.inner.pop_into(row)?;
         Some((PyArray1::from_slice(py, row), provenance))
+    }
+
+    /// The leftover rows (from the consumer's index, or from `since`) as a `(rows, dim)` array.
+    fn left_over<'py>(
+        &self,
+        py: Python<'py>,
+        original: bool,
+        since: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        let left = py.detach(|| match since {
+            Some(position) => self.inner.left_over_since(position, original),
+            None if original => Ok(self.inner.left_over_original()),
+            None => Ok(self.inner.left_over_processed()),
+        });
+        self.to_array(py, left.map_err(queue_err)?)
     }
 
     fn to_array<'py>(
