@@ -93,8 +93,9 @@ class QueueError(ValueError):
 
     Raised for a wrong dtype, a wrong number of dimensions, a wrong action dimension, an
     ``original``/``processed`` length mismatch, an empty chunk, a merge that would exceed
-    the queue's capacity, or a position read before the last merge. The message names the expected and the actual values, e.g.
-    ``"processed has shape (50, 7), expected (T, 6)"``. The queue is left unchanged.
+    the queue's capacity, or a position read before the last merge. The message names the
+    expected and the actual values, e.g. ``"processed has shape (50, 7), expected (T, 6)"``.
+    The queue is left unchanged.
     """
 
 @final

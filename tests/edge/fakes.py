@@ -42,6 +42,9 @@ class ScriptedActions:
     def queued(self) -> int:
         return 0
 
+    def position(self) -> int:
+        return 0
+
     def get_action(self, now_ns: int) -> Action | None:
         index = len(self.calls)
         self.calls.append(now_ns)

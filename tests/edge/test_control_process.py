@@ -60,7 +60,7 @@ async def process_loop(robot: RobotDescription, pipe: ChunkPipeline) -> AsyncIte
 
 
 def merge(pipe: ChunkPipeline, chunk: np.ndarray, seq: int) -> None:
-    obs = ObservationInput(np.zeros(6, np.float32), {}, time.monotonic_ns())
+    obs = ObservationInput(np.zeros(6, np.float32), {}, time.monotonic_ns(), 0, pipe.queue.get_position())
     assert pipe.complete(pipe.snapshot(obs), chunk, chunk, time.monotonic_ns(), session_id="ab" * 16, seq_id=seq) == 0
 
 

@@ -198,8 +198,8 @@ class ControlLoop:
         latest = self.channel.latest()
         if latest is None:
             return None
-        _, mono_ns, state = latest
-        return ObservationInput(state.copy(), self.cameras.read_cameras(), mono_ns, self.task)
+        tick, mono_ns, position, state = latest
+        return ObservationInput(state.copy(), self.cameras.read_cameras(), mono_ns, tick, position, self.task)
 
     async def wait(self, queue_below: int, timeout: float) -> None:
         """Return once the loop saw fewer than ``queue_below`` queued actions, or after ``timeout``."""

@@ -207,7 +207,7 @@ class Ticker:
             self._blind = False
             self.limiter.start_from(state)
             log.warning("robot state is back: commands start again from the measured pose")
-        channel.publish(self.ticks, now, state)
+        channel.publish(self.ticks, now, self.actions.position(), state)
         target: FloatArray | None = None
         source: Source = "none"
         provenance = None
