@@ -140,11 +140,14 @@ def test_no_step_runs_twice_through_server_kills_at_random_moments(tmp_path: Pat
         grown = recorded() + blocks * 8192  # the recorder writes blocks of 8 KiB: 1 to 2 s of ticks
         wait_for(lambda: recorded() >= grown, 60, "ticks recorded")
 
+    def reconnecting(kills: int) -> None:
+        wait_for(lambda: seen("state=reconnecting") >= kills, 10, f"reconnecting, kill {kills}")
+
     try:
         for kill in range(1, 4):
             streamed(kill, moments.choice([1, 2, 4]))
             server.kill()
-            wait_for(lambda: seen("state=reconnecting") >= kill, 10, "reconnecting")  # noqa: B023
+            reconnecting(kill)
             server = start_server(manifest)
         streamed(4, 1)
         edge.stop()  # SIGTERM: the safe teardown, then the recording is closed
