@@ -22,8 +22,12 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
+from servo.edge.channel import ControlChannel
 from servo.edge.config import EdgeConfig, load_edge_config
+from servo.edge.control_process import ProcessControlLoop
 from servo.edge.engine import EngineBase, MergeEvent
+from servo.edge.pipeline import ChunkPipeline
+from servo.edge.realtime import request_realtime
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.policy.protocol import FloatArray as PolicyArray
 from servo.policy.protocol import PolicySpec, Processor
@@ -141,6 +145,36 @@ async def running_edge(
                 run.runtime.request_stop("test teardown")
             with anyio.fail_after(20), anyio.CancelScope(shield=True):
                 await run.done.wait()
+
+
+@asynccontextmanager
+async def process_loop(robot: RobotDescription, pipe: ChunkPipeline) -> AsyncIterator[ProcessControlLoop]:
+    """``robot`` driven by a control process on ``pipe``'s queue until the block exits (then stopped)."""
+    spec = robot.spec()
+    channel = ControlChannel.create(spec.action_dim, shared=True, recording=True)
+    cameras = robot.build_cameras(channel)
+    cameras.connect()
+    loop = ProcessControlLoop(
+        channel, cameras, robot, action_dim=spec.action_dim, pipeline=pipe.memory, control=pipe.control
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(loop.run)
+            try:
+                yield loop
+            finally:
+                await loop.stop()
+    finally:
+        cameras.disconnect()
+
+
+def can_be_realtime() -> bool:
+    """Whether a thread of this process may switch to real-time scheduling (CAP_SYS_NICE or an rtprio limit)."""
+    granted: list[bool] = []
+    probe = threading.Thread(target=lambda: granted.append(request_realtime()))
+    probe.start()
+    probe.join()
+    return granted[0]
 
 
 def write_manifest(

@@ -50,8 +50,9 @@ from servo.edge.actions import ActionSource
 from servo.edge.channel import Bell, ControlChannel, LoopState, LoopStats, Tick
 from servo.edge.errors import EdgeStartError
 from servo.edge.observation import ObservationInput
+from servo.edge.realtime import REALTIME_PRIORITY, request_realtime
 from servo.edge.safety import SafetyLimiter
-from servo.edge.ticker import REALTIME_PRIORITY, Ticker, request_realtime
+from servo.edge.ticker import Ticker
 from servo.logs import get_logger
 from servo.robots.protocol import Cameras, Robot
 
