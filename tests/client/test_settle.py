@@ -12,10 +12,14 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
+from servo.client import PolicyClient
 from servo.client.discovery import ServerInfo
 from servo.client.settle import HOLD_DOWN_S, HoldDown, imbalance, look_window, settle
+from servo.server.manifest import Manifest
+from servo.transport import ZenohSettings, open_session
 from servo.wire import ServerKeys
 from tests.client.test_placement import info as replica_info
+from tests.support import client_settings, free_port, make_manifest, running_server
 
 #: What a look and a move take in the fake fleet (s): a status query, a handshake, and the edge
 #: closing its old session between two requests after it switched.
@@ -143,3 +147,63 @@ def test_a_third_replica_draws_a_third_of_each() -> None:
     fleet = run_fleet(90, 0, ("a", "b", "c"))
     assert len(fleet.moves) == 60, fleet.sessions
     assert sorted(fleet.sessions.values()) == [30, 30, 30]
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_a_replica_that_appears_draws_half_of_a_small_fleet_and_nobody_moves_back() -> None:
+    """Real replicas behind a router: four robots on r0, then r1 starts; each robot settles as a
+    streaming edge does (`PolicyClient.rebalance`, switching at the first move, then again)."""
+    router_port = free_port()
+
+    def replica(name: str) -> Manifest:
+        return make_manifest(
+            free_port(),
+            zenoh=f'mode = "peer"\nconnect = ["tcp/127.0.0.1:{router_port}"]',
+            extra=f'[serving]\napp = "settle"\nreplica = "{name}"\nmax_sessions = 8\n'
+            "[security]\nlisten_beside_router = true",  # peers beside the router, on purpose
+        )
+
+    router = ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{router_port}"])
+    moves: list[tuple[float, int, str, str]] = []
+    async with open_session(router), running_server(replica("r0")), open_session(client_settings(router_port)) as z:
+        probe = PolicyClient(z, "probe")
+        await eventually_found(probe, 1)
+        policy = (await probe.discover(app="settle"))[0].status.policy
+        clients = [PolicyClient(z, f"robot-{i}") for i in range(4)]
+        sessions = [
+            await c.connect_best(features=policy.features, fps=policy.fps, app="settle", settle=False) for c in clients
+        ]
+        try:
+            async with running_server(replica("r1")):
+                await eventually_found(probe, 2)
+
+                async def edge(i: int) -> None:
+                    client = clients[i]
+                    while moved := await client.rebalance(
+                        sessions[i], features=policy.features, fps=policy.fps, app="settle"
+                    ):
+                        was, now = sessions[i].server.keys.replica, moved.server.keys.replica
+                        moves.append((anyio.current_time(), i, was, now))
+                        await sessions[i].close()
+                        sessions[i] = moved
+
+                with anyio.fail_after(60):
+                    async with anyio.create_task_group() as tg:
+                        for i in range(4):
+                            tg.start_soon(edge, i)
+                held = Counter(session.server.keys.replica for session in sessions)
+        finally:
+            for session in sessions:
+                await session.close()
+    assert held == Counter({"r0": 2, "r1": 2}), moves
+    fleet = Fleet(held, moves)
+    assert moved_back_within(fleet, HOLD_DOWN_S) == 0, moves
+    assert len(moves) >= 2
+
+
+async def eventually_found(client: PolicyClient, replicas: int) -> None:
+    """Wait until discovery sees ``replicas`` replicas (a join has no event to wait on)."""
+    with anyio.fail_after(20):
+        while len(await client.discover(app="settle")) < replicas:  # noqa: ASYNC110 - see the docstring
+            await anyio.sleep(0.05)
