@@ -74,9 +74,9 @@ mod plan;
 pub use error::QueueError;
 pub use layout::MAX_CAPACITY;
 use layout::{
-    cleared, generation, index, provenance_from, sealed, start, taken, unpack_values, Layout,
-    CAPACITY, CONSUMED, CURSOR, DIM, D_BASE, D_LEN, D_MERGED, LOCK, MAGIC, MAGIC_WORD, MERGES,
-    MISMATCHES, PROVENANCE_LEN, REJECTED, RTC, SUPERSEDED, WRITE_HEAD,
+    cleared, generation, index, provenance_from, sealed, start, unpack_values, Layout, CAPACITY,
+    CURSOR, DIM, D_BASE, D_LEN, D_MERGED, LOCK, MAGIC, MAGIC_WORD, PROVENANCE_LEN, REJECTED, RTC,
+    WRITE_HEAD,
 };
 pub use plan::{resolve_delay, DelayResolution};
 
@@ -382,22 +382,6 @@ impl ActionQueue {
         let (orig, proc, _) = self.layout.parts(self.layout.row(pos));
         let from = if original { orig } else { proc };
         unpack_values(out, |i| words[from + i].load(Ordering::Relaxed));
-    }
-
-    /// A snapshot of the counters and the queue state.
-    pub fn statistics(&self) -> QueueStats {
-        let words = self.words();
-        let live = self.live(words);
-        let load = |i: usize| words[i].load(Ordering::Acquire);
-        QueueStats {
-            merges: load(MERGES),
-            rejected_merges: load(REJECTED),
-            delay_mismatches: load(MISMATCHES),
-            actions_consumed: load(CONSUMED),
-            superseded_reads: load(SUPERSEDED),
-            qsize: live.remaining() as usize,
-            action_index: taken(live.word),
-        }
     }
 }
 

@@ -5,10 +5,10 @@ use std::sync::atomic::{fence, Ordering};
 
 use super::layout::{
     cleared, generation, index, pack, sealed, start, taken, CLEARED, CONSUMED, CURSOR, D_BASE,
-    D_LEN, SUPERSEDED,
+    D_LEN, MERGES, MISMATCHES, REJECTED, SUPERSEDED,
 };
 use super::merge::position_index;
-use super::{ActionQueue, LeftOver, Provenance, QueueError};
+use super::{ActionQueue, LeftOver, Provenance, QueueError, QueueStats};
 
 impl ActionQueue {
     /// Takes the next action: copies its processed row into `out` (`action_dim` long) and
@@ -215,5 +215,21 @@ impl ActionQueue {
         self.clear_unless(
             |head| matches!(head, Some(Some(p)) if !provenance.is_some_and(|q| p.same_chunk(&q))),
         )
+    }
+
+    /// A snapshot of the counters and the queue state.
+    pub fn statistics(&self) -> QueueStats {
+        let words = self.words();
+        let live = self.live(words);
+        let load = |i: usize| words[i].load(Ordering::Acquire);
+        QueueStats {
+            merges: load(MERGES),
+            rejected_merges: load(REJECTED),
+            delay_mismatches: load(MISMATCHES),
+            actions_consumed: load(CONSUMED),
+            superseded_reads: load(SUPERSEDED),
+            qsize: live.remaining() as usize,
+            action_index: taken(live.word),
+        }
     }
 }
