@@ -95,6 +95,7 @@ def run_rule(workdir: Path, rule: str, robots: int, rounds: int) -> list[dict[st
         starts = []
         for _ in range(rounds):
             r1 = Child(workdir, f"r1-{rule}", *serve, "--replica", "r1")
+            children.append(r1)
             r1.wait_for("READY", 60)
             starts.append(time.monotonic())
             share = math.ceil(robots / 2)
@@ -107,6 +108,7 @@ def run_rule(workdir: Path, rule: str, robots: int, rounds: int) -> list[dict[st
             time.sleep(QUIET_S)  # the slowest looks had their say: a late move would still count
             rows.append({"held": anyio.run(census, router_port)})
             r1.stop()  # drains: its robots place themselves on r0 again
+            children.remove(r1)
             while anyio.run(census, router_port).get("r0", 0) < robots:
                 time.sleep(0.5)
         for child in fleet:
@@ -182,6 +184,7 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
     yield from results_table(request, render, "rebalance.md")
 
 
+@pytest.mark.timeout(3600)  # every round starts a replica and waits out the slowest looks
 @pytest.mark.parametrize("robots", [2, 300])
 def test_rebalance(benchmark: BenchmarkFixture, tmp_path: Path, table: list[dict[str, Any]], robots: int) -> None:
     benchmark.group = "rebalance"

@@ -22,7 +22,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from servo.edge.channel import ControlChannel
+from servo.edge.channel import ControlChannel, LoopState
 from servo.edge.config import EdgeConfig, load_edge_config
 from servo.edge.control_process import ProcessControlLoop
 from servo.edge.engine import EngineBase, MergeEvent
@@ -33,6 +33,7 @@ from servo.policy.protocol import FloatArray as PolicyArray
 from servo.policy.protocol import PolicySpec, Processor
 from servo.policy.reference import make_reference_policy
 from servo.robots import RobotDescription
+from tests.support import cpu_hog, eventually
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -166,6 +167,21 @@ async def process_loop(robot: RobotDescription, pipe: ChunkPipeline) -> AsyncIte
                 await loop.stop()
     finally:
         cameras.disconnect()
+
+
+async def stop_beside_a_hog(loop: ProcessControlLoop) -> None:
+    """Let ``loop`` tick beside 8 busy loops, then stop it: it must see the stop at its next tick and
+    end by itself (exit code 0), however starved this process is meanwhile."""
+    with cpu_hog(8):
+        ticks = loop.statistics().ticks
+        await eventually(lambda: loop.statistics().ticks >= ticks + 25, 60, "ticking beside the hog")
+        loop.channel.request_stop()
+        asked_at = loop.statistics().ticks
+        await loop.stop(timeout=60)
+    stats = loop.statistics()
+    assert stats.state is LoopState.STOPPED
+    assert stats.ticks - asked_at <= 1  # the tick in progress, if any
+    assert loop.error == ""  # not ended by force
 
 
 def can_be_realtime() -> bool:

@@ -23,8 +23,8 @@ from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import ChunkPipeline, PipelineConfig
 from servo.edge.realtime import HELPER_PRIORITY, REALTIME_PRIORITY, thread_table
 from servo.robots import RobotDescription
-from tests.edge.harness import can_be_realtime, process_loop
-from tests.support import cpu_hog, eventually
+from tests.edge.harness import can_be_realtime, process_loop, stop_beside_a_hog
+from tests.support import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -99,16 +99,7 @@ async def test_the_tick_is_real_time_and_every_other_thread_just_below_it() -> N
 
 async def test_under_a_cpu_hog_the_loop_stops_at_its_next_tick_by_itself() -> None:
     async with process_loop(SIM, pipeline()) as loop:
-        with cpu_hog(8):
-            ticks = loop.statistics().ticks
-            await eventually(lambda: loop.statistics().ticks >= ticks + 25, 60, "ticking beside the hog")
-            loop.channel.request_stop()
-            asked_at = loop.statistics().ticks
-            await loop.stop(timeout=60)  # this process is as starved as the hog makes it
-        stats = loop.statistics()
-        assert stats.state is LoopState.STOPPED
-        assert stats.ticks - asked_at <= 1  # the tick in progress, if any
-        assert loop.error == ""  # it ended by itself (exit code 0), not by force
+        await stop_beside_a_hog(loop)
 
 
 async def test_a_loop_that_cannot_see_the_stop_is_ended_at_the_deadline() -> None:

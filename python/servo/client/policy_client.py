@@ -366,7 +366,8 @@ class PolicyClient:
 
         async def look() -> list[ServerInfo] | None:
             try:
-                return [s for s in await self.discover(app=app, model=model, timeout=0.5) if usable(s)]
+                # The default timeout: a replica slow to answer under load is still in the view.
+                return [s for s in await self.discover(app=app, model=model) if usable(s)]
             except NoServerFound:
                 return None
 

@@ -13,7 +13,7 @@ with the chance that the excess left is to the one it drew for: when one more ro
 not every robot still waiting to look again goes for it at once. A robot that moved holds still
 for `HOLD_DOWN_S` (`HoldDown`: it never moves back within a second).
 Looks go on, each a random time within the same window after the last, until `SETTLED_LOOKS`
-in a row found the fleet balanced (at most `SETTLE_ROUNDS`).
+in a row found nothing to do (at most `SETTLE_ROUNDS`).
 """
 
 from __future__ import annotations
@@ -125,10 +125,11 @@ async def settle(
         await hold.wait()
         servers = await look()
         seen = None if servers is None else imbalance(mine, servers)
-        if seen is None:
-            return
-        window = look_window(seen.here)
-        if not seen.excess:
+        if seen is not None:
+            window = look_window(seen.here)
+        if seen is None or not seen.excess:
+            # Nothing to do (a view without its replica or any other counts too: a replica slow
+            # to answer its status under load must not end the looks at once).
             balanced += 1
             if balanced >= SETTLED_LOOKS:
                 return
@@ -140,7 +141,7 @@ async def settle(
         servers = await look()
         again = None if servers is None else imbalance(mine, servers)
         if again is None:
-            return
+            continue
         # As many as needed still leave, on average: fewer the fewer are needed now.
         if draw.random() >= again.chance / seen.chance or anyio.current_time() < hold.until:
             continue
