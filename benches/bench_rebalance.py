@@ -107,10 +107,13 @@ def run_rule(workdir: Path, rule: str, robots: int, rounds: int) -> list[dict[st
                 time.sleep(0.5)
             time.sleep(QUIET_S)  # the slowest looks had their say: a late move would still count
             rows.append({"held": anyio.run(census, router_port)})
+            print(f"{rule} {robots}: round {len(rows)} held {rows[-1]['held']}", flush=True)
             r1.stop()  # drains: its robots place themselves on r0 again
             children.remove(r1)
-            while anyio.run(census, router_port).get("r0", 0) < robots:
+            deadline = time.monotonic() + ROUND_S
+            while anyio.run(census, router_port).get("r0", 0) < robots and time.monotonic() < deadline:
                 time.sleep(0.5)
+            rows[-1]["back_on_r0"] = anyio.run(census, router_port).get("r0", 0)
         for child in fleet:
             child.stop()
         moves = moves_of(outputs)
