@@ -106,9 +106,9 @@ def run_rule(workdir: Path, rule: str, robots: int, rounds: int) -> list[dict[st
                     break
                 time.sleep(0.5)
             time.sleep(QUIET_S)  # the slowest looks had their say: a late move would still count
-            rows.append({"held": anyio.run(census, router_port)})
+            rows.append({"held": anyio.run(census, router_port), "drained_at": time.monotonic()})
             print(f"{rule} {robots}: round {len(rows)} held {rows[-1]['held']}", flush=True)
-            r1.stop()  # drains: its robots place themselves on r0 again
+            r1.stop()  # drains: its robots place themselves on r0 again (not counted: the round is over)
             children.remove(r1)
             deadline = time.monotonic() + ROUND_S
             while anyio.run(census, router_port).get("r0", 0) < robots and time.monotonic() < deadline:
@@ -120,9 +120,8 @@ def run_rule(workdir: Path, rule: str, robots: int, rounds: int) -> list[dict[st
     finally:
         for child in reversed(children):
             child.stop()
-    ends = [*starts[1:], math.inf]
-    for row, start, end in zip(rows, starts, ends, strict=True):
-        row.update(analyse([m for m in moves if start <= m[0] < end], robots, start))
+    for row, start in zip(rows, starts, strict=True):
+        row.update(analyse([m for m in moves if start <= m[0] < row["drained_at"]], robots, start))
     return rows
 
 
