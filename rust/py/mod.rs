@@ -7,7 +7,9 @@ pub mod auth;
 mod buffer;
 pub mod header;
 pub mod latency;
+mod provenance;
 pub mod queue;
+mod queue_stats;
 pub mod shm;
 
 create_exception!(
