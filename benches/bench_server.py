@@ -36,6 +36,8 @@ JPEG overhead p50 <= 3 ms, >= 97 % of ideal at N >= 2, fairness <= 1.1.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,12 +46,15 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._fleet import FleetResult, run_echo_fleet, run_fleet, run_floor, spawn_server, window
+from benches._fleet import FleetResult, run_fleet, spawn_server, window
+from benches._floor import run_echo_fleet, run_floor
 from benches._support import percentiles_ms, results_table
 
 COMPUTE_MS = 20.0
 IDEAL_RPS = 1000.0 / COMPUTE_MS
 CLIENTS = (1, 2, 4, 8, 16)
+#: The floors run at the two ends of the range (issue 27: N = 1 and N = 16).
+FLOOR_CLIENTS = (1, 16)
 SMOKE_CLIENTS = (1, 2)
 SMOKE_REQUESTS = 8
 WARMUP_S = 1.5
@@ -63,24 +68,19 @@ TRANSPORT_NOTE = (
 )
 
 
-def _spawn(role: str, transport: str) -> Iterator[tuple[int, str]]:
-    with spawn_server(role, "--compute-ms", str(COMPUTE_MS), "--transport", transport) as port:
+def _spawn(module: str, role: str, transport: str) -> Iterator[tuple[int, str]]:
+    with spawn_server(role, "--compute-ms", str(COMPUTE_MS), "--transport", transport, module=module) as port:
         yield port, transport
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def servo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
-    yield from _spawn("serve", request.param)
+    yield from _spawn("benches._fleet", "serve", request.param)
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def echo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
-    yield from _spawn("echo", request.param)
-
-
-@pytest.fixture(scope="module")
-def floor_server() -> Iterator[tuple[int, str]]:
-    yield from _spawn("echo", "tcp")
+    yield from _spawn("benches._floor", "echo", request.param)
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,10 @@ def summarize(result: FleetResult) -> dict[str, Any]:
     o50, o99 = percentiles_ms(overhead, P50_P99)
     q50, q99 = percentiles_ms(overhead_ex_queue, P50_P99)
     r50, r99 = percentiles_ms([x.rtt_ms for x in s], P50_P99)
+    # What the caller sees: its own clock around the await, not the stamp on Zenoh's thread.
+    caller = [x.await_ms - x.inference_ms for x in s]
+    c50, c99 = percentiles_ms(caller, P50_P99)
+    cq50, cq99 = percentiles_ms([c - x.queue_wait_ms for c, x in zip(caller, s, strict=True)], P50_P99)
     return {
         "clients": result.n_clients,
         "samples": len(s),
@@ -120,6 +124,10 @@ def summarize(result: FleetResult) -> dict[str, Any]:
         "overhead_ms_p99": round(o99, 3),
         "overhead_ex_queue_ms_p50": round(q50, 3),
         "overhead_ex_queue_ms_p99": round(q99, 3),
+        "caller_overhead_ms_p50": round(c50, 3),
+        "caller_overhead_ms_p99": round(c99, 3),
+        "caller_ex_queue_ms_p50": round(cq50, 3),
+        "caller_ex_queue_ms_p99": round(cq99, 3),
         "rtt_ms_p50": round(r50, 3),
         "rtt_ms_p99": round(r99, 3),
         "encode_ms_p50": round(float(np.median([x.encode_ms for x in s])), 3) if s else None,
@@ -141,9 +149,10 @@ def summarize(result: FleetResult) -> dict[str, Any]:
 def render(rows: list[dict[str, Any]]) -> str:
     head = (
         "| server | transport | payload | N | served/s | % ideal | device busy % | fairness | overhead p50 / p99 ms | "
-        "ex-queue p50 / p99 ms | RTT p50 / p99 ms | inference ms | encode ms | lost | ok |"
+        "ex-queue p50 / p99 ms | caller ex-queue p50 / p99 ms | RTT p50 / p99 ms | inference ms | encode ms | "
+        "lost | ok |"
     )
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
         lines.append(
             f"| {r['server']} | {r['transport']} | {r['payload']} | {r['clients']} | "
@@ -151,17 +160,57 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{r['device_busy_pct'] if r['device_busy_pct'] is not None else '-'} | "
             f"{r['fairness']:.3f} | {r['overhead_ms_p50']:.2f} / {r['overhead_ms_p99']:.2f} | "
             f"{r['overhead_ex_queue_ms_p50']:.2f} / {r['overhead_ex_queue_ms_p99']:.2f} | "
+            f"{r['caller_ex_queue_ms_p50']:.2f} / {r['caller_ex_queue_ms_p99']:.2f} | "
             f"{r['rtt_ms_p50']:.2f} / {r['rtt_ms_p99']:.2f} | {r['inference_ms_p50']:.2f} | "
             f"{r['encode_ms_p50']:.2f} | {r['lost_requests']} | {r['correct']} |"
         )
     lines += _n1_verdict(rows)
+    lines += _caller_table(rows)
     mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
     lines.append(
         f"\n{COMPUTE_MS:g} ms compute, ideal {IDEAL_RPS:g}/s; {mode}. {TRANSPORT_NOTE} served/s = chunks "
-        "received inside the window; RTT = observation stamp -> chunk received; overhead = RTT (client "
-        "encode and wake-up included) - server-reported inference; ex-queue also minus the queue wait."
+        "received inside the window; RTT = observation stamp -> chunk received on Zenoh's callback thread; "
+        "overhead = RTT (client encode included) - server-reported inference; ex-queue also minus the "
+        "server-reported queue wait; caller = the same from the caller's own clock around "
+        "`await session.infer(...)` (the floors: around put + wait). "
+        f"Machine load (1-min average) at the end: {_load()}."
     )
     return "\n".join(lines)
+
+
+def _load() -> str:
+    with contextlib.suppress(OSError):
+        return f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    return "unknown"
+
+
+def _caller_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 27's comparison: overhead at the caller's await (queue wait excluded), raw frames,
+    servo beside the floors of the same run, N = 1 and N = 16, per transport."""
+    pick = {(r["server"], r["transport"], r["clients"]): r for r in rows if r["payload"] == "raw"}
+    out = [
+        "\nWhat the caller sees (raw frames, p50 ms, queue wait excluded): servo's callback-stamped figure, "
+        "its figure at the caller's await, and the floors' at their caller.",
+        "",
+        "| transport | N | floor | floor + MAC | servo (callback) | servo (caller) | servo - floor | "
+        "servo - (floor + MAC) |",
+        "|" + "---|" * 8,
+    ]
+    found = False
+    for transport in TRANSPORTS:
+        for n in FLOOR_CLIENTS:
+            servo = pick.get(("servo", transport, n))
+            floor = pick.get(("zenoh floor", transport, n))
+            sealed = pick.get(("zenoh floor + MAC", transport, n))
+            if servo is None or floor is None or sealed is None:
+                continue
+            found = True
+            caller, bare, mac = (r["caller_ex_queue_ms_p50"] for r in (servo, floor, sealed))
+            out.append(
+                f"| {transport} | {n} | {bare:.2f} | {mac:.2f} | {servo['overhead_ex_queue_ms_p50']:.2f} | "
+                f"**{caller:.2f}** | {caller - bare:+.2f} | {caller - mac:+.2f} |"
+            )
+    return out if found else []
 
 
 def _n1_verdict(rows: list[dict[str, Any]]) -> list[str]:
@@ -232,18 +281,27 @@ def test_zenoh_echo_baseline(
 
 
 @pytest.mark.parametrize("mac", [False, True], ids=["bare", "mac"])
+@pytest.mark.parametrize("n_clients", FLOOR_CLIENTS, ids=[f"N{n}" for n in FLOOR_CLIENTS])
 def test_transport_floor(
-    benchmark: BenchmarkFixture, floor_server: tuple[int, str], table: list[dict[str, Any]], mac: bool
+    benchmark: BenchmarkFixture,
+    echo_server: tuple[int, str],
+    table: list[dict[str, Any]],
+    n_clients: int,
+    mac: bool,
 ) -> None:
-    """What no Python server on Zenoh TCP can go below for this payload, with and without the
-    MAC servo requires: a plain thread putting a pre-encoded raw observation (`run_floor`)."""
+    """What no Python server on Zenoh can go below for this payload, with and without the MAC
+    servo requires: plain threads putting a pre-encoded raw observation (`run_floor`)."""
     smoke = benchmark.disabled
-    port, transport = floor_server
+    if smoke and n_clients not in SMOKE_CLIENTS:
+        pytest.skip(f"smoke mode runs N in {SMOKE_CLIENTS}")
+    port, transport = echo_server
     benchmark.group = f"server-{transport}-raw"
-    benchmark.name = f"zenoh-floor-{transport}-raw-{'mac' if mac else 'bare'}-N1"
+    benchmark.name = f"zenoh-floor-{transport}-raw-{'mac' if mac else 'bare'}-N{n_clients}"
     kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     result = benchmark.pedantic(
-        lambda: run_floor(port, mac=mac, compute_ms=COMPUTE_MS, **kwargs), rounds=1, iterations=1
+        lambda: run_floor(port, mac=mac, compute_ms=COMPUTE_MS, n_clients=n_clients, transport=transport, **kwargs),
+        rounds=1,
+        iterations=1,
     )
     stats = summarize(result)
     server = "zenoh floor + MAC" if mac else "zenoh floor"
