@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -430,13 +430,20 @@ def run_process_fleet(
     height: int = HEIGHT,
     width: int = WIDTH,
     deadline_s: float = 180.0,
+    client: str = "benches._fleet",
+    on_window: Callable[[float, float], None] | None = None,
 ) -> FleetResult:
     """Like `run_fleet`, with every client in its own process (``python -m benches._fleet client``);
     client ``i`` starts ``i * START_STAGGER_S`` after the first, all inside the warm-up. Clients
-    still running ``deadline_s`` after the start are killed (the run then fails, never hangs)."""
+    still running ``deadline_s`` after the start are killed (the run then fails, never hangs).
+
+    ``client`` names another module whose ``client`` role speaks the same lines (READY, GO, one
+    JSON line of samples); ``on_window(start, end)`` is told the window's monotonic instants once
+    every client has its start line (``end`` is infinite without a window).
+    """
     from benches._support import REPO, bench_env
 
-    base = [sys.executable, "-m", "benches._fleet", "client", "--port", str(port), "--quality", str(quality)]
+    base = [sys.executable, "-m", client, "client", "--port", str(port), "--quality", str(quality)]
     size = ["--height", str(height), "--width", str(width)]
     procs = [
         subprocess.Popen(
@@ -463,6 +470,8 @@ def run_process_fleet(
             assert proc.stdin is not None
             proc.stdin.write(f"GO {t0 + i * START_STAGGER_S} {rest}\n")
             proc.stdin.flush()
+        if on_window is not None:
+            on_window(t0 + warmup_s, t0 + warmup_s + measure_s if measure_s is not None else float("inf"))
         for proc in procs:
             out, _ = proc.communicate()
             assert proc.returncode == 0, f"client process exited with {proc.returncode}"
