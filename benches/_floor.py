@@ -179,7 +179,15 @@ def run_floor(
                 pub.undeclare()
                 sub.undeclare()
 
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n_clients)]
+    def guarded(index: int) -> None:
+        try:
+            client(index)
+        except Exception as exc:  # recorded (the row then fails); the others must not wait for it
+            ready.abort()
+            with lock:
+                result.errors.append(f"client {index}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=guarded, args=(i,), daemon=True) for i in range(n_clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
