@@ -148,6 +148,7 @@ def manifest_text(
     host: str = "127.0.0.1",
     max_batch: int = 16,
     model: str = 'source = "bench"\nwarmup = 2',
+    intake_threads: int = 0,
 ) -> str:
     """A bench server's manifest; ``model`` is the body of its ``[model]`` table."""
     return f"""
@@ -157,6 +158,7 @@ def manifest_text(
 app = "bench"
 max_sessions = {max_sessions}
 max_batch = {max_batch}
+intake_threads = {intake_threads}
 client_grace_s = 2.0
 [zenoh]
 listen = ["tcp/{host}:{port}"]
@@ -196,7 +198,12 @@ async def _serve(args: argparse.Namespace) -> None:
             ]
         )
     text = manifest_text(
-        args.port, shared_memory=args.transport == "shm", host=args.host, max_batch=args.max_batch, model=model
+        args.port,
+        shared_memory=args.transport == "shm",
+        host=args.host,
+        max_batch=args.max_batch,
+        model=model,
+        intake_threads=args.intake_threads,
     )
     server = PolicyServer(parse_manifest(text), policy=policy)
     async with anyio.create_task_group() as tg:
@@ -222,6 +229,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--compute-ms", type=float, default=20.0, help="forward time (the base time with a cost model)")
     parser.add_argument("--per-sample-ms", type=float, default=0.0, help="> 0: CostModelPolicy, batch-friendly")
     parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--intake-threads", type=int, default=0, help="serve: serving.intake_threads (0: per core)")
     parser.add_argument("--index", type=int, default=0, help="client: its index (client id, state, frames)")
     parser.add_argument("--quality", type=int, default=0, help="client: JPEG quality, 0 = raw")
     parser.add_argument("--height", type=int, default=HEIGHT)

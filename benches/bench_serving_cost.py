@@ -6,7 +6,9 @@ everything measured is serving: transport, authentication, decoding, scheduling 
 
 - ``servo``: ``servo-serve``'s `PolicyServer` (``python -m benches._fleet serve``) over Zenoh TCP
   (``shared_memory = false``: what a robot reaching a GPU box uses), frames raw and JPEG q90,
-  clients ``python -m benches._fleet client`` (a `PolicyClient` session each).
+  clients ``python -m benches._fleet client`` (a `PolicyClient` session each); its observation
+  intake spread over one lane per core (`servo.server.lanes`), and on one thread as before
+  (``servo 1 lane``, ``serving.intake_threads = 1``): the same-run before/after.
 - ``openpi``: the openpi protocol server of `benches._openpi` (``websockets`` + openpi-client's
   msgpack-numpy, the forward on the event loop, as openpi's ``WebsocketPolicyServer`` runs it;
   openpi's server package is not on PyPI, its client is), clients ``openpi_client``'s own
@@ -51,18 +53,22 @@ SMOKE_CLIENTS = 2
 SMOKE_REQUESTS = 5
 WARMUP_S = 3.0
 MEASURE_S = 8.0
-#: (server, payload) -> JPEG quality of the clients (0: raw).
-CASES = {("servo", "raw"): 0, ("servo", "jpeg90"): 90, ("openpi", "raw"): 0}
+#: Servers: servo with its observation intake on one thread (before issue 27) and with a lane
+#: per core (``serving.intake_threads = 0``), and the openpi-protocol server.
+SERVERS = {"servo 1 lane": "1", "servo": "0", "openpi": None}
+#: payload -> JPEG quality of the clients (0: raw); openpi's protocol sends frames raw only.
+PAYLOADS = {"raw": 0, "jpeg90": 90}
 
 
-@pytest.fixture(scope="module", params=["servo", "openpi"])
+@pytest.fixture(scope="module", params=list(SERVERS))
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int, int]]:
     """(name, port, pid) of a server whose forward takes no time."""
-    if request.param == "servo":
+    lanes = SERVERS[request.param]
+    if lanes is not None:
         port = free_port()
         command = [sys.executable, "-m", "benches._fleet", "serve", "--port", str(port), "--transport", "tcp"]
-        with ready_process([*command, "--compute-ms", "0"], "servo server") as (proc, _):
-            yield "servo", port, proc.pid
+        with ready_process([*command, "--compute-ms", "0", "--intake-threads", lanes], "servo server") as (proc, _):
+            yield request.param, port, proc.pid
     else:
         command = [sys.executable, "-m", "benches._openpi", "baseline", "--compute-ms", "0"]
         with ready_process(command, "openpi-protocol server") as (proc, line):
@@ -166,27 +172,27 @@ def render(rows: list[dict[str, Any]]) -> str:
     per_core = {(r["server"], r["payload"]): r["rps_per_core"] for r in rows if r["rps_per_core"]}
     openpi = per_core.get(("openpi", "raw"))
     if openpi:
-        ratios = [f"{payload} {v / openpi:.2f}x" for (name, payload), v in per_core.items() if name == "servo"]
+        ratios = [f"{name} {payload} {v / openpi:.2f}x" for (name, payload), v in per_core.items() if name != "openpi"]
         text += f"\n\nservo's requests/s per server core against openpi's: {', '.join(ratios)} (target >= 2x)."
     return text
 
 
-@pytest.mark.parametrize("payload", ["raw", "jpeg90"])
+@pytest.mark.parametrize("payload", list(PAYLOADS))
 def test_serving_cost(
     benchmark: BenchmarkFixture, server: tuple[str, int, int], table: list[dict[str, Any]], payload: str
 ) -> None:
     name, port, pid = server
-    if (name, payload) not in CASES:
+    if name == "openpi" and payload != "raw":
         pytest.skip("openpi's protocol sends frames raw")
     smoke = benchmark.disabled
     n = SMOKE_CLIENTS if smoke else CLIENTS
     cpu = ServerCpu(pid)
-    client = "benches._fleet" if name == "servo" else "benches._openpi"
+    client = "benches._openpi" if name == "openpi" else "benches._fleet"
     kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     benchmark.group = "serving-cost"
     benchmark.name = f"{name}-{payload}-N{n}"
     result = benchmark.pedantic(
-        lambda: run_process_fleet(port, n, quality=CASES[name, payload], client=client, on_window=cpu.window, **kwargs),
+        lambda: run_process_fleet(port, n, quality=PAYLOADS[payload], client=client, on_window=cpu.window, **kwargs),
         rounds=1,
         iterations=1,
     )
