@@ -9,10 +9,13 @@ keeps the callback thread for routing only and runs the work (`ObservationIntake
 picked from its key, so they are verified in the order they came: the replay check (a seq_id
 strictly above the last accepted) never refuses one that merely overtook another.
 
-One lane means no hand-off at all: the callback thread does the work itself, as on a single core
-a thread hop only adds a wake-up. A full lane (its FIFO holds `LANE_DEPTH` observations, as
-many as Zenoh's own callback queue) makes the callback thread do that observation itself, which
-is what happens without lanes: Zenoh's queue then fills and congestion control decides.
+Either way an observation crosses one thread boundary (`callback`): with lanes, Zenoh's network
+thread only routes (a hash and a FIFO put: `servo.transport.direct`) and the lane does the work;
+with one lane, zenoh-python's own callback thread does it, as on a single core another hop
+would only add a wake-up. A full lane (its FIFO holds `LANE_DEPTH` observations, as many as
+Zenoh's own callback queue) makes the routing thread do that observation itself: Zenoh's
+reception then waits for it, as it waits for a full callback queue without lanes, and
+congestion control decides.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import zlib
 from collections.abc import Callable
 
 import zenoh
+from zenoh.handlers import Callback
 
 from servo.logs import LogThrottle, get_logger
 from servo.stages import StageFull, StageThread
+from servo.transport import direct
 
 log = get_logger(__name__)
 
@@ -44,9 +49,9 @@ def auto_lanes() -> int:
 
 
 class IntakeLanes:
-    """Routes each observation sample to its session's lane (`__call__` is the Zenoh callback).
+    """Routes each observation sample to its session's lane (`callback` is the subscriber's).
 
-    Called on the Zenoh subscriber's callback thread; each lane thread runs ``handle`` for the
+    Called on a Zenoh thread (`callback`); each lane thread runs ``handle`` for the
     samples routed to it, in order. `close` (any thread) stops the lanes: samples still waiting
     are dropped (the server is going away).
 
@@ -63,6 +68,14 @@ class IntakeLanes:
         self._lanes = [StageThread(f"servo-intake-{n}", capacity=LANE_DEPTH) for n in range(lanes)] if lanes > 1 else []
         self._throttle = LogThrottle(1.0)
 
+    def callback(self) -> Callback[zenoh.Sample]:
+        """The observation subscriber's callback.
+
+        On Zenoh's own thread when it only routes (lanes); on a callback thread of its own when
+        it does the work (one lane).
+        """
+        return direct(self) if self._lanes else Callback(self)
+
     @property
     def lanes(self) -> int:
         """Threads observations are spread over (1: the callback thread itself)."""
@@ -73,7 +86,7 @@ class IntakeLanes:
         return zlib.crc32(key.encode()) % self.lanes
 
     def __call__(self, sample: zenoh.Sample) -> None:
-        """Zenoh's callback thread: hand ``sample`` to its session's lane (one lane: work on it here)."""
+        """A Zenoh thread: hand ``sample`` to its session's lane (one lane: work on it here)."""
         if not self._lanes:
             self._run(sample)
             return

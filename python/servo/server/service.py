@@ -274,7 +274,7 @@ class PolicyServer:
             )
             on_client_alive: Callback[zenoh.Sample] = direct(lambda s: bridge.call(state.on_client_liveliness, s))
             declared += [
-                zsession.declare_subscriber(keys.all_obs, intake),  # routes to the lanes (servo.server.lanes)
+                zsession.declare_subscriber(keys.all_obs, intake.callback()),  # servo.server.lanes
                 *control.declare(bridge),
                 zsession.liveliness().declare_subscriber(keys.all_client_alive, on_client_alive, history=True),
             ]
