@@ -1,4 +1,4 @@
-"""Zenoh plumbing shared by the server and the client: settings, sessions, QoS, queries."""
+"""Zenoh plumbing shared by the server and the client: settings, Zenoh sessions, QoS, queries."""
 
 from servo.transport.bridge import direct, query
 from servo.transport.certificate import CertificateError, common_name
