@@ -116,7 +116,7 @@ image-tools:
 
 ## test-image: build both images (`make image`, on a debootstrap base), run the server image, drive a sim robot through it
 test-image: setup image-tools
-	$(PY) -m pytest -q -s -m image
+	SERVO_TEST_NETWORK=host $(PY) -m pytest -q -s -m image
 
 $(LEROBOT_STAMP): pyproject.toml $(RUST_SOURCES)
 	test -x $(LEROBOT_PY) || $(PYTHON312) -m venv $(LEROBOT_VENV)

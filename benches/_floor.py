@@ -212,7 +212,7 @@ async def run_echo_fleet(
 
     from servo.client.encoder import FrameEncoder
     from servo.stages import LoopBridge
-    from servo.transport import ZenohSettings, open_session
+    from servo.transport import ZenohSettings, open_zsession
     from servo.wire import Observation, encode, encode_tensor
 
     settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=transport == "shm")
@@ -220,7 +220,7 @@ async def run_echo_fleet(
     clock = Clock(n_clients, warmup_s, measure_s)
 
     async def one(index: int) -> None:
-        async with open_session(settings) as z:
+        async with open_zsession(settings) as z:
             bridge = LoopBridge()
             arrived = anyio.Event()
             replies: list[tuple[int, int]] = []

@@ -69,9 +69,9 @@ listen_beside_router = true
 
 
 async def _router(args: argparse.Namespace) -> None:
-    from servo.transport import ZenohSettings, open_session
+    from servo.transport import ZenohSettings, open_zsession
 
-    async with open_session(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{args.port}"])):
+    async with open_zsession(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{args.port}"])):
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             print("READY", flush=True)
             async for _ in signals:
@@ -108,7 +108,7 @@ async def _robots(args: argparse.Namespace) -> None:
     from servo.client import PolicyClient, RemoteSession, RequestTimeout, ServerError, SessionLost
     from servo.client.errors import NoServerFound, SessionRejected
     from servo.edge.pipeline import DELAY_WINDOW
-    from servo.transport import ZenohSettings, open_session
+    from servo.transport import ZenohSettings, open_zsession
 
     settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{args.router}"])
     period = 1.0 / args.rate
@@ -275,7 +275,7 @@ async def _robots(args: argparse.Namespace) -> None:
                 current = await stream(current)
             lost_at = time.monotonic()
 
-    async with open_session(settings) as zsession:
+    async with open_zsession(settings) as zsession:
         probe = PolicyClient(zsession, f"probe-{args.first}")
         with anyio.fail_after(60):
             while True:

@@ -41,7 +41,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._fleet import CHUNK, FPS
 from servo.client import PolicyClient
-from servo.transport import ZenohSettings, open_session
+from servo.transport import ZenohSettings, open_zsession
 from testbed.processes import free_port
 
 RATE_HZ = 0.5
@@ -93,7 +93,7 @@ class Child:
 
 
 async def sessions_per_replica(router_port: int) -> dict[str, int]:
-    async with open_session(ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{router_port}"])) as z:
+    async with open_zsession(ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{router_port}"])) as z:
         servers = await PolicyClient(z, "census").discover(app="scale")
     return {s.keys.replica: s.status.active_sessions for s in servers}
 

@@ -39,6 +39,11 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer
 
+# servo's own error classes (`servo.errors`), raised here
+from servo.errors import AuthError as AuthError
+from servo.errors import HeaderError as HeaderError
+from servo.errors import QueueError as QueueError
+
 __all__ = [
     "ATTACHMENT_SIZE",
     "FLAG_COPY",
@@ -88,16 +93,6 @@ build_profile: Final[Literal["release", "debug"]]
 """Cargo profile of this build; benchmarks refuse to measure a ``"debug"`` build."""
 
 # ----------------------------------------------------------------------------- ActionQueue
-
-class QueueError(ValueError):
-    """A chunk was rejected by :meth:`ActionQueue.merge`.
-
-    Raised for a wrong dtype, a wrong number of dimensions, a wrong action dimension, an
-    ``original``/``processed`` length mismatch, an empty chunk, a merge that would exceed
-    the queue's capacity, or a position read before the last merge. The message names the
-    expected and the actual values, e.g. ``"processed has shape (50, 7), expected (T, 6)"``.
-    The queue is left unchanged.
-    """
 
 @final
 class Provenance:
@@ -664,16 +659,6 @@ FLAG_COPY: Final[int]
 seq_id because its answer is overdue; a server that still holds, serves or has answered the
 original answers the copy from that instead of running another forward."""
 
-class HeaderError(ValueError):
-    """A header could not be built, encoded or decoded.
-
-    The message names the problem, e.g. ``"attachment is 12 bytes, expected 62"``,
-    ``"bad magic b'XX', expected b'SV'"``, ``"unsupported schema_version 1 (supported: 2)"``,
-    ``"unknown msg_type 9 (known: 1, 2, 3, 4, 5, 6)"``,
-    ``"flags=256 does not fit u8, expected 0 <= flags <= 255"`` or
-    ``"session_id is 8 bytes, expected 16"``.
-    """
-
 @final
 class Header:
     """The attachment header of every servo message (frozen, hashable).
@@ -798,15 +783,6 @@ SEED_SIZE: Final[int]
 
 SIGNATURE_SIZE: Final[int]
 """Size of an Ed25519 signature: 64 bytes."""
-
-class AuthError(ValueError):
-    """A message failed authentication, or a key-exchange or signature input was refused.
-
-    The message says which, e.g. ``"tag mismatch"``, ``"zero tag: the message is
-    unauthenticated"``, ``"attachment is 61 bytes, expected 62"``, ``"key is 16 bytes,
-    expected 32"``, ``"peer public key is of low order (all-zero shared secret)"`` or
-    ``"this KeyPair was already used (key pairs are single-use)"``.
-    """
 
 @final
 class SessionKey:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from servo._core import SEED_SIZE
 from servo._core import ServerIdentity as Identity
+from servo.errors import SecurityError
 from servo.home import ensure_config_dir, robot_identity_path, server_identity_path
 from servo.logs import get_logger
 from servo.private_files import PrivateFileError, create_private, private_dir, read_private
@@ -41,7 +42,7 @@ __all__ = [
 _TAG = "servo-identity-v1"
 
 
-class IdentityError(ValueError):
+class IdentityError(SecurityError, ValueError):
     """The identity file cannot be used; the message names the file and the problem."""
 
 

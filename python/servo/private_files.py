@@ -31,6 +31,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from servo.errors import SecurityError
+
 __all__ = ["PrivateFileError", "check_dir", "create_private", "private_dir", "read_private", "write_private"]
 
 #: The largest file read here (keys, pins and rosters are a few kB).
@@ -41,7 +43,7 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
-class PrivateFileError(ValueError):
+class PrivateFileError(SecurityError, ValueError):
     """A key, pin or roster file (or its directory) cannot be trusted; the message says what to fix."""
 
 

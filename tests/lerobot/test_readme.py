@@ -50,6 +50,7 @@ def on_this_machine(argv: list[str], port: int, server: str = "127.0.0.1") -> li
     return out
 
 
+@pytest.mark.wildcard
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

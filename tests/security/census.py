@@ -1,6 +1,6 @@
 """What a process exposes: its listening sockets, and the Zenoh declarations of the sessions it opens.
 
-Declarations are recorded where every servo session is opened (`servo.transport.open_session`
+Declarations are recorded where every Zenoh session is opened (`servo.transport.open_zsession`
 calls ``zenoh.open``): while a `Census` is installed, ``zenoh.open`` hands out the real session
 wrapped so that each ``declare_*`` (and each liveliness token or subscriber) is written down with
 the component that opened the session (a context variable the test sets around each component's

@@ -139,6 +139,7 @@ async def test_the_loopback_quick_start_exposes_only_what_the_threat_model_names
     assert {d.component for d in census.declarations} == {"servo-serve", "servo-edge", "servo-monitor"}
 
 
+@pytest.mark.wildcard
 async def test_a_lan_server_exposes_only_what_the_threat_model_names_and_strangers_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from servo._core import Header
 from servo.client.results import ChunkResult
+from servo.errors import ProtocolError
 from servo.logs import LogThrottle, get_logger
 from servo.wire import ActionChunk, Tensor, WireError, decode, decode_floats
 
@@ -34,7 +35,7 @@ REJECT_REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
 MAX_CHUNK_STEPS = 1024
 
 
-class ChunkRejected(Exception):
+class ChunkRejected(ProtocolError):
     """A chunk (or another server message) that must not reach the robot."""
 
     def __init__(self, reason: RejectReason, detail: str) -> None:

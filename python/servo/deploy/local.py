@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from servo.deploy.local_files import MONITOR_USER, FleetFiles, write_fleet_files
+from servo.errors import StartError
 from servo.logs import get_logger
 
 log = get_logger(__name__)
@@ -49,7 +50,7 @@ STOP_GRACE_S = 15.0
 _PR_SET_PDEATHSIG = 1
 
 
-class FleetError(RuntimeError):
+class FleetError(StartError, RuntimeError):
     """A member could not start; the message names it and ends with its last log lines."""
 
 

@@ -68,9 +68,6 @@ from servo.wire import WireError, segment
 
 InferenceMode = Literal["remote", "sync", "rtc", "replay"]
 
-#: Raised for every edge configuration problem (the edge's name for `servo.config.ConfigError`).
-EdgeConfigError = ConfigError
-
 #: How often a robot re-dials a server or router it lost (ms): a restarted server is linked again
 #: within this of listening, so its liveliness token (and the re-handshake it triggers) follows at
 #: once. A failed dial is one refused TCP connect.
@@ -374,7 +371,7 @@ def load_edge_config(path: str | None = None, flags: Mapping[str, Any] | None = 
             section); they replace the file's.
 
     Raises:
-        EdgeConfigError: unreadable file, unknown or moved option, wrong type or out-of-range value.
+        ConfigError: unreadable file, unknown or moved option, wrong type or out-of-range value.
     """
     overrides = {FLAG_KEYS.get(name, name): value for name, value in (flags or {}).items()}
     if path:

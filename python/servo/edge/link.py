@@ -27,7 +27,7 @@ from servo.client.known import deployment
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
 from servo.edge.errors import EdgeStartError
-from servo.transport import open_session, zenoh_message
+from servo.transport import open_zsession, zenoh_message
 
 
 def _backoff(config: EdgeConfig) -> Backoff:
@@ -75,7 +75,7 @@ async def open_link(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zen
     backoff = _backoff(config)
     while True:
         try:
-            zsession = await stack.enter_async_context(open_session(settings))
+            zsession = await stack.enter_async_context(open_zsession(settings))
             break
         except zenoh.ZError as exc:
             problem = zenoh_message(exc)

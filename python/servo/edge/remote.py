@@ -21,7 +21,8 @@ from servo.client import (
     SessionRejected,
     UntrustedServer,
 )
-from servo.client.policy_client import RETRYABLE, SessionOptions
+from servo.client.options import SessionOptions
+from servo.client.policy_client import RETRYABLE
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase, Produced

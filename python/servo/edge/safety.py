@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from servo.errors import RobotError
 from servo.robots.protocol import RobotSpec
 
 FloatArray = npt.NDArray[np.float32]
 
 
-class UnsafeTarget(ValueError):
+class UnsafeTarget(RobotError, ValueError):
     """A target the safety layer refuses to turn into a command (no clamp can fix NaN)."""
 
 

@@ -15,7 +15,7 @@ from servo.monitor.exporter import FleetExporter
 from servo.monitor.fleet import FleetView
 from servo.monitor.trust import RobotTrust, load_pins
 from servo.monitor.web import MonitorWeb
-from servo.transport import DEFAULT_LOCAL_ENDPOINT, TlsSettings, UsrPwdSettings, ZenohSettings, open_session
+from servo.transport import DEFAULT_LOCAL_ENDPOINT, TlsSettings, UsrPwdSettings, ZenohSettings, open_zsession
 
 
 class MonitorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -80,7 +80,7 @@ async def run_monitor(
     """
     pins = load_pins(config.robot_keys) if config.robot_keys else {}
     view = FleetView(RobotTrust(pins, max_robots=config.max_robots))
-    async with open_session(config.zenoh_settings()) as zsession, anyio.create_task_group() as tg:
+    async with open_zsession(config.zenoh_settings()) as zsession, anyio.create_task_group() as tg:
         collector = FleetCollector(view, zsession)
         await tg.start(collector.run)
         web = MonitorWeb(collector, FleetExporter(view))

@@ -18,13 +18,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servo.errors import SecurityError
 from servo.wire import WireError, parse_fingerprint, segment
 
 #: Past runs remembered per robot (their records are refused).
 RETIRED_BOOTS = 16
 
 
-class TrustError(ValueError):
+class TrustError(SecurityError, ValueError):
     """The pins file cannot be used; the message names the file and the line."""
 
 

@@ -49,6 +49,7 @@ from servo._core import (
     SessionKey,
     decode_header,
 )
+from servo.errors import SecurityError
 from servo.wire import SessionOpen, ack_transcript, resume_body
 
 #: Why a client message was refused (the ``reason`` label of the rejection counters).
@@ -57,7 +58,7 @@ Reason = Literal["key", "header", "session", "too_large", "mac", "epoch", "repla
 Stream = Literal["obs", "control"]
 
 
-class Refused(Exception):
+class Refused(SecurityError):
     """A client message failed verification.
 
     Attributes:

@@ -17,7 +17,6 @@ import msgspec
 
 from servo.config import (
     ByteLimit,
-    ConfigError,
     FieldError,
     NonEmptyStr,
     NonNegativeFloat,
@@ -37,9 +36,6 @@ from servo.wire import WireError, parse_fingerprint, segment
 from servo.wire.openpi import ObservationKeys
 
 _DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
-
-#: Raised for every manifest problem (kept as the server's name for `servo.config.ConfigError`).
-ManifestError = ConfigError
 
 
 def _segment(field: str, value: str) -> None:
@@ -421,7 +417,7 @@ def parse_manifest(text: str, *, origin: str = "<manifest>", overrides: dict[str
     """Parse and validate manifest TOML.
 
     Raises:
-        ManifestError: anything wrong, with the key named.
+        ConfigError: anything wrong, with the key named.
     """
     return parse_toml(text, Manifest, origin=origin, overrides=overrides)
 
@@ -430,6 +426,6 @@ def load_manifest(path: str | Path, *, overrides: dict[str, Any] | None = None) 
     """Read and parse a manifest file; ``overrides`` replace keys by dotted name (CLI flags).
 
     Raises:
-        ManifestError: unreadable file, or anything wrong with the key named.
+        ConfigError: unreadable file, or anything wrong with the key named.
     """
     return load_toml(path, Manifest, overrides=overrides)

@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from servo.errors import SecurityError
 from servo.logs import get_logger
 from servo.private_files import PrivateFileError, create_private, private_dir, read_private, write_private
 
@@ -53,7 +54,7 @@ _WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-class CertificateFileError(ValueError):
+class CertificateFileError(SecurityError, ValueError):
     """The self-signed certificate's key on disk cannot be used; the message names the file."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from servo.errors import ServoError
 from servo.recording import EpisodeHeader, FrameRecord, iter_records
 from servo.wire import WireError, decode_tensor
 
@@ -26,7 +27,7 @@ from servo.wire import WireError, decode_tensor
 HELD = ("fallback", "none")
 
 
-class TraceError(ValueError):
+class TraceError(ServoError, ValueError):
     """The inputs cannot be joined; the message names the file or the option."""
 
 

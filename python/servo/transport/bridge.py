@@ -1,7 +1,7 @@
 """From Zenoh callback threads into the event loop, without ever blocking Zenoh.
 
 Zenoh runs every callback entity on its own Python thread fed by a 256-deep queue, or (`direct`)
-on its own network thread; a callback that blocks stalls every subscriber of the session.
+on its own network thread; a callback that blocks stalls every subscriber of the Zenoh session.
 Callbacks therefore only deposit, through `servo.stages.LoopBridge`, which schedules a function
 on the loop and returns at once.
 """
@@ -36,7 +36,7 @@ def direct(fn: Callable[[T], None], drop: Callable[[], None] | None = None) -> C
 
 
 async def query(
-    session: zenoh.Session,
+    zsession: zenoh.Session,
     selector: str,
     *,
     payload: bytes | None = None,
@@ -59,7 +59,7 @@ async def query(
     handler: Callback[zenoh.Reply] = direct(
         lambda reply: bridge.call(replies.append, reply), lambda: bridge.call(done.set)
     )
-    session.get(
+    zsession.get(
         selector,
         handler,
         target=target,

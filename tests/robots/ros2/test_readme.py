@@ -57,6 +57,7 @@ def launched_edge() -> list[str]:
     return shlex.split(ast.literal_eval(edge))
 
 
+@pytest.mark.wildcard
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_example_arm_as_the_readme_says(ros_env: RosEnv, tmp_path: Path) -> None:
