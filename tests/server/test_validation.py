@@ -80,7 +80,7 @@ MISMATCHES = {
     "degenerate camera size": Mismatch(
         "", {"features": features(cameras={"front": CameraFeature(0, 32)})}, "bad_request", (">= 1", "height")
     ),
-    "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[2]")),
+    "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[3]")),
     "strict fps": Mismatch("strict_fps = true", {"fps": 15.0}, "fps", ("15 fps", "30 fps")),
     "pinned task": Mismatch('default_task = "sweep"\npin_task = true', {"task": "fold"}, "task", ("'sweep'", "'fold'")),
     "-100..100 policy, degrees robot": Mismatch(

@@ -1,6 +1,6 @@
 """Reading the replies of a control-plane query: only what a check accepts counts.
 
-`sealed_answer` takes the first answer that its check accepts (the acks of sealed control
+`sealed_answer` takes the first answer that its check accepts (the acks of encrypted control
 requests: reset, close); session opens (`servo.client.trust.pick_ack`) and trajectory fetches
 (`servo.client.trajectory`) read their replies with checks of their own. A queryable answers
 ``reply`` with the expected struct or ``reply_err`` with a `Rejection`; Zenoh adds error replies

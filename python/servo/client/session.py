@@ -2,9 +2,9 @@
 
 Three parts, each with one job:
 
-* `servo.client.protocol.SessionProtocol` decides: seq_ids, what is sealed, which server message
+* `servo.client.protocol.SessionProtocol` decides: seq_ids, what is encrypted, which server message
   may touch the request in flight (bytes in, verdicts out; no I/O);
-* `servo.client.uplink.Uplink` sends: encode, pack, seal and put, in one job off the event loop;
+* `servo.client.uplink.Uplink` sends: encode, pack, encrypt and put, in one job off the event loop;
 * `RemoteSession` (here) is the Zenoh shell around them: it declares the session's entities,
   moves bytes from Zenoh callbacks to the protocol on the event loop, and turns verdicts into
   the results `send` / `receive` / `infer` / `reset` / `close` return.
@@ -178,7 +178,7 @@ class RemoteSession:
         return self._matching.is_set()
 
     async def close(self, *, timeout: float = 0.5) -> None:
-        """Tell the server (best effort, sealed) and undeclare everything. Idempotent."""
+        """Tell the server (best effort, encrypted) and undeclare everything. Idempotent."""
         if self.ack is not None and not self.lost.is_set():
             with anyio.move_on_after(timeout):
                 with contextlib.suppress(RequestTimeout, ServerError):
@@ -209,7 +209,7 @@ class RemoteSession:
         """Publish one observation; returns its seq_id at once (the uplink thread sends it).
 
         The codec is the pick of the session's `CodecChooser` (``codec``) for this request. A
-        newer request supersedes any request still in flight. Encoding, packing, sealing and the
+        newer request supersedes any request still in flight. Encoding, packing, encrypting and the
         put run on the session's uplink thread, which reads ``images`` after this returned (and
         again for a `resend`): do not write to them. An observation that cannot leave (no server
         subscribes to it, or the put fails) fails its `receive` at once with `SendFailed` and is
@@ -393,15 +393,14 @@ class RemoteSession:
         await self._control(ResetRequest(self.wire_id, episode_id), timeout=timeout)
 
     async def _control(self, message: ControlRequest, *, timeout: float) -> ControlAck:
-        """Send a sealed control request; return the first reply sealed by the session key.
+        """Send an encrypted control request; return the first reply the session key decrypts.
 
         Forged or unverifiable acks are counted and skipped; a refusal (keyless by design) raises.
         """
         protocol = self.protocol
-        key, header, body = protocol.key, protocol.control_header(), encode(message)
-        replies = await query(
-            self._z, self.keys.control, payload=body, attachment=key.seal(header, body), timeout=timeout
-        )
+        header = protocol.control_header()
+        attachment, ciphertext = protocol.key.encrypt(header, encode(message))
+        replies = await query(self._z, self.keys.control, payload=ciphertext, attachment=attachment, timeout=timeout)
 
         def refused(problem: str) -> None:
             protocol.counters.reject("mac", f"control ack: {problem}", session_id=protocol.session_id)

@@ -32,6 +32,7 @@ from servo.client.replies import rejection_of
 from servo.client.verify import ClientCounters
 from servo.identity import Identity
 from servo.wire import (
+    SUPPORTED_SCHEMA_VERSIONS,
     Rejection,
     ServerKeys,
     SessionAck,
@@ -150,6 +151,10 @@ def pick_ack(
 
 
 def _ack_problem(ack: SessionAck, keys: ServerKeys, status: StatusReply, client_key: bytes) -> str | None:
+    if ack.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
+        return (
+            f"ack settles on schema_version {ack.schema_version}, this client speaks {list(SUPPORTED_SCHEMA_VERSIONS)}"
+        )
     if ack.replica != keys.replica:
         return f"ack names replica {ack.replica!r}, asked {keys.replica!r}"
     if ack.server_identity != status.identity:

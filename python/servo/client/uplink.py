@@ -1,10 +1,11 @@
-"""A session's way out: encode, pack, seal and put each observation in one job off the event loop.
+"""A session's way out: encode, pack, encrypt and put each observation in one job off the event loop.
 
 The event loop only decides (the seq_id, the codec, the header: `servo.client.protocol`) and
 hands the job over; the uplink's one thread encodes the frames (JPEG on the per-camera threads of
-`servo.client.encoder`), packs the `Observation`, seals header || body with the session key (the
-MAC pass over the body) and puts it. A put lasts as long as the transfer: ~1 ms on loopback,
-~150 ms for a raw observation on 100 Mbit/s, so it must not run on the loop either.
+`servo.client.encoder`), packs the `Observation` into one buffer it reuses, encrypts it there
+with the session key (one pass, the header under the tag: no second buffer) and puts it (Zenoh
+copies it). A put lasts as long as the transfer: ~1 ms on loopback, ~150 ms for a raw
+observation on 100 Mbit/s, so it must not run on the loop either.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from servo._core import Header, SessionKey
 from servo.client.codec import CodecChooser
 from servo.client.encoder import Frame, FrameEncoder
 from servo.client.results import SessionStats
-from servo.wire import Observation, Tensor, encode
+from servo.wire import Observation, Tensor, encode_into
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,10 @@ class Sent:
 class Uplink:
     """The session's sender thread and encoder. Created, fed and closed by the event loop.
 
-    Its thread writes ``stats.encode`` (a thread-safe tracker), ``stats.last_encode_ms`` and the
-    newest `Sent` record (under a lock, taken back on the loop by `record_cost`, which tells
-    ``codec`` what the request cost); a failed put fails its `Future`, which the session turns
-    into `SendFailed` on the loop.
+    Its thread owns the message buffer and writes ``stats.encode`` (a thread-safe tracker),
+    ``stats.last_encode_ms`` and the newest `Sent` record (under a lock, taken back on the loop
+    by `record_cost`, which tells ``codec`` what the request cost); a failed put fails its
+    `Future`, which the session turns into `SendFailed` on the loop.
     """
 
     def __init__(self, publisher: zenoh.Publisher, stats: SessionStats, codec: CodecChooser) -> None:
@@ -75,6 +76,8 @@ class Uplink:
         self._thread: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="servo-send")
         self._lock = threading.Lock()
         self._sent: Sent | None = None
+        #: The observation being sent, encoded then encrypted in place (uplink thread only).
+        self._buffer = bytearray()
 
     def submit(self, job: Outgoing) -> Future[None]:
         """Queue ``job`` behind the one being sent (if any); its future fails when it never left.
@@ -102,7 +105,7 @@ class Uplink:
     def _send(self, job: Outgoing) -> None:
         """Uplink thread: the whole way out of one observation."""
         images = self.encoder.encode(job.frames, job.quality, job.sizes)
-        body = encode(
+        encode_into(
             Observation(
                 state=job.state,
                 images=images,
@@ -110,17 +113,18 @@ class Uplink:
                 inference_delay_steps=job.inference_delay_steps,
                 prefix_model=job.prefix_model,
                 prefix_robot=job.prefix_robot,
-            )
+            ),
+            self._buffer,
         )
         encode_ns = time.monotonic_ns() - job.started_ns
         self._stats.encode.add(encode_ns)
         self._stats.last_encode_ms = encode_ns / 1e6
-        attachment = job.key.seal(job.header, body)
+        attachment = job.key.encrypt_in_place(job.header, self._buffer)
         nbytes = sum(len(image.data) for image in images.values())
         # Recorded before the put: the chunk may come back before the put returns.
         with self._lock:
             self._sent = Sent(job.header.seq_id, job.quality, job.started_ns, encode_ns / 1e6, nbytes)
-        self._publisher.put(body, attachment=attachment)
+        self._publisher.put(self._buffer, attachment=attachment)
 
     def close(self) -> None:
         """Stop taking jobs and undeclare the publisher (idempotent).

@@ -11,9 +11,9 @@ Who may do what (see `servo.server.auth` for the checks themselves):
   open, and how often, before validation and capacity); a client that already has a live
   session here gets ``session_exists`` unless the open is signed by the same robot, proves it
   holds that session's key, or the old client is gone;
-* reset and close must be sealed with the session key (a fresh seq_id each); anything else is
+* reset and close must be encrypted with the session key (a fresh seq_id each); anything else is
   refused, counted in ``servo_control_rejected_total{reason}``, and changes nothing;
-* the replies to reset and close are sealed too, so the client can tell them from a forgery;
+* the replies to reset and close are encrypted too, so the client can tell them from a forgery;
 * trajectories and their refusals are signed by the replica (`servo.server.trajectories`).
 """
 
@@ -66,7 +66,7 @@ _THROTTLE = LogThrottle(1.0)
 
 @dataclass(frozen=True)
 class Sealed:
-    """A reply authenticated by a session key (control acks); made and sent on the event loop."""
+    """A reply encrypted with a session key (control acks); made and sent on the event loop."""
 
     message: msgspec.Struct
     key: SessionKey
@@ -160,8 +160,8 @@ class ControlPlane:
             if isinstance(result, Rejection):
                 query.reply_err(encode(result))
             elif isinstance(result, Sealed):
-                body = encode(result.message)
-                query.reply(key, body, attachment=result.key.seal(result.header, body))
+                attachment, ciphertext = result.key.encrypt(result.header, encode(result.message))
+                query.reply(key, ciphertext, attachment=attachment)
             elif isinstance(result, Signed):
                 query.reply(key, result.body, attachment=result.signature)
             elif result is not None:
@@ -219,7 +219,7 @@ class ControlPlane:
         return self._reject(
             "schema_version",
             f"client speaks {versions}, server speaks {list(SUPPORTED_SCHEMA_VERSIONS)} "
-            "(schema 2 opens sessions on <prefix>/c/<client_id>/session)",
+            "(schema 2 and later open sessions on <prefix>/c/<client_id>/session)",
         )
 
     def open(self, query: zenoh.Query, payload: zenoh.ZBytes) -> SessionAck | Rejection:
@@ -331,7 +331,7 @@ class ControlPlane:
         return session
 
     def control(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Sealed | Rejection:
-        """Reset (episode boundary) or close the querying client's session, if the request is sealed by it."""
+        """Reset (episode boundary) or close the querying client's session, if the request is encrypted by it."""
         state = self._state
         try:
             client_id = state.replica.keys.client_of(str(query.key_expr))

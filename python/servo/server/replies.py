@@ -1,7 +1,7 @@
 """The reply stage of the data plane: chunks and errors leave in the order they were served.
 
 One stage, one thread ("servo-reply"): the inference worker hands over what each forward
-produced (`Reply`) and goes straight to the next forward; this thread encodes, seals and puts
+produced (`Reply`) and goes straight to the next forward; this thread encodes, encrypts and puts
 every answer, then accounts for it (metrics, audit). A FIFO and one thread keep the answers in
 serving order, and the put of one answer never holds the device.
 
@@ -172,7 +172,8 @@ class ReplyStage:
 
 def _publish(session: Session, msg_type: int, body: bytes, request: Header, bound: Logger) -> bool:
     if not session.publish(msg_type, body, request):
-        # The session was closed by the loop while this request was in flight.
+        # The session was closed by the loop while this request was in flight (or a newer
+        # request of it was answered already: see `Session.publish`).
         bound.info("reply not sent: session closed")
         return False
     return True

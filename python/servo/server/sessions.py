@@ -36,7 +36,7 @@ from typing import Literal
 
 import zenoh
 
-from servo._core import Header
+from servo._core import AuthError, Header
 from servo.policy import DecodedObservation, Processor
 from servo.server.admission import ImageGate, TokenBucket
 from servo.server.auth import SessionAuth
@@ -99,7 +99,7 @@ class Session:
     belongs to the inference worker. The publisher is shared by the worker (chunks, errors) and
     the event loop (drain notice, undeclare): use `publish` and `close_publisher`, which
     serialise the two (a Zenoh publisher used from two threads at once raises ``RuntimeError:
-    Already borrowed``). Every message it publishes is sealed with the session key.
+    Already borrowed``). Every message it publishes is encrypted with the session key.
     """
 
     auth: SessionAuth
@@ -143,20 +143,26 @@ class Session:
         return self.auth.epoch
 
     def publish(self, msg_type: int, body: bytes, request: Header | None = None) -> bool:
-        """Seal one message with the session key and put it on the session's action key.
+        """Encrypt one message with the session key and put it on the session's action key.
 
         The header answers ``request`` (see `reply_header`); without one (a drain notice) it
-        addresses the session's current episode. Returns False once the publisher is closed.
+        addresses the session's current episode. Returns False once the publisher is closed, or
+        when the key refuses the message: a second answer of its type to a request older than
+        one already answered would repeat a nonce (`servo._core.SessionKey`), and the client
+        takes only the answer to its latest request anyway.
         """
         if request is None:
             request = Header(self.schema_version, msg_type, 0, 0, self.episode_id, self.epoch, 0, self.auth.wire_id)
         header = reply_header(request, msg_type, schema_version=self.schema_version)
-        attachment = self.auth.key.seal(header, body)
+        try:
+            attachment, ciphertext = self.auth.key.encrypt(header, body)
+        except AuthError:
+            return False
         with self._publish_lock:
             if self._publisher_closed:
                 return False
             try:
-                self.publisher.put(body, attachment=attachment)
+                self.publisher.put(ciphertext, attachment=attachment)
             except zenoh.ZError:
                 return False
             return True

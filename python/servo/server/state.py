@@ -147,7 +147,7 @@ class ServerState:
     def collect(self, session: Session, reason: str) -> None:
         """Close a session (closed by its client, vanished, replaced, idle, shutdown); idempotent.
 
-        Unless its client closed it (or the drain told it already), the client is told, sealed: it
+        Unless its client closed it (or the drain told it already), the client is told, encrypted: it
         re-opens at once instead of waiting out a request the server will never answer.
         """
         if self.registry.remove(session.session_id) is None:

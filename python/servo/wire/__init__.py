@@ -3,7 +3,7 @@
 import msgspec
 
 from servo.wire.audit import AuditEntry, AuditQuery, AuditTail
-from servo.wire.codec import MAX_MESSAGE_BYTES, decode, encode
+from servo.wire.codec import MAX_MESSAGE_BYTES, decode, encode, encode_into
 from servo.wire.errors import WireError
 from servo.wire.header import reply_header
 from servo.wire.image import EncodedImage, check_frame, decode_image, downsize, encode_image, jpeg_dimensions
@@ -111,6 +111,7 @@ __all__ = [
     "downsize",
     "encode",
     "encode_image",
+    "encode_into",
     "encode_tensor",
     "fingerprint",
     "jpeg_dimensions",

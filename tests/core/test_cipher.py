@@ -1,0 +1,473 @@
+"""servo._core's session cipher: AES-256-GCM per direction, header as associated data, nonce guard."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from servo._core import (
+    ATTACHMENT_SIZE,
+    HEADER_SIZE,
+    MSG_CHUNK,
+    MSG_CONTROL,
+    MSG_CONTROL_ACK,
+    MSG_DRAIN,
+    MSG_ERROR,
+    MSG_OBS,
+    SCHEMA_VERSION,
+    TAG_SIZE,
+    AuthError,
+    Header,
+    HeaderError,
+    SessionKey,
+    decode_header,
+    unauthenticated,
+)
+
+SECRET = bytes(range(100, 132))
+SESSION = bytes(range(16))
+HEADER = Header(SCHEMA_VERSION, MSG_OBS, 1, 42, 7, 3, 123_456_789, SESSION)
+BODY = bytes(range(256)) * 4
+
+
+def ends(secret: bytes = SECRET) -> tuple[SessionKey, SessionKey]:
+    """Both ends of one session."""
+    return SessionKey(secret, role="client"), SessionKey(secret, role="server")
+
+
+def obs(seq_id: int) -> Header:
+    return HEADER.replace(seq_id=seq_id)
+
+
+# ------------------------------------------------------------------------------ encrypt / decrypt
+
+
+def test_round_trip_both_ways() -> None:
+    client, server = ends()
+    attachment, ciphertext = client.encrypt(HEADER, BODY)
+    assert len(attachment) == ATTACHMENT_SIZE
+    assert attachment[:HEADER_SIZE] == unauthenticated(HEADER)[:HEADER_SIZE]
+    assert attachment[HEADER_SIZE:] != bytes(TAG_SIZE)
+    assert len(ciphertext) == len(BODY)
+    assert server.decrypt(attachment, ciphertext) == (HEADER, BODY)
+    assert decode_header(attachment) == HEADER
+    for msg_type in (MSG_CHUNK, MSG_ERROR, MSG_DRAIN, MSG_CONTROL_ACK):
+        reply = HEADER.replace(msg_type=msg_type)
+        assert client.decrypt(*server.encrypt(reply, b"answer")) == (reply, b"answer")
+
+
+def test_golden_message() -> None:
+    """The Rust core's pinned vector (rust/cipher/tests.rs), cross-checked with OpenSSL's AES-GCM."""
+    client, server = ends(bytes(i * 7 % 256 for i in range(32)))
+    header = Header(SCHEMA_VERSION, MSG_OBS, 1, 42, 7, 3, 123_456_789, bytes(16))
+    attachment, ciphertext = client.encrypt(header, b"servo")
+    assert ciphertext.hex() == "319ea061a6"
+    assert attachment[HEADER_SIZE:].hex() == "84b7983515a65fc7e0d9a6921c0de4d7"
+    assert server.decrypt(attachment, ciphertext) == (header, b"servo")
+
+
+def test_nothing_of_the_body_is_readable() -> None:
+    client, _ = ends()
+    body = b"kitchen camera frame " * 500
+    attachment, ciphertext = client.encrypt(HEADER, body)
+    assert b"kitchen" not in ciphertext
+    assert b"kitchen" not in attachment
+    # The same body under the next seq_id encrypts to unrelated bytes (fresh nonce).
+    _, again = client.encrypt(obs(43), body)
+    assert sum(a == b for a, b in zip(ciphertext, again, strict=True)) < len(body) // 64
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        BODY,
+        bytearray(BODY),
+        memoryview(BODY),
+        memoryview(b"xx" + BODY)[2:],
+        np.frombuffer(BODY, np.float32).reshape(16, 16),
+        [BODY],
+        [BODY[:1], BODY[1:100], b"", BODY[100:]],
+        (memoryview(BODY)[:500], bytearray(BODY[500:])),
+        [np.frombuffer(BODY[:512], np.uint16), BODY[512:]],
+    ],
+    ids=["bytes", "bytearray", "memoryview", "offset-view", "float32", "list1", "parts", "tuple", "ndarray-part"],
+)
+def test_every_body_form_encrypts_the_same(body: object) -> None:
+    expected = ends()[0].encrypt(HEADER, BODY)
+    client, server = ends()
+    assert client.encrypt(HEADER, body) == expected  # type: ignore[arg-type]
+    assert server.decrypt(expected[0], memoryview(expected[1])) == (HEADER, BODY)
+
+
+def test_empty_body() -> None:
+    client, server = ends()
+    attachment, ciphertext = client.encrypt(HEADER, b"")
+    assert ciphertext == b""
+    assert server.decrypt(attachment, b"") == (HEADER, b"")
+    with pytest.raises(AuthError, match=r"^tag mismatch$"):
+        server.decrypt(attachment, b"\x00")
+
+
+def test_every_bit_of_header_tag_and_ciphertext_is_covered() -> None:
+    client, server = ends()
+    attachment, ciphertext = client.encrypt(HEADER, BODY[:64])
+    for byte in range(ATTACHMENT_SIZE):
+        for bit in range(8):
+            tampered = bytearray(attachment)
+            tampered[byte] ^= 1 << bit
+            with pytest.raises(AuthError, match=r"^tag mismatch$"):
+                server.decrypt(tampered, ciphertext)
+    for byte in range(len(ciphertext)):
+        for bit in range(8):
+            tampered = bytearray(ciphertext)
+            tampered[byte] ^= 1 << bit
+            with pytest.raises(AuthError, match=r"^tag mismatch$"):
+                server.decrypt(attachment, tampered)
+
+
+def test_wrong_secret_is_refused() -> None:
+    client, _ = ends()
+    sealed = client.encrypt(HEADER, BODY)
+    for other in (bytes(32), SECRET[:-1] + b"\x00", SECRET[::-1]):
+        with pytest.raises(AuthError, match=r"^tag mismatch$"):
+            SessionKey(other, role="server").decrypt(*sealed)
+
+
+def test_each_end_sends_its_own_message_types() -> None:
+    client, server = ends()
+    for msg_type in (MSG_CHUNK, MSG_ERROR, MSG_DRAIN, MSG_CONTROL_ACK):
+        with pytest.raises(AuthError, match=rf"^a client does not send msg_type {msg_type}$"):
+            client.encrypt(HEADER.replace(msg_type=msg_type), b"x")
+    for msg_type in (MSG_OBS, MSG_CONTROL):
+        with pytest.raises(AuthError, match=rf"^a server does not send msg_type {msg_type}$"):
+            server.encrypt(HEADER.replace(msg_type=msg_type), b"x")
+
+
+def test_a_message_reflected_to_its_sender_never_verifies() -> None:
+    client, server = ends()
+    with pytest.raises(AuthError, match="tag mismatch"):
+        client.decrypt(*client.encrypt(HEADER, BODY))
+    chunk = HEADER.replace(msg_type=MSG_CHUNK)
+    with pytest.raises(AuthError, match="tag mismatch"):
+        server.decrypt(*server.encrypt(chunk, BODY))
+
+
+def test_a_tag_does_not_move_to_another_message_type() -> None:
+    client, server = ends()
+    attachment, ciphertext = client.encrypt(HEADER, BODY)
+    as_control = unauthenticated(HEADER.replace(msg_type=MSG_CONTROL))[:HEADER_SIZE] + attachment[HEADER_SIZE:]
+    with pytest.raises(AuthError, match="tag mismatch"):
+        server.decrypt(as_control, ciphertext)
+
+
+def test_a_nonce_never_repeats_under_one_key() -> None:
+    client, server = ends()
+    client.encrypt(obs(5), b"a")
+    for seq_id in (5, 4, 0):
+        with pytest.raises(AuthError, match=rf"^seq_id {seq_id} of msg_type 1 is not above the last one sent"):
+            client.encrypt(obs(seq_id), b"b")
+    # Each message type has its own stream; the refusal burned nothing.
+    control = HEADER.replace(msg_type=MSG_CONTROL, seq_id=1)
+    assert server.decrypt(*client.encrypt(control, b"c")) == (control, b"c")
+    assert server.decrypt(*client.encrypt(obs(6), b"d")) == (obs(6), b"d")
+    with pytest.raises(AuthError, match="nonce would repeat"):
+        client.encrypt(obs(2**64 - 1), b"e")
+
+
+def test_racing_threads_never_share_a_nonce() -> None:
+    client, _ = ends()
+    won: list[bool] = []
+    barrier = threading.Barrier(8)
+
+    def attempt() -> None:
+        barrier.wait()
+        try:
+            client.encrypt(obs(9), BODY)
+            won.append(True)
+        except AuthError:
+            won.append(False)
+
+    threads = [threading.Thread(target=attempt) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(won) == [False] * 7 + [True]
+
+
+@pytest.mark.parametrize("size", [0, 1, HEADER_SIZE, ATTACHMENT_SIZE - 1, ATTACHMENT_SIZE + 1, 1000])
+def test_wrong_attachment_length(size: int) -> None:
+    client, server = ends()
+    attachment, ciphertext = client.encrypt(HEADER, BODY)
+    with pytest.raises(AuthError, match=rf"^attachment is {size} bytes, expected 62$"):
+        server.decrypt((attachment * 20)[:size], ciphertext)
+
+
+def test_zero_tag_is_always_refused() -> None:
+    notice = unauthenticated(HEADER)
+    assert notice[HEADER_SIZE:] == bytes(TAG_SIZE)
+    assert decode_header(notice) == HEADER
+    for key in (*ends(), SessionKey(bytes(32), role="server")):
+        with pytest.raises(AuthError, match=r"^zero tag: the message is unauthenticated$"):
+            key.decrypt(notice, BODY)
+        with pytest.raises(AuthError, match=r"^zero tag: the message is unauthenticated$"):
+            key.verify(notice, BODY)
+
+
+def test_bad_header_is_refused_by_the_tag_first() -> None:
+    # Without the key nobody can tag a header: a garbage header is a tag mismatch, not a
+    # HeaderError, so nothing is parsed before the tag verifies.
+    client, server = ends()
+    attachment, ciphertext = client.encrypt(HEADER, BODY)
+    forged = bytearray(attachment)
+    forged[0:2] = b"XX"
+    with pytest.raises(AuthError, match="tag mismatch"):
+        server.decrypt(forged, ciphertext)
+
+
+def test_encrypt_validates_the_header() -> None:
+    client, _ = ends()
+    with pytest.raises(HeaderError, match="unknown msg_type 9"):
+        client.encrypt(HEADER.replace(msg_type=9), BODY)
+    with pytest.raises(HeaderError, match=r"unsupported schema_version 2 \(supported: 3\)"):
+        client.encrypt(HEADER.replace(schema_version=2), BODY)
+
+
+@pytest.mark.parametrize("bad", [b"", bytes(31), bytes(33), bytes(64)])
+def test_secret_must_be_32_bytes(bad: bytes) -> None:
+    with pytest.raises(AuthError, match=rf"^secret is {len(bad)} bytes, expected 32$"):
+        SessionKey(bad, role="client")
+
+
+def test_role_must_be_client_or_server() -> None:
+    with pytest.raises(ValueError, match=r"""^role "robot" is not 'client' or 'server'$"""):
+        SessionKey(SECRET, role="robot")  # type: ignore[arg-type]
+
+
+def test_non_buffers_are_type_errors() -> None:
+    client, server = ends()
+    with pytest.raises(TypeError):
+        SessionKey("k" * 32, role="client")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        client.encrypt(HEADER, "text")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        client.encrypt(HEADER, [b"ok", 3])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        server.decrypt(None, BODY)  # type: ignore[arg-type]
+
+
+def test_non_contiguous_buffers_are_refused() -> None:
+    client, _ = ends()
+    with pytest.raises((BufferError, ValueError), match="contiguous"):
+        client.encrypt(HEADER, np.arange(64, dtype=np.uint8)[::2])
+    with pytest.raises((BufferError, ValueError), match="contiguous"):
+        client.encrypt(HEADER, memoryview(BODY)[::2])
+
+
+def test_buffer_exports_are_released() -> None:
+    """A bytearray cannot be resized while exported: every path must release its export."""
+    client, server = ends()
+    part = bytearray(b"abc")
+    attachment, ciphertext = client.encrypt(HEADER, part)
+    sealed = bytearray(ciphertext)
+    server.decrypt(attachment, sealed)
+    with pytest.raises(TypeError):
+        client.encrypt(obs(50), [part, 3])  # type: ignore[list-item]
+    with pytest.raises(AuthError):
+        server.decrypt(bytes(ATTACHMENT_SIZE - 1), sealed)
+    with pytest.raises(AuthError):
+        server.decrypt(bytearray(attachment), part)
+    part.extend(b"def")  # raises BufferError if an export leaked
+    sealed.extend(b"def")
+    assert part == b"abcdef"
+
+
+ATTACHMENTS = st.one_of(
+    st.binary(max_size=80),
+    # Attachment-sized, with a valid magic and schema, so decoding would get past the first checks.
+    st.binary(min_size=ATTACHMENT_SIZE - 4, max_size=ATTACHMENT_SIZE - 4).map(lambda b: b"SV\x03\x00" + b),
+)
+
+
+@given(attachment=ATTACHMENTS, body=st.binary(max_size=64))
+def test_decrypting_arbitrary_bytes_is_an_auth_error(attachment: bytes, body: bytes) -> None:
+    server = SessionKey(SECRET, role="server")
+    with pytest.raises(AuthError):  # no tag can be right: the key is not the attacker's
+        server.decrypt(attachment, body)
+    with pytest.raises(AuthError):
+        server.verify(attachment, body)
+
+
+@given(
+    flips=st.lists(st.tuples(st.integers(0, ATTACHMENT_SIZE - 1), st.integers(1, 255)), min_size=1, max_size=4),
+    body=st.binary(max_size=64),
+)
+def test_mutated_attachments_are_refused(flips: list[tuple[int, int]], body: bytes) -> None:
+    client, server = ends()
+    attachment, ciphertext = client.encrypt(HEADER, body)
+    tampered = bytearray(attachment)
+    for index, mask in flips:
+        tampered[index] ^= mask
+    if tampered == attachment:
+        return  # the flips cancelled out
+    with pytest.raises(AuthError):
+        server.decrypt(bytes(tampered), ciphertext)
+    with contextlib.suppress(HeaderError):
+        decode_header(bytes(tampered))
+
+
+# ------------------------------------------------------------------------------ proofs
+
+
+def test_proofs_bind_the_data_and_the_direction() -> None:
+    client, server = ends()
+    control = HEADER.replace(msg_type=MSG_CONTROL)
+    proof = client.authenticate(control, [b"new ", b"key"])
+    assert len(proof) == ATTACHMENT_SIZE
+    assert server.verify(proof, b"new key") == control
+    with pytest.raises(AuthError, match=r"^tag mismatch$"):
+        server.verify(proof, b"new kez")
+    with pytest.raises(AuthError, match=r"^tag mismatch$"):
+        client.verify(proof, b"new key")  # a proof does not verify for its own sender
+    with pytest.raises(AuthError, match="does not send"):
+        server.authenticate(control, b"x")
+    # Proofs use no nonce: making one leaves the control stream's nonces to the messages.
+    assert server.decrypt(*client.encrypt(control, b"reset")) == (control, b"reset")
+
+
+# ------------------------------------------------------------------------------ GIL and memory
+
+
+def test_gil_is_released_while_encrypting_a_big_body() -> None:
+    """Another thread runs *inside* encrypt and decrypt calls of a big body.
+
+    While a call holds the body's buffer export, a bytearray refuses to be resized
+    (BufferError). The spinner only sees that refusal if it runs during a call, which it can
+    only do if the call released the GIL.
+    """
+    assert _resizes_refused(32 * 2**20, calls=5) > 0
+
+
+def test_gil_is_kept_for_a_small_body() -> None:
+    assert _resizes_refused(4 * 2**10, calls=2_000) == 0
+
+
+def _resizes_refused(size: int, *, calls: int) -> int:
+    body = bytearray(size)
+    refused = [0]
+    running = threading.Event()
+    stop = threading.Event()
+
+    def spin() -> None:
+        running.set()
+        while not stop.is_set():
+            try:
+                body.append(0)
+                body.pop()
+            except BufferError:
+                refused[0] += 1
+
+    client, server = ends()
+    thread = threading.Thread(target=spin)
+    thread.start()
+    assert running.wait(5)
+    try:
+        for seq_id in range(1, calls + 1):
+            attachment, _ = client.encrypt(obs(seq_id), body)
+            with contextlib.suppress(AuthError):
+                server.decrypt(attachment, body)  # the spinner's bytearray, as ciphertext
+    finally:
+        stop.set()
+        thread.join()
+    return refused[0]
+
+
+def test_repr_hides_the_key() -> None:
+    client, _ = ends()
+    assert repr(client) == 'SessionKey(<secret>, role="client")'
+    assert SECRET.hex() not in repr(client)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+def test_encrypt_decrypt_keeps_rss_bounded() -> None:
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    client, server = ends()
+    body = [BODY, bytearray(BODY)]
+    for seq_id in range(1, 1_001):
+        server.decrypt(*client.encrypt(obs(seq_id), body))
+    before = rss()
+    for seq_id in range(1_001, 11_001):
+        server.decrypt(*client.encrypt(obs(seq_id), body))
+        with pytest.raises(AuthError):
+            server.decrypt(unauthenticated(obs(seq_id)), BODY)
+    assert rss() - before < 8 * 2**20
+
+
+# ------------------------------------------------------------------------------ buffers in place
+
+
+def test_encrypt_in_place_writes_the_ciphertext_where_the_body_lies() -> None:
+    expected = ends()[0].encrypt(HEADER, BODY)
+    client, server = ends()
+    buffer = bytearray(BODY)
+    assert client.encrypt_in_place(HEADER, buffer) == expected[0]
+    assert buffer == expected[1]
+    assert server.decrypt(expected[0], buffer) == (HEADER, BODY)
+    untouched = bytearray(BODY)
+    with pytest.raises(AuthError, match="nonce would repeat"):
+        client.encrypt_in_place(HEADER, untouched)
+    assert untouched == BODY
+    with pytest.raises(BufferError):
+        client.encrypt_in_place(obs(99), BODY)  # bytes are read-only
+
+
+class Payload:
+    """A body still in Zenoh: no buffer protocol, converted by ``bytes()`` (like a ``ZBytes``)."""
+
+    def __init__(self, data: bytes, *, keep: bool = False) -> None:
+        self.data, self.keep = data, keep
+        self.made: list[bytes] = []
+        self.made_ids: list[int] = []
+
+    def __bytes__(self) -> bytes:
+        made = bytes(bytearray(self.data))  # a new object each time, as ZBytes.to_bytes makes
+        self.made_ids.append(id(made))
+        if self.keep:
+            self.made.append(made)
+        return made
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 1000, 70 * 1024])
+def test_a_body_still_in_zenoh_is_decrypted_in_its_one_copy(size: int) -> None:
+    client, server = ends()
+    body = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    attachment, ciphertext = client.encrypt(HEADER, body)
+    payload = Payload(ciphertext)
+    header, plaintext = server.decrypt(attachment, payload)
+    assert (header, plaintext) == (HEADER, body)
+    if size >= 2:  # shorter bytes may be shared singletons: copied
+        assert id(plaintext) == payload.made_ids[0]  # decrypted in place: no second buffer
+    # Bytes somebody else still holds are never changed: they are copied instead.
+    kept = Payload(ciphertext, keep=True)
+    assert server.decrypt(attachment, kept) == (HEADER, body)
+    assert kept.made == [ciphertext]
+
+
+def test_a_zenoh_payload_is_decrypted_and_a_forged_one_refused() -> None:
+    zenoh = pytest.importorskip("zenoh")
+    client, server = ends()
+    attachment, ciphertext = client.encrypt(HEADER, BODY)
+    assert server.decrypt(attachment, zenoh.ZBytes(ciphertext)) == (HEADER, BODY)
+    with pytest.raises(AuthError, match="tag mismatch"):
+        server.decrypt(attachment, zenoh.ZBytes(ciphertext[:-1] + b"\x00"))
+    with pytest.raises(TypeError):
+        server.decrypt(attachment, 3)  # type: ignore[arg-type]
