@@ -10,11 +10,28 @@ content.
 
 from __future__ import annotations
 
+import secrets
+from pathlib import Path
+
+import msgspec
 import numpy as np
 import pytest
 
+from servo._core import KeyPair
 from servo.client import PolicyClient
-from servo.wire import ActionChunk, ControlAck, Observation, ResetRequest, WireError, decode
+from servo.transport import query
+from servo.wire import (
+    NONCE_SIZE,
+    ActionChunk,
+    ControlAck,
+    Observation,
+    ResetRequest,
+    Trajectory,
+    WireError,
+    decode,
+    decode_floats,
+)
+from tests.edge.test_replay import sim, trajectory, write_recording
 from tests.security.peers import peer_settings
 from tests.server.helpers import cameras_of, connected, open_on
 from tests.server.policies import FixedComputePolicy
@@ -73,3 +90,24 @@ async def test_a_stranger_on_a_plain_tcp_link_decodes_nothing_of_another_robots_
         assert readable(payload) == []
         assert not [s for s in secrets if s in payload]
     assert all(np.all(r.chunk_robot[0] == STATE) for r in results)  # the robot itself read them
+
+
+async def test_a_trajectory_travels_encrypted_to_the_robot_that_fetched_it(port: int, tmp_path: Path) -> None:
+    """The answer to a fetch is encrypted to the fetcher's ephemeral key: what crosses the link
+    (and what anybody reading the reply gets) is no trajectory."""
+    frames = trajectory(np.asarray(sim().spec().rest_pose, np.float32), frames=30)
+    source = tmp_path / "wave.servo"
+    write_recording(source, frames, list(sim().spec().joint_names))
+    manifest = make_manifest(port, extra=f'[[trajectories]]\nname = "wave"\npath = "{source}"\n')
+    async with running_server(manifest) as (_, ready), connected(port, "robot-7") as robot:
+        request = {"name": "wave", "nonce": secrets.token_bytes(NONCE_SIZE), "client_key": KeyPair().public_key}
+        payload = msgspec.msgpack.encode(request)  # a TrajectoryRequest, as any version reads it
+        (reply,) = await query(robot.zsession, ready.keys.trajectory, payload=payload, timeout=5)
+        assert reply.ok is not None
+        sent = reply.ok.payload.to_bytes()
+        (server,) = [s for s in await robot.discover() if s.keys == ready.keys]
+        fetched = await robot.fetch_trajectory(server, "wave")
+    with pytest.raises(WireError):
+        decode(sent, Trajectory)
+    assert frames[:2].tobytes() not in sent
+    np.testing.assert_array_equal(decode_floats(fetched.positions, shape=(None, frames.shape[1]), what="p"), frames)

@@ -23,7 +23,8 @@ from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig, SecurityConfig
 from servo.edge.replay import ReplayEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
-from servo.wire import Rejection, Trajectory, TrajectoryRequest, decode, encode, encode_tensor, trajectory_transcript
+from servo.server.trajectories import Signed, seal_trajectory
+from servo.wire import Rejection, Trajectory, TrajectoryRequest, decode, encode, encode_tensor
 from tests.edge.test_replay import executed, sim, trajectory, write_recording
 from tests.edge.test_replay import replay as replay_options
 from tests.security.peers import closing, peer_settings
@@ -51,9 +52,10 @@ class TrajectoryForger:
             if self._forgery == "refusal":
                 query.reply_err(encode(Rejection("bad_request", "no trajectory 'wave'; available: none")))
             elif self._forgery == "trajectory signed by another identity":
-                replica = self._key.split("/")[3]
-                signature = self._identity.sign(trajectory_transcript(request.nonce, replica, "wave", self._body))
-                query.reply(self._key, self._body, attachment=signature)
+                # Encrypted to the robot and signed exactly as a replica would, by an identity of its own.
+                sealed = seal_trajectory(request, self._body, self._identity, self._key.split("/")[3])
+                assert isinstance(sealed, Signed)
+                query.reply(self._key, sealed.body, attachment=sealed.attachment)
             else:
                 query.reply(self._key, self._body)
             self.answered += 1

@@ -1,11 +1,12 @@
 """Fetching a trajectory from a server's library, believing only the server's own answer.
 
-The request carries a fresh random nonce; the replica signs its answer (the trajectory's bytes,
-or its refusal) over that nonce, its replica id and the name asked for
-(`servo.wire.trust.trajectory_transcript`, `rejection_transcript`). An answer is believed only
-if the signature verifies under the identity discovery trusted for that replica (pins or known
-servers, as for a session ack): anybody else's trajectory, a replay of an old one, or a forged
-refusal is dropped and counted (``chunks_rejected["mac"]``), never executed or obeyed.
+The request carries a fresh random nonce and an ephemeral X25519 key; the replica encrypts its
+answer to that key (nobody on the link reads the trajectory) and signs it, or its refusal, over
+the nonce, its replica id and the name asked for (`servo.wire.trust.trajectory_transcript`,
+`rejection_transcript`). An answer is believed only if the signature verifies under the identity
+discovery trusted for that replica (pins or known servers, as for a session ack), and only then
+decrypted: anybody else's trajectory, a replay of an old one, or a forged refusal is dropped and
+counted (``chunks_rejected["mac"]``), never executed or obeyed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import secrets
 
 import zenoh
 
-from servo._core import SIGNATURE_SIZE, verify_signature
+from servo._core import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, AuthError, HeaderError, KeyPair, verify_signature
 from servo.client.discovery import ServerInfo
 from servo.client.errors import RequestTimeout, RogueServer, ServerError
 from servo.client.replies import rejection_of
@@ -22,12 +23,15 @@ from servo.client.verify import ClientCounters
 from servo.transport import query
 from servo.wire import (
     NONCE_SIZE,
+    TRAJECTORY_ATTACHMENT_SIZE,
     Rejection,
     Trajectory,
     TrajectoryRequest,
+    WireError,
     decode,
     encode,
     rejection_transcript,
+    trajectory_header,
     trajectory_transcript,
 )
 
@@ -35,30 +39,31 @@ from servo.wire import (
 async def fetch_trajectory(
     zsession: zenoh.Session, server: ServerInfo, name: str, *, counters: ClientCounters, timeout: float
 ) -> Trajectory:
-    """The whole trajectory ``name`` of ``server``'s library, in one signed request.
+    """The whole trajectory ``name`` of ``server``'s library, in one signed, encrypted request.
 
     Raises:
         ServerError: the server refused, signed (no such trajectory: the message lists them).
-        WireError: the signed answer does not decode.
+        WireError: the signed answer does not decrypt or decode.
         RogueServer: only answers that failed verification came back (counted).
         RequestTimeout: no answer in time.
     """
-    nonce = secrets.token_bytes(NONCE_SIZE)
+    nonce, pair = secrets.token_bytes(NONCE_SIZE), KeyPair()
     identity, replica = server.status.identity, server.keys.replica
-    replies = await query(
-        zsession, server.keys.trajectory, payload=encode(TrajectoryRequest(name, nonce)), timeout=timeout
-    )
-    genuine: bytes | None = None
+    request = TrajectoryRequest(name, nonce, pair.public_key)
+    replies = await query(zsession, server.keys.trajectory, payload=encode(request), timeout=timeout)
+    genuine: tuple[bytes, bytes, bytes] | None = None
     refusal: Rejection | None = None
     forged = 0
     for reply in replies:  # every one is looked at: each forgery is counted, wherever it came
         if reply.ok is not None:
             payload = reply.ok.payload.to_bytes()
-            signature = b"" if reply.ok.attachment is None else reply.ok.attachment.to_bytes()
-            transcript = trajectory_transcript(nonce, replica, name, payload)
-            if len(signature) == SIGNATURE_SIZE and verify_signature(identity, transcript, signature):
-                genuine = payload if genuine is None else genuine
-                continue
+            proof = b"" if reply.ok.attachment is None else reply.ok.attachment.to_bytes()
+            if len(proof) == TRAJECTORY_ATTACHMENT_SIZE:
+                server_key, attachment = proof[:PUBLIC_KEY_SIZE], proof[PUBLIC_KEY_SIZE:-SIGNATURE_SIZE]
+                transcript = trajectory_transcript(nonce, replica, name, server_key, attachment, payload)
+                if verify_signature(identity, transcript, proof[-SIGNATURE_SIZE:]):
+                    genuine = (server_key, attachment, payload) if genuine is None else genuine
+                    continue
         elif (rejection := rejection_of(reply)) is not None:
             transcript = rejection_transcript(nonce, replica, name, rejection.code, rejection.reason)
             if len(rejection.signature) == SIGNATURE_SIZE and verify_signature(
@@ -71,9 +76,25 @@ async def fetch_trajectory(
         forged += 1
         counters.reject("mac", f"trajectory {name!r}: an answer not signed by replica {replica}")
     if genuine is not None:
-        return decode(genuine, Trajectory)
+        return decode(_decrypt(pair, nonce, *genuine), Trajectory)
     if refusal is not None:
         raise ServerError(refusal.code, refusal.reason)
     if forged:
         raise RogueServer(f"trajectory {name!r}: {forged} answer(s) not signed by replica {replica}, none genuine")
     raise RequestTimeout(f"trajectory {name!r} not answered within {timeout:g} s")
+
+
+def _decrypt(pair: KeyPair, nonce: bytes, server_key: bytes, attachment: bytes, ciphertext: bytes) -> bytes:
+    """The plaintext of the replica's signed answer, under the key both ends derive.
+
+    Raises:
+        WireError: the signed answer does not decrypt (only the replica could have sent it).
+    """
+    try:
+        key = pair.session_key(server_key, client_public=pair.public_key, server_public=server_key, session_id=nonce)
+        header, plaintext = key.decrypt(attachment, ciphertext)
+    except (AuthError, HeaderError) as exc:
+        raise WireError(f"the replica's signed trajectory does not decrypt: {exc}") from None
+    if header != trajectory_header(nonce):
+        raise WireError("the replica's signed trajectory was encrypted for another request")
+    return plaintext

@@ -163,7 +163,7 @@ class ControlPlane:
                 attachment, ciphertext = result.key.encrypt(result.header, encode(result.message))
                 query.reply(key, ciphertext, attachment=attachment)
             elif isinstance(result, Signed):
-                query.reply(key, result.body, attachment=result.signature)
+                query.reply(key, result.body, attachment=result.attachment)
             elif result is not None:
                 query.reply(key, encode(result))
         except zenoh.ZError as exc:

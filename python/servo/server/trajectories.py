@@ -3,7 +3,8 @@
 One request returns a whole trajectory (seeds/002: ship once at arm time, drain locally), never
 one frame per request. Every recording is read once, when the server starts (`load`, on a worker
 thread): the control plane answers from memory and never reads a file on the event loop. Every
-answer is signed by the replica's identity over the request's nonce
+answer is encrypted to the request's ephemeral X25519 key (`seal_trajectory`: nobody on the link
+reads it) and signed by the replica's identity over the request's nonce
 (`servo.wire.trust.trajectory_transcript`, `rejection_transcript`): a robot replays only what its
 own server sent for its own request, and obeys no refusal it cannot verify.
 """
@@ -15,11 +16,13 @@ from dataclasses import dataclass
 
 import msgspec
 
+from servo._core import PUBLIC_KEY_SIZE, AuthError, KeyPair
 from servo.identity import Identity
 from servo.logs import get_logger
 from servo.recording import read_recording
 from servo.server.manifest import TrajectoryEntry
 from servo.wire import (
+    NONCE_SIZE,
     Rejection,
     Trajectory,
     TrajectoryList,
@@ -29,6 +32,7 @@ from servo.wire import (
     encode,
     encode_tensor,
     rejection_transcript,
+    trajectory_header,
     trajectory_transcript,
 )
 
@@ -37,10 +41,38 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class Signed:
-    """A reply body and the replica's signature of it (sent as the reply's attachment). Frozen."""
+    """A reply body and the attachment that proves it (the replica's signature and what it covers). Frozen."""
 
     body: bytes
-    signature: bytes
+    attachment: bytes
+
+
+def seal_trajectory(request: TrajectoryRequest, body: bytes, identity: Identity, replica: str) -> Signed | Rejection:
+    """``body`` encrypted to ``request.client_key`` and signed by ``identity`` for ``replica``.
+
+    The attachment is the replica's ephemeral X25519 key, the cipher's attachment and the
+    signature (`servo.wire.TRAJECTORY_ATTACHMENT_SIZE` bytes). A request without a usable key or
+    nonce is refused (unsigned: it came from no client this version makes).
+    """
+    if len(request.client_key) != PUBLIC_KEY_SIZE or len(request.nonce) != NONCE_SIZE:
+        return Rejection(
+            "bad_request",
+            f"a trajectory request carries a {NONCE_SIZE}-byte nonce and an X25519 client_key since wire "
+            "schema 3 (answers are encrypted to it): upgrade the client",
+        )
+    pair = KeyPair()
+    try:
+        key = pair.session_key(
+            request.client_key,
+            client_public=request.client_key,
+            server_public=pair.public_key,
+            session_id=request.nonce,
+        )
+    except AuthError as exc:
+        return Rejection("bad_request", f"client_key refused: {exc}")
+    attachment, ciphertext = key.encrypt(trajectory_header(request.nonce), body)
+    transcript = trajectory_transcript(request.nonce, replica, request.name, pair.public_key, attachment, ciphertext)
+    return Signed(ciphertext, pair.public_key + attachment + identity.sign(transcript))
 
 
 class TrajectoryLibrary:
@@ -89,8 +121,7 @@ class TrajectoryLibrary:
         if isinstance(answer, Rejection):
             transcript = rejection_transcript(request.nonce, replica, request.name, answer.code, answer.reason)
             return msgspec.structs.replace(answer, signature=identity.sign(transcript))
-        body = encode(answer)
-        return Signed(body, identity.sign(trajectory_transcript(request.nonce, replica, request.name, body)))
+        return seal_trajectory(request, encode(answer), identity, replica)
 
     def _answer(self, request: TrajectoryRequest) -> Trajectory | TrajectoryList | Rejection:
         if not request.name:

@@ -51,6 +51,7 @@ from servo.wire.telemetry import (
 )
 from servo.wire.tensor import Tensor, decode_floats, decode_tensor, encode_tensor
 from servo.wire.trust import (
+    TRAJECTORY_ATTACHMENT_SIZE,
     ack_transcript,
     fingerprint,
     notice_transcript,
@@ -58,6 +59,7 @@ from servo.wire.trust import (
     parse_fingerprint,
     rejection_transcript,
     resume_body,
+    trajectory_header,
     trajectory_transcript,
 )
 
@@ -71,6 +73,7 @@ __all__ = [
     "ROOT",
     "SUPPORTED_SCHEMA_VERSIONS",
     "TELEMETRY_SELECTOR",
+    "TRAJECTORY_ATTACHMENT_SIZE",
     "ActionChunk",
     "AuditEntry",
     "AuditQuery",
@@ -127,5 +130,6 @@ __all__ = [
     "slugify",
     "status_selector",
     "telemetry_key",
+    "trajectory_header",
     "trajectory_transcript",
 ]

@@ -316,12 +316,14 @@ class DrainNotice(msgspec.Struct, frozen=True):
 class TrajectoryRequest(msgspec.Struct, frozen=True):
     """Client -> server: fetch a named trajectory (``name=""`` lists the library).
 
-    The replica signs its answer over the client's fresh ``nonce`` (`servo.wire.trust`), so only
-    its own, new answer is believed.
+    The replica encrypts its answer to the client's ephemeral X25519 ``client_key`` (so nobody on
+    the link reads the trajectory) and signs it over the client's fresh ``nonce``
+    (`servo.wire.trust.trajectory_transcript`), so only its own, new answer is believed.
     """
 
     name: Name = ""
     nonce: Nonce = b""
+    client_key: OptionalPublicKey = b""
 
 
 class Trajectory(msgspec.Struct, frozen=True):
