@@ -58,6 +58,8 @@ pub enum AuthError {
     Roles(&'static str),
     /// The peer's X25519 key is of low order: the shared secret would be all zero.
     LowOrderPeer,
+    /// A public key that is no Ed25519 point.
+    NotAPoint,
 }
 
 impl fmt::Display for AuthError {
@@ -80,6 +82,7 @@ impl fmt::Display for AuthError {
             ),
             Self::Header(err) => err.fmt(f),
             Self::Roles(msg) => write!(f, "{msg}"),
+            Self::NotAPoint => write!(f, "public_key is not an Ed25519 public key"),
             Self::LowOrderPeer => write!(
                 f,
                 "peer public key is of low order (all-zero shared secret)"
@@ -247,6 +250,41 @@ impl ServerIdentity {
     pub fn sign(&self, message: &[u8]) -> [u8; SIGNATURE_SIZE] {
         self.0.sign(message).to_bytes()
     }
+
+    /// This identity's X25519 public key: the Montgomery form of its Ed25519 key (what
+    /// [`exchange_public_key`] gives anyone who knows the identity).
+    pub fn exchange_public_key(&self) -> [u8; PUBLIC_KEY_SIZE] {
+        self.0.verifying_key().to_montgomery().to_bytes()
+    }
+
+    /// This identity's end of a session with the holder of the ephemeral key `peer_public`,
+    /// exchanged with the X25519 form of its Ed25519 secret (RFC 8032's secret scalar, as
+    /// libsodium's `crypto_sign_ed25519_sk_to_curve25519`): so records can be encrypted to a
+    /// key known only as an identity (see [`KeyPair::session_key`] for the arguments).
+    pub fn session_key(
+        &self,
+        peer_public: &[u8; PUBLIC_KEY_SIZE],
+        client_public: &[u8; PUBLIC_KEY_SIZE],
+        server_public: &[u8; PUBLIC_KEY_SIZE],
+        session_id: &[u8; SESSION_ID_SIZE],
+    ) -> Result<SessionKey, AuthError> {
+        KeyPair::from_secret(Zeroizing::new(self.0.to_scalar_bytes())).session_key(
+            peer_public,
+            client_public,
+            server_public,
+            session_id,
+        )
+    }
+}
+
+/// The X25519 public key of the identity whose Ed25519 public key is `public_key` (its
+/// Montgomery form): what a record encrypted to that identity is exchanged with.
+pub fn exchange_public_key(
+    public_key: &[u8; PUBLIC_KEY_SIZE],
+) -> Result<[u8; PUBLIC_KEY_SIZE], AuthError> {
+    VerifyingKey::from_bytes(public_key)
+        .map(|key| key.to_montgomery().to_bytes())
+        .map_err(|_| AuthError::NotAPoint)
 }
 
 /// True if `signature` is `public_key`'s strict Ed25519 signature of `message`. Never fails:
@@ -399,6 +437,36 @@ mod tests {
         let mut identity_point = [0u8; 32];
         identity_point[0] = 1;
         assert!(!verify_signature(&identity_point, b"", &signature));
+    }
+
+    #[test]
+    fn an_identity_exchanges_with_its_montgomery_form() {
+        let identity = ServerIdentity::from_seed(&arr(ED_SEED));
+        let exchange = exchange_public_key(&arr(ED_PUBLIC)).unwrap();
+        assert_eq!(identity.exchange_public_key(), exchange);
+        // libsodium's crypto_sign_ed25519_pk_to_curve25519 of RFC 8032 TEST 1's public key.
+        assert_eq!(
+            exchange,
+            arr::<32>("d85e07ec22b0ad881537c2f44d662d1a143cf830c57aca4305d85c7a90f6b62e")
+        );
+        let sender = KeyPair::generate().unwrap();
+        let ephemeral = sender.public_key();
+        let sid = [5; SESSION_ID_SIZE];
+        let client = sender
+            .session_key(&exchange, &ephemeral, &exchange, &sid)
+            .unwrap();
+        let server = identity
+            .session_key(&ephemeral, &ephemeral, &exchange, &sid)
+            .unwrap();
+        let header = Header {
+            msg_type: MSG_OBS,
+            ..golden()[0].0
+        };
+        let (attachment, body) = client.encrypt(&header, b"record").unwrap();
+        assert_eq!(server.decrypt(&attachment, &body).unwrap().1, b"record");
+        let mut not_a_point = [0u8; 32];
+        not_a_point[0] = 2; // y = 2: (y² - 1) / (d·y² + 1) has no square root mod p
+        assert_eq!(exchange_public_key(&not_a_point), Err(AuthError::NotAPoint));
     }
 
     #[test]

@@ -77,6 +77,7 @@ __all__ = [
     "__version__",
     "build_profile",
     "decode_header",
+    "exchange_public_key",
     "unauthenticated",
     "verify_signature",
 ]
@@ -1006,6 +1007,40 @@ class ServerIdentity:
         Returns:
             The signature (:data:`SIGNATURE_SIZE` bytes).
         """
+
+    @property
+    def exchange_public_key(self) -> bytes:
+        """This identity's X25519 public key (see :func:`exchange_public_key`)."""
+
+    def session_key(
+        self,
+        peer_public: bytes,
+        *,
+        client_public: bytes,
+        server_public: bytes,
+        session_id: bytes,
+    ) -> SessionKey:
+        """This identity's end of a session with the holder of the ephemeral key ``peer_public``.
+
+        Exchanged with the X25519 form of this identity's secret (RFC 8032's secret scalar, as
+        libsodium's ``crypto_sign_ed25519_sk_to_curve25519``), so a sender who knows only the
+        identity can encrypt to it: its own :class:`KeyPair`, ``server_public`` =
+        :func:`exchange_public_key` of the identity. The same key serving both signatures and
+        this exchange is analysed in "On using the same key pair for Ed25519 and an X25519 based
+        KEM" (Thormarker, 2021). Arguments and errors as :meth:`KeyPair.session_key`; the
+        identity is not used up. Keeps the GIL (~0.1 ms).
+        """
+
+def exchange_public_key(public_key: bytes) -> bytes:
+    """The X25519 public key of the identity whose Ed25519 public key is ``public_key``.
+
+    Its Montgomery form (libsodium's ``crypto_sign_ed25519_pk_to_curve25519``): what a record is
+    encrypted to when its reader is known only by its identity (:meth:`ServerIdentity.session_key`
+    is the reader's end). Keeps the GIL (~20 µs).
+
+    Raises:
+        AuthError: ``public_key`` is not 32 bytes, or not an Ed25519 public key.
+    """
 
 def verify_signature(public_key: bytes, message: Buffer, signature: bytes) -> bool:
     """Whether ``signature`` is ``public_key``'s Ed25519 signature of ``message``.

@@ -13,6 +13,12 @@ What lives there (each created on first use, the directory with mode 0700):
 * ``servers/<app>.key``: the identity of the servers of app ``<app>`` that ``servo-serve``
   runs here (one per app, so replicas started from this directory share it).
 * ``known_servers``: the servers edges trusted on first use (`servo.client.known`).
+* ``monitor.key``: this machine's operator identity (`servo.identity`), created by the first
+  ``servo-monitor`` run; ``servo-monitor --identity`` prints its fingerprint, which servers list
+  as an operator (``[security] operators``) to show it the fleet's audit trail and robots encrypt
+  their telemetry to.
+* ``monitor.state``: what a monitor remembers of each robot's telemetry runs across restarts
+  (`servo.monitor.trust`), so a replayed record of an old run is refused.
 * ``tls/server.pem``, ``tls/server.key``: the self-signed certificate ``servo-serve`` listens
   with on a ``tls/…`` endpoint that names none (`servo.server.selfsigned`).
 
@@ -64,3 +70,13 @@ def server_identity_path(app: str) -> Path:
 def known_servers_path() -> Path:
     """The edges' trust-on-first-use record (`servo.client.known`)."""
     return config_dir() / "known_servers"
+
+
+def operator_identity_path() -> Path:
+    """Where this machine's operator (monitor) identity lives by default."""
+    return config_dir() / "monitor.key"
+
+
+def monitor_state_path() -> Path:
+    """Where a monitor keeps the telemetry runs it saw (`servo.monitor.trust`)."""
+    return config_dir() / "monitor.state"

@@ -1,6 +1,8 @@
-"""Ed25519 identities kept in files: a server's and a robot's.
+"""Ed25519 identities kept in files: a server's, a robot's and an operator's.
 
-A server's signs its session acks, trajectories and notices; a robot's signs its session opens.
+A server's signs its session acks, trajectories and notices; a robot's signs its session opens
+and its telemetry; an operator's (a monitor's) signs its audit queries and reads the telemetry
+robots encrypt to it.
 Both are the same thing, `Identity` (the Rust core's generic Ed25519 key, `servo._core.ServerIdentity`),
 stored the same way: a file holding the secret seed, one line ``servo-identity-v1 <urlsafe base64
 of the 32-byte seed>``. A missing file is created with mode 0600 (atomically: never overwritten,
@@ -8,9 +10,9 @@ never readable by others, even for a moment) and its fingerprint is logged; proc
 file share the identity. A file readable by group or others is refused, as ssh refuses such a
 private key.
 
-Where they live by default is `servo.home`'s business: ``robot.key`` and ``servers/<app>.key`` in
-the user's servo directory. This module sits beside `servo.home`, below every layer that uses it
-(server, client, edge, cli), and imports nothing above `servo.wire`.
+Where they live by default is `servo.home`'s business: ``robot.key``, ``monitor.key`` and
+``servers/<app>.key`` in the user's servo directory. This module sits beside `servo.home`, below
+every layer that uses it (server, client, edge, cli), and imports nothing above `servo.wire`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from servo._core import SEED_SIZE
 from servo._core import ServerIdentity as Identity
-from servo.home import ensure_config_dir, robot_identity_path, server_identity_path
+from servo.home import ensure_config_dir, operator_identity_path, robot_identity_path, server_identity_path
 from servo.logs import get_logger
 from servo.wire import fingerprint
 
@@ -36,6 +38,7 @@ __all__ = [
     "IdentityError",
     "ephemeral_identity",
     "load_identity",
+    "operator_identity",
     "robot_identity",
     "server_identity",
 ]
@@ -97,6 +100,15 @@ def robot_identity(path: str | Path = "") -> Identity:
         IdentityError: see `load_identity` (and the servo directory cannot be created).
     """
     return load_identity(path or _in_config_dir(robot_identity_path()), role="robot")
+
+
+def operator_identity(path: str | Path = "") -> Identity:
+    """This machine's operator (monitor) identity: ``path``, else ``monitor.key`` in the user's servo directory.
+
+    Raises:
+        IdentityError: see `load_identity` (and the servo directory cannot be created).
+    """
+    return load_identity(path or _in_config_dir(operator_identity_path()), role="operator")
 
 
 def server_identity(path: str | Path, app: str) -> Identity:

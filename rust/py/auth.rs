@@ -262,6 +262,29 @@ impl PyServerIdentity {
         Ok(PyBytes::new(py, &self.0.sign(message.as_slice())))
     }
 
+    #[getter]
+    fn exchange_public_key<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.0.exchange_public_key())
+    }
+
+    #[pyo3(signature = (peer_public, *, client_public, server_public, session_id))]
+    fn session_key(
+        &self,
+        peer_public: &[u8],
+        client_public: &[u8],
+        server_public: &[u8],
+        session_id: &[u8],
+    ) -> PyResult<PySessionKey> {
+        let peer = sized::<PUBLIC_KEY_SIZE>("peer_public", peer_public)?;
+        let client = sized::<PUBLIC_KEY_SIZE>("client_public", client_public)?;
+        let server = sized::<PUBLIC_KEY_SIZE>("server_public", server_public)?;
+        let session_id = sized::<SESSION_ID_SIZE>("session_id", session_id)?;
+        self.0
+            .session_key(&peer, &client, &server, &session_id)
+            .map(PySessionKey)
+            .map_err(auth_err)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "ServerIdentity(public_key=bytes.fromhex('{}'))",
@@ -287,6 +310,13 @@ fn verify_signature(
 }
 
 #[pyfunction]
+fn exchange_public_key<'py>(py: Python<'py>, public_key: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    let public_key = sized::<PUBLIC_KEY_SIZE>("public_key", public_key)?;
+    let exchange = auth::exchange_public_key(&public_key).map_err(auth_err)?;
+    Ok(PyBytes::new(py, &exchange))
+}
+
+#[pyfunction]
 fn unauthenticated<'py>(
     py: Python<'py>,
     header: &Bound<'py, PyHeader>,
@@ -302,6 +332,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyServerIdentity>()?;
     m.add_function(wrap_pyfunction!(verify_signature, m)?)?;
     m.add_function(wrap_pyfunction!(unauthenticated, m)?)?;
+    m.add_function(wrap_pyfunction!(exchange_public_key, m)?)?;
     m.add("AuthError", py.get_type::<AuthError>())?;
     m.add("KEY_SIZE", KEY_SIZE)?;
     m.add("PUBLIC_KEY_SIZE", PUBLIC_KEY_SIZE)?;

@@ -15,7 +15,7 @@ import secrets
 
 import zenoh
 
-from servo._core import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, AuthError, HeaderError, KeyPair, verify_signature
+from servo._core import SIGNATURE_SIZE, KeyPair, verify_signature
 from servo.client.discovery import ServerInfo
 from servo.client.errors import RequestTimeout, RogueServer, ServerError
 from servo.client.replies import rejection_of
@@ -23,17 +23,15 @@ from servo.client.verify import ClientCounters
 from servo.transport import query
 from servo.wire import (
     NONCE_SIZE,
-    TRAJECTORY_ATTACHMENT_SIZE,
+    TRAJECTORY_CONTEXT,
     Rejection,
     Trajectory,
     TrajectoryRequest,
-    WireError,
     decode,
     encode,
     rejection_transcript,
-    trajectory_header,
-    trajectory_transcript,
 )
+from servo.wire.sealed import open_reply, signed_by
 
 
 async def fetch_trajectory(
@@ -51,19 +49,16 @@ async def fetch_trajectory(
     identity, replica = server.status.identity, server.keys.replica
     request = TrajectoryRequest(name, nonce, pair.public_key)
     replies = await query(zsession, server.keys.trajectory, payload=encode(request), timeout=timeout)
-    genuine: tuple[bytes, bytes, bytes] | None = None
+    genuine: tuple[bytes, bytes] | None = None
     refusal: Rejection | None = None
     forged = 0
     for reply in replies:  # every one is looked at: each forgery is counted, wherever it came
         if reply.ok is not None:
             payload = reply.ok.payload.to_bytes()
             proof = b"" if reply.ok.attachment is None else reply.ok.attachment.to_bytes()
-            if len(proof) == TRAJECTORY_ATTACHMENT_SIZE:
-                server_key, attachment = proof[:PUBLIC_KEY_SIZE], proof[PUBLIC_KEY_SIZE:-SIGNATURE_SIZE]
-                transcript = trajectory_transcript(nonce, replica, name, server_key, attachment, payload)
-                if verify_signature(identity, transcript, proof[-SIGNATURE_SIZE:]):
-                    genuine = (server_key, attachment, payload) if genuine is None else genuine
-                    continue
+            if signed_by(identity, payload, proof, context=TRAJECTORY_CONTEXT, question=[nonce, replica, name]):
+                genuine = (payload, proof) if genuine is None else genuine
+                continue
         elif (rejection := rejection_of(reply)) is not None:
             transcript = rejection_transcript(nonce, replica, name, rejection.code, rejection.reason)
             if len(rejection.signature) == SIGNATURE_SIZE and verify_signature(
@@ -76,25 +71,9 @@ async def fetch_trajectory(
         forged += 1
         counters.reject("mac", f"trajectory {name!r}: an answer not signed by replica {replica}")
     if genuine is not None:
-        return decode(_decrypt(pair, nonce, *genuine), Trajectory)
+        return decode(open_reply(pair, nonce, *genuine), Trajectory)
     if refusal is not None:
         raise ServerError(refusal.code, refusal.reason)
     if forged:
         raise RogueServer(f"trajectory {name!r}: {forged} answer(s) not signed by replica {replica}, none genuine")
     raise RequestTimeout(f"trajectory {name!r} not answered within {timeout:g} s")
-
-
-def _decrypt(pair: KeyPair, nonce: bytes, server_key: bytes, attachment: bytes, ciphertext: bytes) -> bytes:
-    """The plaintext of the replica's signed answer, under the key both ends derive.
-
-    Raises:
-        WireError: the signed answer does not decrypt (only the replica could have sent it).
-    """
-    try:
-        key = pair.session_key(server_key, client_public=pair.public_key, server_public=server_key, session_id=nonce)
-        header, plaintext = key.decrypt(attachment, ciphertext)
-    except (AuthError, HeaderError) as exc:
-        raise WireError(f"the replica's signed trajectory does not decrypt: {exc}") from None
-    if header != trajectory_header(nonce):
-        raise WireError("the replica's signed trajectory was encrypted for another request")
-    return plaintext

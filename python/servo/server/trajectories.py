@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 import msgspec
 
-from servo._core import PUBLIC_KEY_SIZE, AuthError, KeyPair
+from servo._core import AuthError
 from servo.identity import Identity
 from servo.logs import get_logger
 from servo.recording import read_recording
 from servo.server.manifest import TrajectoryEntry
 from servo.wire import (
     NONCE_SIZE,
+    TRAJECTORY_CONTEXT,
     Rejection,
     Trajectory,
     TrajectoryList,
@@ -32,9 +33,8 @@ from servo.wire import (
     encode,
     encode_tensor,
     rejection_transcript,
-    trajectory_header,
-    trajectory_transcript,
 )
+from servo.wire.sealed import seal_reply
 
 log = get_logger(__name__)
 
@@ -48,31 +48,29 @@ class Signed:
 
 
 def seal_trajectory(request: TrajectoryRequest, body: bytes, identity: Identity, replica: str) -> Signed | Rejection:
-    """``body`` encrypted to ``request.client_key`` and signed by ``identity`` for ``replica``.
+    """``body`` sealed to ``request.client_key`` (`servo.wire.sealed`), signed by ``identity`` for ``replica``.
 
-    The attachment is the replica's ephemeral X25519 key, the cipher's attachment and the
-    signature (`servo.wire.TRAJECTORY_ATTACHMENT_SIZE` bytes). A request without a usable key or
-    nonce is refused (unsigned: it came from no client this version makes).
+    A request without a usable key or nonce is refused (unsigned: it came from no client this
+    version makes).
     """
-    if len(request.client_key) != PUBLIC_KEY_SIZE or len(request.nonce) != NONCE_SIZE:
-        return Rejection(
-            "bad_request",
-            f"a trajectory request carries a {NONCE_SIZE}-byte nonce and an X25519 client_key since wire "
-            "schema 3 (answers are encrypted to it): upgrade the client",
-        )
-    pair = KeyPair()
+    if len(request.nonce) != NONCE_SIZE:
+        return Rejection("bad_request", f"a trajectory request carries a {NONCE_SIZE}-byte nonce")
     try:
-        key = pair.session_key(
-            request.client_key,
-            client_public=request.client_key,
-            server_public=pair.public_key,
-            session_id=request.nonce,
+        ciphertext, attachment = seal_reply(
+            body,
+            client_key=request.client_key,
+            nonce=request.nonce,
+            context=TRAJECTORY_CONTEXT,
+            question=[request.nonce, replica, request.name],
+            signer=identity,
         )
     except AuthError as exc:
-        return Rejection("bad_request", f"client_key refused: {exc}")
-    attachment, ciphertext = key.encrypt(trajectory_header(request.nonce), body)
-    transcript = trajectory_transcript(request.nonce, replica, request.name, pair.public_key, attachment, ciphertext)
-    return Signed(ciphertext, pair.public_key + attachment + identity.sign(transcript))
+        return Rejection(
+            "bad_request",
+            f"client_key refused: {exc} (since wire schema 3 a trajectory request carries the X25519 key its "
+            "answer is encrypted to: upgrade the client)",
+        )
+    return Signed(ciphertext, attachment)
 
 
 class TrajectoryLibrary:

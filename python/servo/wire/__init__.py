@@ -51,7 +51,7 @@ from servo.wire.telemetry import (
 )
 from servo.wire.tensor import Tensor, decode_floats, decode_tensor, encode_tensor
 from servo.wire.trust import (
-    TRAJECTORY_ATTACHMENT_SIZE,
+    TRAJECTORY_CONTEXT,
     ack_transcript,
     fingerprint,
     notice_transcript,
@@ -59,8 +59,6 @@ from servo.wire.trust import (
     parse_fingerprint,
     rejection_transcript,
     resume_body,
-    trajectory_header,
-    trajectory_transcript,
 )
 
 #: Every message body of the protocol, for codec tests and fuzzing.
@@ -73,7 +71,7 @@ __all__ = [
     "ROOT",
     "SUPPORTED_SCHEMA_VERSIONS",
     "TELEMETRY_SELECTOR",
-    "TRAJECTORY_ATTACHMENT_SIZE",
+    "TRAJECTORY_CONTEXT",
     "ActionChunk",
     "AuditEntry",
     "AuditQuery",
@@ -130,6 +128,4 @@ __all__ = [
     "slugify",
     "status_selector",
     "telemetry_key",
-    "trajectory_header",
-    "trajectory_transcript",
 ]

@@ -15,13 +15,10 @@ ack or a trajectory).
   verifies it knows that the session key it derives is shared with the holder of that identity,
   for this session on this replica, and nobody else (a peer that answered the session-open
   query first holds no identity the edge trusts, or cannot sign this transcript).
-* `trajectory_transcript` / `rejection_transcript`: what a replica signs when it answers a
-  trajectory fetch (the encrypted trajectory and the key it was encrypted under, or its
-  refusal): bound to the client's fresh nonce, the replica and the name asked for, so nobody
-  else's answer, and no old answer, is believed. The answer is encrypted like a session body
-  (`trajectory_header`): its key comes from an exchange of the client's ephemeral X25519 key
-  and the replica's, with the nonce as the session id. Signing the ciphertext, not the
-  plaintext, gives an eavesdropper no way to test a guess of the trajectory.
+* `TRAJECTORY_CONTEXT` / `rejection_transcript`: what a replica signs when it answers a
+  trajectory fetch (a sealed reply, `servo.wire.sealed`, or its refusal): bound to the client's
+  fresh nonce, the replica and the name asked for, so nobody else's answer, and no old answer,
+  is believed.
 * `notice_transcript`: what a replica signs in a notice it cannot seal because it holds no key
   for the session (``unknown_session``): bound to the replica, the client it goes to and the
   header of the request it answers, so it only ends that request, of that client, on that replica
@@ -40,15 +37,7 @@ import binascii
 
 import msgspec
 
-from servo._core import (
-    ATTACHMENT_SIZE,
-    HEADER_SIZE,
-    MSG_CHUNK,
-    PUBLIC_KEY_SIZE,
-    SCHEMA_VERSION,
-    SIGNATURE_SIZE,
-    Header,
-)
+from servo._core import HEADER_SIZE, PUBLIC_KEY_SIZE
 from servo.wire.errors import WireError
 from servo.wire.messages import SessionOpen
 
@@ -57,10 +46,8 @@ FINGERPRINT_PREFIX = "ed25519:"
 ACK_CONTEXT = b"servo/2 session-ack\0"
 RESUME_CONTEXT = b"servo/2 session-resume\0"
 OPEN_CONTEXT = b"servo/2 session-open\0"
-TRAJECTORY_CONTEXT = b"servo/3 encrypted-trajectory\0"
-#: A trajectory answer's attachment: the replica's ephemeral X25519 key, the cipher's
-#: attachment (header || tag) and the replica's signature.
-TRAJECTORY_ATTACHMENT_SIZE = PUBLIC_KEY_SIZE + ATTACHMENT_SIZE + SIGNATURE_SIZE
+#: The context of a sealed trajectory answer (`servo.wire.sealed`); its question is [nonce, replica, name].
+TRAJECTORY_CONTEXT = b"servo/3 sealed-trajectory\0"
 REJECTION_CONTEXT = b"servo/2 trajectory-refused\0"
 NOTICE_CONTEXT = b"servo/2 keyless-notice\0"
 
@@ -83,18 +70,6 @@ def open_transcript(request: SessionOpen, prefix: str) -> bytes:
         request.nonce,
     ]
     return OPEN_CONTEXT + msgspec.msgpack.encode(fields)
-
-
-def trajectory_transcript(
-    nonce: bytes, replica: str, name: str, server_key: bytes, attachment: bytes, ciphertext: bytes
-) -> bytes:
-    """What a replica signs when it answers the trajectory fetch ``nonce`` (key, attachment, ciphertext)."""
-    return TRAJECTORY_CONTEXT + msgspec.msgpack.encode([nonce, replica, name, server_key, attachment]) + ciphertext
-
-
-def trajectory_header(nonce: bytes) -> Header:
-    """The header a trajectory answer is encrypted under (a server message of the fetch's "session")."""
-    return Header(SCHEMA_VERSION, MSG_CHUNK, 0, 0, 0, 0, 0, nonce)
 
 
 def rejection_transcript(nonce: bytes, replica: str, name: str, code: str, reason: str) -> bytes:
