@@ -34,7 +34,8 @@ async def test_a_robot_has_series_of_its_own_only_while_its_session_lives(port: 
             assert metric(server, "servo_robot_requests_total", robot="robot-b", outcome="ok") == 0
 
             # An observation under robot-a's key that fails authentication counts for robot-a.
-            a.zsession.put(ready.keys.client("robot-a").obs, b"x" * 64, attachment=sealed(first, 99, b"other"))
+            attachment, _ = sealed(first, 99, b"other")
+            a.zsession.put(ready.keys.client("robot-a").obs, b"x" * 64, attachment=attachment)
             await eventually(
                 lambda: metric(server, "servo_robot_observations_rejected_total", robot="robot-a", reason="mac") == 1
             )

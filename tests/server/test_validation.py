@@ -260,7 +260,7 @@ async def test_a_schema_1_client_is_told_which_versions_the_server_speaks(port: 
             assert reply.err is not None
             rejection = decode(reply.err.payload.to_bytes(), Rejection)
         assert rejection.code == "schema_version"
-        assert "client speaks [1], server speaks [2]" in rejection.reason
+        assert "client speaks [1], server speaks [3]" in rejection.reason
         assert metric(server, "servo_sessions_rejected_total", code="schema_version") == 1
 
 
