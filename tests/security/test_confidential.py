@@ -23,6 +23,7 @@ from servo.transport import query
 from servo.wire import (
     NONCE_SIZE,
     ActionChunk,
+    AuditQuery,
     ControlAck,
     Observation,
     ResetRequest,
@@ -30,10 +31,11 @@ from servo.wire import (
     WireError,
     decode,
     decode_floats,
+    encode,
 )
 from tests.edge.test_replay import sim, trajectory, write_recording
 from tests.security.peers import peer_settings
-from tests.server.helpers import cameras_of, connected, open_on
+from tests.server.helpers import cameras_of, connected, observation, open_on
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
 
@@ -111,3 +113,20 @@ async def test_a_trajectory_travels_encrypted_to_the_robot_that_fetched_it(port:
         decode(sent, Trajectory)
     assert frames[:2].tobytes() not in sent
     np.testing.assert_array_equal(decode_floats(fetched.positions, shape=(None, frames.shape[1]), what="p"), frames)
+
+
+async def test_a_stranger_reads_no_audit_row(port: int) -> None:
+    """Any peer could query a replica's ``…/audit`` and read another robot's last requests."""
+    async with (
+        running_server(make_manifest(port), FixedComputePolicy(compute_ms=1)) as (_, ready),
+        connected(port, "robot-7") as victim,
+        PolicyClient.connect(peer_settings(port), "stranger") as stranger,
+    ):
+        session = await open_on(victim, ready)
+        await session.infer(*observation(1), timeout=5)
+        replies = await query(stranger.zsession, ready.keys.audit, payload=encode(AuditQuery()), timeout=2)
+    assert replies
+    for reply in replies:
+        payload = (reply.ok or reply.err).payload.to_bytes()  # type: ignore[union-attr]
+        assert b"robot-7" not in payload
+        assert session.session_id.encode() not in payload

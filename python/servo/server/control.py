@@ -19,7 +19,7 @@ Who may do what (see `servo.server.auth` for the checks themselves):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -30,6 +30,7 @@ from servo.logs import LogThrottle, get_logger
 from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
 from servo.server.admission import ImageGate, TokenBucket, camera_shapes, input_sizes
+from servo.server.audit_door import AuditDoor
 from servo.server.auth import Refused, SessionAuth, accept_handshake, takeover, verify_control
 from servo.server.manifest import LimitsSection
 from servo.server.robots import RobotGate
@@ -39,8 +40,6 @@ from servo.server.trajectories import Signed, TrajectoryLibrary
 from servo.transport import LoopBridge, declare_action_publisher
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
-    AuditQuery,
-    AuditTail,
     CameraFeature,
     CloseRequest,
     ControlAck,
@@ -49,11 +48,11 @@ from servo.wire import (
     ResetRequest,
     SessionAck,
     SessionOpen,
-    StatusReply,
     WireError,
     decode,
     encode,
     reply_header,
+    status_transcript,
 )
 from servo.wire.messages import RejectCode, SchemaVersions
 
@@ -61,6 +60,8 @@ log = get_logger(__name__)
 
 #: Largest control-plane request body (a session open with every field at its bound fits easily).
 MAX_CONTROL_BYTES = 64 * 1024
+#: Largest nonce a status query may carry (its payload).
+MAX_STATUS_NONCE = 32
 _THROTTLE = LogThrottle(1.0)
 
 
@@ -122,6 +123,7 @@ class ControlPlane:
         takeover_idle_s: float,
         limits: LimitsSection,
         max_observation_bytes: int,
+        operators: Mapping[str, bytes] | None = None,
     ) -> None:
         self._state = state
         self._policy = policy
@@ -131,6 +133,17 @@ class ControlPlane:
         self._takeover_idle_s = takeover_idle_s
         self._limits = limits
         self._max_observation_bytes = max_observation_bytes
+        by_key = {key: name for name, key in (operators or {}).items()}
+        replica = state.replica
+        self._audit = AuditDoor(
+            state.recent,
+            robots.nonces,
+            by_key.get,
+            lambda: robots.enrolled,
+            replica.identity,
+            prefix=replica.keys.prefix,
+            replica=replica.keys.replica,
+        )
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop."""
@@ -174,28 +187,13 @@ class ControlPlane:
         finally:
             query.drop()
 
-    def status(self, query: zenoh.Query, payload: zenoh.ZBytes) -> StatusReply:
-        """Capabilities, load and identity of this replica."""
-        state = self._state
-        replica = state.replica
-        keys = replica.keys
-        return StatusReply(
-            server_id=replica.server_id,
-            app=keys.app,
-            model_key=keys.model,
-            replica=keys.replica,
-            schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
-            policy=replica.info,
-            warmed_up=state.lifecycle != "starting",
-            draining=state.lifecycle == "draining",
-            active_sessions=len(state.registry),
-            max_sessions=replica.max_sessions,
-            load=state.load,
-            identity=replica.identity.public_key,
-            queue_wait_ms=state.metrics.queue_wait_ms.recent_median(),
-            inference_ms=state.metrics.inference_ms.recent_median(),
-            nonce=self._robots.nonces.current(),
-        )
+    def status(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
+        """Capabilities, load and identity of this replica, signed over the asker's nonce (the payload, if any)."""
+        if len(payload) > MAX_STATUS_NONCE:
+            return Rejection("bad_request", f"a status query carries at most a {MAX_STATUS_NONCE}-byte nonce")
+        body = encode(self._state.status(self._robots.nonces.current()))
+        signature = self._state.replica.identity.sign(status_transcript(payload.to_bytes(), body))
+        return Signed(body, signature)
 
     def _reject(self, code: RejectCode, reason: str, **context: object) -> Rejection:
         state = self._state
@@ -326,6 +324,7 @@ class ControlPlane:
             publisher=declare_action_publisher(self._zsession, action_key),
             images=images,
             observations=TokenBucket(self._limits.observations_per_s, self._limits.observation_burst),
+            enrolled=self._robots.enrolled.get(request.client_id) == request.robot_key,
         )
         self._state.register(session)
         return session
@@ -373,13 +372,13 @@ class ControlPlane:
             log.warning("control request refused", reason=reason, detail=message, suppressed=suppressed)
         return Rejection(code, message)
 
-    def audit(self, query: zenoh.Query, payload: zenoh.ZBytes) -> AuditTail | Rejection:
-        """The replica's recent requests (`servo.wire.audit`); an empty query asks for every client's."""
+    def audit(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
+        """The replica's recent requests, for who may read them (`servo.server.audit_door`)."""
         try:
-            request = decode(body(payload), AuditQuery) if len(payload) else AuditQuery()
+            request_body = body(payload)
         except WireError as exc:
             return Rejection("bad_request", str(exc))
-        return AuditTail(self._state.replica.keys.replica, self._state.recent.tail(request))
+        return self._audit.answer(request_body)
 
     def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
         """A whole trajectory of the library (or the list of names), signed by this replica."""

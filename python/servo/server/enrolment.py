@@ -1,14 +1,14 @@
-"""Who a replica is and which robots it knows: its identity and its enrolled robots.
+"""Who a replica is and whom it knows: its identity, its enrolled robots and its operators.
 
-Both come from the manifest's ``[security]`` (`servo.server.manifest.SecuritySection`) and are
-read once, at start, off the event loop.
+All come from the manifest's ``[security]`` (`servo.server.manifest.SecuritySection`) and its
+fleet file, read once, at start, off the event loop.
 """
 
 from __future__ import annotations
 
 from servo.config import ConfigError
 from servo.identity import Identity, ephemeral_identity, server_identity
-from servo.router.fleet import robot_identities
+from servo.router.fleet import identities, robot_identities
 from servo.server.manifest import SecuritySection
 from servo.wire import parse_fingerprint
 
@@ -46,3 +46,17 @@ def enrolled_robots(security: SecuritySection) -> dict[str, bytes]:
         if holders.setdefault(key, name) != name:
             raise ConfigError(f"security: {holders[key]!r} and {name!r} are enrolled with one identity")
     return enrolled
+
+
+def operators(security: SecuritySection) -> dict[str, bytes]:
+    """The operators ``[security] operators`` and the ``[[monitors]]`` of its ``fleet`` file name, name to key.
+
+    Raises:
+        ConfigError: the fleet file is unusable, or it names an operator with another identity.
+    """
+    named = {operator.name: parse_fingerprint(operator.identity) for operator in security.operators}
+    for name, key in (identities(security.fleet, "monitors") if security.fleet else {}).items():
+        if named.get(name, key) != key:
+            raise ConfigError(f"security.fleet: {name!r} has another identity in {security.fleet} than in operators")
+        named[name] = key
+    return named

@@ -187,6 +187,21 @@ class EnrolledRobot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise FieldError("identity", str(exc)) from None
 
 
+class Operator(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One entry of ``[security] operators``: a person's or a monitor's name and identity."""
+
+    name: Annotated[str, doc("Who it is (in logs).")]
+    identity: Annotated[str, doc("Its Ed25519 fingerprint, ed25519:… (printed by servo-monitor --identity).")]
+
+    def check(self) -> None:
+        """A usable name and fingerprint."""
+        _segment("name", self.name)
+        try:
+            parse_fingerprint(self.identity)
+        except WireError as exc:
+            raise FieldError("identity", str(exc)) from None
+
+
 class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[security]``: the replica's identity, the robots it admits and what it may expose."""
 
@@ -214,8 +229,8 @@ class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     insecure: Annotated[
         bool,
         doc(
-            "Allow a plain (not TLS) listen endpoint on a non-loopback address: anyone on the network then "
-            "reads every robot's observations and chunks."
+            "Allow a plain (not TLS) listen endpoint on a non-loopback address: anyone on the network may then "
+            "join the server's Zenoh network (sessions stay encrypted end to end)."
         ),
     ] = False
     listen_beside_router: Annotated[
@@ -225,6 +240,14 @@ class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "or linked to by gossip, bypass the router's access control."
         ),
     ] = False
+
+    operators: Annotated[
+        list[Operator],
+        doc(
+            "Operators and monitors: they read the fleet's audit trail (each robot reads its own), and robots "
+            "encrypt their telemetry to them (the session ack names them)."
+        ),
+    ] = []
 
     def check(self) -> None:
         """One identity source; robot names and identities unique; the fleet file exists."""
@@ -239,6 +262,11 @@ class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 where = f"robots[{keys[robot.identity]}]"
                 raise FieldError(f"robots[{i}].identity", f"enrolled for {where} too (one identity, one robot)")
             names[robot.name], keys[robot.identity] = i, i
+        operators: dict[str, int] = {}
+        for i, operator in enumerate(self.operators):
+            if operator.identity in operators:
+                raise FieldError(f"operators[{i}].identity", f"listed at operators[{operators[operator.identity]}] too")
+            operators[operator.identity] = i
         if self.fleet and not Path(self.fleet).is_file():
             raise FieldError("fleet", "file does not exist")
 

@@ -138,6 +138,8 @@ class ReplyStage:
         self._audit.write(
             session_id=session.session_id,
             client_id=session.client_id,
+            robot_key=session.auth.robot_key,
+            enrolled=session.enrolled,
             seq_id=header.seq_id,
             episode_id=header.episode_id,
             queue_wait_ms=reply.queue_wait_ms,
@@ -160,6 +162,8 @@ class ReplyStage:
         self._audit.write(
             session_id=session.session_id,
             client_id=session.client_id,
+            robot_key=session.auth.robot_key,
+            enrolled=session.enrolled,
             seq_id=header.seq_id,
             episode_id=header.episode_id,
             queue_wait_ms=reply.queue_wait_ms,

@@ -32,7 +32,7 @@ from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.control import ControlPlane
 from servo.server.decoding import ObservationDecoder, device_frames_for
-from servo.server.enrolment import enrolled_robots, replica_identity
+from servo.server.enrolment import enrolled_robots, operators, replica_identity
 from servo.server.frontend import Frontend
 from servo.server.intake import ObservationIntake
 from servo.server.manifest import Manifest
@@ -123,6 +123,7 @@ class PolicyServer:
         self._zsession: zenoh.Session | None = None
         self._warmup_s: list[float] = []
         self._trajectories = TrajectoryLibrary({})
+        self._operators: dict[str, bytes] = {}
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
         """Wait until ``predicate(sessions)`` holds.
@@ -161,6 +162,7 @@ class PolicyServer:
             if identity is None:
                 identity = await anyio.to_thread.run_sync(replica_identity, m.security, m.serving.app)
             enrolled = await anyio.to_thread.run_sync(enrolled_robots, m.security)
+            self._operators = await anyio.to_thread.run_sync(operators, m.security)
             # Listening while the policy loads: an edge that lost this server links again meanwhile,
             # and re-handshakes the moment the liveliness token appears (nothing is declared before).
             async with open_session(m.zenoh) as zsession:
@@ -245,6 +247,7 @@ class PolicyServer:
                 takeover_idle_s=m.security.takeover_idle_s,
                 limits=m.limits,
                 max_observation_bytes=m.serving.max_observation_bytes,
+                operators=self._operators,
             )
             declared += [
                 zsession.declare_subscriber(keys.all_obs, intake.on_sample),

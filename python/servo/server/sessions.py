@@ -128,6 +128,9 @@ class Session:
     #: The client's liveliness token vanished at least once since the open: whoever holds the
     #: name now (a token under it again) may be a restarted client (see `servo.server.auth.takeover`).
     token_lost: bool = False
+    #: The replica enrolled the robot key that opened it under this client id (its audit rows
+    #: are never displaced by those of robots nobody enrolled: `servo.server.audit.RecentRequests`).
+    enrolled: bool = False
     # --- guarded by _publish_lock
     _publish_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _publisher_closed: bool = False

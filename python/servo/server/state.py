@@ -21,7 +21,15 @@ from servo.server.audit import RecentRequests
 from servo.server.metrics import ServerMetrics
 from servo.server.robots import ReturningRobots
 from servo.server.sessions import Session, SessionRegistry
-from servo.wire import DrainNotice, PolicyInfo, ServerKeys, WireError, encode
+from servo.wire import (
+    SUPPORTED_SCHEMA_VERSIONS,
+    DrainNotice,
+    PolicyInfo,
+    ServerKeys,
+    StatusReply,
+    WireError,
+    encode,
+)
 
 log = get_logger(__name__)
 
@@ -125,6 +133,28 @@ class ServerState:
     def load(self) -> float:
         """Open sessions over capacity (any thread)."""
         return len(self.registry) / self.replica.max_sessions
+
+    def status(self, nonce: bytes) -> StatusReply:
+        """Capabilities, load and identity of this replica; ``nonce`` is what a session open must carry now."""
+        replica = self.replica
+        keys = replica.keys
+        return StatusReply(
+            server_id=replica.server_id,
+            app=keys.app,
+            model_key=keys.model,
+            replica=keys.replica,
+            schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
+            policy=replica.info,
+            warmed_up=self.lifecycle != "starting",
+            draining=self.lifecycle == "draining",
+            active_sessions=len(self.registry),
+            max_sessions=replica.max_sessions,
+            load=self.load,
+            identity=replica.identity.public_key,
+            queue_wait_ms=self.metrics.queue_wait_ms.recent_median(),
+            inference_ms=self.metrics.inference_ms.recent_median(),
+            nonce=nonce,
+        )
 
     # ------------------------------------------------------------------ sessions (event loop)
     def register(self, session: Session) -> None:

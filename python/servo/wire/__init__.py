@@ -2,7 +2,7 @@
 
 import msgspec
 
-from servo.wire.audit import AuditEntry, AuditQuery, AuditTail
+from servo.wire.audit import AUDIT_CONTEXT, AuditEntry, AuditQuery, AuditTail, audit_question, audit_transcript
 from servo.wire.codec import MAX_MESSAGE_BYTES, decode, encode, encode_into
 from servo.wire.errors import WireError
 from servo.wire.header import reply_header
@@ -59,12 +59,14 @@ from servo.wire.trust import (
     parse_fingerprint,
     rejection_transcript,
     resume_body,
+    status_transcript,
 )
 
 #: Every message body of the protocol, for codec tests and fuzzing.
 MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (*SESSION_MESSAGE_TYPES, EdgeTelemetry, AuditQuery, AuditTail)
 
 __all__ = [
+    "AUDIT_CONTEXT",
     "MAX_MESSAGE_BYTES",
     "MESSAGE_TYPES",
     "NONCE_SIZE",
@@ -103,7 +105,9 @@ __all__ = [
     "WireError",
     "ack_transcript",
     "alive_selector",
+    "audit_question",
     "audit_selector",
+    "audit_transcript",
     "check_frame",
     "decode",
     "decode_floats",
@@ -127,5 +131,6 @@ __all__ = [
     "segment",
     "slugify",
     "status_selector",
+    "status_transcript",
     "telemetry_key",
 ]

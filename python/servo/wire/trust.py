@@ -19,6 +19,9 @@ ack or a trajectory).
   trajectory fetch (a sealed reply, `servo.wire.sealed`, or its refusal): bound to the client's
   fresh nonce, the replica and the name asked for, so nobody else's answer, and no old answer,
   is believed.
+* `status_transcript`: what a replica signs in a status reply (its attachment): the body, bound
+  to the asker's nonce when it sent one (a monitor does), so a monitor believes a replica's
+  status only when a replica it trusts said it, just now.
 * `notice_transcript`: what a replica signs in a notice it cannot seal because it holds no key
   for the session (``unknown_session``): bound to the replica, the client it goes to and the
   header of the request it answers, so it only ends that request, of that client, on that replica
@@ -50,6 +53,7 @@ OPEN_CONTEXT = b"servo/2 session-open\0"
 TRAJECTORY_CONTEXT = b"servo/3 sealed-trajectory\0"
 REJECTION_CONTEXT = b"servo/2 trajectory-refused\0"
 NOTICE_CONTEXT = b"servo/2 keyless-notice\0"
+STATUS_CONTEXT = b"servo/3 status\0"
 
 
 def open_transcript(request: SessionOpen, prefix: str) -> bytes:
@@ -75,6 +79,11 @@ def open_transcript(request: SessionOpen, prefix: str) -> bytes:
 def rejection_transcript(nonce: bytes, replica: str, name: str, code: str, reason: str) -> bytes:
     """What a replica signs when it refuses the trajectory fetch ``nonce``."""
     return REJECTION_CONTEXT + msgspec.msgpack.encode([nonce, replica, name, code, reason])
+
+
+def status_transcript(nonce: bytes, body: bytes) -> bytes:
+    """What a replica signs in a status reply: the asker's nonce (empty when none) and the reply's body."""
+    return STATUS_CONTEXT + msgspec.msgpack.encode([nonce]) + body
 
 
 def notice_transcript(action_key: str, attachment: bytes, code: str, message: str) -> bytes:
