@@ -17,6 +17,8 @@ What lives there (each created on first use, the directory with mode 0700):
   ``servo-monitor`` run; ``servo-monitor --identity`` prints its fingerprint, which servers list
   as an operator (``[security] operators``) to show it the fleet's audit trail and robots encrypt
   their telemetry to.
+* ``telemetry.run``: how many times an edge of this machine ran (its telemetry's run counter, so
+  a monitor can refuse a replayed record of an old run).
 * ``monitor.state``: what a monitor remembers of each robot's telemetry runs across restarts
   (`servo.monitor.trust`), so a replayed record of an old run is refused.
 * ``tls/server.pem``, ``tls/server.key``: the self-signed certificate ``servo-serve`` listens
@@ -70,6 +72,11 @@ def server_identity_path(app: str) -> Path:
 def known_servers_path() -> Path:
     """The edges' trust-on-first-use record (`servo.client.known`)."""
     return config_dir() / "known_servers"
+
+
+def telemetry_run_path() -> Path:
+    """Where a robot counts its runs (what its telemetry's ``run`` says: `servo.edge.telemetry`)."""
+    return config_dir() / "telemetry.run"
 
 
 def operator_identity_path() -> Path:

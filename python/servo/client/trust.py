@@ -159,7 +159,7 @@ def _ack_problem(ack: SessionAck, keys: ServerKeys, status: StatusReply, client_
         return f"ack names replica {ack.replica!r}, asked {keys.replica!r}"
     if ack.server_identity != status.identity:
         return f"ack signed as {fingerprint(ack.server_identity)}, status advertised {fingerprint(status.identity)}"
-    transcript = ack_transcript(client_key, ack.server_key, ack.session_id, ack.replica)
+    transcript = ack_transcript(client_key, ack.server_key, ack.session_id, ack.replica, ack.operators)
     if not verify_signature(ack.server_identity, transcript, ack.signature):
         return "ack signature does not verify"
     return None

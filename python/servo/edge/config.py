@@ -63,7 +63,7 @@ from servo.transport import (
     common_name,
     exposed_endpoint,
 )
-from servo.wire import WireError, segment
+from servo.wire import WireError, parse_fingerprint, segment
 
 InferenceMode = Literal["remote", "sync", "rtc", "replay"]
 
@@ -151,7 +151,10 @@ class SecurityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = ""
     insecure: Annotated[
         bool,
-        doc("Allow a plain (not TLS) connection to a non-loopback endpoint: anyone on the path reads the traffic."),
+        doc(
+            "Allow a plain (not TLS) connection to a non-loopback endpoint: anyone on the path may join the link "
+            "(session bodies stay encrypted end to end)."
+        ),
     ] = False
     max_chunk_steps: Annotated[
         PositiveInt, doc("Longest chunk accepted (steps); longer ones are rejected, never merged.", le=4096)
@@ -256,6 +259,13 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     telemetry_period_s: Annotated[
         NonNegativeSeconds, doc("Publish a signed status record for monitors this often (s); 0: never.", le=60)
     ] = 1.0
+    telemetry_readers: Annotated[
+        list[str],
+        doc(
+            "Operators (ed25519:… of servo-monitor --identity) this robot's telemetry is encrypted to, besides "
+            "those its server's session ack names (a local engine has no server to name them)."
+        ),
+    ] = []
     link: Annotated[LinkConfig, doc("How this robot reaches its server.")] = msgspec.field(default_factory=LinkConfig)
     server: Annotated[ServerConfig, doc("Which servers to use.")] = msgspec.field(default_factory=ServerConfig)
     security: Annotated[SecurityConfig, doc("TLS, authentication, trusted servers.")] = msgspec.field(
@@ -283,8 +293,8 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if not self.security.insecure and exposed_endpoint(endpoint):
                 raise FieldError(
                     f"link.connect[{i}]",
-                    f"{endpoint!r} is not TLS and not loopback: anyone on the path would read this robot's "
-                    "observations and chunks; connect over tls/ (--tls-root-ca), or accept that with --insecure",
+                    f"{endpoint!r} is not TLS and not loopback: anyone on the path could join this robot's link "
+                    "(its sessions stay encrypted); connect over tls/ (--tls-root-ca), or accept that with --insecure",
                 )
         if self.inference == "replay" and not self.replay.trajectory:
             raise FieldError("replay.trajectory", "name a recording file or server:NAME to replay (--replay)")
@@ -293,6 +303,17 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 segment(self.client_id, what="client_id")
             except WireError as exc:
                 raise FieldError("client_id", str(exc).removeprefix("client_id ")) from None
+        self.readers()
+
+    def readers(self) -> list[bytes]:
+        """The keys of ``telemetry_readers``; raises `FieldError` naming a malformed one."""
+        keys = []
+        for i, text in enumerate(self.telemetry_readers):
+            try:
+                keys.append(parse_fingerprint(text))
+            except WireError as exc:
+                raise FieldError(f"telemetry_readers[{i}]", str(exc)) from None
+        return keys
 
     def resolved_client_id(self, default: str) -> str:
         """The client id: ``client_id``, else tls_cert's common name, else ``auth_user``, else ``default``.

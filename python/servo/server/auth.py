@@ -33,6 +33,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -155,8 +156,10 @@ class Handshake:
     signature: bytes
 
 
-def accept_handshake(request: SessionOpen, identity: ServerIdentity, replica: str) -> Handshake:
-    """Make the session id and key for ``request`` and sign the transcript.
+def accept_handshake(
+    request: SessionOpen, identity: ServerIdentity, replica: str, operators: Sequence[bytes] = ()
+) -> Handshake:
+    """Make the session id and key for ``request`` and sign the transcript (naming ``operators``).
 
     Raises:
         Refused: (``header``) the client key is unusable (e.g. a low-order X25519 point).
@@ -172,7 +175,7 @@ def accept_handshake(request: SessionOpen, identity: ServerIdentity, replica: st
         )
     except AuthError as exc:
         raise Refused("header", f"client_key refused: {exc}") from None
-    signature = identity.sign(ack_transcript(request.client_key, pair.public_key, session_id, replica))
+    signature = identity.sign(ack_transcript(request.client_key, pair.public_key, session_id, replica, operators))
     auth = SessionAuth(key, session_id, request.session_epoch, robot_key=request.robot_key)
     return Handshake(auth, pair.public_key, signature)
 

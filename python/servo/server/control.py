@@ -54,7 +54,7 @@ from servo.wire import (
     reply_header,
     status_transcript,
 )
-from servo.wire.messages import RejectCode, SchemaVersions
+from servo.wire.messages import MAX_OPERATORS, RejectCode, SchemaVersions
 
 log = get_logger(__name__)
 
@@ -134,6 +134,8 @@ class ControlPlane:
         self._limits = limits
         self._max_observation_bytes = max_observation_bytes
         by_key = {key: name for name, key in (operators or {}).items()}
+        #: The operators every ack names (robots encrypt their telemetry to them).
+        self._readers = list(by_key)[:MAX_OPERATORS]
         replica = state.replica
         self._audit = AuditDoor(
             state.recent,
@@ -280,7 +282,7 @@ class ControlPlane:
             log.info("session displaced", session_id=idle.session_id, client_id=idle.client_id, by=client_id)
             state.collect(idle, "displaced")
         try:
-            handshake = accept_handshake(request, replica.identity, keys.replica)
+            handshake = accept_handshake(request, replica.identity, keys.replica, self._readers)
         except Refused as exc:
             return self._reject("bad_request", str(exc), client_id=client_id)
         smaller = input_sizes(shapes, info.features)
@@ -309,6 +311,7 @@ class ControlPlane:
             signature=handshake.signature,
             warnings=verdict.warnings,
             input_sizes={name: CameraFeature(h, w) for name, (h, w) in smaller.items()},
+            operators=self._readers,
         )
 
     def _create_session(

@@ -11,6 +11,7 @@ from servo.identity import Identity, ephemeral_identity, server_identity
 from servo.router.fleet import identities, robot_identities
 from servo.server.manifest import SecuritySection
 from servo.wire import parse_fingerprint
+from servo.wire.messages import MAX_OPERATORS
 
 
 def replica_identity(security: SecuritySection, app: str) -> Identity:
@@ -59,4 +60,9 @@ def operators(security: SecuritySection) -> dict[str, bytes]:
         if named.get(name, key) != key:
             raise ConfigError(f"security.fleet: {name!r} has another identity in {security.fleet} than in operators")
         named[name] = key
+    if len(named) > MAX_OPERATORS:
+        raise ConfigError(
+            f"security: {len(named)} operators (operators and the fleet's monitors); at most {MAX_OPERATORS}: "
+            "each robot encrypts every telemetry record to each of them"
+        )
     return named

@@ -43,11 +43,13 @@ from servo.wire.messages import (
 from servo.wire.telemetry import (
     TELEMETRY_SELECTOR,
     EdgeTelemetry,
+    SealedTelemetry,
     Signer,
     Transition,
     open_telemetry,
     seal_telemetry,
     telemetry_key,
+    telemetry_signer,
 )
 from servo.wire.tensor import Tensor, decode_floats, decode_tensor, encode_tensor
 from servo.wire.trust import (
@@ -63,7 +65,13 @@ from servo.wire.trust import (
 )
 
 #: Every message body of the protocol, for codec tests and fuzzing.
-MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (*SESSION_MESSAGE_TYPES, EdgeTelemetry, AuditQuery, AuditTail)
+MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (
+    *SESSION_MESSAGE_TYPES,
+    EdgeTelemetry,
+    SealedTelemetry,
+    AuditQuery,
+    AuditTail,
+)
 
 __all__ = [
     "AUDIT_CONTEXT",
@@ -92,6 +100,7 @@ __all__ = [
     "PolicyInfo",
     "Rejection",
     "ResetRequest",
+    "SealedTelemetry",
     "ServerKeys",
     "SessionAck",
     "SessionOpen",
@@ -133,4 +142,5 @@ __all__ = [
     "status_selector",
     "status_transcript",
     "telemetry_key",
+    "telemetry_signer",
 ]

@@ -35,6 +35,8 @@ MAX_TASK_CHARS = 1024
 MAX_FEATURES = 256
 #: Most cameras of a robot or policy.
 MAX_CAMERAS = 16
+#: Most operators a session ack names (the readers of a robot's telemetry).
+MAX_OPERATORS = 8
 #: Most tags of a session open, and the longest tag value (characters).
 MAX_TAGS = 32
 MAX_TAG_CHARS = 256
@@ -197,6 +199,9 @@ class SessionAck(msgspec.Struct, frozen=True):
     #: Cameras the client may send shrunk to the policy's input size (`servo.wire.downsize`)
     #: instead of the size it declared: the server shrinks larger frames to it anyway.
     input_sizes: Annotated[dict[Name, CameraFeature], msgspec.Meta(max_length=MAX_CAMERAS)] = {}
+    #: The Ed25519 keys of the replica's operators (under the signature): the robot encrypts its
+    #: telemetry to them (`servo.wire.telemetry`).
+    operators: Annotated[list[PublicKey], msgspec.Meta(max_length=MAX_OPERATORS)] = []
 
 
 RejectCode = Literal[

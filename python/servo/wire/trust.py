@@ -14,7 +14,9 @@ ack or a trajectory).
   client's and the server's ephemeral X25519 keys, the session id and the replica: an edge that
   verifies it knows that the session key it derives is shared with the holder of that identity,
   for this session on this replica, and nobody else (a peer that answered the session-open
-  query first holds no identity the edge trusts, or cannot sign this transcript).
+  query first holds no identity the edge trusts, or cannot sign this transcript). It binds the
+  operators the ack names too: the robot encrypts its telemetry to them
+  (`servo.wire.telemetry`), so nobody but the replica may choose them.
 * `TRAJECTORY_CONTEXT` / `rejection_transcript`: what a replica signs when it answers a
   trajectory fetch (a sealed reply, `servo.wire.sealed`, or its refusal): bound to the client's
   fresh nonce, the replica and the name asked for, so nobody else's answer, and no old answer,
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Sequence
 
 import msgspec
 
@@ -46,7 +49,7 @@ from servo.wire.messages import SessionOpen
 
 #: Prefix of an identity fingerprint.
 FINGERPRINT_PREFIX = "ed25519:"
-ACK_CONTEXT = b"servo/2 session-ack\0"
+ACK_CONTEXT = b"servo/3 session-ack\0"
 RESUME_CONTEXT = b"servo/2 session-resume\0"
 OPEN_CONTEXT = b"servo/2 session-open\0"
 #: The context of a sealed trajectory answer (`servo.wire.sealed`); its question is [nonce, replica, name].
@@ -91,9 +94,11 @@ def notice_transcript(action_key: str, attachment: bytes, code: str, message: st
     return NOTICE_CONTEXT + msgspec.msgpack.encode([action_key, attachment[:HEADER_SIZE], code, message])
 
 
-def ack_transcript(client_key: bytes, server_key: bytes, session_id: bytes, replica: str) -> bytes:
-    """The bytes a `SessionAck.signature` signs (wire schema 2)."""
-    return ACK_CONTEXT + client_key + server_key + session_id + replica.encode()
+def ack_transcript(
+    client_key: bytes, server_key: bytes, session_id: bytes, replica: str, operators: Sequence[bytes] = ()
+) -> bytes:
+    """The bytes a `SessionAck.signature` signs (wire schema 3: the operators it names too)."""
+    return ACK_CONTEXT + msgspec.msgpack.encode([client_key, server_key, session_id, replica, list(operators)])
 
 
 def resume_body(client_key: bytes) -> bytes:
