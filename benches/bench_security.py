@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 import anyio
+import msgspec
 import numpy as np
 import pytest
 import simplejpeg
@@ -51,16 +52,24 @@ from servo._core import (
 from servo.client.trust import signed_open
 from servo.identity import Identity
 from servo.server.admission import ImageGate
+from servo.server.audit import RecentRequests
+from servo.server.audit_door import AuditDoor
 from servo.server.auth import accept_handshake
 from servo.server.manifest import LimitsSection
-from servo.server.robots import ReturningRobots, RobotGate
+from servo.server.robots import OpenNonces, ReturningRobots, RobotGate
+from servo.server.trajectories import Signed
 from servo.wire import (
+    AuditEntry,
+    AuditQuery,
+    AuditTail,
     EncodedImage,
     ErrorEvent,
     Features,
     Observation,
+    Rejection,
     SessionOpen,
     WireError,
+    audit_transcript,
     decode,
     decode_image,
     encode,
@@ -341,5 +350,52 @@ def test_notice_signature(benchmark: BenchmarkFixture, case: str) -> None:
         sent = key.encrypt(header, body)
         edge = SessionKey(bytes(32), role="client")
         correct = benchmark(edge.decrypt, *sent) == (header, body)
+    benchmark.extra_info["correct"] = correct
+    assert correct
+
+
+_AUDIT_CASES = [
+    "schema 2: unsigned query, anyone",
+    "schema 3: operator query, sealed answer",
+    "schema 3: stranger refused",
+]
+
+
+@pytest.mark.parametrize("case", _AUDIT_CASES)
+def test_audit_admission(benchmark: BenchmarkFixture, case: str) -> None:
+    """Answering one audit query of a replica holding 64 clients' 128 rows each: schema 2 answered anybody
+    in the clear; schema 3 checks the asker (nonce, operator, budget, signature) and seals the answer."""
+    benchmark.group = "audit-admission"
+    recent = RecentRequests()
+    for client in range(64):
+        for seq in range(128):
+            recent.add(AuditEntry(f"robot-{client}", "ab" * 16, seq, 0, "ok", 1.0, 20.0, 22.0, 0, 0.0))
+    operator = Identity.generate()
+    nonces = OpenNonces()
+    door = AuditDoor(
+        recent,
+        nonces,
+        {operator.public_key: "ops"}.get,
+        dict,
+        _SERVER,
+        prefix=_PREFIX,
+        replica="r0",
+        rate=1e9,
+        burst=10**9,
+    )
+    asker = operator if "operator" in case else Identity.generate()
+    query = AuditQuery(
+        "robot-7", limit=64, asker=asker.public_key, reply_key=KeyPair().public_key, nonce=nonces.current()
+    )
+    query = msgspec.structs.replace(query, signature=asker.sign(audit_transcript(query, _PREFIX)))
+    payload = encode(query)
+    if case.startswith("schema 2"):
+        answer = benchmark(lambda: encode(AuditTail("r0", recent.tail(decode(payload, AuditQuery)))))
+        correct = len(decode(answer, AuditTail).entries) == 64
+    elif "operator" in case:
+        correct = isinstance(benchmark(door.answer, payload), Signed)
+    else:
+        refusal = benchmark(door.answer, payload)
+        correct = isinstance(refusal, Rejection) and "no operator" in refusal.reason
     benchmark.extra_info["correct"] = correct
     assert correct

@@ -268,12 +268,12 @@ impl ServerIdentity {
         server_public: &[u8; PUBLIC_KEY_SIZE],
         session_id: &[u8; SESSION_ID_SIZE],
     ) -> Result<SessionKey, AuthError> {
-        KeyPair::from_secret(Zeroizing::new(self.0.to_scalar_bytes())).session_key(
-            peer_public,
-            client_public,
-            server_public,
-            session_id,
-        )
+        // The public half is the Montgomery form of the Ed25519 key: no scalar multiplication.
+        let pair = KeyPair {
+            secret: Zeroizing::new(self.0.to_scalar_bytes()),
+            public: self.exchange_public_key(),
+        };
+        pair.session_key(peer_public, client_public, server_public, session_id)
     }
 }
 

@@ -74,6 +74,7 @@ class AuditDoor:
         identity: The replica's identity (signs each answer).
         prefix: The replica's key prefix (bound into what the asker signs).
         replica: The replica's name (bound into what the replica signs).
+        rate: Queries answered per second per asker key (and ``burst`` at once).
     """
 
     def __init__(
@@ -86,10 +87,12 @@ class AuditDoor:
         *,
         prefix: str,
         replica: str,
+        rate: float = QUERIES_PER_S,
+        burst: int = QUERY_BURST,
     ) -> None:
         self._recent, self._nonces, self._operators, self._roster = recent, nonces, operators, roster
         self._identity, self._prefix, self._replica = identity, prefix, replica
-        self._budget = KeyedBuckets(QUERIES_PER_S, QUERY_BURST)
+        self._budget, self._rate = KeyedBuckets(rate, burst), rate
 
     def asker(self, query: AuditQuery) -> Asker | str:
         """Who may ask ``query`` (checks 1 to 3 of the module, no signature yet), or why nobody."""
@@ -119,7 +122,7 @@ class AuditDoor:
         if isinstance(asker, str):
             return Rejection("unauthenticated", asker)
         if not self._budget.take(query.asker):
-            return Rejection("rate_limited", f"more than {QUERIES_PER_S:g} audit queries per second; retry")
+            return Rejection("rate_limited", f"more than {self._rate:g} audit queries per second; retry")
         if not verify_signature(query.asker, audit_transcript(query, self._prefix), query.signature):
             return Rejection(
                 "unauthenticated", f"the audit query's signature by {fingerprint(query.asker)} does not verify"
