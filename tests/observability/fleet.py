@@ -13,7 +13,9 @@ from pathlib import Path
 
 import zenoh
 
+from servo.identity import load_identity
 from servo.transport import ZenohSettings
+from servo.wire import fingerprint
 from tests.edge.harness import Proc, edge_argv
 from tests.support import free_port
 
@@ -57,6 +59,9 @@ connect = ["tcp/127.0.0.1:{fleet.router_port}"]
 [ops]
 health_port = {health_port}
 audit_log = "{fleet.audit_log(replica)}"
+[security]
+identity_key = "{fleet.workdir / "server.key"}"
+operators = [{{name = "monitor", identity = "{fingerprint(load_identity(fleet.workdir / "monitor.key").public_key)}"}}]
 """
     )
     return path
@@ -79,10 +84,12 @@ def running_fleet(workdir: Path, *, replicas: int = 2, robots: int = 3, monitor:
             fleet.replicas[name] = proc
         for proc in fleet.replicas.values():
             proc.wait_line("ready", 90)
+        pins = []
         for i in range(robots):
             name = f"robot-{i}"
             home = workdir / name
             home.mkdir()
+            pins.append(f"{name} {fingerprint(load_identity(home / 'robot.key', role='robot').public_key)}\n")
             command = (
                 f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{fleet.router_port} "
                 f"--client-id {name} --telemetry-period-s 0.5 --log-level warning --record {workdir / name}.servo"
@@ -98,7 +105,17 @@ def running_fleet(workdir: Path, *, replicas: int = 2, robots: int = 3, monitor:
                 f"tcp/127.0.0.1:{fleet.router_port}",
                 "--http-port",
                 str(fleet.monitor_port),
+                # The fleet as its operator enrolled it: the replicas' identity, the robots' keys.
+                "--trusted-servers",
+                fingerprint(load_identity(workdir / "server.key").public_key),
+                "--robot-keys",
+                str(workdir / "robot-keys"),
+                "--identity-key",
+                str(workdir / "monitor.key"),
+                "--state-file",
+                str(workdir / "monitor.state"),
             ]
+            (workdir / "robot-keys").write_text("".join(pins))
             procs.append(proc := Proc(argv))
             fleet.monitor = proc
             proc.wait_line("serving the fleet page", 60)
