@@ -47,6 +47,25 @@ fn parts<'a>(views: &'a [ByteView<'_>]) -> (Vec<&'a [u8]>, bool) {
     (parts, big)
 }
 
+/// The arguments of a key exchange, their lengths checked (naming the one that is wrong).
+struct Exchange {
+    peer: [u8; PUBLIC_KEY_SIZE],
+    client: [u8; PUBLIC_KEY_SIZE],
+    server: [u8; PUBLIC_KEY_SIZE],
+    session_id: [u8; SESSION_ID_SIZE],
+}
+
+impl Exchange {
+    fn sized(peer: &[u8], client: &[u8], server: &[u8], session_id: &[u8]) -> PyResult<Self> {
+        Ok(Self {
+            peer: sized("peer_public", peer)?,
+            client: sized("client_public", client)?,
+            server: sized("server_public", server)?,
+            session_id: sized("session_id", session_id)?,
+        })
+    }
+}
+
 /// One end of a session's keys (frozen; the key bytes are never shown).
 #[pyclass(module = "servo._core", name = "SessionKey", frozen)]
 pub struct PySessionKey(cipher::SessionKey);
@@ -202,10 +221,12 @@ impl PyKeyPair {
         server_public: &[u8],
         session_id: &[u8],
     ) -> PyResult<PySessionKey> {
-        let peer = sized::<PUBLIC_KEY_SIZE>("peer_public", peer_public)?;
-        let client = sized::<PUBLIC_KEY_SIZE>("client_public", client_public)?;
-        let server = sized::<PUBLIC_KEY_SIZE>("server_public", server_public)?;
-        let session_id = sized::<SESSION_ID_SIZE>("session_id", session_id)?;
+        let Exchange {
+            peer,
+            client,
+            server,
+            session_id,
+        } = Exchange::sized(peer_public, client_public, server_public, session_id)?;
         let used =
             || AuthError::new_err("this KeyPair was already used (key pairs are single-use)");
         // Nothing panics while the lock is held, so a poisoned lock still holds a valid slot.
@@ -275,12 +296,9 @@ impl PyServerIdentity {
         server_public: &[u8],
         session_id: &[u8],
     ) -> PyResult<PySessionKey> {
-        let peer = sized::<PUBLIC_KEY_SIZE>("peer_public", peer_public)?;
-        let client = sized::<PUBLIC_KEY_SIZE>("client_public", client_public)?;
-        let server = sized::<PUBLIC_KEY_SIZE>("server_public", server_public)?;
-        let session_id = sized::<SESSION_ID_SIZE>("session_id", session_id)?;
+        let e = Exchange::sized(peer_public, client_public, server_public, session_id)?;
         self.0
-            .session_key(&peer, &client, &server, &session_id)
+            .session_key(&e.peer, &e.client, &e.server, &e.session_id)
             .map(PySessionKey)
             .map_err(auth_err)
     }

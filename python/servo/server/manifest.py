@@ -172,6 +172,15 @@ class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = 256
 
 
+def _named_identity(name: str, identity: str) -> None:
+    """A name usable as a key segment and an Ed25519 fingerprint; raises `FieldError` naming the field."""
+    _segment("name", name)
+    try:
+        parse_fingerprint(identity)
+    except WireError as exc:
+        raise FieldError("identity", str(exc)) from None
+
+
 class EnrolledRobot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One entry of ``[security] robots``: a robot's name and the identity it signs with."""
 
@@ -180,11 +189,7 @@ class EnrolledRobot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def check(self) -> None:
         """A usable name and fingerprint."""
-        _segment("name", self.name)
-        try:
-            parse_fingerprint(self.identity)
-        except WireError as exc:
-            raise FieldError("identity", str(exc)) from None
+        _named_identity(self.name, self.identity)
 
 
 class Operator(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -195,11 +200,7 @@ class Operator(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def check(self) -> None:
         """A usable name and fingerprint."""
-        _segment("name", self.name)
-        try:
-            parse_fingerprint(self.identity)
-        except WireError as exc:
-            raise FieldError("identity", str(exc)) from None
+        _named_identity(self.name, self.identity)
 
 
 class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
