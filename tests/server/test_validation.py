@@ -264,6 +264,20 @@ async def test_a_schema_1_client_is_told_which_versions_the_server_speaks(port: 
         assert metric(server, "servo_sessions_rejected_total", code="schema_version") == 1
 
 
+async def test_a_schema_2_client_is_told_which_versions_the_server_speaks(port: int) -> None:
+    """Schema 2 sealed bodies without encrypting them: its opens are refused by version, in one line."""
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            v2_open = msgspec.msgpack.encode({"client_id": "robot", "schema_versions": [2], "fps": 30.0})
+            key = ready.keys.client("robot").session
+            (reply,) = await query(client.zsession, key, payload=v2_open, timeout=2)
+            assert reply.err is not None
+            rejection = decode(reply.err.payload.to_bytes(), Rejection)
+        assert rejection.code == "schema_version"
+        assert rejection.reason == "client speaks [2], server speaks [3]"
+        assert metric(server, "servo_sessions_rejected_total", code="schema_version") == 1
+
+
 async def test_an_open_with_an_old_nonce_asks_the_status_again_once(port: int) -> None:
     """A status older than its nonce (a frontend's, a script's kept for minutes) costs one more
     status query, not the session; an open signed for any nonce but the replica's is refused."""
