@@ -354,11 +354,7 @@ def test_notice_signature(benchmark: BenchmarkFixture, case: str) -> None:
     assert correct
 
 
-_AUDIT_CASES = [
-    "schema 2: unsigned query, anyone",
-    "schema 3: operator query, sealed answer",
-    "schema 3: stranger refused",
-]
+_AUDIT_CASES = ["schema 2: unsigned query, anyone", "schema 3: operator query", "schema 3: stranger refused"]
 
 
 @pytest.mark.parametrize("case", _AUDIT_CASES)
