@@ -32,6 +32,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from servo._core import AuthError, exchange_public_key
 from servo.client import TrustedServers
 from servo.client.codec import AutoCodec, JpegQuality
 from servo.client.known import KnownServers
@@ -311,7 +312,8 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         for i, text in enumerate(self.telemetry_readers):
             try:
                 keys.append(parse_fingerprint(text))
-            except WireError as exc:
+                exchange_public_key(keys[-1])
+            except (WireError, AuthError) as exc:
                 raise FieldError(f"telemetry_readers[{i}]", str(exc)) from None
         return keys
 

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import zenoh
 
+from servo._core import AuthError
 from servo.edge.channel import lateness_percentiles_ms
 from servo.edge.control_loop import ControlLoop
 from servo.edge.engine import EngineBase
@@ -93,7 +94,11 @@ class TelemetryPublisher:
         if not readers:
             log.debug("telemetry not sent: no reader known", seq=record.seq)
             return
-        body, attachment = seal_telemetry(record, self.signer, readers)
+        try:
+            body, attachment = seal_telemetry(record, self.signer, readers)
+        except AuthError as exc:  # a reader's key is no Ed25519 key: the configuration names a wrong one
+            log.warning("telemetry not sent", error=str(exc), seq=record.seq)
+            return
         try:
             publisher.put(body, attachment=attachment)
         except zenoh.ZError as exc:  # the session is closing: the run is ending anyway

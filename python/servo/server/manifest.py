@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from servo._core import AuthError, exchange_public_key
 from servo.config import (
     ByteLimit,
     ConfigError,
@@ -172,12 +173,14 @@ class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = 256
 
 
-def _named_identity(name: str, identity: str) -> None:
-    """A name usable as a key segment and an Ed25519 fingerprint; raises `FieldError` naming the field."""
+def _named_identity(name: str, identity: str, *, receives: bool = False) -> None:
+    """A key-segment name and an Ed25519 fingerprint (one records can be encrypted to, if ``receives``)."""
     _segment("name", name)
     try:
-        parse_fingerprint(identity)
-    except WireError as exc:
+        key = parse_fingerprint(identity)
+        if receives:
+            exchange_public_key(key)
+    except (WireError, AuthError) as exc:
         raise FieldError("identity", str(exc)) from None
 
 
@@ -199,8 +202,8 @@ class Operator(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     identity: Annotated[str, doc("Its Ed25519 fingerprint, ed25519:… (printed by servo-monitor --identity).")]
 
     def check(self) -> None:
-        """A usable name and fingerprint."""
-        _named_identity(self.name, self.identity)
+        """A usable name and fingerprint, and a key robots can encrypt to."""
+        _named_identity(self.name, self.identity, receives=True)
 
 
 class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -243,11 +246,7 @@ class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = False
 
     operators: Annotated[
-        list[Operator],
-        doc(
-            "Operators and monitors: they read the fleet's audit trail (each robot reads its own), and robots "
-            "encrypt their telemetry to them (the session ack names them)."
-        ),
+        list[Operator], doc("Operators and monitors: they read the fleet's audit trail and its robots' telemetry.")
     ] = []
 
     def check(self) -> None:
