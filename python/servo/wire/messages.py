@@ -157,8 +157,8 @@ class SessionOpen(msgspec.Struct, frozen=True):
     Sent on the client's own ``…/c/<client_id>/session`` key; the server requires ``client_id``
     to name that key. ``client_key`` is the client's ephemeral X25519 public key (the session
     key is derived from it, never sent). ``resume`` proves the client holds the key of its
-    current session on this replica, so the new session may replace it: an attachment sealed
-    with the old key over `servo.wire.trust.resume_body` of ``client_key``, or empty.
+    current session on this replica, so the new session may replace it: the old key's proof
+    (`servo._core.SessionKey.authenticate`) over `servo.wire.trust.resume_body` of ``client_key``, or empty.
     """
 
     client_id: Name
@@ -242,7 +242,7 @@ class Rejection(msgspec.Struct, frozen=True):
 class ResetRequest(msgspec.Struct, frozen=True, tag="reset"):
     """Episode boundary: the server drops the session's pending observation and processor state.
 
-    Like every control request, sent with an attachment sealed by the session key (msg_type
+    Like every control request, sent encrypted with the session key (msg_type
     CONTROL); ``session_id`` must be the one of that attachment.
     """
 
@@ -260,7 +260,7 @@ ControlRequest = ResetRequest | CloseRequest
 
 
 class ControlAck(msgspec.Struct, frozen=True):
-    """Positive answer to a control request, sealed by the session key (msg_type CONTROL_ACK)."""
+    """Positive answer to a control request, encrypted with the session key (msg_type CONTROL_ACK)."""
 
     session_id: SessionId
     episode_id: int = 0

@@ -29,7 +29,8 @@ ack or a trajectory).
   header of the request it answers, so it only ends that request, of that client, on that replica
   (a notice the replica signed for an observation re-published under another client id is
   worth nothing to the robot whose header it echoes).
-* `resume_body`: what an old session key seals to let a new open replace its session.
+* `resume_body`: what an old session key proves (`SessionKey.authenticate`) to let a new open
+  replace its session.
 * `fingerprint` / `parse_fingerprint`: the text form of an identity (``ed25519:`` + urlsafe
   base64 of the 32-byte public key, no padding), as printed by ``servo-serve`` and pinned in an
   edge's ``trusted_servers``.
