@@ -49,14 +49,16 @@ from servo._core import (
     unauthenticated,
     verify_signature,
 )
+from servo.access import Access, AccessRules, Caller
 from servo.client.trust import signed_open
 from servo.identity import Identity
-from servo.server.admission import ImageGate
+from servo.server.admission import ImageGate, ReturningRobots
 from servo.server.audit import RecentRequests
 from servo.server.audit_door import AuditDoor
 from servo.server.auth import accept_handshake
+from servo.server.joins import JoinDesk
 from servo.server.manifest import LimitsSection
-from servo.server.robots import OpenNonces, ReturningRobots, RobotGate
+from servo.server.robots import OpenNonces, RobotGate
 from servo.server.trajectories import Signed
 from servo.wire import (
     AuditEntry,
@@ -296,7 +298,8 @@ def test_open_signing(benchmark: BenchmarkFixture, case: str) -> None:
 @pytest.mark.parametrize("case", ["server: admit the signed open", "server: handshake (before and after)"])
 def test_open_admission(benchmark: BenchmarkFixture, case: str) -> None:
     benchmark.group = "open-signature"
-    gate = RobotGate({}, _OPEN_LIMITS, ReturningRobots(), _SERVER.public_key)
+    access = Access(AccessRules(_SERVER.public_key, any_robot=True))
+    gate = RobotGate(access, JoinDesk(None, access, {}), _OPEN_LIMITS, ReturningRobots())
     nonce = gate.nonces.current()
 
     def fresh() -> tuple[tuple[SessionOpen], dict[str, Any]]:
@@ -305,7 +308,7 @@ def test_open_admission(benchmark: BenchmarkFixture, case: str) -> None:
     if case == "server: admit the signed open":
         outcomes = []
         benchmark.pedantic(lambda request: outcomes.append(gate.admit(request, _PREFIX)), setup=fresh, rounds=300)
-        correct = outcomes == [None] * len(outcomes)
+        correct = all(isinstance(outcome, Caller) for outcome in outcomes)
     else:
         acks = []
         benchmark.pedantic(
@@ -371,8 +374,7 @@ def test_audit_admission(benchmark: BenchmarkFixture, case: str) -> None:
     door = AuditDoor(
         recent,
         nonces,
-        {operator.public_key: "ops"}.get,
-        dict,
+        Access(AccessRules(_SERVER.public_key, operators={"ops": operator.public_key})),
         _SERVER,
         prefix=_PREFIX,
         replica="r0",

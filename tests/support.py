@@ -36,6 +36,7 @@ def make_manifest(
 [model]
 source = "reference"
 warmup = 1
+plan_forwards = 0
 [model.options]
 {options}
 [zenoh]

@@ -166,6 +166,7 @@ def write_manifest(
 source = "reference"
 revision = "{revision}"
 warmup = 1
+plan_forwards = 0
 [model.options]
 {options}
 [zenoh]

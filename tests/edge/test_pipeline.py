@@ -13,6 +13,7 @@ from servo._core import ActionQueue
 from servo.edge.actions import ActionFeed, ControlConfig, Fallback
 from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import ChunkPipeline, PipelineConfig
+from servo.wire import Tuning
 
 FPS = 10.0
 DT_NS = round(1e9 / FPS)
@@ -329,6 +330,22 @@ def test_starvation_names_the_chunk_length_that_would_keep_the_queue_fed(
     assert starvation.needed_steps == needed
     assert f"chunk_size >= {needed}" in starvation.message()
     assert f"need >= {needed}" in starvation.short()
+
+
+def test_starvation_advice_names_the_policys_own_options() -> None:
+    """A Diffusion policy's chunk is n_action_steps, bounded by its horizon; its speed is its steps."""
+    starvation = make_pipeline(rtc=False).starvation(8, round(2_000 * 1e6))
+    assert starvation is not None
+    diffusion = Tuning(
+        chunk="n_action_steps",
+        chunk_max=15,
+        chunk_max_why="horizon 16 - n_obs_steps 2 + 1; a longer horizon means retraining",
+        faster=["num_inference_steps (100 now)"],
+    )
+    message = starvation.message(diffusion)
+    assert f"n_action_steps >= {starvation.needed_steps}; at most 15 here: horizon 16 - n_obs_steps 2 + 1" in message
+    assert "lower num_inference_steps (100 now)" in message
+    assert "chunk_size" not in message
 
 
 def test_starvation_waits_for_three_round_trips_before_judging() -> None:

@@ -48,6 +48,7 @@ from servo._core import (
 )
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
+from servo.edge.telemetry import TelemetryPublisher
 from servo.policy.compatibility import describe
 from servo.recording import Recording, read_recording
 from servo.server.auth import SessionAuth, accept_handshake
@@ -353,8 +354,15 @@ class EdgeRig:
 
 
 @asynccontextmanager
-async def edge_rig(port: int, tmp_path: Path, client_id: str = "robot-7", **config: Any) -> AsyncIterator[EdgeRig]:
-    """A real edge (remote engine, simulated arm, a recording of every tick) on ``port``.
+async def edge_rig(
+    port: int,
+    tmp_path: Path,
+    client_id: str = "robot-7",
+    *,
+    telemetry: TelemetryPublisher | None = None,
+    **config: Any,
+) -> AsyncIterator[EdgeRig]:
+    """A real edge (remote engine, simulated arm, a recording of every tick, ``telemetry`` if given) on ``port``.
 
     The rig is stopped (and the arm parked) when the block ends; ``rig.summary`` then holds the
     run summary.
@@ -363,7 +371,7 @@ async def edge_rig(port: int, tmp_path: Path, client_id: str = "robot-7", **conf
     engine = RemoteEngine(edge_config(port, client_id=client_id, **config), sim.spec())
     merges = MergeLog.attach(engine)
     record = tmp_path / f"{client_id}-{time.monotonic_ns()}.servo"
-    async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
+    async with running_edge(sim, engine, RunOptions(record_path=str(record), telemetry=telemetry)) as run:
         rig = EdgeRig(engine, run, merges, record)
         yield rig
         rig.summary = await run.stop()

@@ -28,13 +28,15 @@ from servo.wire import (
     Observation,
     ResetRequest,
     Trajectory,
+    TrajectoryRequest,
     WireError,
     decode,
     decode_floats,
     encode,
+    trajectory_request_transcript,
 )
-from tests.edge.test_replay import sim, trajectory, write_recording
 from tests.security.peers import peer_settings
+from tests.security.test_trajectories import wave_library
 from tests.server.helpers import cameras_of, connected, observation, open_on
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
@@ -97,13 +99,14 @@ async def test_a_stranger_on_a_plain_tcp_link_decodes_nothing_of_another_robots_
 async def test_a_trajectory_travels_encrypted_to_the_robot_that_fetched_it(port: int, tmp_path: Path) -> None:
     """The answer to a fetch is encrypted to the fetcher's ephemeral key: what crosses the link
     (and what anybody reading the reply gets) is no trajectory."""
-    frames = trajectory(np.asarray(sim().spec().rest_pose, np.float32), frames=30)
-    source = tmp_path / "wave.servo"
-    write_recording(source, frames, list(sim().spec().joint_names))
-    manifest = make_manifest(port, extra=f'[[trajectories]]\nname = "wave"\npath = "{source}"\n')
+    frames, library = wave_library(tmp_path, 30)
+    manifest = make_manifest(port, extra=library)
     async with running_server(manifest) as (_, ready), connected(port, "robot-7") as robot:
-        request = {"name": "wave", "nonce": secrets.token_bytes(NONCE_SIZE), "client_key": KeyPair().public_key}
-        payload = msgspec.msgpack.encode(request)  # a TrajectoryRequest, as any version reads it
+        request = TrajectoryRequest(
+            "wave", secrets.token_bytes(NONCE_SIZE), KeyPair().public_key, "robot-7", robot.identity.public_key
+        )
+        signature = robot.identity.sign(trajectory_request_transcript(request, ready.keys.prefix))
+        payload = encode(msgspec.structs.replace(request, signature=signature))
         (reply,) = await query(robot.zsession, ready.keys.trajectory, payload=payload, timeout=5)
         assert reply.ok is not None
         sent = reply.ok.payload.to_bytes()

@@ -77,7 +77,7 @@ SAMPLES: dict[type, msgspec.Struct] = {
     ActionChunk: ActionChunk(encode_tensor(np.zeros((4, 2), np.float32)), 1.0, 2.0),
     ErrorEvent: ErrorEvent("bad_observation", "why"),
     DrainNotice: DrainNotice("bye"),
-    TrajectoryRequest: TrajectoryRequest("wave", bytes(16), bytes(32)),
+    TrajectoryRequest: TrajectoryRequest("wave", bytes(16), bytes(32), "robot-7", bytes(32), bytes(64)),
     Trajectory: Trajectory("wave", ["a", "b"], 30.0, encode_tensor(np.zeros((3, 2), np.float32))),
     TrajectoryList: TrajectoryList(["wave"]),
     EdgeTelemetry: EdgeTelemetry(

@@ -21,6 +21,7 @@ from servo.client.verify import ClientCounters
 from servo.logs import get_logger
 from servo.transport import query
 from servo.wire import ServerKeys, StatusReply, WireError, decode, fingerprint, status_selector
+from servo.wire.keys import on_this_host
 
 log = get_logger(__name__)
 
@@ -36,6 +37,15 @@ class ServerInfo:
 
     keys: ServerKeys
     status: StatusReply
+
+    @property
+    def local(self) -> bool:
+        """The replica runs on this machine (its ``server_id`` names this host: `host_server_id`).
+
+        Its link is shared memory or loopback: what the codec choice needs to know
+        (`servo.client.codec`). Only that choice reads it.
+        """
+        return on_this_host(self.status.server_id)
 
 
 def placement_score(status: StatusReply) -> float:

@@ -29,6 +29,7 @@ from servo.client.trajectory import fetch_trajectory
 from servo.client.trust import TrustedServers
 from servo.client.verify import MAX_CHUNK_STEPS, ClientCounters, ClientStatistics
 from servo.identity import Identity, robot_identity
+from servo.join import JoinToken
 from servo.logs import get_logger
 from servo.transport import ZenohSettings, open_session
 from servo.wire import (
@@ -80,6 +81,7 @@ class PolicyClient:
             servo's directory, created on first use) when omitted.
         known: Without pins, the servers trusted on first use (`servo.client.known`); the
             user's known-servers file when omitted.
+        join: A join token every session open proves, to enrol on first contact (`servo.join`).
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class PolicyClient:
         downsize: bool = True,
         identity: Identity | None = None,
         known: KnownServers | None = None,
+        join: JoinToken | None = None,
     ) -> None:
         self.zsession = zsession
         self.client_id = segment(client_id or f"robot-{uuid.uuid4().hex[:12]}", what="client_id")
@@ -104,6 +107,7 @@ class PolicyClient:
         self.downsize = downsize
         self.identity = identity if identity is not None else robot_identity()
         self.known_servers = known if known is not None else KnownServers()
+        self.join = join
         self.counters = ClientCounters()
         #: The replicas of the last discovery (what `connect_best` fails over to first).
         self._known: list[ServerInfo] = []
@@ -216,6 +220,7 @@ class PolicyClient:
                 counters=self.counters,
                 previous=previous,
                 timeout=timeout,
+                join=self.join,
             )
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -232,16 +237,16 @@ class PolicyClient:
         return session
 
     async def fetch_trajectory(self, server: ServerInfo, name: str, *, timeout: float = 5.0) -> Trajectory:
-        """Fetch a whole named trajectory from a server's library in one signed request.
+        """Fetch a whole named trajectory from a server's library in one request signed by this robot.
 
         Only the replica's own answer to this request is believed (`servo.client.trajectory`).
 
         Raises:
-            ServerError: the server has no such trajectory (the message lists what it has).
+            ServerError: no such trajectory (the message lists what it has), or not admitted.
             RogueServer: only answers that failed verification came back (counted).
             RequestTimeout: no answer in time.
         """
-        return await fetch_trajectory(self.zsession, server, name, counters=self.counters, timeout=timeout)
+        return await fetch_trajectory(self.zsession, server, name, robot=self, counters=self.counters, timeout=timeout)
 
     @asynccontextmanager
     async def session(self, server: ServerInfo | None = None, **options: Any) -> AsyncIterator[RemoteSession]:

@@ -91,7 +91,7 @@ class RemoteSession:
         self.keys = keys
         self.protocol = protocol
         #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs.
-        self.codec = CodecChooser(jpeg_quality, auto_codec)
+        self.codec = CodecChooser(jpeg_quality, auto_codec, local=server.local)
         self.lost = anyio.Event()
         self.lost_reason = ""
         self._z = zsession

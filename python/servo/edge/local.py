@@ -102,6 +102,7 @@ class LocalEngine(EngineBase):
             log.warning("policy warning", client_id=self.client_id, warning=warning)
         self.pipeline.set_rtc(verdict.rtc)
         self.task = verdict.task
+        self.tuning = spec.tuning
         runner = InferenceRunner(policy, device=self.config.local.device)
         try:
             runner.warmup(1)

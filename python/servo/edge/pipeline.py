@@ -35,6 +35,7 @@ from servo.edge.actions import (
     pipeline_layout,
 )
 from servo.edge.observation import ObservationInput
+from servo.wire import Tuning
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -87,14 +88,15 @@ class Starvation:
     fps: float
     rtc: bool
 
-    def message(self) -> str:
-        """What happens and the fixes, for the log."""
+    def message(self, tuning: Tuning | None = None) -> str:
+        """What happens and the fixes, named as the policy's own options (``tuning``), for the log."""
+        tuning = tuning or Tuning()
         why = " (RTC drops the steps that pass during a chunk's own round trip)" if self.rtc else ""
         return (
             f"a chunk of {self.chunk_steps} steps lasts {self.chunk_steps / self.fps:.2f} s at {self.fps:g} fps, "
             f"too short for a {self.round_trip_s:.2f} s round trip{why}: the queue runs dry every chunk and the "
-            f"robot falls back between chunks; serve the policy with chunk_size >= {self.needed_steps}, make its "
-            "forward faster, or run the robot at a lower fps"
+            f"robot falls back between chunks; serve the policy with {tuning.longer_chunk(self.needed_steps)} or "
+            f"{tuning.faster_forward()}, or run the robot at a lower fps"
         )
 
     def short(self) -> str:

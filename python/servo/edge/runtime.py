@@ -91,7 +91,10 @@ class RunSummary:
     (forged, replayed, malformed, non-finite…); ``rogue_servers`` the replicas skipped as
     untrusted or forged. ``codec`` (remote engines) is the last session's codec choice: the option
     in use, each option's measured cost (ms, median), frame bytes and requests, the effective
-    link throughput (Mbit/s), switches and probes (`servo.client.codec.CodecStatus`).
+    link throughput (Mbit/s), switches and probes (`servo.client.codec.CodecStatus`). ``stalls``
+    says why the control loop ran out of fresh actions: each cause the engine diagnosed when it
+    went STALLED (chunks too short for the round trip, a late chunk, a request sent too late, none
+    in flight), with how many times, most frequent first.
     """
 
     ticks: int
@@ -121,6 +124,7 @@ class RunSummary:
     chunks_rejected: dict[str, int] = field(default_factory=dict)
     rogue_servers: int = 0
     codec: dict[str, Any] = field(default_factory=dict)
+    stalls: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Pretty JSON."""
@@ -221,6 +225,8 @@ class EdgeRuntime:
                 await self._supervise()
                 parked = await self._park()
                 await loop.stop()
+                if opts.telemetry is not None:  # its last record says goodbye: stopped, not silent
+                    opts.telemetry.goodbye = self.stop_reason or "stopped"
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -358,6 +364,7 @@ class EdgeRuntime:
             realtime=loop.realtime if loop else False,
             records_dropped=loop.records_dropped if loop else 0,
             transitions=[[t.state.value, t.reason] for t in self.engine.failsafe.transitions],
+            stalls=dict(self.engine.failsafe.stall_causes.most_common()),
             chunks_rejected=stats.chunks_rejected,
             rogue_servers=stats.rogue_servers,
             codec={} if stats.codec is None else dataclasses.asdict(stats.codec),

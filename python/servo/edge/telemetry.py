@@ -13,8 +13,6 @@ nobody could read it. Monitors verify and decrypt it (`servo.monitor`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from servo.edge.failsafe import FailSafe
 from servo.edge.stats import EngineStats
 from servo.home import ensure_config_dir, telemetry_run_path
 from servo.logs import get_logger
+from servo.private_files import PrivateFileError, update_private
 from servo.wire.telemetry import (
     MAX_REASON_CHARS,
     MAX_TRANSITIONS,
@@ -65,11 +64,16 @@ class TelemetryPublisher:
     run_number: int = field(default_factory=lambda: next_run())
     #: Records published (the next record's ``seq``).
     seq: int = 0
+    #: Why the run ended on purpose, once it did (the runtime sets it before the last record).
+    goodbye: str = ""
     _seen_transitions: int = 0
     _lateness: npt.NDArray[np.uint64] | None = None
 
     async def run(self, zsession: zenoh.Session, engine: EngineBase, loop: ControlLoop, client_id: str) -> None:
-        """Publish until cancelled; a last record goes out as the task ends (the final state)."""
+        """Publish until cancelled; a last record goes out as the task ends.
+
+        That record has the final state, and `goodbye` when the run ended on purpose.
+        """
         publisher = zsession.declare_publisher(
             telemetry_key(client_id),
             congestion_control=zenoh.CongestionControl.DROP,
@@ -147,6 +151,7 @@ class TelemetryPublisher:
             chunks_rejected={reason: n for reason, n in stats.chunks_rejected.items() if n},
             last_transition=_transition(last.state.value, last.reason, now - last.mono_ns),
             transitions=[_transition(t.state.value, t.reason, now - t.mono_ns) for t in new],
+            goodbye=self.goodbye[:MAX_REASON_CHARS],
         )
         self.seq += 1
         return record
@@ -155,24 +160,22 @@ class TelemetryPublisher:
 def next_run(path: Path | None = None) -> int:
     """This machine's next run number, counted in ``telemetry.run`` in servo's directory.
 
-    Several edges of one machine count in one file, under a lock. If the file cannot be used the
-    run is numbered by the wall clock in ns (larger than any count), and that is logged.
+    Several edges of one machine count in one file, under a lock, and the file is kept like the
+    keys beside it (`servo.private_files`: never through a link, this user's alone). If it cannot
+    be used the run is numbered by the wall clock in ns (larger than any count), and that is logged.
     """
     path = telemetry_run_path() if path is None else path
     try:
         ensure_config_dir()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "r+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            text = f.read().strip()
-            run = int(text) + 1 if text.isdigit() else 1
-            f.seek(0)
-            f.truncate()
-            f.write(f"{run}\n")
-            return run
-    except OSError as exc:
+        return int(update_private(path, _count_run, what="telemetry run counter"))
+    except PrivateFileError as exc:
         log.warning("telemetry runs not counted", path=str(path), error=str(exc))
         return time.time_ns()
+
+
+def _count_run(text: bytes) -> bytes:
+    last = text.decode("ascii", "replace").strip()
+    return f"{int(last) + 1 if last.isdigit() else 1}\n".encode()
 
 
 def _transition(state: str, reason: str, age_ns: int) -> Transition:

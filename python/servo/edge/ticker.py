@@ -203,10 +203,13 @@ class Ticker:
             self._lost_state(str(exc))
             return
         if self._blind:
-            # Whatever happened while nobody saw the robot, the next command starts where it is.
+            # Whatever happened while nobody saw the robot, the next command is one slew step from
+            # where it is: from the last command when the arm is still there, else from the arm.
             self._blind = False
-            self.limiter.start_from(state)
-            log.warning("robot state is back: commands start again from the measured pose")
+            if self.limiter.resume_from(state):
+                log.warning("robot state is back, the arm where it was commanded: commands go on from there")
+            else:
+                log.warning("robot state is back, the arm elsewhere: commands start again from the measured pose")
         channel.publish(self.ticks, now, state)
         target: FloatArray | None = None
         source: Source = "none"

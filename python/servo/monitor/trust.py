@@ -18,18 +18,18 @@
   old run too.
 
 Any thread may ask nothing here: it is owned by the monitor's event loop; `save` writes the state
-file (atomically: a temporary file in the same directory, then renamed).
+file as servo writes its keys and pins (`servo.private_files`: atomically, never through a link,
+this user's alone), and a state file others could have written is refused.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from servo.private_files import PrivateFileError, read_private, write_private
 from servo.wire import WireError, fingerprint, parse_fingerprint, segment
 
 #: Versions of the state file this monitor reads.
@@ -173,31 +173,26 @@ class RobotTrust:
             "first_use": {robot: fingerprint(key) for robot, key in self._first_keys.items()},
             "servers": {prefix: fingerprint(key) for prefix, key in self._first_servers.items()},
         }
-        staging = self._state.with_name(f".{self._state.name}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
-            fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(state, f)
-            os.replace(staging, self._state)
-        except OSError as exc:
-            staging.unlink(missing_ok=True)
-            raise TrustError(f"{self._state}: cannot write the monitor's state: {exc.strerror or exc}") from None
+            write_private(self._state, json.dumps(state).encode(), what="monitor state")
+        except PrivateFileError as exc:
+            raise TrustError(str(exc)) from None
         self._dirty = False
 
     def _load(self, path: Path) -> None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            state = json.loads(read_private(path, what="monitor state", secret=False))
         except FileNotFoundError:
             return
-        except OSError as exc:
-            raise TrustError(f"{path}: cannot read the monitor's state: {exc.strerror or exc}") from None
+        except PrivateFileError as exc:
+            raise TrustError(str(exc)) from None
+        except ValueError as exc:
+            raise TrustError(f"{path}: not a monitor state file ({exc}); move it away to start afresh") from None
         try:
-            with os.fdopen(fd) as f:
-                state = json.load(f)
             if state.get("version") != _STATE_VERSION:
                 raise ValueError(f"version {state.get('version')!r}, expected {_STATE_VERSION}")
             self._runs = {robot: _Run(int(run), int(seq)) for robot, (run, seq) in state["runs"].items()}
             self._first_keys = {robot: parse_fingerprint(text) for robot, text in state["first_use"].items()}
             self._first_servers = {prefix: parse_fingerprint(text) for prefix, text in state["servers"].items()}
-        except (OSError, ValueError, KeyError, TypeError, WireError) as exc:
+        except (AttributeError, ValueError, KeyError, TypeError, WireError) as exc:
             raise TrustError(f"{path}: not a monitor state file ({exc}); move it away to start afresh") from None

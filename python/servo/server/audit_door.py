@@ -5,10 +5,11 @@ An `AuditQuery` is answered, cheapest check first, so a stranger costs a decode 
 1. **Well formed**: an asker key, a reply key, a signature, a 16-byte nonce.
 2. **Fresh**: the nonce is one this replica's status handed out lately (`OpenNonces`): a query
    captured on the link goes stale within a minute.
-3. **Somebody this replica knows**: an operator (``[security] operators``, a fleet file's
-   ``[[monitors]]``) reads the fleet; otherwise the asker must be the robot key that made rows
-   under the ``client_id`` it names (it reads those rows only). Anybody else is refused in one
-   line, before any signature is checked.
+3. **Somebody this replica knows**, by the server's one admission rule (`servo.access.Access`):
+   an operator (``[security] operators``, a fleet file's ``[[monitors]]``) reads the fleet;
+   otherwise the asker must be the robot key that made rows under the ``client_id`` it names (it
+   reads those rows only: `servo.access.Caller.may_see`). Anybody else is refused in one line,
+   before any signature is checked.
 4. **A budget per asker key** (`KeyedBuckets`): nobody makes the replica verify and seal without
    end, and nobody spends another's budget.
 5. **Signed by that key** (Ed25519, ~80 µs), over the question, this replica's key prefix and
@@ -19,17 +20,13 @@ ephemeral key and signed by the replica (`servo.wire.sealed`): nobody else reads
 query gets an answer only its first asker can read, and a monitor believes only a replica it
 trusts.
 
-`AuditDoor.asker` is the admission decision alone (small enough for the server's one admission
-rule to call, or be called by).
+`AuditDoor.asker` is the admission decision alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Literal
-
 from servo._core import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, AuthError, verify_signature
+from servo.access import Access, Caller
 from servo.identity import Identity
 from servo.server.admission import KeyedBuckets
 from servo.server.audit import RecentRequests
@@ -55,22 +52,14 @@ QUERIES_PER_S = 5.0
 QUERY_BURST = 20
 
 
-@dataclass(frozen=True)
-class Asker:
-    """Who an audit query comes from (immutable): an operator (the fleet) or a robot (its own rows)."""
-
-    kind: Literal["operator", "robot"]
-    name: str
-
-
 class AuditDoor:
     """Answers the audit queryable. Event loop.
 
     Args:
         recent: The replica's recent requests.
         nonces: The nonces its status hands out.
-        operators: Name of the operator holding an Ed25519 key, or None (`servo.server.enrolment.operators`).
-        roster: The robots the replica enrolled, name to key (what operators are told).
+        access: The server's admission rule: its operators, and the robots it enrolled (what
+            operators are told).
         identity: The replica's identity (signs each answer).
         prefix: The replica's key prefix (bound into what the asker signs).
         replica: The replica's name (bound into what the replica signs).
@@ -81,8 +70,7 @@ class AuditDoor:
         self,
         recent: RecentRequests,
         nonces: OpenNonces,
-        operators: Callable[[bytes], str | None],
-        roster: Callable[[], Mapping[str, bytes]],
+        access: Access,
         identity: Identity,
         *,
         prefix: str,
@@ -90,11 +78,11 @@ class AuditDoor:
         rate: float = QUERIES_PER_S,
         burst: int = QUERY_BURST,
     ) -> None:
-        self._recent, self._nonces, self._operators, self._roster = recent, nonces, operators, roster
+        self._recent, self._nonces, self._access = recent, nonces, access
         self._identity, self._prefix, self._replica = identity, prefix, replica
         self._budget, self._rate = KeyedBuckets(rate, burst), rate
 
-    def asker(self, query: AuditQuery) -> Asker | str:
+    def asker(self, query: AuditQuery) -> Caller | str:
         """Who may ask ``query`` (checks 1 to 3 of the module, no signature yet), or why nobody."""
         if (
             len(query.asker) != PUBLIC_KEY_SIZE
@@ -105,11 +93,11 @@ class AuditDoor:
             return "an audit query is signed by its asker and sealed to its reply key (upgrade the client)"
         if not self._nonces.fresh(query.nonce):
             return "the query's nonce is not one this replica handed out recently; ask its status again"
-        operator = self._operators(query.asker)
-        if operator is not None:
-            return Asker("operator", operator)
+        operator = self._access.operator(query.asker)
+        if isinstance(operator, Caller):
+            return operator
         if query.client_id and query.asker in self._recent.robot_keys(query.client_id):
-            return Asker("robot", query.client_id)
+            return Caller("robot", query.client_id, query.asker)
         return f"{fingerprint(query.asker)} is no operator of this replica, nor the robot whose requests it asks for"
 
     def answer(self, payload: bytes) -> Signed | Rejection:
@@ -127,11 +115,11 @@ class AuditDoor:
             return Rejection(
                 "unauthenticated", f"the audit query's signature by {fingerprint(query.asker)} does not verify"
             )
-        operator = asker.kind == "operator"
+        fleet = asker.kind != "robot"
         tail = AuditTail(
             self._replica,
-            self._recent.tail(query, robot_key=None if operator else query.asker),
-            robots=dict(self._roster()) if operator else {},
+            self._recent.tail(query, robot_key=None if fleet else query.asker),
+            robots=dict(self._access.rules.robots) if fleet else {},
         )
         try:
             ciphertext, attachment = seal_reply(

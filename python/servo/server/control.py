@@ -14,18 +14,22 @@ Who may do what (see `servo.server.auth` for the checks themselves):
 * reset and close must be encrypted with the session key (a fresh seq_id each); anything else is
   refused, counted in ``servo_control_rejected_total{reason}``, and changes nothing;
 * the replies to reset and close are encrypted too, so the client can tell them from a forgery;
-* trajectories and their refusals are signed by the replica (`servo.server.trajectories`).
+* trajectories are fetched by the robots the admission rule lets in, their answers encrypted to
+  the asker and signed by the replica, as are their refusals (`servo.server.trajectories`);
+* the audit trail is read by operators (the fleet) and robots (their own rows) only
+  (`servo.server.audit_door`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
 import zenoh
 
 from servo._core import MSG_CONTROL_ACK, Header, SessionKey
+from servo.access import Caller
 from servo.logs import LogThrottle, get_logger
 from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
@@ -33,10 +37,10 @@ from servo.server.admission import ImageGate, TokenBucket, camera_shapes, input_
 from servo.server.audit_door import AuditDoor
 from servo.server.auth import Refused, SessionAuth, accept_handshake, takeover, verify_control
 from servo.server.manifest import LimitsSection
-from servo.server.robots import RobotGate
+from servo.server.robots import Refusal, RobotGate
 from servo.server.sessions import Session
 from servo.server.state import ServerState
-from servo.server.trajectories import Signed, TrajectoryLibrary
+from servo.server.trajectories import Signed, TrajectoryDoor, TrajectoryLibrary
 from servo.transport import LoopBridge, declare_action_publisher
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -54,7 +58,7 @@ from servo.wire import (
     reply_header,
     status_transcript,
 )
-from servo.wire.messages import MAX_OPERATORS, RejectCode, SchemaVersions
+from servo.wire.messages import RejectCode, SchemaVersions
 
 log = get_logger(__name__)
 
@@ -123,29 +127,20 @@ class ControlPlane:
         takeover_idle_s: float,
         limits: LimitsSection,
         max_observation_bytes: int,
-        operators: Mapping[str, bytes] | None = None,
     ) -> None:
         self._state = state
         self._policy = policy
         self._zsession = zsession
-        self._trajectories = trajectories
         self._robots = robots
         self._takeover_idle_s = takeover_idle_s
         self._limits = limits
         self._max_observation_bytes = max_observation_bytes
-        by_key = {key: name for name, key in (operators or {}).items()}
-        #: The operators every ack names (robots encrypt their telemetry to them).
-        self._readers = list(by_key)[:MAX_OPERATORS]
         replica = state.replica
+        prefix, name = replica.keys.prefix, replica.keys.replica
         self._audit = AuditDoor(
-            state.recent,
-            robots.nonces,
-            by_key.get,
-            lambda: robots.enrolled,
-            replica.identity,
-            prefix=replica.keys.prefix,
-            replica=replica.keys.replica,
+            state.recent, robots.nonces, robots.access, replica.identity, prefix=prefix, replica=name
         )
+        self._trajectories = TrajectoryDoor(trajectories, robots.access, replica.identity, prefix=prefix, replica=name)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop."""
@@ -205,7 +200,7 @@ class ControlPlane:
         return Rejection(
             code,
             reason,
-            active_sessions=len(state.registry),
+            active_sessions=state.registry.robots(),
             max_sessions=state.replica.max_sessions,
             load=state.load,
         )
@@ -247,9 +242,9 @@ class ControlPlane:
             )
         if state.lifecycle != "serving":
             return self._reject("draining", "server is draining; open a session on another replica")
-        refused = self._robots.admit(request, keys.prefix)
-        if refused is not None:
-            return self._reject(refused.code, refused.reason, client_id=client_id)
+        caller = self._robots.admit(request, keys.prefix)
+        if isinstance(caller, Refusal):
+            return self._reject(caller.code, caller.reason, client_id=client_id)
         verdict = validate_open(request, info)
         if isinstance(verdict, Rejection):
             return self._reject(verdict.code, verdict.reason, client_id=client_id)
@@ -257,6 +252,7 @@ class ControlPlane:
         if isinstance(shapes, Rejection):
             return self._reject(shapes.code, shapes.reason, client_id=client_id)
         previous = state.registry.by_client(client_id)
+        frontend = caller.kind == "server"  # the replica's own frontends (the openpi door) open with its key
         if previous is not None:
             why = takeover(
                 previous.auth,
@@ -272,22 +268,25 @@ class ControlPlane:
                     client_id=client_id,
                 )
             log.info("session takeover", session_id=previous.session_id, client_id=client_id, why=why)
-        elif len(state.registry) >= replica.max_sessions:
+        elif not frontend and state.registry.robots() >= replica.max_sessions:
+            # The frontends' sessions count against their own doors' capacity, never the robots'.
             idle = self._robots.displaceable(request.robot_key, state.registry.snapshot())
             if idle is None:
-                active = len(state.registry)
+                active = state.registry.robots()
                 return self._reject(
                     "capacity", f"server is full ({active}/{replica.max_sessions} sessions)", client_id=client_id
                 )
             log.info("session displaced", session_id=idle.session_id, client_id=idle.client_id, by=client_id)
             state.collect(idle, "displaced")
+        # The operators every ack names: robots encrypt their telemetry to them.
+        readers = list(self._robots.access.rules.operators.values())
         try:
-            handshake = accept_handshake(request, replica.identity, keys.replica, self._readers)
+            handshake = accept_handshake(request, replica.identity, keys.replica, readers)
         except Refused as exc:
             return self._reject("bad_request", str(exc), client_id=client_id)
         smaller = input_sizes(shapes, info.features)
         gate = ImageGate(shapes, max_bytes=self._max_observation_bytes, smaller=smaller)
-        session = self._create_session(request, verdict, handshake.auth, gate, keys.client(client_id).action)
+        session = self._create_session(request, caller, verdict, handshake.auth, gate)
         log.info(
             "session opened",
             session_id=session.session_id,
@@ -311,12 +310,13 @@ class ControlPlane:
             signature=handshake.signature,
             warnings=verdict.warnings,
             input_sizes={name: CameraFeature(h, w) for name, (h, w) in smaller.items()},
-            operators=self._readers,
+            operators=readers,
         )
 
     def _create_session(
-        self, request: SessionOpen, verdict: Admission, auth: SessionAuth, images: ImageGate, action_key: str
+        self, request: SessionOpen, caller: Caller, verdict: Admission, auth: SessionAuth, images: ImageGate
     ) -> Session:
+        action_key = self._state.replica.keys.client(request.client_id).action
         session = Session(
             auth=auth,
             client_id=request.client_id,
@@ -327,7 +327,9 @@ class ControlPlane:
             publisher=declare_action_publisher(self._zsession, action_key),
             images=images,
             observations=TokenBucket(self._limits.observations_per_s, self._limits.observation_burst),
-            enrolled=self._robots.enrolled.get(request.client_id) == request.robot_key,
+            # A frontend's clients (openpi) are its door's, not robots this replica enrolled.
+            enrolled=caller.kind == "robot" and caller.enrolled,
+            frontend=caller.kind == "server",
         )
         self._state.register(session)
         return session
@@ -384,10 +386,9 @@ class ControlPlane:
         return self._audit.answer(request_body)
 
     def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
-        """A whole trajectory of the library (or the list of names), signed by this replica."""
+        """A whole trajectory of the library (or the list of names), for who may fetch one (`TrajectoryDoor`)."""
         try:
             request_body = body(payload)
         except WireError as exc:
             return Rejection("bad_request", str(exc))
-        replica = self._state.replica
-        return self._trajectories.answer(request_body, replica.identity, replica.keys.replica)
+        return self._trajectories.answer(request_body)

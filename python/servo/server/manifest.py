@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from servo._core import AuthError, exchange_public_key
 from servo.config import (
     ByteLimit,
     ConfigError,
@@ -32,21 +31,15 @@ from servo.config import (
     load_toml,
     parse_toml,
 )
-from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings, exposed_endpoint
-from servo.wire import WireError, parse_fingerprint, segment
+from servo.server.exposure import Accepted, refuse_exposures
+from servo.server.manifest_security import SecuritySection, segment_field
+from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings
 from servo.wire.openpi import ObservationKeys
 
 _DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
 
 #: Raised for every manifest problem (kept as the server's name for `servo.config.ConfigError`).
 ManifestError = ConfigError
-
-
-def _segment(field: str, value: str) -> None:
-    try:
-        segment(value, what=field)
-    except WireError as exc:
-        raise FieldError(field, str(exc).removeprefix(f"{field} ")) from None
 
 
 class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -60,6 +53,10 @@ class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         Literal["float32", "bfloat16", "float16"], doc("Compute dtype; bfloat16/float16 run under autocast on CUDA.")
     ] = "float32"
     warmup: Annotated[NonNegativeInt, doc("Forwards run before the server reports ready.")] = 2
+    plan_forwards: Annotated[
+        NonNegativeInt,
+        doc("Forwards timed after the warm-up for servo-serve's capacity plan (median, p90); 0 (or warmup 0): none."),
+    ] = 10
     compile: Annotated[bool, doc("Wrap the policy's networks in torch.compile.")] = False
     frames: Annotated[
         Literal["auto", "host", "device"],
@@ -107,9 +104,9 @@ class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def check(self) -> None:
         """Key segments and the task pin."""
-        _segment("app", self.app)
+        segment_field("app", self.app)
         if self.replica:
-            _segment("replica", self.replica)
+            segment_field("replica", self.replica)
         if self.pin_task and not self.default_task:
             raise FieldError("pin_task", "needs serving.default_task to pin")
 
@@ -164,7 +161,9 @@ class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[ops]``: health/metrics HTTP endpoint and the audit log."""
 
-    health_host: Annotated[str, doc("Address of the health/metrics endpoint.")] = "127.0.0.1"
+    health_host: Annotated[
+        str, doc("Address of the health/metrics endpoint; off loopback it needs [security] expose_health.")
+    ] = "127.0.0.1"
     health_port: Annotated[Port, doc("Port of /healthz and /metrics; 0 disables.")] = 9100
     audit_log: Annotated[str, doc("One JSON line per request to this file; '-' = stdout.")] = ""
     robot_metrics: Annotated[
@@ -173,117 +172,30 @@ class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = 256
 
 
-def _named_identity(name: str, identity: str, *, receives: bool = False) -> None:
-    """A key-segment name and an Ed25519 fingerprint (one records can be encrypted to, if ``receives``)."""
-    _segment("name", name)
-    try:
-        key = parse_fingerprint(identity)
-        if receives:
-            exchange_public_key(key)
-    except (WireError, AuthError) as exc:
-        raise FieldError("identity", str(exc)) from None
-
-
-class EnrolledRobot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One entry of ``[security] robots``: a robot's name and the identity it signs with."""
-
-    name: Annotated[str, doc("The robot's client id (its certificate CN behind a router).")]
-    identity: Annotated[str, doc("Its Ed25519 fingerprint, ed25519:… (printed by servo-edge --identity).")]
-
-    def check(self) -> None:
-        """A usable name and fingerprint."""
-        _named_identity(self.name, self.identity)
-
-
-class Operator(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One entry of ``[security] operators``: a person's or a monitor's name and identity."""
-
-    name: Annotated[str, doc("Who it is (in logs).")]
-    identity: Annotated[str, doc("Its Ed25519 fingerprint, ed25519:… (printed by servo-monitor --identity).")]
-
-    def check(self) -> None:
-        """A usable name and fingerprint, and a key robots can encrypt to."""
-        _named_identity(self.name, self.identity, receives=True)
-
-
-class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``[security]``: the replica's identity, the robots it admits and what it may expose."""
-
-    identity_key: Annotated[
-        str,
-        doc(
-            "File of the Ed25519 identity that signs session acks, trajectories and notices (created 0600 "
-            "when missing); servers/<app>.key in servo's directory when empty."
-        ),
-    ] = ""
-    ephemeral_identity: Annotated[
-        bool, doc("A new identity at every start, kept nowhere: edges cannot pin or remember it.")
-    ] = False
-    robots: Annotated[
-        list[EnrolledRobot], doc("Enrolled robots: only these may open sessions, each under its own name.")
-    ] = []
-    fleet: Annotated[str, doc("A fleet file whose [[robots]] identities are enrolled too (servo-router's).")] = ""
-    takeover_idle_s: Annotated[
-        Seconds,
-        doc(
-            "A client's live session may be replaced by another robot's open under its id only "
-            "after this long without an authenticated observation (s)."
-        ),
-    ] = 30.0
-    insecure: Annotated[
-        bool,
-        doc(
-            "Allow a plain (not TLS) listen endpoint on a non-loopback address: anyone on the network may then "
-            "join the server's Zenoh network (sessions stay encrypted end to end)."
-        ),
-    ] = False
-    listen_beside_router: Annotated[
-        bool,
-        doc(
-            "Allow listening, or peer mode, while connected to a router: peers reaching the listen endpoint, "
-            "or linked to by gossip, bypass the router's access control."
-        ),
-    ] = False
-
-    operators: Annotated[
-        list[Operator], doc("Operators and monitors: they read the fleet's audit trail and its robots' telemetry.")
-    ] = []
-
-    def check(self) -> None:
-        """One identity source; robot names and identities unique; the fleet file exists."""
-        if self.ephemeral_identity and self.identity_key:
-            raise FieldError("ephemeral_identity", "an ephemeral identity is kept nowhere: remove identity_key")
-        names: dict[str, int] = {}
-        keys: dict[str, int] = {}
-        for i, robot in enumerate(self.robots):
-            if robot.name in names:
-                raise FieldError(f"robots[{i}].name", f"{robot.name!r} is enrolled at robots[{names[robot.name]}] too")
-            if robot.identity in keys:
-                where = f"robots[{keys[robot.identity]}]"
-                raise FieldError(f"robots[{i}].identity", f"enrolled for {where} too (one identity, one robot)")
-            names[robot.name], keys[robot.identity] = i, i
-        operators: dict[str, int] = {}
-        for i, operator in enumerate(self.operators):
-            if operator.identity in operators:
-                raise FieldError(f"operators[{i}].identity", f"listed at operators[{operators[operator.identity]}] too")
-            operators[operator.identity] = i
-        if self.fleet and not Path(self.fleet).is_file():
-            raise FieldError("fleet", "file does not exist")
-
-
 class OpenpiSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[frontends.openpi]``: a WebSocket endpoint speaking openpi's policy-server protocol.
 
-    Every connection is one servo session on this server: the same admission, capacity,
-    scheduling, per-session processor, audit log and metrics as a robot's.
+    Every connection is one servo session on this server: the same scheduling, per-session
+    processor, audit log and metrics as a robot's, but a capacity of its own
+    (``max_connections``), so openpi clients never take a robot's slot. Off loopback the door
+    speaks TLS (wss; servo's self-signed certificate when none is named) unless ``--insecure``,
+    and admits only clients with an API key (``servo-serve robots api-key NAME``) unless
+    ``--allow-any-robot`` (`servo.access`).
     """
 
     listen: Annotated[str, doc("host:port of the WebSocket endpoint (and its /healthz).", min_length=3)] = (
         "127.0.0.1:8000"
     )
     max_connections: Annotated[
-        PositiveInt, doc("Open connections at once; more are refused with HTTP 503.", le=4096)
-    ] = 16
+        PositiveInt,
+        doc(
+            "Connections (each one session) at once, a capacity apart from the robots' serving.max_sessions; "
+            "more are refused with HTTP 503.",
+            le=4096,
+        ),
+    ] = 4
+    certificate: Annotated[str, doc("TLS certificate of the door (wss); servo's self-signed one off loopback.")] = ""
+    private_key: Annotated[str, doc("Private key of certificate.")] = ""
     max_message_bytes: Annotated[
         ByteLimit, doc("Largest message accepted; a larger one closes the connection (1009).")
     ] = 16 * 1024 * 1024
@@ -315,6 +227,13 @@ class OpenpiSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise FieldError("listen", "expected host:port, e.g. 127.0.0.1:8000 or 0.0.0.0:8000")
         if "servo" in self.metadata:
             raise FieldError("metadata.servo", "reserved: the server fills it with the policy's description")
+        if bool(self.certificate) != bool(self.private_key):
+            raise FieldError(
+                "certificate" if self.private_key else "private_key", "TLS needs both certificate and private_key"
+            )
+        for name in ("certificate", "private_key"):
+            if getattr(self, name) and not Path(getattr(self, name)).is_file():
+                raise FieldError(name, "file does not exist")
 
 
 class FrontendsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -331,9 +250,42 @@ class TrajectoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def check(self) -> None:
         """A usable name and an existing file."""
-        _segment("name", self.name)
+        segment_field("name", self.name)
         if not Path(self.path).is_file():
             raise FieldError("path", "file does not exist")
+
+
+class RobotSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[robot]``: the robot the policy drives, for the ``servo-edge`` command ``servo-serve`` prints."""
+
+    type: Annotated[NonEmptyStr, doc("servo-edge --robot: so100, so101, ros2, sim or package.module:factory.")]
+    options: Annotated[
+        dict[str, Any],
+        doc("Its --robot-opt options (lists as TOML arrays); paths as the robot's computer sees them."),
+    ] = {}
+
+    def check(self) -> None:
+        """A robot servo-edge knows: a built-in one or a plugin's ``package.module:factory``.
+
+        Its options are checked where they are used, on the robot (they may name its files).
+        """
+        from servo.robots.registry import PLUGIN_FORM, ROBOTS
+
+        module, sep, factory = self.type.partition(":")
+        if self.type not in ROBOTS and not (sep and module and factory):
+            raise FieldError("type", f"must be one of {', '.join(sorted(ROBOTS))} or {PLUGIN_FORM}")
+
+    def option_text(self) -> dict[str, str]:
+        """The options as ``--robot-opt KEY=VALUE`` values (lists comma-separated)."""
+        return {key: _option_text(value) for key, value in self.options.items()}
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(_option_text(item) for item in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -347,38 +299,16 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     limits: LimitsSection = LimitsSection()
     frontends: FrontendsSection = FrontendsSection()
     trajectories: list[TrajectoryEntry] = []
+    robot: RobotSection | None = None
 
     def check(self) -> None:
-        """Trajectory names are unique; nothing is exposed by accident (see `SecuritySection`)."""
+        """Trajectory names are unique; nothing is exposed by accident (`servo.server.exposure`)."""
         names = [t.name for t in self.trajectories]
         if len(set(names)) != len(names):
             raise FieldError("trajectories", "names must be unique")
-        z, security = self.zenoh, self.security
-        for i, endpoint in enumerate(z.listen):
-            if not security.insecure and exposed_endpoint(endpoint):
-                raise FieldError(
-                    f"zenoh.listen[{i}]",
-                    f"{endpoint!r} is not TLS and not loopback: anyone on the network would read every robot's "
-                    "observations and chunks; listen on tls/ (README: Certificates), or accept that with "
-                    "--insecure ([security] insecure = true)",
-                )
-        if z.connect and not security.listen_beside_router:
-            accept = "or accept that with --listen-beside-router ([security] listen_beside_router = true)"
-            if z.listen:
-                raise FieldError(
-                    "zenoh.listen",
-                    f"{z.listen[0]!r} beside connect {z.connect[0]!r}: peers reaching this port bypass the access "
-                    'control of the router connected to; set zenoh.listen = [] and zenoh.mode = "client" (servers '
-                    f"are clients of the router), {accept}",
-                )
-            if z.mode == "peer":
-                # A peer dials every peer the router gossips about, with no listen endpoint of its own.
-                raise FieldError(
-                    "zenoh.mode",
-                    f"'peer' with connect {z.connect[0]!r}: a peer links straight to every peer the router "
-                    "announces, and those links bypass the router's access control; set zenoh.mode = "
-                    f'"client" (servers are clients of the router), {accept}',
-                )
+        security = self.security
+        accepted = Accepted(security.insecure, security.listen_beside_router, security.expose_health)
+        refuse_exposures(self.zenoh, (self.ops.health_host, self.ops.health_port), accepted)
 
 
 def parse_manifest(text: str, *, origin: str = "<manifest>", overrides: dict[str, Any] | None = None) -> Manifest:

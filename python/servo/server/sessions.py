@@ -114,8 +114,11 @@ class Session:
     #: Authenticated observations this session may still send (Zenoh callback threads).
     observations: TokenBucket
     #: Set by the observation thread at the first authenticated observation: the robot key is
-    #: then a returning one (`servo.server.robots.ReturningRobots`).
+    #: then a returning one (`servo.server.admission.ReturningRobots`).
     streamed: bool = False
+    #: Opened by one of the server's frontends (the openpi door), with the replica's own key: it
+    #: counts against that door's capacity, never the robots' (`SessionRegistry.robots`).
+    frontend: bool = False
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0
     mailbox: Mail | None = None
@@ -195,11 +198,17 @@ class SessionRegistry:
         self._ring_after = ""
         self._closed = False
         self._alive_clients: set[str] = set()
+        self._frontends = 0
         self.stale_drops = 0
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._sessions)
+
+    def robots(self) -> int:
+        """Sessions of robots (not of the server's frontends): what ``serving.max_sessions`` bounds."""
+        with self._lock:
+            return len(self._sessions) - self._frontends
 
     def snapshot(self) -> list[Session]:
         """Current sessions (the objects themselves; read-only use)."""
@@ -222,6 +231,7 @@ class SessionRegistry:
         with self._lock:
             old_id = self._by_client.get(session.client_id)
             old = self._sessions.pop(old_id, None) if old_id is not None else None
+            self._frontends += session.frontend - (old is not None and old.frontend)
             self._sessions[session.session_id] = session
             self._by_client[session.client_id] = session.session_id
             return old
@@ -230,8 +240,10 @@ class SessionRegistry:
         """Drop a session; returns it if it existed."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
-            if session is not None and self._by_client.get(session.client_id) == session_id:
-                del self._by_client[session.client_id]
+            if session is not None:
+                self._frontends -= session.frontend
+                if self._by_client.get(session.client_id) == session_id:
+                    del self._by_client[session.client_id]
             return session
 
     def client_alive(self, client_id: str) -> bool:

@@ -17,9 +17,9 @@ from anyio.abc import TaskGroup
 
 from servo._core import MSG_DRAIN, ServerIdentity
 from servo.logs import get_logger
+from servo.server.admission import ReturningRobots
 from servo.server.audit import RecentRequests
 from servo.server.metrics import ServerMetrics
-from servo.server.robots import ReturningRobots
 from servo.server.sessions import Session, SessionRegistry
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -131,8 +131,8 @@ class ServerState:
 
     @property
     def load(self) -> float:
-        """Open sessions over capacity (any thread)."""
-        return len(self.registry) / self.replica.max_sessions
+        """Robots' open sessions over their capacity (any thread); frontends' sessions apart."""
+        return self.registry.robots() / self.replica.max_sessions
 
     def status(self, nonce: bytes) -> StatusReply:
         """Capabilities, load and identity of this replica; ``nonce`` is what a session open must carry now."""
@@ -147,7 +147,7 @@ class ServerState:
             policy=replica.info,
             warmed_up=self.lifecycle != "starting",
             draining=self.lifecycle == "draining",
-            active_sessions=len(self.registry),
+            active_sessions=self.registry.robots(),
             max_sessions=replica.max_sessions,
             load=self.load,
             identity=replica.identity.public_key,

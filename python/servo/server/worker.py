@@ -95,6 +95,8 @@ class InferenceWorker:
         self._replies = ReplyStage(state, audit)
         self._queue: ServiceOrder[_Entry] = ServiceOrder()
         self._device_free_ns = 0  # when the last forward ended
+        #: Times round the worker's loop (read by other threads: a health signal, see `turns`).
+        self._turns = 0
 
     def start(self) -> None:
         """Start the worker and reply threads."""
@@ -117,8 +119,17 @@ class InferenceWorker:
             self._replies.close(max(0.0, deadline - time.monotonic()))
         return finished
 
+    @property
+    def turns(self) -> int:
+        """Times round the worker's loop so far (any thread).
+
+        At least every 0.25 s when idle, after each forward when busy; a hung forward stops it.
+        """
+        return self._turns
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._turns += 1
             if not self._queue and not self._registry.wait_ready(timeout=0.25):
                 continue
             if taken := self._registry.take():

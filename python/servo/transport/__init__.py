@@ -8,9 +8,11 @@ from servo.transport.config import (
     UsrPwdSettings,
     ZenohSettings,
     exposed_endpoint,
+    loopback_host,
+    off_loopback,
 )
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
-from servo.transport.session import Declared, open_session
+from servo.transport.session import Declared, open_session, zenoh_message
 
 __all__ = [
     "DEFAULT_LOCAL_ENDPOINT",
@@ -25,6 +27,9 @@ __all__ = [
     "declare_obs_publisher",
     "direct",
     "exposed_endpoint",
+    "loopback_host",
+    "off_loopback",
     "open_session",
     "query",
+    "zenoh_message",
 ]

@@ -36,9 +36,7 @@ from servo.wire.messages import (
     SessionAck,
     SessionOpen,
     StatusReply,
-    Trajectory,
-    TrajectoryList,
-    TrajectoryRequest,
+    Tuning,
 )
 from servo.wire.telemetry import (
     TELEMETRY_SELECTOR,
@@ -52,10 +50,12 @@ from servo.wire.telemetry import (
     telemetry_signer,
 )
 from servo.wire.tensor import Tensor, decode_floats, decode_tensor, encode_tensor
+from servo.wire.trajectory import Trajectory, TrajectoryList, TrajectoryRequest, trajectory_request_transcript
 from servo.wire.trust import (
     TRAJECTORY_CONTEXT,
     ack_transcript,
     fingerprint,
+    join_transcript,
     notice_transcript,
     open_transcript,
     parse_fingerprint,
@@ -67,6 +67,9 @@ from servo.wire.trust import (
 #: Every message body of the protocol, for codec tests and fuzzing.
 MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (
     *SESSION_MESSAGE_TYPES,
+    TrajectoryRequest,
+    Trajectory,
+    TrajectoryList,
     EdgeTelemetry,
     SealedTelemetry,
     AuditQuery,
@@ -111,6 +114,7 @@ __all__ = [
     "TrajectoryList",
     "TrajectoryRequest",
     "Transition",
+    "Tuning",
     "WireError",
     "ack_transcript",
     "alive_selector",
@@ -128,6 +132,7 @@ __all__ = [
     "encode_into",
     "encode_tensor",
     "fingerprint",
+    "join_transcript",
     "jpeg_dimensions",
     "notice_transcript",
     "open_telemetry",
@@ -143,4 +148,5 @@ __all__ = [
     "status_transcript",
     "telemetry_key",
     "telemetry_signer",
+    "trajectory_request_transcript",
 ]
