@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import anyio
 import numpy as np
@@ -91,6 +93,25 @@ async def eventually(
                 await anyio.sleep(poll)
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
+
+
+#: The longest a `cpu_hog` busy loop runs if nobody stops it (the test process died).
+HOG_LIMIT_S = 300
+
+
+@contextmanager
+def cpu_hog(loops: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``loops`` busy-loop processes at normal priority for the length of the block (each ends by
+    itself after `HOG_LIMIT_S` at the latest; the block kills them)."""
+    busy = f"import time\nend = time.monotonic() + {HOG_LIMIT_S}\nwhile time.monotonic() < end: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(loops)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait(10)
 
 
 def new_threads(before: Collection[threading.Thread]) -> list[str]:

@@ -33,7 +33,7 @@ warmup = 1
 [model.options]
 {options}
 [zenoh]
-listen = ["tcp/127.0.0.1:{port}"]
+listen = ["{listen}"]
 [ops]
 health_port = 0
 """
@@ -43,10 +43,10 @@ def names(n: int) -> str:
     return "joint_names = [" + ", ".join(f'"joint_{i}.pos"' for i in range(n)) + "]"
 
 
-def serve(tmp_path: Path, options: str) -> tuple[Proc, int]:
+def serve(tmp_path: Path, options: str, listen: str = "tcp/127.0.0.1:{port}") -> tuple[Proc, int]:
     port = free_port()
     manifest = tmp_path / "manifest.toml"
-    manifest.write_text(MANIFEST.format(options=options, port=port))
+    manifest.write_text(MANIFEST.format(options=options, listen=listen.format(port=port)))
     proc = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest), "--log-level", "warning"])
     try:
         proc.wait_line("servo-serve: ready", 120)
@@ -149,5 +149,24 @@ def test_a_slow_14_joint_policy_gets_the_buffer_its_plan_asks_for(tmp_path: Path
         assert sim[sim.index("--buffer-time-s") + 1] == asked.group(1)
         assert "fps=15" in sim
         run_as_printed(sim, tmp_path)
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_lan_server_prints_a_sim_command_that_joins_from_a_fresh_robot(tmp_path: Path) -> None:
+    # Off loopback the server asks for a join token; the sim, fitted to a 7-joint policy, must
+    # reach the server it joins before the engine does (the token pins the certificate first).
+    options = f"cameras = {{laptop = [120, 160]}}\nchunk_size = 30\n{names(7)}"
+    server, _port = serve(tmp_path, options, listen="tls/0.0.0.0:{port}")
+    try:
+        sim = printed(server, "without hardware")
+        assert sim is not None
+        assert "--join" in sim
+        assert "--tls-root-ca" not in sim  # nothing to copy by hand
+        robot = tmp_path / "robot"
+        robot.mkdir()
+        fresh = {**os.environ, "SERVO_CONFIG_DIR": str(robot / "servo")}
+        run_as_printed(sim, robot, env=fresh)
     finally:
         server.stop()

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from servo._core import (
     ATTACHMENT_SIZE,
+    FLAG_COPY,
     HEADER_SIZE,
     MSG_CHUNK,
     MSG_CONTROL,
@@ -128,6 +129,18 @@ def test_every_bit_of_header_tag_and_ciphertext_is_covered() -> None:
             tampered[byte] ^= 1 << bit
             with pytest.raises(AuthError, match=r"^tag mismatch$"):
                 server.decrypt(attachment, tampered)
+
+
+def test_the_copy_flag_is_authenticated() -> None:
+    """A relay can neither make an observation a copy (answered from an older answer) nor a copy a new request."""
+    client, server = ends()
+    plain, copy = obs(2).replace(flags=0), obs(3).replace(flags=FLAG_COPY)
+    for sent, forged in ((plain, plain.replace(flags=FLAG_COPY)), (copy, copy.replace(flags=0))):
+        attachment, ciphertext = client.encrypt(sent, BODY)
+        tampered = unauthenticated(forged)[:HEADER_SIZE] + attachment[HEADER_SIZE:]
+        with pytest.raises(AuthError, match=r"^tag mismatch$"):
+            server.decrypt(tampered, ciphertext)
+        assert server.decrypt(attachment, ciphertext) == (sent, BODY)
 
 
 def test_wrong_secret_is_refused() -> None:

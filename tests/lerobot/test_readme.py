@@ -38,11 +38,14 @@ CAMERAS = ("front", "wrist")
 REPO_ID, DATASET_ROOT, FPS = "local/so101_try", "data/so101_try", 30
 
 
-def on_this_machine(argv: list[str], port: int) -> list[str]:
-    """A README command with what a test machine must change: port, addresses, device."""
+def on_this_machine(argv: list[str], port: int, server: str = "127.0.0.1") -> list[str]:
+    """A README command with what a test machine must change: port, the GPU box's address, device.
+
+    The server keeps its ``tls/0.0.0.0`` listen: that is what makes it ask robots for a join token.
+    """
     out = []
     for arg in argv:
-        arg = arg.replace("0.0.0.0", "127.0.0.1").replace("gpu-box", "127.0.0.1").replace(":7447", f":{port}")
+        arg = arg.replace("gpu-box", server).replace(":7447", f":{port}")
         out.append("cpu" if out and out[-1] == "--device" else arg)
     return out
 
@@ -81,11 +84,12 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(tmp_path: Path, monke
         robot.mkdir()
         robot_env = {**os.environ, CONFIG_DIR_VARIABLE: str(robot / "servo")}  # a fresh machine
 
+        address = option(printed_sim, "--connect").removeprefix("tls/").rsplit(":", 1)[0]  # this host's, as printed
         # What servo-serve prints for the sim is the README's command (less the try's run options).
-        sim_here = with_token(on_this_machine(sim, port), token)
+        sim_here = with_token(on_this_machine(sim, port, address), token)
         assert sim_here[: len(printed_sim)] == printed_sim
         # ... and for the arm, the same flags with the README's values in place of its placeholders.
-        arm_here = with_token(on_this_machine(arm, port), token)
+        arm_here = with_token(on_this_machine(arm, port, address), token)
         for flag in ("--robot", "--connect", "--join"):
             assert option(arm_here, flag) == option(printed_arm, flag)
         monkeypatch.chdir(robot)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
 from servo.cli.console import Console
 from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
-from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.lifecycle import INTERRUPTED, exit_process, first_error, on_signal
 from servo.cli.notify import notify_edge, stopping
 from servo.config import ConfigError, convert, fields_of
 from servo.edge.config import EdgeConfig, load_edge_config
@@ -273,5 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
+def script() -> NoReturn:
+    """Console-script entry of ``servo-edge``: `main`, then the process ends at once (`exit_process`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

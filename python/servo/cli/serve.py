@@ -26,7 +26,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 from anyio.abc import TaskStatus
@@ -34,7 +34,7 @@ from anyio.abc import TaskStatus
 from servo.cli.console import Console
 from servo.cli.flags import HelpFormatter
 from servo.cli.lerobot import OPTION_FLAGS, lerobot_manifest
-from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.lifecycle import INTERRUPTED, exit_process, first_error, on_signal
 from servo.cli.listen import secure_listen
 from servo.cli.notify import notify_server, stopping
 from servo.cli.ports import PortInUseError, free_ports_advice, refuse_busy
@@ -408,5 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def script() -> NoReturn:
+    """Console-script entry of ``servo-serve``: `main`, then the process ends at once (`exit_process`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 
 import anyio
 import numpy as np
@@ -26,51 +26,41 @@ import zenoh
 from zenoh.handlers import Callback
 
 from servo._core import FLAG_EPISODE_START, SessionKey
-from servo.client.codec import AutoCodec, CodecChooser, CodecStatus, codec_name
+from servo.client.codec import AutoCodec, CodecChooser, CodecStatus
 from servo.client.discovery import ServerInfo
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
 from servo.client.protocol import Answered, Lost, SessionProtocol
-from servo.client.replies import sealed_answer
-from servo.client.results import ChunkResult, SessionStats
+from servo.client.replies import sealed_request
+from servo.client.resend import ResendRule
+from servo.client.results import ChunkResult
 from servo.client.uplink import Outgoing, Uplink
 from servo.logs import LogThrottle, get_logger
-from servo.transport import Declared, LoopBridge, declare_obs_publisher, direct, query
-from servo.wire import (
-    ClientKeys,
-    CloseRequest,
-    ControlAck,
-    ControlRequest,
-    ResetRequest,
-    SessionAck,
-    encode,
-    encode_tensor,
-)
+from servo.stages import LoopBridge, NotRun
+from servo.transport import Declared, declare_obs_publisher, direct
+from servo.wire import ClientKeys, CloseRequest, ResetRequest, SessionAck, encode_tensor
 
 log = get_logger(__name__)
-
-#: An unanswered request is sent again after this many expected round trips (`resend_after`)...
-RESEND_ROUND_TRIPS = 3
-#: ...and never sooner than this (s): a survivor's queue right after a failover is longer than
-#: the round trips seen before it, and a copy of a request still waiting there costs nothing.
-RESEND_MIN_S = 0.3
 
 FloatArray = npt.NDArray[np.float32]
 
 
-def resend_delay(expected_rtt_ns: int | None, forward_ms: float) -> float | None:
-    """`RemoteSession.resend_after` from the round trip expected (ns) and the replica's forward (ms)."""
-    longest_s = max((expected_rtt_ns or 0) / 1e9, forward_ms / 1e3)
-    return None if longest_s <= 0 else max(RESEND_MIN_S, RESEND_ROUND_TRIPS * longest_s)
+class ObservationOptions(TypedDict, total=False):
+    """`RemoteSession.send`'s keyword arguments, as `RemoteSession.infer` passes them on."""
+
+    mono_ns: int | None
+    task: str
+    inference_delay_steps: int
+    prefix_model: FloatArray | None
+    prefix_robot: FloatArray | None
+    episode_start: bool
 
 
 class RemoteSession:
     """One robot's session on one replica.
 
     Owned by the event loop task that drives it; Zenoh callbacks only hand bytes to the loop,
-    where the `SessionProtocol` judges them, and the `Uplink` thread sends observations. Enforces
-    one request in flight: a chunk is accepted only if it is authenticated by the session key and
-    answers the latest request of the current epoch; anything else is dropped and counted (in
-    the protocol's ``counters``, shared with the `PolicyClient` that opened it).
+    where the `SessionProtocol` judges them (one request in flight; what it refuses is counted in
+    its ``counters``, shared with the `PolicyClient`), and the `Uplink` thread sends observations.
 
     ::
 
@@ -90,6 +80,9 @@ class RemoteSession:
         self.server = server
         self.keys = keys
         self.protocol = protocol
+        protocol.resend = ResendRule(forward_ms=server.status.inference_ms, sessions=server.status.active_sessions)
+        #: The session epoch chosen at open, and this session's counters.
+        self.epoch, self.stats = protocol.epoch, protocol.stats
         #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs.
         self.codec = CodecChooser(jpeg_quality, auto_codec, local=server.local)
         self.lost = anyio.Event()
@@ -113,11 +106,6 @@ class RemoteSession:
         return self.protocol.ack
 
     @property
-    def epoch(self) -> int:
-        """The session epoch chosen at open."""
-        return self.protocol.epoch
-
-    @property
     def episode_id(self) -> int:
         """The episode later requests carry."""
         return self.protocol.episode_id
@@ -125,11 +113,6 @@ class RemoteSession:
     @episode_id.setter
     def episode_id(self, value: int) -> None:
         self.protocol.episode_id = value
-
-    @property
-    def stats(self) -> SessionStats:
-        """This session's counters."""
-        return self.protocol.stats
 
     @property
     def key(self) -> SessionKey:
@@ -148,9 +131,8 @@ class RemoteSession:
 
     def codec_status(self) -> CodecStatus:
         """The codec chooser's snapshot, with each camera's latest encode time per quality."""
-        camera_ms = {} if self._uplink is None else self._uplink.encoder.camera_ms
-        per_camera = {f"{camera}/{codec_name(q)}": round(ms, 3) for (camera, q), ms in camera_ms.items()}
-        return dataclasses.replace(self.codec.status(), camera_encode_ms=per_camera)
+        status = self.codec.status()
+        return status if self._uplink is None else self._uplink.encoder.with_camera_times(status)
 
     # ------------------------------------------------------------------ set-up / tear-down
     def declare(self) -> None:
@@ -182,8 +164,8 @@ class RemoteSession:
         if self.ack is not None and not self.lost.is_set():
             with anyio.move_on_after(timeout):
                 with contextlib.suppress(RequestTimeout, ServerError):
-                    await self._control(CloseRequest(self.wire_id), timeout=timeout)
-        self._bridge.closed = True
+                    await sealed_request(self._z, self.keys.control, self.protocol, CloseRequest(self.wire_id), timeout)
+        self._bridge.close()
         for entity in reversed(self._entities):
             with contextlib.suppress(zenoh.ZError):
                 entity.undeclare()
@@ -206,14 +188,12 @@ class RemoteSession:
         prefix_robot: FloatArray | None = None,
         episode_start: bool = False,
     ) -> int:
-        """Publish one observation; returns its seq_id at once (the uplink thread sends it).
+        """Publish one observation (coded as ``codec`` picks); returns its seq_id at once.
 
-        The codec is the pick of the session's `CodecChooser` (``codec``) for this request. A
-        newer request supersedes any request still in flight. Encoding, packing, encrypting and the
-        put run on the session's uplink thread, which reads ``images`` after this returned (and
-        again for a `resend`): do not write to them. An observation that cannot leave (no server
-        subscribes to it, or the put fails) fails its `receive` at once with `SendFailed` and is
-        counted in ``stats.send_failed``.
+        A newer request supersedes any request still in flight. The uplink thread encodes, packs,
+        encrypts and puts it, reading ``images`` after this returned (and again for a `resend`): do
+        not write to them. One that cannot leave (no server subscribes to it, the put fails)
+        fails its `receive` at once with `SendFailed` (counted in ``stats.send_failed``).
 
         Args:
             state: Joint state (converted to float32).
@@ -256,11 +236,10 @@ class RemoteSession:
     def resend(self) -> int:
         """Send the request in flight again, under a new seq_id; returns it.
 
-        For an answer that is overdue, most likely lost on the way (a chunk publisher drops what
-        waits too long for room in a starved transmit queue): the first answer to either seq_id
-        completes the request. On the server the copy takes the original's place while that
-        still waits (newest wins), so it costs a forward only when the original was served.
-        Counted in ``stats.resent`` and in the client's statistics.
+        For an answer that is overdue, most likely lost on the way (`servo.client.resend`): the
+        first answer to either seq_id completes the request. The server answers the copy from
+        what it holds of the original (`servo.server.copies`), so it costs a forward only when
+        the observation never arrived. Counted in ``stats.resent`` and in the client's statistics.
 
         Raises:
             SessionLost: the session is lost.
@@ -278,15 +257,8 @@ class RemoteSession:
         return self._submit(uplink, dataclasses.replace(job, header=header, started_ns=time.monotonic_ns()))
 
     def resend_after(self, expected_rtt_ns: int | None) -> float | None:
-        """When an unanswered request should be sent again (s after it left; `receive`'s ``resend_after``).
-
-        `RESEND_ROUND_TRIPS` of ``expected_rtt_ns`` (the slowest of the last few round trips: a
-        queue that grows then costs one copy, not one per request), or of this replica's forward
-        when that is longer (a slow policy's forward is not duplicated), and never sooner than
-        `RESEND_MIN_S`. None (never) while neither is known: a fresh replica's first forward may
-        be any length.
-        """
-        return resend_delay(expected_rtt_ns, self.server.status.inference_ms)
+        """`receive`'s ``resend_after`` (`servo.client.resend.ResendRule.copy_after`; None: never)."""
+        return self.protocol.resend.copy_after(expected_rtt_ns)
 
     def _submit(self, uplink: Uplink, job: Outgoing) -> int:
         seq = job.header.seq_id
@@ -299,11 +271,13 @@ class RemoteSession:
         return seq
 
     def _after_put(self, seq: int, done: Future[None]) -> None:
-        """Event loop: observation ``seq`` left, or failed to (a failed put fails its request now)."""
-        if done.cancelled():
-            return
+        """Event loop: observation ``seq`` left, or failed to (a failed put fails its request now).
+
+        One that never ran was replaced by a newer observation or its copy (`Superseded`), or the
+        session is closing (`StageClosed`): neither fails a request.
+        """
         error = done.exception()
-        if error is not None:
+        if error is not None and not isinstance(error, NotRun):
             self._send_failed(seq, f"put failed: {error}")
 
     def _send_failed(self, seq: int, reason: str) -> None:
@@ -359,26 +333,12 @@ class RemoteSession:
         state: npt.ArrayLike,
         images: Mapping[str, npt.NDArray[np.uint8]],
         *,
-        mono_ns: int | None = None,
-        task: str = "",
         timeout: float = 5.0,
         resend_after: float | None = None,
-        inference_delay_steps: int = 0,
-        prefix_model: FloatArray | None = None,
-        prefix_robot: FloatArray | None = None,
-        episode_start: bool = False,
+        **observation: Unpack[ObservationOptions],
     ) -> ChunkResult:
         """`send` then `receive`: one round trip (`send`'s arguments, `receive`'s ``timeout`` and ``resend_after``)."""
-        seq = await self.send(
-            state,
-            images,
-            mono_ns=mono_ns,
-            task=task,
-            inference_delay_steps=inference_delay_steps,
-            prefix_model=prefix_model,
-            prefix_robot=prefix_robot,
-            episode_start=episode_start,
-        )
+        seq = await self.send(state, images, **observation)
         return await self.receive(seq, timeout=timeout, resend_after=resend_after)
 
     # ------------------------------------------------------------------ control plane
@@ -390,27 +350,7 @@ class RemoteSession:
             RequestTimeout: no authenticated answer in time.
         """
         self.episode_id = episode_id
-        await self._control(ResetRequest(self.wire_id, episode_id), timeout=timeout)
-
-    async def _control(self, message: ControlRequest, *, timeout: float) -> ControlAck:
-        """Send an encrypted control request; return the first reply the session key decrypts.
-
-        Forged or unverifiable acks are counted and skipped; a refusal (keyless by design) raises.
-        """
-        protocol = self.protocol
-        header = protocol.control_header()
-        attachment, ciphertext = protocol.key.encrypt(header, encode(message))
-        replies = await query(self._z, self.keys.control, payload=ciphertext, attachment=attachment, timeout=timeout)
-
-        def refused(problem: str) -> None:
-            protocol.counters.reject("mac", f"control ack: {problem}", session_id=protocol.session_id)
-
-        return sealed_answer(
-            replies,
-            lambda attachment, payload: protocol.open_control_ack(header, attachment, payload),
-            refused=refused,
-            unanswered=f"{type(message).__name__} not answered within {timeout:g} s",
-        )
+        await sealed_request(self._z, self.keys.control, self.protocol, ResetRequest(self.wire_id, episode_id), timeout)
 
     # ------------------------------------------------------------------ callbacks
     def _on_action(self, sample: zenoh.Sample) -> None:

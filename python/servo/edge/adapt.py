@@ -67,8 +67,9 @@ async def served_policy(config: EdgeConfig) -> PolicyInfo:
     Raises:
         EdgeStartError: no usable server within ``connect_timeout_s``, or none with a trusted identity.
     """
-    from servo.edge.link import no_server, open_link
+    from servo.edge.link import no_server, open_link, prepare_join
 
+    config = await prepare_join(config)  # a joining robot reaches its server only once it is pinned
     link, server = config.link, config.server
     async with contextlib.AsyncExitStack() as stack:
         zsession = await open_link(config, stack)

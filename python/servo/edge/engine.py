@@ -36,7 +36,7 @@ from servo.edge.pipeline import ChunkPipeline, Request, Starvation
 from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
-from servo.transport import LoopBridge
+from servo.stages import LoopBridge
 from servo.wire import Tuning
 
 log = get_logger(__name__)
@@ -176,7 +176,7 @@ class EngineBase(abc.ABC):
                 await self.serve()
                 tg.cancel_scope.cancel()
         finally:
-            self._bridge.closed = True
+            self._bridge.close()
             with anyio.CancelScope(shield=True):
                 await self.resources.aclose()
 
@@ -226,7 +226,9 @@ class EngineBase(abc.ABC):
 
         It should leave when the queue would run dry before its chunk is expected back
         (`ChunkPipeline.send_below`), or at once with ``at_once`` (a new session: what is queued
-        was computed by a replica the edge no longer uses, and its rest is the RTC prefix).
+        was computed by a replica the edge no longer uses, and its rest is the RTC prefix). Only
+        an observation taken since the last merge leaves (`ChunkPipeline.current`: its chunk's
+        merge is exact); one taken before waits for the next tick's.
 
         Raises:
             SessionEnded: ``abort()`` returned a reason.
@@ -236,7 +238,13 @@ class EngineBase(abc.ABC):
             if reason:
                 raise SessionEnded(reason)
             obs = self.latest_observation()
-            if obs is not None and not self.paused and (at_once or self.pipeline.needs_observation()):
+            pipeline = self.pipeline
+            if (
+                obs is not None
+                and not self.paused
+                and (at_once or pipeline.needs_observation())
+                and pipeline.current(obs)
+            ):
                 return obs
             if self.feed is None or (at_once and not self.paused):
                 await anyio.sleep(TICK_S)
@@ -290,6 +298,10 @@ class EngineBase(abc.ABC):
     def queued(self) -> int:
         """Actions left in the queue."""
         return self.pipeline.queued()
+
+    def position(self) -> int:
+        """Control thread: where it stands in the queue."""
+        return self.pipeline.queue.get_position()
 
     def is_finished(self) -> bool:
         """Whether the engine's work has an end and reached it: all queued and executed (replay)."""

@@ -194,6 +194,7 @@ class SyncEngine(LocalEngine):
             and self.pipeline.queue.empty()
             and not self.failsafe.dead.is_set()
             and (obs := self.latest_observation()) is not None
+            and self.pipeline.current(obs)
         ):
             # The engine loop's step, on this thread: the loop must never die of a policy bug.
             request = self.pipeline.snapshot(obs)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import msgspec
 import zenoh
+from zenoh.handlers import Callback
 
 from servo._core import MSG_CONTROL_ACK, Header, SessionKey
 from servo.access import Caller
@@ -41,7 +42,8 @@ from servo.server.robots import Refusal, RobotGate
 from servo.server.sessions import Session
 from servo.server.state import ServerState
 from servo.server.trajectories import Signed, TrajectoryDoor, TrajectoryLibrary
-from servo.transport import LoopBridge, declare_action_publisher
+from servo.stages import LoopBridge
+from servo.transport import declare_action_publisher, direct
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     CameraFeature,
@@ -143,11 +145,12 @@ class ControlPlane:
         self._trajectories = TrajectoryDoor(trajectories, robots.access, replica.identity, prefix=prefix, replica=name)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
-        """Declare the queryables; their callbacks only hand the query to the event loop."""
+        """Declare the queryables; their callbacks only hand the query to the event loop (`direct`)."""
         keys, z = self._state.replica.keys, self._zsession
 
         def on(key: str, handler: Handler, reply_key: str | None) -> zenoh.Queryable[None]:
-            return z.declare_queryable(key, lambda q: bridge.call(self.answer, handler, q, reply_key))
+            ask: Callback[zenoh.Query] = direct(lambda q: bridge.call(self.answer, handler, q, reply_key))
+            return z.declare_queryable(key, ask)
 
         # Replies go out on our own concrete key: a discovery query's selector is a wildcard.
         return [

@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import zenoh
 from anyio.abc import TaskGroup, TaskStatus
+from zenoh.handlers import Callback
 
 from servo._core import MSG_DRAIN
 from servo.identity import Identity
@@ -43,7 +44,8 @@ from servo.server.sessions import Session
 from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
-from servo.transport import Declared, LoopBridge, open_session
+from servo.stages import LoopBridge
+from servo.transport import Declared, direct, open_session
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
 from servo.wire.keys import host_server_id
 
@@ -265,14 +267,11 @@ class PolicyServer:
                 limits=m.limits,
                 max_observation_bytes=m.serving.max_observation_bytes,
             )
+            on_client_alive: Callback[zenoh.Sample] = direct(lambda s: bridge.call(state.on_client_liveliness, s))
             declared += [
-                zsession.declare_subscriber(keys.all_obs, intake.on_sample),
+                zsession.declare_subscriber(keys.all_obs, intake.on_sample),  # the receive stage's own thread
                 *control.declare(bridge),
-                zsession.liveliness().declare_subscriber(
-                    keys.all_client_alive,
-                    lambda s: bridge.call(state.on_client_liveliness, s),
-                    history=True,
-                ),
+                zsession.liveliness().declare_subscriber(keys.all_client_alive, on_client_alive, history=True),
             ]
             worker.start()
             token = zsession.liveliness().declare_token(keys.alive)
@@ -328,7 +327,7 @@ class PolicyServer:
                 if token is not None:
                     token.undeclare()
                 finished = await anyio.to_thread.run_sync(lambda: worker.stop(DRAIN_TIMEOUT_S, abandon=self._hurry))
-                bridge.closed = True
+                bridge.close()
                 for entity in reversed(declared):
                     entity.undeclare()
                 decoder.close()

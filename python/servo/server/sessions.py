@@ -40,6 +40,7 @@ from servo._core import AuthError, Header
 from servo.policy import DecodedObservation, Processor
 from servo.server.admission import ImageGate, TokenBucket
 from servo.server.auth import SessionAuth
+from servo.server.copies import Answer, CopyBook
 from servo.wire import reply_header
 
 #: Outcome of a deposit: queued, the session is gone (replaced, closed), or an old episode's.
@@ -125,6 +126,8 @@ class Session:
     held: bool = False
     superseded: int = 0
     needs_reset: bool = False
+    #: The request being served and the latest answer, for copies (`servo.server.copies`).
+    copies: CopyBook = field(default_factory=CopyBook)
     # Worker-owned: the episode of the last observation served. -1 (none yet) makes a session's
     # first observation an episode start, so a chunk-stateful policy forgets the previous session.
     served_episode: int = -1
@@ -300,9 +303,20 @@ class SessionRegistry:
             if session.mailbox is not None or session.held:
                 session.superseded += 1
             session.mailbox = item
+            session.copies.deposited(item.header)
             if not session.held:
                 self._ready.notify()
             return "ok"
+
+    def join_copy(self, session: Session, copy: Header) -> Answer | bool:
+        """Zenoh's observation thread, a copy of a request (``FLAG_COPY``): see `CopyBook.join`."""
+        with self._lock:
+            return session.copies.join(copy)
+
+    def answered(self, session: Session, answer: Answer) -> list[Header]:
+        """Reply thread, the answer to ``answer.request`` leaves now: the copies it answers too."""
+        with self._lock:
+            return session.copies.answered(answer)
 
     def wait_ready(self, timeout: float) -> bool:
         """Worker: block until some mailbox can be taken; False on timeout or close."""
@@ -346,6 +360,7 @@ class SessionRegistry:
                 item, session.mailbox = session.mailbox, None
             if item.header.episode_id < session.episode_id:
                 self.stale_drops += 1
+                session.copies.dropped(item.header)
                 return None
             claim = Claim(item, session.superseded, session.needs_reset)
             session.superseded, session.needs_reset = 0, False

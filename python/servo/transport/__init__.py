@@ -1,6 +1,6 @@
-"""Zenoh plumbing shared by the server and the client: settings, sessions, QoS, async bridge."""
+"""Zenoh plumbing shared by the server and the client: settings, sessions, QoS, queries."""
 
-from servo.transport.bridge import LoopBridge, direct, query
+from servo.transport.bridge import direct, query
 from servo.transport.certificate import CertificateError, common_name
 from servo.transport.config import (
     DEFAULT_LOCAL_ENDPOINT,
@@ -18,7 +18,6 @@ __all__ = [
     "DEFAULT_LOCAL_ENDPOINT",
     "CertificateError",
     "Declared",
-    "LoopBridge",
     "TlsSettings",
     "UsrPwdSettings",
     "ZenohSettings",

@@ -32,9 +32,12 @@ REPO = README.parent
 LAUNCH = REPO / "examples" / "ros2" / "servo_edge.launch.py"
 
 
-def on_this_machine(argv: list[str], port: int) -> list[str]:
-    """A README command with what a test machine must change: the port and the server's address."""
-    here = {"0.0.0.0": "127.0.0.1", "gpu-server": "127.0.0.1", ":7447": f":{port}"}
+def on_this_machine(argv: list[str], port: int, server: str = "127.0.0.1") -> list[str]:
+    """A README command with what a test machine must change: the port and the server's address.
+
+    The server keeps its ``tls/0.0.0.0`` listen: that is what makes it ask robots for a join token.
+    """
+    here = {"gpu-server": server, ":7447": f":{port}"}
     out = []
     for arg in argv:
         for theirs, ours in here.items():
@@ -74,7 +77,8 @@ def test_the_example_arm_as_the_readme_says(ros_env: RosEnv, tmp_path: Path) -> 
         printed = shlex.split(server.wait_line("servo-serve: on the robot: ", 1).split(": ", 2)[2])
         # What servo-serve prints for the arm is the README's command, with the join token it made.
         token = option(printed, "--join")
-        assert without_asked_buffer(printed) == with_token(on_this_machine(edge, port), token)
+        address = option(printed, "--connect").removeprefix("tls/").rsplit(":", 1)[0]  # this host's, as printed
+        assert without_asked_buffer(printed) == with_token(on_this_machine(edge, port, address), token)
 
         # The robot's computer (a fresh servo directory: the token brings the server's identity and
         # certificate), the arm's URDF where the command names it.
