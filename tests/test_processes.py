@@ -85,7 +85,8 @@ async def test_a_server_runs_one_inference_stage_one_reply_stage_and_a_decoder_p
 async def test_an_edge_runs_a_sender_and_per_camera_encoder_and_capture_stages(port: int) -> None:
     async with running_server(make_manifest(port)):
         before = set(threading.enumerate())
-        engine = RemoteEngine(edge_config(port), small_sim().spec())
+        # JPEG asked for: on the server's own host ``auto`` sends raw frames and encodes nothing.
+        engine = RemoteEngine(edge_config(port, jpeg_quality=85), small_sim().spec())
         async with running_edge(small_sim(), engine):
             await eventually(lambda: engine.chunks_received >= 2, 60, "chunks")
             assert threads_since(before) == {
@@ -138,6 +139,8 @@ def fleet_processes(directory: Path) -> Iterator[dict[str, Proc]]:
     with ExitStack() as stack:
         procs: dict[str, Proc] = {}
         for name, argv in commands.items():
+            if name == "monitor":  # a Zenoh client's open fails at once while its router is not up yet
+                procs["router"].wait_line(ready["router"], START_S)
             procs[name] = proc = Proc(argv)
             stack.callback(proc.stop)
         procs["serve"].wait_line(ready["serve"], START_S)

@@ -64,7 +64,7 @@ def test_the_commands_are_what_the_tools_accept() -> None:
 
 
 def test_the_edge_may_ask_for_its_real_time_priority() -> None:
-    from servo.edge.ticker import REALTIME_PRIORITY
+    from servo.edge.realtime import REALTIME_PRIORITY
 
     assert int(service("servo-edge.service")["LimitRTPRIO"]) >= REALTIME_PRIORITY
     assert "RestrictRealtime" not in service("servo-edge.service")

@@ -11,9 +11,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import NoReturn
 
 import anyio
+import zenoh
 
 from servo.errors import first_error as first_error  # where the command-line tools import it from
 from servo.logs import get_logger
+from servo.transport import zenoh_message
 
 log = get_logger(__name__)
 
@@ -71,7 +73,7 @@ def run_service(
         error = first_error(group)
         for kinds, status in known.items():
             if isinstance(error, kinds):
-                say(f"error: {error}")
+                say(f"error: {zenoh_message(error) if isinstance(error, zenoh.ZError) else error}")
                 return status
         if debug:
             raise
