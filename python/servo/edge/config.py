@@ -153,10 +153,7 @@ class SecurityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = ""
     insecure: Annotated[
         bool,
-        doc(
-            "Allow a plain (not TLS) connection to a non-loopback endpoint: anyone on the path may join the link "
-            "(session bodies stay encrypted end to end)."
-        ),
+        doc("Allow a plain (not TLS) link off loopback: anyone on the path may join it (sessions stay encrypted)."),
     ] = False
     join: Annotated[
         str,
@@ -292,10 +289,7 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = 1.0
     telemetry_readers: Annotated[
         list[str],
-        doc(
-            "Operators (ed25519:… of servo-monitor --identity) this robot's telemetry is encrypted to, besides "
-            "those its server's session ack names (a local engine has no server to name them)."
-        ),
+        doc("Operators (servo-monitor --identity) telemetry is encrypted to, besides those the server's ack names."),
     ] = []
     link: Annotated[LinkConfig, doc("How this robot reaches its server.")] = msgspec.field(default_factory=LinkConfig)
     server: Annotated[ServerConfig, doc("Which servers to use.")] = msgspec.field(default_factory=ServerConfig)
