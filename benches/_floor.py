@@ -2,7 +2,7 @@
 
 Server (``python -m benches._floor echo --port P --compute-ms T --transport tcp|shm``): the subscriber
 hands each sample, stamped, to one worker thread (one device, as servo's server has) that copies
-it out of Zenoh, checks the MAC when the attachment is a sealed one, waits the compute time and
+it out of Zenoh, decrypts it when the attachment is a session one, waits the compute time and
 publishes a reply of the chunk's size whose first 8 bytes are how long the sample waited for the
 worker (ns, little-endian): at N > 1 the floor's queue wait is subtracted like servo's. It prints
 ``READY`` once it serves; SIGTERM ends it.
@@ -10,7 +10,7 @@ worker (ns, little-endian): at N > 1 the floor's queue wait is subtracted like s
 Clients:
 
 * `run_floor`: the floor itself: N plain threads, each with its own Zenoh session, putting a
-  pre-encoded raw observation (sealed or not) and waiting on a `threading.Event`: no event loop,
+  pre-encoded raw observation (encrypted or not) and waiting on a `threading.Event`: no event loop,
   no encode. Two figures per request: ``rtt_ms`` stamped in the reply callback (as servo's
   ``ChunkResult.rtt_ns``) and ``await_ms`` when the waiting thread got it back (what a caller sees).
 * `run_echo_fleet`: the same echo driven from an event loop, encoding each observation as
@@ -45,8 +45,8 @@ from benches._fleet import (
 )
 from servo._core import ATTACHMENT_SIZE, MSG_OBS, SCHEMA_VERSION, Header, SessionKey
 
-#: The MAC key of `run_floor`'s sealed observations (the echo server opens them with it).
-FLOOR_KEY = SessionKey(bytes(range(32)))
+#: The session secret of `run_floor`'s encrypted observations (the echo server decrypts them with it).
+FLOOR_SECRET = bytes(range(32))
 #: The reply's queue-wait field (ns the sample waited for the worker).
 WAIT = struct.Struct("<q")
 
@@ -65,6 +65,7 @@ def _serve(args: argparse.Namespace) -> None:
     jobs: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server_key = SessionKey(FLOOR_SECRET, role="server")
     with zenoh.open(settings.to_config()) as session:
         publishers: dict[str, Any] = {}
 
@@ -75,7 +76,7 @@ def _serve(args: argparse.Namespace) -> None:
                 body = sample.payload.to_bytes()  # what any server must do to read the payload
                 attachment = b"" if sample.attachment is None else sample.attachment.to_bytes()
                 if len(attachment) == ATTACHMENT_SIZE:
-                    FLOOR_KEY.open(attachment, body)  # servo's server-side MAC pass
+                    server_key.decrypt(attachment, body)  # servo's server-side cipher pass
                 exact_wait(args.compute_ms / 1e3)
                 key = str(sample.key_expr).rsplit("/", 1)[0] + "/action"
                 if key not in publishers:
@@ -101,7 +102,7 @@ def _serve(args: argparse.Namespace) -> None:
 def run_floor(
     port: int,
     *,
-    mac: bool,
+    cipher: bool,
     warmup_s: float,
     measure_s: float | None,
     max_requests: int | None = None,
@@ -112,8 +113,8 @@ def run_floor(
     """The transport floor: N plain threads, each its own Zenoh session, raw frames.
 
     The observation (two raw frames, as servo encodes them) is encoded once; each request only
-    seals it when ``mac`` (the session MAC over the 1.84 MB body, as servo's client does; the echo
-    server then opens it, as servo's server does) and puts it. ``rtt_ms`` = put called -> reply
+    encrypts it when ``cipher`` (AES-256-GCM over the 1.84 MB body, as servo's client does; the
+    echo server then decrypts it, as servo's server does) and puts it. ``rtt_ms`` = put called -> reply
     callback; ``await_ms`` = put called -> the waiting thread has the reply; the queue wait is the
     server's. What servo adds is its encode, its event loop and its bookkeeping.
     """
@@ -152,15 +153,16 @@ def run_floor(
                 end = start + measure_s if measure_s is not None else float("inf")
                 time.sleep(index * START_STAGGER_S)  # 16 raw observations at one instant: a burst DROP thins
                 seq = 0
+                client_key = SessionKey(FLOOR_SECRET, role="client")
                 while (max_requests is None or seq < max_requests) and time.monotonic() < end:
                     seq += 1
                     arrived.clear()
                     t0 = time.monotonic_ns()
-                    attachment = b"x" * 30
-                    if mac:
+                    attachment, payload = b"x" * 30, body
+                    if cipher:
                         header = Header(SCHEMA_VERSION, MSG_OBS, 0, seq, 0, 0, t0, bytes(16))
-                        attachment = FLOOR_KEY.seal(header, body)
-                    pub.put(body, attachment=attachment)
+                        attachment, payload = client_key.encrypt(header, body)
+                    pub.put(payload, attachment=attachment)
                     got = arrived.wait(5)
                     t1 = time.monotonic_ns()
                     with lock:

@@ -68,8 +68,7 @@ class NaiveLoop:
     def _on_action(self, sample: zenoh.Sample) -> None:
         if sample.attachment is None:
             return
-        payload = sample.payload.to_bytes()
-        header = self.key.open(sample.attachment.to_bytes(), payload)
+        header, payload = self.key.decrypt(sample.attachment.to_bytes(), sample.payload.to_bytes())
         if header.msg_type == MSG_CHUNK and header.seq_id == self._seq:
             self._reply = (header, payload, time.monotonic_ns())
             self._arrived.set()
@@ -119,7 +118,8 @@ class NaiveLoop:
         header = Header(SCHEMA_VERSION, MSG_OBS, 0, self._seq, 0, self.epoch, now, self.session_id)
         self._arrived.clear()
         self._reply = None
-        self._publisher.put(body, attachment=self.key.seal(header, body))
+        attachment, ciphertext = self.key.encrypt(header, body)
+        self._publisher.put(ciphertext, attachment=attachment)
         if not self._arrived.wait(5.0) or self._reply is None:  # blocks the control loop
             return
         _, payload, arrived_ns = self._reply

@@ -78,7 +78,8 @@ async def _robots(args: argparse.Namespace) -> None:
 
     from servo.client import NoServerFound, PolicyClient, RemoteSession, RequestTimeout
     from servo.client.errors import SessionRejected
-    from servo.transport import LoopBridge, ZenohSettings, open_zsession
+    from servo.stages import LoopBridge
+    from servo.transport import ZenohSettings, open_zsession
     from servo.wire import alive_selector
 
     moves: list[tuple[float, int, str, str]] = []

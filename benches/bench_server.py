@@ -18,7 +18,7 @@ Per configuration (in ``extra_info`` and the printed table):
   between forwards, independent of how exactly the emulated forward hits 20 ms.
 * ``fairness``: max/min of the per-client served rates ((n-1)/span of each client's chunks).
 * ``overhead_ms``: the full round trip (observation stamp -> chunk received, so client encode,
-  MAC, put and the client's wake-up are in) minus the server-reported inference time:
+  cipher, put and the client's wake-up are in) minus the server-reported inference time:
   ``rtt - inference``. At N = 1 this is the whole cost of servo and the transport;
   at N >= 2 it includes waiting for the other clients' forwards, so ``overhead_ex_queue_ms``
   also subtracts the server-reported queue wait (the time the decoded observation waited for
@@ -29,8 +29,8 @@ Per configuration (in ``extra_info`` and the printed table):
   what a user measures.
 
 `test_caller_overhead` (issue 27) puts that figure beside the floors — bare Zenoh from plain
-threads with a pre-encoded observation, without and with the MAC (`benches._floor`) — at N = 1
-and N = 16, over TCP and shared memory, in interleaved rounds (servo, floor, floor + MAC) against
+threads with a pre-encoded observation, without and with the session cipher (`benches._floor`) — at N = 1
+and N = 16, over TCP and shared memory, in interleaved rounds (servo, floor, floor + cipher) against
 servers running side by side: on a shared machine whose load moves during a run, the three see
 the same load. Its table gives the median of the rounds' p50s and the load range.
 
@@ -208,8 +208,8 @@ def _caller_table(rounds: list[dict[str, Any]]) -> list[str]:
         "of the interleaved rounds): servo's figure stamped on Zenoh's callback thread and at the caller's "
         "await, beside the floors at their caller.",
         "",
-        "| transport | N | rounds | floor | floor + MAC | servo (callback) | servo (caller) | servo - floor | "
-        "servo - (floor + MAC) | load |",
+        "| transport | N | rounds | floor | floor + cipher | servo (callback) | servo (caller) | servo - floor | "
+        "servo - (floor + cipher) | load |",
         "|" + "---|" * 10,
     ]
     for transport in TRANSPORTS:
@@ -222,26 +222,27 @@ def _caller_table(rounds: list[dict[str, Any]]) -> list[str]:
                 return float(np.median([r[key] for r in rows if r["server"] == server]))
 
             at_caller = "caller_ex_queue_ms_p50"
-            bare, mac = median("zenoh floor", at_caller), median("zenoh floor + MAC", at_caller)
+            bare, sealed = median("zenoh floor", at_caller), median("zenoh floor + AES-256-GCM", at_caller)
             callback, caller = median("servo", "overhead_ex_queue_ms_p50"), median("servo", at_caller)
             loads = [r["load"] for r in mine]
             out.append(
-                f"| {transport} | {n} | {len(mine) // 3} | {bare:.2f} | {mac:.2f} | {callback:.2f} | "
-                f"**{caller:.2f}** | {caller - bare:+.2f} | {caller - mac:+.2f} | {min(loads):.0f}-{max(loads):.0f} |"
+                f"| {transport} | {n} | {len(mine) // 3} | {bare:.2f} | {sealed:.2f} | {callback:.2f} | "
+                f"**{caller:.2f}** | {caller - bare:+.2f} | {caller - sealed:+.2f} | "
+                f"{min(loads):.0f}-{max(loads):.0f} |"
             )
     return out
 
 
 def _n1_verdict(rows: list[dict[str, Any]]) -> list[str]:
     """Issue 19's N = 1 targets over TCP raw, from this run's rows: servo's overhead p50 within
-    0.5 ms of the floor with the MAC, and servo's queue wait p50 within 0.5 ms."""
+    0.5 ms of the floor with the cipher, and servo's queue wait p50 within 0.5 ms."""
     pick = {r["server"]: r for r in rows if r["clients"] == 1 and r["transport"] == "tcp" and r["payload"] == "raw"}
-    servo, floor = pick.get("servo"), pick.get("zenoh floor + MAC")
+    servo, floor = pick.get("servo"), pick.get("zenoh floor + AES-256-GCM")
     if servo is None or floor is None:
         return []
     gap = servo["overhead_ms_p50"] - floor["overhead_ms_p50"]
     return [
-        f"\nN = 1, TCP raw: servo overhead p50 {servo['overhead_ms_p50']:.2f} ms vs floor + MAC "
+        f"\nN = 1, TCP raw: servo overhead p50 {servo['overhead_ms_p50']:.2f} ms vs floor + AES-256-GCM "
         f"{floor['overhead_ms_p50']:.2f} ms: {gap:+.2f} ms (target <= +0.5); server queue wait p50 "
         f"{servo['queue_wait_ms_p50']:.3f} ms (target <= 0.5; from authenticated and decoded to forward start)."
     ]
@@ -302,22 +303,24 @@ def test_zenoh_echo_baseline(
     assert stats["correct"], stats
 
 
-@pytest.mark.parametrize("mac", [False, True], ids=["bare", "mac"])
+@pytest.mark.parametrize("cipher", [False, True], ids=["bare", "aes-256-gcm"])
 def test_transport_floor(
-    benchmark: BenchmarkFixture, echo_server: tuple[int, str], table: list[dict[str, Any]], mac: bool
+    benchmark: BenchmarkFixture, echo_server: tuple[int, str], table: list[dict[str, Any]], cipher: bool
 ) -> None:
-    """What no Python server on Zenoh can go below for this payload, with and without the MAC
+    """What no Python server on Zenoh can go below for this payload, with and without the cipher
     servo requires: a plain thread putting a pre-encoded raw observation (`run_floor`)."""
     smoke = benchmark.disabled
     port, transport = echo_server
     benchmark.group = f"server-{transport}-raw"
-    benchmark.name = f"zenoh-floor-{transport}-raw-{'mac' if mac else 'bare'}-N1"
+    benchmark.name = f"zenoh-floor-{transport}-raw-{'aes-256-gcm' if cipher else 'bare'}-N1"
     kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     result = benchmark.pedantic(
-        lambda: run_floor(port, mac=mac, compute_ms=COMPUTE_MS, transport=transport, **kwargs), rounds=1, iterations=1
+        lambda: run_floor(port, cipher=cipher, compute_ms=COMPUTE_MS, transport=transport, **kwargs),
+        rounds=1,
+        iterations=1,
     )
     stats = summarize(result)
-    server = "zenoh floor + MAC" if mac else "zenoh floor"
+    server = "zenoh floor + AES-256-GCM" if cipher else "zenoh floor"
     benchmark.extra_info.update(stats, payload="raw", server=server, transport=transport, compute_ms=COMPUTE_MS)
     table.append({**stats, "server": server, "transport": transport, "payload": "raw", "smoke": smoke})
     assert stats["correct"], stats
@@ -325,8 +328,8 @@ def test_transport_floor(
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_caller_overhead(benchmark: BenchmarkFixture, table: list[dict[str, Any]], transport: str) -> None:
-    """Issue 27: the overhead at the caller's await, servo beside the floors (bare, + MAC), raw
-    frames, N = 1 and N = 16, in interleaved rounds (servo, floor, floor + MAC, next N, next
+    """Issue 27: the overhead at the caller's await, servo beside the floors (bare, + cipher), raw
+    frames, N = 1 and N = 16, in interleaved rounds (servo, floor, floor + cipher, next N, next
     round) against servers that run side by side, so a load that changes during the run hits
     all three alike."""
     smoke = benchmark.disabled
@@ -344,8 +347,8 @@ def test_caller_overhead(benchmark: BenchmarkFixture, table: list[dict[str, Any]
                     floor = {"n_clients": n, "transport": transport, "compute_ms": COMPUTE_MS, **kwargs}
                     runs = {
                         "servo": lambda n=n: _run(run_fleet, (servo_port, transport), n, 0, smoke, CALLER_WARMUP_S),
-                        "zenoh floor": lambda floor=floor: run_floor(echo_port, mac=False, **floor),
-                        "zenoh floor + MAC": lambda floor=floor: run_floor(echo_port, mac=True, **floor),
+                        "zenoh floor": lambda floor=floor: run_floor(echo_port, cipher=False, **floor),
+                        "zenoh floor + AES-256-GCM": lambda floor=floor: run_floor(echo_port, cipher=True, **floor),
                     }
                     for server, run in runs.items():
                         stats = summarize(run())

@@ -43,7 +43,7 @@ class HeaderError(ProtocolError, ValueError):
     """A header could not be built, encoded or decoded (raised by `servo._core`).
 
     The message names the problem, e.g. ``"attachment is 12 bytes, expected 62"``,
-    ``"bad magic b'XX', expected b'SV'"``, ``"unsupported schema_version 1 (supported: 2)"``,
+    ``"bad magic b'XX', expected b'SV'"``, ``"unsupported schema_version 2 (supported: 3)"``,
     ``"unknown msg_type 9 (known: 1, 2, 3, 4, 5, 6)"``,
     ``"flags=256 does not fit u8, expected 0 <= flags <= 255"`` or
     ``"session_id is 8 bytes, expected 16"``.
@@ -51,12 +51,14 @@ class HeaderError(ProtocolError, ValueError):
 
 
 class AuthError(SecurityError, ValueError):
-    """A message failed authentication, or a key-exchange or signature input was refused.
+    """A message failed authentication, or a key, cipher or signature input was refused.
 
     Raised by `servo._core`. The message says which, e.g. ``"tag mismatch"``, ``"zero tag: the message is
-    unauthenticated"``, ``"attachment is 61 bytes, expected 62"``, ``"key is 16 bytes,
-    expected 32"``, ``"peer public key is of low order (all-zero shared secret)"`` or
-    ``"this KeyPair was already used (key pairs are single-use)"``.
+    unauthenticated"``, ``"attachment is 61 bytes, expected 62"``, ``"secret is 16 bytes,
+    expected 32"``, ``"a client does not send msg_type 2"``, ``"seq_id 5 of msg_type 1 is not
+    above the last one sent under this key (its nonce would repeat)"``, ``"peer public key is of
+    low order (all-zero shared secret)"`` or ``"this KeyPair was already used (key pairs are
+    single-use)"``.
     """
 
 

@@ -166,7 +166,7 @@ async def test_another_robot_cannot_open_or_replace_a_robots_session(creds: Cred
         (seen,) = await impostor.discover()
         with pytest.raises(RequestTimeout):  # robot-7's session key: denied by the router
             await impostor.open_session(seen, features=ready.info.features, fps=30, timeout=1.0)
-        squat = SessionOpen("robot-7", [2], ready.info.features, 30.0, KeyPair().public_key)
+        squat = SessionOpen("robot-7", [SCHEMA_VERSION], ready.info.features, 30.0, KeyPair().public_key)
         (reply,) = await query(z8, ready.keys.client("robot-8").session, payload=encode(squat), timeout=2)
         assert reply.err is not None
         rejection = decode(reply.err.payload.to_bytes(), Rejection)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import zenoh
 
-from servo._core import ServerIdentity, SessionKey
+from servo._core import ServerIdentity
 from servo.client import PolicyClient
 from servo.router import Fleet, load_fleet, run_router
 from servo.server.manifest import parse_manifest
@@ -166,7 +166,7 @@ async def test_through_a_bypass_a_peer_still_cannot_drive_or_stall_a_robot(creds
                 forgers = [
                     NoticeForger(z, OBS, repeat=4),
                     ChunkForger(z, OBS, FORGED),
-                    ChunkForger(z, OBS, FORGED, key=SessionKey(bytes(range(32)))),
+                    ChunkForger(z, OBS, FORGED, secret=bytes(range(32))),
                     RogueReplica(
                         z,
                         ServerKeys(ready.keys.app, ready.keys.model, "a-rogue"),

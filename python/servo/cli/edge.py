@@ -176,7 +176,7 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     )
     if config.telemetry_period_s > 0:
         identity = await anyio.to_thread.run_sync(config.security.identity)
-        options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s)
+        options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s, readers=config.readers())
     runtime = EdgeRuntime(robot, engine, config, options)
     notifier = Notifier.from_environment()
     async with anyio.create_task_group() as tg:

@@ -231,16 +231,16 @@ class PolicyClient:
         return session
 
     async def fetch_trajectory(self, server: ServerInfo, name: str, *, timeout: float = 5.0) -> Trajectory:
-        """Fetch a whole named trajectory from a server's library in one signed request.
+        """Fetch a whole named trajectory from a server's library in one request signed by this robot.
 
         Only the replica's own answer to this request is believed (`servo.client.trajectory`).
 
         Raises:
-            ServerError: the server has no such trajectory (the message lists what it has).
+            ServerError: no such trajectory (the message lists what it has), or not admitted.
             RogueServer: only answers that failed verification came back (counted).
             RequestTimeout: no answer in time.
         """
-        return await fetch_trajectory(self.zsession, server, name, counters=self.counters, timeout=timeout)
+        return await fetch_trajectory(self.zsession, server, name, robot=self, counters=self.counters, timeout=timeout)
 
     @asynccontextmanager
     async def session(

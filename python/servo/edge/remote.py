@@ -74,6 +74,7 @@ class RemoteEngine(EngineBase):
         self._epoch = 0
         #: A session opened on a replica that appeared, to switch to between two requests.
         self._moved: RemoteSession | None = None
+        self._readers: tuple[bytes, ...] = ()
         self._rebalancing = False
         self._receive_scope: anyio.CancelScope | None = None
         #: Set when a replica's liveliness token appears: ends a reconnect backoff at once.
@@ -242,6 +243,7 @@ class RemoteEngine(EngineBase):
                 self.failsafe.fatal(reason)
             raise SessionEnded(reason)
         self.rules.identity = ack.policy
+        self._readers = tuple(ack.operators)
         self.tuning = ack.policy.tuning
         self.task = ack.task  # the effective task (the server's default when the edge names none)
         self.server, self.session = session.server, session
@@ -379,6 +381,7 @@ class RemoteEngine(EngineBase):
             codec=None if self.session is None else self.session.codec_status(),
             replica="" if self.session is None else self.session.server.keys.replica,
             model="" if self.session is None else self.session.server.keys.model,
+            readers=self._readers,
         )
 
 
