@@ -10,9 +10,10 @@ import anyio
 import numpy as np
 import pytest
 
+from servo.config import ConfigError
 from servo.server import lanes as lanes_module
 from servo.server.lanes import IntakeLanes, auto_lanes
-from servo.server.manifest import ManifestError, parse_manifest
+from servo.server.manifest import parse_manifest
 from tests.server.helpers import connected, open_on
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
@@ -123,7 +124,7 @@ def test_lanes_are_sized_to_the_cores_and_checked() -> None:
     assert 1 <= auto_lanes() <= lanes_module.MAX_AUTO_LANES
     with pytest.raises(ValueError, match="lanes must be at least 1"):
         IntakeLanes(Recorder(), 0)
-    with pytest.raises(ManifestError, match="intake_threads"):
+    with pytest.raises(ConfigError, match="intake_threads"):
         parse_manifest('[model]\nsource = "reference"\n[serving]\nintake_threads = 65\n')
 
 
