@@ -7,7 +7,7 @@ simulated SO-100 with two 480x640 cameras, CPU hogs, and the results' bookkeepin
   process or (the baseline) on a thread; `EngineBase.on_merge` reports every merge with its
   duration (the ActionQueue.merge call) and the chunk's observation stamp. Tick lateness comes
   from the control loop's own histogram (`servo.edge.channel`), the same for both.
-* `benches._cpu` keeps every core busy (`CpuHogs`) and says who used the cores (`CpuWatch`).
+* `testbed.load` keeps every core busy (`CpuHogs`), `benches._cpu` says who used the cores (`CpuWatch`).
 * The legacy inline loop (seeds/000 BUG-1) is in `benches._naive_loop`.
 """
 
@@ -28,13 +28,14 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from benches._cpu import CpuHogs, CpuWatch
+from benches._cpu import CpuWatch
 from servo.edge.channel import LATENESS_BINS, lateness_bin, lateness_percentiles_ms
 from servo.edge.config import load_edge_config
 from servo.edge.engine import MergeEvent
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.robots import RobotDescription
+from testbed.load import CpuHogs
 from testbed.processes import stop
 
 JPEG_QUALITY = 90

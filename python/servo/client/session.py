@@ -161,14 +161,19 @@ class RemoteSession:
         """
         bridge = self._bridge
         on_matching: Callback[zenoh.MatchingStatus] = direct(lambda m: bridge.call(self._on_matching, m.matching))
-        on_server_alive: Callback[zenoh.Sample] = direct(lambda s: bridge.call(self._on_server_liveliness, s))
-        self._entities.append(self._z.declare_subscriber(self.keys.action, direct(self._on_action)))
+        # Chunks and the server's token get a callback thread each, never Zenoh's receive task
+        # (`direct`): a callback there waits for the GIL, and a process starved while it holds
+        # the GIL longer than the server's lease made Zenoh close a live link (the server's
+        # token vanished: "server liveliness lost"; tests/client/test_busy_client.py).
+        self._entities.append(self._z.declare_subscriber(self.keys.action, self._on_action))
         publisher = declare_obs_publisher(self._z, self.keys.obs)
         self._uplink = Uplink(publisher, self.stats, self.codec)
         self._entities.append(publisher.declare_matching_listener(on_matching))
         self._entities.append(self._z.liveliness().declare_token(self.keys.alive))
         self._entities.append(
-            self._z.liveliness().declare_subscriber(self.server.keys.alive, on_server_alive, history=True)
+            self._z.liveliness().declare_subscriber(
+                self.server.keys.alive, lambda s: bridge.call(self._on_server_liveliness, s), history=True
+            )
         )
 
     async def wait_matched(self, timeout: float) -> bool:
@@ -415,7 +420,7 @@ class RemoteSession:
 
     # ------------------------------------------------------------------ callbacks
     def _on_action(self, sample: zenoh.Sample) -> None:
-        """Zenoh's thread (`direct`): size the message, copy it out of Zenoh, hand it to the loop.
+        """The subscriber's callback thread: size the message, copy it out of Zenoh, hand it to the loop.
 
         The sizes are checked before the copy (`SessionProtocol.oversized`, which is pure); the
         protocol's state is only ever touched on the loop.
