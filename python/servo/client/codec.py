@@ -62,6 +62,10 @@ FAR = 4.0
 RISE = 1.5
 #: ...and at most for this multiple of ``reprobe_every`` requests since the option was last measured.
 MAX_POSTPONE = 128
+#: An option in use measured once is left unconfirmed only when it costs FAR times the best and
+#: this much more (ms): a session's cold first request (a thread starting, the first shared-memory
+#: allocation) costs tens of ms more, a slow link's raw frames seconds.
+FAR_MS = 250.0
 
 JpegQuality = Annotated[int, msgspec.Meta(ge=0, le=100)] | Literal["auto"]
 
@@ -121,6 +125,8 @@ class _Option:
         self.interval = interval
         self.due = 0
         self.sampled_at = 0
+        #: Left while in use after one sample, for costing FAR times the best: that sample is enough.
+        self.left_far = False
 
     @property
     def cost(self) -> float | None:
@@ -165,7 +171,9 @@ class CodecChooser:
         """The quality of the next request: the current option, or one being (re-)probed."""
         self._request += 1
         chosen = self.current
-        if self.auto:
+        # The first request carries the option in use (raw, the largest) alone: it is measured
+        # while the robot waits for its first chunk anyway, not as a probe once it streams.
+        if self.auto and self._request > 1:
             # Options not in use start due: each is measured before the first decision.
             due = [
                 o
@@ -221,7 +229,7 @@ class CodecChooser:
         """Whether a due probe of `option` is put off (see the module docstring)."""
         current = self._options[self.current]
         cost, now, then = current.cost, current.mbps, option.mbps_then.get(self.current)
-        if cost is None or now is None or then is None or len(option.latest) < 2:
+        if cost is None or now is None or then is None or len(option.latest) < (1 if option.left_far else 2):
             return False
         if self._request - option.sampled_at >= self.settings.reprobe_every * MAX_POSTPONE:
             return False
@@ -235,9 +243,10 @@ class CodecChooser:
         return current is None or option.cost_ms[-1] <= current * (1 + self.settings.tolerance)
 
     def _decide(self) -> None:
-        current = self._options[self.current].cost
+        left = self._options[self.current]
+        current = left.cost
         since = self._request - self._last_switch
-        if current is None or since < self._dwell or not self._confirmed(self._options[self.current]):
+        if current is None or since < self._dwell:
             return
         costs = {
             q: c
@@ -245,6 +254,17 @@ class CodecChooser:
             if (q == self.current or self._confirmed(o)) and (c := o.cost) is not None
         }
         best = min(costs.values())
+        # An option in use is confirmed before it is left, unless even its cheapest sample costs
+        # FAR times the best confirmed one and `FAR_MS` more: noise does not do that (raw on a slow
+        # link, measured once at the start, is not sent two more times to prove it while the arm
+        # waits). It is then left once the options being confirmed are, so that the first switch
+        # goes to the cheapest.
+        others = [o for o in self._options.values() if o is not left and o.cost_ms]
+        settled = all(self._confirmed(o) or not self._promising(o) for o in others)
+        cheapest = min(left.latest, default=current)
+        far = settled and cheapest >= FAR * best and cheapest >= best + FAR_MS
+        if not (self._confirmed(left) or far):
+            return
         target = next(q for q, c in costs.items() if c <= best * (1 + self.settings.tolerance))
         if target == self.current:
             return
@@ -264,6 +284,11 @@ class CodecChooser:
             for option in self._options.values():
                 option.interval = self.settings.reprobe_every
                 option.due = self._request + option.interval
+            if far and not self._confirmed(left):  # hopeless already: due, and postponed (`_hopeless`)
+                left.left_far = True
+                left.due = self._request
+                # The evidence that would bring it back is measured from now on.
+                left.mbps_then = {q: m for q, o in self._options.items() if (m := o.mbps) is not None}
 
     def link_mbps(self) -> float | None:
         """Effective link throughput (Mbit/s): the most any option measured lately saw, if any."""
