@@ -49,11 +49,23 @@ CHUNK = 50
 class ServerProcess:
     """``servo-serve`` in a child process (reference policy, two 480x640 cameras, audit log).
 
-    ``options`` adds lines to ``[model.options]`` (e.g. other cameras), ``zenoh`` to ``[zenoh]``.
+    ``options`` adds lines to ``[model.options]`` (e.g. other cameras), ``zenoh`` to ``[zenoh]``,
+    ``extra`` more tables. It listens on ``protocol/host``; ``launch`` wraps its command line (e.g.
+    `testbed.netns.Link.remote`, to run it behind a link).
     """
 
     def __init__(
-        self, workdir: Path, port: int, *, compute_ms: float = COMPUTE_MS, options: str = "", zenoh: str = ""
+        self,
+        workdir: Path,
+        port: int,
+        *,
+        compute_ms: float = COMPUTE_MS,
+        options: str = "",
+        zenoh: str = "",
+        extra: str = "",
+        host: str = "127.0.0.1",
+        protocol: str = "tcp",
+        launch: Callable[..., list[str]] | None = None,
     ) -> None:
         self.port = port
         self.audit = workdir / "audit.jsonl"
@@ -73,18 +85,20 @@ compute_ms = {compute_ms}
 max_sessions = 4
 [zenoh]
 mode = "peer"
-listen = ["tcp/127.0.0.1:{port}"]
+listen = ["{protocol}/{host}:{port}"]
 {zenoh}
 [ops]
 health_port = 0
 audit_log = "{self.audit}"
+{extra}
 """
         )
         self.log = workdir / "server.log"
         self._out = self.log.open("w")
+        # info: at warning level the server's audit log stays empty (its lines are info).
+        command = [sys.executable, "-m", "servo.cli.serve", str(self.manifest), "--log-level", "info"]
         self.proc = subprocess.Popen(
-            # info: at warning level the server's audit log stays empty (its lines are info).
-            [sys.executable, "-m", "servo.cli.serve", str(self.manifest), "--log-level", "info"],
+            command if launch is None else launch(*command),
             stdout=self._out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
