@@ -1,6 +1,7 @@
 """``servo-serve`` on the network, securely without setting up certificates.
 
-A ``tls/…`` listen endpoint with no certificate in the manifest (``[zenoh.tls]
+A ``tls/…`` or ``quic/…`` listen endpoint (QUIC is TLS over UDP: the link for lossy radio links,
+README *Bad links*) with no certificate in the manifest (``[zenoh.tls]
 listen_certificate``) gets servo's own self-signed one (`servo.server.selfsigned`), kept in
 ``tls/`` of servo's user configuration directory and made once; ``servo-serve`` then prints the
 ``servo-edge`` commands that trust it (the robot's copy of the certificate as
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 #: Listen hosts that mean every interface: an edge dials one of this host's addresses instead.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+#: Protocols whose listen needs a certificate (Zenoh reads both from ``transport/link/tls``).
+ENCRYPTED_PROTOCOLS = ("tls", "quic")
 #: What the simulated arm runs with when given no options (``servo-edge --robot sim``).
 _SIM = SimOptions()
 
@@ -48,7 +51,7 @@ def secure_listen(manifest: Manifest) -> tuple[Manifest, ServerCertificate | Non
         CertificateFileError: the key on disk is unusable (named).
     """
     z = manifest.zenoh
-    hosts = [host for protocol, host, _ in map(split_endpoint, z.listen) if protocol == "tls"]
+    hosts = [host for protocol, host, _ in map(split_endpoint, z.listen) if protocol in ENCRYPTED_PROTOCOLS]
     if not hosts or (z.tls is not None and z.tls.listen_certificate):
         return manifest, None
     from servo.server.selfsigned import ensure_certificate  # cryptography: the server extra
@@ -69,13 +72,13 @@ def edge_command(
 ) -> str | None:
     """The ``servo-edge`` command that reaches a server listening on ``endpoint`` (None if unknown).
 
-    A TLS endpoint is described only with servo's self-signed certificate (the edge trusts its
-    copy, named like the original); a wildcard host becomes this host's primary address.
+    A TLS or QUIC endpoint is described only with servo's self-signed certificate (the edge
+    trusts its copy, named like the original); a wildcard host becomes this host's primary address.
     """
     protocol, host, port = split_endpoint(endpoint)
-    if protocol not in ("tcp", "tls") or not port.isdigit() or int(port) == 0:
+    if protocol not in ("tcp", *ENCRYPTED_PROTOCOLS) or not port.isdigit() or int(port) == 0:
         return None
-    if protocol == "tls" and certificate is None:
+    if protocol in ENCRYPTED_PROTOCOLS and certificate is None:
         return None
     if host in WILDCARD_HOSTS:
         from servo.server.selfsigned import primary_address
