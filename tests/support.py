@@ -92,6 +92,28 @@ async def eventually(
         raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
 
 
+async def keep_sending(
+    send: Callable[[], None], done: Callable[[], bool], timeout: float = 30.0, what: str = "it", every: float = 0.05
+) -> int:
+    """Call ``send()`` every ``every`` s until ``done()`` holds (or fail after ``timeout`` s); how many sends.
+
+    A peer's ``Session.put`` has Zenoh's default ``DROP`` congestion control: a message that
+    waits longer than ``wait_before_drop`` for room in its transmit queue is discarded, and at
+    load a large one often is. A test never counts on one put arriving: its peer keeps sending,
+    as an attacker would, until what it sent shows (a counter moves).
+    """
+    sent = 0
+    try:
+        with anyio.fail_after(timeout):
+            while not done():
+                send()
+                sent += 1
+                await anyio.sleep(every)  # the sender's pace; `done` is the condition waited on
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout} s sending until {what} ({sent} sent)") from None
+    return sent
+
+
 def new_threads(before: Collection[threading.Thread]) -> list[str]:
     """Names of the threads alive now that were not in ``before`` (`threading.enumerate` then), sorted.
 

@@ -15,6 +15,7 @@ import resource
 import numpy as np
 import pytest
 import simplejpeg
+import zenoh
 
 from servo._core import MSG_ERROR
 from servo.client import PolicyClient, SessionRejected
@@ -78,7 +79,12 @@ async def test_jpeg_bombs_are_refused_by_their_header_and_the_robot_keeps_stream
         async with streaming(session) as served, action_tap(mallory.zsession, bad.keys.action) as tap:
             await still_streaming(served)
             for seq, (name, payload) in enumerate(cases.items(), start=100):
-                mallory.zsession.put(bad.keys.obs, payload, attachment=sealed(bad, seq, payload))
+                mallory.zsession.put(
+                    bad.keys.obs,
+                    payload,
+                    attachment=sealed(bad, seq, payload),
+                    congestion_control=zenoh.CongestionControl.BLOCK,
+                )
                 header, reply = await tap.next(lambda h, seq=seq: h is not None and h.seq_id == seq)
                 assert header is not None
                 assert header.msg_type == MSG_ERROR, name

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import pytest
+import zenoh
 
 from servo._core import MSG_CONTROL, MSG_CONTROL_ACK, SCHEMA_VERSION, Header, SessionKey
 from servo.client import RemoteSession, ServerError
@@ -48,7 +49,10 @@ async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int
             # a straggler of episode 0 arriving after the reset is dropped, never served
             straggler = body()
             attachment = sealed(session, first.seq_id + 1, straggler, episode_id=0)
-            client.zsession.put(session.keys.obs, straggler, attachment=attachment)
+            # BLOCK, as servo's own observation publisher: the straggler must arrive (exactly once).
+            client.zsession.put(
+                session.keys.obs, straggler, attachment=attachment, congestion_control=zenoh.CongestionControl.BLOCK
+            )
             await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="stale") == 1)
             # The straggler took seq 2: the client's own seq 2 is now a replay, refused as such.
             assert await session.send(*observation(0)) == first.seq_id + 1

@@ -169,14 +169,24 @@ async def test_malformed_observations_are_answered_and_do_not_disturb_others(por
             await still_served(served)
             for seq, (name, make) in enumerate(ANSWERED.items(), start=100):
                 payload = make()
-                victim.zsession.put(session.keys.obs, payload, attachment=sealed(session, seq, payload))
+                victim.zsession.put(
+                    session.keys.obs,
+                    payload,
+                    attachment=sealed(session, seq, payload),
+                    congestion_control=zenoh.CongestionControl.BLOCK,
+                )
                 event = await expect_error(tap, seq)
                 assert event.code == "bad_observation", (name, event)
                 assert event.message, name
                 await still_served(served)
             # after all that, the victim's own session still works
             payload = body(np.full(6, 7, np.float32))
-            victim.zsession.put(session.keys.obs, payload, attachment=sealed(session, seq + 1, payload))
+            victim.zsession.put(
+                session.keys.obs,
+                payload,
+                attachment=sealed(session, seq + 1, payload),
+                congestion_control=zenoh.CongestionControl.BLOCK,
+            )
             header, chunk = await tap.next(lambda h: h is not None and h.seq_id == seq + 1)
             assert header is not None
             assert header.msg_type == MSG_CHUNK
@@ -203,7 +213,12 @@ async def test_unauthenticated_observations_are_dropped_unanswered(port: int) ->
             expected: Counter[str] = Counter()
             for seq, case in enumerate(DROPPED.values(), start=100):
                 payload = case.payload()
-                victim.zsession.put(session.keys.obs, payload, attachment=case.attachment(session, seq, payload))
+                victim.zsession.put(
+                    session.keys.obs,
+                    payload,
+                    attachment=case.attachment(session, seq, payload),
+                    congestion_control=zenoh.CongestionControl.BLOCK,
+                )
                 expected[case.reason] += 1
                 count = expected[case.reason]
                 await eventually(
@@ -272,7 +287,7 @@ async def test_hostile_keys_crash_nothing(port: int) -> None:
         delivered_possible = 0
         for key in hostile:
             try:
-                z.put(key, body(), attachment=header)
+                z.put(key, body(), attachment=header, congestion_control=zenoh.CongestionControl.BLOCK)
                 delivered_possible += 1
             except zenoh.ZError:
                 pass  # zenoh itself refused the key: fine
@@ -301,7 +316,9 @@ async def test_observations_without_a_session_are_dropped(port: int) -> None:
         key = ready.keys.client("ghost").obs
         async with action_tap(client.zsession, ready.keys.client("ghost").action) as tap:
             payload = body()
-            client.zsession.put(key, payload, attachment=sealed(session, 1, payload))
+            client.zsession.put(
+                key, payload, attachment=sealed(session, 1, payload), congestion_control=zenoh.CongestionControl.BLOCK
+            )
             await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="session") >= 1)
             # the keyless hint, so a client whose server restarted re-opens at once
             header, notice = await tap.next(lambda h: h is not None and h.msg_type == MSG_ERROR)
