@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -51,7 +51,7 @@ class ServerProcess:
 
     ``options`` adds lines to ``[model.options]`` (e.g. other cameras), ``zenoh`` to ``[zenoh]``,
     ``extra`` more tables. It listens on ``protocol/host``; ``launch`` wraps its command line (e.g.
-    `testbed.netns.Link.remote`, to run it behind a link).
+    `testbed.netns.Link.remote`, to run it behind a link); ``env`` adds to its environment.
     """
 
     def __init__(
@@ -66,6 +66,7 @@ class ServerProcess:
         host: str = "127.0.0.1",
         protocol: str = "tcp",
         launch: Callable[..., list[str]] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.port = port
         self.audit = workdir / "audit.jsonl"
@@ -101,7 +102,7 @@ audit_log = "{self.audit}"
             command if launch is None else launch(*command),
             stdout=self._out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
     def __enter__(self) -> Self:

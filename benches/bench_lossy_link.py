@@ -24,11 +24,7 @@ a loss percentage, ``+j`` for the jitter, ``j`` for the jitter alone.)
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +33,9 @@ from typing import Any
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from benches._edge_cli import enrolment, run_edge
 from benches._edge_rig import ServerProcess
 from benches._support import markdown, results_table
-from servo.recording import Recording, read_recording
 from servo.server.selfsigned import ensure_certificate
 from testbed import netns
 from testbed.processes import free_port
@@ -75,33 +71,6 @@ class Condition:
         return cls(int(loss), jitter == "j")
 
 
-def fresh_actions(recording: Recording) -> dict[str, Any]:
-    """Ticks on policy actions after the first one, and the longest time without one (s)."""
-    frames = recording.frames
-    first = next((i for i, f in enumerate(frames) if f.source == "policy"), None)
-    if first is None:
-        return {"ticks": 0, "fresh_share": 0.0, "longest_gap_s": float("inf")}
-    window = frames[first:]
-    tick_ns = 1e9 / recording.header.fps
-    longest, previous = 0, window[0].mono_ns
-    for frame in window:
-        if frame.source == "policy":
-            longest = max(longest, frame.mono_ns - previous)
-            previous = frame.mono_ns
-    longest = max(longest, window[-1].mono_ns - previous + round(tick_ns))
-    fresh = sum(f.source == "policy" for f in window)
-    return {
-        "ticks": len(window),
-        "fresh_share": fresh / len(window),
-        "longest_gap_s": max(0.0, (longest - tick_ns) / 1e9),
-    }
-
-
-def reconnect_reasons(recording: Recording) -> Counter[str]:
-    """Why the edge reconnected: the reasons of its transitions to RECONNECTING."""
-    return Counter(reason for f in recording.frames for _, state, reason in f.transitions if state == "reconnecting")
-
-
 @pytest.fixture(scope="module")
 def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
     yield from results_table(request, render, "link_loss.md")
@@ -125,36 +94,16 @@ def run_condition(workdir: Path, condition: Condition, variant: str, seconds: fl
             port,
             compute_ms=0.0,
             zenoh=zenoh,
-            extra="[security]\ninsecure = true",
+            extra=f"[security]\ninsecure = true\n{enrolment()}",
             host=link.server_ip,
             protocol=protocol,
             launch=link.remote,
         )
         with server:
-            summary_path, record_path = workdir / "summary.json", workdir / "edge.rec"
-            command = [sys.executable, "-m", "servo.cli.edge", "--robot", "sim", "--no-status", *edge_options]
-            command += ["--connect", f"{protocol}/{link.server_ip}:{port}", "--duration", str(seconds)]
-            command += ["--summary", str(summary_path), "--record", str(record_path), "--log-level", "warning"]
-            command += os.environ.get("LOSSY_LINK_EDGE_FLAGS", "").split()
-            edge = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120, check=False)
+            options = [*edge_options, *os.environ.get("LOSSY_LINK_EDGE_FLAGS", "").split()]
+            edge = run_edge(workdir, f"{protocol}/{link.server_ip}:{port}", seconds, options=options)
             load = os.getloadavg()[0]
-        if not summary_path.exists():
-            raise AssertionError(f"servo-edge wrote no summary (exit {edge.returncode}):\n{edge.stderr[-3000:]}")
-        summary = json.loads(summary_path.read_text())
-        recording = read_recording(record_path)
-    return {
-        "link": link.describe(),
-        "transport": variant,
-        **fresh_actions(recording),
-        "reconnects": summary["reconnects"],
-        "reasons": dict(reconnect_reasons(recording)),
-        "requests": summary["requests"],
-        "resent": summary["resent"],
-        "timeouts": summary["timeouts"],
-        "rtt_ms_p50": summary["rtt_ms"].get("p50"),
-        "final_state": summary["final_state"],
-        "load": round(load, 1),
-    }
+    return {"link": link.describe(), "transport": variant, **edge.row(), "load": round(load, 1)}
 
 
 def render(rows: list[dict[str, Any]]) -> str:

@@ -1,0 +1,108 @@
+"""Liveliness that tells a busy server from a dead one (issue 30): false losses of a streaming robot at load.
+
+``servo-serve`` (reference policy, two 480x640 cameras, 20 ms forwards) and ``servo-edge``
+driving the simulated arm (default options), Zenoh over TCP on 127.0.0.1, for
+``LIVELINESS_BENCH_SECONDS`` (600) beside ``LIVELINESS_BENCH_HOGS`` (20) busy loops of the bench's
+own (`testbed.load`; plus whatever else the machine runs: the load average is in the table). The
+server never stops, so every reconnect the edge's recording gives as ``server liveliness lost`` is
+a false one. With ``LIVELINESS_BENCH_BASELINE=PATH`` a second server and edge run side by side
+with PATH first on ``PYTHONPATH`` (e.g. another checkout's ``python/``), under the same load.
+
+How fast a real death is noticed (kill -9, SIGSTOP): benches/bench_failover.py. Smoke
+(``--benchmark-disable``): 10 s, no hogs. Measure::
+
+    LIVELINESS_BENCH_BASELINE=/path/to/main/python \\
+        pytest -q -s benches/bench_liveliness.py --benchmark-enable --benchmark-only
+
+(writes ``benches/results/liveliness.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
+
+from benches._edge_cli import EdgeRun, run_edge
+from benches._edge_rig import ServerProcess
+from benches._support import markdown, publish
+from testbed.load import CpuHogs
+from testbed.processes import free_port
+
+SECONDS = float(os.environ.get("LIVELINESS_BENCH_SECONDS", "600"))
+HOGS = int(os.environ.get("LIVELINESS_BENCH_HOGS", "20"))
+BASELINE = os.environ.get("LIVELINESS_BENCH_BASELINE", "")
+SMOKE_SECONDS = 10.0
+#: How often the load average is sampled while the edges run (s).
+LOAD_EVERY_S = 10.0
+LIVELINESS_LOST = "server liveliness lost"
+
+
+def _one(workdir: Path, seconds: float, pythonpath: str | None) -> EdgeRun:
+    """A server and an edge on it for ``seconds`` (``pythonpath`` first on both one's path)."""
+    env = None if pythonpath is None else {"PYTHONPATH": os.pathsep.join([pythonpath, os.environ["PYTHONPATH"]])}
+    port = free_port()
+    with ServerProcess(workdir, port, env=env):
+        return run_edge(workdir, f"tcp/127.0.0.1:{port}", seconds, env=env)
+
+
+def render(rows: list[dict[str, Any]], seconds: float, hogs: int, load: list[float]) -> str:
+    title = (
+        f"A streaming robot (servo-edge, sim arm, 2 x 480x640 cameras, default options) on servo-serve (reference "
+        f"policy, 20 ms forwards), Zenoh TCP on 127.0.0.1, {seconds:g} s beside {hogs} busy loops of the bench's "
+        f"own on {os.cpu_count()} cores; 1-min load average {min(load):.1f}-{max(load):.1f} "
+        f"(mean {sum(load) / len(load):.1f}). The server never stops: every liveliness loss is false."
+    )
+    header = ["code", "false liveliness losses", "reconnects (why)", "requests", "timeouts", "fresh ticks"]
+    header.append("longest gap s")
+    cells = []
+    for r in rows:
+        why = ", ".join(f"{reason}: {n}" for reason, n in r["reasons"].items())
+        cells.append(
+            [
+                r["code"],
+                r["reasons"].get(LIVELINESS_LOST, 0),
+                f"{r['reconnects']} ({why})" if why else r["reconnects"],
+                r["requests"],
+                r["timeouts"],
+                f"{100 * r['fresh_share']:.1f} %",
+                f"{r['longest_gap_s']:.2f}",
+            ]
+        )
+    return markdown(title, header, cells)
+
+
+@pytest.mark.timeout(3600)
+def test_no_false_liveliness_losses_at_load(benchmark: BenchmarkFixture, tmp_path: Path, request: Any) -> None:
+    smoke = benchmark.disabled
+    seconds, hogs = (SMOKE_SECONDS, 0) if smoke else (SECONDS, HOGS)
+    codes: dict[str, str | None] = {"this tree": None}
+    if BASELINE and not smoke:
+        codes[f"baseline ({BASELINE})"] = BASELINE
+    load: list[float] = []
+    done = threading.Event()
+
+    def run() -> dict[str, EdgeRun]:
+        with CpuHogs(hogs), ThreadPoolExecutor(len(codes)) as pool:
+            futures = {
+                code: pool.submit(_one, tmp_path / f"run{i}", seconds, path)
+                for i, (code, path) in enumerate(codes.items())
+            }
+            while not done.wait(LOAD_EVERY_S if not smoke else 1.0):
+                load.append(os.getloadavg()[0])
+                if all(f.done() for f in futures.values()):
+                    done.set()
+            return {code: f.result() for code, f in futures.items()}
+
+    benchmark.group = "liveliness"
+    runs = benchmark.pedantic(run, rounds=1, iterations=1)
+    rows = [{"code": code, **edge.row()} for code, edge in runs.items()]
+    benchmark.extra_info.update(rows=rows, load=load, hogs=hogs)
+    publish(request, render(rows, seconds, hogs, load or [os.getloadavg()[0]]), "liveliness.md", smoke=smoke)
+    for row in rows:
+        assert row["ticks"] > 0, row
