@@ -14,7 +14,7 @@ condition and records every tick. From the recording, after the first policy act
 
 Targets (issue 30): at 20 % loss no reconnect storm, longest gap <= 2 s, >= 70 % fresh; at 5 %
 the longest gap <= 1 s. Needs root (namespace, nft, iptables); skipped otherwise. Smoke
-(``--benchmark-disable``): 20 % loss for 10 s, no claims. Measure::
+(``--benchmark-disable``): 5 % loss over QUIC for 10 s, no claims. Measure::
 
     sudo .venv/bin/python -m pytest -q -s benches/bench_lossy_link.py --benchmark-enable --benchmark-only
 
@@ -52,7 +52,7 @@ SMOKE_SECONDS = 10.0
 CONDITIONS = os.environ.get("LOSSY_LINK_CONDITIONS", "0,5,10,20,j,20+j").split(",")
 #: How the edge reaches the server: a protocol, and a lease (ms) for both ends after a colon.
 VARIANTS = os.environ.get("LOSSY_LINK_VARIANTS", "tcp,quic").split(",")
-SMOKE_CASES = [("20", "quic")]
+SMOKE_CASES = [("5", "quic")]
 
 
 @dataclass(frozen=True)
@@ -150,4 +150,5 @@ def test_lossy_link(
     row = benchmark.pedantic(lambda: run_condition(tmp_path, condition, variant, seconds), rounds=1, iterations=1)
     benchmark.extra_info.update(row)
     table.append({**row, "smoke": smoke})
-    assert row["ticks"] > 0, row
+    if smoke:  # a measurement may well find a link unusable; the smoke run checks the harness
+        assert row["ticks"] > 0, row

@@ -129,6 +129,8 @@ def shaped_link(
     finally:
         if delayer is not None:
             stop(delayer, grace_s=5)
+            assert delayer.stdout is not None
+            delayer.stdout.close()
         if host_table:
             subprocess.run(["nft", "delete", "table", "netdev", host_table], capture_output=True)
         subprocess.run(["ip", "link", "del", host], capture_output=True)
@@ -143,5 +145,6 @@ def _start_delayer(in_ns: tuple[str, ...], delay_ms: tuple[float, float]) -> sub
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "READY":
         stop(proc, grace_s=5)
+        proc.stdout.close()
         raise RuntimeError(f"the delay line did not start (exit {proc.returncode})")
     return proc
