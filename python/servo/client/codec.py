@@ -12,6 +12,11 @@ few samples per option, and picks:
 * hysteresis: the option in use is left for a cheaper one only when it costs ``hysteresis`` more
   (plus ``hysteresis_ms``), and never twice within ``min_dwell`` requests; a switch soon after
   the previous one doubles that dwell (up to 16x), so options of nearly equal cost cannot flap;
+* start-up: the first request carries the option in use, raw, alone (the arm waits for its first
+  chunk anyway), then the others are measured; an option in use is confirmed (``CONFIRM``
+  samples) before it is left, unless its one sample already costs ``FAR`` times the best and
+  ``FAR_MS`` more (raw on a slow or lossy link, where each raw request starves the arm for
+  seconds): it is then left at once and postponed like a hopeless probe (below);
 * re-probing: every option not in use is tried for one request after ``reprobe_every`` requests,
   the interval doubling (or growing by the factor it lost by, up to 16x) each time it loses
   again, so a link that speeds up or slows down is noticed without paying for the losing option
