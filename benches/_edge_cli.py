@@ -65,7 +65,7 @@ def run_edge(
     options: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> EdgeRun:
-    """``servo-edge --robot sim --connect CONNECT`` for ``seconds``, recording every tick.
+    """``servo-edge --robot sim --connect CONNECT`` for ``seconds``, recording every tick (its output: ``edge.log``).
 
     Raises:
         AssertionError: it wrote no summary (its stderr's tail in the message).
@@ -76,11 +76,18 @@ def run_edge(
     command += ["--no-status", "--connect", connect]
     command += ["--duration", str(seconds), "--summary", str(summary), "--record", str(record)]
     command += ["--log-level", "warning", *options]
-    edge = subprocess.run(
-        command, capture_output=True, text=True, timeout=seconds + 120, check=False, env={**os.environ, **(env or {})}
-    )
+    log = workdir / "edge.log"
+    with log.open("w") as out:
+        edge = subprocess.run(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=seconds + 120,
+            check=False,
+            env={**os.environ, **(env or {})},
+        )
     if not summary.exists():
-        raise AssertionError(f"servo-edge wrote no summary (exit {edge.returncode}):\n{edge.stderr[-3000:]}")
+        raise AssertionError(f"servo-edge wrote no summary (exit {edge.returncode}):\n{log.read_text()[-3000:]}")
     return EdgeRun(json.loads(summary.read_text()), read_recording(record))
 
 
