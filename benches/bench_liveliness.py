@@ -46,6 +46,7 @@ LIVELINESS_LOST = "server liveliness lost"
 def _one(workdir: Path, seconds: float, pythonpath: str | None) -> EdgeRun:
     """A server and an edge on it for ``seconds`` (``pythonpath`` first on both one's path)."""
     env = None if pythonpath is None else {"PYTHONPATH": os.pathsep.join([pythonpath, os.environ["PYTHONPATH"]])}
+    workdir.mkdir(parents=True)
     port = free_port()
     with ServerProcess(workdir, port, env=env):
         return run_edge(workdir, f"tcp/127.0.0.1:{port}", seconds, env=env)

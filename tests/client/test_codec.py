@@ -145,7 +145,8 @@ def test_a_probe_of_a_hopeless_option_is_postponed() -> None:
     # 100 Mbit/s: raw costs 148 ms, JPEG 80 10 ms; JPEG 95 (21 ms) and 90 (14 ms) are close.
     chooser = CodecChooser("auto", AutoCodec(reprobe_every=4))
     link = FakeLink(mbit_s=100)
-    assert link.raw_at(chooser, 100) == [0, 10, 11]  # its start-up samples, then none
+    # Its start-up samples (the cold first request, then three to confirm it), then none.
+    assert link.raw_at(chooser, 100) == [0, 10, 11, 12]
     probes = chooser.probes
     assert link.raw_at(chooser, 350) == []  # without the postponement: one per 64 requests
     assert chooser.probes > probes  # JPEG 95 and 90 are still compared
@@ -161,7 +162,7 @@ def test_a_postponed_probe_still_happens_by_the_hard_bound() -> None:
     link = FakeLink(mbit_s=100)
     at = link.raw_at(chooser, 1600)
     # The start-up samples, then one probe every 4 x MAX_POSTPONE = 512 requests.
-    assert at == [0, 10, 11, 11 + 512, 11 + 2 * 512, 11 + 3 * 512], at
+    assert at == [0, 10, 11, 12, 12 + 512, 12 + 2 * 512, 12 + 3 * 512], at
 
 
 def test_on_a_slow_link_raw_is_sent_once_before_the_robot_moves() -> None:
@@ -289,4 +290,24 @@ async def test_auto_picks_raw_on_loopback_shared_memory(port: int) -> None:
         assert set(status.cost_ms) == {"raw", "jpeg95", "jpeg90", "jpeg80"}  # every option was measured
         per_camera = session.codec_status().camera_encode_ms
         assert set(per_camera) == {f"{camera}/jpeg{q}" for camera in frames for q in (95, 90, 80)}
+        await session.close()
+
+
+@pytest.mark.anyio
+async def test_a_new_session_starts_from_what_the_client_measured(port: int) -> None:
+    # The robot's link was measured by its earlier sessions (here: a 10 Mbit/s link, raw hopeless);
+    # a new session (a failover) goes on with JPEG, not with a raw request of seconds.
+    policy = FixedComputePolicy(cameras={"front": (480, 640), "wrist": (480, 640)})
+    async with (
+        running_server(server_manifest(port), policy=policy) as (_, ready),
+        connected(port, "robot", jpeg_quality="auto") as client,
+    ):
+        FakeLink(mbit_s=10).run(client.codec, 50)
+        assert client.codec.current == 80
+        raw_before = client.codec.status().requests["raw"]
+        session = await open_on(client, ready)
+        for _ in range(3):
+            await session.infer(np.zeros(6, np.float32), camera_frames(480, 640), timeout=5)
+        assert session.codec is client.codec
+        assert client.codec.status().requests["raw"] == raw_before == 1  # its start-up sample only
         await session.close()

@@ -171,6 +171,7 @@ class CodecChooser:
         self._dwell = settings.min_dwell
         self.switches = 0
         self.probes = 0
+        self._cold = True
 
     def next(self) -> int:
         """The quality of the next request: the current option, or one being (re-)probed."""
@@ -208,13 +209,17 @@ class CodecChooser:
         option = self._options.get(quality)
         if option is None:
             return
-        option.cost_ms.append(encode_ms + net_ms)
-        option.net_ms.append(net_ms)
-        option.nbytes.append(nbytes)
+        cold, self._cold = self._cold, False
+        if not cold:
+            # The first request of all is a cold start (threads starting, first allocations, tens
+            # of ms): kept as evidence of a hopeless option only (`_decide`), not in the costs.
+            option.cost_ms.append(encode_ms + net_ms)
+            option.net_ms.append(net_ms)
+            option.nbytes.append(nbytes)
         option.latest.append(encode_ms + net_ms)
         option.mbps_then = {q: m for q, o in self._options.items() if (m := o.mbps) is not None}
         option.sampled_at = self._request
-        if not self.auto:
+        if not self.auto or cold:
             return
         if quality != self.current and not self._confirmed(option) and self._promising(option):
             option.due = self._request + 1  # one sample could be noise: confirm before it counts
@@ -249,15 +254,17 @@ class CodecChooser:
 
     def _decide(self) -> None:
         left = self._options[self.current]
-        current = left.cost
+        # Known from its cold first request alone, the option in use is judged by that sample.
+        current = left.cost if left.cost is not None else min(left.latest, default=None)
         since = self._request - self._last_switch
         if current is None or since < self._dwell:
             return
-        costs = {
-            q: c
-            for q, o in self._options.items()
-            if (q == self.current or self._confirmed(o)) and (c := o.cost) is not None
-        }
+        costs: dict[int, float] = {}  # best fidelity first
+        for q, o in self._options.items():
+            if q == self.current:
+                costs[q] = current
+            elif self._confirmed(o) and (cost := o.cost) is not None:
+                costs[q] = cost
         best = min(costs.values())
         # An option in use is confirmed before it is left, unless even its cheapest sample costs
         # FAR times the best confirmed one and `FAR_MS` more: noise does not do that (raw on a slow

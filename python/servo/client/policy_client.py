@@ -18,7 +18,7 @@ from typing import Any, Literal, TypedDict, Unpack
 import anyio
 import zenoh
 
-from servo.client.codec import AutoCodec
+from servo.client.codec import AutoCodec, CodecChooser
 from servo.client.discovery import ServerInfo, discover, first_choice, settle_look
 from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, SessionRejected
 from servo.client.handshake import handshake
@@ -105,6 +105,10 @@ class PolicyClient:
         self.identity = identity if identity is not None else robot_identity()
         self.known_servers = known if known is not None else KnownServers()
         self.counters = ClientCounters()
+        #: Raw or JPEG per request, for every session of this client: the link measured is the
+        #: robot's, whichever replica answers, so a new session (a failover) starts from what was
+        #: measured, not from raw frames again (on a slow link, seconds per raw request).
+        self.codec = CodecChooser(jpeg_quality, auto_codec)
         #: The replicas of the last discovery (what `connect_best` fails over to first).
         self._known: list[ServerInfo] = []
 
@@ -192,9 +196,7 @@ class PolicyClient:
             server_identity=server.status.identity,
         )
         keys = server.keys.client(self.client_id)
-        session = RemoteSession(
-            self.zsession, server, keys, protocol, jpeg_quality=self.jpeg_quality, auto_codec=self.auto_codec
-        )
+        session = RemoteSession(self.zsession, server, keys, protocol, codec=self.codec)
         session.declare()
         try:
             request = SessionOpen(

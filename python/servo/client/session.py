@@ -17,7 +17,6 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Literal
 
 import anyio
 import numpy as np
@@ -26,7 +25,7 @@ import zenoh
 from zenoh.handlers import Callback
 
 from servo._core import FLAG_EPISODE_START, SessionKey
-from servo.client.codec import AutoCodec, CodecChooser, CodecStatus, codec_name
+from servo.client.codec import CodecChooser, CodecStatus, codec_name
 from servo.client.discovery import ServerInfo
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
 from servo.client.protocol import Answered, Lost, SessionProtocol
@@ -84,14 +83,14 @@ class RemoteSession:
         keys: ClientKeys,
         protocol: SessionProtocol,
         *,
-        jpeg_quality: int | Literal["auto"],
-        auto_codec: AutoCodec | None = None,
+        codec: CodecChooser,
     ) -> None:
         self.server = server
         self.keys = keys
         self.protocol = protocol
-        #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs.
-        self.codec = CodecChooser(jpeg_quality, auto_codec)
+        #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs
+        #: (the client's, shared by its sessions).
+        self.codec = codec
         self.lost = anyio.Event()
         self.lost_reason = ""
         self._z = zsession
