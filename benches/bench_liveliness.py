@@ -19,6 +19,7 @@ How fast a real death is noticed (kill -9, SIGSTOP): benches/bench_failover.py. 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -43,13 +44,9 @@ LOAD_EVERY_S = 10.0
 LIVELINESS_LOST = "server liveliness lost"
 
 
-def _one(workdir: Path, seconds: float, pythonpath: str | None) -> EdgeRun:
-    """A server and an edge on it for ``seconds`` (``pythonpath`` first on both one's path)."""
-    env = None if pythonpath is None else {"PYTHONPATH": os.pathsep.join([pythonpath, os.environ["PYTHONPATH"]])}
-    workdir.mkdir(parents=True)
-    port = free_port()
-    with ServerProcess(workdir, port, env=env):
-        return run_edge(workdir, f"tcp/127.0.0.1:{port}", seconds, env=env)
+def _env(pythonpath: str | None) -> dict[str, str] | None:
+    """The environment of one side's processes: ``pythonpath`` first on their path, if given."""
+    return None if pythonpath is None else {"PYTHONPATH": os.pathsep.join([pythonpath, os.environ["PYTHONPATH"]])}
 
 
 def render(rows: list[dict[str, Any]], seconds: float, hogs: int, load: list[float]) -> str:
@@ -89,10 +86,20 @@ def test_no_false_liveliness_losses_at_load(benchmark: BenchmarkFixture, tmp_pat
     done = threading.Event()
 
     def run() -> dict[str, EdgeRun]:
-        with CpuHogs(hogs), ThreadPoolExecutor(len(codes)) as pool:
+        with contextlib.ExitStack() as stack:
+            # The servers start (load torch, warm up) before the load does: at load 20 that alone
+            # outlasts the harness's patience, and the run is about a robot streaming.
+            ports = {}
+            for i, (code, path) in enumerate(codes.items()):
+                workdir = tmp_path / f"run{i}"
+                workdir.mkdir()
+                ports[code] = (workdir, free_port())
+                stack.enter_context(ServerProcess(workdir, ports[code][1], env=_env(path)))
+            stack.enter_context(CpuHogs(hogs))
+            pool = stack.enter_context(ThreadPoolExecutor(len(codes)))
             futures = {
-                code: pool.submit(_one, tmp_path / f"run{i}", seconds, path)
-                for i, (code, path) in enumerate(codes.items())
+                code: pool.submit(run_edge, ports[code][0], f"tcp/127.0.0.1:{ports[code][1]}", seconds, env=_env(path))
+                for code, path in codes.items()
             }
             while not done.wait(LOAD_EVERY_S if not smoke else 1.0):
                 load.append(os.getloadavg()[0])
