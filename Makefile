@@ -2,7 +2,10 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.servo-installed
+# Two installs, each remembered by a stamp: the server extra (what `make demo` needs) and the dev
+# extra on top (what `make test` needs). Either order works; neither reinstalls what the other did.
+SERVER_STAMP := $(VENV)/.servo-server
+DEV_STAMP := $(VENV)/.servo-dev
 RUST_SOURCES := $(shell find rust -name '*.rs') Cargo.toml
 # openpi's own client drives the openpi front door in the tests, unchanged. Its metadata caps numpy
 # below 2 (and pulls dm-tree and pillow for modules the tests do not use): as a dev extra it would
@@ -17,32 +20,54 @@ LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_PY := $(LEROBOT_VENV)/bin/python
 LEROBOT_STAMP := $(LEROBOT_VENV)/.servo-installed
 
-.PHONY: setup demo test test-slow test-hog test-observability observability-tools test-lerobot fuzz lint wheels bench gpu-check study clean
+.PHONY: setup demo test test-slow test-hog test-deploy test-observability observability-tools test-lerobot fuzz lint wheels bench gpu-check study clean image image-tools test-image
 # gpu-check runs where servo is already installed (no network there): this repo's .venv if it
 # exists, else the python3 on PATH.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 
-$(STAMP): pyproject.toml $(RUST_SOURCES)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+comma := ,
+# `$(call stage,what,command)`: one line before a setup step, its seconds after it.
+stage = @echo "==> $(1)"; start=$$(date +%s); $(2) || exit 1; echo "    done in $$(( $$(date +%s) - start )) s"
+
+$(SERVER_STAMP): pyproject.toml $(RUST_SOURCES)
+	$(call stage,virtual environment $(VENV),test -x $(PY) || $(PYTHON) -m venv $(VENV))
+	$(call stage,pip up to date,$(PY) -m pip install --quiet --upgrade pip)
 	@# venvs made before the rename to servo-robotics hold a `servo` dist owning the same scripts
-	$(PY) -m pip uninstall --quiet --yes servo 2>/dev/null || true
-	$(PY) -m pip install --quiet -e '.[server,dev]'
-	$(PY) -m pip install --quiet --no-deps $(OPENPI_CLIENT)
-	touch $(STAMP)
+	@$(PY) -m pip uninstall --quiet --yes servo 2>/dev/null || true
+	$(call stage,dependencies: torch with its CUDA libraries (about 3 GB to download and most of the 5.5 GB\
+		installed; pip shows each download)$(comma) numpy$(comma) zenoh …,$(PY) -m pip install --progress-bar on $(SERVER_REQUIREMENTS))
+	$(call stage,servo-robotics[server]: the Rust core$(comma) a release build with LTO (about a minute of CPU),\
+		$(PY) -m pip install -e '.[server]')
+	@touch $(SERVER_STAMP)
+	@echo "==> $(VENV) holds $$(du -sh $(VENV) | cut -f1)"
+
+# pyproject.toml's requirement lists (`p` is its [project] table): dependencies installed as steps
+# of their own, so each step's time shows, and the dev extra without building servo again.
+requirements = $(shell $(PYTHON) -c "import shlex, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project'];\
+	print(shlex.join($(1)))")
+SERVER_REQUIREMENTS = $(call requirements,p['dependencies'] + p['optional-dependencies']['server'])
+DEV_REQUIREMENTS = $(call requirements,p['optional-dependencies']['dev'])
+$(DEV_STAMP): $(SERVER_STAMP)
+	$(call stage,the dev extra (test and lint tools: about 1.5 GB more),$(PY) -m pip install --quiet $(DEV_REQUIREMENTS))
+	$(call stage,$(OPENPI_CLIENT),$(PY) -m pip install --quiet --no-deps $(OPENPI_CLIENT))
+	@touch $(DEV_STAMP)
 
 ## setup: create .venv and install servo (Rust extension in release mode) with server + dev extras
-setup: $(STAMP)
+setup: $(DEV_STAMP)
 
-## demo: start servo-serve and drive the simulated arm with servo-edge for 15 s
-demo: setup
-	$(PY) examples/demo.py --duration 15
+## demo: install the server extra only, start servo-serve and drive the simulated arm with servo-edge for 15 s (DEMO_ARGS='--port N --health-port N' when 7447 or 9100 is taken)
+demo: $(SERVER_STAMP)
+	$(PY) examples/demo.py --duration 15 $(DEMO_ARGS)
 
 ## test: Rust tests, the Python suite, and every benchmark once as a smoke test
 test: setup
 	cargo test --quiet
-	$(PY) -m pytest -q -m "not slow and not observability"
+	$(PY) -m pytest -q -m "not slow and not observability and not deploy and not image"
 	$(PY) -m pytest -q benches --benchmark-disable
+
+## test-deploy: a deployment's real processes: servo-fleet up, systemd's notify protocol (about 2 min)
+test-deploy: setup
+	$(PY) -m pytest -q -m deploy
 
 # Debian's headless Chromium + its WebDriver, and Prometheus with promtool: what the observability
 # tests drive. Installed only when missing (apt-get needs root, as in CI).
@@ -60,6 +85,38 @@ observability-tools:
 ## test-observability: servo-monitor in headless Chromium, alert rules with promtool, the Grafana dashboard against a real Prometheus
 test-observability: setup observability-tools
 	$(PY) -m pytest -q -m observability
+
+# ---------------------------------------------------------------------------- container images
+# podman (or CONTAINER=docker) builds deploy/container/Containerfile from the repository root.
+CONTAINER ?= podman
+IMAGE_BASE ?= docker.io/library/debian:bookworm-slim
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# Where TLS is re-signed by a proxy, pip is told its CA bundle: the build gets it as a secret.
+IMAGE_CA ?= $(or $(PIP_CERT),$(shell $(PYTHON) -m pip config get global.cert 2>/dev/null))
+IMAGE_ARGS ?=
+IMAGE_BUILD = $(CONTAINER) build -f deploy/container/Containerfile --build-arg BASE=$(IMAGE_BASE) \
+	$(if $(IMAGE_CA),--secret id=ca$(comma)src=$(IMAGE_CA)) $(IMAGE_ARGS)
+## image: the policy-server image (servo-server, torch from PyPI) and the edge image (servo-edge, no torch)
+image:
+	$(call stage,servo-server:$(IMAGE_TAG) (builds the wheel; torch is most of the time and size),$(IMAGE_BUILD) --target server -t servo-server:$(IMAGE_TAG) .)
+	$(call stage,servo-edge:$(IMAGE_TAG),$(IMAGE_BUILD) --target edge -t servo-edge:$(IMAGE_TAG) .)
+	@$(CONTAINER) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'servo-(server|edge):$(IMAGE_TAG) '
+
+# What the image test drives: podman, runc (the runtime used here) and debootstrap (its base image).
+IMAGE_TOOLS := podman:podman runc:runc debootstrap:debootstrap
+
+## image-tools: apt-get install podman, runc and debootstrap when missing (idempotent)
+image-tools:
+	@missing=$$(for pair in $(IMAGE_TOOLS); do \
+		command -v $${pair%%:*} >/dev/null || [ -x /usr/sbin/$${pair%%:*} ] || echo $${pair#*:}; done | sort -u | tr '\n' ' '); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+## test-image: build both images (`make image`, on a debootstrap base), run the server image, drive a sim robot through it
+test-image: setup image-tools
+	$(PY) -m pytest -q -s -m image
 
 $(LEROBOT_STAMP): pyproject.toml $(RUST_SOURCES)
 	test -x $(LEROBOT_PY) || $(PYTHON312) -m venv $(LEROBOT_VENV)

@@ -534,7 +534,8 @@ async def run_echo_fleet(
     import zenoh
 
     from servo.client.encoder import FrameEncoder
-    from servo.transport import LoopBridge, ZenohSettings, open_session
+    from servo.stages import LoopBridge
+    from servo.transport import ZenohSettings, open_session
     from servo.wire import Observation, encode, encode_tensor
 
     settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=transport == "shm")
@@ -579,7 +580,7 @@ async def run_echo_fleet(
                         result.samples.append(Sample(index, now, rtt_ms, encode_ms, compute_ms, 0.0, True))
             finally:
                 encoder.close()
-                bridge.closed = True
+                bridge.close()
                 listener.undeclare()
                 pub.undeclare()
                 sub.undeclare()

@@ -22,8 +22,8 @@ from servo._core import MSG_CHUNK, MSG_OBS, SCHEMA_VERSION, ActionQueue, Header,
 from servo.client import PolicyClient
 from servo.edge.config import EdgeConfig
 from servo.edge.observation import robot_features
+from servo.edge.realtime import request_realtime
 from servo.edge.safety import SafetyLimiter
-from servo.edge.ticker import request_realtime
 from servo.robots import SimCameras, SimConfig, SimSO100
 from servo.transport import ZenohSettings, declare_obs_publisher
 from servo.wire import ActionChunk, Observation, decode, decode_tensor, encode, encode_image, encode_tensor

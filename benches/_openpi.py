@@ -45,7 +45,7 @@ health_port = 0
 listen = "127.0.0.1:0"
 """
     )
-    server = PolicyServer(manifest, policy=FixedComputePolicy(compute_ms), frontends=frontends_of(manifest.frontends))
+    server = PolicyServer(manifest, policy=FixedComputePolicy(compute_ms), frontends=frontends_of(manifest))
     async with anyio.create_task_group() as tg:
 
         async def run_server(*, task_status: Any) -> None:

@@ -15,7 +15,8 @@
   served request (time, replica, fresh?) and every re-placement (when the loss was seen, when the
   dead session was closed, when the new one was open, how many opens were refused meanwhile) as
   JSON and exits, with when the process's Zenoh callback thread saw each replica's liveliness
-  token gone and how late its event loop woke from 10 ms sleeps (its own CPU starvation). With
+  token gone, how late its event loop woke from 10 ms sleeps (its own CPU starvation), and the
+  process's totals: requests, copies, their expected second answers, timeouts, stale refusals. With
   ``--telemetry-hz H`` each robot also publishes its signed telemetry H times a second, built by
   the edge's own `TelemetryPublisher.record` from its counters, and counts the bytes it put.
 * ``python -m benches._scale monitor --router P --port Q`` — ``servo-monitor`` joining the router,
@@ -123,6 +124,11 @@ async def _robots(args: argparse.Namespace) -> None:
     resent: dict[int, list[float]] = {}
     #: Per replica: monotonic s its liveliness token was seen gone, on Zenoh's callback thread.
     gone: dict[str, float] = {}
+    #: Over every session of the process: requests asked for, copies made (`RemoteSession.resend`),
+    #: second answers of copied requests (expected), requests that timed out, and answers refused
+    #: as stale (``stale_seq``) by the clients.
+    totals = {"requests": 0, "copies": 0, "copy_answers": 0, "timeouts": 0}
+    clients: list[PolicyClient] = []
     #: (monotonic s, ms late) of every 10 ms sleep of this process's event loop.
     lag: list[tuple[float, float]] = []
     connected = 0
@@ -169,6 +175,7 @@ async def _robots(args: argparse.Namespace) -> None:
     async def robot(index: int, zsession: Any) -> None:
         nonlocal connected
         client = PolicyClient(zsession, f"robot-{index}", jpeg_quality=80)
+        clients.append(client)
         images = frames(HEIGHT, WIDTH, index)
         state = np.zeros(len(JOINTS), dtype=np.float32)
         state[0] = float(index)
@@ -201,6 +208,7 @@ async def _robots(args: argparse.Namespace) -> None:
                         seq += 1
                         state[1] = float(seq)
                         copies = session.stats.resent
+                        totals["requests"] += 1
                         try:
                             chunk = await session.infer(
                                 state,
@@ -210,6 +218,7 @@ async def _robots(args: argparse.Namespace) -> None:
                             )
                         except RequestTimeout:
                             timeouts += 1
+                            totals["timeouts"] += 1
                             continue
                         except ServerError:
                             continue
@@ -225,6 +234,8 @@ async def _robots(args: argparse.Namespace) -> None:
                     looks.cancel_scope.cancel()
             finally:
                 seen_at = time.monotonic()
+                totals["copies"] += session.stats.resent
+                totals["copy_answers"] += getattr(session.stats, "copy_answers", 0)  # counted since FLAG_COPY
                 with anyio.CancelScope(shield=True):
                     await session.close(timeout=0.1)
             if moved:
@@ -298,6 +309,7 @@ async def _robots(args: argparse.Namespace) -> None:
     result = {
         "served": {str(k): v for k, v in served.items()},
         "failures": failures,
+        "totals": {**totals, "stale_refusals": sum(c.counters.chunks_rejected["stale_seq"] for c in clients)},
         "telemetry": {str(k): v for k, v in telemetry.items()},
         "replaced": {str(k): v for k, v in replaced.items()},
         "resent": {str(k): v for k, v in resent.items()},

@@ -55,17 +55,19 @@ RECOVERY_TRACE_S = 2.0
 
 
 class Child:
-    """A child process of `benches._scale` whose stdout lines are waited on."""
+    """A child process of `benches._scale` (or of ``module``) whose stdout lines are waited on."""
 
-    def __init__(self, workdir: Path, name: str, *args: str) -> None:
+    def __init__(
+        self, workdir: Path, name: str, *args: str, env: dict[str, str] | None = None, module: str = "benches._scale"
+    ) -> None:
         self.log = workdir / f"{name}.log"
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "benches._scale", *args],
+                [sys.executable, "-m", module, *args],
                 stdout=subprocess.PIPE,
                 stderr=err,
                 text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
 
     def wait_for(self, word: str, timeout: float) -> None:

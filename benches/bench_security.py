@@ -47,12 +47,14 @@ from servo._core import (
     unauthenticated,
     verify_signature,
 )
+from servo.access import Access, AccessRules
 from servo.client.trust import signed_open
 from servo.identity import Identity
-from servo.server.admission import ImageGate
+from servo.server.admission import ImageGate, ReturningRobots
 from servo.server.auth import accept_handshake
+from servo.server.joins import JoinDesk
 from servo.server.manifest import LimitsSection
-from servo.server.robots import ReturningRobots, RobotGate
+from servo.server.robots import RobotGate
 from servo.wire import (
     EncodedImage,
     ErrorEvent,
@@ -286,7 +288,8 @@ def test_open_signing(benchmark: BenchmarkFixture, case: str) -> None:
 @pytest.mark.parametrize("case", ["server: admit the signed open", "server: handshake (before and after)"])
 def test_open_admission(benchmark: BenchmarkFixture, case: str) -> None:
     benchmark.group = "open-signature"
-    gate = RobotGate({}, _OPEN_LIMITS, ReturningRobots(), _SERVER.public_key)
+    access = Access(AccessRules(_SERVER.public_key, any_robot=True))
+    gate = RobotGate(access, JoinDesk(None, access, {}), _OPEN_LIMITS, ReturningRobots())
     nonce = gate.nonces.current()
 
     def fresh() -> tuple[tuple[SessionOpen], dict[str, Any]]:

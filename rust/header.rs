@@ -65,6 +65,10 @@ pub const MSG_TYPES: [u8; 6] = [
 ];
 /// The observation starts a new episode.
 pub const FLAG_EPISODE_START: u8 = 1;
+/// The observation is a copy of the request in flight, sent again under the next seq_id because
+/// its answer is overdue: a server that still holds, serves or has answered the original answers
+/// the copy from that instead of running another forward.
+pub const FLAG_COPY: u8 = 2;
 
 /// A decoded header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

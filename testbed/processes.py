@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (chosen by the kernel)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from servo.deploy.local import free_port as free_port  # the one definition, shared with servo-fleet
 
 
 def stop(proc: subprocess.Popen[Any], grace_s: float = 30) -> int:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import anyio
 import numpy as np
@@ -16,6 +17,7 @@ from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.server.sessions import Session
 from servo.transport import ZenohSettings
+from testbed.load import CpuHogs
 from testbed.processes import free_port as free_port  # the one definition, shared with the benchmarks
 
 
@@ -36,6 +38,7 @@ def make_manifest(
 [model]
 source = "reference"
 warmup = 1
+plan_forwards = 0
 [model.options]
 {options}
 [zenoh]
@@ -112,6 +115,18 @@ async def keep_sending(
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout} s sending until {what} ({sent} sent)") from None
     return sent
+
+
+#: The longest a `cpu_hog` busy loop runs if nobody stops it (the test process died).
+HOG_LIMIT_S = 300
+
+
+@contextmanager
+def cpu_hog(loops: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``loops`` busy-loop processes at normal priority for the length of the block (each ends by
+    itself after `HOG_LIMIT_S` at the latest, or once this process is gone; the block kills them)."""
+    with CpuHogs(loops, limit_s=HOG_LIMIT_S) as hogs:
+        yield hogs.procs
 
 
 def new_threads(before: Collection[threading.Thread]) -> list[str]:

@@ -41,6 +41,7 @@ from typing_extensions import Buffer
 
 __all__ = [
     "ATTACHMENT_SIZE",
+    "FLAG_COPY",
     "FLAG_EPISODE_START",
     "HEADER_MAGIC",
     "HEADER_SIZE",
@@ -92,19 +93,22 @@ class QueueError(ValueError):
     """A chunk was rejected by :meth:`ActionQueue.merge`.
 
     Raised for a wrong dtype, a wrong number of dimensions, a wrong action dimension, an
-    ``original``/``processed`` length mismatch, an empty chunk, or a merge that would exceed
-    the queue's capacity. The message names the expected and the actual values, e.g.
-    ``"processed has shape (50, 7), expected (T, 6)"``. The queue is left unchanged.
+    ``original``/``processed`` length mismatch, an empty chunk, a merge that would exceed
+    the queue's capacity, or a position read before the last merge. The message names the
+    expected and the actual values, e.g. ``"processed has shape (50, 7), expected (T, 6)"``.
+    The queue is left unchanged.
     """
 
 @final
 class Provenance:
-    """Where an action chunk comes from; a frozen, tuple-like record.
+    """Where an action comes from: its chunk, and the control step it is meant for; a frozen, tuple-like record.
 
     Every action of a merged chunk carries its chunk's provenance, so the edge can refuse
-    actions older than its staleness bound and datasets can be joined with server logs.
-    Iterating, indexing and ``len`` behave like the tuple
-    ``(session_id, seq_id, episode_id, obs_mono_ns)``; instances are hashable and picklable.
+    actions older than its staleness bound and datasets can be joined with server logs; each
+    carries its own ``step`` (the chunk's plus the action's index in it), so a recording shows
+    which control step every executed action was meant for. Iterating, indexing and ``len``
+    behave like the tuple ``(session_id, seq_id, episode_id, obs_mono_ns, step)``; instances are
+    hashable and picklable.
 
     The session id is the wire's 16-byte id; in Python it is its 32-character lowercase hex text
     (``bytes.hex()``), as in logs, audit lines, recordings and summaries. Any case is accepted.
@@ -118,11 +122,13 @@ class Provenance:
         episode_id: Episode the chunk belongs to.
         obs_mono_ns: Monotonic time (ns, this host's clock) at which the observation the
             chunk answers was taken.
+        step: The control step (tick) the action is meant for; given to a merge, the tick of
+            the observation the chunk answers (each merged row gets it plus its index).
     """
 
-    __match_args__: Final = ("session_id", "seq_id", "episode_id", "obs_mono_ns")
+    __match_args__: Final = ("session_id", "seq_id", "episode_id", "obs_mono_ns", "step")
 
-    def __new__(cls, session_id: str, seq_id: int, episode_id: int, obs_mono_ns: int) -> Provenance: ...
+    def __new__(cls, session_id: str, seq_id: int, episode_id: int, obs_mono_ns: int, step: int = 0) -> Provenance: ...
     @property
     def session_id(self) -> str:
         """Session the chunk was produced for: 32 lowercase hex characters (16 bytes)."""
@@ -139,13 +145,20 @@ class Provenance:
     def obs_mono_ns(self) -> int:
         """Monotonic time (ns) of the observation the chunk answers (i64)."""
 
+    @property
+    def step(self) -> int:
+        """The control step (tick) the action is meant for (u64)."""
+
+    def same_chunk(self, other: Provenance) -> bool:
+        """Whether both label actions of one chunk (every field but ``step``)."""
+
     def __eq__(self, value: object, /) -> bool: ...
     def __ne__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
     def __len__(self) -> int: ...
     def __getitem__(self, index: Any, /) -> Any: ...
     def __iter__(self) -> Iterator[str | int]: ...
-    def __reduce__(self) -> tuple[type[Provenance], tuple[str, int, int, int]]: ...
+    def __reduce__(self) -> tuple[type[Provenance], tuple[str, int, int, int, int]]: ...
 
 @final
 class QueueStats:
@@ -161,7 +174,7 @@ class QueueStats:
 
     @property
     def delay_mismatches(self) -> int:
-        """Merges whose ``idx_before`` disagreed with ``real_delay``."""
+        """Merges whose actions taken (since ``idx_before`` or ``since``) disagreed with ``real_delay``."""
 
     @property
     def actions_consumed(self) -> int:
@@ -198,10 +211,18 @@ class ActionQueue:
       ``delay`` steps (they went by while the model was thinking).
     * ``rtc=False`` (append): a merge drops the consumed actions and appends the whole chunk.
 
+    ``merge(..., since=position)`` is the exact merge: ``position`` is :meth:`get_position`
+    read when the observation was taken, row ``r`` of the chunk is meant for the step ``r``
+    after the observation's, and the chunk continues exactly where the queue's own actions end
+    (RTC: minus the actions taken since ``position``; append: behind the queued actions, minus
+    the rows whose steps were taken or are queued). No step is executed twice, however late
+    the chunk comes.
+
     Threads and processes: one control loop (the consumer) calls :meth:`get` once per tick;
     the inference side (the producer: a worker thread or the event loop's chunk handler) calls
     :meth:`merge`, :meth:`get_action_index` and :meth:`get_left_over` when it sends a
-    request, and :meth:`clear` on reset. Any thread of any process that maps the queue may call
+    request, and :meth:`clear` on reset; the control loop reads :meth:`get_position` with each
+    observation. Any thread of any process that maps the queue may call
     anything; every method but :meth:`merge` and :meth:`set_rtc` is lock-free and never waits
     on a producer, even one stopped in the middle of a merge. Producers serialise among
     themselves on a lock word in the queue's memory.
@@ -274,10 +295,17 @@ class ActionQueue:
         idx_before: int | None = None,
         *,
         provenance: Provenance | None = None,
+        since: int | None = None,
     ) -> int:
         """Merge a new chunk into the queue (producer side).
 
-        The delay is resolved as in LeRobot: ``delay = max(0, real_delay)``; if
+        With ``since``, the exact merge (see the class docstring): the actions taken since that
+        position are counted at the instant the merge takes effect; ``real_delay`` only counts
+        a mismatch. RTC trims exactly those; append leaves out the chunk's rows whose steps were
+        taken or are still queued. A queue that ran dry meanwhile skips nothing for the ticks
+        without an action, and a clear keeps the actions taken before it counted.
+
+        Otherwise the delay is resolved as in LeRobot: ``delay = max(0, real_delay)``; if
         ``idx_before`` is given, ``consumed = max(0, get_action_index() - idx_before)`` is the
         number of actions executed while the request was in flight, and if it differs from
         ``delay`` the mismatch is counted and ``min(delay, consumed)`` is used (trimming by
@@ -299,17 +327,21 @@ class ActionQueue:
                 ``ceil(latency / dt)`` from a :class:`LatencyTracker`; negative counts as 0.
             idx_before: :meth:`get_action_index` snapshotted when the observation was sent,
                 or None to trust ``real_delay``.
-            provenance: Carried by every action of this chunk (see :meth:`get_with_provenance`).
+            provenance: Carried by every action of this chunk (see :meth:`get_with_provenance`),
+                each with its own ``step``: ``provenance.step`` plus its index in the chunk.
+            since: :meth:`get_position` read when the observation was taken (exact merge).
 
         Returns:
             The number of leading steps of the chunk that were trimmed (always 0 in append
-            mode).
+            mode), or with ``since`` left out.
 
         Raises:
+            ValueError: both ``idx_before`` and ``since`` given.
             QueueError: Wrong dtype, ndim or action dimension, ``T`` mismatch between
-                ``original`` and ``processed``, ``T == 0``, or the merge would exceed
-                ``capacity`` (RTC: ``T > capacity``; append: unconsumed + ``T`` > capacity).
-                Nothing in the queue changes.
+                ``original`` and ``processed``, ``T == 0``, the merge would exceed
+                ``capacity`` (RTC: ``T > capacity``; append: unconsumed + ``T`` > capacity), or
+                ``since`` was read before the last merge (:meth:`is_current`). Nothing in the
+                queue changes.
         """
 
     def get(self) -> npt.NDArray[np.float32] | None:
@@ -357,21 +389,39 @@ class ActionQueue:
         Lock-free; keeps the GIL.
         """
 
-    def get_left_over(self) -> npt.NDArray[np.float32] | None:
+    def get_position(self) -> int:
+        """Where the consumer stands (an opaque integer): read it with each observation.
+
+        The live generation and the actions taken from it (a clear keeps the count). Pass it
+        as ``since`` to :meth:`merge` and :meth:`get_left_over`. Lock-free; keeps the GIL.
+        """
+
+    def is_current(self, position: int) -> bool:
+        """Whether ``position`` was read since the last merge, so a merge can measure from it.
+
+        Lock-free; keeps the GIL.
+        """
+
+    def get_left_over(self, since: int | None = None) -> npt.NDArray[np.float32] | None:
         """Unconsumed original (model-space) actions, for RTC conditioning of the next request.
 
-        Releases the GIL around the copy; never waits on a merge.
+        With ``since`` (a :meth:`get_position`), the actions from that position on, those taken
+        since included: the plan an observation taken there was made under. Releases the GIL
+        around the copy; never waits on a merge.
 
         Returns:
             A new float32 array of shape ``(n, action_dim)`` (``n`` may be 0 once the queue
             is exhausted), or None if nothing was merged since construction or :meth:`clear`.
+
+        Raises:
+            QueueError: ``since`` was read before the last merge (:meth:`is_current`).
         """
 
-    def get_processed_left_over(self) -> npt.NDArray[np.float32] | None:
+    def get_processed_left_over(self, since: int | None = None) -> npt.NDArray[np.float32] | None:
         """Unconsumed processed (robot-space) actions; same contract as :meth:`get_left_over`."""
 
     def clear(self) -> None:
-        """Drop every queued action and reset the index (e.g. at an episode reset).
+        """Drop every queued action and reset :meth:`get_action_index` (e.g. at an episode reset).
 
         Afterwards :meth:`get_left_over` returns None. Lock-free (one atomic step, so a consumer
         may call it too); keeps the GIL. A merge that was in progress takes effect after it.
@@ -608,6 +658,11 @@ MSG_CONTROL_ACK: Final[int]
 
 FLAG_EPISODE_START: Final[int]
 """Flag bit 1: this observation starts a new episode."""
+
+FLAG_COPY: Final[int]
+"""Flag bit 2: this observation is a copy of the request in flight, sent again under the next
+seq_id because its answer is overdue; a server that still holds, serves or has answered the
+original answers the copy from that instead of running another forward."""
 
 class HeaderError(ValueError):
     """A header could not be built, encoded or decoded.

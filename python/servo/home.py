@@ -15,6 +15,15 @@ What lives there (each created on first use, the directory with mode 0700):
 * ``known_servers``: the servers edges trusted on first use (`servo.client.known`).
 * ``tls/server.pem``, ``tls/server.key``: the self-signed certificate ``servo-serve`` listens
   with on a ``tls/…`` endpoint that names none (`servo.server.selfsigned`).
+* ``servers/<app>.roster``: the robots that joined ``servo-serve``'s servers of ``<app>`` with a
+  token, the join tokens (only their verification keys) and the openpi API keys (only their
+  hashes) (`servo.server.roster`).
+* ``tls/pinned/<hash>.pem``: server certificates a robot fetched when it joined with a token
+  that pins them (`servo.client.join`).
+
+The directory and everything in it must be this user's alone (`servo.private_files`): a
+directory others may write, a file of another user or a symbolic link is refused in one line
+saying what to fix.
 
 Nothing here reads the directory at import time: every function looks at the environment when
 it is called, so a test (or a process) may point ``SERVO_CONFIG_DIR`` elsewhere at any time.
@@ -24,6 +33,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from servo.private_files import private_dir
 
 #: The environment variable that names the directory outright.
 CONFIG_DIR_VARIABLE = "SERVO_CONFIG_DIR"
@@ -41,14 +52,12 @@ def config_dir() -> Path:
 
 
 def ensure_config_dir() -> Path:
-    """`config_dir`, created with mode 0700 when missing.
+    """`config_dir`, created with mode 0700 when missing, and checked to be this user's alone.
 
     Raises:
-        OSError: the directory cannot be created.
+        PrivateFileError: the directory cannot be created, or others may write it.
     """
-    path = config_dir()
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    return private_dir(config_dir())
 
 
 def robot_identity_path() -> Path:
@@ -64,3 +73,13 @@ def server_identity_path(app: str) -> Path:
 def known_servers_path() -> Path:
     """The edges' trust-on-first-use record (`servo.client.known`)."""
     return config_dir() / "known_servers"
+
+
+def roster_path(app: str) -> Path:
+    """Where the servers of ``app`` (a key segment) keep the robots that joined with a token."""
+    return config_dir() / "servers" / f"{app}.roster"
+
+
+def pinned_certificates_dir() -> Path:
+    """Where a robot keeps the server certificates its join tokens pinned."""
+    return config_dir() / "tls" / "pinned"

@@ -5,8 +5,9 @@ Both are the same thing, `Identity` (the Rust core's generic Ed25519 key, `servo
 stored the same way: a file holding the secret seed, one line ``servo-identity-v1 <urlsafe base64
 of the 32-byte seed>``. A missing file is created with mode 0600 (atomically: never overwritten,
 never readable by others, even for a moment) and its fingerprint is logged; processes sharing a
-file share the identity. A file readable by group or others is refused, as ssh refuses such a
-private key.
+file share the identity. A file readable by group or others, a symbolic link, a file of another
+user or one in a directory others may write is refused (`servo.private_files`), as ssh refuses
+such a private key.
 
 Where they live by default is `servo.home`'s business: ``robot.key`` and ``servers/<app>.key`` in
 the user's servo directory. This module sits beside `servo.home`, below every layer that uses it
@@ -17,16 +18,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
-import os
-import secrets
-import stat
 from pathlib import Path
 
 from servo._core import SEED_SIZE
 from servo._core import ServerIdentity as Identity
 from servo.home import ensure_config_dir, robot_identity_path, server_identity_path
 from servo.logs import get_logger
+from servo.private_files import PrivateFileError, create_private, private_dir, read_private
 from servo.wire import fingerprint
 
 log = get_logger(__name__)
@@ -63,22 +61,13 @@ def load_identity(path: str | Path, *, role: str = "server") -> Identity:
     except FileNotFoundError:
         pass
     identity = Identity.generate()
-    # Written whole under a private name, then linked into place: the file appears complete or
-    # not at all (another process reading it meanwhile never sees it half written), and an
-    # existing one is never overwritten.
-    staging = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    text = f"{_TAG} {base64.urlsafe_b64encode(identity.seed).decode()}\n"
     try:
-        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{_TAG} {base64.urlsafe_b64encode(identity.seed).decode()}\n")
-        os.link(staging, path)
-    except FileExistsError:  # another process created it meanwhile: use theirs
+        created = create_private(path, text.encode(), what="identity key")
+    except PrivateFileError as exc:
+        raise IdentityError(str(exc)) from None
+    if not created:  # another process created it meanwhile: use theirs
         return _read(path)
-    except OSError as exc:
-        raise IdentityError(f"{path}: cannot create the identity key: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            staging.unlink()
     log.info("identity created", role=role, path=str(path), fingerprint=fingerprint(identity.public_key))
     return identity
 
@@ -111,24 +100,21 @@ def server_identity(path: str | Path, app: str) -> Identity:
 def _in_config_dir(path: Path) -> Path:
     try:
         ensure_config_dir()
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise IdentityError(f"{path.parent}: cannot create servo's directory: {exc.strerror or exc}") from None
+        private_dir(path.parent)
+    except PrivateFileError as exc:
+        raise IdentityError(str(exc)) from None
     return path
 
 
 def _read(path: Path) -> Identity:
     try:
-        mode = path.stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise IdentityError(
-                f"{path}: identity key is accessible by others (mode {stat.S_IMODE(mode):04o}); chmod 600 it"
-            )
-        text = path.read_text(encoding="ascii")
+        text = read_private(path, what="identity key", secret=True).decode("ascii")
     except FileNotFoundError:
         raise
-    except (OSError, UnicodeDecodeError) as exc:
-        raise IdentityError(f"{path}: cannot read the identity key: {getattr(exc, 'strerror', None) or exc}") from None
+    except PrivateFileError as exc:
+        raise IdentityError(str(exc)) from None
+    except UnicodeDecodeError:
+        text = ""
     tag, _, encoded = text.strip().partition(" ")
     try:
         seed = base64.urlsafe_b64decode(encoded) if tag == _TAG else b""

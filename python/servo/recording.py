@@ -9,10 +9,11 @@ Each frame holds the measured state, the action sent to the robot (after the saf
 where that action came from (``policy``, ``fallback``, ``replay``, ``park`` at teardown, ``none``
 = hold) and, for policy actions, the (session_id, seq_id, episode_id, obs_mono_ns) of the chunk
 it belongs to — the join key with the server's audit log (the session id as 32 hex characters) —
-and the edge's fail-safe transitions made since the previous frame (each with its own monotonic
-time). The header holds the edge's wall clock and monotonic clock read at the same moment, so a
-time of day ("14:03") maps onto the frames' monotonic stamps (`servo-trace`); both clocks are the
-edge's own.
+and the step the action was meant for (its observation's tick plus its index in the chunk: what
+`servo.edge.exactness` checks), and the edge's fail-safe transitions made since the previous frame
+(each with its own monotonic time). The header holds the edge's wall clock and monotonic clock
+read at the same moment, so a time of day ("14:03") maps onto the frames' monotonic stamps
+(`servo-trace`); both clocks are the edge's own.
 
 A file is input like any other: `read_recording` checks what a replay would execute (fps > 0 and
 finite, every state and action as wide as the header's joints, every value finite) and refuses a
@@ -71,6 +72,8 @@ class FrameRecord(msgspec.Struct, frozen=True):
     source: Source
     #: (session id as 32 hex characters, seq_id, episode_id, obs_mono_ns) of a policy action.
     provenance: tuple[str, int, int, int] | None = None
+    #: The tick a policy action was meant for: its observation's tick plus its index in the chunk.
+    step: int | None = None
     images: dict[str, EncodedImage] = {}
     #: Fail-safe transitions since the previous frame: (monotonic ns, state, reason).
     transitions: list[tuple[int, str, str]] = []

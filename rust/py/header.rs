@@ -205,5 +205,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MSG_CONTROL", header::MSG_CONTROL)?;
     m.add("MSG_CONTROL_ACK", header::MSG_CONTROL_ACK)?;
     m.add("FLAG_EPISODE_START", header::FLAG_EPISODE_START)?;
+    m.add("FLAG_COPY", header::FLAG_COPY)?;
     Ok(())
 }

@@ -7,7 +7,9 @@ pub mod auth;
 mod buffer;
 pub mod header;
 pub mod latency;
+mod provenance;
 pub mod queue;
+mod queue_stats;
 pub mod shm;
 
 create_exception!(
@@ -21,7 +23,7 @@ create_exception!(
     servo._core,
     QueueError,
     PyValueError,
-    "A chunk was rejected by ActionQueue.merge (dtype, shape or capacity)."
+    "A chunk was rejected by ActionQueue.merge (dtype, shape, capacity or a stale position)."
 );
 
 create_exception!(

@@ -2,10 +2,11 @@
 //!
 //! GIL policy. Methods that copy O(chunk) data (`merge`, `get_left_over`,
 //! `get_processed_left_over`) release the GIL around the copy. The per-tick consumer methods
-//! (`get`, `get_with_provenance`, `qsize`, `empty`, `get_action_index`, `peek_provenance`,
-//! `clear`, `discard_chunk`) copy at most one row and never wait, so they keep it: releasing
-//! the GIL on the control-loop thread would let another Python thread take it, and the loop
-//! would then wait up to `sys.getswitchinterval()` (5 ms) to get it back.
+//! (`get`, `get_with_provenance`, `qsize`, `empty`, `get_action_index`, `get_position`,
+//! `is_current`, `peek_provenance`, `clear`, `discard_chunk`) copy at most one row and never
+//! wait, so they keep it: releasing the GIL on the control-loop thread would let another Python
+//! thread take it, and the loop would then wait up to `sys.getswitchinterval()` (5 ms) to get it
+//! back.
 
 use std::borrow::Cow;
 
@@ -16,8 +17,9 @@ use numpy::{
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
+use super::provenance::PyProvenance;
+use super::queue_stats::PyQueueStats;
 use super::shm::PySharedMemory;
 use super::QueueError;
 use crate::queue::{self, ChunkRef, LeftOver};
@@ -26,174 +28,6 @@ fn queue_err(err: queue::QueueError) -> PyErr {
     match err {
         queue::QueueError::Config(msg) => PyValueError::new_err(msg),
         other => QueueError::new_err(other.to_string()),
-    }
-}
-
-/// Where a chunk comes from; a frozen, tuple-like record.
-#[pyclass(module = "servo._core", name = "Provenance", frozen, eq, hash)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PyProvenance(pub queue::Provenance);
-
-/// The 16-byte session id from its 32-character hex text (any case).
-fn session_bytes(text: &str) -> PyResult<[u8; 16]> {
-    let bad = || {
-        PyValueError::new_err(format!(
-            "session_id {text:?} is not 32 hexadecimal characters (16 bytes)"
-        ))
-    };
-    if text.len() != 32 || !text.is_ascii() {
-        return Err(bad());
-    }
-    let mut out = [0u8; 16];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-    }
-    Ok(out)
-}
-
-fn session_hex(bytes: &[u8; 16]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-#[pymethods]
-impl PyProvenance {
-    #[new]
-    fn new(session_id: &str, seq_id: u64, episode_id: u64, obs_mono_ns: i64) -> PyResult<Self> {
-        Ok(Self(queue::Provenance {
-            session_id: session_bytes(session_id)?,
-            seq_id,
-            episode_id,
-            obs_mono_ns,
-        }))
-    }
-
-    #[classattr]
-    fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str) {
-        ("session_id", "seq_id", "episode_id", "obs_mono_ns")
-    }
-
-    #[getter]
-    fn session_id(&self) -> String {
-        session_hex(&self.0.session_id)
-    }
-
-    #[getter]
-    fn seq_id(&self) -> u64 {
-        self.0.seq_id
-    }
-
-    #[getter]
-    fn episode_id(&self) -> u64 {
-        self.0.episode_id
-    }
-
-    #[getter]
-    fn obs_mono_ns(&self) -> i64 {
-        self.0.obs_mono_ns
-    }
-
-    fn __repr__(&self) -> String {
-        let p = &self.0;
-        format!(
-            "Provenance(session_id='{}', seq_id={}, episode_id={}, obs_mono_ns={})",
-            session_hex(&p.session_id),
-            p.seq_id,
-            p.episode_id,
-            p.obs_mono_ns
-        )
-    }
-
-    fn __len__(&self) -> usize {
-        4
-    }
-
-    fn __getitem__<'py>(
-        &self,
-        py: Python<'py>,
-        index: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        self.as_tuple(py)?.as_any().get_item(index)
-    }
-
-    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        Ok(self.as_tuple(py)?.as_any().try_iter()?.into_any())
-    }
-
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        Ok((slf.get_type().into_any(), slf.get().as_tuple(slf.py())?))
-    }
-}
-
-impl PyProvenance {
-    fn as_tuple<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let p = &self.0;
-        (
-            session_hex(&p.session_id),
-            p.seq_id,
-            p.episode_id,
-            p.obs_mono_ns,
-        )
-            .into_pyobject(py)
-    }
-}
-
-/// Frozen snapshot of an ActionQueue's counters.
-#[pyclass(module = "servo._core", name = "QueueStats", frozen, eq)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct PyQueueStats(queue::QueueStats);
-
-#[pymethods]
-impl PyQueueStats {
-    #[getter]
-    fn merges(&self) -> u64 {
-        self.0.merges
-    }
-
-    #[getter]
-    fn rejected_merges(&self) -> u64 {
-        self.0.rejected_merges
-    }
-
-    #[getter]
-    fn delay_mismatches(&self) -> u64 {
-        self.0.delay_mismatches
-    }
-
-    #[getter]
-    fn actions_consumed(&self) -> u64 {
-        self.0.actions_consumed
-    }
-
-    #[getter]
-    fn superseded_reads(&self) -> u64 {
-        self.0.superseded_reads
-    }
-
-    #[getter]
-    fn qsize(&self) -> usize {
-        self.0.qsize
-    }
-
-    #[getter]
-    fn action_index(&self) -> u64 {
-        self.0.action_index
-    }
-
-    fn __repr__(&self) -> String {
-        let s = &self.0;
-        format!(
-            "QueueStats(merges={}, rejected_merges={}, delay_mismatches={}, \
-             actions_consumed={}, superseded_reads={}, qsize={}, action_index={})",
-            s.merges,
-            s.rejected_merges,
-            s.delay_mismatches,
-            s.actions_consumed,
-            s.superseded_reads,
-            s.qsize,
-            s.action_index
-        )
     }
 }
 
@@ -349,7 +183,8 @@ impl PyActionQueue {
         self.inner.capacity()
     }
 
-    #[pyo3(signature = (original, processed, real_delay, idx_before = None, *, provenance = None))]
+    #[pyo3(signature = (original, processed, real_delay, idx_before = None, *, provenance = None, since = None))]
+    #[allow(clippy::too_many_arguments)]
     fn merge(
         &self,
         py: Python<'_>,
@@ -358,7 +193,14 @@ impl PyActionQueue {
         real_delay: i64,
         idx_before: Option<i64>,
         provenance: Option<PyProvenance>,
+        since: Option<u64>,
     ) -> PyResult<usize> {
+        if since.is_some() && idx_before.is_some() {
+            self.inner.note_rejected();
+            return Err(PyValueError::new_err(
+                "merge takes idx_before (LeRobot's rule) or since (a position), not both",
+            ));
+        }
         let dim = self.inner.action_dim();
         let arrays = readonly_chunk("original", original, dim)
             .and_then(|o| Ok((o, readonly_chunk("processed", processed, dim)?)));
@@ -369,13 +211,15 @@ impl PyActionQueue {
         // copies, this assumes no other thread mutates them during the call.
         py.detach(|| {
             let (original, processed) = (ChunkData::new(&original), ChunkData::new(&processed));
-            self.inner.merge(
-                original.view(),
-                processed.view(),
-                real_delay,
-                idx_before,
-                provenance,
-            )
+            let (original, processed) = (original.view(), processed.view());
+            match since {
+                Some(position) => self
+                    .inner
+                    .merge_since(original, processed, position, real_delay, provenance),
+                None => self
+                    .inner
+                    .merge(original, processed, real_delay, idx_before, provenance),
+            }
         })
         .map_err(queue_err)
     }
@@ -409,17 +253,30 @@ impl PyActionQueue {
         self.inner.action_index()
     }
 
-    fn get_left_over<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
-        let left = py.detach(|| self.inner.left_over_original());
-        self.to_array(py, left)
+    fn get_position(&self) -> u64 {
+        self.inner.position()
     }
 
+    fn is_current(&self, position: u64) -> bool {
+        self.inner.is_current(position)
+    }
+
+    #[pyo3(signature = (since = None))]
+    fn get_left_over<'py>(
+        &self,
+        py: Python<'py>,
+        since: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        self.left_over(py, true, since)
+    }
+
+    #[pyo3(signature = (since = None))]
     fn get_processed_left_over<'py>(
         &self,
         py: Python<'py>,
+        since: Option<u64>,
     ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
-        let left = py.detach(|| self.inner.left_over_processed());
-        self.to_array(py, left)
+        self.left_over(py, false, since)
     }
 
     fn clear(&self) {
@@ -460,6 +317,21 @@ impl PyActionQueue {
         };
         let provenance = self.inner.pop_into(row)?;
         Some((PyArray1::from_slice(py, row), provenance))
+    }
+
+    /// The leftover rows (from the consumer's index, or from `since`) as a `(rows, dim)` array.
+    fn left_over<'py>(
+        &self,
+        py: Python<'py>,
+        original: bool,
+        since: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        let left = py.detach(|| match since {
+            Some(position) => self.inner.left_over_since(position, original),
+            None if original => Ok(self.inner.left_over_original()),
+            None => Ok(self.inner.left_over_processed()),
+        });
+        self.to_array(py, left.map_err(queue_err)?)
     }
 
     fn to_array<'py>(

@@ -36,6 +36,8 @@ pub enum QueueError {
         incoming: usize,
         capacity: usize,
     },
+    /// `merge_since` / `left_over_since`: a position the actions taken since cannot be counted from.
+    Position { position: u64, reason: &'static str },
 }
 
 impl fmt::Display for QueueError {
@@ -86,6 +88,7 @@ impl fmt::Display for QueueError {
                  expected at most capacity={capacity}",
                 queued + incoming
             ),
+            Self::Position { position, reason } => write!(f, "position {position:#x} {reason}"),
         }
     }
 }

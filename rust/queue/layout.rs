@@ -2,7 +2,7 @@
 //! row is stored (see the design in `queue.rs`).
 //!
 //! ```text
-//! word  0        magic "SVQUEUE2"          (written last by `create`: attach checks it)
+//! word  0        magic "SVQUEUE3"          (written last by `create`: attach checks it)
 //!       1..3     action_dim, capacity, rtc
 //!       4        producer lock             (producers only)
 //!       5        write_end                 (ring position after the newest written row)
@@ -10,13 +10,13 @@
 //!       8..12    merges, rejected, delay mismatches, actions consumed, superseded reads
 //!      16        cursor                    (its own 128-byte line: the consumer's hot word)
 //!      32..63    4 descriptors × 8 words   (base, len, merged, plan kind, plan a, b, c)
-//!      64..      ring of 2 × capacity rows (original, processed, provenance)
+//!      64..      ring of 2 × capacity rows (original, processed, provenance and step)
 //! ```
 
 use super::Provenance;
 
-/// "SVQUEUE2", little-endian: the layout version is part of the magic.
-pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"SVQUEUE2");
+/// "SVQUEUE3", little-endian: the layout version is part of the magic.
+pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"SVQUEUE3");
 
 pub(super) const MAGIC_WORD: usize = 0;
 pub(super) const DIM: usize = 1;
@@ -73,9 +73,18 @@ pub(super) fn start(word: u64) -> u64 {
     (word >> FIELD_BITS) & FIELD_MASK
 }
 
-/// Actions consumed from this generation (LeRobot's `last_index`).
+/// Actions taken from this generation, a clear included (it keeps the index: `position`).
 pub(super) fn index(word: u64) -> u64 {
     word & FIELD_MASK
+}
+
+/// Actions taken since the last merge or clear (LeRobot's `last_index`: a clear resets it).
+pub(super) fn taken(word: u64) -> u64 {
+    if cleared(word) {
+        0
+    } else {
+        index(word)
+    }
 }
 
 pub(super) fn sealed(word: u64) -> bool {
@@ -86,8 +95,8 @@ pub(super) fn cleared(word: u64) -> bool {
     word & CLEARED != 0
 }
 
-/// Words per provenance: session id (2), seq, episode, observation time, present flag.
-const PROVENANCE_WORDS: usize = 6;
+/// Words per provenance: session id (2), seq, episode, observation time, present flag, step.
+const PROVENANCE_WORDS: usize = 7;
 
 /// Sizes of one queue's words.
 #[derive(Clone, Copy, Debug)]
@@ -164,6 +173,7 @@ pub(super) fn provenance_words(provenance: Option<Provenance>) -> [u64; PROVENAN
                 p.episode_id,
                 p.obs_mono_ns as u64,
                 1,
+                p.step,
             ]
         }
     }
@@ -179,6 +189,7 @@ pub(super) fn provenance_from(words: [u64; PROVENANCE_WORDS]) -> Option<Provenan
             seq_id: words[2],
             episode_id: words[3],
             obs_mono_ns: words[4] as i64,
+            step: words[6],
         }
     })
 }

@@ -1,7 +1,7 @@
 //! How a successor generation's start row follows from its predecessor's sealed cursor, and the
 //! delay reconciliation it uses (LeRobot's `_check_and_resolve_delays` with PR #4454's rule).
 
-use super::layout::{cleared, index};
+use super::layout::{cleared, index, taken};
 
 /// Result of the delay reconciliation LeRobot calls `_check_and_resolve_delays`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +47,9 @@ pub(super) enum Plan {
         real_delay: i64,
         idx_before: Option<i64>,
     },
+    /// RTC replace: trim exactly the actions taken since index `from` of the sealed generation
+    /// (a clear keeps the index, so actions taken before it count).
+    Since { from: u64 },
 }
 
 impl Plan {
@@ -61,11 +64,12 @@ impl Plan {
                     index(sealed_word).saturating_sub(seen)
                 }
             }
-            // A cleared cursor has index 0: as if the merge came right after `clear`.
+            // A cleared cursor counts as index 0: as if the merge came right after `clear`.
             Self::Trim {
                 real_delay,
                 idx_before,
-            } => resolve_delay(real_delay, idx_before, index(sealed_word)).delay,
+            } => resolve_delay(real_delay, idx_before, taken(sealed_word)).delay,
+            Self::Since { from } => index(sealed_word).saturating_sub(from),
         };
         start.min(len)
     }
@@ -83,6 +87,7 @@ impl Plan {
                 idx_before.unwrap_or(0) as u64,
                 u64::from(idx_before.is_some()),
             ],
+            Self::Since { from } => [3, from, 0, 0],
         }
     }
 
@@ -98,6 +103,7 @@ impl Plan {
                 real_delay: words[1] as i64,
                 idx_before: (words[3] == 1).then_some(words[2] as i64),
             },
+            3 => Self::Since { from: words[1] },
             _ => Self::Fixed,
         }
     }

@@ -1,3 +1,6 @@
+use super::layout::{CURSOR, D_BASE};
+use super::merge::{Prepared, Timing};
+use super::plan::Plan;
 use super::*;
 use proptest::prelude::*;
 use std::sync::atomic::AtomicU64;
@@ -34,12 +37,21 @@ fn merge(
     q.merge(view(&o), view(&p), real_delay, idx_before, prov)
 }
 
+/// `prov(seq_id)` as its row `step` carries it.
+fn at(seq_id: u64, step: u64) -> Provenance {
+    Provenance {
+        step,
+        ..prov(seq_id)
+    }
+}
+
 fn prov(seq_id: u64) -> Provenance {
     Provenance {
         session_id: [7; 16],
         seq_id,
         episode_id: 3,
         obs_mono_ns: 1_000 + seq_id as i64,
+        step: 0,
     }
 }
 
@@ -168,6 +180,7 @@ fn plan_encoding_round_trips() {
             real_delay: 5,
             idx_before: None,
         },
+        Plan::Since { from: 11 },
     ] {
         assert_eq!(Plan::decode(plan.encode()), plan);
     }
@@ -178,7 +191,7 @@ fn append_keeps_unconsumed_and_provenance() {
     let q = ActionQueue::new(DIM, false, 64).unwrap();
     assert_eq!(merge(&q, 0, 3, 10, None, Some(prov(1))), Ok(0));
     assert_eq!(q.qsize(), 3);
-    assert_eq!(pop_with(&q, |_, p| p), Some(Some(prov(1))));
+    assert_eq!(pop_with(&q, |_, p| p), Some(Some(at(1, 0))));
     merge(&q, 10, 2, 0, None, Some(prov(2))).unwrap();
     assert_eq!(q.action_index(), 0);
     assert_eq!(q.qsize(), 4);
@@ -186,10 +199,10 @@ fn append_keeps_unconsumed_and_provenance() {
     assert_eq!(
         got,
         vec![
-            (1.0, Some(prov(1))),
-            (2.0, Some(prov(1))),
-            (10.0, Some(prov(2))),
-            (11.0, Some(prov(2)))
+            (1.0, Some(at(1, 1))),
+            (2.0, Some(at(1, 2))),
+            (10.0, Some(at(2, 0))),
+            (11.0, Some(at(2, 1)))
         ]
     );
     assert_eq!(q.statistics().actions_consumed, 5);
@@ -394,7 +407,16 @@ impl Model {
         idx_before: Option<i64>,
         prov: Option<Provenance>,
     ) -> Option<usize> {
-        let rows: Vec<_> = (first..first + t).map(|v| (v, prov)).collect();
+        let label = |r: usize| {
+            prov.map(|p| Provenance {
+                step: r as u64,
+                ..p
+            })
+        };
+        let rows: Vec<_> = (first..first + t)
+            .enumerate()
+            .map(|(r, v)| (v, label(r)))
+            .collect();
         let delay = resolve_delay(real_delay, idx_before, self.last_index as u64).delay as usize;
         if self.rtc {
             if t > self.capacity {
@@ -439,8 +461,8 @@ impl Model {
     }
 
     fn discard(&mut self, prov: Option<Provenance>) -> bool {
-        let cleared =
-            self.queue.is_some() && !matches!(self.head(), Some(Some(p)) if Some(p) != prov);
+        let cleared = self.queue.is_some()
+            && !matches!(self.head(), Some(Some(p)) if !prov.is_some_and(|q| p.same_chunk(&q)));
         if cleared {
             self.clear();
         }
@@ -592,7 +614,11 @@ fn check_stalled_producer(rtc: bool, steps: &[Step]) -> Result<(), TestCaseError
                 let idx_before = Some(q.action_index() as i64);
                 let (o, pr) = chunk(next_value, t);
                 let want = model.merge(next_value, t, real_delay, idx_before, p);
-                match q.prepare(words, view(&o), view(&pr), real_delay, idx_before, p) {
+                let timing = Timing::Latency {
+                    real_delay,
+                    idx_before,
+                };
+                match q.prepare(words, view(&o), view(&pr), timing, p) {
                     Ok(prepared) => {
                         prop_assert!(want.is_some());
                         stalled = Some((prepared, q.seal(words)));

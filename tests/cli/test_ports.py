@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import socket
 import subprocess
 import sys
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from servo.cli.ports import PortInUseError, refuse_busy
+from servo.cli.ports import PortInUseError, free_ports_advice, refuse_busy
+from tests.edge.harness import Proc
 from tests.support import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,28 +86,44 @@ def test_port_of_a_server_that_just_stopped_is_free() -> None:
 
 
 @pytest.mark.parametrize("which", ["zenoh", "health"])
-def test_servo_serve_refuses_a_busy_port_in_one_line(held: int, which: str) -> None:
+def test_servo_serve_refuses_a_busy_port_in_one_line_whose_advice_works(held: int, which: str) -> None:
     zenoh_port, health_port = (held, free_port()) if which == "zenoh" else (free_port(), held)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "servo.cli.serve",
-            str(REPO / "examples" / "manifest.toml"),
-            "--listen",
-            f"tcp/127.0.0.1:{zenoh_port}",
-            "--health-port",
-            str(health_port),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        check=False,
-    )
+    ports = ["--listen", f"tcp/127.0.0.1:{zenoh_port}", "--health-port", str(health_port)]
+    serve = [sys.executable, "-m", "servo.cli.serve", str(REPO / "examples" / "manifest.toml")]
+    done = subprocess.run([*serve, *ports], capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
     assert done.returncode == 2, done.stderr
     setting = f"zenoh.listen tcp/127.0.0.1:{held}" if which == "zenoh" else "ops.health_port on 127.0.0.1"
-    assert done.stderr.splitlines() == [
-        f"servo-serve: error: port {held} ({setting}) is already in use (another servo-serve?); "
-        "stop it or choose free ports with --listen, --health-port"
+    (line,) = done.stderr.splitlines()
+    head = f"servo-serve: error: port {held} ({setting}) is already in use (another servo-serve?); "
+    assert line.startswith(head + "stop it, or choose free ports: ")
+    advice = shlex.split(line.split("choose free ports: ", 1)[1])
+    flag = "--listen" if which == "zenoh" else "--health-port"
+    assert advice[0] == flag
+    assert len(advice) == 2
+    # The advice, as given, starts the server (the other port as it was).
+    given = dict(zip(ports[::2], ports[1::2], strict=True)) | {advice[0]: advice[1]}
+    server = Proc([*serve, *(arg for pair in given.items() for arg in pair), "--log-level", "warning"], cwd=REPO)
+    try:
+        server.wait_line("servo-serve: ready", 120)
+    finally:
+        server.stop()
+
+
+def test_the_advice_moves_every_busy_port_and_keeps_the_rest_of_each_setting(held: int) -> None:
+    with pytest.raises(PortInUseError) as error:
+        refuse_busy(
+            [f"tcp/127.0.0.1:{held}?rel=1#iface=lo"],
+            "127.0.0.1",
+            held,
+            others=[("frontends.openpi.listen", "127.0.0.1", held)],
+        )
+    flags = {"zenoh.listen": "--listen", "ops.health_port": "--health-port", "frontends.openpi.listen": "--openpi"}
+    advice = shlex.split(free_ports_advice(error.value, flags))
+    free = error.value.busy[0].free
+    assert free is not None
+    assert free > held
+    assert advice == [
+        *("--listen", f"tcp/127.0.0.1:{free}?rel=1#iface=lo"),
+        *("--health-port", str(free)),
+        *("--openpi", f"127.0.0.1:{free}"),
     ]

@@ -59,15 +59,9 @@ def test_a_tls_or_quic_listen_gets_a_certificate_and_the_printed_edge_command_wo
         assert f"TLS with the self-signed certificate {certificate} (created;" in server.output
         assert stat.S_IMODE(certificate.with_name("server.key").stat().st_mode) == 0o600
         command = printed_command(server, "without hardware")
-        assert command == [
-            "servo-edge",
-            "--robot",
-            "sim",
-            "--connect",
-            f"{protocol}/127.0.0.1:{port}",
-            "--tls-root-ca",
-            "server.pem",
-        ]
+        # (--buffer-time-s in between when the capacity plan, timed at this machine's load, asks for it)
+        assert command[:3] == ["servo-edge", "--robot", "sim"]
+        assert command[-4:] == ["--connect", f"{protocol}/127.0.0.1:{port}", "--tls-root-ca", "server.pem"]
         robot = tmp_path / "robot"  # the robot's side: its copy of the certificate, as the line says
         robot.mkdir()
         shutil.copy(certificate, robot / "server.pem")
@@ -96,7 +90,10 @@ def test_a_tcp_listen_stays_without_certificate(tmp_path: Path, servo_config_dir
     server.stop()
     assert "self-signed" not in server.output
     assert not (servo_config_dir / "tls").exists()
-    assert f"without hardware: servo-edge --robot sim --connect tcp/127.0.0.1:{port}" in server.output
+    (sim,) = [
+        line for line in server.lines if line.startswith("servo-serve: without hardware: servo-edge --robot sim ")
+    ]
+    assert sim.endswith(f" --connect tcp/127.0.0.1:{port}")
 
 
 def test_the_capacity_plan_warns_when_a_forward_outlasts_a_chunk(tmp_path: Path) -> None:
@@ -108,7 +105,7 @@ def test_the_capacity_plan_warns_when_a_forward_outlasts_a_chunk(tmp_path: Path)
     assert "capacity: one replica carries 0 robot(s)" in server.output
     warning = server.wait_line("servo-serve: warning: a forward (", 1)
     assert "takes longer than a chunk lasts (333 ms at 30 fps)" in warning
-    assert "a GPU (--device cuda)" in warning
+    assert "a GPU: servo-serve --device cuda" in warning
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from servo.client import PolicyClient, RemoteSession
-from servo.client.discovery import ServerInfo, SettleLook, first_choice, placement_score, settle_look
+from servo.client.discovery import ServerInfo, first_choice, placement_score
 from servo.transport import ZenohSettings, open_session
 from servo.wire import ServerKeys, StatusReply
 from tests.client.test_verify import status
@@ -117,17 +117,6 @@ def test_a_failover_on_an_old_view_draws_among_every_live_replica_of_it() -> Non
     assert fresh == {"c": 3000}  # a view of now: the emptiest replica
     assert old.keys() == {"a", "b", "c"}, old  # never the draining one
     assert all(800 < old[name] < 1200 for name in "abc"), old  # that load is long gone: as many on each
-
-
-def test_a_settle_look_moves_only_from_a_replica_two_or_more_above_the_emptiest() -> None:
-    keys = ServerKeys("app", "model", "a")
-    assert settle_look(keys, [info("a", 5), info("b", 4)]) == SettleLook(balanced=True)
-    assert settle_look(keys, [info("b", 4)]) is None  # its replica is gone: stop looking
-    assert settle_look(keys, [info("a", 5)]) is None  # nowhere else to go
-    moves = [settle_look(keys, [info("a", 10), info("b", 0)]) for _ in range(2000)]
-    assert all(look is not None and not look.balanced for look in moves)
-    movers = sum(look is not None and look.target is not None for look in moves)
-    assert 0.4 < movers / 2000 < 0.6  # (10 - mean 5) / 10: half of a's robots move, in expectation
 
 
 class CountingClient(PolicyClient):

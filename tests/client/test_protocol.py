@@ -11,6 +11,8 @@ import pytest
 
 from servo._core import (
     ATTACHMENT_SIZE,
+    FLAG_COPY,
+    FLAG_EPISODE_START,
     MSG_CHUNK,
     MSG_CONTROL,
     MSG_CONTROL_ACK,
@@ -105,6 +107,9 @@ def test_a_request_sent_again_takes_the_first_answer_to_either_seq(answered: str
     original = protocol.observation(mono_ns=1_000, episode_start=True)
     copy = protocol.observation(mono_ns=1_000, episode_start=True, resend=True)
     assert (copy.seq_id, protocol.in_flight, protocol.resent_seq) == (2, 2, 1)
+    # The copy says so, and carries the original's observation stamp and flags.
+    assert (original.flags, copy.flags) == (FLAG_EPISODE_START, FLAG_EPISODE_START | FLAG_COPY)
+    assert copy.client_mono_ns == original.client_mono_ns
     assert (protocol.stats.resent, protocol.counters.resent) == (1, 1)
     first, second = (original, copy) if answered == "original" else (copy, original)
     body = encode(chunk(GOOD))
@@ -112,11 +117,15 @@ def test_a_request_sent_again_takes_the_first_answer_to_either_seq(answered: str
     assert isinstance(verdict, Answered)
     assert isinstance(verdict.result, ChunkResult)
     assert (verdict.result.seq_id, verdict.result.rtt_ns) == (first.seq_id, 4_000)
-    # The other answer is for the same observation, but the request is answered: it is dropped,
-    # as expected (not counted as a refused chunk).
+    # The other answer is for the same observation, but the request is answered: it is dropped
+    # as expected, neither stale nor refused, even once a newer request is in flight.
+    protocol.observation(mono_ns=2_000, episode_start=False)
     assert isinstance(protocol.on_action(answer(second, MSG_CHUNK, body), body, 6_000), Dropped)
-    assert protocol.stats.dropped_stale == 1
-    assert not protocol.counters.chunks_rejected
+    assert (protocol.stats.copy_answers, protocol.stats.dropped_stale) == (1, 0)
+    assert not +protocol.counters.chunks_rejected
+    # Once only: the same answer again is a replay.
+    assert isinstance(protocol.on_action(answer(second, MSG_CHUNK, body), body, 7_000), Dropped)
+    assert protocol.counters.chunks_rejected["stale_seq"] == 1
 
 
 def test_only_the_request_in_flight_is_sent_again_and_a_newer_request_forgets_the_copy() -> None:

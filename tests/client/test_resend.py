@@ -1,7 +1,8 @@
 """A chunk lost on the way back is asked for again, not waited for until the request times out.
 
 A real in-process server over Zenoh on 127.0.0.1; the loss is the server's chunk put doing
-nothing for one chosen seq_id, as a DROP publisher does when its transmit queue stays full.
+nothing for one chosen seq_id, as a DROP publisher does when its transmit queue stays full. The
+rule for when (`servo.client.resend`) is tested as the pure function it is.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from servo.client import PolicyClient, RequestTimeout
-from servo.client.session import RESEND_MIN_S, RESEND_ROUND_TRIPS, resend_delay
+from servo.client.resend import RESEND_MIN_S, RESEND_ROUND_TRIPS, ResendRule
 from tests.support import client_settings, lose_chunks, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
@@ -55,9 +56,21 @@ async def test_a_copy_whose_answer_is_lost_too_ends_at_the_timeout(port: int, mo
         assert set(dropped) <= {1, 2}
 
 
-def test_when_to_resend_follows_the_slower_of_round_trip_and_forward() -> None:
-    assert resend_delay(None, 0.0) is None  # a fresh replica, no round trip yet: never
-    assert resend_delay(10_000_000, 0.0) == RESEND_MIN_S
-    assert resend_delay(400_000_000, 16.0) == pytest.approx(RESEND_ROUND_TRIPS * 0.4)
-    assert resend_delay(None, 700.0) == pytest.approx(RESEND_ROUND_TRIPS * 0.7)
-    assert resend_delay(100_000_000, 700.0) == pytest.approx(RESEND_ROUND_TRIPS * 0.7)
+def test_before_its_first_answer_a_session_allows_the_replicas_whole_queue() -> None:
+    assert ResendRule().copy_after(None) is None  # a fresh replica, no round trip yet: never
+    assert ResendRule().copy_after(10_000_000) == RESEND_MIN_S
+    assert ResendRule(forward_ms=700.0).copy_after(None) == pytest.approx(RESEND_ROUND_TRIPS * 0.7)
+    assert ResendRule(forward_ms=16.0).copy_after(400_000_000) == pytest.approx(RESEND_ROUND_TRIPS * 0.4)
+    # Right after a failover: 100 sessions of 16 ms forwards may each be served first, and the
+    # round trips measured on the replica that died say nothing about that queue.
+    assert ResendRule(forward_ms=16.0, sessions=100).copy_after(50_000_000) == pytest.approx(RESEND_MIN_S + 1.6)
+
+
+def test_after_an_answer_the_servers_own_account_of_it_counts() -> None:
+    rule = ResendRule(forward_ms=16.0, sessions=100)
+    rule.answered(queue_wait_ms=30.0, inference_ms=16.0)
+    assert rule.copy_after(50_000_000) == RESEND_MIN_S  # the queue drained: only round trips count
+    # The server reports a queue that grew (its own requests wait 600 ms): slow, not lossy.
+    rule.answered(queue_wait_ms=600.0, inference_ms=16.0)
+    assert rule.copy_after(200_000_000) == pytest.approx(RESEND_ROUND_TRIPS * 0.616)
+    assert rule.copy_after(900_000_000) == pytest.approx(RESEND_ROUND_TRIPS * 0.9)

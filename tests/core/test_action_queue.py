@@ -92,8 +92,8 @@ def fast_switching() -> Iterator[None]:
     sys.setswitchinterval(previous)
 
 
-def prov(seq_id: int) -> Provenance:
-    return Provenance(session_id=SESSION, seq_id=seq_id, episode_id=2, obs_mono_ns=1_000 + seq_id)
+def prov(seq_id: int, step: int = 0) -> Provenance:
+    return Provenance(session_id=SESSION, seq_id=seq_id, episode_id=2, obs_mono_ns=1_000 + seq_id, step=step)
 
 
 def tagged(first: int, t: int, dim: int = 1) -> np.ndarray:
@@ -169,7 +169,7 @@ def test_get_with_provenance_preserved_when_non_rtc_queue_drains(
     assert first[1] == prov(1)
     queue_append.merge(b, b, real_delay=0, provenance=prov(2))
     remaining = [queue_append.get_with_provenance() for _ in range(3)]
-    assert [item[1] for item in remaining if item is not None] == [prov(1), prov(2), prov(2)]
+    assert [item[1] for item in remaining if item is not None] == [prov(1, 1), prov(2, 0), prov(2, 1)]
 
 
 def test_get_with_provenance_tracks_replacement_chunk(queue_rtc: ActionQueue, sample_actions: Actions) -> None:
@@ -749,14 +749,17 @@ def test_typical_non_rtc_workflow(queue_append: ActionQueue, sample_actions: Act
 def test_provenance_travels_with_actions(make: Make) -> None:
     q = make(2, rtc=True)
     chunk = tagged(0, 5, 2)
-    q.merge(chunk, chunk, real_delay=2, provenance=prov(7))
-    assert q.peek_provenance() == prov(7)
+    q.merge(chunk, chunk, real_delay=2, provenance=prov(7, step=40))
+    # Each action carries the step it is meant for: the chunk's plus its index in the chunk.
+    assert q.peek_provenance() == prov(7, step=42)
     item = q.get_with_provenance()
     assert item is not None
     action, p = item
     np.testing.assert_array_equal(action, [2.0, 2.0])
-    assert p == prov(7)
+    assert p == prov(7, step=42)
     assert p.obs_mono_ns == 1_007
+    assert p.same_chunk(prov(7))
+    assert not p.same_chunk(prov(8, step=42))
     q.merge(chunk, chunk, real_delay=0)
     assert q.peek_provenance() is None
     item = q.get_with_provenance()
@@ -769,22 +772,24 @@ def test_provenance_travels_with_actions(make: Make) -> None:
 
 def test_provenance_record() -> None:
     session = "00112233445566778899aabbccddeeff"
-    p = Provenance(session_id=session, seq_id=2, episode_id=3, obs_mono_ns=-4)
-    assert (p.session_id, p.seq_id, p.episode_id, p.obs_mono_ns) == (session, 2, 3, -4)
-    assert tuple(p) == (session, 2, 3, -4)
-    assert len(p) == 4
+    p = Provenance(session_id=session, seq_id=2, episode_id=3, obs_mono_ns=-4, step=9)
+    assert (p.session_id, p.seq_id, p.episode_id, p.obs_mono_ns, p.step) == (session, 2, 3, -4, 9)
+    assert tuple(p) == (session, 2, 3, -4, 9)
+    assert len(p) == 5
     assert p[1] == 2
-    assert p[-1] == -4
+    assert p[-1] == 9
     assert p[1:3] == (2, 3)
     session_id, seq_id, *_ = p
     assert (session_id, seq_id) == (session, 2)
-    assert p == Provenance(session.upper(), 2, 3, -4)  # the 16 bytes are what counts
-    assert p != Provenance(session, 2, 3, 5)
-    assert hash(p) == hash(Provenance(session, 2, 3, -4))
-    assert repr(p) == f"Provenance(session_id='{session}', seq_id=2, episode_id=3, obs_mono_ns=-4)"
+    assert p == Provenance(session.upper(), 2, 3, -4, 9)  # the 16 bytes are what counts
+    assert p != Provenance(session, 2, 3, 5, 9)
+    assert p != Provenance(session, 2, 3, -4)  # another step of the same chunk
+    assert p.same_chunk(Provenance(session, 2, 3, -4))
+    assert hash(p) == hash(Provenance(session, 2, 3, -4, 9))
+    assert repr(p) == f"Provenance(session_id='{session}', seq_id=2, episode_id=3, obs_mono_ns=-4, step=9)"
     assert pickle.loads(pickle.dumps(p)) == p
     match p:
-        case Provenance(_, 2, episode_id, _):
+        case Provenance(_, 2, episode_id, _, _):
             assert episode_id == 3
         case _:  # pragma: no cover
             pytest.fail("no match")

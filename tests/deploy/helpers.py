@@ -27,7 +27,7 @@ import anyio
 import pytest
 import zenoh
 
-from servo.transport import LoopBridge
+from servo.stages import LoopBridge
 from tests.support import free_port
 
 LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -165,7 +165,7 @@ class Presence:
                     self.alive.discard(key)
 
     def close(self) -> None:
-        self._bridge.closed = True
+        self._bridge.close()
         self._sub.undeclare()
         self._send.close()
         self._recv.close()

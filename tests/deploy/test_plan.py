@@ -61,8 +61,8 @@ def test_one_replica_keeps_the_manifest_ports() -> None:
 
 
 def test_client_mode_replicas_share_the_router_endpoints() -> None:
-    m = parse_manifest(manifest('[zenoh]\nmode = "client"\nlisten = []\nconnect = ["tcp/10.0.0.1:7447"]\n'))
-    assert {tuple(r.zenoh.connect) for r in replica_manifests(m, 4, cwd=Path("/srv"))} == {("tcp/10.0.0.1:7447",)}
+    m = parse_manifest(manifest('[zenoh]\nmode = "client"\nlisten = []\nconnect = ["tls/10.0.0.1:7447"]\n'))
+    assert {tuple(r.zenoh.connect) for r in replica_manifests(m, 4, cwd=Path("/srv"))} == {("tls/10.0.0.1:7447",)}
 
 
 def test_each_replica_audits_to_its_own_file_and_relative_paths_become_absolute(
@@ -121,3 +121,9 @@ def test_manifests_replicas_cannot_share_are_refused_naming_the_key(text: str, r
 def test_cuda_without_index_is_placed_by_the_cluster() -> None:
     m = parse_manifest('[model]\nsource = "reference"\ndevice = "cuda"\n')
     assert {r.model.device for r in replica_manifests(m, 2, cwd=Path("/srv"))} == {"cuda"}
+
+
+def test_replicas_print_no_join_token_of_their_own() -> None:
+    m = parse_manifest(manifest(""))
+    assert m.security.join_token_ttl_s > 0
+    assert {r.security.join_token_ttl_s for r in replica_manifests(m, 2, cwd=Path("/srv"))} == {0.0}

@@ -42,6 +42,9 @@ class ScriptedActions:
     def queued(self) -> int:
         return 0
 
+    def position(self) -> int:
+        return 0
+
     def get_action(self, now_ns: int) -> Action | None:
         index = len(self.calls)
         self.calls.append(now_ns)
@@ -108,3 +111,23 @@ class Unplugged(SimSO100):
 def unplugged(options: SimOptions) -> Unplugged:
     """An arm whose port is missing: a robot plugin (built in the control process, named by path)."""
     return Unplugged(sim_config(options))
+
+
+class Stuck(SimSO100):
+    """A simulated arm whose bus stops answering after the first read (the loop's start): `read_state`
+    then never returns (a driver hung in a blocking call), so its loop never sees a stop request."""
+
+    def __init__(self, options: SimOptions) -> None:
+        super().__init__(sim_config(options))
+        self._reads = 0
+
+    def read_state(self) -> FloatArray:
+        self._reads += 1
+        if self._reads > 1:
+            threading.Event().wait()
+        return super().read_state()
+
+
+def stuck(options: SimOptions) -> Stuck:
+    """An arm that hangs at the first tick: a robot plugin (built in the control process, named by path)."""
+    return Stuck(options)

@@ -22,13 +22,18 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
+from servo.edge.channel import ControlChannel, LoopState
 from servo.edge.config import EdgeConfig, load_edge_config
+from servo.edge.control_process import ProcessControlLoop
 from servo.edge.engine import EngineBase, MergeEvent
+from servo.edge.pipeline import ChunkPipeline
+from servo.edge.realtime import request_realtime
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.policy.protocol import FloatArray as PolicyArray
 from servo.policy.protocol import PolicySpec, Processor
 from servo.policy.reference import make_reference_policy
 from servo.robots import RobotDescription
+from tests.support import cpu_hog, eventually
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -143,6 +148,51 @@ async def running_edge(
                 await run.done.wait()
 
 
+@asynccontextmanager
+async def process_loop(robot: RobotDescription, pipe: ChunkPipeline) -> AsyncIterator[ProcessControlLoop]:
+    """``robot`` driven by a control process on ``pipe``'s queue until the block exits (then stopped)."""
+    spec = robot.spec()
+    channel = ControlChannel.create(spec.action_dim, shared=True, recording=True)
+    cameras = robot.build_cameras(channel)
+    cameras.connect()
+    loop = ProcessControlLoop(
+        channel, cameras, robot, action_dim=spec.action_dim, pipeline=pipe.memory, control=pipe.control
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(loop.run)
+            try:
+                yield loop
+            finally:
+                await loop.stop()
+    finally:
+        cameras.disconnect()
+
+
+async def stop_beside_a_hog(loop: ProcessControlLoop) -> None:
+    """Let ``loop`` tick beside 8 busy loops, then stop it: it must see the stop at its next tick and
+    end by itself (exit code 0), however starved this process is meanwhile."""
+    with cpu_hog(8):
+        ticks = loop.statistics().ticks
+        await eventually(lambda: loop.statistics().ticks >= ticks + 25, 60, "ticking beside the hog")
+        loop.channel.request_stop()
+        asked_at = loop.statistics().ticks
+        await loop.stop(timeout=60)
+    stats = loop.statistics()
+    assert stats.state is LoopState.STOPPED
+    assert stats.ticks - asked_at <= 1  # the tick in progress, if any
+    assert loop.error == ""  # not ended by force
+
+
+def can_be_realtime() -> bool:
+    """Whether a thread of this process may switch to real-time scheduling (CAP_SYS_NICE or an rtprio limit)."""
+    granted: list[bool] = []
+    probe = threading.Thread(target=lambda: granted.append(request_realtime()))
+    probe.start()
+    probe.join()
+    return granted[0]
+
+
 def write_manifest(
     path: Path,
     port: int,
@@ -166,6 +216,7 @@ def write_manifest(
 source = "reference"
 revision = "{revision}"
 warmup = 1
+plan_forwards = 0
 [model.options]
 {options}
 [zenoh]
@@ -191,6 +242,8 @@ class Proc:
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.argv = argv
         self.lines: list[str] = []
+        #: When each line was read (`time.monotonic`), in step with ``lines``.
+        self.seen_at: list[float] = []
         self._cond = threading.Condition()
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.popen = subprocess.Popen(
@@ -209,6 +262,7 @@ class Proc:
         for line in self.popen.stdout:
             with self._cond:
                 self.lines.append(line.rstrip("\n"))
+                self.seen_at.append(time.monotonic())
                 self._cond.notify_all()
         with self._cond:
             self._cond.notify_all()

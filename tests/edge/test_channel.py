@@ -34,12 +34,12 @@ def test_the_newest_observation_crosses_and_wins() -> None:
     main, loop = pair()
     assert main.latest() is None
     assert main.latest_pose() is None
-    loop.publish(0, 100, f32(1, 2, 3))
-    loop.publish(1, 200, f32(4, 5, 6))
+    loop.publish(0, 100, 7, f32(1, 2, 3))
+    loop.publish(1, 200, 2**63 + 5, f32(4, 5, 6))  # a queue position is any u64
     latest = main.latest()
     assert latest is not None
-    tick, mono_ns, state = latest
-    assert (tick, mono_ns, state.tolist()) == (1, 200, [4.0, 5.0, 6.0])
+    tick, mono_ns, position, state = latest
+    assert (tick, mono_ns, position, state.tolist()) == (1, 200, 2**63 + 5, [4.0, 5.0, 6.0])
     pose = main.latest_pose()
     assert pose is not None
     assert pose.tolist() == [4.0, 5.0, 6.0]
@@ -86,7 +86,7 @@ def test_the_wake_up_is_armed_by_the_main_process_and_taken_once() -> None:
 
 def test_records_round_trip_with_provenance_and_are_dropped_when_nobody_drains() -> None:
     main, loop = pair()
-    provenance = Provenance(SESSION, 7, 2, 1234)
+    provenance = Provenance(SESSION, 7, 2, 1234, 2**64 - 1)
     loop.record(0, 10, f32(0, 0, 0), None, "none", None)
     loop.record(1, 20, f32(1, 1, 1), f32(1.5, 1.5, 1.5), "policy", provenance)
     loop.record(2, 30, f32(2, 2, 2), f32(0, 0, 0), "park", None)

@@ -1,17 +1,22 @@
 """The server dies mid-episode (SIGKILL) and comes back: the edge rides through, or refuses a
-different model. Real ``servo-serve`` subprocesses, real Zenoh on 127.0.0.1.
+different model, and never runs a step twice. Real ``servo-serve`` subprocesses, real Zenoh on
+127.0.0.1.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
+from servo.edge.exactness import check_steps
 from servo.edge.failsafe import EngineState
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
+from servo.recording import read_recording
+from tests.edge.fakes import wait_for
 from tests.edge.harness import (
     Proc,
     edge_argv,
@@ -104,3 +109,51 @@ def test_server_back_with_a_different_model_is_dead(tmp_path: Path) -> None:
     assert "chunk_size 25 (was 20)" in summary["stop_reason"]
     assert "rest pose reached" in output
     assert "disconnected" in output
+
+
+@pytest.mark.timeout(400)  # four server starts at load 16: a minute each at worst
+def test_no_step_runs_twice_through_server_kills_at_random_moments(tmp_path: Path) -> None:
+    """``servo-edge --record`` while its server is killed three times at a random moment (a few
+    to a few hundred ticks into a session) and restarted: the recording alone shows every step
+    of every chunk run once (`check_steps`)."""
+    moments = random.Random(30)
+    port = free_port()
+    manifest = write_manifest(tmp_path / "manifest.toml", port)
+    recording = tmp_path / "run.servo"
+    server = start_server(manifest)
+    edge = Proc(
+        edge_argv(
+            f"--robot sim --robot-opt cameras=front:64x48 --connect tcp/127.0.0.1:{port} --record {recording} "
+            "--reconnect-initial-backoff-s 0.1 --reconnect-max-backoff-s 0.5 --duration 600"
+        )
+    )
+
+    def seen(text: str) -> int:
+        return sum(text in line for line in list(edge.lines))
+
+    def recorded() -> int:
+        return recording.stat().st_size if recording.exists() else 0
+
+    def streamed(sessions: int, blocks: int) -> None:
+        """Wait for session number ``sessions`` to stream, then for ``blocks`` more blocks of ticks."""
+        wait_for(lambda: seen("state=streaming") >= sessions, 60, f"streaming, session {sessions}")
+        grown = recorded() + blocks * 8192  # the recorder writes blocks of 8 KiB: 1 to 2 s of ticks
+        wait_for(lambda: recorded() >= grown, 60, "ticks recorded")
+
+    def reconnecting(kills: int) -> None:
+        wait_for(lambda: seen("state=reconnecting") >= kills, 10, f"reconnecting, kill {kills}")
+
+    try:
+        for kill in range(1, 4):
+            streamed(kill, moments.choice([1, 2, 4]))
+            server.kill()
+            reconnecting(kill)
+            server = start_server(manifest)
+        streamed(4, 1)
+        edge.stop()  # SIGTERM: the safe teardown, then the recording is closed
+    finally:
+        edge.kill()
+        server.stop()
+    report = check_steps(read_recording(recording).frames)
+    assert report.exact, report.summary()
+    assert report.chunks - report.unverified >= 20, report.summary()

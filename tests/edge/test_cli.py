@@ -49,16 +49,20 @@ async def test_capability_mismatch_exits_2_with_the_reason(port: int) -> None:
     assert output.strip() == line  # nothing else at warning level: one clear message
 
 
-def test_unreachable_server_exits_1() -> None:
+@pytest.mark.parametrize("mode", ["client", "peer"])
+def test_unreachable_server_exits_1_in_one_line_within_the_connect_timeout(mode: str) -> None:
     port = free_port()
     result = run_edge(
-        f"--robot sim --robot-opt cameras=none --connect tcp/127.0.0.1:{port} --connect-timeout-s 1 --log-level warning"
+        f"--robot sim --connect tcp/127.0.0.1:{port} --connect-timeout-s 2 --zenoh-mode {mode} --log-level warning"
     )
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "Traceback" not in output
     (line,) = error_lines(output)
-    assert f"cannot reach a servo server at tcp/127.0.0.1:{port}" in line
+    assert line.startswith(f"servo-edge: error: no usable servo server at tcp/127.0.0.1:{port} within 2 s (")
+    assert line.endswith("is servo-serve running there? (--connect, --connect-timeout-s)")
+    assert ".rs:" not in line
+    assert " at /" not in line
 
 
 def test_bad_option_exits_2() -> None:

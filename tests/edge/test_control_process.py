@@ -9,10 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -20,13 +17,13 @@ import numpy as np
 import pytest
 
 from servo.edge.actions import ControlConfig
-from servo.edge.channel import ControlChannel, LoopState
-from servo.edge.control_process import ProcessControlLoop
+from servo.edge.channel import LoopState
 from servo.edge.errors import EdgeStartError
 from servo.edge.observation import ObservationInput
 from servo.edge.pipeline import ChunkPipeline, PipelineConfig
-from servo.edge.ticker import request_realtime
+from servo.edge.realtime import HELPER_PRIORITY, REALTIME_PRIORITY, thread_table
 from servo.robots import RobotDescription
+from tests.edge.harness import can_be_realtime, process_loop, stop_beside_a_hog
 from tests.support import eventually
 
 pytestmark = pytest.mark.anyio
@@ -39,37 +36,9 @@ def pipeline() -> ChunkPipeline:
     return ChunkPipeline(6, 50.0, config, ControlConfig(max_action_age_s=60.0, fallback="hold"))
 
 
-@asynccontextmanager
-async def process_loop(robot: RobotDescription, pipe: ChunkPipeline) -> AsyncIterator[ProcessControlLoop]:
-    spec = robot.spec()
-    channel = ControlChannel.create(spec.action_dim, shared=True, recording=True)
-    cameras = robot.build_cameras(channel)
-    cameras.connect()
-    loop = ProcessControlLoop(
-        channel, cameras, robot, action_dim=spec.action_dim, pipeline=pipe.memory, control=pipe.control
-    )
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(loop.run)
-            try:
-                yield loop
-            finally:
-                await loop.stop()
-    finally:
-        cameras.disconnect()
-
-
 def merge(pipe: ChunkPipeline, chunk: np.ndarray, seq: int) -> None:
-    obs = ObservationInput(np.zeros(6, np.float32), {}, time.monotonic_ns())
+    obs = ObservationInput(np.zeros(6, np.float32), {}, time.monotonic_ns(), 0, pipe.queue.get_position())
     assert pipe.complete(pipe.snapshot(obs), chunk, chunk, time.monotonic_ns(), session_id="ab" * 16, seq_id=seq) == 0
-
-
-def can_be_realtime() -> bool:
-    granted: list[bool] = []
-    probe = threading.Thread(target=lambda: granted.append(request_realtime()))
-    probe.start()
-    probe.join()
-    return granted[0]
 
 
 async def test_actions_merged_here_run_there_and_the_state_and_frames_come_back() -> None:
@@ -108,6 +77,41 @@ async def test_the_engine_is_woken_as_soon_as_the_queue_runs_low() -> None:
         with anyio.fail_after(20):  # without the bell the wait would run its full 30 s
             await loop.wait(queue_below=10, timeout=30.0)
         assert pipe.queued() < 10
+
+
+async def test_the_tick_is_real_time_and_every_other_thread_just_below_it() -> None:
+    """Where real-time scheduling is permitted; elsewhere every thread stays normal and it ticks anyway."""
+    async with process_loop(SIM, pipeline()) as loop:
+        assert loop.pid is not None
+        pid = loop.pid
+        await eventually(lambda: "servo-watchdog" in {t.name for t in thread_table(pid)}, 10, "the watchdog named")
+        table = thread_table(pid)
+        realtime = can_be_realtime()
+        assert loop.statistics().realtime == realtime
+        assert table[0].tid == pid  # the main thread ticks
+        classes = sorted((t.name, t.policy, t.priority) for t in table)
+        if realtime:
+            helper = ("rr", HELPER_PRIORITY)
+            assert classes == [("servo-tick", "fifo", REALTIME_PRIORITY), ("servo-watchdog", *helper)]
+        else:
+            assert classes == [("servo-tick", "other", 0), ("servo-watchdog", "other", 0)]
+
+
+async def test_under_a_cpu_hog_the_loop_stops_at_its_next_tick_by_itself() -> None:
+    async with process_loop(SIM, pipeline()) as loop:
+        await stop_beside_a_hog(loop)
+
+
+async def test_a_loop_that_cannot_see_the_stop_is_ended_at_the_deadline() -> None:
+    """A driver hung in a blocking read never lets the tick look at the stop request: the edge's
+    deadline ends the process anyway (SIGKILL), and says so."""
+    stuck = RobotDescription("tests.edge.fakes:stuck", {"cameras": "none"})
+    async with process_loop(stuck, pipeline()) as loop:
+        assert loop.running  # its first tick is stuck reading the bus
+        await loop.stop(timeout=0.5)
+        assert not loop.running
+    assert loop.statistics().ticks == 0
+    assert loop.error == "control process ended (killed by signal 9)"
 
 
 async def test_a_robot_that_fails_to_connect_there_is_a_start_error_here() -> None:

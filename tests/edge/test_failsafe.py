@@ -189,3 +189,18 @@ def test_a_flapping_link_keeps_only_the_last_transitions(fs: FailSafe, clock: Fa
         fs.merged()
     assert len(fs.transitions) == MAX_TRANSITIONS
     assert states(fs)[-2:] == [EngineState.STALLED, EngineState.STREAMING]
+
+
+def test_each_stall_is_counted_with_the_cause_the_engine_gives(fs: FailSafe, clock: FakeClock) -> None:
+    causes = iter(["chunks too short: 10 steps, need >= 24", "a chunk is late"])
+    fs.merged()
+    for _ in range(2):
+        fs.request_sent()
+        clock.advance(1.0)
+        assert fs.tick(starved_since_ns=clock.now, why_starved=lambda: next(causes)) is EngineState.STALLED
+        clock.advance(0.1)
+        fs.tick(starved_since_ns=clock.now, why_starved=lambda: next(causes))  # still stalled: not asked again
+        fs.merged()
+    assert fs.stall_causes == {"chunks too short: 10 steps, need >= 24": 1, "a chunk is late": 1}
+    stalls = [t.reason for t in fs.transitions if t.state is EngineState.STALLED]
+    assert stalls[0] == "no fresh action for the control loop: chunks too short: 10 steps, need >= 24"

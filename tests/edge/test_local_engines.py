@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
 
 from servo.edge.config import EdgeConfig
 from servo.edge.errors import EdgeStartError
+from servo.edge.exactness import check_steps
 from servo.edge.local import RtcEngine, SyncEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.policy.reference import ReferencePolicy
+from servo.recording import read_recording
 from servo.robots import RobotDescription
 from tests.support import make_manifest, running_server
 
@@ -25,22 +28,33 @@ def sim() -> RobotDescription:
     return RobotDescription("sim", {"cameras": f"front:{CAM[1]}x{CAM[0]}"})
 
 
-async def test_rtc_engine_streams_in_the_background() -> None:
+def every_step_once(recording: Path, chunks: int) -> None:
+    """The recording shows each step run once, over at least ``chunks`` chunks."""
+    report = check_steps(read_recording(recording).frames)
+    assert report.exact, report.summary()
+    assert report.chunks - report.unverified >= chunks, report.summary()
+
+
+async def test_rtc_engine_streams_in_the_background(tmp_path: Path) -> None:
     robot = sim()
     engine = RtcEngine(EdgeConfig(), robot.spec(), policy=ReferencePolicy(cameras={"front": CAM}, compute_ms=40))
-    summary = await EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(duration_s=2.5)).run()
+    options = RunOptions(duration_s=2.5, record_path=str(tmp_path / "rtc.servo"))
+    summary = await EdgeRuntime(robot, engine, EdgeConfig(), options).run()
     assert summary.final_state == "streaming"
     assert summary.chunks_received >= 2
+    every_step_once(tmp_path / "rtc.servo", 2)
     # Inference runs off the control loop: the loop keeps its schedule.
     assert summary.ticks >= 0.8 * 2.5 * robot.spec().fps
     assert summary.missed_deadlines <= 3
 
 
-async def test_sync_engine_blocks_the_loop_during_inference() -> None:
+async def test_sync_engine_blocks_the_loop_during_inference(tmp_path: Path) -> None:
     robot = sim()
     engine = SyncEngine(EdgeConfig(), robot.spec(), policy=ReferencePolicy(cameras={"front": CAM}, compute_ms=150))
-    summary = await EdgeRuntime(robot, engine, EdgeConfig(), RunOptions(duration_s=2.5)).run()
+    options = RunOptions(duration_s=2.5, record_path=str(tmp_path / "sync.servo"))
+    summary = await EdgeRuntime(robot, engine, EdgeConfig(), options).run()
     assert summary.chunks_received >= 2
+    every_step_once(tmp_path / "sync.servo", 2)
     assert not engine.pipeline.rtc, "sequential mode appends"
     assert summary.control_loop == "ThreadControlLoop"  # its policy runs inside the tick
     # Each inference holds the loop for ~150 ms = ~4-5 ticks at 30 Hz: counted as missed.

@@ -32,7 +32,8 @@ def test_merges_keep_the_python_heap_flat() -> None:
 
     def one(seq: int) -> None:
         now = time.monotonic_ns()
-        request = engine.pipeline.snapshot(ObservationInput(state, {}, now - 1_000_000))
+        position = engine.pipeline.queue.get_position()
+        request = engine.pipeline.snapshot(ObservationInput(state, {}, now - 1_000_000, seq, position))
         engine.merge(request, Produced(chunk, chunk, LOCAL_SESSION, seq, 0.0), now)
         engine.get_action(now)
 

@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from servo._core import ActionQueue
+from servo._core import ActionQueue, QueueError
 from servo.edge.actions import ActionFeed, ControlConfig, Fallback
 from servo.edge.observation import ObservationInput
-from servo.edge.pipeline import ChunkPipeline, PipelineConfig
+from servo.edge.pipeline import ChunkPipeline, PipelineConfig, Request
+from servo.wire import Tuning
 
 FPS = 10.0
 DT_NS = round(1e9 / FPS)
@@ -39,8 +40,14 @@ def sid(n: int) -> str:
     return f"{n:032x}"
 
 
-def obs(mono_ns: int) -> ObservationInput:
-    return ObservationInput(np.zeros(DIM, np.float32), {}, mono_ns)
+def observe(pipe: ChunkPipeline, mono_ns: int) -> ObservationInput:
+    """An observation taken now, at tick ``mono_ns // DT_NS``, stamped with the queue's position."""
+    return ObservationInput(np.zeros(DIM, np.float32), {}, mono_ns, mono_ns // DT_NS, pipe.queue.get_position())
+
+
+def ask(pipe: ChunkPipeline, mono_ns: int) -> Request:
+    """A request for an observation taken now."""
+    return pipe.snapshot(observe(pipe, mono_ns))
 
 
 def chunk(length: int, base: float) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +59,7 @@ def chunk(length: int, base: float) -> tuple[np.ndarray, np.ndarray]:
 def round_trip(pipe: ChunkPipeline, latency_ms: float, seq: int) -> int:
     """One request answered after ``latency_ms``; returns the delay estimate the request carried."""
     start = seq * 10 * DT_NS
-    request = pipe.snapshot(obs(start))
+    request = ask(pipe, start)
     model, robot = chunk(10, float(seq))
     pipe.complete(request, model, robot, start + round(latency_ms * 1e6), session_id=sid(1), seq_id=seq)
     return request.delay_steps
@@ -60,16 +67,15 @@ def round_trip(pipe: ChunkPipeline, latency_ms: float, seq: int) -> int:
 
 def test_snapshot_delay_is_the_median_of_recent_round_trips() -> None:
     pipe = make_pipeline()
-    request = pipe.snapshot(obs(0))
+    request = ask(pipe, 0)
     assert request.delay_steps == 0 == pipe.last_delay_steps  # no sample yet
-    assert request.idx_before == 0
     assert request.episode_id == 0
     assert request.prefix_model is None
     assert request.prefix_robot is None
     for seq, ms in enumerate((50, 210, 120), 1):
         round_trip(pipe, ms, seq)
     # The median (120 ms) rules, not the worst: ceil(1.2) = 2 steps at 10 fps.
-    assert pipe.snapshot(obs(0)).delay_steps == 2 == pipe.last_delay_steps
+    assert ask(pipe, 0).delay_steps == 2 == pipe.last_delay_steps
 
 
 @pytest.mark.parametrize(("outliers", "wrong"), [(1, 0), (2, 0), (3, 3)])
@@ -93,26 +99,28 @@ def test_delay_estimate_is_back_to_the_true_delay_within_five_requests_after_an_
     assert pipe.latency.max() == 4000 * 1_000_000  # the run summary still sees the outlier
 
 
-def test_snapshot_ships_the_unexecuted_prefix_capped_by_the_horizon() -> None:
+def test_snapshot_ships_the_plan_from_the_observation_on_capped_by_the_horizon() -> None:
     pipe = make_pipeline(horizon=4)
     model, robot = chunk(10, 0.0)
-    pipe.complete(pipe.snapshot(obs(0)), model, robot, 0, session_id=sid(1), seq_id=1)
+    pipe.complete(ask(pipe, 0), model, robot, 0, session_id=sid(1), seq_id=1)
     for _ in range(2):
         assert pipe.next_action(0) is not None
-    request = pipe.snapshot(obs(0))
-    assert request.idx_before == 2
+    observed = observe(pipe, 0)
+    assert pipe.next_action(0) is not None  # the engine gets to the observation a tick later
+    request = pipe.snapshot(observed)
+    # The chunk's row 0 is meant for the observation's tick: its prefix starts there too.
     assert request.prefix_model is not None
     assert request.prefix_robot is not None
     np.testing.assert_array_equal(request.prefix_model, model[2:6])
     np.testing.assert_array_equal(request.prefix_robot, robot[2:6])
 
 
-def test_complete_trims_by_real_delay_reconciled_with_actions_consumed_in_flight() -> None:
+def test_complete_trims_exactly_the_actions_taken_since_the_observation() -> None:
     pipe = make_pipeline()
     sent_ns = 1_000 * DT_NS
-    first = pipe.snapshot(obs(sent_ns - DT_NS))
+    first = ask(pipe, sent_ns - DT_NS)
     pipe.complete(first, *chunk(20, 0.0), sent_ns, session_id=sid(7), seq_id=1)
-    request = pipe.snapshot(obs(sent_ns))
+    request = ask(pipe, sent_ns)
     for _ in range(3):  # three ticks execute while the request is in flight
         pipe.next_action(sent_ns)
     model, robot = chunk(20, 100.0)
@@ -127,15 +135,40 @@ def test_complete_trims_by_real_delay_reconciled_with_actions_consumed_in_flight
     assert action.source == "policy"
     np.testing.assert_array_equal(action.values, robot[3])  # robot space, first untrimmed step
     assert action.provenance is not None
-    assert tuple(action.provenance) == (sid(7), 2, 0, sent_ns)
+    # Row 3 of the chunk of the observation at tick 1000: meant for step 1003.
+    assert tuple(action.provenance) == (sid(7), 2, 0, sent_ns, 1003)
+
+
+def test_a_chunk_merged_late_skips_every_action_taken_whatever_the_latency_says() -> None:
+    pipe = make_pipeline()
+    pipe.complete(ask(pipe, 0), *chunk(20, 0.0), 0, session_id=sid(1), seq_id=1)
+    observed = observe(pipe, 10 * DT_NS)
+    for _ in range(4):  # four ticks take an action; the latency below says only two steps passed
+        assert pipe.next_action(0) is not None
+    trimmed = pipe.complete(pipe.snapshot(observed), *chunk(20, 100.0), 12 * DT_NS, session_id=sid(1), seq_id=2)
+    assert (pipe.last_real_delay, trimmed) == (2, 4)  # LeRobot's min(2, 4) would run steps 12 and 13 twice
+    action = pipe.next_action(0)
+    assert action is not None
+    assert action.provenance is not None
+    assert action.provenance.step == 14
+
+
+def test_an_observation_from_before_the_last_merge_is_not_current() -> None:
+    pipe = make_pipeline()
+    observed = observe(pipe, 0)
+    assert pipe.current(observed)
+    pipe.complete(pipe.snapshot(observed), *chunk(5, 0.0), 0, session_id=sid(1), seq_id=1)
+    assert not pipe.current(observed)
+    with pytest.raises(QueueError, match="was read before the last merge"):
+        pipe.snapshot(observed)
 
 
 def test_complete_never_trims_more_than_was_consumed() -> None:
     # The latency says 3 steps passed, but only one action was executed (the queue ran dry):
     # trimming 3 would skip actions the robot never ran, a jump on a real arm.
     pipe = make_pipeline()
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(1, 0.0), 0, session_id=sid(1), seq_id=1)
-    request = pipe.snapshot(obs(0))
+    pipe.complete(ask(pipe, 0), *chunk(1, 0.0), 0, session_id=sid(1), seq_id=1)
+    request = ask(pipe, 0)
     pipe.next_action(0)
     pipe.next_action(0)  # starved
     trimmed = pipe.complete(request, *chunk(10, 50.0), 3 * DT_NS, session_id=sid(1), seq_id=2)
@@ -143,24 +176,26 @@ def test_complete_never_trims_more_than_was_consumed() -> None:
     assert trimmed == 1
 
 
-def test_append_mode_keeps_the_rest_of_the_queue() -> None:
+def test_append_mode_keeps_the_queue_and_continues_after_it() -> None:
     pipe = make_pipeline(rtc=False)
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(4, 0.0), 0, session_id=sid(1), seq_id=1)
-    request = pipe.snapshot(obs(0))
-    pipe.complete(request, *chunk(4, 10.0), 5 * DT_NS, session_id=sid(1), seq_id=2)
+    pipe.complete(ask(pipe, 0), *chunk(4, 0.0), 0, session_id=sid(1), seq_id=1)
+    request = ask(pipe, 0)
+    assert pipe.next_action(0) is not None
+    # Steps 0-3 were taken or are queued: the new chunk goes on from its row 4.
+    assert pipe.complete(request, *chunk(8, 10.0), 5 * DT_NS, session_id=sid(1), seq_id=2) == 4
     got = [pipe.next_action(0) for _ in range(8)]
-    assert [float(a.values[0]) for a in got if a is not None] == [0.5, 1.5, 2.5, 3.5, 10.5, 11.5, 12.5, 13.5]
+    assert [float(a.values[0]) for a in got if a is not None] == [1.5, 2.5, 3.5, 14.5, 15.5, 16.5, 17.5]
 
 
 def test_episode_reset_drops_a_late_chunk() -> None:
     pipe = make_pipeline()
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(10, 0.0), 0, session_id=sid(1), seq_id=1)
-    request = pipe.snapshot(obs(0))  # episode 0 request in flight ...
+    pipe.complete(ask(pipe, 0), *chunk(10, 0.0), 0, session_id=sid(1), seq_id=1)
+    request = ask(pipe, 0)  # episode 0 request in flight ...
     assert pipe.reset_episode() == 1  # ... when the episode ends
     assert pipe.queue.empty()
     assert pipe.complete(request, *chunk(10, 5.0), DT_NS, session_id=sid(1), seq_id=2) is None
     assert pipe.queue.empty()
-    fresh = pipe.snapshot(obs(0))
+    fresh = ask(pipe, 0)
     assert fresh.episode_id == 1
     assert pipe.complete(fresh, *chunk(10, 9.0), DT_NS, session_id=sid(1), seq_id=3) is not None
     action = pipe.next_action(DT_NS)
@@ -172,7 +207,7 @@ def test_episode_reset_drops_a_late_chunk() -> None:
 def test_staleness_bound_refuses_an_old_action_and_clears_the_rest() -> None:
     pipe = make_pipeline(max_age_s=1.0, fallback="zero")
     obs_ns = 5 * DT_NS
-    pipe.complete(pipe.snapshot(obs(obs_ns)), *chunk(30, 0.0), obs_ns, session_id=sid(1), seq_id=1)
+    pipe.complete(ask(pipe, obs_ns), *chunk(30, 0.0), obs_ns, session_id=sid(1), seq_id=1)
     ok = pipe.next_action(obs_ns + 1_000_000_000)  # exactly max age: still allowed
     assert ok is not None
     assert ok.source == "policy"
@@ -197,7 +232,7 @@ def test_fallback_ladder(fallback: Fallback, expected: list[float] | None) -> No
     pipe = make_pipeline(fallback=fallback)
     first = pipe.next_action(0)  # nothing queued and nothing executed yet
     assert first is None if fallback != "zero" else first is not None
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(2, 0.0), 0, session_id=sid(1), seq_id=1)
+    pipe.complete(ask(pipe, 0), *chunk(2, 0.0), 0, session_id=sid(1), seq_id=1)
     assert pipe.next_action(0) is not None
     assert pipe.next_action(0) is not None  # last policy action: robot row 1 = 1.5
     starved = pipe.next_action(DT_NS)
@@ -212,7 +247,7 @@ def test_fallback_ladder(fallback: Fallback, expected: list[float] | None) -> No
 
 def test_repeat_last_forgets_the_previous_episode() -> None:
     pipe = make_pipeline(fallback="repeat_last")
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(1, 0.0), 0, session_id=sid(1), seq_id=1)
+    pipe.complete(ask(pipe, 0), *chunk(1, 0.0), 0, session_id=sid(1), seq_id=1)
     assert pipe.next_action(0) is not None
     pipe.reset_episode()
     assert pipe.next_action(0) is None  # never replay an action of the last episode
@@ -221,7 +256,7 @@ def test_repeat_last_forgets_the_previous_episode() -> None:
 def test_needs_observation_follows_buffer_time() -> None:
     pipe = make_pipeline()  # buffer 0.5 s at 10 fps = 5 steps
     assert pipe.needs_observation()
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(6, 0.0), 0, session_id=sid(1), seq_id=1)
+    pipe.complete(ask(pipe, 0), *chunk(6, 0.0), 0, session_id=sid(1), seq_id=1)
     assert not pipe.needs_observation()
     pipe.next_action(0)
     assert not pipe.needs_observation()  # 5 left
@@ -247,9 +282,9 @@ class RacingQueue:
 
 def test_a_fresh_chunk_merged_during_a_stale_refusal_survives() -> None:
     pipe = make_pipeline(max_age_s=1.0)
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(10, 0.0), 0, session_id=sid(1), seq_id=1)
+    pipe.complete(ask(pipe, 0), *chunk(10, 0.0), 0, session_id=sid(1), seq_id=1)
     late = 2_000_000_000
-    fresh = pipe.snapshot(obs(late))
+    fresh = ask(pipe, late)
     merged = []
 
     def merge_fresh() -> None:
@@ -277,7 +312,7 @@ def test_the_send_threshold_covers_the_expected_round_trip_and_a_margin() -> Non
     # 0.7 s + 25 % = 0.875 s: the request leaves while 9 steps are queued, not 5.
     assert pipe.send_below() == 9
     pipe.queue.clear()
-    pipe.complete(pipe.snapshot(obs(0)), *chunk(10, 0.0), 0, session_id=sid(1), seq_id=9)
+    pipe.complete(ask(pipe, 0), *chunk(10, 0.0), 0, session_id=sid(1), seq_id=9)
     assert not pipe.needs_observation()  # 10 queued
     pipe.next_action(0)
     assert not pipe.needs_observation()  # 9 steps = 0.9 s still cover 0.875 s
@@ -298,8 +333,8 @@ def test_the_rtc_prefix_covers_the_expected_delay_when_it_is_longer_than_the_hor
         round_trip(pipe, 650, seq)  # 7 steps at 10 fps
     pipe.queue.clear()
     model, robot = chunk(20, 0.0)
-    pipe.complete(pipe.snapshot(obs(0)), model, robot, 0, session_id=sid(1), seq_id=9)
-    request = pipe.snapshot(obs(0))
+    pipe.complete(ask(pipe, 0), model, robot, 0, session_id=sid(1), seq_id=9)
+    request = ask(pipe, 0)
     assert request.delay_steps == 7
     assert request.prefix_model is not None
     assert request.prefix_robot is not None
@@ -310,10 +345,10 @@ def test_the_rtc_prefix_covers_the_expected_delay_when_it_is_longer_than_the_hor
 @pytest.mark.parametrize(
     ("rtc", "rtt_ms", "chunk_steps", "needed"),
     [
-        (True, 700, 13, 14),  # RTC: the chunk's own round trip is dropped, so 2 x 7 steps
+        (True, 700, 13, 14),  # the chunk's own round trip is dropped, so 2 x 7 steps
         (True, 700, 14, None),
-        (False, 700, 6, 7),  # appended chunks execute whole: 7 steps
-        (False, 700, 7, None),
+        (False, 700, 13, 14),  # appended too: its steps that went by are left out
+        (False, 700, 14, None),
     ],
 )
 def test_starvation_names_the_chunk_length_that_would_keep_the_queue_fed(
@@ -329,6 +364,22 @@ def test_starvation_names_the_chunk_length_that_would_keep_the_queue_fed(
     assert starvation.needed_steps == needed
     assert f"chunk_size >= {needed}" in starvation.message()
     assert f"need >= {needed}" in starvation.short()
+
+
+def test_starvation_advice_names_the_policys_own_options() -> None:
+    """A Diffusion policy's chunk is n_action_steps, bounded by its horizon; its speed is its steps."""
+    starvation = make_pipeline(rtc=False).starvation(8, round(2_000 * 1e6))
+    assert starvation is not None
+    diffusion = Tuning(
+        chunk="n_action_steps",
+        chunk_max=15,
+        chunk_max_why="horizon 16 - n_obs_steps 2 + 1; a longer horizon means retraining",
+        faster=["num_inference_steps (100 now)"],
+    )
+    message = starvation.message(diffusion)
+    assert f"n_action_steps >= {starvation.needed_steps}; at most 15 here: horizon 16 - n_obs_steps 2 + 1" in message
+    assert "lower num_inference_steps (100 now)" in message
+    assert "chunk_size" not in message
 
 
 def test_starvation_waits_for_three_round_trips_before_judging() -> None:

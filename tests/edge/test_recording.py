@@ -41,10 +41,10 @@ def write_episode(path: Path, *, image_every: int = 0) -> list[Tick]:
     frame[:, :, 0] = 200  # red: the RGB order must survive
     ticks = [
         Tick(0, 100, f32(0, 0), None, "none", None, {"front": frame}),
-        Tick(1, 200, f32(0, 0.1), f32(0.1, 0.2), "policy", Provenance(SESSION, 1, 0, 50), {"front": frame}),
-        Tick(2, 300, f32(0.1, 0.2), f32(0.2, 0.3), "policy", Provenance(SESSION, 1, 0, 50), None),
+        Tick(1, 200, f32(0, 0.1), f32(0.1, 0.2), "policy", Provenance(SESSION, 1, 0, 50, 1), {"front": frame}),
+        Tick(2, 300, f32(0.1, 0.2), f32(0.2, 0.3), "policy", Provenance(SESSION, 1, 0, 50, 2), None),
         Tick(3, 400, f32(0.2, 0.3), f32(0.2, 0.3), "fallback", None, {"front": frame}),
-        Tick(4, 500, f32(0.2, 0.3), f32(0.3, 0.4), "policy", Provenance(SESSION, 2, 1, 350), None),
+        Tick(4, 500, f32(0.2, 0.3), f32(0.3, 0.4), "policy", Provenance(SESSION, 2, 1, 350, 3), None),
         Tick(5, 600, f32(0.3, 0.4), f32(0.0, 0.0), "park", None, None),
     ]
     recorder = Recorder(path, SPEC, client_id="arm-1", task="sweep", image_every=image_every)
@@ -73,9 +73,11 @@ def test_round_trip_with_provenance(tmp_path: Path) -> None:
         assert frame.mono_ns == tick.mono_ns
         if tick.source == "policy":
             assert tick.provenance is not None
-            assert frame.provenance == tuple(tick.provenance)
+            assert frame.provenance == tuple(tick.provenance)[:4]
+            assert frame.step == tick.provenance.step
         else:
             assert frame.provenance is None
+            assert frame.step is None
         assert frame.images == {}  # image_every=0: no frames recorded
     np.testing.assert_array_equal(rec.states(), np.vstack([t.state for t in ticks]))
     # actions(): ticks without an action repeat the previous one; none before the first

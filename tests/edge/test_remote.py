@@ -288,8 +288,12 @@ async def test_a_policy_slower_than_its_chunk_shows_degraded_before_the_queue_ru
             await eventually(lambda: engine.chunks_received >= 3, 20, "three chunks")
             # Said in the status line, with the chunk length that would do.
             starving = engine.statistics().starving
+            # ... and, in the run summary, as why the robot stalled.
+            short = lambda: [c for c in engine.failsafe.stall_causes if c.startswith("chunks too short")]  # noqa: E731
+            await eventually(lambda: bool(short()), 20, "a stall blamed on the short chunks")
             summary = await run.stop()
     assert "chunks too short: 30 steps, need >= " in starving
+    assert any(cause.startswith("chunks too short: 30 steps") for cause in summary.stalls)
     states = [state for state, _ in summary.transitions]
     assert "degraded" in states
     # After the first chunk (no round trip measured before it) the forecast precedes every stall.

@@ -4,7 +4,8 @@ old state, faults once, and when states resume starts again from where the robot
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import anyio
 import numpy as np
@@ -53,11 +54,26 @@ def robot() -> Iterator[BlindRobot]:
     spy.disconnect()
 
 
-async def test_no_command_while_blind_then_the_park_starts_from_the_measured_pose(robot: BlindRobot) -> None:
+MAX_STEP = np.asarray(SimConfig().max_velocity, np.float32) / np.float32(50.0)
+
+
+@dataclass
+class Blinded:
+    """What happened around a stretch without states: commands before it, the loop, the park."""
+
+    loop: ThreadControlLoop
+    actions: ScriptedActions
+    sent: int
+    taken: int
+    parked: bool
+
+
+async def blind_then_park(robot: BlindRobot, meanwhile: Callable[[FloatArray], None]) -> Blinded:
+    """Drive the arm away, cut its states (ten blind ticks), let ``meanwhile(last command)`` move
+    it, give the states back and park it at the start pose."""
     actions = ScriptedActions(lambda i: AWAY, until=10)
     channel = ControlChannel.create(robot.spec.action_dim, shared=False)
     loop = ThreadControlLoop(channel, NoCameras(), robot, actions, SafetyLimiter(robot.spec), realtime=False)
-    max_step = np.asarray(robot.spec.max_velocity, np.float32) / np.float32(robot.spec.fps)
     async with anyio.create_task_group() as tg:
         await tg.start(loop.run)
         await anyio.to_thread.run_sync(actions.reached.wait, 5.0)
@@ -66,20 +82,42 @@ async def test_no_command_while_blind_then_the_park_starts_from_the_measured_pos
         sent, taken = len(robot.commands), len(actions.calls)
         seen = robot.faults
         await eventually(lambda: robot.faults >= seen + 10, 5, "ten blind ticks")
-        # Somebody moved the arm while nobody saw it (the driver restarted elsewhere).
-        robot.sim.send_action(MOVED)
+        meanwhile(robot.commands[sent - 1])
         robot.sim.step(5.0)
         robot.blind.clear()
         parked = await loop.park(START, tolerance=1.0, timeout=10.0)
         await loop.stop()
-    assert parked
-    assert "robot: joint states stopped arriving" in loop.fault
+    return Blinded(loop, actions, sent, taken, parked)
+
+
+async def test_no_command_while_blind_then_the_park_starts_from_the_measured_pose(robot: BlindRobot) -> None:
+    # Somebody moved the arm while nobody saw it (the driver restarted elsewhere).
+    run = await blind_then_park(robot, lambda last: robot.sim.send_action(MOVED))
+    assert run.parked
+    assert "robot: joint states stopped arriving" in run.loop.fault
     assert robot.commands_when_blind == 0
-    after = robot.commands[sent:]
+    after = robot.commands[run.sent :]
     assert after, "the park commanded nothing"
     # The first command after the resume is one slew step from where the arm was measured, not
     # from the last command sent before the states stopped.
-    assert np.all(np.abs(after[0] - MOVED) <= max_step + 1e-3), (after[0], MOVED)
+    assert np.all(np.abs(after[0] - MOVED) <= MAX_STEP + 1e-3), (after[0], MOVED)
     ramp = np.vstack([MOVED, *after])
-    assert np.all(np.abs(np.diff(ramp, axis=0)) <= max_step + 1e-3)
-    assert len(actions.calls) == taken  # no policy action after the fault
+    assert np.all(np.abs(np.diff(ramp, axis=0)) <= MAX_STEP + 1e-3)
+    assert len(run.actions.calls) == run.taken  # no policy action after the fault
+
+
+async def test_a_driver_that_recovers_with_the_arm_in_place_goes_on_from_the_last_command(
+    robot: BlindRobot,
+) -> None:
+    """The arm is within one slew step of the command it held while states stopped: the ramp to the
+    rest pose goes on from that command, every step within the slew limit."""
+
+    def settle_short(last: FloatArray) -> None:
+        # Short of the command it holds, by less than one slew step, on the side of the rest pose: a
+        # restart from the measured pose would step almost two steps from `last`.
+        robot.sim.send_action(last + np.float32(0.9) * MAX_STEP * np.sign(START - last).astype(np.float32))
+
+    run = await blind_then_park(robot, settle_short)
+    assert run.parked
+    ramp = np.vstack(robot.commands[run.sent - 1 :])
+    assert np.all(np.abs(np.diff(ramp, axis=0)) <= MAX_STEP + 1e-3)

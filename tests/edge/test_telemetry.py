@@ -135,10 +135,13 @@ async def test_a_running_edge_publishes_signed_records_a_monitor_can_verify(port
                     "a streaming record",
                 )
                 await run.stop()
-            await eventually(lambda: len(received) >= 3, 5, "records")
+            await eventually(lambda: len(received) >= 3 and received[-1][1].goodbye != "", 5, "the goodbye")
         finally:
             monitor.close()
     assert refused == []
+    # Only the last record of the run says goodbye, and why the run ended (a stop, not a crash).
+    assert [r.goodbye for _, r in received[:-1]] == [""] * (len(received) - 1)
+    assert received[-1][1].goodbye == "test done"
     keys = {key for key, _ in received}
     assert keys == {IDENTITY.public_key}
     records = [r for _, r in received]

@@ -10,6 +10,7 @@ import anyio
 import numpy as np
 
 from servo.frontends import frontends_of
+from servo.server.manifest import Manifest
 from servo.server.service import PolicyServer, ServerReady
 from tests.server.helpers import server_manifest
 from tests.server.policies import CHUNK, FixedComputePolicy
@@ -26,7 +27,16 @@ async def front_door(
     manifest = server_manifest(
         free_port(), serving=serving, extra=f'{extra}\n[frontends.openpi]\nlisten = "127.0.0.1:0"\n{openpi}'
     )
-    server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest.frontends))
+    async with serving_door(manifest, policy) as served:
+        yield served
+
+
+@asynccontextmanager
+async def serving_door(
+    manifest: Manifest, policy: FixedComputePolicy
+) -> AsyncIterator[tuple[PolicyServer, ServerReady, int]]:
+    """The server of ``manifest`` with the front door it configures; yields the server, its ready info and the port."""
+    server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest))
     async with anyio.create_task_group() as tg:
         ready: ServerReady = await tg.start(server.run)
         try:

@@ -257,23 +257,29 @@ async def test_connections_over_the_limit_are_refused_with_503() -> None:
         assert await blocking(run) == 503
 
 
-async def test_capacity_is_shared_with_robots_and_drain_closes_with_a_reason(port: int) -> None:
-    async with front_door(FixedComputePolicy(), serving="max_sessions = 2") as (server, ready, ws_port):
+async def test_the_doors_capacity_is_its_own_and_drain_closes_with_a_reason(port: int) -> None:
+    """openpi clients never take a robot's slot: the door holds ``max_connections`` sessions of its
+    own, beside the robots' ``max_sessions``, and refuses the next one with HTTP 503."""
+    serving, openpi = "max_sessions = 1", "max_connections = 2"
+    async with front_door(FixedComputePolicy(), serving=serving, openpi=openpi) as (server, ready, ws_port):
         zenoh_port = int(server.manifest.zenoh.listen[0].rsplit(":", 1)[1])
         async with connected(zenoh_port, "robot") as robot:
-            session = await open_on(robot, ready)
-            first = await blocking(WebsocketClientPolicy, "127.0.0.1", ws_port)  # robot + this = 2 of 2
+            session = await open_on(robot, ready)  # the robots' only slot
+            first = await blocking(WebsocketClientPolicy, "127.0.0.1", ws_port)
+            second = await blocking(WebsocketClientPolicy, "127.0.0.1", ws_port)
+            assert len(server.registry) == 3
+            assert server.registry.robots() == 1
+            (status,) = await robot.discover()
+            assert (status.status.active_sessions, status.status.max_sessions) == (1, 1)
 
-            def refused() -> ConnectionClosed:
-                with pytest.raises(ConnectionClosed) as closed:
+            def refused() -> int:
+                with pytest.raises(InvalidStatus) as closed:
                     WebsocketClientPolicy("127.0.0.1", ws_port)
-                return closed.value
+                return closed.value.response.status_code
 
-            full = await blocking(refused)
-            assert full.rcvd is not None
-            assert full.rcvd.code == 1013
-            assert "servo refused the session: capacity: server is full (2/2 sessions)" in full.rcvd.reason
-            assert metric(server, "servo_sessions_rejected_total", code="capacity") == 1
+            assert await blocking(refused) == 503
+            assert metric(server, "servo_sessions_rejected_total", code="capacity") == 0
+            await blocking(second._ws.close)  # off the loop: the server answers the close handshake
             server.drain()
 
             def drained() -> ConnectionClosed:

@@ -25,20 +25,27 @@ STATE_STD = 10.0
 WORDS = ["pick", "place", "the", "red", "blue", "cube", "sweep", "fold", "towel", "into", "box", "table"]
 
 
-def _features(cameras: tuple[str, ...] = (CAMERA,)) -> tuple[dict[str, Any], dict[str, Any]]:
+#: A camera's input size (height, width) unless given.
+SIZE = (HEIGHT, WIDTH)
+
+
+def _features(
+    cameras: tuple[str, ...] = (CAMERA,), *, joints: int = 6, sizes: dict[str, tuple[int, int]] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     from lerobot.configs.types import FeatureType, PolicyFeature
 
-    inputs = {"observation.state": PolicyFeature(FeatureType.STATE, (6,))}
+    inputs = {"observation.state": PolicyFeature(FeatureType.STATE, (joints,))}
     for camera in cameras:
-        inputs[f"observation.images.{camera}"] = PolicyFeature(FeatureType.VISUAL, (3, HEIGHT, WIDTH))
-    return inputs, {"action": PolicyFeature(FeatureType.ACTION, (6,))}
+        height, width = (sizes or {}).get(camera, SIZE)
+        inputs[f"observation.images.{camera}"] = PolicyFeature(FeatureType.VISUAL, (3, height, width))
+    return inputs, {"action": PolicyFeature(FeatureType.ACTION, (joints,))}
 
 
-def stats(cameras: tuple[str, ...] = (CAMERA,)) -> dict[str, dict[str, Any]]:
+def stats(cameras: tuple[str, ...] = (CAMERA,), *, joints: int = 6) -> dict[str, dict[str, Any]]:
     import torch
 
-    mean = torch.tensor(STATE_MEAN)
-    vector = {"mean": mean, "std": torch.full((6,), STATE_STD), "min": mean - 30, "max": mean + 30}
+    mean = torch.tensor([STATE_MEAN[i % len(STATE_MEAN)] for i in range(joints)])
+    vector = {"mean": mean, "std": torch.full((joints,), STATE_STD), "min": mean - 30, "max": mean + 30}
     image = {"mean": torch.full((3, 1, 1), 0.5), "std": torch.full((3, 1, 1), 0.25)}
     images = {f"observation.images.{camera}": dict(image) for camera in cameras}
     return {"observation.state": dict(vector), "action": dict(vector), **images}
@@ -50,18 +57,29 @@ def _save(path: Path, policy: Any, pre: Any, post: Any) -> Path:
     return path
 
 
-def build_act(path: Path, *, relative: bool = False, cameras: tuple[str, ...] = (CAMERA,)) -> Path:
-    """A tiny ACT; with ``relative`` its pipelines convert actions to/from state-relative offsets."""
+def build_act(
+    path: Path,
+    *,
+    relative: bool = False,
+    cameras: tuple[str, ...] = (CAMERA,),
+    joints: int = 6,
+    chunk: int = CHUNK,
+    sizes: dict[str, tuple[int, int]] | None = None,
+) -> Path:
+    """A tiny ACT; with ``relative`` its pipelines convert actions to/from state-relative offsets.
+
+    ``joints`` values of state and action, ``chunk`` steps, each camera at its ``sizes`` (48x64).
+    """
     from lerobot.policies.act.configuration_act import ACTConfig
     from lerobot.policies.act.modeling_act import ACTPolicy
     from lerobot.policies.factory import make_pre_post_processors
 
-    inputs, outputs = _features(cameras)
+    inputs, outputs = _features(cameras, joints=joints, sizes=sizes)
     config = ACTConfig(
         input_features=inputs,
         output_features=outputs,
-        chunk_size=CHUNK,
-        n_action_steps=CHUNK,
+        chunk_size=chunk,
+        n_action_steps=chunk,
         dim_model=32,
         n_heads=2,
         dim_feedforward=64,
@@ -71,7 +89,7 @@ def build_act(path: Path, *, relative: bool = False, cameras: tuple[str, ...] = 
         pretrained_backbone_weights=None,
         device="cpu",
     )
-    pre, post = make_pre_post_processors(config, dataset_stats=stats(cameras))
+    pre, post = make_pre_post_processors(config, dataset_stats=stats(cameras, joints=joints))
     if relative:
         pre, post = _with_relative_actions(pre, post)
     return _save(path, ACTPolicy(config), pre, post)
@@ -82,25 +100,40 @@ SO101_JOINTS = list(LEROBOT_ARM_JOINTS)
 
 
 def build_trained_act(
-    checkpoint: Path, dataset_root: Path, *, repo_id: str, cameras: tuple[str, ...], fps: int
+    checkpoint: Path,
+    dataset_root: Path,
+    *,
+    repo_id: str,
+    cameras: tuple[str, ...],
+    fps: int,
+    joint_names: list[str] = SO101_JOINTS,
+    robot_type: str = "so101_follower",
+    chunk: int = CHUNK,
+    sizes: dict[str, tuple[int, int]] | None = None,
 ) -> Path:
     """A tiny ACT in the folder ``lerobot-train`` leaves, next to the metadata of its training dataset.
 
     Written with LeRobot's own writers: the policy and its pipelines (``save_pretrained``), the
     train config naming the dataset (``train_config.json``), and the dataset's ``meta/info.json``
-    (an SO-101 follower's joint names and cameras, at ``fps``). ``dataset_root`` is stored as
-    given, so a relative root is read relative to where the checkpoint is served from.
+    (by default an SO-101 follower's joint names, with the cameras, at ``fps``). ``dataset_root``
+    is stored as given, so a relative root is read relative to where the checkpoint is served from.
     """
     from lerobot.configs.default import DatasetConfig
     from lerobot.configs.train import TrainPipelineConfig
     from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
 
-    build_act(checkpoint, cameras=cameras)
-    joints = {"dtype": "float32", "shape": [6], "names": SO101_JOINTS}
-    frames = {"dtype": "image", "shape": [HEIGHT, WIDTH, 3], "names": ["height", "width", "channels"]}
-    features = {"action": joints, "observation.state": joints} | {f"observation.images.{c}": frames for c in cameras}
+    build_act(checkpoint, cameras=cameras, joints=len(joint_names), chunk=chunk, sizes=sizes)
+    joints = {"dtype": "float32", "shape": [len(joint_names)], "names": joint_names}
+    features: dict[str, Any] = {"action": joints, "observation.state": joints}
+    for camera in cameras:
+        height, width = (sizes or {}).get(camera, SIZE)
+        features[f"observation.images.{camera}"] = {
+            "dtype": "image",
+            "shape": [height, width, 3],
+            "names": ["height", "width", "channels"],
+        }
     LeRobotDatasetMetadata.create(
-        repo_id, fps=fps, features=features, robot_type="so101_follower", root=dataset_root, use_videos=False
+        repo_id, fps=fps, features=features, robot_type=robot_type, root=dataset_root, use_videos=False
     )
     from lerobot.configs.policies import PreTrainedConfig
 
@@ -217,7 +250,7 @@ def build_smolvla(path: Path, *, relative: bool = False) -> Path:
     return _save(path, SmolVLAPolicy(config), pre, post)
 
 
-def build_diffusion(path: Path) -> Path:
+def build_diffusion(path: Path, *, num_inference_steps: int = 2) -> Path:
     """A tiny Diffusion Policy conditioning on two observations (chunk-stateful)."""
     from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
@@ -233,7 +266,7 @@ def build_diffusion(path: Path) -> Path:
         down_dims=(16, 32),
         kernel_size=3,
         diffusion_step_embed_dim=16,
-        num_inference_steps=2,
+        num_inference_steps=num_inference_steps,
         pretrained_backbone_weights=None,
         use_group_norm=True,
         spatial_softmax_num_keypoints=8,

@@ -40,8 +40,18 @@ def lerobot_way(checkpoint: Path) -> tuple[Any, Any, Any]:
 
 
 def lerobot_batch(obs: DecodedObservation) -> dict[str, Any]:
-    """``prepare_observation_for_inference``'s output for the same observation."""
-    image = torch.from_numpy(obs.images[CAMERA].copy()).permute(2, 0, 1).float().div(255).unsqueeze(0)
+    """``prepare_observation_for_inference``'s output for the same observation (its memory layout too)."""
+    from lerobot.policies.utils import prepare_observation_for_inference
+
+    observation = {"observation.state": obs.state.copy(), f"observation.images.{CAMERA}": obs.images[CAMERA].copy()}
+    batch = prepare_observation_for_inference(observation, torch.device("cpu"), task=obs.task, robot_type="")
+    batch["task"] = [obs.task]
+    return batch
+
+
+def own_batch(obs: DecodedObservation) -> dict[str, Any]:
+    """The same, written out (the layout LeRobot gives: float, [0, 1], contiguous channels-first)."""
+    image = torch.from_numpy(obs.images[CAMERA].copy()).float().div(255).permute(2, 0, 1).contiguous().unsqueeze(0)
     return {
         "observation.state": torch.from_numpy(obs.state.copy()).unsqueeze(0),
         f"observation.images.{CAMERA}": image,
@@ -51,18 +61,23 @@ def lerobot_batch(obs: DecodedObservation) -> dict[str, Any]:
 
 
 def test_act_chunks_are_exactly_what_lerobot_computes(act_checkpoint: Path) -> None:
+    """Raw frames: the very numbers, to the last bit (the same layout, the same sums)."""
     served = load_policy("lerobot", {"path": str(act_checkpoint)})
     runner, processor = InferenceRunner(served), served.make_processor()
     policy, pre, post = lerobot_way(act_checkpoint)
     for _ in range(3):
         obs = observation()
         model, robot = runner.infer(processor, obs, 0)
+        theirs = lerobot_batch(obs)
+        image = theirs[f"observation.images.{CAMERA}"]
+        assert image.is_contiguous()
+        assert torch.equal(image, own_batch(obs)[f"observation.images.{CAMERA}"])
         with torch.no_grad():
-            expected_model = policy.predict_action_chunk(pre(lerobot_batch(obs)))
+            expected_model = policy.predict_action_chunk(pre(theirs))
             expected_robot = post(expected_model)
         assert model.shape == robot.shape == (CHUNK, 6)
-        np.testing.assert_allclose(model, expected_model.squeeze(0).numpy(), rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(robot, expected_robot.squeeze(0).numpy(), rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(model, expected_model.squeeze(0).numpy())
+        np.testing.assert_array_equal(robot, expected_robot.squeeze(0).numpy())
 
 
 def test_spec_comes_from_the_checkpoint(

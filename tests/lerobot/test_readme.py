@@ -2,19 +2,18 @@
 
 The commands are read from README.md, so this fails when the README drifts from what works. Only
 what a test machine must change is changed: a free port for 7447, 127.0.0.1 for the GPU box's
-addresses, the CPU for ``--device cuda``. The checkpoint is a tiny random ACT written where the
-README's command looks for it, with LeRobot's own writers, beside the metadata of its training
-dataset; the robot's copy of the certificate is made the way the README's ``scp`` makes it.
+addresses, the CPU for ``--device cuda``, and the join token this server printed for the README's.
+The checkpoint is a tiny random ACT written where the README's command looks for it, with LeRobot's
+own writers, beside the metadata of its training dataset; the robot runs with a servo directory of
+its own (a fresh machine: nothing copied to it).
 """
 
 from __future__ import annotations
 
 import json
-import re
+import os
 import shlex
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,75 +23,39 @@ pytest.importorskip("lerobot", minversion="0.5", reason="needs servo-robotics[le
 
 from servo.cli.edge import build_parser, robot_option_values
 from servo.cli.flags import struct_flag_values
-from servo.cli.listen import certificate_dir
 from servo.edge.config import EdgeConfig, load_edge_config
 from servo.home import CONFIG_DIR_VARIABLE
 from servo.recording import read_recording
 from servo.robots import RobotDescription
 from tests.edge.harness import Proc
 from tests.lerobot.checkpoints import SO101_JOINTS, build_trained_act
+from tests.readme import command, commands, option, program, section, with_token, without_asked_buffer
 from tests.robots.calib_data import write_calibration
 from tests.support import free_port
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 #: What the checkpoint is trained on: LeRobot's usual SO-101 cameras (the sim arm's too), at 30 fps.
 CAMERAS = ("front", "wrist")
 REPO_ID, DATASET_ROOT, FPS = "local/so101_try", "data/so101_try", 30
 
 
-def section(title: str) -> str:
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end >= 0 else None]
+def on_this_machine(argv: list[str], port: int, server: str = "127.0.0.1") -> list[str]:
+    """A README command with what a test machine must change: port, the GPU box's address, device.
 
-
-def commands(text: str) -> list[list[str]]:
-    """The shell commands of a README section's ``bash`` blocks, as argv."""
-    found = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            if argv := shlex.split(line, comments=True):
-                found.append(argv)
-    return found
-
-
-def command(found: list[list[str]], *start: str) -> list[str]:
-    """The one command that starts with ``start``."""
-    (argv,) = [argv for argv in found if argv[: len(start)] == list(start)]
-    return argv
-
-
-def on_this_machine(argv: list[str], port: int) -> list[str]:
-    """A README command with what a test machine must change: port, addresses, device."""
+    The server keeps its ``tls/0.0.0.0`` listen: that is what makes it ask robots for a join token.
+    """
     out = []
     for arg in argv:
-        arg = arg.replace("0.0.0.0", "127.0.0.1").replace("gpu-box", "127.0.0.1").replace(":7447", f":{port}")
+        arg = arg.replace("gpu-box", server).replace(":7447", f":{port}")
         out.append("cpu" if out and out[-1] == "--device" else arg)
     return out
 
 
-def program(argv: list[str]) -> list[str]:
-    """The console script of this environment (``servo-serve`` …), else its module."""
-    script = Path(sys.executable).with_name(argv[0])
-    if script.exists():
-        return [str(script), *argv[1:]]
-    return [sys.executable, "-m", f"servo.cli.{argv[0].removeprefix('servo-')}", *argv[1:]]
-
-
-def option(argv: list[str], flag: str) -> str:
-    return argv[argv.index(flag) + 1]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(
-    tmp_path: Path, servo_config_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     found = commands(section("From LeRobot"))
     serve = command(found, "servo-serve", "--lerobot")
     arm, sim = command(found, "servo-edge", "--robot", "so101"), command(found, "servo-edge", "--robot", "sim")
-    copy = command(found, "scp")
     port = free_port()
     monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "lerobot_home"))  # no dataset of this machine's
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path / "calibration"))
@@ -112,31 +75,31 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(
         assert "TLS with the self-signed certificate" in said
         printed_sim = shlex.split(server.wait_line("servo-serve: without hardware: ", 1).split(": ", 2)[2])
         printed_arm = shlex.split(server.wait_line("servo-serve: on the robot: ", 1).split(": ", 2)[2])
+        printed_sim, printed_arm = without_asked_buffer(printed_sim), without_asked_buffer(printed_arm)
 
-        # The README's copy step fetches the file servo-serve writes by default (~/.config/servo/tls).
-        source, destination = copy[1].split(":", 1)[1], copy[2]
-        with monkeypatch.context() as default:
-            default.delenv(CONFIG_DIR_VARIABLE)
-            default.delenv("XDG_CONFIG_HOME", raising=False)
-            assert Path.home() / source == certificate_dir() / "server.pem"
+        assert "the join token pins it" in said
+        token = option(printed_sim, "--join")
+        assert option(printed_arm, "--join") == token
         robot = tmp_path / "robot"
         robot.mkdir()
-        shutil.copy(servo_config_dir / "tls" / "server.pem", robot / destination)
-        assert (robot / option(sim, "--tls-root-ca")).is_file()
+        robot_env = {**os.environ, CONFIG_DIR_VARIABLE: str(robot / "servo")}  # a fresh machine
 
+        address = option(printed_sim, "--connect").removeprefix("tls/").rsplit(":", 1)[0]  # this host's, as printed
         # What servo-serve prints for the sim is the README's command (less the try's run options).
-        sim_here = on_this_machine(sim, port)
+        sim_here = with_token(on_this_machine(sim, port, address), token)
         assert sim_here[: len(printed_sim)] == printed_sim
         # ... and for the arm, the same flags with the README's values in place of its placeholders.
-        arm_here = on_this_machine(arm, port)
-        for flag in ("--robot", "--connect", "--tls-root-ca"):
+        arm_here = with_token(on_this_machine(arm, port, address), token)
+        for flag in ("--robot", "--connect", "--join"):
             assert option(arm_here, flag) == option(printed_arm, flag)
         monkeypatch.chdir(robot)
         arm_id = robot_option_values(build_parser().parse_args(arm_here[1:]).robot_opt)["id"]
         write_calibration(tmp_path / "calibration" / "robots" / "so101_follower" / f"{arm_id}.json")
         check_arm_command(arm_here, printed_arm)
 
-        edge = subprocess.run(program(sim_here), cwd=robot, capture_output=True, text=True, timeout=180, check=False)
+        edge = subprocess.run(
+            program(sim_here), cwd=robot, env=robot_env, capture_output=True, text=True, timeout=180, check=False
+        )
     finally:
         server.stop()
     assert edge.returncode == 0, edge.stderr[-3000:]
@@ -158,7 +121,7 @@ def check_arm_command(argv: list[str], printed: list[str]) -> None:
     """The README's SO-101 command parses as servo-edge parses it, for a robot the checkpoint accepts."""
     args = build_parser().parse_args(argv[1:])
     config = load_edge_config(None, struct_flag_values(args, EdgeConfig))
-    assert config.security.tls_root_ca == option(printed, "--tls-root-ca")
+    assert config.security.join == option(printed, "--join")
     spec = RobotDescription(args.robot, robot_option_values(args.robot_opt)).spec()
     printed_cameras = robot_option_values(build_parser().parse_args(printed[1:]).robot_opt)["cameras"]
     assert [entry.split(":")[0] for entry in printed_cameras.split(",")] == list(CAMERAS)

@@ -88,6 +88,33 @@ async def test_act_drives_the_sim_arm(port: int, act_checkpoint: Path, tmp_path:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("jpeg_quality", [0, "auto"], ids=["raw", "auto"])
+async def test_served_chunks_are_lerobots_own_to_the_last_bit(
+    port: int, act_checkpoint: Path, jpeg_quality: int | str
+) -> None:
+    """Raw frames through Zenoh and the server, against LeRobot's own calls on the same pixels: 0.0
+    apart. `auto` sends raw to a server on this machine, so it is exact too."""
+    import torch
+
+    from tests.lerobot.test_adapter import lerobot_batch, lerobot_way, observation
+
+    policy, pre, post = lerobot_way(act_checkpoint)
+    async with (
+        running_server(lerobot_manifest(port, act_checkpoint)) as (_, ready),
+        connected(port, "probe", jpeg_quality=jpeg_quality) as client,  # type: ignore[arg-type]
+    ):
+        session = await open_on(client, ready)
+        for _ in range(3):
+            obs = observation()
+            result = await session.infer(obs.state, obs.images, task=obs.task, timeout=60)
+            with torch.no_grad():
+                expected = post(policy.predict_action_chunk(pre(lerobot_batch(obs))))
+            np.testing.assert_array_equal(result.chunk_robot, expected.squeeze(0).numpy())
+        assert session.codec.status().requests["raw"] == 3
+        await session.close()
+
+
+@pytest.mark.anyio
 async def test_flow_matching_policy_is_served_with_rtc(port: int, smolvla_checkpoint: Path) -> None:
     async with running_server(lerobot_manifest(port, smolvla_checkpoint, options='units = "degrees"')) as (_, ready):
         assert ready.info.supports_rtc

@@ -117,8 +117,76 @@ def test_refusal_events_are_throttled_and_the_events_bounded(clocks: Clocks) -> 
     assert fleet.refused == {"malformed": 3 * FLEET_EVENTS}
     assert len([e for e in fleet.events if e["kind"] == "refusal"]) == 3  # once per robot and reason per 10 s
     for seq in range(2 * FLEET_EVENTS):
-        feed(fleet, record(seq, transitions=[Transition("streaming", "x", 1.0)]))
+        feed(fleet, record(seq, transitions=[Transition("streaming", f"x{seq}", 1.0)]))
     assert len(fleet.events) == FLEET_EVENTS
+
+
+def test_a_robot_flapping_between_two_states_makes_two_events_with_counts(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    for seq in range(40):
+        clocks.advance(1.0)
+        state, reason = ("degraded", "request outstanding too long") if seq % 2 else ("streaming", "chunk merged")
+        feed(fleet, record(seq, state=state, transitions=[Transition(state, reason, 0.0)]))
+    events = fleet.snapshot()["events"]
+    assert [(e["kind"], e["count"]) for e in events] == [("transition", 20), ("transition", 20), ("join", 1)]
+    assert events[0]["text"] == "degraded: request outstanding too long"  # the newest first
+    assert events[0]["t"] == clocks.wall
+    assert events[1]["first"] == clocks.wall - 39
+    clocks.advance(200.0)  # long after: a new event, not more of the old one
+    feed(fleet, record(40, transitions=[Transition("streaming", "chunk merged", 0.0)]))
+    assert [e["count"] for e in fleet.snapshot()["events"][:2]] == [1, 20]
+
+
+def test_stopped_stale_and_crashed_robots_are_told_apart(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    feed(fleet, record(0, transitions=[Transition("streaming", "chunk merged", 0.0)]))
+    feed(fleet, record(0, robot="robot-8", transitions=[Transition("streaming", "chunk merged", 0.0)]))
+    clocks.advance(1.0)
+    feed(fleet, record(1, robot="robot-8", goodbye="signal"))  # Ctrl-C: its last record says goodbye
+    statuses = lambda: {r["id"]: r["status"] for r in fleet.snapshot()["robots"]}  # noqa: E731
+    assert statuses() == {"robot-7": "streaming", "robot-8": "stopped"}
+    clocks.advance(4.0)
+    assert statuses() == {"robot-7": "stale", "robot-8": "stopped"}
+    clocks.advance(10.0)
+    assert statuses() == {"robot-7": "crashed", "robot-8": "stopped"}
+    assert "robot-8: stopped: signal (last state streaming)" in [
+        f"{e['robot']}: {e['text']}" for e in fleet.snapshot()["events"]
+    ]
+    # The timelines end in that state, from when it began, whatever the last record said.
+    crashed = fleet.timeline("robot-7")
+    assert crashed is not None
+    assert [(t["state"], t["t"]) for t in crashed["transitions"]] == [
+        ("streaming", clocks.wall - 15.0),
+        ("stale", clocks.wall - 15.0 + 3.0),
+        ("crashed", clocks.wall - 15.0 + 10.0),
+    ]
+    stopped = fleet.timeline("robot-8")
+    assert stopped is not None
+    assert stopped["transitions"][-1] == {"t": clocks.wall - 14.0, "state": "stopped", "reason": "signal"}
+
+
+def test_a_monitor_that_joins_late_draws_the_state_of_the_newest_record(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    last = Transition("stalled", "no fresh action for the control loop", 121_000.0)
+    feed(fleet, record(57, state="stalled", last_transition=last))  # no transitions since its previous record
+    timeline = fleet.timeline("robot-7")
+    assert timeline is not None
+    assert timeline["transitions"] == [
+        {"t": clocks.wall - 121.0, "state": "stalled", "reason": "no fresh action for the control loop"}
+    ]
+
+
+def test_the_fleet_round_trip_over_time(clocks: Clocks) -> None:
+    fleet = view(clocks)
+    clocks.wall = 1_800_000_000.0  # a bucket's start
+    for robot, p50 in (("a", 10.0), ("b", 20.0), ("c", 60.0)):
+        feed(fleet, record(0, robot=robot, rtt_ms_p50=p50, rtt_ms_p99=p50 * 2))
+    clocks.advance(5.0)
+    feed(fleet, record(1, robot="a", rtt_ms_p50=11.0, rtt_ms_p99=15.0))
+    assert fleet.snapshot()["rtt"] == [
+        {"t": 1_800_000_000.0, "p50": 20.0, "p99": 120.0, "robots": 3},
+        {"t": 1_800_000_005.0, "p50": 11.0, "p99": 15.0, "robots": 1},
+    ]
 
 
 def status(replica: str, *, draining: bool = False) -> StatusReply:
@@ -137,11 +205,18 @@ def test_replicas_follow_status_and_tokens(clocks: Clocks) -> None:
     fleet.on_status(prefix, status("r0", draining=True))
     fleet.on_replica_token(prefix, False)
     (replica,) = fleet.snapshot()["replicas"]
-    assert (replica["up"], replica["draining"]) == (False, True)
+    # Down: no live figures (its last status is history), but what it serves is still known.
+    assert (replica["up"], replica["draining"], replica["sessions"], replica["load"], replica["queue_wait_ms"]) == (
+        False,
+        False,
+        None,
+        None,
+        None,
+    )
+    assert (replica["revision"], replica["down_s"]) == ("rev", 0.0)
     assert [e["text"] for e in fleet.snapshot()["events"]] == ["down (liveliness token gone)", "draining", "up"]
     exported = FleetExporter(fleet).render().decode()
     assert 'servo_fleet_replica_up{app="app",model="m",replica="r0"} 0.0' in exported
-    assert 'servo_fleet_replica_draining{app="app",model="m",replica="r0"} 1.0' in exported
     clocks.advance(301)
     fleet.prune()
     assert fleet.snapshot()["replicas"] == []

@@ -18,6 +18,7 @@ import pytest
 from tests.edge.harness import Proc
 from tests.observability.browser import tool
 from tests.observability.fleet import running_fleet
+from tests.readme import section
 from tests.support import free_port
 
 pytestmark = [pytest.mark.observability, pytest.mark.timeout(300)]
@@ -52,6 +53,13 @@ def dashboard_queries() -> list[tuple[str, str]]:
             assert "$" not in expr, f"{panel['title']}: unknown variable in {expr}"
             queries.append((panel["title"], expr))
     return queries
+
+
+def runbook_queries(robot: str) -> list[str]:
+    """The README runbook's PromQL, for ``robot`` in place of its robot-217."""
+    text = section('The runbook: "robot 217 stuttered at 14:03"', level=3)
+    (block,) = re.findall(r"```promql\n(.*?)```", text, re.DOTALL)
+    return [line.strip().replace("robot-217", robot) for line in block.splitlines() if line.strip()]
 
 
 def test_the_dashboard_is_valid_grafana_json() -> None:
@@ -136,7 +144,9 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path: Pat
                 lambda: prometheus.api("label/robot/values", **{"match[]": "servo_edge_up"}),
             )
             assert set(robots) == {"robot-0", "robot-1"}
-            for title, query in dashboard_queries():
+            queries = [*dashboard_queries(), *(("the README's runbook", q) for q in runbook_queries("robot-0"))]
+            assert len(queries) > len(dashboard_queries()) + 3
+            for title, query in queries:
                 result = prometheus.eventually(
                     f"{title}: {query}", lambda q=query: prometheus.api("query", query=q)["result"]
                 )

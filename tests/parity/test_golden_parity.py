@@ -33,12 +33,12 @@ def policy() -> ReferencePolicy:
     return ReferencePolicy(cameras={"front": CAMERA}, chunk_size=20, seed=7)
 
 
-def observation(tick: int, now_ns: int) -> ObservationInput:
+def observation(tick: int, now_ns: int, position: int) -> ObservationInput:
     # A deterministic, non-trivial sequence: the state drifts, the frame changes with it.
     state = (np.sin(np.arange(6) + tick / 17.0) * (10 + tick % 5)).astype(np.float32)
     frame = np.full((*CAMERA, 3), tick % 251, dtype=np.uint8)
     frame[:, : tick % CAMERA[1]] = 255 - tick % 200
-    return ObservationInput(state=state, images={"front": frame}, mono_ns=now_ns)
+    return ObservationInput(state=state, images={"front": frame}, mono_ns=now_ns, tick=tick, position=position)
 
 
 Produce = Callable[[Request, bool], Awaitable[Produced]]
@@ -46,7 +46,7 @@ Produce = Callable[[Request, bool], Awaitable[Produced]]
 
 async def drive(engine: EngineBase, produce: Produce) -> tuple[list[bytes | None], list[tuple[bytes, bytes, int]]]:
     """A scripted control loop on a virtual clock: one tick per iteration; a request's chunk is
-    merged exactly LATENCIES[k] ticks after its observation."""
+    merged exactly LATENCIES[k] ticks after its observation, before that tick's observation."""
     dt = engine.pipeline.dt_ns
     t0 = time.monotonic_ns()
     executed: list[bytes | None] = []
@@ -55,7 +55,6 @@ async def drive(engine: EngineBase, produce: Produce) -> tuple[list[bytes | None
     requests = 0
     for tick in range(TICKS):
         now = t0 + tick * dt
-        obs = observation(tick, now)
         if pending is not None and tick == pending[2]:
             trimmed = engine.merge(pending[0], pending[1], now)
             assert trimmed is not None
@@ -68,6 +67,7 @@ async def drive(engine: EngineBase, produce: Produce) -> tuple[list[bytes | None
                 )
             )
             pending = None
+        obs = observation(tick, now, engine.pipeline.queue.get_position())
         if pending is None and engine.pipeline.needs_observation():
             request = engine.pipeline.snapshot(obs)
             produced = await produce(request, engine.take_episode_start())

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from servo.cli.lerobot import lerobot_manifest
 from servo.config import ConfigError
 from servo.policy.lerobot_checkpoint import LEROBOT_ARM_JOINTS, LeRobotOptions
 from servo.policy.lerobot_metadata import DEFAULT_FPS, read_facts
@@ -192,3 +193,22 @@ def test_malformed_side_files_are_skipped(tmp_path: Path) -> None:
     (ckpt / STATS).write_bytes(struct.pack("<Q", 1 << 40))  # a header size no file has
     facts = read_facts(ckpt, LeRobotOptions(path=str(ckpt)))
     assert (facts.fps, facts.units) == (DEFAULT_FPS, "")
+
+
+def test_a_checkpoint_without_names_is_told_how_to_give_them(tmp_path: Path) -> None:
+    seven = {
+        "input_features": {"observation.state": {"type": "STATE", "shape": [7]}},
+        "output_features": {"action": {"type": "ACTION", "shape": [7]}},
+    }
+    ckpt = checkpoint(tmp_path / "ckpt", config=seven)
+    with pytest.raises(ConfigError) as info:
+        read_facts(ckpt, LeRobotOptions(path=str(ckpt)))
+    assert str(info.value).startswith("action_names: the LeRobot act checkpoint does not name its 7 action values")
+    assert "servo-serve --lerobot PATH --action-names NAME,NAME,… (a manifest: model.options.action_names)" in str(
+        info.value
+    )
+    # The flag servo-serve takes, as the option it sets.
+    names = [f"joint_{i}" for i in range(7)]
+    manifest = lerobot_manifest(str(ckpt), {"fps": None, "units": None, "action_names": ",".join(names)}, {})
+    assert manifest.model.options["action_names"] == names
+    assert read_facts(ckpt, LeRobotOptions(path=str(ckpt), action_names=names)).action_names == names

@@ -240,3 +240,15 @@ def test_units_are_compared_joint_by_joint() -> None:
     assert isinstance(clash, Rejection)
     assert clash.code == "units"
     assert clash.reason.startswith("policy acts in radians but the robot uses degrees (a.pos); ")
+
+
+def test_a_percent_gripper_on_a_ros_robot_is_told_about_raw() -> None:
+    clash = _open_units(["degrees", "meters"], ["degrees", "range_0_100"])
+    assert isinstance(clash, Rejection)
+    assert clash.reason == (
+        "policy acts in range 0..100 but the robot uses meters (gripper.pos); on a ROS 2 robot give that joint raw "
+        "in --robot-opt units (one unit per joint: raw passes the driver's value through undeclared), or serve a "
+        "policy in SI units"
+    )
+    # ... which the robot then declares as no unit: nothing left to refuse.
+    assert isinstance(_open_units(["degrees", ""], ["degrees", "range_0_100"]), Admission)

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import gc
+import subprocess
 import sys
+import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -150,3 +153,41 @@ def test_camera_group_connects_all_or_none(tmp_path: Path) -> None:
     with pytest.raises(CameraError, match="cannot open"):
         broken.connect()
     assert new_threads(before) == []  # the camera that had opened was released again
+
+
+FORGOTTEN_CAMERA = """
+import sys, threading, time
+import numpy as np
+from servo.robots.capture import CaptureThread, LatestFrame
+
+class Camera:
+    pass
+
+camera, slot, stalled, stuck = Camera(), LatestFrame(), sys.argv[1] == "stalled", threading.Event()
+
+def grab():
+    if stalled and slot.seq:
+        stuck.set()
+        threading.Event().wait()  # a USB read that never returns
+    return np.zeros((4, 6, 3), np.uint8)
+
+thread = CaptureThread("front", grab, slot, owner=camera, period_s=0.001, on_exit=lambda: print("released"))
+thread.start()
+slot.wait(0, timeout_s=30)
+if stalled:
+    stuck.wait(30)
+print(time.monotonic(), flush=True)  # never stopped: the interpreter's exit must end it
+"""
+
+
+@pytest.mark.parametrize("grab", ["paced", "stalled"])
+def test_a_camera_never_stopped_does_not_keep_the_process_alive(grab: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FORGOTTEN_CAMERA), grab], capture_output=True, text=True, timeout=60
+    )
+    ended = time.monotonic()
+    lines = proc.stdout.split()
+    assert proc.returncode == 0, proc.stderr
+    # A loop that can end releases its device at exit; a stalled grab is abandoned, not joined.
+    assert lines[1:] == (["released"] if grab == "paced" else [])
+    assert ended - float(lines[0]) < 1.0

@@ -46,7 +46,7 @@ def test_unknown_robot_lists_valid_types() -> None:
 def test_unknown_option_is_named_with_the_valid_ones() -> None:
     with pytest.raises(ConfigError, match=r"robot 'sim': prot: unknown key") as info:
         make_robot("sim", {"prot": "/dev/ttyACM0"})
-    assert "valid: cameras, fps, initial_pose, noise_std" in str(info.value)
+    assert "valid: cameras, fps, initial_pose, joints, noise_std" in str(info.value)
 
 
 @pytest.mark.parametrize(

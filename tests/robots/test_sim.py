@@ -12,8 +12,9 @@ import simplejpeg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servo.robots import Robot, SimCameraConfig, SimCameras, SimConfig, SimSO100
-from servo.robots.sim import first_order_step
+from servo.config import ConfigError
+from servo.robots import Robot, SimCameraConfig, SimCameras, SimConfig, SimSO100, make_robot
+from servo.robots.sim import SimJoints, first_order_step
 from servo.robots.sim_render import ArmRenderer, view_for
 from servo.robots.so100_joints import JOINT_NAMES, LOWER, MAX_VELOCITY, REST_POSE, UPPER
 from tests.support import new_threads
@@ -243,3 +244,31 @@ def test_forgotten_connected_robot_does_not_block_interpreter_exit() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert "connected" in done.stdout
+
+
+def test_a_sim_of_the_policys_joints_has_their_names_units_and_ranges() -> None:
+    names = tuple(f"joint_{i}" for i in range(7))
+    units = ("radians",) * 6 + ("meters",)
+    robot = make_robot("sim", {"joints": ",".join(names), "units": ",".join(units), "cameras": "front:48x64"})
+    spec = robot.spec
+    assert (spec.joint_names, spec.units) == (names, units)
+    assert spec.lower[0] == pytest.approx(-np.pi)
+    assert spec.upper[6] == 1.0
+    assert spec.rest_pose == (0.0,) * 7
+    with robot:
+        target = np.array([1.0, -1.0, 0.5, 0, 0, 0, 0.5], dtype=np.float32)
+        robot.send_action(np.full(7, 100.0, dtype=np.float32))  # clamped to the joints' ranges
+        np.testing.assert_allclose(robot.target, [np.pi] * 6 + [1.0])
+        robot.send_action(target)
+        np.testing.assert_allclose(robot.target, target, rtol=1e-6)
+        assert robot.read_state().shape == (7,)
+    # Its cameras draw the SO-100 posed from those joints: a different pose, a different frame.
+    config = SimConfig(cameras=(SMALL,), joints=SimJoints.generic(names, units), realtime=False)
+    drawn = [config.joints.drawn_pose(pose) for pose in (np.zeros(7), np.full(7, 1.0))]
+    assert all(d.shape == (6,) for d in drawn)
+    assert not np.allclose(drawn[0], drawn[1])
+    assert make_robot("sim", {"joints": "a,b", "units": "degrees"}).spec.units == ("degrees", "degrees")
+    with pytest.raises(ConfigError, match=r"units = .*: needs one, or one per joint of joints \(2\)"):
+        make_robot("sim", {"joints": "a,b", "units": "degrees,degrees,meters"})
+    # The SO-100's own names stay the SO-100.
+    assert make_robot("sim", {"joints": ",".join(JOINT_NAMES)}).spec == SimSO100(SimConfig()).spec

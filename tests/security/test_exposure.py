@@ -21,6 +21,7 @@ import anyio
 import msgspec
 import numpy as np
 import pytest
+import zenoh
 
 from servo._core import ServerIdentity, SessionKey
 from servo.client import PolicyClient
@@ -62,6 +63,15 @@ def serve(manifest: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
+def refusal(manifest: Path, *flags: str) -> str:
+    """The one line ``servo-serve`` refuses to start with (exit 2)."""
+    done = serve(manifest, *flags)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("servo-serve: error: ")
+    return line
+
+
 @pytest.mark.parametrize("listen", [True, False], ids=["listening", "peer mode, no listen"])
 def test_a_server_beside_a_router_is_refused_in_one_line(tmp_path: Path, listen: bool) -> None:
     """Peers reaching a listen endpoint bypass the router's ACL; and with no listen endpoint at
@@ -73,10 +83,7 @@ def test_a_server_beside_a_router_is_refused_in_one_line(tmp_path: Path, listen:
         f'[model]\nsource = "reference"\n[zenoh]\nmode = "peer"\nlisten = {listening}\n'
         f'connect = ["tcp/127.0.0.1:{free_port()}"]\n[ops]\nhealth_port = 0\n'
     )
-    done = serve(manifest)
-    assert done.returncode == 2, done.stderr
-    (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("servo-serve: error: ")
+    line = refusal(manifest)
     assert ("zenoh.listen" if listen else "zenoh.mode") in line
     assert "access control" in line
     assert 'mode = "client"' in line
@@ -86,9 +93,7 @@ def test_a_server_beside_a_router_is_refused_in_one_line(tmp_path: Path, listen:
 def test_a_plain_listen_on_the_network_is_refused_unless_insecure(tmp_path: Path) -> None:
     manifest = tmp_path / "manifest.toml"
     manifest.write_text('[model]\nsource = "reference"\nwarmup = 0\n[ops]\nhealth_port = 0\n')
-    done = serve(manifest, "--listen", f"tcp/0.0.0.0:{free_port()}")
-    assert done.returncode == 2, done.stderr
-    (line,) = done.stderr.strip().splitlines()
+    line = refusal(manifest, "--listen", f"tcp/0.0.0.0:{free_port()}")
     assert "zenoh.listen[0]" in line
     assert "not TLS and not loopback" in line
     assert "--insecure" in line
@@ -220,3 +225,55 @@ async def test_a_fleet_member_in_peer_mode_gets_no_link_to_a_server_behind_the_r
     assert rig.summary.final_state == "streaming"
     assert not any(np.isclose(m.chunk_robot, FORGED).any() for m in rig.merges.merges)
     assert rig.merges.longest_gap_s(attack_started, attack_ended) < REQUEST_TIMEOUT_S
+
+
+def test_health_off_loopback_is_refused_in_one_line_unless_expose_health(tmp_path: Path) -> None:
+    """Issue 29: ``health_host = "0.0.0.0"`` needed no flag, and /metrics names the robots."""
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(
+        f'[model]\nsource = "reference"\nwarmup = 0\n[zenoh]\nlisten = ["tcp/127.0.0.1:{free_port()}"]\n'
+        f'[ops]\nhealth_host = "0.0.0.0"\nhealth_port = {free_port()}\n'
+    )
+    line = refusal(manifest)
+    assert "ops.health_host = '0.0.0.0'" in line
+    assert "anyone on the network would read /metrics" in line
+    assert "--expose-health" in line
+    accepted = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest), "--expose-health"])
+    try:
+        accepted.wait_line("ready", 120)
+    finally:
+        accepted.stop()
+
+
+def test_a_servers_plain_connect_to_another_host_is_refused_unless_insecure(tmp_path: Path) -> None:
+    """Issue 29: the edge refused a plain connect to another host; the server did not."""
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(
+        '[model]\nsource = "reference"\nwarmup = 0\n[zenoh]\nmode = "client"\nlisten = []\n'
+        'connect = ["tcp/10.0.0.1:7447"]\n[ops]\nhealth_port = 0\n'
+    )
+    line = refusal(manifest)
+    assert "zenoh.connect[0] = 'tcp/10.0.0.1:7447'" in line
+    assert "not TLS and not loopback" in line
+    assert "--insecure" in line
+
+
+def test_an_edge_in_peer_mode_behind_a_router_is_refused_unless_asked() -> None:
+    """Issue 29: an edge in ``--zenoh-mode peer`` behind the router was accepted, and a second
+    robot got a direct plain link to it and 18 of its observations."""
+    router_port = free_port()
+    router = zenoh.open(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{router_port}"]).to_config())
+    try:
+        command = [
+            sys.executable,
+            *("-m", "servo.cli.edge", "--robot", "sim", "--no-status", "--log-level", "error"),
+            *("--zenoh-mode", "peer", "--connect", f"tcp/127.0.0.1:{router_port}", "--connect-timeout-s", "5"),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    finally:
+        router.close()
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "link.zenoh_mode = 'peer'" in line
+    assert "is a router" in line
+    assert "--peer-beside-router" in line

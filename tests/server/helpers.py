@@ -18,7 +18,7 @@ from servo.client.trust import signed_open
 from servo.identity import Identity
 from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
-from servo.transport import LoopBridge
+from servo.stages import LoopBridge
 from servo.wire import SessionOpen
 from tests.support import client_settings
 from tests.support import eventually as eventually  # re-exported: tests/security/test_flood.py imports it here
@@ -157,7 +157,7 @@ class ActionTap:
                     return item
 
     def close(self) -> None:
-        self._bridge.closed = True
+        self._bridge.close()
         self._sub.undeclare()
         self._send.close()
         self._recv.close()

@@ -222,3 +222,17 @@ class FailingPolicy(FixedComputePolicy):
         if batch["state"][0] < 0:
             raise RuntimeError("policy bug on negative input")
         return super().predict_chunk(batch, inference_delay, prefix)
+
+
+class CostCyclePolicy(FixedComputePolicy):
+    """Forward ``i`` takes ``costs_ms[i % len(costs_ms)]`` (a sleep): a policy of known, uneven cost."""
+
+    def __init__(self, costs_ms: list[float], **spec: Any) -> None:
+        super().__init__(**spec)
+        self._costs_s = [cost / 1e3 for cost in costs_ms]
+        self._forwards = 0
+
+    def predict_chunk(self, batch: Any, inference_delay: int, prefix: Any) -> np.ndarray:
+        time.sleep(self._costs_s[self._forwards % len(self._costs_s)])
+        self._forwards += 1
+        return super().predict_chunk(batch, inference_delay, prefix)

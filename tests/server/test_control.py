@@ -9,9 +9,11 @@ import pytest
 import zenoh
 
 from servo._core import MSG_CONTROL, MSG_CONTROL_ACK, SCHEMA_VERSION, Header, SessionKey
+from servo.access import Access, AccessRules
 from servo.client import RemoteSession, ServerError
 from servo.server.admission import TokenBucket
 from servo.server.control import MAX_CONTROL_BYTES, ControlPlane
+from servo.server.joins import JoinDesk
 from servo.server.manifest import LimitsSection
 from servo.server.robots import RobotGate
 from servo.server.state import ServerState
@@ -243,6 +245,12 @@ class FakeQuery:
         self.dropped = True
 
 
+def open_gate(state: ServerState) -> RobotGate:
+    """The gate of a loopback server that enrols nobody: any robot may come."""
+    access = Access(AccessRules(server=state.replica.identity.public_key, any_robot=True))
+    return RobotGate(access, JoinDesk(None, access, {}), LimitsSection(), state.returning)
+
+
 async def test_control_queries_are_bounded_before_their_payload_is_copied() -> None:
     """A hostile peer cannot make the event loop copy Zenoh's largest message: the size comes first."""
     state = ServerState(client_grace_s=1.0)
@@ -254,7 +262,7 @@ async def test_control_queries_are_bounded_before_their_payload_is_copied() -> N
             policy=FixedComputePolicy(),
             zsession=None,  # type: ignore[arg-type]  # nothing gets far enough to declare
             trajectories=TrajectoryLibrary({}),
-            robots=RobotGate({}, LimitsSection(), state.returning, state.replica.identity.public_key),
+            robots=open_gate(state),
             takeover_idle_s=1.0,
             limits=LimitsSection(),
             max_observation_bytes=1 << 20,

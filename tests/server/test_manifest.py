@@ -160,6 +160,11 @@ ERRORS = {
         "trajectories[0].path",
     ),
     "invalid toml": ("[model\nsource = 'x'\n", "invalid TOML"),
+    "unknown robot": (
+        MODEL + "[robot]\ntype = 'koch'\n",
+        "robot.type = 'koch': must be one of ros2, sim, so100, so101 or package.module:factory",
+    ),
+    "robot without type": (MODEL + "[robot]\noptions = {port = 'x'}\n", "robot.type: required key is missing"),
 }
 
 

@@ -95,7 +95,11 @@ def test_inputs_that_cannot_answer_are_one_line_and_exit_2(
     assert "--at 'nope'" in capsys.readouterr().err
     late = datetime.fromtimestamp(before / 1e9 + 3600).astimezone().isoformat()
     assert main(["--robot", "robot-217", "--at", late, "--recording", str(recording)]) == 2
-    assert "no recording of 'robot-217' covers" in capsys.readouterr().err
+    miss = capsys.readouterr().err
+    assert "no recording of 'robot-217' covers" in miss
+    # ... and which times they do cover, so the next --at can hit them.
+    assert f"its recordings cover {datetime.fromtimestamp(before / 1e9).strftime('%Y-%m-%d')} " in miss
+    assert f"({recording.name})" in miss
     assert main(["--robot", "robot-9", "--episode", "0", "--recording", str(recording)]) == 2
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")

@@ -127,3 +127,18 @@ def test_unusable_state_is_named(obs: dict[str, Any], message: str) -> None:
         read_observation(obs, ObservationKeys(), FEATURES)
     assert message in str(refused.value)
     assert len(str(refused.value)) < 200
+
+
+def test_a_frame_no_camera_reads_or_one_too_small_to_enlarge_is_named() -> None:
+    frame = np.zeros((4, 6, 3), np.uint8)
+    big = Features(["a"], ["a"], {"top": CameraFeature(96, 128)})
+    with pytest.raises(WireError, match=r"^'images/side': the policy has no camera 'side' \(it has top\)"):
+        read_observation(
+            {"state": [1], "images/top": np.zeros((96, 128, 3), np.uint8), "images/side": frame}, ObservationKeys(), big
+        )
+    with pytest.raises(WireError, match=r"^'images/top' \(camera 'top'\): a 4x6 frame; .* send at least 12x16"):
+        read_observation({"state": [1], "images": {"top": frame}}, ObservationKeys(), big)
+    # A mapped camera's key is read, not refused; frames elsewhere are not cameras.
+    keys = ObservationKeys(cameras={"top": "images/wide"})
+    read = read_observation({"state": [1], "images": {"wide": np.zeros((12, 16, 3), np.uint8)}, "x": frame}, keys, big)
+    assert read.images["top"].shape == (12, 16, 3)

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
 from servo.cli.console import Console
 from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
-from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.lifecycle import INTERRUPTED, exit_process, first_error, on_signal
+from servo.cli.notify import notify_edge, stopping
 from servo.config import ConfigError, convert, fields_of
 from servo.edge.config import EdgeConfig, load_edge_config
 from servo.edge.display import INSTALL_HINT, DisplayConfig
 from servo.logs import configure_logging
+from servo.systemd import Notifier
 
 PROG = "servo-edge"
 
@@ -150,6 +152,7 @@ def robot_option_values(items: list[str]) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace, console: Console) -> int:
     """Build everything and run; returns the exit code."""
+    from servo.edge.adapt import fit_robot
     from servo.edge.display import Display
     from servo.edge.engines import make_engine
     from servo.edge.runtime import EdgeRuntime, RunOptions
@@ -159,7 +162,8 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     config = load_edge_config(args.config, struct_flag_values(args, EdgeConfig))
     view = display_config(args)
     display = Display(view) if view.enabled else None  # imports Rerun: fails before anything starts
-    robot = RobotDescription(args.robot, robot_option_values(args.robot_opt))
+    # A sim given no joints, rate or cameras takes the served policy's: a demo works for any checkpoint.
+    robot = await fit_robot(RobotDescription(args.robot, robot_option_values(args.robot_opt)), config)
     engine = make_engine(config, robot.spec())  # the control process builds the driver again to drive it
     options = RunOptions(
         duration_s=args.duration,
@@ -174,10 +178,13 @@ async def run(args: argparse.Namespace, console: Console) -> int:
         identity = await anyio.to_thread.run_sync(config.security.identity)
         options.telemetry = TelemetryPublisher(identity, period_s=config.telemetry_period_s)
     runtime = EdgeRuntime(robot, engine, config, options)
+    notifier = Notifier.from_environment()
     async with anyio.create_task_group() as tg:
+        if notifier is not None:
+            tg.start_soon(notify_edge, notifier, runtime)
         tg.start_soon(
             lambda: on_signal(
-                lambda: runtime.request_stop("signal"),
+                stopping(notifier, lambda: runtime.request_stop("signal")),
                 runtime.hurry,
                 say=lambda text: console.say(f"{PROG}: {text}"),
                 what="still parking the arm",
@@ -188,10 +195,13 @@ async def run(args: argparse.Namespace, console: Console) -> int:
     console.clear_status()
     rtt = summary.rtt_ms["p50"]
     rejected = sum(summary.chunks_rejected.values())
+    reasons = ", ".join(f"{n} {reason}" for reason, n in summary.chunks_rejected.items() if n)
+    stalls = sum(summary.stalls.values())
     console.say(
         f"{PROG}: {summary.stop_reason}; {summary.ticks} ticks, {summary.actions_executed} actions, "
         f"{summary.fallback_ticks} fallback ticks, {summary.chunks_received} chunks"
-        + (f" ({rejected} rejected: see the summary's chunks_rejected)" if rejected else "")
+        + (f" ({rejected} rejected: {reasons})" if rejected else "")
+        + (f", stalled {stalls} time(s): {next(iter(summary.stalls))}" if stalls else "")
         + (f", {summary.rogue_servers} untrusted replicas skipped" if summary.rogue_servers else "")
         + (f", rtt p50 {rtt} ms" if rtt is not None else "")
         + f", jitter p99 {summary.tick_jitter_ms['p99']} ms, final state {summary.final_state}"
@@ -263,5 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
+def script() -> NoReturn:
+    """Console-script entry of ``servo-edge``: `main`, then the process ends at once (`exit_process`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

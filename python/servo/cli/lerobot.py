@@ -16,7 +16,9 @@ from servo.policy.lerobot_metadata import CheckpointFacts, read_facts
 from servo.server.manifest import Manifest, parse_manifest
 
 #: Flags that set a LeRobot option -> the option.
-OPTION_FLAGS = {"fps": "fps", "units": "units"}
+OPTION_FLAGS = {"fps": "fps", "units": "units", "action_names": "action_names"}
+#: Options given comma-separated on the command line.
+LIST_OPTIONS = frozenset({"action_names"})
 
 
 def lerobot_manifest(path: str, flags: dict[str, Any], overrides: dict[str, Any]) -> Manifest:
@@ -24,7 +26,7 @@ def lerobot_manifest(path: str, flags: dict[str, Any], overrides: dict[str, Any]
 
     Args:
         path: The checkpoint directory (made absolute, so replicas elsewhere find it) or a hub id.
-        flags: ``--fps`` / ``--units`` values by option name (None when not given).
+        flags: ``--fps`` / ``--units`` / ``--action-names`` values by option name (None when not given).
         overrides: Other manifest keys the command line sets (``zenoh.listen``, ``model.device``…).
 
     Raises:
@@ -32,7 +34,10 @@ def lerobot_manifest(path: str, flags: dict[str, Any], overrides: dict[str, Any]
     """
     local = Path(path).expanduser()
     options: dict[str, Any] = {"path": str(local.resolve()) if local.is_dir() else path}
-    options |= {OPTION_FLAGS[name]: value for name, value in flags.items() if value is not None}
+    for name, value in flags.items():
+        if value is not None:
+            listed = [item.strip() for item in value.split(",")] if name in LIST_OPTIONS else value
+            options[OPTION_FLAGS[name]] = listed
     values = {"model.source": "lerobot", "model.options": options, **overrides}
     return parse_manifest("", origin="--lerobot", overrides=values)
 

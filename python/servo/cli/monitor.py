@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 import zenoh
 
 from servo.cli.flags import HelpFormatter, add_struct_flags, struct_flag_values
-from servo.cli.lifecycle import on_signal, run_service
+from servo.cli.lifecycle import exit_process, on_signal, run_service
 from servo.config import ConfigError, convert
 from servo.logs import configure_logging
 
@@ -89,5 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
+def script() -> NoReturn:
+    """Console-script entry of ``servo-monitor``: `main`, then the process ends at once (`exit_process`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import NoReturn
 
 import anyio
 
 from servo.cli.flags import HelpFormatter
-from servo.cli.lifecycle import on_signal, run_service
+from servo.cli.lifecycle import exit_process, on_signal, run_service
 from servo.config import ConfigError
 from servo.logs import configure_logging
 from servo.router import Fleet, RouterReady, RouterStartError, access_control, load_fleet, run_router
@@ -76,5 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     return run_service(lambda: serve(fleet), say=_say, known={RouterStartError: 1}, debug=args.debug)
 
 
+def script() -> NoReturn:
+    """Console-script entry of ``servo-router``: `main`, then the process ends at once (`exit_process`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

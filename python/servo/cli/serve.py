@@ -6,6 +6,10 @@ no certificate configured gets servo's self-signed one for this host. Once ready
 how many robots it carries at this fps (a capacity plan from the warm-up forwards, with a warning
 when a forward outlasts a chunk) and prints the ``servo-edge`` commands that reach it.
 
+Reachable off loopback, it admits only enrolled robots: it prints a join token in the robot's
+command (``servo-edge … --join TOKEN``), and ``servo-serve robots …`` lists and revokes robots and
+makes more tokens and openpi API keys (``servo-serve robots --help``).
+
 With ``--ray``, start ``--replicas`` servers of the manifest as actors on an existing Ray cluster
 instead, print one line per replica as it becomes ready (again after Ray restarts it), drain and
 restart them one at a time on SIGHUP (a rolling restart), and drain them all on Ctrl-C / SIGTERM.
@@ -22,7 +26,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 from anyio.abc import TaskStatus
@@ -30,13 +34,15 @@ from anyio.abc import TaskStatus
 from servo.cli.console import Console
 from servo.cli.flags import HelpFormatter
 from servo.cli.lerobot import OPTION_FLAGS, lerobot_manifest
-from servo.cli.lifecycle import INTERRUPTED, first_error, on_signal
+from servo.cli.lifecycle import INTERRUPTED, exit_process, first_error, on_signal
 from servo.cli.listen import secure_listen
-from servo.cli.ports import PortInUseError, refuse_busy
+from servo.cli.notify import notify_server, stopping
+from servo.cli.ports import PortInUseError, free_ports_advice, refuse_busy
 from servo.cli.ready import ready_lines
 from servo.config import ConfigError
 from servo.logs import configure_logging
 from servo.server.manifest import Manifest, load_manifest
+from servo.systemd import Notifier
 
 if TYPE_CHECKING:
     from servo.deploy.host import ReplicaStatus
@@ -51,6 +57,12 @@ RAY_EXTRA = "pip install 'servo-robotics[ray]'"
 SERVER_DEPENDENCIES = frozenset({"torch", "prometheus_client", "cryptography"})
 #: What a frontend needs beyond the server extra, imported only when the manifest configures it.
 FRONTEND_DEPENDENCIES = {"websockets": ("the openpi front door", "pip install 'servo-robotics[openpi]'")}
+#: The flag that moves each port servo-serve listens on (its manifest key -> flag).
+PORT_FLAGS = {
+    "zenoh.listen": "--listen",
+    "ops.health_port": "--health-port",
+    "frontends.openpi.listen": "--openpi-listen",
+}
 #: ``--ray-*`` flag → `servo.deploy.ray.RayOptions` field.
 RAY_FLAGS = {
     "ray_address": "address",
@@ -78,10 +90,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fps", type=float, metavar="HZ", help="With --lerobot: the rate it was trained at.")
     parser.add_argument("--units", metavar="UNITS", help="With --lerobot: its joint units, degrees or range_m100_100.")
     parser.add_argument(
+        "--action-names",
+        metavar="NAMES",
+        help="With --lerobot: its action names in order, comma-separated (when its training dataset is not at hand).",
+    )
+    parser.add_argument(
         "--listen",
         action="append",
         metavar="ENDPOINT",
         help="Replace zenoh.listen (repeatable), e.g. tls/0.0.0.0:7447 (a self-signed certificate is made for it).",
+    )
+    parser.add_argument(
+        "--connect",
+        action="append",
+        metavar="ENDPOINT",
+        help="Join the router at ENDPOINT as its client (repeatable): replaces zenoh.connect, sets zenoh.mode to "
+        "client and, unless --listen is given, zenoh.listen to none (a server behind a router listens nowhere else).",
+    )
+    parser.add_argument(
+        "--replica",
+        metavar="NAME",
+        help="Replace serving.replica: this replica's name in its keys (default: host name and pid), e.g. a pod's.",
     )
     parser.add_argument("--health-port", type=int, metavar="PORT", help="Replace ops.health_port (0 disables).")
     parser.add_argument(
@@ -95,6 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Allow listening, or peer mode, while connected to a router ([security] listen_beside_router): peers "
         "reaching the listen endpoint, or linked to by gossip, bypass the router's access control.",
+    )
+    parser.add_argument(
+        "--allow-any-robot",
+        action="store_true",
+        help="Admit robots nobody enrolled (and openpi clients without an API key) although the server is reachable "
+        "off loopback ([security] allow_any_robot): anyone who reaches it may open sessions and take capacity.",
+    )
+    parser.add_argument(
+        "--expose-health",
+        action="store_true",
+        help="Allow ops.health_host off loopback ([security] expose_health): anyone on the network reads /metrics "
+        "(robot names, request rates).",
     )
     parser.add_argument(
         "--openpi-listen", metavar="HOST:PORT", help="Replace frontends.openpi.listen (starts the openpi front door)."
@@ -116,8 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Manifest keys replaced by flags (checked by the same rules as the file)."""
     out: dict[str, Any] = {}
+    if args.connect:
+        out |= {"zenoh.connect": list(args.connect), "zenoh.mode": "client", "zenoh.listen": []}
     if args.listen:
         out["zenoh.listen"] = list(args.listen)
+    if args.replica is not None:
+        out["serving.replica"] = args.replica
     if args.health_port is not None:
         out["ops.health_port"] = args.health_port
     if args.openpi_listen is not None:
@@ -132,6 +177,10 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["security.insecure"] = True
     if args.listen_beside_router:
         out["security.listen_beside_router"] = True
+    if args.allow_any_robot:
+        out["security.allow_any_robot"] = True
+    if args.expose_health:
+        out["security.expose_health"] = True
     return out
 
 
@@ -161,22 +210,24 @@ async def serve(
     def say(text: str) -> None:
         console.say(f"{PROG}: {text}")
 
-    server = PolicyServer(manifest, frontends=frontends_of(manifest.frontends), search_path=base_dir)
+    server = PolicyServer(manifest, frontends=frontends_of(manifest), search_path=base_dir)
+    notifier = Notifier.from_environment()
     async with anyio.create_task_group() as tg:
 
         async def run_server(*, task_status: TaskStatus[ServerReady]) -> None:
             await server.run(task_status=task_status)
             tg.cancel_scope.cancel()
 
-        tg.start_soon(
-            lambda: on_signal(server.drain, server.hurry, say=say, what="not waiting for the request in flight")
-        )
+        drain = stopping(notifier, server.drain)
+        tg.start_soon(lambda: on_signal(drain, server.hurry, say=say, what="not waiting for the request in flight"))
         model = manifest.model
         say(f"loading {model.source} on {model.device}, {model.warmup} warm-up forward(s)…")
         ready: ServerReady = await tg.start(run_server)
         for line in ready_lines(ready, manifest, certificate):
             say(line)
         say("ready — Ctrl-C to drain and stop")
+        if notifier is not None:
+            tg.start_soon(notify_server, notifier, server, ready)
 
 
 def serve_on_ray(manifest: Manifest, args: argparse.Namespace, console: Console) -> int:
@@ -278,24 +329,27 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
     from servo.deploy import DeployError
     from servo.identity import IdentityError
     from servo.policy import PolicyLoadError
+    from servo.private_files import PrivateFileError
     from servo.server.selfsigned import CertificateFileError
 
-    if isinstance(exc, ConfigError | PolicyLoadError | IdentityError | CertificateFileError):
+    if isinstance(exc, ConfigError | PolicyLoadError | IdentityError | CertificateFileError | PrivateFileError):
         return 2, str(exc)
     if isinstance(exc, ModuleNotFoundError) and exc.name == "ray":
         return 2, f"--ray needs Ray, which is not installed: {RAY_EXTRA}"
     if isinstance(exc, DeployError):
         return 1, str(exc)
     if isinstance(exc, PortInUseError):
-        return 2, f"{exc} (another servo-serve?); stop it or choose free ports with --listen, --health-port"
+        flags = free_ports_advice(exc, PORT_FLAGS)
+        return 2, f"{exc} (another servo-serve?); stop it, or choose free ports: {flags}"
     if isinstance(exc, ModuleNotFoundError) and exc.name in SERVER_DEPENDENCIES:
         return 2, f"serving needs {exc.name}, which is not installed: {SERVER_EXTRA}"
     if isinstance(exc, ModuleNotFoundError) and exc.name in FRONTEND_DEPENDENCIES:
         what, extra = FRONTEND_DEPENDENCIES[exc.name]
         return 2, f"{what} needs {exc.name}, which is not installed: {extra}"
     if isinstance(exc, zenoh.ZError):
-        # zenoh appends source paths of its own build to messages; users need the first part.
-        return 1, f"zenoh: {str(exc).split(' at /')[0]}"
+        from servo.transport import zenoh_message
+
+        return 1, f"zenoh: {zenoh_message(exc)}"
     if isinstance(exc, OSError):
         return 1, str(exc)
     if isinstance(exc, KeyboardInterrupt):
@@ -305,6 +359,11 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-serve``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["robots"]:
+        from servo.cli.robots import main as robots
+
+        return robots(argv[1:], Console(live=False))
     args = build_parser().parse_args(argv)
     console = Console(live=False)
     configure_logging(args.log_level, json=args.json_logs, stream=console)
@@ -349,5 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def script() -> NoReturn:
+    """Console-script entry of ``servo-serve``: `main`, then the process ends at once (`exit_process`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

@@ -37,6 +37,14 @@ few samples per option, and picks:
   the default qualities (95 to 80: ~3.4x, and their cost ratio is smaller), so they keep being
   compared.
 
+On a local link (the server on this machine: shared memory or loopback) raw always costs least:
+no codec on either side, and the bytes only cross memory. Measured choices would still pick JPEG
+there whenever a busy scheduler stretches raw's samples (12 of 16 requests at load 10), and lose
+the exact pixels for nothing, so ``auto`` sends raw on a local link without probing JPEG, unless
+raw is measured slow there: its effective throughput below `LOCAL_SLOW_MBPS` on frames of at least
+`LOCAL_MEASURE_BYTES` (where bytes, not fixed overheads, set the time). Then it chooses as on any
+other link.
+
 The effective link throughput shown in status lines is an option's bytes over its cost without the
 codec (``bytes / (rtt - compute - encode)``): a lower bound, since that time also holds the fixed
 per-request overheads, so the largest such figure (usually the largest option's) among the options
@@ -71,6 +79,12 @@ MAX_POSTPONE = 128
 #: this much more (ms): a session's cold first request (a thread starting, the first shared-memory
 #: allocation) costs tens of ms more, a slow link's raw frames seconds.
 FAR_MS = 250.0
+
+#: A local link is slow (and auto chooses from measured costs) when raw frames cross it slower than this:
+#: far below any memory copy, so that a busy scheduler (which stretches every option alike) never counts.
+LOCAL_SLOW_MBPS = 25.0
+#: ...measured on requests of at least this many frame bytes.
+LOCAL_MEASURE_BYTES = 256_000
 
 JpegQuality = Annotated[int, msgspec.Meta(ge=0, le=100)] | Literal["auto"]
 
@@ -112,6 +126,8 @@ class CodecStatus:
     probes: int
     #: Latest JPEG encode time of each camera at each quality (``front/jpeg90``), on its thread.
     camera_encode_ms: dict[str, float] = field(default_factory=dict)
+    #: The server is on this machine (shared memory or loopback): auto keeps raw unless that is slow.
+    local: bool = False
 
 
 class _Option:
@@ -156,11 +172,15 @@ class CodecChooser:
     Args:
         quality: ``"auto"``, or a fixed quality (0 raw, 1..100 JPEG) it then always returns.
         settings: How auto chooses.
+        local: The server is on this machine: auto keeps raw unless it is measured slow.
     """
 
-    def __init__(self, quality: int | Literal["auto"], settings: AutoCodec | None = None) -> None:
+    def __init__(
+        self, quality: int | Literal["auto"], settings: AutoCodec | None = None, *, local: bool = False
+    ) -> None:
         self.settings = settings = settings or AutoCodec()
         self.auto = quality == "auto"
+        self.local = local
         qualities = [RAW, *sorted(set(settings.qualities), reverse=True)] if quality == "auto" else [int(quality)]
         #: Best fidelity first.
         self._options = {q: _Option(q, settings.window, settings.reprobe_every) for q in qualities}
@@ -179,7 +199,7 @@ class CodecChooser:
         chosen = self.current
         # The first request carries the option in use (raw, the largest) alone: it is measured
         # while the robot waits for its first chunk anyway, not as a probe once it streams.
-        if self.auto and self._request > 1:
+        if self.auto and self._request > 1 and not self._raw_is_local():
             # Options not in use start due: each is measured before the first decision.
             due = [
                 o
@@ -219,7 +239,7 @@ class CodecChooser:
         option.latest.append(encode_ms + net_ms)
         option.mbps_then = {q: m for q, o in self._options.items() if (m := o.mbps) is not None}
         option.sampled_at = self._request
-        if not self.auto or cold:
+        if not self.auto or cold or self._raw_is_local():
             return
         if quality != self.current and not self._confirmed(option) and self._promising(option):
             option.due = self._request + 1  # one sample could be noise: confirm before it counts
@@ -234,6 +254,16 @@ class CodecChooser:
             option.interval = min(interval, self.settings.reprobe_every * MAX_BACKOFF)
             # A hopeless one waits for evidence (or the hard bound) instead: due now, postponed.
             option.due = self._request + (0 if self._hopeless(option) else option.interval)
+
+    def _raw_is_local(self) -> bool:
+        """Raw on a local link that is not measured slow: nothing to choose (see the module docstring)."""
+        if not self.local or self.current != RAW:
+            return False
+        raw = self._options[RAW]
+        if not raw.nbytes or statistics.median(raw.nbytes) < LOCAL_MEASURE_BYTES:
+            return True
+        mbps = raw.mbps
+        return mbps is None or mbps >= LOCAL_SLOW_MBPS
 
     def _hopeless(self, option: _Option) -> bool:
         """Whether a due probe of `option` is put off (see the module docstring)."""
@@ -324,4 +354,5 @@ class CodecChooser:
             requests={codec_name(o.quality): o.requests for o in options},
             switches=self.switches,
             probes=self.probes,
+            local=self.local,
         )

@@ -21,6 +21,7 @@ from servo.client.verify import ClientCounters
 from servo.logs import get_logger
 from servo.transport import query
 from servo.wire import ServerKeys, StatusReply, WireError, decode, fingerprint, status_selector
+from servo.wire.keys import on_this_host
 
 log = get_logger(__name__)
 
@@ -36,6 +37,15 @@ class ServerInfo:
 
     keys: ServerKeys
     status: StatusReply
+
+    @property
+    def local(self) -> bool:
+        """The replica runs on this machine (its ``server_id`` names this host: `host_server_id`).
+
+        Its link is shared memory or loopback: what the codec choice needs to know
+        (`servo.client.codec`). Only that choice reads it.
+        """
+        return on_this_host(self.status.server_id)
 
 
 def placement_score(status: StatusReply) -> float:
@@ -106,7 +116,7 @@ def first_choice(servers: list[ServerInfo], *, recent: bool = True) -> list[Serv
     their load now: its session counts and queue waits are those of one past moment, often the
     same for robots that started together (weighed, they sent 68 robots of a killed replica to one
     survivor and 33 to the other), so the first is drawn among every live replica and settling
-    (`settle_look`) evens out what chance left uneven.
+    (`servo.client.settle`) evens out what chance left uneven.
     """
     live = [s for s in servers if not s.status.draining]
     if len(live) < 2:
@@ -116,35 +126,6 @@ def first_choice(servers: list[ServerInfo], *, recent: bool = True) -> list[Serv
         live = [s for s in live if placement_score(s.status) <= best + PLACEMENT_TIE]
     first = random.choice(live)
     return [first, *(s for s in servers if s is not first)]
-
-
-@dataclass(frozen=True)
-class SettleLook:
-    """What one look at the fleet says a session should do (`settle_look`)."""
-
-    #: No replica holds two or more sessions fewer than the session's own.
-    balanced: bool
-    #: Where to move now (drawn with the probability that spreads the movers), or None: stay.
-    target: ServerInfo | None = None
-
-
-def settle_look(mine: ServerKeys, servers: list[ServerInfo]) -> SettleLook | None:
-    """Whether the session on replica ``mine`` should move, given the fleet ``servers``.
-
-    It may move while its replica holds two or more sessions more than the emptiest other one,
-    with the probability that makes the expected number of movers the replica's excess over
-    the mean. None when its replica or every other one is gone from the view (stop looking).
-    """
-    here_info = next((s for s in servers if s.keys == mine), None)
-    others = [s for s in servers if s is not here_info and not s.status.draining]
-    if here_info is None or not others:
-        return None
-    target = min(others, key=lambda s: (s.status.active_sessions, placement_score(s.status)))
-    here = here_info.status.active_sessions
-    if here - target.status.active_sessions < 2:
-        return SettleLook(balanced=True)
-    mean = sum(s.status.active_sessions for s in [here_info, *others]) / (len(others) + 1)
-    return SettleLook(balanced=False, target=target if random.random() < (here - mean) / here else None)
 
 
 def first_use(

@@ -1,90 +1,42 @@
 """Frame encoding (JPEG, and shrinking to the policy's input size) on persistent per-camera threads.
 
-One thread per camera lives as long as the session: the cameras of an observation encode in
-parallel (libjpeg-turbo and numpy release the GIL) without a thread hand-off per camera per
-request, and each thread holds one job at most, the newest: a frame whose request was abandoned
-before its encode started is skipped. A frame the session's server takes smaller is shrunk there
-first, with the server's own function (`servo.wire.downsize`). The session's uplink thread
-(`servo.client.uplink`) hands the frames over and waits for them, so the event loop never waits
-on an encode.
+One `StageThread` per camera ("servo-encode-<camera>") lives as long as the session: the cameras
+of an observation encode in parallel (libjpeg-turbo and numpy release the GIL) without a thread
+start per camera per request. Each stage is newest-wins: a frame whose request was abandoned
+before its encode started is skipped (its future fails with `Superseded`). A frame the session's
+server takes smaller is shrunk there first, with the server's own function (`servo.wire.downsize`).
+The session's uplink thread (`servo.client.uplink`) hands the frames over and waits for their
+futures, so the event loop never waits on an encode, and a close settles every future (an
+encode that never ran fails with `StageClosed`): the uplink thread never waits for good.
 """
 
 from __future__ import annotations
 
-import threading
+import dataclasses
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
 
+from servo.client.codec import CodecStatus, codec_name
+from servo.stages import StageThread
 from servo.wire import EncodedImage, check_frame, downsize, encode_image
 
 Frame = npt.NDArray[np.uint8]
 
-#: What a worker reports: the camera, its encoded frame (or the error) and the encode time (ns).
-Report = Callable[[str, EncodedImage | BaseException, int], None]
-
-
-@dataclass(frozen=True)
-class _Job:
-    frame: Frame
-    quality: int
-    report: Report
-    #: Shrink to this (height, width) first; None: as it is.
-    size: tuple[int, int] | None = None
-
-
-class _CameraThread:
-    """One camera's encoder: its own thread, fed through a newest-wins slot by the event loop."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._wake = threading.Condition()
-        self._job: _Job | None = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"servo-encode-{name}", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: _Job) -> None:
-        with self._wake:
-            self._job = job  # replaces a job not started yet: its request was abandoned
-            self._wake.notify()
-
-    def close(self) -> None:
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while self._job is None and not self._closed:
-                    self._wake.wait()
-                if self._closed:
-                    return
-                job, self._job = self._job, None
-            assert job is not None
-            started = time.perf_counter_ns()
-            try:
-                frame = job.frame if job.size is None else downsize(job.frame, job.size)
-                result: EncodedImage | BaseException = encode_image(frame, job.quality)
-            except Exception as exc:  # handed to the requester, who raises it
-                result = exc
-            job.report(self.name, result, time.perf_counter_ns() - started)
-
 
 class FrameEncoder:
-    """Encodes an observation's frames on per-camera threads; used by one session's uplink thread.
+    """Encodes an observation's frames on per-camera stages; used by one session's uplink thread.
 
-    Threads start with the first frame of their camera and stop at `close`. Raw frames (quality
-    0) that need no shrinking are zero-copy views and never leave the calling thread.
-    ``camera_ms`` is written by the camera threads and read by anyone (a snapshot of floats).
+    A camera's stage starts with its first frame and closes at `close` (from any thread). Raw
+    frames (quality 0) that need no shrinking are zero-copy views and never leave the calling
+    thread. ``camera_ms`` is written by the camera threads and read by anyone (a snapshot of floats).
     """
 
     def __init__(self) -> None:
-        self._threads: dict[str, _CameraThread] = {}
+        self._stages: dict[str, StageThread] = {}
+        self._closed = False
         #: Encode time of the latest frame of each camera (ms), by quality.
         self.camera_ms: dict[tuple[str, int], float] = {}
 
@@ -107,39 +59,43 @@ class FrameEncoder:
         are larger in both dimensions (`servo.wire.downsize`); other frames are sent as they are.
 
         Raises:
+            NotRun: the encoder was closed before a frame's encode started.
             Exception: what encoding a frame raised.
         """
         shrink = {name: size for name, frame in frames.items() if (size := _smaller((sizes or {}).get(name), frame))}
         if (quality == 0 and not shrink) or not frames:
             return {name: encode_image(frame, 0) for name, frame in frames.items()}
-        done = threading.Condition()
-        results: dict[str, EncodedImage | BaseException] = {}
-
-        def report(name: str, result: EncodedImage | BaseException, ns: int) -> None:
-            self.camera_ms[(name, quality)] = ns / 1e6
-            with done:
-                results[name] = result
-                done.notify()
-
-        for name, frame in frames.items():
-            if name not in self._threads:
-                self._threads[name] = _CameraThread(name)
-            self._threads[name].submit(_Job(frame, quality, report, shrink.get(name)))
-        with done:
-            done.wait_for(lambda: len(results) == len(frames))
-        out = {}
-        for name in frames:
-            result = results[name]
-            if isinstance(result, BaseException):
-                raise result
-            out[name] = result
-        return out
+        futures = {
+            name: self._stage(name).submit(self._encode, name, frame, quality, shrink.get(name))
+            for name, frame in frames.items()
+        }
+        return {name: future.result() for name, future in futures.items()}
 
     def close(self) -> None:
-        """Stop every camera thread (each after the frame it is encoding, if any)."""
-        for thread in self._threads.values():
-            thread.close()
-        self._threads.clear()
+        """Close every camera stage (each after the frame it encodes); frames not started fail: `StageClosed`."""
+        self._closed = True
+        for stage in list(self._stages.values()):  # the uplink thread may be adding one (see `_stage`)
+            stage.close()
+
+    def with_camera_times(self, status: CodecStatus) -> CodecStatus:
+        """``status`` with each camera's latest encode time per quality (``camera_encode_ms``)."""
+        per_camera = {f"{camera}/{codec_name(q)}": round(ms, 3) for (camera, q), ms in self.camera_ms.items()}
+        return dataclasses.replace(status, camera_encode_ms=per_camera)
+
+    def _stage(self, name: str) -> StageThread:
+        stage = self._stages.get(name)
+        if stage is None:
+            stage = self._stages[name] = StageThread(f"servo-encode-{name}", newest_wins=True)
+            if self._closed:  # closed meanwhile by another thread: refuses at once
+                stage.close()
+        return stage
+
+    def _encode(self, name: str, frame: Frame, quality: int, size: tuple[int, int] | None) -> EncodedImage:
+        """A camera's thread: shrink (if ``size``), then encode one frame."""
+        started = time.perf_counter_ns()
+        image = encode_image(frame if size is None else downsize(frame, size), quality)
+        self.camera_ms[(name, quality)] = (time.perf_counter_ns() - started) / 1e6
+        return image
 
 
 def _smaller(size: tuple[int, int] | None, frame: Frame) -> tuple[int, int] | None:

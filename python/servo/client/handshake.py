@@ -20,6 +20,7 @@ from servo.client.session import RemoteSession
 from servo.client.trust import pick_ack, signed_open
 from servo.client.verify import ClientCounters
 from servo.identity import Identity
+from servo.join import JoinToken
 from servo.transport import query
 from servo.wire import SessionAck, SessionOpen, StatusReply, WireError, decode, encode
 
@@ -33,11 +34,13 @@ async def handshake(
     counters: ClientCounters,
     previous: RemoteSession | None,
     timeout: float,
+    join: JoinToken | None = None,
 ) -> SessionAck:
     """Open ``session`` (declared, not yet open) with ``request``; its ack once the key is shared.
 
     ``request``'s X25519 key, resume proof and signature are filled in here; ``previous`` is
-    this client's previous session on the same replica, whose key proves it held it.
+    this client's previous session on the same replica, whose key proves it held it; ``join``
+    a join token whose proof the open carries (`servo.join`).
 
     Raises:
         SessionRejected: the server refused; ``.rejection.code`` names the failed rule.
@@ -49,7 +52,7 @@ async def handshake(
         pair = KeyPair()
         resume = b"" if previous is None else previous.protocol.resume_proof(pair.public_key)
         opening = msgspec.structs.replace(request, client_key=pair.public_key, resume=resume)
-        opening = signed_open(opening, identity, prefix=server.keys.prefix, nonce=server.status.nonce)
+        opening = signed_open(opening, identity, prefix=server.keys.prefix, nonce=server.status.nonce, join=join)
         replies = await query(zsession, session.keys.session, payload=encode(opening), timeout=timeout)
         try:
             ack = pick_ack(

@@ -10,7 +10,8 @@ per identity::
 
 The deployment is the selector the client discovers with (``--app``/``--model``, ``*`` for
 unspecified); the file is written mode 0600 and refused when others may write it (they would
-choose the servers). From then on only replicas advertising a written-down identity are used (and
+choose the servers), when it is a symbolic link or another user's, or when its directory is
+writable by others (`servo.private_files`). From then on only replicas advertising a written-down identity are used (and
 their acks must be signed by it: `servo.client.trust`); one that advertises another is refused
 loudly, with both fingerprints and the command that accepts it (`accept_command`). If first
 contact sees several identities for the deployment, nothing is trusted: the client refuses,
@@ -20,14 +21,12 @@ share an identity (`servo.home`: one per app per server machine) or are all list
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from servo.client.errors import UntrustedServer
 from servo.home import known_servers_path
+from servo.private_files import PrivateFileError, private_dir, read_private, write_private
 from servo.wire import WireError, fingerprint, parse_fingerprint
 
 _HEADER = "# servo known servers: <app>/<model> <identity> (written on first contact; edit freely)\n"
@@ -62,18 +61,14 @@ class KnownServers:
             UntrustedServer: a line is malformed (named with its number): nothing is trusted then.
         """
         try:
-            with self.path.open("rb") as file:
-                mode = os.fstat(file.fileno()).st_mode
-                text = file.read().decode("utf-8")
+            # Whoever may write the file chooses which servers this robot obeys.
+            text = read_private(self.path, what="known servers", secret=False).decode("utf-8")
         except FileNotFoundError:
             return []
-        except (OSError, UnicodeDecodeError) as exc:
+        except PrivateFileError as exc:
+            raise UntrustedServer(str(exc)) from None
+        except UnicodeDecodeError as exc:
             raise UntrustedServer(f"{self.path}: cannot read the known servers: {exc}") from None
-        if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            # Whoever may write the file chooses which servers this robot obeys.
-            raise UntrustedServer(
-                f"{self.path}: the known servers are writable by others (mode {stat.S_IMODE(mode):04o}); chmod 600 it"
-            )
         out = []
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip() or line.lstrip().startswith("#"):
@@ -93,19 +88,13 @@ class KnownServers:
         """Trust exactly ``identities`` for ``selector`` from now on (the other lines are kept).
 
         Raises:
-            OSError: the file cannot be written.
+            UntrustedServer: the file (or its directory) cannot be trusted or written.
         """
         keep = [(known, identity) for known, identity in self.entries() if known != selector]
         lines = [f"{known} {fingerprint(identity)}\n" for known, identity in keep]
         lines += [f"{selector} {fingerprint(identity)}\n" for identity in sorted(set(identities))]
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         try:
-            with os.fdopen(
-                os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8"
-            ) as file:
-                file.write(_HEADER + "".join(lines))
-            os.replace(temporary, self.path)  # atomic: a reader sees the old file or the new one
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                temporary.unlink()
+            private_dir(self.path.parent)
+            write_private(self.path, (_HEADER + "".join(lines)).encode(), what="known servers")
+        except PrivateFileError as exc:
+            raise UntrustedServer(str(exc)) from None

@@ -9,7 +9,6 @@ by the replica's identity (`servo.client.trust`).
 from __future__ import annotations
 
 import contextlib
-import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
@@ -19,16 +18,18 @@ import anyio
 import zenoh
 
 from servo.client.codec import AutoCodec, CodecChooser
-from servo.client.discovery import ServerInfo, discover, first_choice, settle_look
+from servo.client.discovery import ServerInfo, discover, first_choice
 from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, SessionRejected
 from servo.client.handshake import handshake
 from servo.client.known import KnownServers
 from servo.client.protocol import SessionProtocol
 from servo.client.session import RemoteSession
+from servo.client.settle import HoldDown, settle
 from servo.client.trajectory import fetch_trajectory
 from servo.client.trust import TrustedServers
 from servo.client.verify import MAX_CHUNK_STEPS, ClientCounters, ClientStatistics
 from servo.identity import Identity, robot_identity
+from servo.join import JoinToken
 from servo.logs import get_logger
 from servo.transport import ZenohSettings, open_session
 from servo.wire import (
@@ -44,12 +45,6 @@ log = get_logger(__name__)
 
 #: Refusals another replica (or a later attempt) may not repeat.
 RETRYABLE = frozenset({"capacity", "draining", "session_exists", "rate_limited", "stale_nonce"})
-#: Looks at the fleet after a session opened, at most (see `PolicyClient.connect_best`).
-SETTLE_ROUNDS = 24
-#: Consecutive balanced looks that end the settling: robots that moved last still look after it.
-SETTLED_LOOKS = 3
-#: Each look waits a random time up to this first (s): simultaneous robots look at different times.
-SETTLE_JITTER_S = 0.03
 
 
 class SessionOptions(TypedDict, total=False):
@@ -80,6 +75,7 @@ class PolicyClient:
             servo's directory, created on first use) when omitted.
         known: Without pins, the servers trusted on first use (`servo.client.known`); the
             user's known-servers file when omitted.
+        join: A join token every session open proves, to enrol on first contact (`servo.join`).
     """
 
     def __init__(
@@ -94,6 +90,7 @@ class PolicyClient:
         downsize: bool = True,
         identity: Identity | None = None,
         known: KnownServers | None = None,
+        join: JoinToken | None = None,
     ) -> None:
         self.zsession = zsession
         self.client_id = segment(client_id or f"robot-{uuid.uuid4().hex[:12]}", what="client_id")
@@ -104,6 +101,7 @@ class PolicyClient:
         self.downsize = downsize
         self.identity = identity if identity is not None else robot_identity()
         self.known_servers = known if known is not None else KnownServers()
+        self.join = join
         self.counters = ClientCounters()
         #: Raw or JPEG per request, for every session of this client: the link measured is the
         #: robot's, whichever replica answers, so a new session (a failover) starts from what was
@@ -111,6 +109,8 @@ class PolicyClient:
         self.codec = CodecChooser(jpeg_quality, auto_codec)
         #: The replicas of the last discovery (what `connect_best` fails over to first).
         self._known: list[ServerInfo] = []
+        #: When this robot may move between replicas again (`servo.client.settle`).
+        self._hold = HoldDown()
 
     @classmethod
     @asynccontextmanager
@@ -218,6 +218,7 @@ class PolicyClient:
                 counters=self.counters,
                 previous=previous,
                 timeout=timeout,
+                join=self.join,
             )
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -278,12 +279,12 @@ class PolicyClient:
 
         The first choice is drawn among the replicas of about the best `placement_score`
         (`first_choice`): robots placing themselves on one view of the fleet (a failover) spread;
-        the rest follow by score. With ``settle``, the client then looks at the fleet again,
-        moving while its replica holds two or more sessions more than the emptiest (`settle_look`;
-        up to `SETTLE_ROUNDS` looks `SETTLE_JITTER_S` apart at most, until `SETTLED_LOOKS` in a
-        row found it balanced). With ``avoid`` (replicas known gone), the others of the last
-        discovery are tried first, without a status query to each: a failover herd would send one;
-        that view is old, so the first is drawn among all of them (`first_choice`).
+        the rest follow by score. With ``settle``, the client then looks at the fleet again and
+        moves while its replica holds two or more sessions more than the emptiest, as many robots
+        as the imbalance needs and never back within a second (`servo.client.settle`). With
+        ``avoid`` (replicas known gone), the others of the last discovery are tried first, without
+        a status query to each: a failover herd would send one; that view is old, so the first is
+        drawn among all of them (`first_choice`).
 
         A replica that is full, draining, still holds our previous session (``session_exists``)
         or whose ack fails verification is skipped; any other rejection is final (the next
@@ -364,34 +365,29 @@ class PolicyClient:
         first_move: bool = False,
         **options: Unpack[SessionOptions],
     ) -> RemoteSession:
-        """Move to the emptiest replica while this one holds 2+ sessions more (see `connect_best`).
+        """Settle ``session``'s robot on the fleet (`servo.client.settle`); the session it ends on.
 
         With ``first_move``, the first new session is returned at once and the old one left open.
         """
-        balanced = 0
-        for _ in range(SETTLE_ROUNDS):
-            await anyio.sleep(random.uniform(0.0, SETTLE_JITTER_S))
+        current = session
+
+        async def look() -> list[ServerInfo] | None:
             try:
-                servers = [s for s in await self.discover(app=app, model=model, timeout=0.5) if usable(s)]
+                # The default timeout: a replica slow to answer under load is still in the view.
+                return [s for s in await self.discover(app=app, model=model) if usable(s)]
             except NoServerFound:
-                return session
-            look = settle_look(session.server.keys, servers)
-            if look is None:
-                return session  # its replica, or any other, is gone from the view
-            if look.balanced:
-                balanced += 1
-                if balanced >= SETTLED_LOOKS:
-                    return session
-                continue
-            balanced = 0
-            if look.target is None:
-                continue
+                return None
+
+        async def move(target: ServerInfo) -> ServerKeys | None:
+            nonlocal current
             try:
-                moved = await self.open_session(look.target, features=features, fps=fps, **options)
+                moved = await self.open_session(target, features=features, fps=fps, **options)
             except (SessionRejected, RogueServer, RequestTimeout):
-                continue
-            if first_move:
-                return moved
-            await session.close()
-            session = moved
-        return session
+                return None
+            if not first_move:
+                await current.close()
+            current = moved
+            return moved.server.keys
+
+        await settle(session.server.keys, look, move, self._hold, once=first_move)
+        return current

@@ -9,9 +9,10 @@ with bytes (tests/client/test_protocol.py), as `servo.server.auth` is on the ser
   each control request the next of the control stream (`control_header`); both are sealed with
   the session key by whoever sends them.
 * **One request in flight**: a new observation supersedes the request in flight; only an
-  answer to the latest seq_id of the current epoch is accepted, once. A request sent again
-  (``resend``: the same observation under the next seq_id, when its answer is overdue) is the
-  one exception: the first answer to either seq_id is taken, since both answer that observation.
+  answer to the latest seq_id of the current epoch is accepted, once. A copy (``resend``: the
+  same observation under the next seq_id, when `servo.client.resend` says its answer is overdue)
+  is the one exception: the first answer to either seq_id is taken, since both answer that
+  observation, and the other one, when it comes, is expected (``stats.copy_answers``), not refused.
 * **Incoming** (`on_action`), in this order: sizes (`oversized`, before anything is copied out
   of Zenoh); the MAC under the session key; the session id and epoch; the message type; the
   request in flight; the body (`servo.client.verify`). The ``unknown_session`` notice is the
@@ -25,6 +26,7 @@ with bytes (tests/client/test_protocol.py), as `servo.server.auth` is on the ser
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +34,7 @@ import numpy.typing as npt
 
 from servo._core import (
     ATTACHMENT_SIZE,
+    FLAG_COPY,
     FLAG_EPISODE_START,
     MSG_CHUNK,
     MSG_CONTROL,
@@ -50,10 +53,10 @@ from servo._core import (
     verify_signature,
 )
 from servo.client.errors import ServerError, SessionLost
+from servo.client.resend import ResendRule
 from servo.client.results import ChunkResult, SessionStats
-from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, check_chunk
+from servo.client.verify import MAX_CHUNK_STEPS, ChunkRejected, ClientCounters, read_chunk
 from servo.wire import (
-    ActionChunk,
     ControlAck,
     DrainNotice,
     ErrorEvent,
@@ -71,6 +74,8 @@ FloatArray = npt.NDArray[np.float32]
 MESSAGE_SLACK_BYTES = 1 << 20
 #: Signatures of keyless notices checked per request, at most (each check costs ~0.1 ms).
 MAX_NOTICE_CHECKS = 8
+#: Seq_ids of answered copied requests whose other answer may still come (counted as expected).
+LATE_COPIES = 8
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,10 @@ class SessionProtocol:
         self.latest_seq = 0
         #: The seq_id the latest request was sent again for (its answer counts too), or 0.
         self.resent_seq = 0
+        #: When a request is sent again (`servo.client.resend`); the session sets the replica's.
+        self.resend = ResendRule()
+        #: The other seq_id of each copied request answered lately: its answer is expected.
+        self._late_copies: deque[int] = deque(maxlen=LATE_COPIES)
         # The largest chunk (both spaces, float32) plus room for the rest of any server message.
         self.max_message_bytes = 2 * max_chunk_steps * action_dim * 4 + MESSAGE_SLACK_BYTES
         self._key: SessionKey | None = None
@@ -194,9 +203,9 @@ class SessionProtocol:
     def observation(self, *, mono_ns: int, episode_start: bool, resend: bool = False) -> Header:
         """The header of the next observation; it becomes the request in flight.
 
-        With ``resend`` it carries the observation in flight again: an answer to either seq_id is
-        taken (the first one), the notice budget stays that request's, and it is counted
-        (``stats.resent``, and the client's ``counters.resent`` over all its sessions).
+        With ``resend`` it carries the observation in flight again, flagged ``FLAG_COPY``: an answer
+        to either seq_id is taken (the first one), the notice budget stays that request's, and it
+        is counted (``stats.resent``, and the client's ``counters.resent`` over all its sessions).
 
         Raises:
             SessionLost: before the handshake.
@@ -217,7 +226,7 @@ class SessionProtocol:
         return Header(
             schema_version=self.schema_version,
             msg_type=MSG_OBS,
-            flags=FLAG_EPISODE_START if episode_start else 0,
+            flags=(FLAG_EPISODE_START if episode_start else 0) | (FLAG_COPY if resend else 0),
             seq_id=self._seq,
             episode_id=self.episode_id,
             session_epoch=self.epoch,
@@ -302,14 +311,18 @@ class SessionProtocol:
         if header.msg_type not in (MSG_CHUNK, MSG_ERROR):
             self.counters.reject("undecodable", f"msg_type {header.msg_type} on the action key")
             return Dropped()
+        if header.seq_id in self._late_copies:
+            self._late_copies.remove(header.seq_id)  # the other answer of a copied request
+            self.stats.copy_answers += 1
+            return Dropped()
         answers = header.seq_id == self.latest_seq or (self.resent_seq != 0 and header.seq_id == self.resent_seq)
         if not answers or self.result is not None:
-            # Late or replayed answer: merging it would corrupt the queue (one in flight). The
-            # second answer to a request sent again is expected, not refused.
+            # Late or replayed answer: merging it would corrupt the queue (one in flight).
             self.stats.dropped_stale += 1
-            if not (answers and self.resent_seq):
-                self.counters.reject("stale_seq", f"seq {header.seq_id}, in flight {self.in_flight}")
+            self.counters.reject("stale_seq", f"seq {header.seq_id}, in flight {self.in_flight}")
             return Dropped()
+        if self.resent_seq:
+            self._late_copies.append(self.resent_seq if header.seq_id == self.latest_seq else self.latest_seq)
         return Answered(self._answer(header, payload, now_ns))
 
     def _answer(self, header: Header, payload: bytes, now_ns: int) -> ChunkResult | ServerError:
@@ -317,7 +330,8 @@ class SessionProtocol:
         result: ChunkResult | ServerError
         try:
             if header.msg_type == MSG_CHUNK:
-                result = self._chunk(header, payload, now_ns)
+                result = read_chunk(header, payload, now_ns, action_dim=self.action_dim, max_steps=self.max_chunk_steps)
+                self.resend.answered(result.queue_wait_ms, result.inference_ms)
                 self.stats.chunks += 1
             else:
                 event = decode(payload, ErrorEvent)
@@ -381,19 +395,3 @@ class SessionProtocol:
         self.counters.unknown_session_hints += 1
         self.result = error = ServerError(event.code, event.message)
         return Answered(error)
-
-    def _chunk(self, header: Header, payload: bytes, now_ns: int) -> ChunkResult:
-        body = decode(payload, ActionChunk)
-        chunk_model, chunk_robot = check_chunk(body, action_dim=self.action_dim, max_steps=self.max_chunk_steps)
-        return ChunkResult(
-            seq_id=header.seq_id,
-            episode_id=header.episode_id,
-            chunk_model=chunk_model,
-            chunk_robot=chunk_robot,
-            obs_mono_ns=header.client_mono_ns,
-            rtt_ns=now_ns - header.client_mono_ns,
-            queue_wait_ms=body.queue_wait_ms,
-            inference_ms=body.inference_ms,
-            superseded=body.superseded,
-            server_load=body.server_load,
-        )

@@ -1,8 +1,9 @@
 """Reading the replies of a control-plane query: only what a check accepts counts.
 
-`sealed_answer` takes the first answer that its check accepts (the acks of sealed control
-requests: reset, close); session opens (`servo.client.trust.pick_ack`) and trajectory fetches
-(`servo.client.trajectory`) read their replies with checks of their own. A queryable answers
+`sealed_request` sends a session's sealed control request (reset, close) and `sealed_answer`
+takes the first answer that its check accepts (the acks sealed by the session key); session
+opens (`servo.client.trust.pick_ack`) and trajectory fetches (`servo.client.trajectory`) read
+their replies with checks of their own. A queryable answers
 ``reply`` with the expected struct or ``reply_err`` with a `Rejection`; Zenoh adds error replies
 of its own (``b"Timeout"`` from a replica that did not finish in time), which are not Rejections
 and are skipped. No answer at all is a `RequestTimeout`.
@@ -18,7 +19,9 @@ import zenoh
 
 from servo._core import AuthError, HeaderError
 from servo.client.errors import RequestTimeout, ServerError
-from servo.wire import Rejection, WireError, decode
+from servo.client.protocol import SessionProtocol
+from servo.transport import query
+from servo.wire import ControlAck, ControlRequest, Rejection, WireError, decode, encode
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -65,3 +68,28 @@ def sealed_answer(
     if rejection is not None:
         raise ServerError(rejection.code, rejection.reason)
     raise RequestTimeout(unanswered)
+
+
+async def sealed_request(
+    zsession: zenoh.Session, selector: str, protocol: SessionProtocol, message: ControlRequest, timeout: float
+) -> ControlAck:
+    """Send ``message`` sealed by the session's key; return the first reply sealed by it too.
+
+    Forged or unverifiable acks are counted and skipped; a refusal (keyless by design) raises.
+
+    Raises:
+        ServerError: the server refused.
+        RequestTimeout: no authenticated answer within ``timeout`` s.
+    """
+    key, header, body = protocol.key, protocol.control_header(), encode(message)
+    replies = await query(zsession, selector, payload=body, attachment=key.seal(header, body), timeout=timeout)
+
+    def refused(problem: str) -> None:
+        protocol.counters.reject("mac", f"control ack: {problem}", session_id=protocol.session_id)
+
+    return sealed_answer(
+        replies,
+        lambda attachment, payload: protocol.open_control_ack(header, attachment, payload),
+        refused=refused,
+        unanswered=f"{type(message).__name__} not answered within {timeout:g} s",
+    )

@@ -38,11 +38,13 @@ class SessionStats:
     ``encode`` holds the encode times (ns) of the last `ENCODE_WINDOW` requests, ``last_encode_ms``
     the latest one: memory stays fixed however long the session runs. ``send_failed`` counts
     observations that never left (`SendFailed`), ``resent`` requests sent again because their
-    answer was overdue (`RemoteSession.resend`; also counted in ``sent``).
+    answer was overdue (`RemoteSession.resend`; also counted in ``sent``), ``copy_answers`` the
+    second answers of such requests (expected: neither merged nor refused).
     """
 
     sent: int = 0
     resent: int = 0
+    copy_answers: int = 0
     send_failed: int = 0
     chunks: int = 0
     dropped_stale: int = 0

@@ -17,6 +17,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
+from typing import TypedDict, Unpack
 
 import anyio
 import numpy as np
@@ -25,51 +26,41 @@ import zenoh
 from zenoh.handlers import Callback
 
 from servo._core import FLAG_EPISODE_START, SessionKey
-from servo.client.codec import CodecChooser, CodecStatus, codec_name
+from servo.client.codec import CodecChooser, CodecStatus
 from servo.client.discovery import ServerInfo
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
 from servo.client.protocol import Answered, Lost, SessionProtocol
-from servo.client.replies import sealed_answer
-from servo.client.results import ChunkResult, SessionStats
+from servo.client.replies import sealed_request
+from servo.client.resend import ResendRule
+from servo.client.results import ChunkResult
 from servo.client.uplink import Outgoing, Uplink
 from servo.logs import LogThrottle, get_logger
-from servo.transport import Declared, LoopBridge, declare_obs_publisher, direct, query
-from servo.wire import (
-    ClientKeys,
-    CloseRequest,
-    ControlAck,
-    ControlRequest,
-    ResetRequest,
-    SessionAck,
-    encode,
-    encode_tensor,
-)
+from servo.stages import LoopBridge, NotRun
+from servo.transport import Declared, declare_obs_publisher, direct
+from servo.wire import ClientKeys, CloseRequest, ResetRequest, SessionAck, encode_tensor
 
 log = get_logger(__name__)
-
-#: An unanswered request is sent again after this many expected round trips (`resend_after`)...
-RESEND_ROUND_TRIPS = 3
-#: ...and never sooner than this (s): a survivor's queue right after a failover is longer than
-#: the round trips seen before it, and a copy of a request still waiting there costs nothing.
-RESEND_MIN_S = 0.3
 
 FloatArray = npt.NDArray[np.float32]
 
 
-def resend_delay(expected_rtt_ns: int | None, forward_ms: float) -> float | None:
-    """`RemoteSession.resend_after` from the round trip expected (ns) and the replica's forward (ms)."""
-    longest_s = max((expected_rtt_ns or 0) / 1e9, forward_ms / 1e3)
-    return None if longest_s <= 0 else max(RESEND_MIN_S, RESEND_ROUND_TRIPS * longest_s)
+class ObservationOptions(TypedDict, total=False):
+    """`RemoteSession.send`'s keyword arguments, as `RemoteSession.infer` passes them on."""
+
+    mono_ns: int | None
+    task: str
+    inference_delay_steps: int
+    prefix_model: FloatArray | None
+    prefix_robot: FloatArray | None
+    episode_start: bool
 
 
 class RemoteSession:
     """One robot's session on one replica.
 
     Owned by the event loop task that drives it; Zenoh callbacks only hand bytes to the loop,
-    where the `SessionProtocol` judges them, and the `Uplink` thread sends observations. Enforces
-    one request in flight: a chunk is accepted only if it is authenticated by the session key and
-    answers the latest request of the current epoch; anything else is dropped and counted (in
-    the protocol's ``counters``, shared with the `PolicyClient` that opened it).
+    where the `SessionProtocol` judges them (one request in flight; what it refuses is counted in
+    its ``counters``, shared with the `PolicyClient`), and the `Uplink` thread sends observations.
 
     ::
 
@@ -88,9 +79,12 @@ class RemoteSession:
         self.server = server
         self.keys = keys
         self.protocol = protocol
-        #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs
-        #: (the client's, shared by its sessions).
+        protocol.resend = ResendRule(forward_ms=server.status.inference_ms, sessions=server.status.active_sessions)
+        #: The session epoch chosen at open, and this session's counters.
+        self.epoch, self.stats = protocol.epoch, protocol.stats
+        #: Raw or JPEG per request, fixed or from measured costs (the client's; the link is now this replica's).
         self.codec = codec
+        codec.local = server.local
         self.lost = anyio.Event()
         self.lost_reason = ""
         self._z = zsession
@@ -112,11 +106,6 @@ class RemoteSession:
         return self.protocol.ack
 
     @property
-    def epoch(self) -> int:
-        """The session epoch chosen at open."""
-        return self.protocol.epoch
-
-    @property
     def episode_id(self) -> int:
         """The episode later requests carry."""
         return self.protocol.episode_id
@@ -124,11 +113,6 @@ class RemoteSession:
     @episode_id.setter
     def episode_id(self, value: int) -> None:
         self.protocol.episode_id = value
-
-    @property
-    def stats(self) -> SessionStats:
-        """This session's counters."""
-        return self.protocol.stats
 
     @property
     def key(self) -> SessionKey:
@@ -147,9 +131,8 @@ class RemoteSession:
 
     def codec_status(self) -> CodecStatus:
         """The codec chooser's snapshot, with each camera's latest encode time per quality."""
-        camera_ms = {} if self._uplink is None else self._uplink.encoder.camera_ms
-        per_camera = {f"{camera}/{codec_name(q)}": round(ms, 3) for (camera, q), ms in camera_ms.items()}
-        return dataclasses.replace(self.codec.status(), camera_encode_ms=per_camera)
+        status = self.codec.status()
+        return status if self._uplink is None else self._uplink.encoder.with_camera_times(status)
 
     # ------------------------------------------------------------------ set-up / tear-down
     def declare(self) -> None:
@@ -160,20 +143,17 @@ class RemoteSession:
         """
         bridge = self._bridge
         on_matching: Callback[zenoh.MatchingStatus] = direct(lambda m: bridge.call(self._on_matching, m.matching))
-        # Chunks and the server's token get a callback thread each, never Zenoh's receive task
-        # (`direct`): a callback there waits for the GIL, and a process starved while it holds
-        # the GIL longer than the server's lease made Zenoh close a live link (the server's
-        # token vanished: "server liveliness lost"; tests/client/test_busy_client.py).
+        # Chunks and the server's token get a callback thread each, not Zenoh's receive task (`direct`):
+        # waiting there for a starved GIL outlasted the lease and closed live links (test_busy_client.py).
         self._entities.append(self._z.declare_subscriber(self.keys.action, self._on_action))
         publisher = declare_obs_publisher(self._z, self.keys.obs)
         self._uplink = Uplink(publisher, self.stats, self.codec)
         self._entities.append(publisher.declare_matching_listener(on_matching))
         self._entities.append(self._z.liveliness().declare_token(self.keys.alive))
-        self._entities.append(
-            self._z.liveliness().declare_subscriber(
-                self.server.keys.alive, lambda s: bridge.call(self._on_server_liveliness, s), history=True
-            )
+        server_alive = self._z.liveliness().declare_subscriber(
+            self.server.keys.alive, lambda s: bridge.call(self._on_server_liveliness, s), history=True
         )
+        self._entities.append(server_alive)
 
     async def wait_matched(self, timeout: float) -> bool:
         """Wait until the server's observation subscriber is known here (a put before that is lost)."""
@@ -186,8 +166,8 @@ class RemoteSession:
         if self.ack is not None and not self.lost.is_set():
             with anyio.move_on_after(timeout):
                 with contextlib.suppress(RequestTimeout, ServerError):
-                    await self._control(CloseRequest(self.wire_id), timeout=timeout)
-        self._bridge.closed = True
+                    await sealed_request(self._z, self.keys.control, self.protocol, CloseRequest(self.wire_id), timeout)
+        self._bridge.close()
         for entity in reversed(self._entities):
             with contextlib.suppress(zenoh.ZError):
                 entity.undeclare()
@@ -210,14 +190,12 @@ class RemoteSession:
         prefix_robot: FloatArray | None = None,
         episode_start: bool = False,
     ) -> int:
-        """Publish one observation; returns its seq_id at once (the uplink thread sends it).
+        """Publish one observation (coded as ``codec`` picks); returns its seq_id at once.
 
-        The codec is the pick of the session's `CodecChooser` (``codec``) for this request. A
-        newer request supersedes any request still in flight. Encoding, packing, sealing and the
-        put run on the session's uplink thread, which reads ``images`` after this returned (and
-        again for a `resend`): do not write to them. An observation that cannot leave (no server
-        subscribes to it, or the put fails) fails its `receive` at once with `SendFailed` and is
-        counted in ``stats.send_failed``.
+        A newer request supersedes any request still in flight. The uplink thread encodes, packs,
+        seals and puts it, reading ``images`` after this returned (and again for a `resend`): do
+        not write to them. One that cannot leave (no server subscribes to it, the put fails)
+        fails its `receive` at once with `SendFailed` (counted in ``stats.send_failed``).
 
         Args:
             state: Joint state (converted to float32).
@@ -260,11 +238,10 @@ class RemoteSession:
     def resend(self) -> int:
         """Send the request in flight again, under a new seq_id; returns it.
 
-        For an answer that is overdue, most likely lost on the way (a chunk publisher drops what
-        waits too long for room in a starved transmit queue): the first answer to either seq_id
-        completes the request. On the server the copy takes the original's place while that
-        still waits (newest wins), so it costs a forward only when the original was served.
-        Counted in ``stats.resent`` and in the client's statistics.
+        For an answer that is overdue, most likely lost on the way (`servo.client.resend`): the
+        first answer to either seq_id completes the request. The server answers the copy from
+        what it holds of the original (`servo.server.copies`), so it costs a forward only when
+        the observation never arrived. Counted in ``stats.resent`` and in the client's statistics.
 
         Raises:
             SessionLost: the session is lost.
@@ -282,15 +259,8 @@ class RemoteSession:
         return self._submit(uplink, dataclasses.replace(job, header=header, started_ns=time.monotonic_ns()))
 
     def resend_after(self, expected_rtt_ns: int | None) -> float | None:
-        """When an unanswered request should be sent again (s after it left; `receive`'s ``resend_after``).
-
-        `RESEND_ROUND_TRIPS` of ``expected_rtt_ns`` (the slowest of the last few round trips: a
-        queue that grows then costs one copy, not one per request), or of this replica's forward
-        when that is longer (a slow policy's forward is not duplicated), and never sooner than
-        `RESEND_MIN_S`. None (never) while neither is known: a fresh replica's first forward may
-        be any length.
-        """
-        return resend_delay(expected_rtt_ns, self.server.status.inference_ms)
+        """`receive`'s ``resend_after`` (`servo.client.resend.ResendRule.copy_after`; None: never)."""
+        return self.protocol.resend.copy_after(expected_rtt_ns)
 
     def _submit(self, uplink: Uplink, job: Outgoing) -> int:
         seq = job.header.seq_id
@@ -303,11 +273,13 @@ class RemoteSession:
         return seq
 
     def _after_put(self, seq: int, done: Future[None]) -> None:
-        """Event loop: observation ``seq`` left, or failed to (a failed put fails its request now)."""
-        if done.cancelled():
-            return
+        """Event loop: observation ``seq`` left, or failed to (a failed put fails its request now).
+
+        One that never ran was replaced by a newer observation or its copy (`Superseded`), or the
+        session is closing (`StageClosed`): neither fails a request.
+        """
         error = done.exception()
-        if error is not None:
+        if error is not None and not isinstance(error, NotRun):
             self._send_failed(seq, f"put failed: {error}")
 
     def _send_failed(self, seq: int, reason: str) -> None:
@@ -363,26 +335,12 @@ class RemoteSession:
         state: npt.ArrayLike,
         images: Mapping[str, npt.NDArray[np.uint8]],
         *,
-        mono_ns: int | None = None,
-        task: str = "",
         timeout: float = 5.0,
         resend_after: float | None = None,
-        inference_delay_steps: int = 0,
-        prefix_model: FloatArray | None = None,
-        prefix_robot: FloatArray | None = None,
-        episode_start: bool = False,
+        **observation: Unpack[ObservationOptions],
     ) -> ChunkResult:
         """`send` then `receive`: one round trip (`send`'s arguments, `receive`'s ``timeout`` and ``resend_after``)."""
-        seq = await self.send(
-            state,
-            images,
-            mono_ns=mono_ns,
-            task=task,
-            inference_delay_steps=inference_delay_steps,
-            prefix_model=prefix_model,
-            prefix_robot=prefix_robot,
-            episode_start=episode_start,
-        )
+        seq = await self.send(state, images, **observation)
         return await self.receive(seq, timeout=timeout, resend_after=resend_after)
 
     # ------------------------------------------------------------------ control plane
@@ -394,28 +352,7 @@ class RemoteSession:
             RequestTimeout: no authenticated answer in time.
         """
         self.episode_id = episode_id
-        await self._control(ResetRequest(self.wire_id, episode_id), timeout=timeout)
-
-    async def _control(self, message: ControlRequest, *, timeout: float) -> ControlAck:
-        """Send a sealed control request; return the first reply sealed by the session key.
-
-        Forged or unverifiable acks are counted and skipped; a refusal (keyless by design) raises.
-        """
-        protocol = self.protocol
-        key, header, body = protocol.key, protocol.control_header(), encode(message)
-        replies = await query(
-            self._z, self.keys.control, payload=body, attachment=key.seal(header, body), timeout=timeout
-        )
-
-        def refused(problem: str) -> None:
-            protocol.counters.reject("mac", f"control ack: {problem}", session_id=protocol.session_id)
-
-        return sealed_answer(
-            replies,
-            lambda attachment, payload: protocol.open_control_ack(header, attachment, payload),
-            refused=refused,
-            unanswered=f"{type(message).__name__} not answered within {timeout:g} s",
-        )
+        await sealed_request(self._z, self.keys.control, self.protocol, ResetRequest(self.wire_id, episode_id), timeout)
 
     # ------------------------------------------------------------------ callbacks
     def _on_action(self, sample: zenoh.Sample) -> None:

@@ -11,7 +11,8 @@ A replica proves who it is by signing each session ack with its Ed25519 identity
   status advertised: a peer that answers the session query in the real replica's place cannot
   sign it, so it is skipped and the real ack is used.
 
-A robot proves who it is by signing its session open (`signed_open`) with its own identity.
+A robot proves who it is by signing its session open (`signed_open`) with its own identity, and,
+when it joins with a token, proves the token too (`servo.join`).
 
 A replica-id pin names a key segment anybody can answer on; it means something only behind a
 ``servo-router`` whose access control lets nobody but fleet servers answer (see README "Security").
@@ -31,6 +32,7 @@ from servo.client.errors import RequestTimeout, RogueServer, SessionRejected
 from servo.client.replies import rejection_of
 from servo.client.verify import ClientCounters
 from servo.identity import Identity
+from servo.join import JoinToken, sign_join
 from servo.wire import (
     Rejection,
     ServerKeys,
@@ -93,14 +95,21 @@ class TrustedServers:
         return None
 
 
-def signed_open(request: SessionOpen, identity: Identity, *, prefix: str, nonce: bytes) -> SessionOpen:
+def signed_open(
+    request: SessionOpen, identity: Identity, *, prefix: str, nonce: bytes, join: JoinToken | None = None
+) -> SessionOpen:
     """``request`` signed by the robot ``identity`` for the replica ``prefix`` with its status ``nonce``.
 
     Signed as the server will decode it (`servo.wire.trust.open_transcript`): the request is
-    normalised through its encoding first (an int fps becomes a float on the way).
+    normalised through its encoding first (an int fps becomes a float on the way). With ``join``,
+    the open names the token and carries its proof over the signed open.
     """
-    request = decode(encode(msgspec.structs.replace(request, robot_key=identity.public_key, nonce=nonce)), SessionOpen)
-    return msgspec.structs.replace(request, robot_signature=identity.sign(open_transcript(request, prefix)))
+    named = msgspec.structs.replace(
+        request, robot_key=identity.public_key, nonce=nonce, join_id="" if join is None else join.id
+    )
+    request = decode(encode(named), SessionOpen)
+    request = msgspec.structs.replace(request, robot_signature=identity.sign(open_transcript(request, prefix)))
+    return request if join is None else sign_join(request, join, prefix)
 
 
 def pick_ack(

@@ -1,10 +1,12 @@
 """A session's way out: encode, pack, seal and put each observation in one job off the event loop.
 
 The event loop only decides (the seq_id, the codec, the header: `servo.client.protocol`) and
-hands the job over; the uplink's one thread encodes the frames (JPEG on the per-camera threads of
-`servo.client.encoder`), packs the `Observation`, seals header || body with the session key (the
-MAC pass over the body) and puts it. A put lasts as long as the transfer: ~1 ms on loopback,
-~150 ms for a raw observation on 100 Mbit/s, so it must not run on the loop either.
+hands the job over; the uplink's one stage thread ("servo-send") encodes the frames (JPEG on the
+per-camera stages of `servo.client.encoder`), packs the `Observation`, seals header || body with
+the session key (the MAC pass over the body) and puts it. A put lasts as long as the transfer:
+~1 ms on loopback, ~150 ms for a raw observation on 100 Mbit/s, so it must not run on the loop
+either. The stage is newest-wins: an observation still waiting behind a slow put when a newer one
+(or its own copy) comes never leaves; its future fails with `Superseded`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import zenoh
@@ -22,6 +24,7 @@ from servo._core import Header, SessionKey
 from servo.client.codec import CodecChooser
 from servo.client.encoder import Frame, FrameEncoder
 from servo.client.results import SessionStats
+from servo.stages import StageThread
 from servo.wire import Observation, Tensor, encode
 
 
@@ -59,12 +62,19 @@ class Sent:
 
 
 class Uplink:
-    """The session's sender thread and encoder. Created, fed and closed by the event loop.
+    """The session's sender stage and encoder. Created, fed and closed by the event loop.
 
     Its thread writes ``stats.encode`` (a thread-safe tracker), ``stats.last_encode_ms`` and the
     newest `Sent` record (under a lock, taken back on the loop by `record_cost`, which tells
-    ``codec`` what the request cost); a failed put fails its `Future`, which the session turns
-    into `SendFailed` on the loop.
+    ``codec`` what the request cost). Every job's `Future` settles: done once put, failed with
+    what the put raised, or with `servo.stages.NotRun` when it never left (superseded, closed).
+
+    ::
+
+        open ──submit──► waiting ──servo-send──► encode, pack, seal, put ──► done / failed
+                            │ a newer submit: Superseded
+        open ──close()──► closed: waiting and later jobs fail with StageClosed; a put under
+                          way runs on (a stalled link ends it; nobody waits for it)
     """
 
     def __init__(self, publisher: zenoh.Publisher, stats: SessionStats, codec: CodecChooser) -> None:
@@ -72,19 +82,13 @@ class Uplink:
         self._stats = stats
         self._codec = codec
         self.encoder = FrameEncoder()
-        self._thread: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="servo-send")
+        self._stage = StageThread("servo-send", newest_wins=True)
         self._lock = threading.Lock()
         self._sent: Sent | None = None
 
     def submit(self, job: Outgoing) -> Future[None]:
-        """Queue ``job`` behind the one being sent (if any); its future fails when it never left.
-
-        Raises:
-            RuntimeError: after `close`.
-        """
-        if self._thread is None:
-            raise RuntimeError("the uplink is closed")
-        return self._thread.submit(self._send, job)
+        """Send ``job`` once the one being sent (if any) left; it replaces one still waiting."""
+        return self._stage.submit(self._send, job)
 
     def record_cost(self, seq_id: int, now_ns: int, *, server_ms: float) -> None:
         """Event loop: tell the codec chooser what request ``seq_id`` cost, server compute excluded.
@@ -123,13 +127,11 @@ class Uplink:
         self._publisher.put(body, attachment=attachment)
 
     def close(self) -> None:
-        """Stop taking jobs and undeclare the publisher (idempotent).
+        """Settle what waits, stop taking jobs and undeclare the publisher (idempotent).
 
         A put blocked on a stalled link ends when Zenoh closes the link; nobody waits for it.
         """
-        if self._thread is not None:
-            self._thread.shutdown(wait=False, cancel_futures=True)
-            self._thread = None
+        self._stage.close()
         self.encoder.close()
         # A put still running on the uplink thread makes the publisher refuse ("Already borrowed").
         with contextlib.suppress(zenoh.ZError, RuntimeError):

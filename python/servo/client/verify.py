@@ -18,8 +18,10 @@ from typing import Literal, get_args
 import numpy as np
 import numpy.typing as npt
 
+from servo._core import Header
+from servo.client.results import ChunkResult
 from servo.logs import LogThrottle, get_logger
-from servo.wire import ActionChunk, Tensor, WireError, decode_floats
+from servo.wire import ActionChunk, Tensor, WireError, decode, decode_floats
 
 log = get_logger(__name__)
 
@@ -55,6 +57,29 @@ def check_chunk(body: ActionChunk, *, action_dim: int, max_steps: int) -> tuple[
     if model.shape != robot.shape:
         raise ChunkRejected("shape", f"chunk_model has shape {model.shape}, chunk_robot {robot.shape}")
     return model, robot
+
+
+def read_chunk(header: Header, payload: bytes, now_ns: int, *, action_dim: int, max_steps: int) -> ChunkResult:
+    """The result an authenticated chunk answering ``header``'s request carries (arrived at ``now_ns``).
+
+    Raises:
+        ChunkRejected: its tensors are unusable (`check_chunk`).
+        WireError: the body does not decode.
+    """
+    body = decode(payload, ActionChunk)
+    chunk_model, chunk_robot = check_chunk(body, action_dim=action_dim, max_steps=max_steps)
+    return ChunkResult(
+        seq_id=header.seq_id,
+        episode_id=header.episode_id,
+        chunk_model=chunk_model,
+        chunk_robot=chunk_robot,
+        obs_mono_ns=header.client_mono_ns,
+        rtt_ns=now_ns - header.client_mono_ns,
+        queue_wait_ms=body.queue_wait_ms,
+        inference_ms=body.inference_ms,
+        superseded=body.superseded,
+        server_load=body.server_load,
+    )
 
 
 def _tensor(tensor: Tensor, what: str, action_dim: int, max_steps: int) -> FloatArray:

@@ -1,4 +1,4 @@
-"""How many robots one replica carries: seeds/001 P10 with the forward time measured at warm-up.
+"""How many robots one replica carries: seeds/001 P10 with the forward time measured after warm-up.
 
 With ``t`` the server time per request, ``r`` the rate at which one robot asks, ``W`` how long a
 robot can wait for its chunk before its queue runs dry and ``RTT`` the network round trip, P10
@@ -16,20 +16,76 @@ before the B it still holds runs out, and never later than a chunk lasts: W = mi
 robot never asks faster than one round trip, t + RTT.
 
 A forward longer than a chunk can never keep even one robot supplied: the plan says so in one
-line with the fixes, since the robot otherwise sits on its fallback with no word why.
+line with the fixes, named as the policy's own options (`servo.wire.Tuning`: ``chunk_size``, a
+Diffusion policy's ``n_action_steps``, ``num_inference_steps``…), since the robot otherwise
+sits on its fallback with no word why.
+
+``t`` is the median of the requests timed after the warm-up (``model.plan_forwards``, 10 by
+default; `ForwardTiming`), not the fastest of a few: one lucky forward made the same checkpoint
+"5 robots" once and "0 robots" another time. The plan shows the p90 and the machine's load
+beside it, since a busy machine's forwards are not a quiet one's.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from servo.wire import Tuning
 
 #: Utilisation P10 leaves the device: above it, queueing delays grow without bound.
 UTILISATION = 0.8
 #: Network round trip the plan assumes (a LAN); the server cannot measure its robots' links.
 ASSUMED_RTT_S = 0.010
-#: What makes forwards shorter or chunks longer, named in every warning.
-FIXES = "a GPU (--device cuda), fewer or lower-resolution cameras, a smaller model, or a longer chunk (chunk_size)"
+
+
+@dataclass(frozen=True)
+class ForwardTiming:
+    """Requests timed after the warm-up, and how busy the machine was meanwhile. Immutable.
+
+    Args:
+        median_s: Their median duration (s): the plan's forward time.
+        p90_s: Their 90th percentile (s).
+        count: How many were timed.
+        load: The machine's 1-minute load average right after (None where the OS has none).
+        cores: CPU cores of the machine.
+    """
+
+    median_s: float
+    p90_s: float
+    count: int
+    load: float | None
+    cores: int
+
+    @classmethod
+    def measure(cls, durations: Sequence[float]) -> ForwardTiming | None:
+        """The timing of ``durations`` (s) with the load now; None without any."""
+        if not durations:
+            return None
+        ordered = sorted(durations)
+        p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+        try:
+            load: float | None = os.getloadavg()[0]
+        except OSError:
+            load = None
+        return cls(statistics.median(ordered), p90, len(ordered), load, os.cpu_count() or 1)
+
+    @property
+    def busy(self) -> bool:
+        """More runnable work than cores: forwards were slower than on a quiet machine."""
+        return self.load is not None and self.load > self.cores
+
+    def describe(self, device: str) -> str:
+        """``forward 84.7 ms median, p90 95.2 ms (10 timed after warm-up on cpu; load 1.3 on 2 cores)``."""
+        load = "" if self.load is None else f"; load {self.load:.1f} on {self.cores} cores"
+        busy = ", a busy machine: time it again when quiet" if self.busy else ""
+        return (
+            f"forward {ms(self.median_s)} median, p90 {ms(self.p90_s)} "
+            f"({self.count} timed after warm-up on {device}{load}{busy})"
+        )
 
 
 @dataclass(frozen=True)
@@ -37,12 +93,13 @@ class CapacityPlan:
     """One replica's capacity from its measured forward time. Immutable.
 
     Args:
-        forward_s: Server time per request (s), measured at warm-up.
+        forward_s: Server time per request (s): the median of the requests timed after warm-up.
         chunk_size: Steps per chunk.
         fps: Control rate the robots run at (the policy's).
         rtc: Chunks replace the queue (real-time chunking) rather than being appended.
         buffer_s: The edge's ``buffer_time_s``: it asks when its queue holds less (s).
         rtt_s: Network round trip (s).
+        tuning: The policy's own options that lengthen a chunk or shorten a forward.
     """
 
     forward_s: float
@@ -51,6 +108,7 @@ class CapacityPlan:
     rtc: bool
     buffer_s: float
     rtt_s: float = ASSUMED_RTT_S
+    tuning: Tuning = field(default_factory=Tuning)
 
     @property
     def chunk_s(self) -> float:
@@ -77,13 +135,41 @@ class CapacityPlan:
         by_latency = (self.budget_s - 2 * self.rtt_s) / self.forward_s
         return max(0, math.floor(min(by_load, by_latency)))
 
-    def describe(self, *, device: str, max_sessions: int) -> list[str]:
+    @property
+    def needed_steps(self) -> int:
+        """The shortest chunk that supplies one robot.
+
+        It outlasts a forward and the network round trip, and one robot's requests keep the device
+        at most `UTILISATION` busy.
+        """
+        by_latency = self.forward_s + 2 * self.rtt_s
+        by_load = self.forward_s / UTILISATION + (self.buffer_s if self.rtc else 0.0)
+        return math.floor(max(by_latency, by_load) * self.fps) + 1
+
+    @property
+    def edge_buffer_s(self) -> float | None:
+        """The ``--buffer-time-s`` edges need for one robot to be supplied, when the default is too short.
+
+        None when the default does, or when the buffer is not what falls short (a forward longer
+        than a chunk, or one robot's requests alone keeping the device too busy). Seconds as the
+        flag takes them, rounded up to 50 ms.
+        """
+        if self.robots > 0 or self.forward_s >= self.chunk_s:
+            return None
+        buffer = math.ceil((self.forward_s + 2 * self.rtt_s) * 20) / 20
+        if buffer <= self.buffer_s or buffer >= self.chunk_s:
+            return None
+        fits = CapacityPlan(self.forward_s, self.chunk_size, self.fps, self.rtc, buffer, self.rtt_s, self.tuning)
+        return buffer if fits.robots > 0 else None
+
+    def describe(self, *, device: str, max_sessions: int, timing: ForwardTiming | None = None) -> list[str]:
         """The plan in three lines or fewer: timing, capacity, and a warning when one applies."""
         t, d, e, w, rtt = (ms(v) for v in (self.forward_s, self.chunk_s, self.executed_s, self.budget_s, self.rtt_s))
         how = f"RTC: the chunk less the edge's {ms(self.buffer_s)} buffer" if self.rtc else "chunks appended"
+        measured = timing.describe(device) if timing is not None else f"forward {t} (measured on {device})"
         lines = [
-            f"forward {t} (measured at warm-up on {device}); chunk {self.chunk_size} steps = {d} at "
-            f"{self.fps:g} fps; a robot asks every {e} ({how}) and needs its chunk within {w}"
+            f"{measured}; chunk {self.chunk_size} steps = {d} at {self.fps:g} fps; a robot asks every {e} ({how}) "
+            f"and needs its chunk within {w}"
         ]
         formula = f"min({UTILISATION:g} * {e} / {t}, ({w} - 2 * {rtt}) / {t})"
         capacity = (
@@ -107,30 +193,26 @@ class CapacityPlan:
         if self.forward_s >= self.chunk_s:
             return (
                 f"warning: a forward ({t}) takes longer than a chunk lasts ({d} at {self.fps:g} fps): robots run out "
-                f"of actions and hold on their fallback; use {FIXES}"
+                f"of actions and hold on their fallback; serve {self.tuning.longer_chunk(self.needed_steps)} or "
+                f"{self.tuning.faster_forward()}"
             )
-        if self.robots == 0:
-            # Seconds, as the flag takes them, rounded up to 50 ms.
-            buffer = math.ceil((self.forward_s + 2 * self.rtt_s) * 20) / 20
+        if self.robots > 0:
+            return None
+        buffer = self.edge_buffer_s
+        if buffer is not None:
             return (
                 f"warning: a forward ({t}) outlasts the {ms(self.budget_s)} of actions an edge keeps queued: robots "
-                f"pause between chunks; run edges with --buffer-time-s {buffer:g} (less than the {d} chunk), or use "
-                f"{FIXES}"
+                f"pause between chunks; run edges with --buffer-time-s {buffer:g} (less than the {d} chunk), or "
+                f"serve {self.tuning.faster_forward()}"
             )
-        return None
+        return (
+            f"warning: a forward ({t}) takes more than {UTILISATION:.0%} of the {ms(self.executed_s)} between one "
+            f"robot's requests: one robot keeps the replica busy and its chunks come late under any load; serve "
+            f"{self.tuning.longer_chunk(self.needed_steps)} or {self.tuning.faster_forward()}"
+        )
 
 
 def ms(seconds: float) -> str:
     """A duration for a person: ``928 ms``, ``12.3 ms``, ``10 ms``, ``0.42 ms``."""
     value = seconds * 1e3
     return f"{value:.0f} ms" if value >= 100 else f"{value:.3g} ms"
-
-
-def measured_forward_s(durations: list[float]) -> float | None:
-    """The forward time a plan uses: the fastest warm-up forward after the first (None without any).
-
-    The first forward pays for lazy initialisation (cuDNN autotuning, compilation, allocator
-    growth), so it stands in only when it is the only one.
-    """
-    steady = durations[1:] or durations
-    return min(steady) if steady else None

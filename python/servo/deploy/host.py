@@ -24,7 +24,7 @@ from servo.logs import get_logger
 from servo.policy import Policy, PolicyLoadError
 from servo.server.manifest import Manifest
 from servo.server.service import PolicyServer, ServerReady
-from servo.transport import LoopBridge
+from servo.stages import LoopBridge
 
 log = get_logger(__name__)
 

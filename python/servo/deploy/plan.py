@@ -9,7 +9,9 @@ engine comes back with the same identity and an edge pinned to it finds it again
   shifted by the index, so replicas placed on one node do not collide (port 0 stays 0);
 - the audit log, one file per replica (session ids are per replica, so lines would be ambiguous);
 - relative paths (TLS files, trajectories, audit log) become absolute against the deploying
-  process's working directory, since replicas do not run where the manifest was read.
+  process's working directory, since replicas do not run where the manifest was read;
+- no join token at start (``security.join_token_ttl_s = 0``): nobody would see a replica's;
+  ``servo-serve robots token`` makes one for robots to join with.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def _replica(manifest: Manifest, replica_id: str, index: int, replicas: int, ori
             audit = Path(ops.audit_log)
             ops = replace(ops, audit_log=str(audit.with_name(f"{audit.stem}.{replica_id}{audit.suffix}")))
     serving = replace(manifest.serving, replica=replica_id)
-    return replace(manifest, serving=serving, zenoh=zenoh, ops=ops, frontends=frontends)
+    security = replace(manifest.security, join_token_ttl_s=0.0)
+    return replace(manifest, serving=serving, zenoh=zenoh, ops=ops, frontends=frontends, security=security)
 
 
 def _shifted(endpoint: str, index: int, replicas: int, origin: str) -> str:

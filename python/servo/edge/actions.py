@@ -57,6 +57,10 @@ class ActionSource(Protocol):
         """Actions left in the queue."""
         ...
 
+    def position(self) -> int:
+        """Where the queue's consumer stands, read with each observation (`ActionQueue.get_position`)."""
+        ...
+
 
 class ControlConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[control]`` of the edge configuration: what the control loop does with queued actions.
@@ -111,6 +115,10 @@ class ActionFeed:
     def queued(self) -> int:
         """Actions left in the queue."""
         return self.queue.qsize()
+
+    def position(self) -> int:
+        """Where this consumer stands in the queue."""
+        return self.queue.get_position()
 
     def get_action(self, now_ns: int) -> Action | None:
         """The action for this tick, or the fallback; None means hold (send nothing).

@@ -5,7 +5,8 @@ memory when it runs on a thread (the sequential engine); both sides use the same
 
     counters     state, realtime, ticks, actions executed, commands sent, missed deadlines,
                  max lateness, fault, stop, park generation reached, recording, wake threshold
-    observation  seqlock   tick, monotonic ns, joint state        loop → main   newest wins
+    observation  seqlock   tick, monotonic ns, queue position,    loop → main   newest wins
+                           joint state
     command      seqlock   park generation, tolerance, pose       main → loop   newest wins
     fault        seqlock   one line of text, written once         loop → main
     lateness     histogram of tick lateness (10 µs bins to 10 ms, 1 ms bins to 1 s)   loop → main
@@ -72,8 +73,9 @@ FAULT_BYTES = 1024
 _SOURCES: tuple[Source, ...] = ("none", "policy", "fallback", "replay", "park")
 _SOURCE_CODE = {name: code for code, name in enumerate(_SOURCES)}
 # tick, mono_ns, flags (bit 0: command, bit 1: provenance, bits 8..15: source), provenance
-_RECORD_HEAD = struct.Struct("<qqQ16sQQq")
-_OBSERVATION_HEAD = struct.Struct("<Qq")
+_RECORD_HEAD = struct.Struct("<qqQ16sQQqQ")
+# tick, mono_ns, the action queue's position (`ActionQueue.get_position`) when it was taken
+_OBSERVATION_HEAD = struct.Struct("<QqQ")
 _COMMAND_HEAD = struct.Struct("<Qd")
 
 
@@ -230,9 +232,9 @@ class ControlChannel:
         return cls(SharedMemory.attach(fd), action_dim)
 
     # ------------------------------------------------------------------ control loop side
-    def publish(self, tick: int, mono_ns: int, state: FloatArray) -> None:
-        """Loop: the newest observation (newest wins)."""
-        _OBSERVATION_HEAD.pack_into(self._observation_out, 0, tick, mono_ns)
+    def publish(self, tick: int, mono_ns: int, position: int, state: FloatArray) -> None:
+        """Loop: the newest observation and the queue position it was taken at (newest wins)."""
+        _OBSERVATION_HEAD.pack_into(self._observation_out, 0, tick, mono_ns, position)
         self._observation_state[:] = state
         self._observation.write(self._observation_out)
 
@@ -302,31 +304,28 @@ class ControlChannel:
         if not self._counters.get(Slot.RECORDING):
             return
         flags = _SOURCE_CODE[source] << 8 | (command is not None) | (provenance is not None) << 1
-        prov = (
-            (bytes.fromhex(provenance.session_id), provenance.seq_id, provenance.episode_id, provenance.obs_mono_ns)
-            if provenance
-            else (b"", 0, 0, 0)
-        )
+        p = provenance
+        prov = (bytes.fromhex(p.session_id), p.seq_id, p.episode_id, p.obs_mono_ns, p.step) if p else (b"", 0, 0, 0, 0)
         _RECORD_HEAD.pack_into(self._record_out, 0, tick, mono_ns, flags, *prov)
         self._record_state[:] = state
         self._record_command[:] = 0.0 if command is None else command
         self._records.push(self._record_out)
 
     # ------------------------------------------------------------------ main process side
-    def latest(self) -> tuple[int, int, FloatArray] | None:
-        """Main: the newest observation (tick, monotonic ns, state), or None before the first."""
+    def latest(self) -> tuple[int, int, int, FloatArray] | None:
+        """Main: the newest observation (tick, monotonic ns, queue position, state), or None before the first."""
         if self._observation.version == 0:
             return None
         record = self._observation.read(attempts=100)
         if record is None:
             return None
-        tick, mono_ns = _OBSERVATION_HEAD.unpack_from(record)
-        return tick, mono_ns, np.frombuffer(record, np.float32, self.action_dim, _OBSERVATION_HEAD.size)
+        tick, mono_ns, position = _OBSERVATION_HEAD.unpack_from(record)
+        return tick, mono_ns, position, np.frombuffer(record, np.float32, self.action_dim, _OBSERVATION_HEAD.size)
 
     def latest_pose(self) -> FloatArray | None:
         """Main: the newest joint state (the `PoseSource` of simulated cameras)."""
         latest = self.latest()
-        return None if latest is None else latest[2]
+        return None if latest is None else latest[3]
 
     def request_park(self, pose: FloatArray, tolerance: float) -> int:
         """Main: drive to ``pose``; returns the generation `parked` will report."""
@@ -388,9 +387,9 @@ class ControlChannel:
         out = []
         dim = self.action_dim
         while (record := self._records.pop()) is not None:
-            tick, mono_ns, flags, session, seq_id, episode_id, obs_ns = _RECORD_HEAD.unpack_from(record)
+            tick, mono_ns, flags, session, seq_id, episode_id, obs_ns, step = _RECORD_HEAD.unpack_from(record)
             state = np.frombuffer(record, np.float32, dim, _RECORD_HEAD.size).copy()
             command = np.frombuffer(record, np.float32, dim, _RECORD_HEAD.size + 4 * dim).copy() if flags & 1 else None
-            provenance = Provenance(session.hex(), seq_id, episode_id, obs_ns) if flags & 2 else None
+            provenance = Provenance(session.hex(), seq_id, episode_id, obs_ns, step) if flags & 2 else None
             out.append(Tick(tick, mono_ns, state, command, _SOURCES[flags >> 8 & 0xFF], provenance))
         return out

@@ -54,6 +54,7 @@ from servo.edge.actions import ControlConfig
 from servo.edge.failsafe import FailSafeConfig
 from servo.edge.pipeline import PipelineConfig
 from servo.identity import Identity, robot_identity
+from servo.join import JoinToken, JoinTokenError
 from servo.transport import (
     DEFAULT_LOCAL_ENDPOINT,
     CertificateError,
@@ -153,6 +154,20 @@ class SecurityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         bool,
         doc("Allow a plain (not TLS) connection to a non-loopback endpoint: anyone on the path reads the traffic."),
     ] = False
+    join: Annotated[
+        str,
+        doc(
+            "A join token servo-serve printed: enrols this robot on first contact and trusts that server "
+            "(and its certificate) without trust on first use."
+        ),
+    ] = ""
+    peer_beside_router: Annotated[
+        bool,
+        doc(
+            "Allow zenoh_mode = peer while connected to a router: peers the router announces link to this robot "
+            "directly and bypass its access control."
+        ),
+    ] = False
     max_chunk_steps: Annotated[
         PositiveInt, doc("Longest chunk accepted (steps); longer ones are rejected, never merged.", le=4096)
     ] = MAX_CHUNK_STEPS
@@ -174,6 +189,10 @@ class SecurityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             self.trusted()
         except WireError as exc:
             raise FieldError("trusted_servers", str(exc)) from None
+        try:
+            self.join_token()
+        except JoinTokenError as exc:
+            raise FieldError("join", str(exc)) from None
         if self.auth_user:
             try:
                 segment(self.auth_user, what="auth_user")
@@ -187,6 +206,14 @@ class SecurityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             WireError: a malformed entry.
         """
         return TrustedServers.parse(self.trusted_servers)
+
+    def join_token(self) -> JoinToken | None:
+        """The parsed ``join`` token, or None.
+
+        Raises:
+            JoinTokenError: a malformed token.
+        """
+        return JoinToken.parse(self.join) if self.join else None
 
     def known(self) -> KnownServers:
         """The servers trusted on first use (used when nothing is pinned)."""
@@ -250,7 +277,10 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     task: Annotated[str, doc("Task instruction sent with every observation (the prompt of a VLA).")] = ""
     client_id: Annotated[
         str,
-        doc("This robot's id; when empty: tls_cert's common name, else auth_user, else random."),
+        doc(
+            "This robot's id; when empty: tls_cert's common name, else auth_user, else this host's name with "
+            "join, else random."
+        ),
     ] = ""
     tags: Annotated[dict[str, str], doc("Free-form labels sent at session open (KEY=VALUE).")] = {}
     telemetry_period_s: Annotated[

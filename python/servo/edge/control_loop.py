@@ -50,8 +50,9 @@ from servo.edge.actions import ActionSource
 from servo.edge.channel import Bell, ControlChannel, LoopState, LoopStats, Tick
 from servo.edge.errors import EdgeStartError
 from servo.edge.observation import ObservationInput
+from servo.edge.realtime import REALTIME_PRIORITY, request_realtime
 from servo.edge.safety import SafetyLimiter
-from servo.edge.ticker import REALTIME_PRIORITY, Ticker, request_realtime
+from servo.edge.ticker import Ticker
 from servo.logs import get_logger
 from servo.robots.protocol import Cameras, Robot
 
@@ -198,8 +199,8 @@ class ControlLoop:
         latest = self.channel.latest()
         if latest is None:
             return None
-        _, mono_ns, state = latest
-        return ObservationInput(state.copy(), self.cameras.read_cameras(), mono_ns, self.task)
+        tick, mono_ns, position, state = latest
+        return ObservationInput(state.copy(), self.cameras.read_cameras(), mono_ns, tick, position, self.task)
 
     async def wait(self, queue_below: int, timeout: float) -> None:
         """Return once the loop saw fewer than ``queue_below`` queued actions, or after ``timeout``."""

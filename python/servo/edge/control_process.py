@@ -5,8 +5,9 @@ of the parent's threads) and hands it, by file descriptor, the pipeline block (t
 and its counters), the `ControlChannel` block and the bell's write end; then one JSON line on
 stdin: a `ControlSpec` (the robot's description, the feed's rules, the safety settings). The
 child builds the robot's joints itself (drivers never cross processes), connects them, asks for
-``SCHED_FIFO``, and ticks. Nothing else runs there: no network, no cameras, no renderer, no
-JPEG, no disk.
+``SCHED_FIFO`` for the tick and puts every other thread of the process (the driver's, the
+watchdog) just below it (`servo.edge.realtime`), and ticks. Nothing else runs there: no network,
+no cameras, no renderer, no JPEG, no disk.
 
 Lifetimes are tied both ways. The child's stdin stays open as long as the parent lives: a
 watchdog thread in the child reads it, and on EOF (the edge died, even by SIGKILL) the child
@@ -39,8 +40,9 @@ from servo.config import NonNegativeInt, NonNegativeSeconds, PositiveFloat, Posi
 from servo.edge.actions import ActionFeed, ControlConfig, Source
 from servo.edge.channel import Bell, ControlChannel, LoopState
 from servo.edge.control_loop import ControlLoop
+from servo.edge.realtime import REALTIME_PRIORITY, name_thread, rank_helpers, request_realtime, thread_table
 from servo.edge.safety import SafetyLimiter
-from servo.edge.ticker import REALTIME_PRIORITY, Ticker, request_realtime
+from servo.edge.ticker import Ticker
 from servo.logs import configure_logging, get_logger
 from servo.robots.protocol import Cameras
 from servo.robots.registry import RobotDescription
@@ -132,6 +134,8 @@ class ProcessControlLoop(ControlLoop):
         try:
             self._process = await anyio.open_process(
                 [sys.executable, "-m", "servo.edge.control_process"],
+                # No linear-algebra worker threads: the tick's arithmetic is a few joints wide.
+                env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
@@ -193,6 +197,7 @@ class ProcessControlLoop(ControlLoop):
 
 def _watch_parent(ticker: Ticker, tolerance: float, timeout_s: float) -> None:
     """Watchdog thread: stdin EOF means the edge is gone."""
+    name_thread("servo-watchdog")
     # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader's lock would
     # abort the interpreter's shutdown.
     while os.read(0, 4096):
@@ -241,13 +246,20 @@ def main() -> int:
         limiter = SafetyLimiter(robot.spec, velocity_scale=spec.control.velocity_scale)
         ticker = Ticker(robot, feed, limiter, channel, bell, spin=spec.spin)
         ticker.start()
-        # Started before asking for real-time scheduling, so it stays a normal thread.
         args = (ticker, spec.rest_tolerance, spec.orphan_park_timeout_s)
         threading.Thread(target=_watch_parent, args=args, name="servo-watchdog", daemon=True).start()
+        name_thread("servo-tick")
         realtime = spec.realtime and request_realtime()
         if spec.realtime and not realtime:
             log.warning("no real-time scheduling (needs CAP_SYS_NICE or an rtprio limit): ticking at normal priority")
-        log.info("control process running", realtime=realtime, priority=REALTIME_PRIORITY, fps=robot.spec.fps)
+        threads = rank_helpers(threading.get_native_id()) if realtime else thread_table()
+        log.info(
+            "control process running",
+            realtime=realtime,
+            priority=REALTIME_PRIORITY,
+            fps=robot.spec.fps,
+            threads=[str(thread) for thread in threads],
+        )
         # What exists now lives until exit: keep the collector from ever walking it mid-tick.
         gc.freeze()
         channel.set_state(LoopState.RUNNING, realtime=realtime)

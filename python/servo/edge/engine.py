@@ -36,7 +36,8 @@ from servo.edge.pipeline import ChunkPipeline, Request, Starvation
 from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
-from servo.transport import LoopBridge
+from servo.stages import LoopBridge
+from servo.wire import Tuning
 
 log = get_logger(__name__)
 
@@ -122,6 +123,8 @@ class EngineBase(abc.ABC):
         self.feed: ObservationFeed | None = None
         #: Chunks too short for the round trip, as last checked (`check_chunk_length`).
         self.starving: Starvation | None = None
+        #: The served policy's own options named in advice (the session ack's; local: the policy's).
+        self.tuning = Tuning()
         self._starvation_said = False
         #: Remote engines: their Zenoh session once `run` opened it (telemetry publishes on it).
         self.zenoh_session: zenoh.Session | None = None
@@ -173,7 +176,7 @@ class EngineBase(abc.ABC):
                 await self.serve()
                 tg.cancel_scope.cancel()
         finally:
-            self._bridge.closed = True
+            self._bridge.close()
             with anyio.CancelScope(shield=True):
                 await self.resources.aclose()
 
@@ -223,7 +226,9 @@ class EngineBase(abc.ABC):
 
         It should leave when the queue would run dry before its chunk is expected back
         (`ChunkPipeline.send_below`), or at once with ``at_once`` (a new session: what is queued
-        was computed by a replica the edge no longer uses, and its rest is the RTC prefix).
+        was computed by a replica the edge no longer uses, and its rest is the RTC prefix). Only
+        an observation taken since the last merge leaves (`ChunkPipeline.current`: its chunk's
+        merge is exact); one taken before waits for the next tick's.
 
         Raises:
             SessionEnded: ``abort()`` returned a reason.
@@ -233,7 +238,13 @@ class EngineBase(abc.ABC):
             if reason:
                 raise SessionEnded(reason)
             obs = self.latest_observation()
-            if obs is not None and not self.paused and (at_once or self.pipeline.needs_observation()):
+            pipeline = self.pipeline
+            if (
+                obs is not None
+                and not self.paused
+                and (at_once or pipeline.needs_observation())
+                and pipeline.current(obs)
+            ):
                 return obs
             if self.feed is None or (at_once and not self.paused):
                 await anyio.sleep(TICK_S)
@@ -253,8 +264,28 @@ class EngineBase(abc.ABC):
                 starved_since_ns=pipeline.last_starved_ns,
                 runway_ns=pipeline.queued() * pipeline.dt_ns,
                 expected_rtt_ns=pipeline.expected_latency_ns(),
+                why_starved=self.why_starved,
             )
             await anyio.sleep(TICK_S)
+
+    def why_starved(self) -> str:
+        """Why the control loop has no fresh action, as far as this edge can tell (for the summary)."""
+        if self.paused:
+            return "requests paused"
+        if self.starving is not None:
+            return f"{self.starving.short()}: each chunk runs out before the next can be back"
+        out, rtt = self.failsafe.outstanding_ns(), self.pipeline.expected_latency_ns()
+        if out is None:
+            return "no request in flight: the last one failed or timed out, or none could be sent"
+        if rtt is None or out > rtt:
+            usual = "" if rtt is None else f", round trips took {rtt / 1e9:.2f} s"
+            return (
+                f"a chunk is late: its request has been out {out / 1e9:.2f} s{usual} (the server or the link is slow)"
+            )
+        return (
+            f"the request left too late: out {out / 1e9:.2f} s of a {rtt / 1e9:.2f} s round trip when the queue ran "
+            "dry (raise --buffer-time-s)"
+        )
 
     def latest_observation(self) -> ObservationInput | None:
         """Worker: the newest observation, if any."""
@@ -267,6 +298,10 @@ class EngineBase(abc.ABC):
     def queued(self) -> int:
         """Actions left in the queue."""
         return self.pipeline.queued()
+
+    def position(self) -> int:
+        """Control thread: where it stands in the queue."""
+        return self.pipeline.queue.get_position()
 
     def is_finished(self) -> bool:
         """Whether the engine's work has an end and reached it: all queued and executed (replay)."""
@@ -309,7 +344,7 @@ class EngineBase(abc.ABC):
         self.starving = self.pipeline.starvation(chunk_steps, round_trip_ns)
         if self.starving is not None and not self._starvation_said:
             self._starvation_said = True
-            log.warning("chunks too short for the round trip", advice=self.starving.message())
+            log.warning("chunks too short for the round trip", advice=self.starving.message(self.tuning))
 
     def merge(self, request: Request, produced: Produced, now_ns: int) -> int | None:
         """Merge a produced chunk (the same call for every engine).

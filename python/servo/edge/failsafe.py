@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Annotated, NamedTuple
 
@@ -109,6 +109,8 @@ class FailSafe:
         self._timeouts_in_row = 0
         self._last_good_ns = clock()
         self._request_out_ns: int | None = None
+        #: Why each STALLED transition happened (the engine's diagnosis) -> how many times.
+        self.stall_causes: Counter[str] = Counter()
 
     def _go(self, state: EngineState, reason: str) -> None:
         if state is self.state or self.state is EngineState.DEAD:
@@ -125,6 +127,10 @@ class FailSafe:
     def session_opened(self) -> None:
         """Handshake done; streaming starts with the first merged chunk."""
         self._go(EngineState.CONNECTING, "session open")
+
+    def outstanding_ns(self) -> int | None:
+        """How long the request in flight has been out (ns); None when none is."""
+        return None if self._request_out_ns is None else self._clock() - self._request_out_ns
 
     def request_sent(self) -> None:
         """An observation left; the degraded watchdog starts."""
@@ -171,7 +177,12 @@ class FailSafe:
         return list(kept)[max(0, len(kept) - new) :] if new > 0 else []
 
     def tick(
-        self, *, starved_since_ns: int, runway_ns: int | None = None, expected_rtt_ns: int | None = None
+        self,
+        *,
+        starved_since_ns: int,
+        runway_ns: int | None = None,
+        expected_rtt_ns: int | None = None,
+        why_starved: Callable[[], str] | None = None,
     ) -> EngineState:
         """Periodic evaluation.
 
@@ -179,6 +190,8 @@ class FailSafe:
             starved_since_ns: When the control loop last had no fresh action (0 = never).
             runway_ns: How long the queued actions last (None: unknown).
             expected_rtt_ns: The round trip a request is expected to take (None: no estimate yet).
+            why_starved: Says why the queue ran dry, asked once per STALLED transition: the
+                transition's reason and `stall_causes` carry it.
         """
         now = self._clock()
         if self.state in (EngineState.CONNECTING, EngineState.RECONNECTING):
@@ -188,7 +201,10 @@ class FailSafe:
         if self.state not in _LIVE:
             return self.state
         if starved_since_ns > self._last_good_ns:
-            self._go(EngineState.STALLED, "no fresh action for the control loop")
+            if self.state is not EngineState.STALLED:
+                cause = why_starved() if why_starved is not None else ""
+                self.stall_causes[cause or "unknown"] += 1
+                self._go(EngineState.STALLED, "no fresh action for the control loop" + (f": {cause}" if cause else ""))
         elif self.state is EngineState.STREAMING and self._request_out_ns is not None:
             outstanding = now - self._request_out_ns
             if outstanding > self._degraded_ns:

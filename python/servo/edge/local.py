@@ -102,6 +102,7 @@ class LocalEngine(EngineBase):
             log.warning("policy warning", client_id=self.client_id, warning=warning)
         self.pipeline.set_rtc(verdict.rtc)
         self.task = verdict.task
+        self.tuning = spec.tuning
         runner = InferenceRunner(policy, device=self.config.local.device)
         try:
             runner.warmup(1)
@@ -193,6 +194,7 @@ class SyncEngine(LocalEngine):
             and self.pipeline.queue.empty()
             and not self.failsafe.dead.is_set()
             and (obs := self.latest_observation()) is not None
+            and self.pipeline.current(obs)
         ):
             # The engine loop's step, on this thread: the loop must never die of a policy bug.
             request = self.pipeline.snapshot(obs)

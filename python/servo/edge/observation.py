@@ -14,15 +14,23 @@ from servo.wire import CameraFeature, Features
 
 @dataclass
 class ObservationInput:
-    """What the robot saw: joint state, camera frames (RGB uint8), and when (monotonic ns).
+    """What the robot saw: joint state, camera frames (RGB uint8), when, and where its plan stood.
 
     Assembled in the edge's main process from the state the control loop published and the
-    cameras' newest frames; the engine's worker reads it and never mutates it.
+    cameras' newest frames; the engine's worker reads it and never mutates it. ``tick`` and
+    ``position`` are the control loop's, taken with the state before that tick's action: a chunk
+    computed from this observation is meant for the steps from ``tick`` on, and its merge skips
+    exactly the actions taken since ``position`` (`servo._core.ActionQueue.get_position`).
     """
 
     state: npt.NDArray[np.float32]
     images: dict[str, npt.NDArray[np.uint8]]
+    #: Monotonic time (ns) of the tick that read the state.
     mono_ns: int
+    #: That tick's number.
+    tick: int
+    #: The action queue's position before that tick took its action.
+    position: int
     task: str = ""
 
 

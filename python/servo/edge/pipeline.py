@@ -1,9 +1,17 @@
-"""The RTC contract shared by every engine: request snapshots and latency-aware merges.
+"""The RTC contract shared by every engine: request snapshots and exact merges.
 
 Remote and local engines differ only in how a chunk is produced; both go through
 `ChunkPipeline.snapshot` before asking and `ChunkPipeline.complete` after, on the same
 `servo._core.ActionQueue`. That is what makes remote RTC and local RTC byte-identical on the same
 inputs (the golden parity contract).
+
+Every step is executed once. An observation carries the tick it was taken at and the queue's
+position then (the control loop stamps both), so the chunk answering it is meant for the steps
+from that tick on: its merge counts, at the instant it takes effect, the actions taken since that
+position and skips exactly those (RTC) or those and the ones still queued (append), however late
+the chunk comes; its RTC prefix is the plan as it stood at that position. Each executed action is
+labelled with the step it was meant for (`servo._core.Provenance.step`), which a recording keeps
+(`servo.edge.exactness` checks it).
 
 The queue lives in shared memory (`servo.edge.actions.pipeline_layout`): the control loop that
 consumes it (`servo.edge.actions.ActionFeed`) may run in another process.
@@ -35,6 +43,7 @@ from servo.edge.actions import (
     pipeline_layout,
 )
 from servo.edge.observation import ObservationInput
+from servo.wire import Tuning
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -69,7 +78,6 @@ class Request:
     """Everything snapshotted when an observation leaves for inference (one in flight)."""
 
     obs: ObservationInput
-    idx_before: int
     delay_steps: int
     prefix_model: FloatArray | None
     prefix_robot: FloatArray | None
@@ -85,16 +93,16 @@ class Starvation:
     needed_steps: int
     round_trip_s: float
     fps: float
-    rtc: bool
 
-    def message(self) -> str:
-        """What happens and the fixes, for the log."""
-        why = " (RTC drops the steps that pass during a chunk's own round trip)" if self.rtc else ""
+    def message(self, tuning: Tuning | None = None) -> str:
+        """What happens and the fixes, named as the policy's own options (``tuning``), for the log."""
+        tuning = tuning or Tuning()
         return (
             f"a chunk of {self.chunk_steps} steps lasts {self.chunk_steps / self.fps:.2f} s at {self.fps:g} fps, "
-            f"too short for a {self.round_trip_s:.2f} s round trip{why}: the queue runs dry every chunk and the "
-            f"robot falls back between chunks; serve the policy with chunk_size >= {self.needed_steps}, make its "
-            "forward faster, or run the robot at a lower fps"
+            f"too short for a {self.round_trip_s:.2f} s round trip (the steps that pass during a chunk's own "
+            "round trip are dropped from it): the queue runs dry every chunk and the "
+            f"robot falls back between chunks; serve the policy with {tuning.longer_chunk(self.needed_steps)} or "
+            f"{tuning.faster_forward()}, or run the robot at a lower fps"
         )
 
     def short(self) -> str:
@@ -203,47 +211,54 @@ class ChunkPipeline:
         """True when the queue would run dry before a chunk asked for now is expected back (`send_below`)."""
         return self.queue.qsize() < self.send_below()
 
-    def snapshot(self, obs: ObservationInput) -> Request:
-        """Snapshot the queue index, the RTC prefixes and the delay estimate for ``obs``.
+    def current(self, obs: ObservationInput) -> bool:
+        """Whether ``obs`` was taken since the last merge: only then can its chunk's merge be exact."""
+        return self.queue.is_current(obs.position)
 
-        The RTC prefix is the queue's next ``execution_horizon`` steps, or more when the
-        expected delay is longer: the steps that will execute while the chunk is computed are
-        all part of the conditioning (the server freezes the first ``delay_steps`` of the chunk
-        to them).
+    def snapshot(self, obs: ObservationInput) -> Request:
+        """Snapshot the RTC prefixes and the delay estimate for ``obs`` (a `current` one).
+
+        The RTC prefix is the queue's plan from the observation's position on (the steps taken
+        since included: the chunk's row 0 is meant for the observation's tick), its next
+        ``execution_horizon`` steps, or more when the expected delay is longer: the steps that
+        execute while the chunk is computed are all part of the conditioning (the server freezes
+        the first ``delay_steps`` of the chunk to them).
+
+        Raises:
+            QueueError: ``obs`` is not `current`.
         """
-        idx_before = self.queue.get_action_index()
         expected = self.expected_latency_ns()
         delay = 0 if expected is None else math.ceil(expected / self.dt_ns)
         self.last_delay_steps = delay
         prefix_model = prefix_robot = None
         if self.rtc and self.execution_horizon > 0:
             horizon = max(self.execution_horizon, delay)
-            left = self.queue.get_left_over()
-            left_robot = self.queue.get_processed_left_over()
+            left = self.queue.get_left_over(since=obs.position)
+            left_robot = self.queue.get_processed_left_over(since=obs.position)
             if left is not None and len(left):
                 prefix_model = left[:horizon]
             if left_robot is not None and len(left_robot):
                 prefix_robot = left_robot[:horizon]
-        return Request(obs, idx_before, delay, prefix_model, prefix_robot, self.episode_id)
+        return Request(obs, delay, prefix_model, prefix_robot, self.episode_id)
 
     def starvation(self, chunk_steps: int, round_trip_ns: int | None = None) -> Starvation | None:
         """Why chunks of ``chunk_steps`` cannot keep the queue fed, or None when they can.
 
         One request is in flight at a time, so the next chunk comes back a round trip
         (``round_trip_ns``, else the expected one once `STARVATION_SAMPLES` were measured) after
-        this one was merged. What a
-        chunk leaves once merged must cover that round trip: all of it when appended; with RTC,
-        what is left once the steps that passed during its own round trip are dropped.
+        this one was merged. What a chunk leaves once merged must cover that round trip, and a
+        chunk starts where the robot is when it arrives (the steps that passed during its own
+        round trip are dropped, replaced or appended): it must outlast two round trips.
         """
         if round_trip_ns is None and self.recent.count() < STARVATION_SAMPLES:
             return None  # a first round trip or two (cold caches, a thread starting) are no verdict
         rtt = self.expected_latency_ns() if round_trip_ns is None else round_trip_ns
         if rtt is None or rtt <= 0:
             return None
-        need = math.ceil((2 * rtt if self.rtc else rtt) / self.dt_ns)
+        need = math.ceil(2 * rtt / self.dt_ns)
         if chunk_steps >= need:
             return None
-        return Starvation(chunk_steps, need, rtt / 1e9, 1e9 / self.dt_ns, self.rtc)
+        return Starvation(chunk_steps, need, rtt / 1e9, 1e9 / self.dt_ns)
 
     def expected_latency_ns(self) -> int | None:
         """The round trip the next chunk is expected to take (ns); None before the first chunk.
@@ -263,10 +278,14 @@ class ChunkPipeline:
         session_id: str,
         seq_id: int,
     ) -> int | None:
-        """Merge a chunk answering ``request``.
+        """Merge a chunk answering ``request``: exactly, from its observation's position.
 
-        Returns the steps trimmed, or None if the chunk belongs to an episode that has since been
-        reset (dropped).
+        Returns the chunk's leading steps left out (taken, or still queued, since the
+        observation), or None if the chunk belongs to an episode that has since been reset
+        (dropped).
+
+        Raises:
+            QueueError: the chunk does not fit, or another merge came after the observation.
         """
         with self._lock:
             if request.episode_id != self.episode_id:
@@ -276,9 +295,10 @@ class ChunkPipeline:
             self.recent.add(latency)
             real_delay = math.ceil(latency / self.dt_ns)
             self.last_real_delay = real_delay
-            provenance = Provenance(session_id, seq_id, request.episode_id, request.obs.mono_ns)
+            obs = request.obs
+            provenance = Provenance(session_id, seq_id, request.episode_id, obs.mono_ns, obs.tick)
             return int(
-                self.queue.merge(chunk_model, chunk_robot, real_delay, request.idx_before, provenance=provenance)
+                self.queue.merge(chunk_model, chunk_robot, real_delay, provenance=provenance, since=obs.position)
             )
 
     def reset_episode(self) -> int:

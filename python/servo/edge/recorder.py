@@ -127,6 +127,7 @@ class Recorder:
                 action=None if tick.action is None else encode_tensor(tick.action),
                 source=tick.source,
                 provenance=None if prov is None else (prov.session_id, prov.seq_id, prov.episode_id, prov.obs_mono_ns),
+                step=None if prov is None else prov.step,
                 images={name: encode_image(frame, self._jpeg_quality) for name, frame in images.items()},
                 transitions=transitions,
             )

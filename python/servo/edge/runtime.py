@@ -14,7 +14,6 @@ import dataclasses
 import json
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,17 +23,16 @@ import numpy as np
 from anyio.abc import TaskStatus
 
 from servo._core import LatencyTracker
-from servo.client.codec import CodecStatus
 from servo.config import ConfigError
-from servo.edge.channel import ControlChannel, lateness_percentiles_ms
+from servo.edge.channel import ControlChannel
 from servo.edge.config import EdgeConfig
 from servo.edge.control_loop import ControlLoop, ThreadControlLoop
 from servo.edge.control_process import ProcessControlLoop
 from servo.edge.display import Display
 from servo.edge.engine import EngineBase
-from servo.edge.failsafe import EngineState
 from servo.edge.recorder import Recorder
 from servo.edge.safety import SafetyLimiter
+from servo.edge.status import show_status
 from servo.edge.telemetry import TelemetryPublisher
 from servo.logs import get_logger
 from servo.robots.protocol import Cameras
@@ -46,9 +44,6 @@ log = get_logger(__name__)
 _SUPERVISE_S = 0.05
 #: How often the recorder drains the control loop's entries.
 _DRAIN_S = 0.05
-#: Status-line refresh, and how many refreshes its "recent" jitter covers (5 s).
-_STATUS_S = 0.25
-_STATUS_WINDOW = 20
 
 
 @dataclass
@@ -91,7 +86,10 @@ class RunSummary:
     (forged, replayed, malformed, non-finite…); ``rogue_servers`` the replicas skipped as
     untrusted or forged. ``codec`` (remote engines) is the last session's codec choice: the option
     in use, each option's measured cost (ms, median), frame bytes and requests, the effective
-    link throughput (Mbit/s), switches and probes (`servo.client.codec.CodecStatus`).
+    link throughput (Mbit/s), switches and probes (`servo.client.codec.CodecStatus`). ``stalls``
+    says why the control loop ran out of fresh actions: each cause the engine diagnosed when it
+    went STALLED (chunks too short for the round trip, a late chunk, a request sent too late, none
+    in flight), with how many times, most frequent first.
     """
 
     ticks: int
@@ -121,6 +119,7 @@ class RunSummary:
     chunks_rejected: dict[str, int] = field(default_factory=dict)
     rogue_servers: int = 0
     codec: dict[str, Any] = field(default_factory=dict)
+    stalls: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Pretty JSON."""
@@ -214,13 +213,15 @@ class EdgeRuntime:
                     realtime=loop.statistics().realtime,
                 )
                 if opts.status is not None:
-                    tg.start_soon(self._status_line, opts.status)
+                    tg.start_soon(show_status, self.engine, loop, opts.status)
                 if opts.telemetry is not None and self.engine.zenoh_session is not None:
                     client_id = getattr(self.engine, "client_id", "")
                     tg.start_soon(opts.telemetry.run, self.engine.zenoh_session, self.engine, loop, client_id)
                 await self._supervise()
                 parked = await self._park()
                 await loop.stop()
+                if opts.telemetry is not None:  # its last record says goodbye: stopped, not silent
+                    opts.telemetry.goodbye = self.stop_reason or "stopped"
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -358,41 +359,11 @@ class EdgeRuntime:
             realtime=loop.realtime if loop else False,
             records_dropped=loop.records_dropped if loop else 0,
             transitions=[[t.state.value, t.reason] for t in self.engine.failsafe.transitions],
+            stalls=dict(self.engine.failsafe.stall_causes.most_common()),
             chunks_rejected=stats.chunks_rejected,
             rogue_servers=stats.rogue_servers,
             codec={} if stats.codec is None else dataclasses.asdict(stats.codec),
         )
-
-    async def _status_line(self, show: Callable[[str], None]) -> None:
-        assert self.loop is not None
-        channel = self.loop.channel
-        history: deque[np.ndarray] = deque(maxlen=_STATUS_WINDOW)
-        while True:
-            stats = self.engine.statistics()
-            loop = self.loop.statistics()
-            counts = channel.lateness_counts()
-            history.append(counts)
-            recent = lateness_percentiles_ms(counts - history[0], [0.99], 1 << 62)
-            p99 = "-" if recent is None else f"{recent[0]:.2f}"
-            rtt = f"{stats.rtt_ms_p50:.1f}" if stats.rtt_ms_p50 is not None else "-"
-            show(
-                f"[{stats.state.upper()}] rtt {rtt} ms | delay {stats.delay_steps} | queue {stats.queue_depth} | "
-                f"fallback {stats.fallback_ticks} | jitter p99 {p99} ms | ticks {loop.ticks}{_codec_text(stats.codec)}"
-                + (f" | {stats.starving} (see log)" if stats.starving else "")
-            )
-            if self.engine.state is EngineState.DEAD:
-                return
-            await anyio.sleep(_STATUS_S)
-
-
-def _codec_text(codec: CodecStatus | None) -> str:
-    """`` | codec jpeg90 (auto, link 97 Mbit/s)``, or nothing for a local engine."""
-    if codec is None:
-        return ""
-    if not codec.auto:
-        return f" | codec {codec.current}"
-    link = "-" if codec.link_mbps is None else f"{codec.link_mbps:.0f}"
-    return f" | codec {codec.current} (auto, link {link} Mbit/s)"
 
 
 def _percentiles_ms(tracker: LatencyTracker | None, *points: tuple[str, float]) -> dict[str, float | None]:

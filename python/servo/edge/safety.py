@@ -37,6 +37,20 @@ class SafetyLimiter:
         """Anchor the slew limit on the measured position (before the first command)."""
         self.last = np.clip(np.asarray(position, dtype=np.float32), self.lower, self.upper)
 
+    def resume_from(self, position: FloatArray) -> bool:
+        """Anchor again after the robot's state was lost for a while; True when the last command stays.
+
+        The arm held the last command meanwhile (a controller keeps its last target). If it is
+        within one slew step of it, the ramp goes on from the last command, so consecutive commands
+        stay within the slew limit for a controller that checks them; otherwise (the arm was moved,
+        or never got there) it starts from where the arm is measured, never with a jump from it.
+        """
+        measured = np.clip(np.asarray(position, dtype=np.float32), self.lower, self.upper)
+        if self.last is not None and bool(np.all(np.abs(measured - self.last) <= self.max_step)):
+            return True
+        self.last = measured
+        return False
+
     def apply(self, target: FloatArray) -> FloatArray:
         """The command to send for ``target``.
 

@@ -56,11 +56,16 @@ class TelemetryPublisher:
     boot: bytes = field(default_factory=lambda: os.urandom(8))
     #: Records published (the next record's ``seq``).
     seq: int = 0
+    #: Why the run ended on purpose, once it did (the runtime sets it before the last record).
+    goodbye: str = ""
     _seen_transitions: int = 0
     _lateness: npt.NDArray[np.uint64] | None = None
 
     async def run(self, zsession: zenoh.Session, engine: EngineBase, loop: ControlLoop, client_id: str) -> None:
-        """Publish until cancelled; a last record goes out as the task ends (the final state)."""
+        """Publish until cancelled; a last record goes out as the task ends.
+
+        That record has the final state, and `goodbye` when the run ended on purpose.
+        """
         publisher = zsession.declare_publisher(
             telemetry_key(client_id),
             congestion_control=zenoh.CongestionControl.DROP,
@@ -129,6 +134,7 @@ class TelemetryPublisher:
             chunks_rejected={reason: n for reason, n in stats.chunks_rejected.items() if n},
             last_transition=_transition(last.state.value, last.reason, now - last.mono_ns),
             transitions=[_transition(t.state.value, t.reason, now - t.mono_ns) for t in new],
+            goodbye=self.goodbye[:MAX_REASON_CHARS],
         )
         self.seq += 1
         return record

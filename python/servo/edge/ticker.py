@@ -23,7 +23,6 @@ core wakes late, a spinning one does not.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,9 +41,6 @@ log = get_logger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
 
-#: SCHED_FIFO priority of the control loop: above every normal thread, below the kernel's own
-#: real-time threads (IRQ threads run at 50).
-REALTIME_PRIORITY = 10
 #: The least a tick spins before its deadline (ns): what a busy (awake) core takes to wake.
 LEAD_MIN_NS = 200_000
 #: The most it spins (ns), and never more than half the period.
@@ -101,23 +97,6 @@ class DeadlineSleeper:
         while now < deadline_ns:
             now = self._clock()
         self.spun_ns += now - started
-
-
-def request_realtime(priority: int = REALTIME_PRIORITY) -> bool:
-    """Put the calling thread under ``SCHED_FIFO`` at ``priority``; False if not permitted.
-
-    Linux applies the policy to the calling thread only (the pid argument 0 is the thread).
-    ``SCHED_RESET_ON_FORK`` keeps threads this one starts (e.g. a local policy's OpenMP workers
-    when inference runs on the loop) at normal priority instead of spinning at real-time priority.
-    """
-    setter = getattr(os, "sched_setscheduler", None)
-    if setter is None:
-        return False
-    try:
-        setter(0, os.SCHED_FIFO | getattr(os, "SCHED_RESET_ON_FORK", 0), os.sched_param(priority))
-    except OSError:
-        return False
-    return True
 
 
 class Ticker:
@@ -203,11 +182,14 @@ class Ticker:
             self._lost_state(str(exc))
             return
         if self._blind:
-            # Whatever happened while nobody saw the robot, the next command starts where it is.
+            # Whatever happened while nobody saw the robot, the next command is one slew step from
+            # where it is: from the last command when the arm is still there, else from the arm.
             self._blind = False
-            self.limiter.start_from(state)
-            log.warning("robot state is back: commands start again from the measured pose")
-        channel.publish(self.ticks, now, state)
+            if self.limiter.resume_from(state):
+                log.warning("robot state is back, the arm where it was commanded: commands go on from there")
+            else:
+                log.warning("robot state is back, the arm elsewhere: commands start again from the measured pose")
+        channel.publish(self.ticks, now, self.actions.position(), state)
         target: FloatArray | None = None
         source: Source = "none"
         provenance = None

@@ -10,19 +10,22 @@ frontend's dependencies are imported only when it is configured.
 from __future__ import annotations
 
 from servo.server.frontend import Frontend
-from servo.server.manifest import FrontendsSection
+from servo.server.manifest import Manifest
 
 
-def frontends_of(section: FrontendsSection) -> list[Frontend]:
-    """The frontends a manifest's ``[frontends]`` asks for.
+def frontends_of(manifest: Manifest) -> list[Frontend]:
+    """The frontends a manifest's ``[frontends]`` asks for (admitting callers by its ``[security]``).
 
     Raises:
         ModuleNotFoundError: a configured frontend's extra is not installed (``websockets`` for
             openpi: ``pip install 'servo-robotics[openpi]'``).
     """
     out: list[Frontend] = []
-    if section.openpi is not None:
+    openpi, security = manifest.frontends.openpi, manifest.security
+    if openpi is not None:
         from servo.frontends.openpi import OpenpiFrontDoor
+        from servo.frontends.openpi_gate import OpenpiGate
 
-        out.append(OpenpiFrontDoor(section.openpi))
+        gate = OpenpiGate(openpi, manifest.limits, insecure=security.insecure, any_client=security.allow_any_robot)
+        out.append(OpenpiFrontDoor(openpi, gate))
     return out

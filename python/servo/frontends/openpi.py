@@ -17,11 +17,15 @@ What an openpi client (``openpi_client.websocket_client_policy.WebsocketClientPo
 - The connection is closed with a reason when it cannot go on: 1013 when the server is full,
   1001 when it drains, 1009 for a message over ``max_message_bytes``, 1011 otherwise. More than
   ``max_connections`` at once are refused with HTTP 503.
+- Off loopback: ``wss://`` and an API key (HTTP 401 without a valid one), per-client budgets
+  (HTTP 429): `servo.frontends.openpi_gate`.
 
 Each connection is one servo session, opened through an in-process `PolicyClient` on the
-server's own Zenoh session: capacity, fairness with the robots, per-session processors, the
-audit log and the metrics are the robots', and the front door depends on nothing but the
-client's public API. One request is in flight per connection (openpi's protocol is strictly
+server's own Zenoh session: fairness with the robots, per-session processors, the audit log and
+the metrics are the robots', the capacity is the door's own (``max_connections``: openpi
+clients never take a robot's slot), and the front door depends on nothing but the client's
+public API. A client with an API key is named after it (``openpi-<name>-…``). One request is
+in flight per connection (openpi's protocol is strictly
 request/reply), paced to ``max_request_rate_hz``.
 """
 
@@ -35,15 +39,14 @@ from http import HTTPStatus
 from typing import Any
 
 import anyio
-import msgspec
 import zenoh
 from anyio.abc import TaskStatus
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
+from servo.access import Access, Caller
 from servo.client import (
     PolicyClient,
     RemoteSession,
@@ -55,10 +58,13 @@ from servo.client import (
     TrustedServers,
 )
 from servo.config import ConfigError
+from servo.frontends.openpi_gate import OpenpiGate, respond
+from servo.frontends.openpi_link import Link
 from servo.identity import Identity
 from servo.logs import Logger, get_logger
+from servo.server import robots
 from servo.server.manifest import OpenpiSection
-from servo.wire import CameraFeature, ServerKeys, WireError
+from servo.wire import ServerKeys, WireError
 from servo.wire.openpi import (
     CONTROL_KEY,
     action_reply,
@@ -96,13 +102,18 @@ class OpenpiFrontDoor:
 
     Args:
         settings: The manifest's ``[frontends.openpi]``.
+        gate: Who may connect, over what (`servo.frontends.openpi_gate`).
     """
 
     name = "openpi"
 
-    def __init__(self, settings: OpenpiSection) -> None:
+    def __init__(self, settings: OpenpiSection, gate: OpenpiGate) -> None:
         self.settings = settings
+        self._gate = gate
+        self._callers: dict[ServerConnection, Caller] = {}
         self._target: ServerInfo | None = None
+        self._target_at = 0.0
+        self._keys: ServerKeys | None = None
         self._zsession: zenoh.Session | None = None
         self._health: Callable[[], tuple[bool, str]] = lambda: (False, "starting")
         self._active = 0
@@ -114,18 +125,23 @@ class OpenpiFrontDoor:
         keys: ServerKeys,
         health: Callable[[], tuple[bool, str]],
         identity: Identity,
+        access: Access,
         *,
         task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen until cancelled; ``task_status.started(url)`` once listening.
 
         Raises:
-            ConfigError: the observation mapping names a camera the policy does not have.
+            ConfigError: the observation mapping names a camera the policy does not have, or the
+                door is off loopback without TLS and without ``insecure``.
             OSError: the port cannot be bound (named with the setting that chose it).
         """
         s = self.settings
+        tls = self._gate.ssl_context()
+        self._gate.access = access
         self._zsession, self._health, self._identity = zsession, health, identity
-        self._target = await self._own_replica(zsession, keys, identity)
+        self._keys = keys
+        self._target = await self._own_replica()
         self._check_cameras(self._target)
         try:
             server = await serve(
@@ -137,29 +153,45 @@ class OpenpiFrontDoor:
                 max_queue=2,  # one request in flight: a peer pipelining more waits in TCP
                 process_request=self._http,
                 logger=_ws_log,
+                ssl=tls,
             )
         except OSError as exc:
             raise OSError(exc.errno, f"frontends.openpi.listen {s.listen}: {exc.strerror}") from exc
         port = server.sockets[0].getsockname()[1]
-        url = f"ws://{s.host}:{port}"
-        log.info("openpi front door listening", url=url, max_connections=s.max_connections)
+        url = f"{'ws' if tls is None else 'wss'}://{s.host}:{port}"
+        log.info(
+            "openpi front door listening", url=url, max_connections=s.max_connections, api_keys=self._gate.keys_required
+        )
         try:
             task_status.started(url)
             await anyio.sleep_forever()
         finally:
             await self._shut(server)
 
-    async def _own_replica(self, zsession: zenoh.Session, keys: ServerKeys, identity: Identity) -> ServerInfo:
+    async def _own_replica(self) -> ServerInfo:
         """This server as a client discovers it, pinned by its identity (others may answer too).
 
-        Every session then opens against this status, so its ack must be signed by ``identity``.
+        Every session then opens against this status, so its ack must be signed by the identity.
         """
-        client = self._client(zsession)
-        servers = await client.discover(app=keys.app, model=keys.model)
+        assert self._zsession is not None
+        assert self._keys is not None
+        keys = self._keys
+        servers = await self._client(self._zsession).discover(app=keys.app, model=keys.model)
         for server in servers:
             if server.keys == keys:
+                self._target_at = time.monotonic()
                 return server
         raise RuntimeError(f"the openpi front door cannot see its own server {keys.prefix}")
+
+    async def _current(self) -> ServerInfo:
+        """This server's status with a nonce it still accepts: asked again once half a nonce period old.
+
+        A session open carries the nonce of the status it opens against; an older one is refused
+        (``stale_nonce``) and asked again, which a normal connection should never cost.
+        """
+        if self._target is None or time.monotonic() - self._target_at > robots.NONCE_PERIOD_S / 2:
+            self._target = await self._own_replica()
+        return self._target
 
     def _client(self, zsession: zenoh.Session, client_id: str | None = None) -> PolicyClient:
         """A client of this server only: pinned to its identity, signing its opens with it."""
@@ -183,14 +215,16 @@ class OpenpiFrontDoor:
 
     # ------------------------------------------------------------------ HTTP
     def _http(self, connection: ServerConnection, request: Request) -> Response | None:
-        """Answers ``/healthz``; refuses a connection over the limit before the upgrade."""
+        """Answers ``/healthz``; refuses a stranger, or a connection over a limit, before the upgrade."""
         if request.path.split("?", 1)[0] == "/healthz":
             serving, state = self._health()
-            return (
-                _respond(HTTPStatus.OK, "OK\n") if serving else _respond(HTTPStatus.SERVICE_UNAVAILABLE, f"{state}\n")
-            )
+            return respond(HTTPStatus.OK, "OK\n") if serving else respond(HTTPStatus.SERVICE_UNAVAILABLE, f"{state}\n")
+        caller = self._gate.admit(request, _peer(connection.remote_address))
+        if isinstance(caller, Response):
+            return caller
         if self._active >= self.settings.max_connections:
-            return _respond(HTTPStatus.SERVICE_UNAVAILABLE, f"servo: {self._full()}\n")
+            return respond(HTTPStatus.SERVICE_UNAVAILABLE, f"servo: {self._full()}\n")
+        self._callers[connection] = caller
         return None
 
     def _full(self) -> str:
@@ -199,10 +233,13 @@ class OpenpiFrontDoor:
     # ------------------------------------------------------------------ connections
     async def _handle(self, ws: ServerConnection) -> None:
         self._active += 1
+        caller = self._callers.pop(ws, None)
         try:
+            if caller is None:  # every upgrade passes `_http` first
+                raise _Close(CloseCode.POLICY_VIOLATION, "servo: not admitted")
             if self._active > self.settings.max_connections:  # handshakes racing past `_http`
                 raise _Close(CloseCode.TRY_AGAIN_LATER, self._full())
-            await self._connection(ws)
+            await self._connection(ws, caller)
         except _Close as close:
             await ws.close(close.code, _reason(close.reason))
         except ConnectionClosed:
@@ -210,13 +247,14 @@ class OpenpiFrontDoor:
         finally:
             self._active -= 1
 
-    async def _connection(self, ws: ServerConnection) -> None:
+    async def _connection(self, ws: ServerConnection, caller: Caller) -> None:
         assert self._zsession is not None
         assert self._target is not None
         s = self.settings
         peer = _peer(ws.remote_address)
-        client = self._client(self._zsession, f"openpi-{uuid.uuid4().hex[:12]}")
-        link = _Link(client, self._target, peer)
+        named = f"{caller.name}-" if caller.name else ""
+        client = self._client(self._zsession, f"openpi-{named}{uuid.uuid4().hex[:12]}")
+        link = Link(client, self._current, peer)
         bound = log.bind(client_id=link.client.client_id, peer=peer)
         try:
             session = await link.open(self._target.status.policy.features.cameras)
@@ -240,7 +278,7 @@ class OpenpiFrontDoor:
                 await link.close()
             bound.info("openpi connection closed", requests=link.requests)
 
-    async def _requests(self, ws: ServerConnection, link: _Link, bound: Logger) -> None:
+    async def _requests(self, ws: ServerConnection, link: Link, bound: Logger) -> None:
         interval = 1.0 / self.settings.max_request_rate_hz
         next_start = 0.0
         prev_total_ms: float | None = None
@@ -257,7 +295,7 @@ class OpenpiFrontDoor:
                 prev_total_ms = (time.monotonic() - started) * 1e3
 
     async def _answer(
-        self, message: str | bytes, link: _Link, prev_total_ms: float | None, bound: Logger
+        self, message: str | bytes, link: Link, prev_total_ms: float | None, bound: Logger
     ) -> bytes | str:
         """The reply to one frame: msgpack bytes, or one text line naming what went wrong."""
         s = self.settings
@@ -312,74 +350,6 @@ class OpenpiFrontDoor:
         if command == "episode_end":
             return {"__ack__": "episode_end"}
         return {"__ack__": "ignored"}
-
-
-class _Link:
-    """One connection's servo session, whose camera sizes follow the frames the client sends.
-
-    A robot declares its cameras' sizes when it opens its session and the server resizes every
-    frame to the policy's input; an openpi client says nothing about its frames until it sends
-    them. The session opens with the policy's own sizes (so capacity is taken and refused at
-    connect), and is reopened on the first frames of another size, proving it held the old one so
-    the server swaps them in place. Owned by the connection's task.
-    """
-
-    def __init__(self, client: PolicyClient, target: ServerInfo, peer: str) -> None:
-        self.client = client
-        self._target = target
-        self._tags = {"frontend": "openpi", "peer": peer}
-        self._session: RemoteSession | None = None
-        self._cameras: dict[str, CameraFeature] = {}
-        self.requests = 0
-
-    @property
-    def session(self) -> RemoteSession:
-        """The session requests go to."""
-        assert self._session is not None
-        return self._session
-
-    async def open(self, cameras: dict[str, CameraFeature]) -> RemoteSession:
-        """Open a session declaring ``cameras``, replacing the current one (if any) on the server.
-
-        Raises:
-            SessionRejected: the server refused (the current session stays).
-            RequestTimeout: the server did not answer (the current session stays).
-        """
-        policy = self._target.status.policy
-        features = msgspec.structs.replace(policy.features, cameras=cameras)
-        previous = self._session
-        session = await self.client.open_session(
-            self._target, features=features, fps=policy.fps, tags=self._tags, previous=previous
-        )
-        self._session, self._cameras = session, dict(cameras)
-        if previous is not None:
-            self.requests += previous.stats.sent
-            with anyio.CancelScope(shield=True):
-                await previous.close()
-        return session
-
-    async def fit(self, sizes: dict[str, CameraFeature], bound: Logger) -> RemoteSession:
-        """The session, reopened first when ``sizes`` are not the ones it declared."""
-        if sizes != self._cameras:
-            shown = {name: f"{size.height}x{size.width}" for name, size in sizes.items()}
-            bound.info("openpi frames change size: session reopened", cameras=shown)
-            await self.open(sizes)
-        return self.session
-
-    async def close(self) -> None:
-        """Close the session (best effort)."""
-        if self._session is not None:
-            self.requests += self._session.stats.sent
-            await self._session.close()
-            self._session = None
-
-
-def _respond(status: HTTPStatus, text: str) -> Response:
-    body = text.encode()
-    headers = Headers(
-        [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))), ("Connection", "close")]
-    )
-    return Response(status.value, status.phrase, headers, body)
 
 
 def _peer(address: Any) -> str:

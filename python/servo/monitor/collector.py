@@ -17,10 +17,12 @@ from typing import Any
 import anyio
 import zenoh
 from anyio.abc import TaskStatus
+from zenoh.handlers import Callback
 
 from servo.logs import get_logger
 from servo.monitor.fleet import FleetView
-from servo.transport import LoopBridge, query
+from servo.stages import LoopBridge
+from servo.transport import direct, query
 from servo.wire import (
     TELEMETRY_SELECTOR,
     AuditQuery,
@@ -67,14 +69,13 @@ class FleetCollector:
         bridge = LoopBridge()
         declared: list[Any] = []
         try:
-            declared.append(self.zsession.declare_subscriber(TELEMETRY_SELECTOR, lambda s: self._on_sample(bridge, s)))
-            declared.append(
-                self.zsession.liveliness().declare_subscriber(
-                    alive_selector(),
-                    lambda s: bridge.call(self._on_token, str(s.key_expr), s.kind == zenoh.SampleKind.PUT),
-                    history=True,
-                )
+            on_token: Callback[zenoh.Sample] = direct(
+                lambda s: bridge.call(self._on_token, str(s.key_expr), s.kind == zenoh.SampleKind.PUT)
             )
+            # Telemetry keeps a thread of its own: a fleet's records arrive at N per second, and a
+            # `direct` callback would hold Zenoh's receive path while it waits for the GIL.
+            declared.append(self.zsession.declare_subscriber(TELEMETRY_SELECTOR, lambda s: self._on_sample(bridge, s)))
+            declared.append(self.zsession.liveliness().declare_subscriber(alive_selector(), on_token, history=True))
             await self.poll_status()
             task_status.started()
             next_refusals = 0.0
@@ -86,13 +87,13 @@ class FleetCollector:
                     next_refusals = time.monotonic() + REFUSALS_PERIOD_S
                     await self.poll_refusals()
         finally:
-            bridge.closed = True
+            bridge.close()
             for entity in reversed(declared):
                 with contextlib.suppress(zenoh.ZError):
                     entity.undeclare()
 
     def _on_sample(self, bridge: LoopBridge, sample: zenoh.Sample) -> None:
-        """Zenoh callback thread: copy a bounded sample out and hand it to the loop."""
+        """Zenoh's callback thread: copy a bounded sample out and hand it to the loop."""
         if len(sample.payload) > MAX_TELEMETRY_BYTES:
             self.oversized += 1
             return

@@ -50,6 +50,9 @@ class FleetExporter(Collector):
         robot = ["robot"]
         age = GaugeMetricFamily("servo_edge_telemetry_age_seconds", "Time since the robot's last record", labels=robot)
         up = GaugeMetricFamily("servo_edge_up", "1 while the robot reports (its record is not stale)", labels=robot)
+        stopped = GaugeMetricFamily(
+            "servo_edge_stopped", "1 once the robot's last record said goodbye (stopped on purpose)", labels=robot
+        )
         state = GaugeMetricFamily("servo_edge_state", "1 for the robot's fail-safe state", labels=[*robot, "state"])
         rtt = GaugeMetricFamily("servo_edge_rtt_ms", "Round trip of its requests (ms)", labels=[*robot, "quantile"])
         queue = GaugeMetricFamily("servo_edge_queue_depth", "Actions queued on the robot", labels=robot)
@@ -71,6 +74,7 @@ class FleetExporter(Collector):
             name = [r["id"]]
             age.add_metric(name, r["age_s"])
             up.add_metric(name, 0.0 if r["stale"] else 1.0)
+            stopped.add_metric(name, 1.0 if r["goodbye"] else 0.0)
             for value in _STATES:
                 state.add_metric([*name, value], 1.0 if r["state"] == value else 0.0)
             for quantile, key in (("0.5", "rtt_p50"), ("0.99", "rtt_p99")):
@@ -87,7 +91,7 @@ class FleetExporter(Collector):
             for reason in sorted({*REJECT_REASONS, *r["chunks_rejected"]}):
                 rejected.add_metric([*name, reason], r["chunks_rejected"].get(reason, 0))
             info.add_metric([*name, r["replica"], r["model"], r["codec"]], 1.0)
-        yield from (age, up, state, rtt, queue, delay, lateness, fallback, missed, reconnects, rejected, info)
+        yield from (age, up, stopped, state, rtt, queue, delay, lateness, fallback, missed, reconnects, rejected, info)
 
     def _replicas(self) -> Iterator[GaugeMetricFamily]:
         labels = ["replica", "app", "model"]

@@ -4,10 +4,16 @@ Every time shown to a person is on the monitor's own clock: a robot reports how 
 transitions happened (durations on its monotonic clock), a replica how long ago it served a
 request, and the monitor places them relative to when the report arrived. No wall-clock instant
 of another machine is ever compared with this one's.
+
+A robot is live while its records come; ``stopped`` once its last record said goodbye (the run
+ended on purpose); ``stale`` when records stopped for a few periods without one (a congested
+link, a hiccup); ``crashed`` when they stopped for much longer without one (the process died or
+its link did). The page's timeline ends in that state, from the moment it began.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,6 +27,14 @@ from servo.wire.telemetry import client_of_telemetry
 #: A robot whose last record is older than this many periods (at least `MIN_STALE_S`) is stale.
 STALE_PERIODS = 3
 MIN_STALE_S = 3.0
+#: ...and crashed past this many (at least `MIN_CRASHED_S`) without a goodbye.
+CRASHED_PERIODS = 10
+MIN_CRASHED_S = 10.0
+#: An event equal to one of the last this many seconds (robot, kind, text) is counted on it.
+EVENT_MERGE_S = 120.0
+#: Fleet round trip over time: one point per this many seconds, this many kept.
+FLEET_BUCKET_S = 5.0
+FLEET_BUCKETS = 120
 #: Per robot: transitions and samples kept for its timeline; fleet-wide: recent events.
 ROBOT_TRANSITIONS = 200
 ROBOT_SAMPLES = 600
@@ -47,6 +61,15 @@ class RobotView:
         default_factory=lambda: deque(maxlen=ROBOT_SAMPLES)
     )
     identity_changed: bool = False
+
+
+@dataclass
+class RttBucket:
+    """The round trips robots reported within one `FLEET_BUCKET_S` (the fleet chart); owned by its `FleetView`."""
+
+    start: float
+    p50s: list[float] = field(default_factory=list)
+    p99: float = 0.0
 
 
 @dataclass
@@ -82,6 +105,8 @@ class FleetView:
         #: Records refused, by reason (signature, malformed, identity_changed, replay, too_many_robots).
         self.refused: dict[str, int] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=FLEET_EVENTS)
+        #: The fleet's round trips over time, oldest first.
+        self.rtt: deque[RttBucket] = deque(maxlen=FLEET_BUCKETS)
         self._clock = clock
         self._wall = wall
         self._last_refusal: dict[tuple[str, str], float] = {}
@@ -114,12 +139,41 @@ class FleetView:
             at = wall - t.age_ms / 1e3
             view.transitions.append((at, t.state, t.reason))
             self.event(at, robot, "transition", f"{t.state}: {t.reason}")
+        if record.goodbye:
+            self.event(wall, robot, "stop", f"stopped: {record.goodbye} (last state {record.state})")
         view.samples.append((wall, record.rtt_ms_p50, record.rtt_ms_p99, record.fallback_ticks))
+        self._add_rtt(wall, record)
 
     def stale(self, view: RobotView) -> bool:
-        """Whether ``view``'s robot has not reported for a while (several periods)."""
-        limit = max(MIN_STALE_S, STALE_PERIODS * view.record.period_ms / 1e3)
-        return self._clock() - view.seen_mono > limit
+        """Whether ``view``'s robot has not reported for a while (several periods) without a goodbye."""
+        return self.liveness(view)[0] in ("stale", "crashed")
+
+    def liveness(self, view: RobotView) -> tuple[str, float | None]:
+        """``live``, ``stopped``, ``stale`` or ``crashed`` (see the module docstring), and since when.
+
+        The time is on this machine's wall clock; None while live.
+        """
+        period = view.record.period_ms / 1e3
+        if view.record.goodbye:
+            return "stopped", view.seen_wall
+        silent = self._clock() - view.seen_mono
+        stale_after = max(MIN_STALE_S, STALE_PERIODS * period)
+        if silent <= stale_after:
+            return "live", None
+        crashed_after = max(MIN_CRASHED_S, CRASHED_PERIODS * period)
+        if silent <= crashed_after:
+            return "stale", view.seen_wall + stale_after
+        return "crashed", view.seen_wall + crashed_after
+
+    def _add_rtt(self, wall: float, record: EdgeTelemetry) -> None:
+        if record.rtt_ms_p50 is None:
+            return
+        start = wall - wall % FLEET_BUCKET_S
+        if not self.rtt or self.rtt[-1].start < start:
+            self.rtt.append(RttBucket(start))
+        bucket = self.rtt[-1] if self.rtt[-1].start == start else next(b for b in self.rtt if b.start == start)
+        bucket.p50s.append(record.rtt_ms_p50)
+        bucket.p99 = max(bucket.p99, record.rtt_ms_p99 or record.rtt_ms_p50)
 
     def _rejections(self, before: EdgeTelemetry, now: EdgeTelemetry, wall: float) -> None:
         for reason, count in now.chunks_rejected.items():
@@ -137,8 +191,22 @@ class FleetView:
             self.event(self._wall(), robot, "refusal", text)
 
     def event(self, at: float, robot: str, kind: str, text: str) -> None:
-        """Add one fleet event (``kind``: join, transition, refusal, replica) at ``at`` on this clock."""
-        self.events.append({"t": at, "robot": robot, "kind": kind, "text": text[:300]})
+        """Add one fleet event (``kind``: join, transition, stop, refusal, replica) at ``at`` on this clock.
+
+        One equal to an event of the last `EVENT_MERGE_S` (same robot, kind and text: a robot
+        flapping between degraded and streaming) is counted on it and moved to ``at`` instead.
+        """
+        text = text[:300]
+        for event in reversed(self.events):
+            if at - event["t"] > EVENT_MERGE_S:
+                break
+            if (event["robot"], event["kind"], event["text"]) == (robot, kind, text):
+                self.events.remove(event)
+                event["count"] += 1
+                event["t"] = max(event["t"], at)
+                self.events.append(event)
+                return
+        self.events.append({"t": at, "first": at, "count": 1, "robot": robot, "kind": kind, "text": text})
 
     # ------------------------------------------------------------------ replicas
     def on_status(self, prefix: str, status: StatusReply) -> None:
@@ -176,6 +244,9 @@ class FleetView:
             "robots": [self._robot(view, now) for _, view in sorted(self.robots.items())],
             "events": sorted(reversed(self.events), key=lambda e: -e["t"])[:50],  # newest first
             "refused": dict(self.refused),
+            "rtt": [
+                {"t": b.start, "p50": statistics.median(b.p50s), "p99": b.p99, "robots": len(b.p50s)} for b in self.rtt
+            ],
         }
 
     def timeline(self, robot: str) -> dict[str, Any] | None:
@@ -183,19 +254,37 @@ class FleetView:
         view = self.robots.get(robot)
         if view is None:
             return None
+        transitions: list[dict[str, Any]] = [{"t": t, "state": s, "reason": r} for t, s, r in view.transitions]
+        last = view.record.last_transition
+        if last is not None and (not transitions or transitions[-1]["state"] != last.state):
+            # Joined late (or a record with the transitions was lost): the newest record's state.
+            at = view.seen_wall - last.age_ms / 1e3
+            transitions = [t for t in transitions if t["t"] < at]
+            transitions.append({"t": at, "state": last.state, "reason": last.reason})
+        state, since = self.liveness(view)
+        if state == "crashed":  # stale first, then crashed: as the page showed it meanwhile
+            stale_after = max(MIN_STALE_S, STALE_PERIODS * view.record.period_ms / 1e3)
+            transitions.append({"t": view.seen_wall + stale_after, "state": "stale", "reason": "no record"})
+        if since is not None:
+            how = view.record.goodbye if state == "stopped" else "no record and no goodbye"
+            transitions.append({"t": since, "state": state, "reason": how})
         return {
             "robot": self._robot(view, self._clock()),
-            "transitions": [{"t": t, "state": s, "reason": r} for t, s, r in view.transitions],
+            "transitions": transitions,
             "samples": [{"t": t, "rtt_p50": p50, "rtt_p99": p99, "fallback": fb} for t, p50, p99, fb in view.samples],
         }
 
     def _robot(self, view: RobotView, now: float) -> dict[str, Any]:
         r = view.record
         last = r.last_transition
+        liveness, since = self.liveness(view)
         return {
             "id": view.client_id,
             "state": r.state,
-            "stale": self.stale(view),
+            "status": r.state if liveness == "live" else liveness,
+            "since": since,
+            "goodbye": r.goodbye,
+            "stale": liveness in ("stale", "crashed"),
             "age_s": round(now - view.seen_mono, 3),
             "replica": r.replica,
             "model": r.model,
@@ -219,6 +308,7 @@ class FleetView:
     def _replica(self, view: ReplicaView, now: float) -> dict[str, Any]:
         s = view.status
         app, model, replica = view.prefix.split("/")[1:4]
+        live = s if view.alive else None  # a down replica's last figures are not its figures now
         return {
             "key": view.prefix,
             "app": app,
@@ -226,13 +316,14 @@ class FleetView:
             "replica": replica,
             "up": view.alive,
             "revision": None if s is None else s.policy.revision,
-            "sessions": None if s is None else s.active_sessions,
+            "sessions": None if live is None else live.active_sessions,
             "max_sessions": None if s is None else s.max_sessions,
-            "load": None if s is None else s.load,
-            "queue_wait_ms": None if s is None else s.queue_wait_ms,
-            "draining": bool(s is not None and s.draining),
-            "warmed_up": bool(s is not None and s.warmed_up),
+            "load": None if live is None else live.load,
+            "queue_wait_ms": None if live is None else live.queue_wait_ms,
+            "draining": bool(live is not None and live.draining),
+            "warmed_up": bool(live is not None and live.warmed_up),
             "status_age_s": None if s is None else round(now - view.seen_mono, 3),
+            "down_s": None if view.down_since_mono is None else round(now - view.down_since_mono, 3),
         }
 
 

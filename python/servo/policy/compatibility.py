@@ -51,6 +51,7 @@ def describe(
         default_task=default_task,
         pin_task=pin_task,
         strict_fps=strict_fps,
+        tuning=spec.tuning,
     )
 
 
@@ -129,6 +130,10 @@ _UNIT_FIX = {
     ("degrees", "radians"): "run the ROS 2 robot with --robot-opt units=degrees",
     ("radians", "degrees"): "run the ROS 2 robot with --robot-opt units=radians",
 }
+#: A policy unit a ROS 2 robot cannot convert to: the joint's value is passed through as ``raw``.
+_NOT_SI = ("range_0_100", "range_m100_100")
+#: SI units only a ROS 2 robot declares (an SO arm's are degrees and percent).
+_ROS_UNITS = ("radians", "meters")
 
 
 def _units(what: str, names: list[str], robot: list[str], policy: list[str]) -> Rejection | list[str]:
@@ -149,6 +154,12 @@ def _units(what: str, names: list[str], robot: list[str], policy: list[str]) -> 
         fix = _UNIT_FIX.get(
             (p, r), "run the robot in the policy's units or correct the declared units (model.options.units)"
         )
+        if p in _NOT_SI and r in _ROS_UNITS:
+            fix = (
+                f"on a ROS 2 robot give {'that joint' if joints.count(',') == 0 else 'those joints'} raw in "
+                "--robot-opt units (one unit per joint: raw passes the driver's value through undeclared), or serve "
+                "a policy in SI units"
+            )
         return Rejection(
             "units",
             f"policy {verb} in {_UNIT_TEXT.get(p, p)} but the robot uses {_UNIT_TEXT.get(r, r)} ({joints}); {fix}",

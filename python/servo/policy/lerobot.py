@@ -50,9 +50,12 @@ from servo.policy.lerobot_checkpoint import (
 )
 from servo.policy.lerobot_metadata import CheckpointFacts, read_facts
 from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Prepared
-from servo.wire import CameraFeature, Features
+from servo.wire import CameraFeature, Features, Tuning
 
 log = get_logger(__name__)
+
+#: Config options that set how many denoising / flow steps a forward runs (fewer: faster).
+STEP_OPTIONS = ("num_inference_steps", "num_steps")
 
 
 def make_lerobot_policy(*, device: str = "cpu", **options: Any) -> LeRobotPolicy:
@@ -209,7 +212,10 @@ class LeRobotPolicy:
     def raw_batch(self, obs: DecodedObservation) -> dict[str, Any]:
         """LeRobot's observation dict: (1, D) state, (1, 3, H, W) float images in [0, 1], the task.
 
-        Frames may be host arrays or tensors already on the device (``spec.device_frames``).
+        Frames may be host arrays or tensors already on the device (``spec.device_frames``). Images
+        are contiguous channels-first, the memory layout LeRobot's ``prepare_observation_for_inference``
+        gives them: a convolution over a permuted (channels-last) view sums in another order, and
+        the chunks then differ from LeRobot's in the last float bits.
         """
         import torch
         import torch.nn.functional as F
@@ -218,9 +224,9 @@ class LeRobotPolicy:
         batch: dict[str, Any] = {STATE_KEY: torch.from_numpy(np.array(obs.state, dtype=np.float32)).unsqueeze(0)}
         for camera, key in self._camera_keys.items():
             image = stack_on_device([obs.images[camera]], self.device, self._stager)
-            image = image.permute(0, 3, 1, 2).float().div_(255.0)
+            image = image.float().div_(255.0).permute(0, 3, 1, 2).contiguous()
             if tuple(image.shape[-2:]) != self._image_hw[key]:
-                image = F.interpolate(image, size=self._image_hw[key], mode="bilinear", antialias=True)
+                image = F.interpolate(image, size=self._image_hw[key], mode="bilinear", antialias=True).contiguous()
             batch[key] = image
         batch["task"] = [obs.task]
         batch["robot_type"] = ""
@@ -298,7 +304,26 @@ class LeRobotPolicy:
             supports_rtc=self.rtc,
             chunk_stateless=self._history is None,
             device_frames=True,
+            tuning=self._tuning(),
         )
+
+    def _tuning(self) -> Tuning:
+        """What sets this type's chunk length and what shortens its forward, as its config.json names them."""
+        config = self._config
+        faster = []
+        for name in STEP_OPTIONS:
+            if hasattr(config, name):
+                value = getattr(config, name)
+                if value is None:  # Diffusion: as many as it was trained with
+                    value = getattr(config, "num_train_timesteps", None)
+                faster.append(f"{name} ({value} now)")
+        if self._history is None:
+            return Tuning(chunk="chunk_size", faster=faster)
+        horizon, n_obs = getattr(config, "horizon", None), int(getattr(config, "n_obs_steps", 1))
+        if horizon is None:
+            return Tuning(chunk="n_action_steps", faster=faster)
+        why = f"horizon {horizon} - n_obs_steps {n_obs} + 1; a longer horizon means retraining"
+        return Tuning(chunk="n_action_steps", chunk_max=int(horizon) - n_obs + 1, chunk_max_why=why, faster=faster)
 
     def _chunk_size(self) -> int:
         config = self._config

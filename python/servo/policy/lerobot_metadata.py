@@ -171,7 +171,9 @@ def _action_names(
     if dim is None:
         return [], "nowhere (the checkpoint has no action output)"
     raise ConfigError(
-        f"action_names: the LeRobot {policy_type} checkpoint does not name its {dim} action values; name them in order"
+        f"action_names: the LeRobot {policy_type} checkpoint does not name its {dim} action values and its training "
+        f"dataset is not at hand ({dataset or 'no train_config.json'}); name them in order: servo-serve --lerobot "
+        "PATH --action-names NAME,NAME,… (a manifest: model.options.action_names)"
     )
 
 

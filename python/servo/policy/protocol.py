@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from servo.wire import Features
+from servo.wire import Features, Tuning
 
 FloatArray = npt.NDArray[np.float32]
 Frame = npt.NDArray[np.uint8]
@@ -40,6 +40,8 @@ class PolicySpec:
         device_frames: Its processors also take frames as torch tensors already on the policy's
             device (`servo.policy.frames.stack_on_device` handles both), so a server on CUDA may
             decode JPEG onto the GPU (``model.frames = "auto"``).
+        tuning: Its options that lengthen a chunk or shorten a forward, named in every "too
+            slow for its chunks" advice.
     """
 
     model: str
@@ -50,6 +52,7 @@ class PolicySpec:
     supports_rtc: bool
     chunk_stateless: bool
     device_frames: bool = False
+    tuning: Tuning = field(default_factory=Tuning)
 
 
 @dataclass

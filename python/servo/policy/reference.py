@@ -23,7 +23,7 @@ import numpy as np
 from servo.policy.frames import PinnedStager, is_cuda, stack_on_device
 from servo.policy.graphs import GraphedCallable
 from servo.policy.protocol import DecodedObservation, FloatArray, PolicySpec, Prepared
-from servo.wire import CameraFeature, Features
+from servo.wire import CameraFeature, Features, Tuning
 
 if TYPE_CHECKING:
     import torch
@@ -97,9 +97,16 @@ class RelativeProcessor:
         state = np.array(obs.state, dtype=np.float32)
         self._state = state
         frames = [obs.images[name] for name in self._cameras]
+        # Cameras of one size are encoded as one batch; runs of other sizes as batches of their own.
+        runs: list[list[Any]] = []
+        for frame in frames:
+            if runs and tuple(runs[-1][0].shape) == tuple(frame.shape):
+                runs[-1].append(frame)
+            else:
+                runs.append([frame])
         batch = {
             "state": torch.from_numpy(state).to(self._device),
-            "images": stack_on_device(frames, self._device, self._stager) if frames else None,
+            "images": tuple(stack_on_device(run, self._device, self._stager) for run in runs),
             "raw_state": state,
         }
         # The model-space prefix was relative to an older state; re-anchoring the robot-space
@@ -131,6 +138,7 @@ class ReferencePolicy:
         fps: float = 30.0,
         cameras: dict[str, tuple[int, int]] | None = None,
         joint_names: tuple[str, ...] = SO100_JOINTS,
+        units: str | tuple[str, ...] | None = None,
         compute_ms: float = 0.0,
         residual_scale: float = 0.5,
         rtc_blend_steps: int = 10,
@@ -144,7 +152,7 @@ class ReferencePolicy:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         cams = {"front": (480, 640), "wrist": (480, 640)} if cameras is None else dict(cameras)
-        units = list(SO100_UNITS) if tuple(joint_names) == SO100_JOINTS else []
+        declared = _declared_units(units, tuple(joint_names))
         self._spec = PolicySpec(
             model="servo/reference",
             revision=f"seed{seed}",
@@ -152,14 +160,18 @@ class ReferencePolicy:
                 state_names=list(joint_names),
                 action_names=list(joint_names),
                 cameras={name: CameraFeature(h, w) for name, (h, w) in cams.items()},
-                state_units=units,
-                action_units=units,
+                state_units=declared,
+                action_units=declared,
             ),
             chunk_size=chunk_size,
             fps=fps,
             supports_rtc=True,
             chunk_stateless=True,
             device_frames=True,
+            tuning=Tuning(
+                chunk="model.options.chunk_size",
+                faster=[f"model.options.compute_ms ({compute_ms:g} now)"] if compute_ms else [],
+            ),
         )
         self._cameras = tuple(cams)
         self._device = device
@@ -179,7 +191,7 @@ class ReferencePolicy:
             nn.Flatten(),
         )
         self._head = nn.Sequential(
-            nn.Linear(32 * max(1, len(self._cameras)) + dim, 128),
+            nn.Linear(32 * len(self._cameras) + dim, 128),
             nn.Tanh(),
             nn.Linear(128, chunk_size * dim),
             nn.Tanh(),
@@ -233,20 +245,22 @@ class ReferencePolicy:
         """Nothing to forget: the policy is chunk-stateless."""
 
     def _residual(self, batch: dict[str, Any]) -> FloatArray:
-        images: torch.Tensor | None = batch["images"]
-        inputs = (batch["state"],) if images is None else (batch["state"], images)
-        return self._network(*inputs).float().cpu().numpy()
+        return self._network(batch["state"], *batch["images"]).float().cpu().numpy()
 
-    def _forward_network(self, state: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor:
-        """Device-only work (no host synchronisation), so it can be recorded as a CUDA graph."""
+    def _forward_network(self, state: torch.Tensor, *images: torch.Tensor) -> torch.Tensor:
+        """Device-only work (no host synchronisation), so it can be recorded as a CUDA graph.
+
+        ``images``: (N, H, W, 3) uint8 batches of the cameras in order, one per frame size.
+        """
         import torch
         import torch.nn.functional as F
 
-        features = [state / 100.0]
-        if images is not None:
-            x = images.permute(0, 3, 1, 2).float() / 255.0
+        features = []
+        for run in images:
+            x = run.permute(0, 3, 1, 2).float() / 255.0
             x = F.interpolate(x, size=_ENCODER_HW, mode="area")
-            features.insert(0, self._encode(x).reshape(-1))
+            features.append(self._encode(x).reshape(-1))
+        features.append(state / 100.0)
         out = self._decode(torch.cat(features).unsqueeze(0))
         return out.squeeze(0)
 
@@ -264,11 +278,23 @@ class ReferencePolicy:
         return out
 
 
+def _declared_units(units: str | tuple[str, ...] | None, joint_names: tuple[str, ...]) -> list[str]:
+    """The units the spec declares: as given (one for all, or one per joint), else the SO-100's for its joints."""
+    if units is None:
+        return list(SO100_UNITS) if joint_names == SO100_JOINTS else []
+    if isinstance(units, str):
+        return [units] * len(joint_names)
+    if len(units) != len(joint_names):
+        raise ValueError(f"units: {len(units)} given for {len(joint_names)} joints (one for all, or one per joint)")
+    return list(units)
+
+
 def make_reference_policy(**options: Any) -> ReferencePolicy:
     """Factory used by the policy registry (manifest ``model.source = "reference"``)."""
     cameras = options.pop("cameras", None)
     if cameras is not None:
         options["cameras"] = {name: (int(h), int(w)) for name, (h, w) in dict(cameras).items()}
-    if "joint_names" in options:
-        options["joint_names"] = tuple(options["joint_names"])
+    for key in ("joint_names", "units"):
+        if isinstance(options.get(key), list):
+            options[key] = tuple(options[key])
     return ReferencePolicy(**options)

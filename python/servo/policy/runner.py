@@ -168,19 +168,7 @@ class InferenceRunner:
         Raises:
             PolicyLoadError: a forward failed or produced an unusable chunk (one line).
         """
-        processor = self.policy.make_processor()
-        durations = []
-        for i in range(count):
-            try:
-                started = time.perf_counter()
-                self.infer(processor, synthetic_observation(self.policy), 0)
-                durations.append(time.perf_counter() - started)
-            except PolicyOutputError as exc:
-                raise PolicyLoadError(f"warm-up forward {i + 1} of {count}: {exc}") from exc
-            except Exception as exc:
-                raise PolicyLoadError(
-                    f"warm-up forward {i + 1} of {count} failed: {type(exc).__name__}: {exc}"
-                ) from exc
+        durations = self.timed_forwards(count, "warm-up")
         if count == 0 or not isinstance(self.policy, BatchingPolicy):
             return durations
         for size in batch_sizes:
@@ -192,6 +180,28 @@ class InferenceRunner:
                 raise PolicyLoadError(
                     f"warm-up forward of a batch of {size} failed: {type(failed[0]).__name__}: {failed[0]}"
                 )
+        return durations
+
+    def timed_forwards(self, count: int, what: str = "timed") -> list[float]:
+        """Run ``count`` requests on a synthetic observation, one processor; each one's duration (s).
+
+        A request is what a served one costs the worker: preprocessing, forward, postprocessing
+        and the chunk back on the host (`warmup`; the capacity plan's timing after it).
+
+        Raises:
+            PolicyLoadError: a forward failed or produced an unusable chunk (one line).
+        """
+        processor = self.policy.make_processor()
+        durations = []
+        for i in range(count):
+            try:
+                started = time.perf_counter()
+                self.infer(processor, synthetic_observation(self.policy), 0)
+                durations.append(time.perf_counter() - started)
+            except PolicyOutputError as exc:
+                raise PolicyLoadError(f"{what} forward {i + 1} of {count}: {exc}") from exc
+            except Exception as exc:
+                raise PolicyLoadError(f"{what} forward {i + 1} of {count} failed: {type(exc).__name__}: {exc}") from exc
         return durations
 
     def _checked(self, chunk: FloatArray, what: str) -> FloatArray:

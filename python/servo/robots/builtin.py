@@ -28,7 +28,7 @@ from .camera_list import CameraEntry, parse_cameras
 from .cameras import CameraGroup, OpenCVCamera, OpenCVCameraConfig
 from .protocol import Cameras, PoseSource, RobotParts
 from .ros2.options import Ros2Options, resolve
-from .sim import SimCameraConfig, SimConfig, SimSO100
+from .sim import SimCameraConfig, SimConfig, SimJoints, SimSO100
 from .sim_cameras import SimCameras
 from .so100_joints import JOINT_NAMES
 from .so_follower import SO100_ARM, SO101_ARM, SOArm, SOFollower, SOFollowerConfig
@@ -42,7 +42,11 @@ def _checked_cameras(value: str) -> list[CameraEntry]:
 
 
 class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Options of the simulated SO-100 (``--robot sim``)."""
+    """Options of the simulated arm (``--robot sim``).
+
+    ``servo-edge`` fills in ``joints``, ``units``, ``fps`` and ``cameras`` from the policy it
+    connects to when they are not given (`servo.edge.adapt`), so the sim fits any checkpoint.
+    """
 
     fps: Annotated[Hertz, doc("Control rate (Hz).")] = 30.0
     cameras: Annotated[str, doc("Simulated cameras, e.g. 'front,wrist' or 'front:640x480@30'; 'none' for none.")] = (
@@ -52,17 +56,30 @@ class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     noise_std: Annotated[NonNegativeFloat, doc("Gaussian noise added to every state reading (joint units).")] = 0.0
     seed: Annotated[int, doc("Seed of the sensor noise and the rendered textures.")] = 0
     initial_pose: Annotated[
-        tuple[float, ...] | None, doc("Six comma-separated joint values to start from (default: rest pose).")
+        tuple[float, ...] | None, doc("Comma-separated joint values to start from, one per joint (default: rest pose).")
     ] = None
     realtime: Annotated[bool, doc("Advance the simulation with the monotonic clock.")] = True
+    joints: Annotated[
+        tuple[str, ...],
+        doc("Joint names in order, any number (default: the SO-100's six; servo-edge: the policy's)."),
+    ] = ()
+    units: Annotated[
+        tuple[str, ...],
+        doc("Joint units (degrees, radians, meters, range_0_100, range_m100_100; one, or one per joint): ranges."),
+    ] = ()
 
     def check(self) -> None:
-        """Camera syntax: simulated cameras take a size but no device."""
+        """Camera syntax (simulated cameras take a size but no device); one initial value and unit per joint."""
         for entry in _checked_cameras(self.cameras):
             if entry.source is not None:
                 raise FieldError("cameras", f"simulated camera {entry.name!r} takes no device, only a size")
-        if self.initial_pose is not None and len(self.initial_pose) != len(JOINT_NAMES):
-            raise FieldError("initial_pose", f"needs {len(JOINT_NAMES)} values, one per joint")
+        n = len(self.joints or JOINT_NAMES)
+        if self.initial_pose is not None and len(self.initial_pose) != n:
+            raise FieldError("initial_pose", f"needs {n} values, one per joint")
+        if self.units and (not self.joints or len(self.units) not in (1, n)):
+            raise FieldError("units", f"needs one, or one per joint of joints ({n})" if self.joints else "needs joints")
+        if len(set(self.joints)) != len(self.joints):
+            raise FieldError("joints", "names must be unique")
 
 
 class SOFollowerOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -108,6 +125,9 @@ def sim_config(options: SimOptions) -> SimConfig:
             )
         )
     extra: dict[str, Any] = {} if options.initial_pose is None else {"initial_pose": options.initial_pose}
+    if options.joints:
+        units = options.units * len(options.joints) if len(options.units) == 1 else options.units
+        extra["joints"] = SimJoints.generic(options.joints, units)
     return SimConfig(
         fps=options.fps,
         cameras=tuple(cameras),
@@ -120,7 +140,7 @@ def sim_config(options: SimOptions) -> SimConfig:
 
 
 def sim(options: SimOptions) -> RobotParts:
-    """Simulated SO-100 arm with rendered cameras (no hardware)."""
+    """Simulated arm with rendered cameras (no hardware): an SO-100, or the policy's joints."""
     config = sim_config(options)
 
     def cameras(poses: PoseSource) -> Cameras:

@@ -1,8 +1,8 @@
-"""Latest-frame slot and capture thread shared by the simulated and the OpenCV cameras.
+"""Latest-frame slot and capture thread shared by the simulated, OpenCV and ROS 2 cameras.
 
 A camera runs its own capture thread that produces frames at the camera's pace and drops each
-one into a single-slot `LatestFrame`; the control loop only ever takes the newest frame, so it
-never waits on a camera and a slow consumer never builds a backlog.
+one into a `LatestFrame` (a `servo.stages.NewestSlot`); the control loop only ever takes the
+newest frame, so it never waits on a camera and a slow consumer never builds a backlog.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Callable, Mapping
 
 from servo.logs import Logger, get_logger
+from servo.stages import NewestSlot, StageThread
 
 from .protocol import Frame
 
@@ -26,8 +27,8 @@ Grab = Callable[[], Frame | None]
 _RETRY_PAUSE_S = 0.01
 
 
-class LatestFrame:
-    """Single-slot mailbox holding the newest frame of one camera.
+class LatestFrame(NewestSlot[Frame]):
+    """The newest frame of one camera: a `NewestSlot` whose frames are read-only once published.
 
     Written by exactly one capture thread, read from any thread (normally the control loop).
     Publishing swaps one reference, so `latest` never blocks on the writer. Published frames are
@@ -35,27 +36,19 @@ class LatestFrame:
     reader may hand a frame on without copying it.
     """
 
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._frame: Frame | None = None
-        self._seq = 0
-
     def publish(self, frame: Frame) -> None:
         """Make ``frame`` the newest frame; it must not be written to afterwards."""
         frame.flags.writeable = False
-        with self._cond:
-            self._frame = frame
-            self._seq += 1
-            self._cond.notify_all()
+        self.put(frame)
 
     def latest(self) -> Frame | None:
         """Newest frame, or ``None`` before the first one; never waits."""
-        return self._frame
+        return self.peek()
 
     @property
     def seq(self) -> int:
         """Number of frames published so far."""
-        return self._seq
+        return self.version
 
     def wait(self, after_seq: int = 0, timeout_s: float = 1.0) -> Frame | None:
         """Block until a frame newer than ``after_seq`` is published.
@@ -70,10 +63,7 @@ class LatestFrame:
         Returns:
             The newest frame, or ``None`` if none newer arrived in time.
         """
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._seq > after_seq, timeout_s):
-                return None
-            return self._frame
+        return self.wait_newer(after_seq, timeout_s)
 
 
 def newest_frames(slots: Mapping[str, LatestFrame]) -> dict[str, Frame]:
@@ -87,13 +77,13 @@ def newest_frames(slots: Mapping[str, LatestFrame]) -> dict[str, Frame]:
 
 
 class CaptureThread:
-    """Runs one camera's grab loop on a dedicated thread and publishes into a `LatestFrame`.
+    """Runs one camera's grab loop as the one job of its stage thread and publishes into a `LatestFrame`.
 
     `start` and `stop` are called by the thread that owns the camera (the control-loop thread,
-    during connect/disconnect); the loop itself runs on its own thread named
-    ``servo-cam-<name>``. The loop stops when `stop` is called, when ``owner`` is garbage
-    collected, or when the interpreter begins shutting down, so a forgotten `stop` never leaves
-    the process hanging on a non-daemon thread.
+    during connect/disconnect); the loop runs on its own daemon thread named
+    ``servo-cam-<name>`` (a `servo.stages.StageThread`). The loop stops when `stop` is called,
+    when ``owner`` is garbage collected, or when the interpreter exits (stages are closed then,
+    so ``on_exit`` still releases the device unless a grab outlasts the exit's grace).
 
     ``grab`` (and ``on_exit``) must not hold a strong reference to ``owner``: the thread keeps
     them alive, so the owner could then never be collected.
@@ -126,23 +116,21 @@ class CaptureThread:
         self._slot = slot
         self._period_s = period_s
         self._on_exit = on_exit
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._finalizer = weakref.finalize(owner, self._stop.set)
+        self._owner = weakref.ref(owner)
+        self._stage: StageThread | None = None
+        self._finalizer: weakref.finalize[..., object] | None = None
         self._log = _log.bind(camera=name)
 
     def start(self) -> None:
         """Start the capture thread (once)."""
-        if self._thread is not None:
+        if self._stage is not None:
             raise RuntimeError(f"capture thread for camera {self.name!r} was already started")
-        _stop_at_exit(self._stop)
-        self._thread = threading.Thread(
-            target=_run,
-            args=(self._grab, self._slot, self._stop, self._period_s, self._on_exit, self._log),
-            name=f"servo-cam-{self.name}",
-            daemon=_DAEMON,
-        )
-        self._thread.start()
+        owner = self._owner()
+        if owner is None:
+            return  # collected already: nothing would stop the loop but a close
+        self._stage = stage = StageThread(f"servo-cam-{self.name}", capacity=1)
+        self._finalizer = weakref.finalize(owner, stage.close)
+        stage.submit(_run, self._grab, self._slot, stage.closing, self._period_s, self._on_exit, self._log)
 
     def stop(self, timeout_s: float = 2.0) -> bool:
         """Ask the loop to stop and join it.
@@ -153,12 +141,11 @@ class CaptureThread:
         Returns:
             ``True`` if the thread has ended (or never started).
         """
-        self._stop.set()
-        self._finalizer.detach()
-        if self._thread is None or self._thread is threading.current_thread():
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._stage is None:
             return True
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
+        if not self._stage.close(timeout=timeout_s):
             self._log.warning("capture thread did not stop in time", timeout_s=timeout_s)
             return False
         return True
@@ -169,14 +156,12 @@ class CaptureThread:
         Returns:
             ``True`` if the thread has ended (or never started).
         """
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        return not self.is_alive
+        return self._stage is None or self._stage.join(timeout_s)
 
     @property
     def is_alive(self) -> bool:
         """Whether the capture thread is running."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._stage is not None and self._stage.alive
 
 
 def _run(
@@ -188,7 +173,7 @@ def _run(
     log: Logger,
 ) -> None:
     # A plain function rather than a method: the thread must not keep the CaptureThread (and
-    # through it nothing else) alive beyond what the arguments name.
+    # through it the owner) alive beyond what the arguments name.
     failures = 0
     deadline = time.monotonic()
     try:
@@ -225,28 +210,3 @@ def _run(
                 on_exit()
             except Exception:
                 log.exception("camera release failed")
-
-
-# Non-daemon threads are joined by the interpreter before `atexit` handlers run, so a camera
-# whose owner forgot `disconnect` would hang the exit. `threading._register_atexit` (what
-# concurrent.futures uses for its workers) runs before that join; where it is missing we fall back
-# to daemon threads, which the interpreter abandons instead of joining.
-_register_atexit: Callable[[Callable[[], None]], None] | None = getattr(threading, "_register_atexit", None)
-_DAEMON = _register_atexit is None
-_live_stops: weakref.WeakSet[threading.Event] = weakref.WeakSet()
-_hook_lock = threading.Lock()
-_hook_installed = False
-
-
-def _stop_all() -> None:
-    for event in list(_live_stops):
-        event.set()
-
-
-def _stop_at_exit(stop: threading.Event) -> None:
-    global _hook_installed
-    with _hook_lock:
-        _live_stops.add(stop)
-        if not _hook_installed and _register_atexit is not None:
-            _register_atexit(_stop_all)
-            _hook_installed = True

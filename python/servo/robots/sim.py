@@ -1,7 +1,10 @@
-"""Simulated SO-100 follower arm: first-order joint dynamics (its cameras: `servo.robots.sim_cameras`).
+"""Simulated arm: first-order joint dynamics (its cameras: `servo.robots.sim_cameras`).
 
-Units and feature names are LeRobot's ``so100_follower`` with ``use_degrees=True`` (see
-`servo.robots.so100_joints`), so policies and recorded datasets line up with the real arm.
+By default it is an SO-100 follower: units and feature names are LeRobot's ``so100_follower``
+with ``use_degrees=True`` (see `servo.robots.so100_joints`), so policies and recorded datasets
+line up with the real arm. Given other joint names (`SimJoints.generic`: a policy's action
+names), it is an arm of that many joints with limits from their units; its cameras still draw
+the SO-100, posed from the first joints.
 """
 
 from __future__ import annotations
@@ -39,6 +42,75 @@ def _default_cameras() -> tuple[SimCameraConfig, ...]:
     return (SimCameraConfig("front"), SimCameraConfig("wrist"))
 
 
+#: A generic joint's range by its unit (lower, upper); undeclared units get the widest.
+UNIT_RANGES: dict[str, tuple[float, float]] = {
+    "degrees": (-180.0, 180.0),
+    "radians": (-math.pi, math.pi),
+    "meters": (-1.0, 1.0),
+    "range_0_100": (0.0, 100.0),
+    "range_m100_100": (-100.0, 100.0),
+    "": (-1000.0, 1000.0),
+}
+
+
+@dataclass(frozen=True)
+class SimJoints:
+    """The simulated arm's joint table: names, units, limits, speed and rest pose. Immutable."""
+
+    names: tuple[str, ...] = joints.JOINT_NAMES
+    units: tuple[str, ...] = joints.UNITS_DEGREES
+    lower: tuple[float, ...] = joints.LOWER
+    upper: tuple[float, ...] = joints.UPPER
+    max_velocity: tuple[float, ...] = joints.MAX_VELOCITY
+    rest_pose: tuple[float, ...] = joints.REST_POSE
+
+    @classmethod
+    def generic(cls, names: tuple[str, ...], units: tuple[str, ...] = ()) -> SimJoints:
+        """An arm of these joints: range by unit (`UNIT_RANGES`), a full range per second, rest mid-range.
+
+        ``units``: one per joint, or empty (undeclared); an unknown unit gets the widest range.
+
+        Raises:
+            ValueError: no names, duplicate names, or a count of units that is not one per joint.
+        """
+        _require(bool(names) and len(set(names)) == len(names), f"joint names must be unique, got {list(names)}")
+        _require(not units or len(units) == len(names), f"{len(units)} units for {len(names)} joints")
+        if names == joints.JOINT_NAMES and (not units or units == joints.UNITS_DEGREES):
+            return cls()
+        ranges = [UNIT_RANGES.get(unit, UNIT_RANGES[""]) for unit in units or ("",) * len(names)]
+        return cls(
+            names=names,
+            units=tuple(units),
+            lower=tuple(lo for lo, _ in ranges),
+            upper=tuple(hi for _, hi in ranges),
+            max_velocity=tuple(hi - lo for lo, hi in ranges),
+            rest_pose=tuple((lo + hi) / 2 for lo, hi in ranges),
+        )
+
+    @property
+    def is_so100(self) -> bool:
+        """Whether this is the SO-100's own table (its cameras draw the pose as it is)."""
+        return self == SimJoints()
+
+    def drawn_pose(self, pose: npt.ArrayLike) -> F64:
+        """The SO-100 pose the cameras draw for ``pose``.
+
+        Each of the first five joints swings its arm joint by up to 90 degrees across its range; a
+        sixth or later last joint opens the gripper.
+        """
+        q = np.asarray(pose, dtype=np.float64)
+        if self.is_so100:
+            return q
+        lower, upper = np.asarray(self.lower), np.asarray(self.upper)
+        unit = np.clip((q - lower) / (upper - lower), 0.0, 1.0)  # 0..1 across each range
+        drawn = np.asarray(joints.REST_POSE, dtype=np.float64)
+        arm = min(len(q) - (1 if len(q) >= 6 else 0), 5)
+        drawn[:arm] += (unit[:arm] - 0.5) * 180.0
+        if len(q) >= 6:
+            drawn[joints.GRIPPER_INDEX] = unit[-1] * 100.0
+        return drawn
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Knobs of the simulated arm; immutable, so any thread may read it.
@@ -46,11 +118,13 @@ class SimConfig:
     Attributes:
         fps: Control rate advertised in the spec.
         cameras: Simulated cameras; empty for none.
+        joints: The joint table (default: the SO-100's).
         time_constant_s: Time constant of each joint's first-order response to its target.
-        max_velocity: Per-joint speed limit of the simulated servos (units per second).
+        max_velocity: Per-joint speed limit of the simulated servos (units per second; default:
+            the joint table's).
         noise_std: Standard deviation of Gaussian noise added to every `read_state` (units).
         seed: Seed of the sensor noise and of the rendered textures.
-        initial_pose: Joint positions (and target) at construction.
+        initial_pose: Joint positions (and target) at construction (default: the rest pose).
         realtime: Advance the dynamics by the monotonic time elapsed since the last call; with
             ``False`` only `SimSO100.step` moves the arm, for deterministic tests.
         first_frame_timeout_s: How long `SimCameras.connect` waits for every camera's first frame.
@@ -59,15 +133,20 @@ class SimConfig:
     fps: float = 30.0
     cameras: tuple[SimCameraConfig, ...] = field(default_factory=_default_cameras)
     time_constant_s: float = 0.075
-    max_velocity: tuple[float, ...] = joints.MAX_VELOCITY
+    max_velocity: tuple[float, ...] = ()
     noise_std: float = 0.0
     seed: int = 0
-    initial_pose: tuple[float, ...] = joints.REST_POSE
+    initial_pose: tuple[float, ...] = ()
     realtime: bool = True
     first_frame_timeout_s: float = 2.0
+    joints: SimJoints = field(default_factory=SimJoints)
 
     def __post_init__(self) -> None:
-        n = len(joints.JOINT_NAMES)
+        table = self.joints
+        # Frozen: the defaults that depend on the joint table are filled in once, here.
+        object.__setattr__(self, "max_velocity", tuple(self.max_velocity or table.max_velocity))
+        object.__setattr__(self, "initial_pose", tuple(self.initial_pose or table.rest_pose))
+        n = len(table.names)
         _require(self.fps > 0, f"fps must be positive, got {self.fps}")
         _require(
             self.time_constant_s > 0,
@@ -79,7 +158,7 @@ class SimConfig:
         _require(len(self.initial_pose) == n, f"initial_pose needs {n} values")
         outside = [
             name
-            for name, q, lo, hi in zip(joints.JOINT_NAMES, self.initial_pose, joints.LOWER, joints.UPPER, strict=True)
+            for name, q, lo, hi in zip(table.names, self.initial_pose, table.lower, table.upper, strict=True)
             if not lo <= q <= hi
         ]
         _require(not outside, f"initial_pose is outside the joint limits for {outside}")
@@ -122,7 +201,7 @@ def first_order_step(position: F64, target: F64, dt: float, time_constant_s: flo
 
 
 class SimSO100:
-    """The joints of a simulated SO-100 follower arm, implementing the `Robot` protocol.
+    """The joints of a simulated arm (an SO-100 follower unless given other joints), implementing `Robot`.
 
     Owned by the control-loop thread: `read_state`, `send_action` and `step` advance and command
     the joint dynamics on that thread. Its cameras (`servo.robots.sim_cameras.SimCameras`) render
@@ -137,20 +216,21 @@ class SimSO100:
         """
         self.config = config or SimConfig()
         cfg = self.config
+        table = cfg.joints
         self._spec = RobotSpec(
             name="sim",
             fps=cfg.fps,
-            joint_names=joints.JOINT_NAMES,
+            joint_names=table.names,
             cameras={c.name: CameraSpec(height=c.height, width=c.width, fps=c.fps) for c in cfg.cameras},
-            lower=joints.LOWER,
-            upper=joints.UPPER,
+            lower=table.lower,
+            upper=table.upper,
             max_velocity=tuple(cfg.max_velocity),
-            rest_pose=joints.REST_POSE,
-            extra={"arm": "so100"},
-            units=joints.UNITS_DEGREES,
+            rest_pose=table.rest_pose,
+            extra={"arm": "so100" if table.is_so100 else f"{len(table.names)} joints"},
+            units=table.units,
         )
-        self._lower = np.asarray(joints.LOWER, dtype=np.float64)
-        self._upper = np.asarray(joints.UPPER, dtype=np.float64)
+        self._lower = np.asarray(table.lower, dtype=np.float64)
+        self._upper = np.asarray(table.upper, dtype=np.float64)
         self._vmax = np.asarray(cfg.max_velocity, dtype=np.float64)
         self._position = np.asarray(cfg.initial_pose, dtype=np.float64)
         self._target = self._position.copy()
@@ -200,7 +280,7 @@ class SimSO100:
         self._log.info("disconnected")
 
     def read_state(self) -> FloatArray:
-        """Joint positions (plus sensor noise if configured), float32 of shape (6,)."""
+        """Joint positions (plus sensor noise if configured), float32, one per joint."""
         self._require_connected("read_state")
         if self.config.realtime:
             self._advance_to_now()

@@ -1,4 +1,4 @@
-"""The simulated SO-100's cameras: each renders the newest published joint state on its own thread.
+"""The simulated arm's cameras: each renders the newest published joint state on its own thread.
 
 They live in the edge's main process while the simulated joints live in the control process:
 the pose they render comes from a `PoseSource` (the pose the control loop published, or, in a
@@ -16,15 +16,15 @@ from servo.logs import get_logger
 
 from .capture import CaptureThread, LatestFrame, newest_frames
 from .protocol import FloatArray, Frame, PoseSource
-from .sim import SimConfig
+from .sim import SimConfig, SimJoints
 from .sim_render import ArmRenderer, view_for
 
 _log = get_logger(__name__)
 
 
-def _render(renderer: ArmRenderer, poses: PoseSource, fallback: FloatArray) -> Frame:
+def _render(renderer: ArmRenderer, poses: PoseSource, fallback: FloatArray, joints: SimJoints) -> Frame:
     pose = poses.latest_pose()
-    return renderer.render(fallback if pose is None else pose)
+    return renderer.render(joints.drawn_pose(fallback if pose is None else pose))
 
 
 class SimCameras:
@@ -60,7 +60,7 @@ class SimCameras:
                 slot = LatestFrame()
                 thread = CaptureThread(
                     cam.name,
-                    functools.partial(_render, renderer, self._poses, fallback),
+                    functools.partial(_render, renderer, self._poses, fallback, self.config.joints),
                     slot,
                     owner=self,
                     period_s=1.0 / cam.fps,

@@ -20,7 +20,7 @@ from anyio.abc import TaskStatus
 from servo.logs import get_logger
 from servo.router.acl import access_control
 from servo.router.fleet import Fleet
-from servo.transport import TlsSettings, ZenohSettings, open_session
+from servo.transport import TlsSettings, ZenohSettings, open_session, zenoh_message
 
 log = get_logger(__name__)
 
@@ -110,8 +110,7 @@ def _start_problem(fleet: Fleet, exc: zenoh.ZError) -> str:
         problem = _bind_problem(endpoint)
         if problem is not None:
             return f"router.listen[{i}] = {endpoint!r}: {problem}"
-    # zenoh appends source paths of its own build to messages; the first part is the cause.
-    return f"zenoh refused to start the router: {str(exc).split(' at /')[0]}"
+    return f"zenoh refused to start the router: {zenoh_message(exc)}"
 
 
 def _bind_problem(endpoint: str) -> str | None:

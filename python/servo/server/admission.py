@@ -5,6 +5,8 @@ The numbers come from the manifest's ``[limits]`` (`servo.server.manifest.Limits
 * **Rates** (`TokenBucket`, `KeyedBuckets`): session opens for everyone together and per client
   id, checked before the handshake; observations per session, checked once the observation is
   authenticated (so a peer without the key cannot spend a robot's budget) and before its mailbox.
+* **Who streamed here** (`ReturningRobots`): robot keys that sent an authenticated observation,
+  so a flood of never-seen identities cannot spend a returning robot's open budget or slot.
 * **Pixels** (`camera_shapes`, `ImageGate`): at session open every camera the policy needs must
   declare at most ``max_image_pixels`` and all of them together at most
   ``decode_budget_pixels`` (every request of the session decodes exactly those frames, so this
@@ -27,6 +29,8 @@ from servo.wire import EncodedImage, Features, Rejection, WireError, decode, jpe
 from servo.wire.messages import ByCamera
 
 Shapes = Mapping[str, tuple[int, int]]
+#: Most robot keys remembered as having streamed on this replica.
+MAX_RETURNING = 4096
 
 
 class TokenBucket:
@@ -74,6 +78,30 @@ class KeyedBuckets:
                 self._buckets.popitem(last=False)
         self._buckets[key] = bucket
         return bucket.take()
+
+
+class ReturningRobots:
+    """Robot keys that streamed on this replica (an authenticated observation), most recent last.
+
+    Thread-safe: marked on Zenoh's observation thread, read by the event loop. Bounded by
+    `MAX_RETURNING`, the least recently seen forgotten first.
+    """
+
+    def __init__(self) -> None:
+        self._keys: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, key: bytes) -> None:
+        """``key`` streamed (again)."""
+        with self._lock:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+            if len(self._keys) > MAX_RETURNING:
+                self._keys.popitem(last=False)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._keys
 
 
 def camera_shapes(client: Features, policy: Features, limits: LimitsSection) -> dict[str, tuple[int, int]] | Rejection:

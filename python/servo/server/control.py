@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import msgspec
 import zenoh
+from zenoh.handlers import Callback
 
 from servo._core import MSG_CONTROL_ACK, Header, SessionKey
 from servo.logs import LogThrottle, get_logger
@@ -36,7 +37,8 @@ from servo.server.robots import RobotGate
 from servo.server.sessions import Session
 from servo.server.state import ServerState
 from servo.server.trajectories import Signed, TrajectoryLibrary
-from servo.transport import LoopBridge, declare_action_publisher
+from servo.stages import LoopBridge
+from servo.transport import declare_action_publisher, direct
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     AuditQuery,
@@ -133,11 +135,12 @@ class ControlPlane:
         self._max_observation_bytes = max_observation_bytes
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
-        """Declare the queryables; their callbacks only hand the query to the event loop."""
+        """Declare the queryables; their callbacks only hand the query to the event loop (`direct`)."""
         keys, z = self._state.replica.keys, self._zsession
 
         def on(key: str, handler: Handler, reply_key: str | None) -> zenoh.Queryable[None]:
-            return z.declare_queryable(key, lambda q: bridge.call(self.answer, handler, q, reply_key))
+            ask: Callback[zenoh.Query] = direct(lambda q: bridge.call(self.answer, handler, q, reply_key))
+            return z.declare_queryable(key, ask)
 
         # Replies go out on our own concrete key: a discovery query's selector is a wildcard.
         return [
@@ -188,7 +191,7 @@ class ControlPlane:
             policy=replica.info,
             warmed_up=state.lifecycle != "starting",
             draining=state.lifecycle == "draining",
-            active_sessions=len(state.registry),
+            active_sessions=state.registry.robots(),
             max_sessions=replica.max_sessions,
             load=state.load,
             identity=replica.identity.public_key,
@@ -205,7 +208,7 @@ class ControlPlane:
         return Rejection(
             code,
             reason,
-            active_sessions=len(state.registry),
+            active_sessions=state.registry.robots(),
             max_sessions=state.replica.max_sessions,
             load=state.load,
         )
@@ -257,6 +260,7 @@ class ControlPlane:
         if isinstance(shapes, Rejection):
             return self._reject(shapes.code, shapes.reason, client_id=client_id)
         previous = state.registry.by_client(client_id)
+        frontend = request.robot_key == replica.identity.public_key
         if previous is not None:
             why = takeover(
                 previous.auth,
@@ -272,10 +276,11 @@ class ControlPlane:
                     client_id=client_id,
                 )
             log.info("session takeover", session_id=previous.session_id, client_id=client_id, why=why)
-        elif len(state.registry) >= replica.max_sessions:
+        elif not frontend and state.registry.robots() >= replica.max_sessions:
+            # The frontends' sessions count against their own doors' capacity, never the robots'.
             idle = self._robots.displaceable(request.robot_key, state.registry.snapshot())
             if idle is None:
-                active = len(state.registry)
+                active = state.registry.robots()
                 return self._reject(
                     "capacity", f"server is full ({active}/{replica.max_sessions} sessions)", client_id=client_id
                 )
@@ -326,6 +331,7 @@ class ControlPlane:
             publisher=declare_action_publisher(self._zsession, action_key),
             images=images,
             observations=TokenBucket(self._limits.observations_per_s, self._limits.observation_burst),
+            frontend=request.robot_key == self._state.replica.identity.public_key,
         )
         self._state.register(session)
         return session

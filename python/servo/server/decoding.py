@@ -4,14 +4,15 @@ The worker owns the device and spends its time on forward passes only. Decoding 
 (msgpack, tensor checks, two 480x640 JPEGs: ~1 ms each, the cameras in parallel) runs on the
 Zenoh callback thread that authenticated it (`servo.server.intake`), while the device runs
 other sessions' forwards, so at N clients the device never idles waiting for JPEG and at N = 1
-no thread hop separates an arrival from its forward. `ObservationDecoder.__call__` is the single
+no thread hop separates an arrival from its forward. A message's second and later frames to
+decode go to the decoder's stage threads ("servo-decode-<n>", one fewer than the policy has
+cameras: the callback thread decodes the first itself). `ObservationDecoder.__call__` is the single
 entry point from an authenticated message to what a processor takes.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, cast
 
 import numpy as np
@@ -23,6 +24,7 @@ from servo.policy.frames import DeviceFrameDecoder, is_cuda, jpeg_on_device_avai
 from servo.policy.protocol import Frame
 from servo.policy.runner import clamp_delay
 from servo.server.sessions import Decoded, Mail, Rejected, Session
+from servo.stages import NotRun, StageThread
 from servo.wire import EncodedImage, Observation, WireError, decode, decode_floats, decode_image, downsize
 from servo.wire.image import jpeg_dimensions
 
@@ -58,8 +60,8 @@ def device_frames_for(mode: FramesMode, device: str, policy: Policy) -> DeviceFr
 class ObservationDecoder:
     """Turns a session's raw observation into what its processor takes.
 
-    Stateless apart from the policy's feature shapes; called from the Zenoh observation callback
-    thread (any thread may call it: the camera pool is thread-safe).
+    Stateless apart from the policy's feature shapes and its stages; called from the Zenoh
+    observation callback thread (any thread may call it: stages take jobs from any thread).
     """
 
     def __init__(
@@ -81,11 +83,12 @@ class ObservationDecoder:
         self._pin_task = pin_task
         self._device = device_frames
         # libjpeg-turbo releases the GIL: several cameras of one observation decode in parallel.
-        self._pool = ThreadPoolExecutor(max(1, len(self._cameras) - 1), thread_name_prefix="servo-jpeg")
+        self._stages = [StageThread(f"servo-decode-{n}") for n in range(1, len(self._cameras))]
 
     def close(self) -> None:
-        """Stop the camera pool."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Close the stages: a decode waiting on one is refused (``server_closing``)."""
+        for stage in self._stages:
+            stage.close()
 
     def __call__(self, header: Header, payload: bytes, received_ns: int, session: Session) -> Mail:
         """Decode an authenticated observation of ``session`` that arrived at ``received_ns``.
@@ -97,6 +100,8 @@ class ObservationDecoder:
             obs, delay = self._decode(header, payload, session)
         except WireError as exc:
             return Rejected(header, "bad_observation", str(exc), received_ns)
+        except NotRun:
+            return Rejected(header, "server_closing", "the server is closing", received_ns)
         except Exception as exc:  # a codec bug must cost one request, not the callback thread
             if (suppressed := _THROTTLE.allow(type(exc).__name__)) is not None:
                 log.exception("observation decoding failed", session_id=session.session_id, suppressed=suppressed)
@@ -158,7 +163,10 @@ class ObservationDecoder:
             return self._device_images(images, self._device)
         # JPEG decodes, and shrinking any frame, run in parallel: both release the GIL.
         slow = [name for name in self._cameras if images[name].codec == "jpeg" or self._shrinks(images[name], name)]
-        futures = {name: self._pool.submit(self._frame, images[name], name) for name in slow[1:]}
+        futures = {
+            name: stage.submit(self._frame, images[name], name)
+            for stage, name in zip(self._stages, slow[1:], strict=False)
+        }
         out = {}
         try:
             for name in self._cameras:

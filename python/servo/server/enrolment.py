@@ -1,16 +1,51 @@
-"""Who a replica is and which robots it knows: its identity and its enrolled robots.
+"""Who a replica is, which robots it knows, and who may come in: read once, at start, off the loop.
 
-Both come from the manifest's ``[security]`` (`servo.server.manifest.SecuritySection`) and are
-read once, at start, off the event loop.
+Its identity and the robots the manifest's ``[security]`` (and its fleet file) enrol
+(`servo.server.manifest.SecuritySection`); then its doors (`open_doors`): the admission rule
+(`servo.access`), closed to robots nobody enrolled when the server is reachable off loopback
+(`servo.server.exposure.reachable_off_loopback`) or the manifest enrols robots, unless
+``allow_any_robot``; the roster of robots that joined with tokens (`servo.server.joins`); and,
+when the door is closed, a fresh join token to print.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from servo.access import Access, AccessRules
 from servo.config import ConfigError
+from servo.home import roster_path
 from servo.identity import Identity, ephemeral_identity, server_identity
+from servo.join import JoinToken
 from servo.router.fleet import robot_identities
-from servo.server.manifest import SecuritySection
-from servo.wire import parse_fingerprint
+from servo.server.exposure import reachable_off_loopback
+from servo.server.joins import JoinDesk, advertise, issue
+from servo.server.manifest import Manifest, SecuritySection
+from servo.server.roster import Advertised, Roster, RosterError
+from servo.transport import ZenohSettings
+from servo.wire import fingerprint, parse_fingerprint
+
+
+@dataclass(frozen=True)
+class Doors:
+    """Who may come in, as decided at start (`open_doors`).
+
+    Args:
+        access: The admission rule every door asks.
+        joins: The roster and its join tokens.
+        join_token: The token printed at start (None: the door is open, or none was asked for).
+    """
+
+    access: Access
+    joins: JoinDesk
+    join_token: JoinToken | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether only enrolled robots may open sessions."""
+        return not self.access.rules.any_robot
 
 
 def replica_identity(security: SecuritySection, app: str) -> Identity:
@@ -46,3 +81,59 @@ def enrolled_robots(security: SecuritySection) -> dict[str, bytes]:
         if holders.setdefault(key, name) != name:
             raise ConfigError(f"security: {holders[key]!r} and {name!r} are enrolled with one identity")
     return enrolled
+
+
+def certificate_pin(zenoh: ZenohSettings) -> bytes:
+    """What a join token pins of the TLS listen certificate: its key's hash if self-signed, else nothing.
+
+    A robot can only use a self-signed certificate itself as its trust anchor; a fleet CA's
+    certificates are trusted through the CA (``--tls-root-ca``).
+    """
+    tls = zenoh.tls
+    if tls is None or not tls.listen_certificate or not any(e.startswith("tls/") for e in zenoh.listen):
+        return b""
+    from cryptography import x509
+
+    from servo.server.selfsigned import public_key_pin
+
+    pem = Path(tls.listen_certificate).read_bytes()
+    cert = x509.load_pem_x509_certificate(pem)
+    return public_key_pin(pem) if cert.issuer == cert.subject else b""
+
+
+def open_doors(manifest: Manifest, identity: Identity, static: dict[str, bytes]) -> Doors:
+    """The doors of a replica of ``manifest`` with ``identity`` (module docstring); off the event loop.
+
+    Args:
+        manifest: The manifest.
+        identity: The replica's identity (the join token pins it).
+        static: The robots the manifest and its fleet file enrol (`enrolled_robots`).
+
+    Raises:
+        ConfigError: the roster cannot be used (named).
+    """
+    security = manifest.security
+    closed = not security.allow_any_robot and (reachable_off_loopback(manifest.zenoh) or bool(static))
+    access = Access(AccessRules(server=identity.public_key, any_robot=not closed))
+    roster = Roster(security.roster or roster_path(manifest.serving.app))
+    joins = JoinDesk(roster, access, static)
+    token = None
+    try:
+        joins.read()
+        if closed and security.join_token_ttl_s > 0:
+            pin = certificate_pin(manifest.zenoh)
+            advertised = Advertised(fingerprint(identity.public_key), pin.hex(), list(manifest.zenoh.listen))
+            roster.change(lambda f: advertise(f, advertised))
+            token = roster.change(
+                lambda f: issue(
+                    f,
+                    JoinToken.issue(identity.public_key, pin),
+                    ttl_s=security.join_token_ttl_s,
+                    uses=security.join_token_uses,
+                    now=time.time(),
+                )
+            )
+            joins.read()
+    except RosterError as exc:
+        raise ConfigError(f"security.roster: {exc}") from None
+    return Doors(access, joins, token)

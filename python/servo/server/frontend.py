@@ -8,6 +8,7 @@ from typing import Protocol
 import zenoh
 from anyio.abc import TaskStatus
 
+from servo.access import Access
 from servo.identity import Identity
 from servo.wire import ServerKeys
 
@@ -28,6 +29,7 @@ class Frontend(Protocol):
         keys: ServerKeys,
         health: Callable[[], tuple[bool, str]],
         identity: Identity,
+        access: Access,
         *,
         task_status: TaskStatus[str],
     ) -> None:
@@ -39,5 +41,6 @@ class Frontend(Protocol):
             health: ``(serving, lifecycle state)`` of the server, for a health check.
             identity: This replica's identity: pin its public key, so no other peer can pose as
                 this server, and sign the frontend's session opens with it (always admitted).
+            access: The server's admission rule: who the frontend's own callers are (`servo.access`).
             task_status: Reports where the frontend listens.
         """

@@ -3,7 +3,8 @@
 One stage, one thread: Zenoh runs the observation subscriber's callback on its own thread, and
 everything an observation needs before the device happens there, in this order: route by key,
 authenticate (`servo.server.auth`), admit (rate, frame sizes: `servo.server.admission`), decode
-(`servo.server.decoding`), deposit (`servo.server.sessions`). The inference worker then finds it
+(`servo.server.decoding`), deposit (`servo.server.sessions`). A copy of a request the server holds
+or answered is answered from that (`servo.server.copies`) and never decoded. The inference worker then finds it
 ready: no decode and no thread hop stand between the mailbox and the forward.
 """
 
@@ -13,7 +14,7 @@ import time
 
 import zenoh
 
-from servo._core import MSG_ERROR, Header
+from servo._core import FLAG_COPY, MSG_ERROR, Header
 from servo.logs import LogThrottle, get_logger
 from servo.server.auth import Reason, Refused, verify_observation
 from servo.server.decoding import ObservationDecoder
@@ -90,6 +91,8 @@ class ObservationIntake:
         if not session.observations.take():
             self._refuse(session, header, "rate", "rate_limited", f"more than {self._rate:g} observations/s")
             return
+        if header.flags & FLAG_COPY and self._answer_copy(session, header):
+            return
         try:
             session.images.check(body)
         except WireError as exc:
@@ -99,6 +102,19 @@ class ObservationIntake:
         if outcome != "ok":
             self._metrics.observations_rejected.labels(outcome).inc()
             self._metrics.robots.rejected(client_id, outcome)
+
+    def _answer_copy(self, session: Session, copy: Header) -> bool:
+        """Whether ``copy`` is answered from its original (joined, or its answer sent again)."""
+        outcome = self._registry.join_copy(session, copy)
+        if outcome is False:
+            self._metrics.copies.labels("served").inc()
+            return False
+        if outcome is True:
+            self._metrics.copies.labels("joined").inc()
+        else:
+            self._metrics.copies.labels("answered").inc()
+            session.publish(outcome.msg_type, outcome.body, copy)
+        return True
 
     def _refuse(self, session: Session, header: Header, reason: Reason, code: str, message: str) -> None:
         self._reject(Refused(reason, message, header), session.client_id)

@@ -31,7 +31,8 @@ from servo.config import (
     load_toml,
     parse_toml,
 )
-from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings, exposed_endpoint
+from servo.server.exposure import Accepted, refuse_exposures
+from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings
 from servo.wire import WireError, parse_fingerprint, segment
 from servo.wire.openpi import ObservationKeys
 
@@ -59,6 +60,10 @@ class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         Literal["float32", "bfloat16", "float16"], doc("Compute dtype; bfloat16/float16 run under autocast on CUDA.")
     ] = "float32"
     warmup: Annotated[NonNegativeInt, doc("Forwards run before the server reports ready.")] = 2
+    plan_forwards: Annotated[
+        NonNegativeInt,
+        doc("Forwards timed after the warm-up for servo-serve's capacity plan (median, p90); 0 (or warmup 0): none."),
+    ] = 10
     compile: Annotated[bool, doc("Wrap the policy's networks in torch.compile.")] = False
     frames: Annotated[
         Literal["auto", "host", "device"],
@@ -163,7 +168,9 @@ class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[ops]``: health/metrics HTTP endpoint and the audit log."""
 
-    health_host: Annotated[str, doc("Address of the health/metrics endpoint.")] = "127.0.0.1"
+    health_host: Annotated[
+        str, doc("Address of the health/metrics endpoint; off loopback it needs [security] expose_health.")
+    ] = "127.0.0.1"
     health_port: Annotated[Port, doc("Port of /healthz and /metrics; 0 disables.")] = 9100
     audit_log: Annotated[str, doc("One JSON line per request to this file; '-' = stdout.")] = ""
     robot_metrics: Annotated[
@@ -225,6 +232,30 @@ class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "or linked to by gossip, bypass the router's access control."
         ),
     ] = False
+    allow_any_robot: Annotated[
+        bool,
+        doc(
+            "Admit robots nobody enrolled although the server is reachable off loopback (and openpi clients "
+            "without an API key): anyone who reaches it may open sessions and take capacity."
+        ),
+    ] = False
+    expose_health: Annotated[
+        bool, doc("Allow ops.health_host off loopback: anyone on the network then reads /healthz and /metrics.")
+    ] = False
+    roster: Annotated[
+        str,
+        doc(
+            "File of the robots enrolled by join tokens, the tokens and the openpi API keys (servo-serve robots "
+            "manages it); servers/<app>.roster in servo's directory when empty."
+        ),
+    ] = ""
+    join_token_ttl_s: Annotated[
+        NonNegativeSeconds,
+        doc("How long the join token servo-serve prints at start is valid (s); 0 prints none.", le=30 * 86400),
+    ] = 3600.0
+    join_token_uses: Annotated[
+        PositiveInt, doc("How many robots may join with the token servo-serve prints at start.", le=10_000)
+    ] = 1
 
     def check(self) -> None:
         """One identity source; robot names and identities unique; the fleet file exists."""
@@ -246,16 +277,27 @@ class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class OpenpiSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[frontends.openpi]``: a WebSocket endpoint speaking openpi's policy-server protocol.
 
-    Every connection is one servo session on this server: the same admission, capacity,
-    scheduling, per-session processor, audit log and metrics as a robot's.
+    Every connection is one servo session on this server: the same scheduling, per-session
+    processor, audit log and metrics as a robot's, but a capacity of its own
+    (``max_connections``), so openpi clients never take a robot's slot. Off loopback the door
+    speaks TLS (wss; servo's self-signed certificate when none is named) unless ``--insecure``,
+    and admits only clients with an API key (``servo-serve robots api-key NAME``) unless
+    ``--allow-any-robot`` (`servo.access`).
     """
 
     listen: Annotated[str, doc("host:port of the WebSocket endpoint (and its /healthz).", min_length=3)] = (
         "127.0.0.1:8000"
     )
     max_connections: Annotated[
-        PositiveInt, doc("Open connections at once; more are refused with HTTP 503.", le=4096)
-    ] = 16
+        PositiveInt,
+        doc(
+            "Connections (each one session) at once, a capacity apart from the robots' serving.max_sessions; "
+            "more are refused with HTTP 503.",
+            le=4096,
+        ),
+    ] = 4
+    certificate: Annotated[str, doc("TLS certificate of the door (wss); servo's self-signed one off loopback.")] = ""
+    private_key: Annotated[str, doc("Private key of certificate.")] = ""
     max_message_bytes: Annotated[
         ByteLimit, doc("Largest message accepted; a larger one closes the connection (1009).")
     ] = 16 * 1024 * 1024
@@ -287,6 +329,13 @@ class OpenpiSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise FieldError("listen", "expected host:port, e.g. 127.0.0.1:8000 or 0.0.0.0:8000")
         if "servo" in self.metadata:
             raise FieldError("metadata.servo", "reserved: the server fills it with the policy's description")
+        if bool(self.certificate) != bool(self.private_key):
+            raise FieldError(
+                "certificate" if self.private_key else "private_key", "TLS needs both certificate and private_key"
+            )
+        for name in ("certificate", "private_key"):
+            if getattr(self, name) and not Path(getattr(self, name)).is_file():
+                raise FieldError(name, "file does not exist")
 
 
 class FrontendsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -308,6 +357,39 @@ class TrajectoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise FieldError("path", "file does not exist")
 
 
+class RobotSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[robot]``: the robot the policy drives, for the ``servo-edge`` command ``servo-serve`` prints."""
+
+    type: Annotated[NonEmptyStr, doc("servo-edge --robot: so100, so101, ros2, sim or package.module:factory.")]
+    options: Annotated[
+        dict[str, Any],
+        doc("Its --robot-opt options (lists as TOML arrays); paths as the robot's computer sees them."),
+    ] = {}
+
+    def check(self) -> None:
+        """A robot servo-edge knows: a built-in one or a plugin's ``package.module:factory``.
+
+        Its options are checked where they are used, on the robot (they may name its files).
+        """
+        from servo.robots.registry import PLUGIN_FORM, ROBOTS
+
+        module, sep, factory = self.type.partition(":")
+        if self.type not in ROBOTS and not (sep and module and factory):
+            raise FieldError("type", f"must be one of {', '.join(sorted(ROBOTS))} or {PLUGIN_FORM}")
+
+    def option_text(self) -> dict[str, str]:
+        """The options as ``--robot-opt KEY=VALUE`` values (lists comma-separated)."""
+        return {key: _option_text(value) for key, value in self.options.items()}
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(_option_text(item) for item in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The whole manifest."""
 
@@ -319,38 +401,16 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     limits: LimitsSection = LimitsSection()
     frontends: FrontendsSection = FrontendsSection()
     trajectories: list[TrajectoryEntry] = []
+    robot: RobotSection | None = None
 
     def check(self) -> None:
-        """Trajectory names are unique; nothing is exposed by accident (see `SecuritySection`)."""
+        """Trajectory names are unique; nothing is exposed by accident (`servo.server.exposure`)."""
         names = [t.name for t in self.trajectories]
         if len(set(names)) != len(names):
             raise FieldError("trajectories", "names must be unique")
-        z, security = self.zenoh, self.security
-        for i, endpoint in enumerate(z.listen):
-            if not security.insecure and exposed_endpoint(endpoint):
-                raise FieldError(
-                    f"zenoh.listen[{i}]",
-                    f"{endpoint!r} is not TLS and not loopback: anyone on the network would read every robot's "
-                    "observations and chunks; listen on tls/ (README: Certificates), or accept that with "
-                    "--insecure ([security] insecure = true)",
-                )
-        if z.connect and not security.listen_beside_router:
-            accept = "or accept that with --listen-beside-router ([security] listen_beside_router = true)"
-            if z.listen:
-                raise FieldError(
-                    "zenoh.listen",
-                    f"{z.listen[0]!r} beside connect {z.connect[0]!r}: peers reaching this port bypass the access "
-                    'control of the router connected to; set zenoh.listen = [] and zenoh.mode = "client" (servers '
-                    f"are clients of the router), {accept}",
-                )
-            if z.mode == "peer":
-                # A peer dials every peer the router gossips about, with no listen endpoint of its own.
-                raise FieldError(
-                    "zenoh.mode",
-                    f"'peer' with connect {z.connect[0]!r}: a peer links straight to every peer the router "
-                    "announces, and those links bypass the router's access control; set zenoh.mode = "
-                    f'"client" (servers are clients of the router), {accept}',
-                )
+        security = self.security
+        accepted = Accepted(security.insecure, security.listen_beside_router, security.expose_health)
+        refuse_exposures(self.zenoh, (self.ops.health_host, self.ops.health_port), accepted)
 
 
 def parse_manifest(text: str, *, origin: str = "<manifest>", overrides: dict[str, Any] | None = None) -> Manifest:

@@ -62,6 +62,9 @@ class ServerMetrics:
         self.draining = Gauge("servo_draining", "1 while draining", registry=r)
         self.requests = Counter("servo_requests", "Served inference requests", ["outcome"], registry=r)
         self.superseded = Counter("servo_superseded_observations", "Observations replaced before inference", registry=r)
+        self.copies = Counter(
+            "servo_copies", "Requests sent again by their client, by what answered them", ["outcome"], registry=r
+        )
         self.observations_rejected = Counter(
             "servo_observations_rejected",
             "Observations dropped before the mailbox, unanswered "

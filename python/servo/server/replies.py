@@ -1,9 +1,11 @@
 """The reply stage of the data plane: chunks and errors leave in the order they were served.
 
-One stage, one thread ("servo-reply"): the inference worker hands over what each forward
-produced (`Reply`) and goes straight to the next forward; this thread encodes, seals and puts
-every answer, then accounts for it (metrics, audit). A FIFO and one thread keep the answers in
-serving order, and the put of one answer never holds the device.
+One `StageThread` ("servo-reply"): the inference worker hands over what each forward produced
+(`Reply`) and goes straight to the next forward; this thread encodes, seals and puts every
+answer, then accounts for it (metrics, audit). The stage's FIFO keeps the answers in serving
+order, and the put of one answer never holds the device. Answers the stage could not take (its
+FIFO full behind a stuck put, or closed) are counted ``undeliverable`` and logged, never lost
+without a word.
 
 Accounting is one place for the served and the refused, so the fleet-wide metrics, the per-robot
 metrics (`servo.server.robot_metrics`) and the audit log never disagree. Each answer's staleness
@@ -13,9 +15,8 @@ robot's staleness bound sees of the server.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,14 +25,18 @@ from servo._core import MSG_CHUNK, MSG_ERROR, Header
 from servo.logs import Logger, LogThrottle, get_logger
 from servo.policy.protocol import FloatArray
 from servo.server.audit import AuditLog
+from servo.server.copies import Answer
 from servo.server.sessions import Claim, Decoded, Rejected, Session
 from servo.server.state import ServerState
+from servo.stages import StageThread
 from servo.wire import ActionChunk, ErrorEvent, encode, encode_tensor
 
 log = get_logger(__name__)
 
 #: Refused requests and policy failures: one log line per code per second, with the count held back.
 _THROTTLE = LogThrottle(1.0)
+#: Forwards whose answers may wait for the reply thread (a put stuck on a link holds them).
+REPLY_BACKLOG = 256
 
 
 @dataclass(frozen=True)
@@ -51,39 +56,43 @@ class Reply:
 
 
 class ReplyStage:
-    """Publishes every answer in the order it was submitted, on its own thread.
+    """Publishes every answer in the order it was submitted, on its own stage thread.
 
-    `submit` is called by the inference worker only; the thread owns everything after it.
+    Created and fed (`submit`) by the inference worker, closed by whoever stops the worker; the
+    stage thread owns everything after `submit`.
     """
 
     def __init__(self, state: ServerState, audit: AuditLog) -> None:
         self._state = state
         self._metrics = state.metrics
         self._audit = audit
-        self._jobs: queue.SimpleQueue[list[Reply] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="servo-reply", daemon=True)
-
-    def start(self) -> None:
-        """Start the reply thread."""
-        self._thread.start()
+        self._stage = StageThread("servo-reply", capacity=REPLY_BACKLOG)
 
     def submit(self, replies: list[Reply]) -> None:
         """Queue one forward's answers (they leave together, after every earlier one)."""
-        self._jobs.put(replies)
+        self._stage.submit(self._publish_all, replies).add_done_callback(
+            lambda done: self._undeliverable(done, replies)
+        )
 
     def close(self, timeout: float) -> bool:
         """Publish what is queued, then stop; False if that took longer than ``timeout`` s."""
-        self._jobs.put(None)
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return self._stage.close(finish=True, timeout=timeout)
 
-    def _run(self) -> None:
-        while (replies := self._jobs.get()) is not None:
-            for reply in replies:
-                try:
-                    self._publish(reply)
-                except Exception:  # a bug here must cost one reply, never the others
-                    log.exception("publishing a reply failed")
+    def _publish_all(self, replies: list[Reply]) -> None:
+        for reply in replies:
+            try:
+                self._publish(reply)
+            except Exception:  # a bug here must cost one reply, never the others
+                log.exception("publishing a reply failed")
+
+    def _undeliverable(self, done: Future[None], replies: list[Reply]) -> None:
+        """Any thread: answers the stage never published (full or closed) are counted and logged."""
+        error = done.exception()
+        if error is None:
+            return
+        self._metrics.requests.labels("undeliverable").inc(len(replies))
+        if (suppressed := _THROTTLE.allow("undeliverable")) is not None:
+            log.warning("answers not published", reason=str(error), count=len(replies), suppressed=suppressed)
 
     def _publish(self, reply: Reply) -> None:
         session, item = reply.session, reply.claim.item
@@ -126,7 +135,7 @@ class ReplyStage:
         )
         # Publish first (the client is waiting), account after; an inference whose session was
         # closed meanwhile is still audited, as undeliverable.
-        outcome = "ok" if _publish(session, MSG_CHUNK, encode(body), header, bound) else "undeliverable"
+        outcome = "ok" if self._answer(session, MSG_CHUNK, encode(body), header, bound) else "undeliverable"
         staleness_ms = (time.monotonic_ns() - item.received_ns) / 1e6
         self._metrics.requests.labels(outcome).inc()
         self._metrics.superseded.inc(claim.superseded)
@@ -151,7 +160,7 @@ class ReplyStage:
         )
 
     def _fail(self, session: Session, header: Header, code: str, message: str, reply: Reply, bound: Logger) -> None:
-        _publish(session, MSG_ERROR, encode(ErrorEvent(code, message)), header, bound)
+        self._answer(session, MSG_ERROR, encode(ErrorEvent(code, message)), header, bound)
         staleness_ms = (time.monotonic_ns() - reply.claim.item.received_ns) / 1e6
         self._metrics.requests.labels(code).inc()
         self._metrics.robots.served(session.client_id, code, reply.queue_wait_ms, reply.inference_ms, staleness_ms, 0)
@@ -169,13 +178,16 @@ class ReplyStage:
             replica=self._state.replica.keys.replica,
         )
 
-
-def _publish(session: Session, msg_type: int, body: bytes, request: Header, bound: Logger) -> bool:
-    if not session.publish(msg_type, body, request):
-        # The session was closed by the loop while this request was in flight.
-        bound.info("reply not sent: session closed")
-        return False
-    return True
+    def _answer(self, session: Session, msg_type: int, body: bytes, request: Header, bound: Logger) -> bool:
+        """Publish the answer to ``request``, and to every copy of it that joined meanwhile."""
+        copies = self._state.registry.answered(session, Answer(request, msg_type, body))
+        if not session.publish(msg_type, body, request):
+            # The session was closed by the loop while this request was in flight.
+            bound.info("reply not sent: session closed")
+            return False
+        for copy in copies:
+            session.publish(msg_type, body, copy)
+        return True
 
 
 def queue_wait_ms(item: Decoded | Rejected, start_ns: int) -> float:

@@ -5,10 +5,14 @@ Every session open is signed by the robot's Ed25519 identity (`servo.wire.trust.
 
 1. **Signed at all**: an open without a robot key and signature (a client older than robot
    identities) is refused (``unauthenticated``).
-2. **Enrolled** (when the manifest's ``[security] robots`` or fleet file names robots): the name
-   must be enrolled and the key must be the one enrolled for it, so nobody takes a robot's name
-   and strangers are refused before they spend anything. The server's own identity (its
-   frontends open sessions with it) is always admitted.
+2. **Admitted** by the server's one admission rule (`servo.access.Access.robot`): an enrolled
+   name only with the key enrolled for it, so nobody takes a robot's name; a robot nobody
+   enrolled only when the door is open (a loopback-only server that enrols nobody, or
+   ``--allow-any-robot``); strangers are refused before they spend anything. The server's own
+   identity (its frontends open sessions with it) is always admitted. A robot refused here may
+   carry a join token's proof (`servo.join`): the token must be usable for it
+   (`servo.server.joins.JoinDesk.refusal`: known, not spent, expired or revoked, for this name),
+   and after the checks below its proof must verify; then it is enrolled, at once.
 3. **Fresh** (`OpenNonces`): the nonce must be one the replica's status handed out in the last
    `NONCE_PERIOD_S` to twice that (``stale_nonce``: discover again), and the open's X25519 key
    must be new, so a captured open cannot be replayed to replace the robot's session.
@@ -16,41 +20,40 @@ Every session open is signed by the robot's Ed25519 identity (`servo.wire.trust.
 5. **Budgets**: per robot (key and name: several robots of one machine may share its key;
    ``client_opens_per_s``), then for everyone: enrolled robots share one bucket
    (``session_opens_per_s``); without enrolment, keys that already streamed on this replica
-   (`ReturningRobots`) and never-seen keys have a bucket each, so a flood of fresh identities
+   (`servo.server.admission.ReturningRobots`) and never-seen keys have a bucket each, so a flood of fresh identities
    cannot lock a returning robot out. Nobody can spend another robot's budget: it is keyed by
-   a key only its holder signs with.
+   a key only its holder signs with. Joins spend the new robots' bucket.
 
-A full replica makes room for a returning robot too (`RobotGate.displaceable`): without
-enrolment, a session that has not streamed one authenticated observation since it opened (more
-than `DISPLACE_AFTER_S` ago) yields its slot, so opens that only hold slots cannot lock out a
-robot that used this replica. With enrolment strangers hold no slot in the first place.
+A full replica makes room for a returning robot too (`RobotGate.displaceable`): on an open door,
+a session that has not streamed one authenticated observation since it opened (more than
+`DISPLACE_AFTER_S` ago) yields its slot, so opens that only hold slots cannot lock out a robot
+that used this replica. On a closed door strangers hold no slot in the first place.
 """
 
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servo._core import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, verify_signature
-from servo.server.admission import KeyedBuckets, TokenBucket
+from servo.access import Access, Caller, Denied
+from servo.server.admission import KeyedBuckets, ReturningRobots, TokenBucket
 from servo.server.manifest import LimitsSection
 from servo.wire import NONCE_SIZE, SessionOpen, fingerprint, open_transcript
 from servo.wire.messages import RejectCode
 
 if TYPE_CHECKING:
+    from servo.server.joins import JoinDesk
     from servo.server.sessions import Session
 
 #: A status nonce stays valid for one to two periods (s).
 NONCE_PERIOD_S = 30.0
 #: Most X25519 keys of recent opens remembered (the oldest are forgotten first).
 MAX_RECENT_OPENS = 65536
-#: Most robot keys remembered as having streamed on this replica.
-MAX_RETURNING = 4096
 #: A session that never streamed yields its slot to a returning robot once this old (s).
 DISPLACE_AFTER_S = 1.0
 
@@ -109,51 +112,30 @@ class OpenNonces:
             self._seen.popitem(last=False)
 
 
-class ReturningRobots:
-    """Robot keys that streamed on this replica (an authenticated observation), most recent last.
-
-    Thread-safe: marked on Zenoh's observation thread, read by the event loop. Bounded by
-    `MAX_RETURNING`, the least recently seen forgotten first.
-    """
-
-    def __init__(self) -> None:
-        self._keys: OrderedDict[bytes, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def add(self, key: bytes) -> None:
-        """``key`` streamed (again)."""
-        with self._lock:
-            self._keys[key] = None
-            self._keys.move_to_end(key)
-            if len(self._keys) > MAX_RETURNING:
-                self._keys.popitem(last=False)
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return key in self._keys
-
-
 class RobotGate:
-    """Admits or refuses session opens by their robot signature, enrolment and budgets. Event loop.
+    """Admits or refuses session opens by their robot signature, admission and budgets. Event loop.
 
     Args:
-        enrolled: Enrolled robots, name to Ed25519 public key; empty: any robot may connect.
+        access: The server's admission rule (who is enrolled, whether the door is open).
+        joins: The join tokens (`servo.server.joins`).
         limits: The open budgets.
         returning: Keys that streamed here (shared with the observation path).
-        own_key: The replica's own public key, always admitted (its frontends open with it).
     """
 
-    def __init__(
-        self, enrolled: Mapping[str, bytes], limits: LimitsSection, returning: ReturningRobots, own_key: bytes
-    ) -> None:
-        self.enrolled = dict(enrolled)
+    def __init__(self, access: Access, joins: JoinDesk, limits: LimitsSection, returning: ReturningRobots) -> None:
+        self.access = access
+        self.joins = joins
         self.nonces = OpenNonces()
         self._returning = returning
-        self._own_key = own_key
         self._limits = limits
         self._per_key = KeyedBuckets(limits.client_opens_per_s, limits.client_open_burst)
         self._known = TokenBucket(limits.session_opens_per_s, limits.session_open_burst)
         self._strangers = TokenBucket(limits.session_opens_per_s, limits.session_open_burst)
+
+    @property
+    def enrolled(self) -> dict[str, bytes]:
+        """The robots enrolled now, name to key."""
+        return dict(self.access.rules.robots)
 
     def admit(self, request: SessionOpen, prefix: str) -> Refusal | None:
         """None when ``request`` may go on to validation and capacity; else why not (see the module)."""
@@ -164,9 +146,12 @@ class RobotGate:
                 "the session open is not signed by a robot identity (servo clients sign it since wire "
                 "schema 2 with robot identities: upgrade the client)",
             )
-        refusal = self._enrolment(request.client_id, key)
-        if refusal is not None:
-            return refusal
+        caller = self.access.robot(request.client_id, key)
+        joining = isinstance(caller, Denied)
+        if isinstance(caller, Denied):
+            why = self.joins.refusal(request, time.time()) if request.join_id else caller.reason
+            if why is not None:
+                return Refusal("unauthenticated", why)
         if not self.nonces.fresh(request.nonce):
             return Refusal(
                 "stale_nonce", "the open's nonce is not one this replica handed out recently; discover again"
@@ -175,51 +160,40 @@ class RobotGate:
             return Refusal("unauthenticated", "this session open was accepted already (a replay)")
         if not verify_signature(key, open_transcript(request, prefix), request.robot_signature):
             return Refusal("unauthenticated", f"the open's signature by {fingerprint(key)} does not verify")
+        if joining and not self.joins.proves(request, prefix):
+            return Refusal("unauthenticated", f"the proof of join token {request.join_id} does not verify")
         self.nonces.use(request.client_key)
-        return self._budget(key, request.client_id)
+        refusal = self._budget(key, request.client_id, known=isinstance(caller, Caller) and caller.enrolled)
+        if refusal is None and joining:
+            self.joins.enrol(request)
+        return refusal
 
     def displaceable(self, key: bytes, sessions: Iterable[Session]) -> Session | None:
         """The session a full replica closes to let robot ``key`` in, if any (see the module).
 
-        Only for a returning robot without enrolment: the oldest session that never streamed and
+        Only for a returning robot on an open door: the oldest session that never streamed and
         is older than `DISPLACE_AFTER_S` (none of the replica's own frontends).
         """
-        if self.enrolled or key not in self._returning:
+        rules = self.access.rules
+        if not rules.any_robot or key not in self._returning:
             return None
         cutoff = time.monotonic_ns() - int(DISPLACE_AFTER_S * 1e9)
         idle = [
             s
             for s in sessions
-            if not s.streamed and s.auth.robot_key != self._own_key and s.auth.last_observation_ns < cutoff
+            if not s.streamed and s.auth.robot_key != rules.server and s.auth.last_observation_ns < cutoff
         ]
         return min(idle, key=lambda s: s.auth.last_observation_ns, default=None)
 
-    def _enrolment(self, name: str, key: bytes) -> Refusal | None:
-        if not self.enrolled or key == self._own_key:
-            return None
-        enrolled = self.enrolled.get(name)
-        if enrolled is None:
-            return Refusal(
-                "unauthenticated",
-                f"robot {name!r} ({fingerprint(key)}) is not enrolled on this server; "
-                "add it to [security] robots or the fleet file",
-            )
-        if enrolled != key:
-            return Refusal(
-                "unauthenticated",
-                f"robot {name!r} is enrolled as {fingerprint(enrolled)}; this open is signed by {fingerprint(key)}",
-            )
-        return None
-
-    def _budget(self, key: bytes, name: str) -> Refusal | None:
-        limits = self._limits
-        if key != self._own_key and not self._per_key.take((key, name)):
+    def _budget(self, key: bytes, name: str, *, known: bool) -> Refusal | None:
+        limits, own = self._limits, key == self.access.rules.server
+        if not own and not self._per_key.take((key, name)):
             return Refusal(
                 "rate_limited",
                 f"more than {limits.client_opens_per_s:g} session opens per second by {name!r} "
                 f"({fingerprint(key)}); retry",
             )
-        known = bool(self.enrolled) or key == self._own_key or key in self._returning
+        known = known or own or key in self._returning
         if not (self._known if known else self._strangers).take():
             who = "" if known else " by robots new to this server"
             return Refusal(

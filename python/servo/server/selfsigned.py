@@ -12,17 +12,18 @@ cover, or the certificate is within `RENEW_BEFORE` of expiring, it is reissued w
 and subject (keeping the names it had): a copy an edge already holds still verifies the new one,
 because trust anchors on the subject and key of the copy, not on its names or dates.
 
-Uses ``cryptography`` (the ``server`` extra); the edge never needs it.
+Both files go through `servo.private_files` (no links followed, this user's alone, replaced
+through a new temporary file). Uses ``cryptography`` (the ``server`` extra); the edge never
+needs it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import ipaddress
-import os
 import socket
-import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from servo.logs import get_logger
+from servo.private_files import PrivateFileError, create_private, private_dir, read_private, write_private
 
 log = get_logger(__name__)
 
@@ -53,6 +55,19 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 class CertificateFileError(ValueError):
     """The self-signed certificate's key on disk cannot be used; the message names the file."""
+
+
+def public_key_pin(cert_pem: bytes) -> bytes:
+    """SHA-256 of a PEM certificate's SubjectPublicKeyInfo: what a join token pins (`servo.join`).
+
+    It survives a reissue (`ensure_certificate` keeps the key), unlike a hash of the certificate.
+    """
+    spki = (
+        x509.load_pem_x509_certificate(cert_pem)
+        .public_key()
+        .public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return hashlib.sha256(spki).digest()
 
 
 @dataclass(frozen=True)
@@ -74,11 +89,14 @@ def ensure_certificate(directory: Path, *, hosts: Iterable[str] = ()) -> ServerC
         hosts: Names or addresses edges dial besides this host's own (the listen host).
 
     Raises:
-        OSError: the directory or files cannot be written or read.
-        CertificateFileError: ``server.key`` is readable by others or not an EC private key.
+        CertificateFileError: the directory or a file cannot be trusted (`servo.private_files`) or
+            written, or ``server.key`` is not an EC private key.
     """
     dns, ips = host_names(hosts)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        private_dir(directory, "certificate directory")
+    except PrivateFileError as exc:
+        raise CertificateFileError(str(exc)) from None
     cert_path, key_path = directory / CERT_FILE, directory / KEY_FILE
     key, created = _private_key(key_path)
     state: Literal["created", "reused", "reissued"] = "created" if created else "reissued"
@@ -92,9 +110,10 @@ def ensure_certificate(directory: Path, *, hosts: Iterable[str] = ()) -> ServerC
     else:
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"servo-serve {socket.gethostname()}")])
     # Replaced whole: a reader never sees half a certificate.
-    partial = cert_path.with_name(f".{CERT_FILE}.{os.getpid()}")
-    partial.write_bytes(_issue(key, subject, dns, ips).public_bytes(_PEM))
-    partial.replace(cert_path)
+    try:
+        write_private(cert_path, _issue(key, subject, dns, ips).public_bytes(_PEM), what="certificate")
+    except PrivateFileError as exc:
+        raise CertificateFileError(str(exc)) from None
     log.info("self-signed certificate written", cert=str(cert_path), state=state, dns=sorted(dns))
     return _described(cert_path, key_path, state, dns, ips)
 
@@ -194,9 +213,11 @@ def _issue(key: ec.EllipticCurvePrivateKey, subject: x509.Name, dns: set[str], i
 
 def _load(path: Path) -> x509.Certificate | None:
     try:
-        return x509.load_pem_x509_certificate(path.read_bytes())
+        return x509.load_pem_x509_certificate(read_private(path, what="certificate", secret=False))
     except FileNotFoundError:
         return None
+    except PrivateFileError as exc:
+        raise CertificateFileError(str(exc)) from None
     except ValueError as exc:
         log.warning("self-signed certificate unreadable: reissued", cert=str(path), error=str(exc))
         return None
@@ -226,21 +247,26 @@ def _described(
 def _private_key(path: Path) -> tuple[ec.EllipticCurvePrivateKey, bool]:
     """The key at ``path``, created (mode 0600, never readable by others even briefly) when missing."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
         return _read_key(path), False
+    except FileNotFoundError:
+        pass
     key = ec.generate_private_key(ec.SECP256R1())
-    with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, _NO_PASSWORD))
-    return key, True
+    try:
+        created = create_private(
+            path, key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, _NO_PASSWORD), what="private key"
+        )
+    except PrivateFileError as exc:
+        raise CertificateFileError(str(exc)) from None
+    return (key, True) if created else (_read_key(path), False)
 
 
 def _read_key(path: Path) -> ec.EllipticCurvePrivateKey:
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise CertificateFileError(f"{path}: private key is accessible by others (mode {mode:04o}); chmod 600 it")
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        data = read_private(path, what="private key", secret=True)
+    except PrivateFileError as exc:
+        raise CertificateFileError(str(exc)) from None
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:
         key, problem = None, str(exc)
     else:

@@ -11,7 +11,6 @@ while the worker already runs the next forward.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 import anyio
 import zenoh
 from anyio.abc import TaskGroup, TaskStatus
+from zenoh.handlers import Callback
 
 from servo._core import MSG_DRAIN
 from servo.identity import Identity
@@ -32,7 +32,7 @@ from servo.policy.runner import InferenceRunner
 from servo.server.audit import AuditLog
 from servo.server.control import ControlPlane
 from servo.server.decoding import ObservationDecoder, device_frames_for
-from servo.server.enrolment import enrolled_robots, replica_identity
+from servo.server.enrolment import Doors, enrolled_robots, open_doors, replica_identity
 from servo.server.frontend import Frontend
 from servo.server.intake import ObservationIntake
 from servo.server.manifest import Manifest
@@ -44,8 +44,10 @@ from servo.server.sessions import Session
 from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
-from servo.transport import Declared, LoopBridge, open_session
+from servo.stages import LoopBridge
+from servo.transport import Declared, direct, open_session
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
+from servo.wire.keys import host_server_id
 
 log = get_logger(__name__)
 
@@ -68,13 +70,20 @@ class ServerReady:
     #: The identity's fingerprint (``ed25519:…``): what edges pin in ``trusted_servers``.
     fingerprint: str
     frontends: dict[str, str] = field(default_factory=dict)
-    #: Each warm-up request's duration (s), for a capacity plan (`servo.deploy.capacity`).
+    #: Each warm-up request's duration (s).
     warmup_s: list[float] = field(default_factory=list)
+    #: Each request timed after the warm-up (``model.plan_forwards``, s): the capacity plan's
+    #: forward time (`servo.deploy.capacity`).
+    forward_s: list[float] = field(default_factory=list)
     #: The data-plane paths in use: ``device``, ``frames`` (host, or device: nvJPEG on CUDA),
     #: ``pinned`` (host frames copied through pinned buffers), ``dtype``, ``cuda_graphs``.
     paths: dict[str, str] = field(default_factory=dict)
-    #: Robots enrolled (`servo.server.robots`); 0: any robot may connect.
+    #: Robots enrolled (`servo.server.robots`).
     enrolled: int = 0
+    #: Whether only enrolled robots may open sessions (`servo.server.enrolment.open_doors`).
+    closed: bool = False
+    #: The join token made at start for the robot's command (`servo.join`); empty when none.
+    join_token: str = ""
 
 
 class PolicyServer:
@@ -111,7 +120,7 @@ class PolicyServer:
         self._search_path = search_path
         self._hurry = threading.Event()
         self._scheduler = scheduler
-        self.server_id = f"{slugify(socket.gethostname())}-{os.getpid()}"
+        self.server_id = host_server_id(os.getpid())
         self.state = ServerState(
             client_grace_s=manifest.serving.client_grace_s,
             idle_session_s=manifest.limits.idle_session_s,
@@ -122,7 +131,9 @@ class PolicyServer:
         self._stop = anyio.Event()
         self._zsession: zenoh.Session | None = None
         self._warmup_s: list[float] = []
+        self._forward_s: list[float] = []
         self._trajectories = TrajectoryLibrary({})
+        self._worker: InferenceWorker | None = None
 
     async def wait_sessions(self, predicate: Callable[[list[Session]], bool]) -> list[Session]:
         """Wait until ``predicate(sessions)`` holds.
@@ -131,6 +142,11 @@ class PolicyServer:
         server (tests and embedding applications use it to wait for collection).
         """
         return await self.state.wait_sessions(predicate)
+
+    @property
+    def worker_turns(self) -> int | None:
+        """Turns of the inference worker's loop once it serves (a health signal), None before."""
+        return None if self._worker is None else self._worker.turns
 
     # ------------------------------------------------------------------ lifecycle
     def hurry(self) -> None:
@@ -161,6 +177,7 @@ class PolicyServer:
             if identity is None:
                 identity = await anyio.to_thread.run_sync(replica_identity, m.security, m.serving.app)
             enrolled = await anyio.to_thread.run_sync(enrolled_robots, m.security)
+            doors = await anyio.to_thread.run_sync(open_doors, m, identity, enrolled)
             # Listening while the policy loads: an edge that lost this server links again meanwhile,
             # and re-handshakes the moment the liveliness token appears (nothing is declared before).
             async with open_session(m.zenoh) as zsession:
@@ -182,6 +199,8 @@ class PolicyServer:
                 sizes = range(1, min(scheduler.max_batch, replica.max_sessions) + 1)
                 started = time.perf_counter()
                 self._warmup_s = await anyio.to_thread.run_sync(runner.warmup, model.warmup, sizes)
+                if model.warmup:
+                    self._forward_s = await anyio.to_thread.run_sync(runner.timed_forwards, model.plan_forwards)
                 log.info(
                     "policy warmed up",
                     warmup=model.warmup,
@@ -189,14 +208,15 @@ class PolicyServer:
                     seconds=round(time.perf_counter() - started, 3),
                 )
                 self.state.bind(replica, tg)
+                tg.start_soon(doors.joins.watch, self.state)
                 audit = AuditLog(m.ops.audit_log, self.state.recent)
                 try:
                     # Frontends end before the Zenoh session their sessions live on.
                     async with anyio.create_task_group() as frontends:
                         self._zsession = zsession
-                        robots = RobotGate(enrolled, m.limits, self.state.returning, identity.public_key)
+                        robots = RobotGate(doors.access, doors.joins, m.limits, self.state.returning)
                         await self._serve(
-                            zsession, runner, scheduler, audit, task_status, health_port, frontends, robots
+                            zsession, runner, scheduler, audit, task_status, health_port, frontends, robots, doors
                         )
                 finally:
                     audit.close()
@@ -212,11 +232,12 @@ class PolicyServer:
         health_port: int | None,
         frontends: TaskGroup,
         robots: RobotGate,
+        doors: Doors,
     ) -> None:
         m, state = self.manifest, self.state
         keys, info = state.replica.keys, state.replica.info
         bridge = LoopBridge()
-        worker = InferenceWorker(runner, state, scheduler, audit)
+        self._worker = worker = InferenceWorker(runner, state, scheduler, audit)
         device_frames = device_frames_for(m.model.frames, m.model.device, runner.policy)
         decoder = ObservationDecoder(
             runner.policy.spec,
@@ -246,14 +267,11 @@ class PolicyServer:
                 limits=m.limits,
                 max_observation_bytes=m.serving.max_observation_bytes,
             )
+            on_client_alive: Callback[zenoh.Sample] = direct(lambda s: bridge.call(state.on_client_liveliness, s))
             declared += [
-                zsession.declare_subscriber(keys.all_obs, intake.on_sample),
+                zsession.declare_subscriber(keys.all_obs, intake.on_sample),  # the receive stage's own thread
                 *control.declare(bridge),
-                zsession.liveliness().declare_subscriber(
-                    keys.all_client_alive,
-                    lambda s: bridge.call(state.on_client_liveliness, s),
-                    history=True,
-                ),
+                zsession.liveliness().declare_subscriber(keys.all_client_alive, on_client_alive, history=True),
             ]
             worker.start()
             token = zsession.liveliness().declare_token(keys.alive)
@@ -270,16 +288,28 @@ class PolicyServer:
                 scheduler=type(scheduler).__name__,
                 identity=identity,
                 enrolled=len(robots.enrolled),
+                closed=doors.closed,
                 **paths,
             )
-            if not robots.enrolled:
-                log.warning("any robot may connect: no robot is enrolled ([security] robots, or fleet)")
+            if not doors.closed:
+                log.warning("any robot may connect: none is required to be enrolled")
             own = state.replica.identity
             endpoints = {
-                f.name: await frontends.start(f.run, zsession, keys, state.health, own) for f in self._frontends
+                f.name: await frontends.start(f.run, zsession, keys, state.health, own, doors.access)
+                for f in self._frontends
             }
             ready = ServerReady(
-                keys, info, health_port, identity, endpoints, self._warmup_s, paths, enrolled=len(robots.enrolled)
+                keys,
+                info,
+                health_port,
+                identity,
+                endpoints,
+                warmup_s=self._warmup_s,
+                forward_s=self._forward_s,
+                paths=paths,
+                enrolled=len(robots.enrolled),
+                closed=doors.closed,
+                join_token="" if doors.join_token is None else str(doors.join_token),
             )
             task_status.started(ready)
             await self._stop.wait()
@@ -297,7 +327,7 @@ class PolicyServer:
                 if token is not None:
                     token.undeclare()
                 finished = await anyio.to_thread.run_sync(lambda: worker.stop(DRAIN_TIMEOUT_S, abandon=self._hurry))
-                bridge.closed = True
+                bridge.close()
                 for entity in reversed(declared):
                     entity.undeclare()
                 decoder.close()

@@ -40,6 +40,7 @@ from servo._core import Header
 from servo.policy import DecodedObservation, Processor
 from servo.server.admission import ImageGate, TokenBucket
 from servo.server.auth import SessionAuth
+from servo.server.copies import Answer, CopyBook
 from servo.wire import reply_header
 
 #: Outcome of a deposit: queued, the session is gone (replaced, closed), or an old episode's.
@@ -114,14 +115,19 @@ class Session:
     #: Authenticated observations this session may still send (Zenoh callback threads).
     observations: TokenBucket
     #: Set by the observation thread at the first authenticated observation: the robot key is
-    #: then a returning one (`servo.server.robots.ReturningRobots`).
+    #: then a returning one (`servo.server.admission.ReturningRobots`).
     streamed: bool = False
+    #: Opened by one of the server's frontends (the openpi door), with the replica's own key: it
+    #: counts against that door's capacity, never the robots' (`SessionRegistry.robots`).
+    frontend: bool = False
     # --- guarded by SessionRegistry._lock
     episode_id: int = 0
     mailbox: Mail | None = None
     held: bool = False
     superseded: int = 0
     needs_reset: bool = False
+    #: The request being served and the latest answer, for copies (`servo.server.copies`).
+    copies: CopyBook = field(default_factory=CopyBook)
     # Worker-owned: the episode of the last observation served. -1 (none yet) makes a session's
     # first observation an episode start, so a chunk-stateful policy forgets the previous session.
     served_episode: int = -1
@@ -186,11 +192,17 @@ class SessionRegistry:
         self._ring_after = ""
         self._closed = False
         self._alive_clients: set[str] = set()
+        self._frontends = 0
         self.stale_drops = 0
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._sessions)
+
+    def robots(self) -> int:
+        """Sessions of robots (not of the server's frontends): what ``serving.max_sessions`` bounds."""
+        with self._lock:
+            return len(self._sessions) - self._frontends
 
     def snapshot(self) -> list[Session]:
         """Current sessions (the objects themselves; read-only use)."""
@@ -213,6 +225,7 @@ class SessionRegistry:
         with self._lock:
             old_id = self._by_client.get(session.client_id)
             old = self._sessions.pop(old_id, None) if old_id is not None else None
+            self._frontends += session.frontend - (old is not None and old.frontend)
             self._sessions[session.session_id] = session
             self._by_client[session.client_id] = session.session_id
             return old
@@ -221,8 +234,10 @@ class SessionRegistry:
         """Drop a session; returns it if it existed."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
-            if session is not None and self._by_client.get(session.client_id) == session_id:
-                del self._by_client[session.client_id]
+            if session is not None:
+                self._frontends -= session.frontend
+                if self._by_client.get(session.client_id) == session_id:
+                    del self._by_client[session.client_id]
             return session
 
     def client_alive(self, client_id: str) -> bool:
@@ -279,9 +294,20 @@ class SessionRegistry:
             if session.mailbox is not None or session.held:
                 session.superseded += 1
             session.mailbox = item
+            session.copies.deposited(item.header)
             if not session.held:
                 self._ready.notify()
             return "ok"
+
+    def join_copy(self, session: Session, copy: Header) -> Answer | bool:
+        """Zenoh's observation thread, a copy of a request (``FLAG_COPY``): see `CopyBook.join`."""
+        with self._lock:
+            return session.copies.join(copy)
+
+    def answered(self, session: Session, answer: Answer) -> list[Header]:
+        """Reply thread, the answer to ``answer.request`` leaves now: the copies it answers too."""
+        with self._lock:
+            return session.copies.answered(answer)
 
     def wait_ready(self, timeout: float) -> bool:
         """Worker: block until some mailbox can be taken; False on timeout or close."""
@@ -325,6 +351,7 @@ class SessionRegistry:
                 item, session.mailbox = session.mailbox, None
             if item.header.episode_id < session.episode_id:
                 self.stale_drops += 1
+                session.copies.dropped(item.header)
                 return None
             claim = Claim(item, session.superseded, session.needs_reset)
             session.superseded, session.needs_reset = 0, False

@@ -17,9 +17,9 @@ from anyio.abc import TaskGroup
 
 from servo._core import MSG_DRAIN, ServerIdentity
 from servo.logs import get_logger
+from servo.server.admission import ReturningRobots
 from servo.server.audit import RecentRequests
 from servo.server.metrics import ServerMetrics
-from servo.server.robots import ReturningRobots
 from servo.server.sessions import Session, SessionRegistry
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, WireError, encode
 
@@ -123,8 +123,8 @@ class ServerState:
 
     @property
     def load(self) -> float:
-        """Open sessions over capacity (any thread)."""
-        return len(self.registry) / self.replica.max_sessions
+        """Robots' open sessions over their capacity (any thread); frontends' sessions apart."""
+        return self.registry.robots() / self.replica.max_sessions
 
     # ------------------------------------------------------------------ sessions (event loop)
     def register(self, session: Session) -> None:

@@ -6,12 +6,13 @@ path and one thread each:
 
 * **receive** (the Zenoh observation callback thread, `servo.server.intake`): authenticate,
   admit, decode, deposit into the session's newest-wins mailbox;
-* **serve** (this thread, "servo-inference"): take every mailbox not held yet into its
-  `ServiceOrder` (arrival order, a new session's first request ahead), let the `Scheduler`
-  pick the group to serve from what it holds, head first (round-robin, or a
-  deadline-aware batch for a `BatchingPolicy`, which may linger a few ms for partners), claim
-  each member right before the forward (a newer observation of the session takes the held
-  one's turn; a reset episode or a closed session drops it) and run the forward;
+* **serve** (this stage thread, "servo-inference", whose one job is the loop): take every
+  mailbox not held yet into its `ServiceOrder` (arrival order, a new session's first request
+  ahead), let the `Scheduler` pick the group to serve from what it holds, head first
+  (round-robin, or a deadline-aware batch for a `BatchingPolicy`, which may linger a few ms
+  for partners), claim each member right before the forward (a newer observation of the
+  session takes the held one's turn; a reset episode or a closed session drops it) and run
+  the forward;
 * **reply** (the "servo-reply" thread, `servo.server.replies`): encode, seal, put, account, in
   the order the forwards were served, while this thread already runs the next one.
 
@@ -31,6 +32,7 @@ import itertools
 import threading
 import time
 from collections.abc import Hashable
+from concurrent.futures import Future
 
 from servo.logs import get_logger
 from servo.policy.runner import InferenceRunner
@@ -39,6 +41,7 @@ from servo.server.replies import Reply, ReplyStage, queue_wait_ms
 from servo.server.scheduler import Scheduler, ServiceOrder
 from servo.server.sessions import Claim, Decoded, Mail, Rejected, Session
 from servo.server.state import ServerState
+from servo.stages import StageThread
 
 log = get_logger(__name__)
 
@@ -80,7 +83,8 @@ class InferenceWorker:
     """Serves decoded observations, alone or in batches, in the order the scheduler picks.
 
     Owns the `InferenceRunner` (policy, device), every session's processor and the reply stage;
-    runs on its own thread so the event loop never waits on a forward.
+    runs as the one long job of its own stage thread, so the event loop never waits on a forward.
+    Started and stopped by the event loop (`stop` from a worker thread of the loop: it joins).
     """
 
     def __init__(self, runner: InferenceRunner, state: ServerState, scheduler: Scheduler, audit: AuditLog) -> None:
@@ -90,16 +94,23 @@ class InferenceWorker:
         self._metrics = state.metrics
         self._exclusive = state.replica.exclusive
         self._fps = runner.policy.spec.fps
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="servo-inference", daemon=True)
-        self._replies = ReplyStage(state, audit)
+        self._state = state
+        self._audit = audit
+        self._stage: StageThread | None = None
+        self._replies: ReplyStage | None = None
+        #: Set when the worker is told to stop (its stage's ``closing``).
+        self._stopping = threading.Event()
         self._queue: ServiceOrder[_Entry] = ServiceOrder()
         self._device_free_ns = 0  # when the last forward ended
+        #: Times round the worker's loop (read by other threads: a health signal, see `turns`).
+        self._turns = 0
 
     def start(self) -> None:
-        """Start the worker and reply threads."""
-        self._replies.start()
-        self._thread.start()
+        """Start the worker and reply stages."""
+        self._replies = ReplyStage(self._state, self._audit)
+        self._stage = StageThread("servo-inference")
+        self._stopping = self._stage.closing
+        self._stage.submit(self._run).add_done_callback(_crashed)
 
     def stop(self, timeout: float, *, abandon: threading.Event | None = None) -> bool:
         """Finish the forward in flight and publish every reply handed over, then stop.
@@ -107,18 +118,30 @@ class InferenceWorker:
         Returns False if the forward did not finish within ``timeout`` s, or ``abandon`` was set
         first (the forward then runs on in its daemon thread, unanswered).
         """
-        self._stop.set()
+        stage, replies = self._stage, self._replies
+        assert stage is not None, "start() first"
+        assert replies is not None
+        stage.close()  # sets ``closing``: the loop ends after the forward in flight
         self._registry.close()
         deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and time.monotonic() < deadline and not (abandon and abandon.is_set()):
-            self._thread.join(_JOIN_SLICE_S)
-        finished = not self._thread.is_alive()
+        while stage.alive and time.monotonic() < deadline and not (abandon and abandon.is_set()):
+            stage.join(_JOIN_SLICE_S)
+        finished = not stage.alive
         if finished:
-            self._replies.close(max(0.0, deadline - time.monotonic()))
+            replies.close(max(0.0, deadline - time.monotonic()))
         return finished
 
+    @property
+    def turns(self) -> int:
+        """Times round the worker's loop so far (any thread).
+
+        At least every 0.25 s when idle, after each forward when busy; a hung forward stops it.
+        """
+        return self._turns
+
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
+            self._turns += 1
             if not self._queue and not self._registry.wait_ready(timeout=0.25):
                 continue
             if taken := self._registry.take():
@@ -144,7 +167,7 @@ class InferenceWorker:
             group = self._scheduler.select(decoded, now_ns)
             since_ns = max(head.item.ready_ns, self._device_free_ns)
             linger = self._scheduler.linger_s(group, len(self._registry), since_ns, now_ns)
-            if linger > 0 and not self._stop.is_set():
+            if linger > 0 and not self._stopping.is_set():
                 self._registry.wait_ready(linger)  # an arrival ends it: take, select again
                 return
         for entry in group:
@@ -156,7 +179,7 @@ class InferenceWorker:
             now_ns = time.monotonic_ns()
             for session, claim in refused:
                 self._begin(session, claim)
-            self._replies.submit([Reply(s, c, None, queue_wait_ms(c.item, now_ns), 0.0, 1) for s, c in refused])
+            self._reply([Reply(s, c, None, queue_wait_ms(c.item, now_ns), 0.0, 1) for s, c in refused])
         if served:
             self._forward(served)
 
@@ -196,9 +219,19 @@ class InferenceWorker:
         inference_ms = (self._device_free_ns - start_ns) / 1e6
         self._scheduler.record(len(served), inference_ms / 1e3)
         self._metrics.batch_size.observe(len(served))
-        self._replies.submit(
+        self._reply(
             [
                 Reply(session, claim, outcome, wait, inference_ms, len(served))
                 for (session, claim), outcome, wait in zip(served, outcomes, waits, strict=True)
             ]
         )
+
+    def _reply(self, replies: list[Reply]) -> None:
+        assert self._replies is not None
+        self._replies.submit(replies)
+
+
+def _crashed(done: Future[None]) -> None:
+    """The loop's future: it only ever ends with the stage (an exception here is a bug, logged)."""
+    if (error := done.exception()) is not None:
+        log.error("inference worker crashed", exc_info=error)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from servo.trace.timeline import Request, Timeline, TraceError
+from servo.trace.timeline import Request, Timeline, TraceError, coverage
 
 STATE_COLORS = {
     "connecting": "#3182ce",
@@ -45,8 +45,10 @@ def summary(timeline: Timeline) -> list[str]:
     lines = [
         f"robot {timeline.robot}: {clock(timeline.start_ns)} to {clock(timeline.end_ns)} (edge clock), "
         f"{len(timeline.ticks)} ticks at {timeline.fps:g} Hz, {sum(n for *_, n in runs)} without a fresh action "
-        f"in {len(runs)} run(s); {len(timeline.requests)} requests, {len(joined)} joined with the audit"
+        f"in {len(runs)} stretch(es); {len(timeline.requests)} requests, {len(joined)} joined with the audit"
     ]
+    if not any(first <= timeline.start_ns and timeline.end_ns <= last for first, last, _ in timeline.covers):
+        lines.append(f"the window is not recorded whole: {coverage(timeline.covers, timeline.robot)}")
     rtts = [v for r in joined if (v := edge_rtt_ms(r)) is not None]
     audited = [r for r in timeline.requests if r.audit is not None and "staleness_ms" in r.audit]
     if rtts or audited:
@@ -67,7 +69,13 @@ def _verdict(timeline: Timeline, runs: list[tuple[int, int, int]], audited: list
     held_ms = (end - start) / 1e6 + 1e3 / timeline.fps
     slowest = max(audited, key=lambda r: float(r.audit["staleness_ms"]) if r.audit else 0.0, default=None)
     took = 0.0 if slowest is None or slowest.audit is None else float(slowest.audit["staleness_ms"])
-    head = f"the longest stretch without a fresh action: {count} tick(s) from {clock(start)} ({held_ms:.0f} ms); "
+    cut = []
+    if timeline.held_before and start == timeline.ticks[0][0]:
+        cut.append("it began before the window: start --at earlier")
+    if timeline.held_after and end == timeline.ticks[-1][0]:
+        cut.append("it goes on past the window's end: a longer --window sees all of it")
+    past = f", at least: {'; '.join(cut)}" if cut else ""
+    head = f"the longest stretch without a fresh action: {count} tick(s) from {clock(start)} ({held_ms:.0f} ms{past}); "
     if slowest is not None and took >= held_ms / 2:
         return head + (
             f"the replica took {took:.0f} ms over seq {slowest.seq_id}: look at the replica (queue wait, inference)"

@@ -22,6 +22,9 @@ import numpy as np
 from servo.recording import EpisodeHeader, FrameRecord, iter_records
 from servo.wire import WireError, decode_tensor
 
+#: Tick sources without a fresh action.
+HELD = ("fallback", "none")
+
 
 class TraceError(ValueError):
     """The inputs cannot be joined; the message names the file or the option."""
@@ -67,14 +70,20 @@ class Timeline:
     #: (edge wall ns, source, action or None) per tick
     ticks: list[tuple[int, str, np.ndarray | None]] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
+    #: What each recording of the robot covers: (first tick ns, last tick ns, file), in time order.
+    covers: list[tuple[int, int, str]] = field(default_factory=list)
+    #: The tick just before the window and the one just after went without a fresh action too:
+    #: a stretch that touches that edge of the window goes on past it.
+    held_before: bool = False
+    held_after: bool = False
 
     def fallback_runs(self) -> list[tuple[int, int, int]]:
-        """Runs of consecutive ticks without a fresh action: ``(first ns, last ns, ticks)``."""
+        """Stretches of consecutive ticks without a fresh action: ``(first ns, last ns, ticks)``."""
         runs: list[tuple[int, int, int]] = []
         start = last = None
         count = 0
         for at, source, _ in self.ticks:
-            if source in ("fallback", "none"):
+            if source in HELD:
                 start = at if start is None else start
                 last, count = at, count + 1
             elif start is not None and last is not None:
@@ -156,6 +165,9 @@ def build(
     timeline = Timeline(robot, start_ns or 0, end_ns or 0)
     requests: dict[tuple[str, int], Request] = {}
     covered = False
+    # The ticks nearest outside the window, each (ns, held), to tell a stretch cut by its edges.
+    before: tuple[int, bool] | None = None
+    after: tuple[int, bool] | None = None
     for path in recordings:
         header, frames = _read(path)
         if header.client_id and header.client_id != robot:
@@ -163,6 +175,11 @@ def build(
         if not header.start_wall_ns:
             raise TraceError(f"--recording {path}: no clock pair in its header (recorded by an older servo-edge)")
         timeline.fps, timeline.joint_names = header.fps, list(header.joint_names)
+        if frames:
+            first, last = (header.wall_ns(frame.mono_ns) for frame in (frames[0], frames[-1]))
+            assert first is not None
+            assert last is not None
+            timeline.covers.append((first, last, Path(path).name))
         # A tick without a policy action belongs to the episode of the last one that had one.
         current = header.episode_id
         for frame in frames:
@@ -176,6 +193,11 @@ def build(
                 if _inside(wall, timeline, episode, current):
                     timeline.transitions.append((wall, state, reason))
             if not _inside(at, timeline, episode, current):
+                held = frame.source in HELD
+                if episode is None and at < timeline.start_ns and (before is None or at > before[0]):
+                    before = (at, held)
+                elif episode is None and at >= timeline.end_ns and (after is None or at < after[0]):
+                    after = (at, held)
                 continue
             covered = True
             action = None if frame.action is None else decode_tensor(frame.action, dtype="float32")
@@ -187,10 +209,17 @@ def build(
                 request.first_ns = at if request.first_ns is None else request.first_ns
                 request.actions += 1
     if not covered:
-        where = f"episode {episode}" if episode is not None else "the requested time"
-        raise TraceError(f"no recording of {robot!r} covers {where} (check --recording and --at)")
+        where = (
+            f"episode {episode}"
+            if episode is not None
+            else f"{_clock(timeline.start_ns)} to {_clock(timeline.end_ns)} (--at, --window)"
+        )
+        raise TraceError(f"no recording of {robot!r} covers {where}; {coverage(timeline.covers, robot)}")
     if episode is not None:
         timeline.start_ns, timeline.end_ns = timeline.ticks[0][0], timeline.ticks[-1][0]
+    timeline.covers.sort()
+    timeline.held_before = before is not None and before[1]
+    timeline.held_after = after is not None and after[1]
     sessions = {session for session, _ in requests}
     for key, line in audit.items():
         joined = requests.get(key)
@@ -202,6 +231,18 @@ def build(
     timeline.transitions.sort()
     timeline.ticks.sort(key=lambda tick: tick[0])
     return timeline
+
+
+def coverage(covers: list[tuple[int, int, str]], robot: str) -> str:
+    """What the recordings cover, for a person: ``its recordings cover 15:17:53.508 to 15:17:56.742 (ep1.servo)``."""
+    if not covers:
+        return f"no recording given is {robot!r}'s"
+    spans = ", ".join(f"{_clock(first)} to {_clock(last)} ({name})" for first, last, name in sorted(covers))
+    return f"its recordings cover {spans}"
+
+
+def _clock(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def _read(path: str | Path) -> tuple[EpisodeHeader, list[FrameRecord]]:

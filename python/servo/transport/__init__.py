@@ -1,6 +1,6 @@
-"""Zenoh plumbing shared by the server and the client: settings, sessions, QoS, async bridge."""
+"""Zenoh plumbing shared by the server and the client: settings, sessions, QoS, queries."""
 
-from servo.transport.bridge import LoopBridge, direct, query
+from servo.transport.bridge import direct, query
 from servo.transport.certificate import CertificateError, common_name
 from servo.transport.config import (
     DEFAULT_LOCAL_ENDPOINT,
@@ -8,15 +8,16 @@ from servo.transport.config import (
     UsrPwdSettings,
     ZenohSettings,
     exposed_endpoint,
+    loopback_host,
+    off_loopback,
 )
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
-from servo.transport.session import Declared, open_session
+from servo.transport.session import Declared, open_session, zenoh_message
 
 __all__ = [
     "DEFAULT_LOCAL_ENDPOINT",
     "CertificateError",
     "Declared",
-    "LoopBridge",
     "TlsSettings",
     "UsrPwdSettings",
     "ZenohSettings",
@@ -25,6 +26,9 @@ __all__ = [
     "declare_obs_publisher",
     "direct",
     "exposed_endpoint",
+    "loopback_host",
+    "off_loopback",
     "open_session",
     "query",
+    "zenoh_message",
 ]

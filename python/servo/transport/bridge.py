@@ -1,28 +1,21 @@
 """From Zenoh callback threads into the event loop, without ever blocking Zenoh.
 
-Zenoh runs every callback entity on its own Python thread fed by a 256-deep queue; a callback
-that blocks stalls every subscriber of the session (ZENOH_FACTS §2). Callbacks therefore only
-deposit: `LoopBridge.call` schedules a function on the loop with ``call_soon_threadsafe`` and
-returns at once. (anyio's ``from_thread.run_sync`` would block the callback thread until the loop
-ran the function, and measured slower.) servo runs anyio on the asyncio backend (uvloop when
-available), which is what makes the asyncio primitive available.
-
-A function scheduled this way runs in the context of the task that made the bridge, as anyio's
-own thread-to-loop calls do: with ``sniffio`` installed, anyio finds its backend through a
-context variable that `anyio.run` sets, and a callback running in the Zenoh thread's context
-would fail every anyio call (``NoEventLoopError`` on ``TaskGroup.start_soon``, ``anyio.Event()``).
+Zenoh runs every callback entity on its own Python thread fed by a 256-deep queue, or (`direct`)
+on its own network thread; a callback that blocks stalls every subscriber of the session.
+Callbacks therefore only deposit, through `servo.stages.LoopBridge`, which schedules a function
+on the loop and returns at once.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import zenoh
 from zenoh.handlers import Callback
+
+from servo.stages import LoopBridge
 
 #: How long after its own timeout a query waits for Zenoh's drop callback (s).
 DROP_GRACE_S = 2.0
@@ -45,29 +38,6 @@ def direct(fn: Callable[[T], None], drop: Callable[[], None] | None = None) -> C
     (a session's chunks) and a liveliness token a session lives by get a thread of their own.
     """
     return Callback(fn, drop, indirect=False)
-
-
-class LoopBridge:
-    """Schedules calls on the event loop that created it; safe to use from any thread.
-
-    Created on the event-loop thread; `call` is used from Zenoh callback threads.
-    """
-
-    def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._context = contextvars.copy_context()
-        self.closed = False
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop soon; dropped silently once the bridge is closed."""
-        if self.closed:
-            return
-        try:
-            # A copy per call, as asyncio gives every task: what one call sets stays its own.
-            self._loop.call_soon_threadsafe(fn, *args, context=self._context.copy())
-        except RuntimeError:
-            # Zenoh keeps draining queued callbacks after session.close(); the loop may be gone.
-            self.closed = True
 
 
 async def query(
@@ -111,7 +81,7 @@ async def query(
         with anyio.move_on_after(timeout + DROP_GRACE_S):
             await done.wait()
     finally:
-        bridge.closed = True
+        bridge.close()
         if not done.is_set():
             token.cancel()
     return replies

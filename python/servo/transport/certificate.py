@@ -1,4 +1,4 @@
-"""The common name of a PEM certificate, read with a tiny DER walk (no ``cryptography`` on the edge).
+"""The common name and public key of a certificate, read with a tiny DER walk (no ``cryptography`` on the edge).
 
 Behind a ``servo-router`` a robot's name is its certificate's common name (the router's access
 control is keyed by it), so the edge defaults its client id to it. Only what that needs is read:
@@ -6,6 +6,9 @@ the first certificate of the PEM file, its subject, and exactly one CN attribute
 printable, IA5 or BMP string. The walk is bounded (the file, every length checked against what is
 left, no indefinite lengths) and anything else is refused with `CertificateError`: the caller then
 asks for ``--client-id``.
+
+A robot joining with a token that pins the server's certificate (`servo.join`) reads the
+certificate's SubjectPublicKeyInfo the same way (`public_key_info`) and compares its hash.
 """
 
 from __future__ import annotations
@@ -52,12 +55,8 @@ def common_name(path: str | Path) -> str:
         raise CertificateError(f"{path}: {exc}") from None
 
 
-def subject_common_name(der: bytes) -> str:
-    """The subject CN of a DER certificate.
-
-    Raises:
-        CertificateError: malformed, or not exactly one CN in a supported string type.
-    """
+def _to_subject(der: bytes) -> _Reader:
+    """The reader of a DER certificate's TBS fields, positioned at its subject."""
     cert = _Reader(der).one(_SEQUENCE)
     tbs = _Reader(cert).take(_SEQUENCE)
     fields = _Reader(tbs)
@@ -67,7 +66,27 @@ def subject_common_name(der: bytes) -> str:
     fields.take(_SEQUENCE)  # signature algorithm
     fields.take(_SEQUENCE)  # issuer
     fields.take(_SEQUENCE)  # validity
-    subject = _Reader(fields.take(_SEQUENCE))
+    return fields
+
+
+def public_key_info(der: bytes) -> bytes:
+    """The whole SubjectPublicKeyInfo (tag and length included) of a DER certificate.
+
+    Raises:
+        CertificateError: malformed.
+    """
+    fields = _to_subject(der)
+    fields.take(_SEQUENCE)  # subject
+    return fields.raw(_SEQUENCE)
+
+
+def subject_common_name(der: bytes) -> str:
+    """The subject CN of a DER certificate.
+
+    Raises:
+        CertificateError: malformed, or not exactly one CN in a supported string type.
+    """
+    subject = _Reader(_to_subject(der).take(_SEQUENCE))
     names = []
     while not subject.done:
         rdn = _Reader(subject.take(_SET))
@@ -121,6 +140,11 @@ class _Reader:
             raise CertificateError("DER length runs past the end")
         self._pos = pos + length
         return tag, data[pos : pos + length]
+
+    def raw(self, tag: int) -> bytes:
+        start = self._pos
+        self.take(tag)
+        return self._data[start : self._pos]
 
     def take(self, tag: int) -> bytes:
         got, value = self.any()

@@ -43,6 +43,29 @@ _ENCRYPTED = ("tls", "quic")
 _LOCAL = ("unixsock-stream",)
 
 
+def loopback_host(host: str) -> bool:
+    """Whether ``host`` (an address or name, brackets allowed) never leaves this machine."""
+    host = host.strip("[]").split("%")[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def off_loopback(endpoint: str) -> bool:
+    """Whether ``endpoint`` reaches, or is reachable from, other hosts (any protocol but Unix sockets).
+
+    A wildcard listen (``tls/0.0.0.0:7447``, ``tcp/[::]:7447``) and a host name other than
+    ``localhost`` count as off loopback.
+    """
+    proto, _, address = endpoint.partition("/")
+    if proto in _LOCAL:
+        return False
+    return not loopback_host(address.split("?")[0].split("#")[0].rpartition(":")[0])
+
+
 def exposed_endpoint(endpoint: str) -> bool:
     """Whether ``endpoint`` carries plain text to or from other hosts.
 
@@ -50,16 +73,8 @@ def exposed_endpoint(endpoint: str) -> bool:
     ``::1``, ``localhost``); False for ``tls/``, ``quic/`` and Unix sockets. A host name other
     than ``localhost`` counts as another host (it may resolve anywhere).
     """
-    proto, _, address = endpoint.partition("/")
-    if proto in _ENCRYPTED or proto in _LOCAL:
-        return False
-    host = address.split("?")[0].split("#")[0].rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return False
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return True
+    proto = endpoint.partition("/")[0]
+    return proto not in _ENCRYPTED and off_loopback(endpoint)
 
 
 class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -45,6 +45,11 @@ async def open_session(settings: ZenohSettings | zenoh.Config) -> AsyncIterator[
             await anyio.to_thread.run_sync(_close_quietly, session, abandon_on_cancel=True)
 
 
+def zenoh_message(exc: zenoh.ZError) -> str:
+    """A Zenoh error for a person: zenoh appends source paths of its own build (`` at /root/.cargo/…``)."""
+    return str(exc).split(" at /")[0].rstrip(" .!") or type(exc).__name__
+
+
 class Declared(Protocol):
     """A Zenoh entity declared on a session: subscriber, queryable, liveliness token, listener."""
 

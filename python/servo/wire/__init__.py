@@ -39,6 +39,7 @@ from servo.wire.messages import (
     Trajectory,
     TrajectoryList,
     TrajectoryRequest,
+    Tuning,
 )
 from servo.wire.telemetry import (
     TELEMETRY_SELECTOR,
@@ -53,6 +54,7 @@ from servo.wire.tensor import Tensor, decode_floats, decode_tensor, encode_tenso
 from servo.wire.trust import (
     ack_transcript,
     fingerprint,
+    join_transcript,
     notice_transcript,
     open_transcript,
     parse_fingerprint,
@@ -99,6 +101,7 @@ __all__ = [
     "TrajectoryList",
     "TrajectoryRequest",
     "Transition",
+    "Tuning",
     "WireError",
     "ack_transcript",
     "alive_selector",
@@ -113,6 +116,7 @@ __all__ = [
     "encode_image",
     "encode_tensor",
     "fingerprint",
+    "join_transcript",
     "jpeg_dimensions",
     "notice_transcript",
     "open_telemetry",

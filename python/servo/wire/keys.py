@@ -26,6 +26,7 @@ record for monitors lives outside any replica, under ``@servo/@robots/<client>/t
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass
 
 from servo.logs import CONTROL_CHARACTERS
@@ -57,6 +58,20 @@ def segment(value: str, *, what: str = "key segment") -> str:
     if value.startswith("@"):
         raise WireError(f"{what} {value!r} must not start with '@' (reserved for verbatim chunks)")
     return value
+
+
+def host_server_id(pid: int) -> str:
+    """A server's id on this machine: ``<host>-<pid>`` (its replica id unless the manifest names one)."""
+    return f"{slugify(socket.gethostname())}-{pid}"
+
+
+def on_this_host(server_id: str) -> bool:
+    """Whether a server's id (`host_server_id`) says it runs on this machine."""
+    host, _, pid = server_id.rpartition("-")
+    try:
+        return pid.isdigit() and host == slugify(socket.gethostname())
+    except WireError:
+        return False
 
 
 def slugify(text: str, *, what: str = "key segment") -> str:

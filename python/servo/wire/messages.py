@@ -52,6 +52,8 @@ OptionalSignature = Annotated[bytes, msgspec.Meta(max_length=_core.SIGNATURE_SIZ
 OptionalPublicKey = Annotated[bytes, msgspec.Meta(max_length=_core.PUBLIC_KEY_SIZE)]
 #: A random value that makes a signed answer fresh (`NONCE_SIZE` bytes when set).
 Nonce = Annotated[bytes, msgspec.Meta(max_length=32)]
+#: A join token's id (`servo.join`): lowercase base32, or empty.
+JoinId = Annotated[str, msgspec.Meta(max_length=16, pattern="^[a-z2-7]*$")]
 #: Bytes of the nonces servo draws.
 NONCE_SIZE = 16
 Pixels = Annotated[int, msgspec.Meta(ge=1, le=65_535)]
@@ -92,6 +94,35 @@ class Features(msgspec.Struct, frozen=True):
     action_units: FeatureNames = []
 
 
+class Tuning(msgspec.Struct, frozen=True):
+    """The policy's own options that fix a chunk too short for its forward, as its configuration names them.
+
+    What every "chunks too short" advice names (the server's capacity plan, the edge's warning):
+    ``chunk`` sets the chunk length (``chunk_size``; a Diffusion policy's ``n_action_steps``),
+    at most ``chunk_max`` with the rest of the configuration as it is (0: no bound known; then
+    ``chunk_max_why`` says what bounds it); ``faster`` are options that make a forward cheaper,
+    each with its value now (``num_inference_steps = 100``).
+    """
+
+    chunk: Name = "chunk_size"
+    chunk_max: NonNegativeInt = 0
+    chunk_max_why: Name = ""
+    faster: Annotated[list[Name], msgspec.Meta(max_length=8)] = []
+
+    def longer_chunk(self, needed: int) -> str:
+        """The fix on the chunk's side: ``a longer chunk (n_action_steps >= 36; at most 15 here: …)``."""
+        bound = ""
+        if self.chunk_max and needed > self.chunk_max:
+            bound = f"; at most {self.chunk_max} here: {self.chunk_max_why}" if self.chunk_max_why else ""
+        return f"a longer chunk ({self.chunk} >= {needed}{bound})"
+
+    def faster_forward(self) -> str:
+        """The fix on the forward's side, naming the policy's own options when it has some."""
+        options = f"lower {', '.join(self.faster)}, " if self.faster else ""
+        gpu = "a GPU: servo-serve --device cuda"
+        return f"a faster forward ({options}{gpu}, fewer or lower-resolution cameras, a smaller model)"
+
+
 class PolicyInfo(msgspec.Struct, frozen=True):
     """What a server serves, as reported by status and session ack."""
 
@@ -106,6 +137,7 @@ class PolicyInfo(msgspec.Struct, frozen=True):
     default_task: str = ""
     pin_task: bool = False
     strict_fps: bool = False
+    tuning: Tuning = Tuning()
 
 
 class StatusReply(msgspec.Struct, frozen=True):
@@ -157,6 +189,8 @@ class SessionOpen(msgspec.Struct, frozen=True):
     key is derived from it, never sent). ``resume`` proves the client holds the key of its
     current session on this replica, so the new session may replace it: an attachment sealed
     with the old key over `servo.wire.trust.resume_body` of ``client_key``, or empty.
+    ``join_id`` and ``join_signature`` prove a join token (`servo.join`): the signature, by the
+    token's key, over `servo.wire.trust.join_transcript`, enrols a robot nobody enrolled yet.
     """
 
     client_id: Name
@@ -172,6 +206,8 @@ class SessionOpen(msgspec.Struct, frozen=True):
     robot_key: OptionalPublicKey = b""
     nonce: Nonce = b""
     robot_signature: OptionalSignature = b""
+    join_id: JoinId = ""
+    join_signature: OptionalSignature = b""
 
 
 class SessionAck(msgspec.Struct, frozen=True):

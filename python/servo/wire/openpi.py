@@ -44,6 +44,10 @@ _MAX_NDIM = 8
 _MAX_DEPTH = 16
 #: Control messages of openpi's protocol (``{"__ctrl__": "episode_start", ...}``).
 CONTROL_KEY = "__ctrl__"
+#: Where frames are unless the manifest maps a camera elsewhere: ``images/<camera>``.
+IMAGES = "images"
+#: The most a frame is enlarged to the policy's input; a smaller frame is refused (a 1x1 "image").
+MAX_UPSCALE = 8
 
 FloatArray = npt.NDArray[np.float32]
 Frame = npt.NDArray[np.uint8]
@@ -63,7 +67,7 @@ class ObservationKeys(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def camera_key(self, camera: str) -> str:
         """The key a camera's frame is read from."""
-        return self.cameras.get(camera, f"images/{camera}")
+        return self.cameras.get(camera, f"{IMAGES}/{camera}")
 
 
 @dataclass(frozen=True)
@@ -208,11 +212,40 @@ def read_observation(obs: Any, keys: ObservationKeys, features: Features) -> Pol
     """
     if not isinstance(obs, Mapping):
         raise WireError(f"an observation must be a dict, got {type(obs).__name__}")
-    return PolicyInput(
-        state=_state(obs, keys.state, features.state_names),
-        images={name: _frame(obs, keys.camera_key(name), name) for name in features.cameras},
-        prompt=_prompt(obs, keys.prompt),
-    )
+    state = _state(obs, keys.state, features.state_names)
+    images = {}
+    for name, size in features.cameras.items():
+        key = keys.camera_key(name)
+        images[name] = _frame(obs, key, name)
+        _refuse_tiny(images[name], key, name, size)
+    _refuse_unknown_cameras(obs, keys, features)
+    return PolicyInput(state=state, images=images, prompt=_prompt(obs, keys.prompt))
+
+
+def _refuse_unknown_cameras(obs: Mapping[str, Any], keys: ObservationKeys, features: Features) -> None:
+    """A frame under ``images/`` that no camera of the policy reads would be dropped without a word."""
+    read = {keys.camera_key(name) for name in features.cameras}
+    nested = obs.get(IMAGES)
+    sent = [f"{IMAGES}/{name}" for name in nested] if isinstance(nested, Mapping) else []
+    sent += [key for key in obs if isinstance(key, str) and key.startswith(f"{IMAGES}/")]
+    for key in sent:
+        if key not in read:
+            raise WireError(
+                f"{key!r}: the policy has no camera {key.removeprefix(IMAGES + '/')!r} (it has "
+                f"{', '.join(features.cameras) or 'none'}); send only its cameras, or map yours in "
+                "[frontends.openpi.observation] cameras"
+            )
+
+
+def _refuse_tiny(frame: Frame, key: str, camera: str, size: CameraFeature) -> None:
+    """A frame the server would have to enlarge more than `MAX_UPSCALE` times is no camera's."""
+    need = (-(-size.height // MAX_UPSCALE), -(-size.width // MAX_UPSCALE))
+    if frame.shape[0] < need[0] or frame.shape[1] < need[1]:
+        raise WireError(
+            f"{key!r} (camera {camera!r}): a {frame.shape[0]}x{frame.shape[1]} frame; the policy takes "
+            f"{size.height}x{size.width} and frames are enlarged at most {MAX_UPSCALE}x: send at least "
+            f"{need[0]}x{need[1]} (height x width)"
+        )
 
 
 def frame_sizes(images: Mapping[str, Frame]) -> dict[str, CameraFeature]:

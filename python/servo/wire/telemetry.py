@@ -64,7 +64,9 @@ class EdgeTelemetry(msgspec.Struct, frozen=True):
     that joins late still knows why the robot is where it is. Latencies are milliseconds;
     ``None`` where nothing was measured yet. ``codec`` is the camera codec in use (``raw``,
     ``jpeg90``…, empty for a local engine); ``replica`` the replica serving the robot (empty
-    while it has none).
+    while it has none). ``goodbye`` is set on the last record of a run that ended on purpose
+    (why it stopped: ``signal``, ``duration``…), so a monitor tells a stopped robot from one that
+    went silent; empty while the robot runs.
     """
 
     client_id: Name
@@ -88,6 +90,7 @@ class EdgeTelemetry(msgspec.Struct, frozen=True):
     chunks_rejected: Annotated[dict[Name, Count], msgspec.Meta(max_length=32)] = {}
     last_transition: Transition | None = None
     transitions: Annotated[list[Transition], msgspec.Meta(max_length=MAX_TRANSITIONS)] = []
+    goodbye: Reason = ""
 
     def __post_init__(self) -> None:
         """Refuse non-finite latencies (msgspec turns the ValueError into a decode error)."""

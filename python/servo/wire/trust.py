@@ -10,6 +10,9 @@ ack or a trajectory).
   resume proof) and the replica's key prefix and nonce, so an open can be neither altered, nor
   sent to another replica, nor replayed once the nonce is old (the server refuses a nonce it
   did not hand out in the last minute, and an X25519 key it saw already).
+* `join_transcript`: what a join token's key signs (`servo.join`): the open transcript under its
+  own context, so the proof is bound to this open (its nonce, X25519 key, robot key and name, the
+  replica) and worth nothing for any other.
 * `ack_transcript`: what a replica's Ed25519 identity signs in a `SessionAck`. It binds the
   client's and the server's ephemeral X25519 keys, the session id and the replica: an edge that
   verifies it knows that the session key it derives is shared with the holder of that identity,
@@ -48,6 +51,7 @@ OPEN_CONTEXT = b"servo/2 session-open\0"
 TRAJECTORY_CONTEXT = b"servo/2 trajectory\0"
 REJECTION_CONTEXT = b"servo/2 trajectory-refused\0"
 NOTICE_CONTEXT = b"servo/2 keyless-notice\0"
+JOIN_CONTEXT = b"servo/2 join-token\0"
 
 
 def open_transcript(request: SessionOpen, prefix: str) -> bytes:
@@ -67,7 +71,14 @@ def open_transcript(request: SessionOpen, prefix: str) -> bytes:
         request.robot_key,
         request.nonce,
     ]
+    if request.join_id:  # added by joins only: the transcript of every other open is unchanged
+        fields.append(request.join_id)
     return OPEN_CONTEXT + msgspec.msgpack.encode(fields)
+
+
+def join_transcript(request: SessionOpen, prefix: str) -> bytes:
+    """The bytes a `SessionOpen.join_signature` signs: the open transcript, under the join context."""
+    return JOIN_CONTEXT + open_transcript(request, prefix)[len(OPEN_CONTEXT) :]
 
 
 def trajectory_transcript(nonce: bytes, replica: str, name: str, payload: bytes) -> bytes:
@@ -99,9 +110,29 @@ def resume_body(client_key: bytes) -> bytes:
     return RESUME_CONTEXT + client_key
 
 
+def b64(data: bytes) -> str:
+    """Urlsafe base64 without padding: how identities and join tokens write bytes."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unb64(text: str, size: int) -> bytes:
+    """The ``size`` bytes ``text`` (`b64`) encodes, in its one canonical spelling.
+
+    Raises:
+        WireError: not urlsafe base64, or not of ``size`` bytes.
+    """
+    try:
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        raise WireError("is not urlsafe base64") from None
+    if len(data) != size or b64(data) != text:
+        raise WireError(f"does not encode {size} bytes")
+    return data
+
+
 def fingerprint(public_key: bytes) -> str:
     """``ed25519:<urlsafe base64, no padding>`` of a 32-byte Ed25519 public key."""
-    return FINGERPRINT_PREFIX + base64.urlsafe_b64encode(public_key).rstrip(b"=").decode()
+    return FINGERPRINT_PREFIX + b64(public_key)
 
 
 def parse_fingerprint(text: str) -> bytes:
@@ -112,11 +143,7 @@ def parse_fingerprint(text: str) -> bytes:
     """
     if not text.startswith(FINGERPRINT_PREFIX):
         raise WireError(f"fingerprint {text[:80]!r} does not start with {FINGERPRINT_PREFIX!r}")
-    encoded = text[len(FINGERPRINT_PREFIX) :]
     try:
-        key = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-    except (binascii.Error, ValueError):
-        raise WireError(f"fingerprint {text[:80]!r} is not urlsafe base64") from None
-    if len(key) != PUBLIC_KEY_SIZE or fingerprint(key) != text:
-        raise WireError(f"fingerprint {text[:80]!r} does not encode a {PUBLIC_KEY_SIZE}-byte key")
-    return key
+        return unb64(text[len(FINGERPRINT_PREFIX) :], PUBLIC_KEY_SIZE)
+    except WireError as exc:
+        raise WireError(f"fingerprint {text[:80]!r} {exc}") from None

@@ -93,5 +93,6 @@ def test_a_camera_without_frames_is_one_line_at_connect(ros_env: RosEnv) -> None
     with pytest.raises(ConnectionError) as caught:
         cameras.connect()
     assert str(caught.value) == (
-        f"ROS 2 robot: camera 'front' got no rgb8/bgr8 frame of 64x48 on {ros_env.namespace}/nothing_here within 0.5 s"
+        f"ROS 2 robot: camera 'front' got no rgb8/bgr8 frame of 64x48 on {ros_env.namespace}/nothing_here within 0.5 s "
+        f"(dds, domain {ros_env.domain_id}: is the camera publishing there, with this ROS_DOMAIN_ID?)"
     )

@@ -122,7 +122,8 @@ class Ros2Cameras:
                     raise ConnectionError(
                         f"ROS 2 robot: camera {camera.name!r} got no {'jpeg ' if camera.compressed else 'rgb8/bgr8 '}"
                         f"frame of {camera.spec.width}x{camera.spec.height} on {camera.topic} "
-                        f"within {self.setup.connect_timeout_s:g} s"
+                        f"within {self.setup.connect_timeout_s:g} s ({self.setup.transport}, domain "
+                        f"{self.setup.domain_id}: is the camera publishing there, with this ROS_DOMAIN_ID?)"
                     )
         except BaseException:
             self.disconnect()

@@ -47,7 +47,9 @@ class Ros2Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         doc("The policy's joints in its order: POLICY_NAME=ROBOT_JOINT, or ROBOT_JOINT if the same.", min_length=1),
     ]
     rest_pose: Annotated[tuple[float, ...], doc("Where to park, one value per joint in the policy's order (rad, m).")]
-    urdf: Annotated[str, doc("URDF file whose <limit lower upper velocity> bound the joints.")] = ""
+    urdf: Annotated[
+        str, doc("URDF file whose <limit lower upper velocity> bound the joints (or give lower, upper, max_velocity).")
+    ] = ""
     lower: Annotated[tuple[float, ...] | None, doc("Lower position limits (overrides the URDF).")] = None
     upper: Annotated[tuple[float, ...] | None, doc("Upper position limits (overrides the URDF).")] = None
     max_velocity: Annotated[tuple[float, ...] | None, doc("Speed limits per second (overrides the URDF).")] = None

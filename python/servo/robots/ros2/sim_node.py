@@ -75,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--camera", action="append", default=[], help="NAME:TOPIC:WxH[@FPS] (repeatable).")
     parser.add_argument("--bgr", action="store_true", help="Publish raw images as bgr8 instead of rgb8.")
     parser.add_argument("--namespace", default="")
-    parser.add_argument("--domain-id", type=int, default=0)
+    parser.add_argument(
+        "--domain-id",
+        type=int,
+        default=int(os.environ.get("ROS_DOMAIN_ID", "").strip() or 0),
+        help="DDS domain (default: $ROS_DOMAIN_ID, else 0, as a ROS node).",
+    )
     parser.add_argument("--transport", choices=("dds", "zenoh"), default="dds")
     parser.add_argument("--zenoh-connect", default="tcp/localhost:7447", help="transport zenoh: the router.")
     parser.add_argument("--sim-time", action="store_true", help="Stamp headers with seconds since start.")

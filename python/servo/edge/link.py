@@ -1,0 +1,101 @@
+"""How the remote engine joins the Zenoh network: a join token first, retries, no peer beside a router.
+
+`open_link` runs before the first session:
+
+1. With ``--join``, whom to trust comes from the token before anything is dialled
+   (`servo.client.join`): the server's identity in ``known_servers``, and its certificate fetched
+   and pinned when the token pins one and no ``--tls-root-ca`` is given (retried like the link).
+2. The Zenoh session opens, retried until ``connect_timeout_s`` (a Zenoh client's ``open`` fails
+   at once while nothing listens).
+3. A robot in ``peer`` mode that finds itself linked to a router is refused before it declares
+   anything, unless ``--peer-beside-router``: the router announces every peer to every other
+   one, and peers link directly, past the router's access control (another robot in peer mode
+   read a robot's observations so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import anyio
+import msgspec
+import zenoh
+
+from servo.client.errors import UntrustedServer
+from servo.client.join import JoinError, pinned_certificate, trust_server
+from servo.client.known import deployment
+from servo.edge.backoff import Backoff
+from servo.edge.config import EdgeConfig
+from servo.edge.errors import EdgeStartError
+from servo.transport import open_session, zenoh_message
+
+
+def _backoff(config: EdgeConfig) -> Backoff:
+    link = config.link
+    return Backoff(link.reconnect_initial_backoff_s, link.reconnect_max_backoff_s, deadline_s=link.connect_timeout_s)
+
+
+async def prepare_join(config: EdgeConfig) -> EdgeConfig:
+    """``config`` once its join token (if any) is acted on: its server trusted, its certificate pinned.
+
+    Raises:
+        EdgeStartError: the certificate cannot be fetched in time, or is not the one pinned.
+    """
+    token = config.security.join_token()
+    if token is None:
+        return config
+    security, server = config.security, config.server
+    selector = deployment(server.app or None, server.model or None)
+    try:
+        await anyio.to_thread.run_sync(trust_server, token, selector, security.known())
+    except UntrustedServer as exc:
+        raise EdgeStartError(str(exc), refused=True) from None
+    if security.tls_root_ca or not token.certificate:
+        return config
+    backoff = _backoff(config)
+    while True:
+        try:
+            path = await anyio.to_thread.run_sync(pinned_certificate, token, config.link.connect)
+            break
+        except JoinError as exc:
+            if exc.refused or not await backoff.wait():
+                raise EdgeStartError(str(exc), refused=exc.refused) from None
+    if path is None:
+        return config
+    return msgspec.structs.replace(config, security=msgspec.structs.replace(security, tls_root_ca=str(path)))
+
+
+async def open_link(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zenoh.Session:
+    """The robot's Zenoh session, entered into ``stack`` (module docstring, steps 2 and 3).
+
+    Raises:
+        EdgeStartError: nothing answers within ``connect_timeout_s``, or peer mode beside a router.
+    """
+    settings = config.zenoh_settings()
+    backoff = _backoff(config)
+    while True:
+        try:
+            zsession = await stack.enter_async_context(open_session(settings))
+            break
+        except zenoh.ZError as exc:
+            problem = zenoh_message(exc)
+        if not await backoff.wait():
+            raise no_server(config, problem)
+    if config.link.zenoh_mode == "peer" and not config.security.peer_beside_router and zsession.info.routers_zid():
+        raise EdgeStartError(
+            f"link.zenoh_mode = 'peer' while {config.link.connect[0]!r} is a router: the peers it announces would "
+            "link to this robot directly, past its access control; use --zenoh-mode client, or accept that with "
+            "--peer-beside-router ([security] peer_beside_router = true)",
+            refused=True,
+        )
+    return zsession
+
+
+def no_server(config: EdgeConfig, problem: str) -> EdgeStartError:
+    """The one-line start error when no usable server answered within ``connect_timeout_s``."""
+    link = config.link
+    return EdgeStartError(
+        f"no usable servo server at {', '.join(link.connect)} within {link.connect_timeout_s:g} s ({problem}); "
+        "is servo-serve running there? (--connect, --connect-timeout-s)",
+        refused=False,
+    )

@@ -1,0 +1,236 @@
+"""The exposure census: every socket and every Zenoh declaration is in the threat model, and guarded.
+
+A server (loopback default, and the CLI's suggested LAN set-up ``tls/0.0.0.0`` with the openpi door
+off loopback), a robot, a monitor and a router run in this process; the census lists what they
+listen on (from the operating system) and what they declare (`tests.security.census`), and
+checks each against `servo.threat_model`. Then a stranger, with nothing but what the network
+shows it (the self-signed certificate, the keys it sees), uses each door whose row says strangers
+are refused, and is refused. The README's table is the threat model's, row for row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import numpy as np
+import psutil
+import pytest
+import zenoh
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from websockets.exceptions import InvalidStatus
+
+from servo._core import SessionKey
+from servo.cli.console import Console
+from servo.cli.listen import secure_listen
+from servo.cli.robots import main as robots_cli
+from servo.client import SessionRejected
+from servo.frontends import frontends_of
+from servo.monitor import MonitorConfig, run_monitor
+from servo.router import load_fleet, run_router
+from servo.server.manifest import parse_manifest
+from servo.server.service import PolicyServer, ServerReady
+from servo.threat_model import DOORS, Door, markdown_table
+from servo.transport import query
+from servo.wire import Rejection, decode
+from tests.frontends.helpers import aloha_obs, blocking
+from tests.router.harness import Credentials, fleet_toml
+from tests.security.census import Census, as_component, listening_ports
+from tests.security.lan import certificate_of, lan_client, robot_files
+from tests.security.peers import ChunkForger, EdgeRig, closing, edge_rig, sim_policy_spec
+from tests.server.helpers import metric, open_on
+from tests.server.policies import FixedComputePolicy
+from tests.support import eventually, free_port
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+]
+README = Path(__file__).parents[2] / "README.md"
+FORGED = 12.5
+
+
+def socket_row(setting: str) -> Door:
+    (door,) = [d for d in DOORS if d.kind == "socket" and d.where.startswith(setting)]
+    return door
+
+
+def manifest_text(lan: bool, port: int, health: int) -> str:
+    listen = f"tls/0.0.0.0:{port}" if lan else f"tcp/127.0.0.1:{port}"
+    door = "0.0.0.0:0" if lan else "127.0.0.1:0"
+    return (
+        f'[model]\nsource = "injected"\nwarmup = 1\n[zenoh]\nlisten = ["{listen}"]\n'
+        f'[ops]\nhealth_port = {health}\n[frontends.openpi]\nlisten = "{door}"\n'
+    )
+
+
+@contextlib.asynccontextmanager
+async def fleet(
+    lan: bool, tmp_path: Path, census: Census
+) -> AsyncIterator[tuple[PolicyServer, ServerReady, EdgeRig, dict[int, Door]]]:
+    """Server (with its openpi door), a robot and a monitor; yields them and the sockets they own."""
+    port, health = free_port(), free_port()
+    manifest, _ = secure_listen(parse_manifest(manifest_text(lan, port, health)))
+    policy = FixedComputePolicy(compute_ms=10, **sim_policy_spec(chunk_size=20))
+    server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest))
+    scheme = "tls" if lan else "tcp"
+    async with anyio.create_task_group() as tg:
+        async with contextlib.AsyncExitStack() as stack:
+            with as_component("servo-serve"):
+                ready: ServerReady = await tg.start(server.run)
+            stack.callback(server.drain)
+            edge = {"connect": [f"{scheme}/127.0.0.1:{port}"], **robot_files(tmp_path, "robot-7")}
+            if lan:
+                edge["join"] = ready.join_token
+            with as_component("servo-edge"):
+                rig = await stack.enter_async_context(edge_rig(port, tmp_path, "robot-7", **edge))
+            monitor = MonitorConfig(
+                connect=[f"{scheme}/127.0.0.1:{port}"], tls_root_ca=certificate_of(server) if lan else "", http_port=0
+            )
+            with as_component("servo-monitor"):
+                watching = await tg.start(run_monitor, monitor)
+            await eventually(lambda: rig.engine.chunks_received >= 2, 30, "the robot streaming")
+            sockets = {
+                port: socket_row("zenoh.listen"),
+                health: socket_row("ops.health_host"),
+                int(ready.frontends["openpi"].rsplit(":", 1)[1]): socket_row("frontends.openpi.listen"),
+                watching.http_port: socket_row("--http-host"),
+            }
+            yield server, ready, rig, sockets
+        tg.cancel_scope.cancel()
+
+
+def check_census(census: Census, sockets: dict[int, Door], *, loopback_only: bool) -> None:
+    assert census.unmatched() == []
+    listening = listening_ports()
+    assert set(listening) == set(sockets), f"sockets the threat model does not name: {set(listening) - set(sockets)}"
+    assert all(kind == "tcp" for kind in listening.values())
+    if loopback_only:
+        addresses = {c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
+        assert addresses == {"127.0.0.1"}
+    for child in psutil.Process().children(recursive=True):  # the robot's control process
+        assert [c for c in child.net_connections("inet") if c.status == "LISTEN"] == []
+
+
+async def openpi_client(port: int, key: str | None, *, tls: bool) -> float:
+    uri = f"{'wss' if tls else 'ws'}://127.0.0.1"
+
+    def run() -> float:
+        client = WebsocketClientPolicy(uri, port, api_key=key)
+        try:
+            return float(client.infer(aloha_obs(2.0, size=(48, 64)))["actions"][0][0])
+        finally:
+            client._ws.close()
+
+    return await blocking(run)
+
+
+async def test_the_loopback_quick_start_exposes_only_what_the_threat_model_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    census = Census()
+    census.install(monkeypatch)
+    async with fleet(False, tmp_path, census) as (_server, ready, _rig, sockets):
+        port = int(ready.frontends["openpi"].rsplit(":", 1)[1])
+        assert await openpi_client(port, None, tls=False) == pytest.approx(2.0)  # its sessions declare too
+        check_census(census, sockets, loopback_only=True)
+    assert {d.component for d in census.declarations} == {"servo-serve", "servo-edge", "servo-monitor"}
+
+
+async def test_a_lan_server_exposes_only_what_the_threat_model_names_and_strangers_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    census = Census()
+    census.install(monkeypatch)
+    assert robots_cli(["api-key", "lab-pc"], Console(live=False)) == 0
+    key = capsys.readouterr().out.strip()
+    async with fleet(True, tmp_path, census) as (server, ready, rig, sockets):
+        door_port = int(ready.frontends["openpi"].rsplit(":", 1)[1])
+        openpi = server.manifest.frontends.openpi
+        assert openpi is not None
+        monkeypatch.setenv("SSL_CERT_FILE", openpi.certificate)
+        assert await openpi_client(door_port, key, tls=True) == pytest.approx(2.0)
+        check_census(census, sockets, loopback_only=False)
+        zenoh_port = next(p for p, d in sockets.items() if d.where.startswith("zenoh.listen"))
+        refused = await strangers(server, ready, rig, zenoh_port, door_port, tmp_path)
+    assert rig.summary is not None
+    assert not any(np.isclose(m.chunk_robot, FORGED).any() for m in rig.merges.merges)
+    guarded = {(d.component, d.kind, d.where) for d in DOORS if d.stranger_refused and d.component == "servo-serve"}
+    guarded |= {("servo-edge", "subscriber", "@servo/*/*/*/c/*/action")}
+    assert guarded <= refused
+
+
+def observations_rejected(server: PolicyServer) -> float:
+    reasons = ("header", "session", "mac", "too_large")
+    return sum(metric(server, "servo_observations_rejected_total", reason=r) for r in reasons)
+
+
+async def strangers(
+    server: PolicyServer, ready: ServerReady, rig: EdgeRig, zenoh_port: int, door_port: int, tmp_path: Path
+) -> set[tuple[str, str, str]]:
+    """Mallory uses every guarded door of the LAN set-up; the rows whose use was refused."""
+    refused: set[tuple[str, str, str]] = set()
+
+    def row(component: str, kind: str, key: str) -> None:
+        door = next(d for d in DOORS if (d.component, d.kind) == (component, kind) and d.where == key)
+        refused.add((door.component, door.kind, door.where))
+
+    async with lan_client(server, zenoh_port, tmp_path, "mallory") as mallory:
+        with pytest.raises(SessionRejected, match="is not enrolled"):
+            await open_on(mallory, ready)
+        row("servo-serve", "socket", socket_row("zenoh.listen").where)
+        row("servo-serve", "queryable", "@servo/*/*/*/c/*/session")
+        z = mallory.zsession
+        (legacy,) = await query(z, f"{ready.keys.prefix}/session", payload=b"\x80", timeout=5)
+        assert legacy.err is not None
+        assert decode(legacy.err.payload.to_bytes(), Rejection).code == "schema_version"
+        row("servo-serve", "queryable", "@servo/*/*/*/session")
+        (control,) = await query(z, ready.keys.client("robot-7").control, payload=b"close", timeout=5)
+        assert control.err is not None
+        assert decode(control.err.payload.to_bytes(), Rejection).code in ("unauthenticated", "unknown_session")
+        row("servo-serve", "queryable", "@servo/*/*/*/c/*/control")
+        rejected = observations_rejected(server)
+        obs = ready.keys.client("robot-7").obs
+        forger = ChunkForger(z, obs, FORGED, key=SessionKey(bytes(range(32))))
+        with closing(forger):
+            await eventually(lambda: forger.forged >= 3, 30, "forged chunks sent at robot-7")
+            for _ in range(3):
+                z.put(obs, b"\x00" * 64, attachment=b"\x01" * 62)
+            await eventually(lambda: observations_rejected(server) >= rejected + 3, 15, "garbage observations dropped")
+            client = rig.engine.client
+            assert client is not None
+            await eventually(lambda: sum(client.counters.chunks_rejected.values()) >= 1, 15, "forged chunks dropped")
+        row("servo-serve", "subscriber", "@servo/*/*/*/c/*/obs")
+        row("servo-edge", "subscriber", "@servo/*/*/*/c/*/action")
+
+    def no_key() -> int:
+        with pytest.raises(InvalidStatus) as caught:
+            WebsocketClientPolicy("wss://127.0.0.1", door_port)
+        return caught.value.response.status_code
+
+    assert await blocking(no_key) == 401
+    row("servo-serve", "socket", socket_row("frontends.openpi.listen").where)
+    return refused
+
+
+async def test_the_router_listens_only_where_its_fleet_file_says_and_refuses_strangers(tmp_path: Path) -> None:
+    creds = Credentials(tmp_path)
+    port = free_port()
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(fleet_toml("mtls", port, creds.pki, None))
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_router, load_fleet(fleet_file))
+        assert set(listening_ports()) == {port}
+        assert socket_row("[router] listen").component == "servo-router"
+        stranger = creds.mtls("robot-7", port)
+        no_certificate = stranger.to_config()
+        no_certificate.insert_json5("transport/link/tls/enable_mtls", "false")
+        with pytest.raises(zenoh.ZError):
+            zenoh.open(no_certificate).close()
+        tg.cancel_scope.cancel()
+
+
+def test_the_readme_table_is_the_threat_model() -> None:
+    assert markdown_table() in README.read_text()

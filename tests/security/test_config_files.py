@@ -1,0 +1,94 @@
+"""The files that decide whom a machine trusts are this user's alone, or refused in one line.
+
+Issue 29: a ``robot.key`` that was a link to another user's file was used; a world-writable servo
+directory was used silently; a ``known_servers`` owned by another user was accepted; and the
+temporary file written beside ``known_servers`` followed a link and overwrote a file of root's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servo._core import ServerIdentity
+from servo.client import UntrustedServer
+from servo.client.known import KnownServers
+from servo.identity import IdentityError, load_identity, robot_identity
+
+#: A user id that is not this process's (files are given to it with chown, as root only).
+OTHER_UID = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+
+
+def other_users_identity(path: Path) -> Path:
+    """A valid identity file owned by another user (mode 0600, as its owner would keep it)."""
+    load_identity(path)
+    os.chown(path, OTHER_UID, OTHER_UID)
+    return path
+
+
+@as_root
+def test_a_robot_key_linked_to_another_users_file_is_refused(servo_config_dir: Path, tmp_path: Path) -> None:
+    victim = other_users_identity(tmp_path / "their.key")
+    servo_config_dir.mkdir(mode=0o700)
+    (servo_config_dir / "robot.key").symlink_to(victim)
+    with pytest.raises(IdentityError, match=r"robot\.key: identity key is a symbolic link.*remove it"):
+        robot_identity()
+
+
+@as_root
+def test_a_key_of_another_user_is_refused_naming_the_owner(tmp_path: Path) -> None:
+    key = other_users_identity(tmp_path / "robot.key")
+    with pytest.raises(IdentityError, match=rf"robot\.key: identity key is owned by user {OTHER_UID}"):
+        load_identity(key)
+
+
+def test_a_servo_directory_others_may_write_is_refused_in_one_line(servo_config_dir: Path) -> None:
+    servo_config_dir.mkdir(mode=0o700)
+    servo_config_dir.chmod(0o777)
+    command = [sys.executable, "-m", "servo.cli.edge", "--identity"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert f"{servo_config_dir}: " in line
+    assert "writable by others (mode 0777)" in line
+    assert f"chmod go-w {servo_config_dir}" in line
+    assert not (servo_config_dir / "robot.key").exists()  # nothing written where others could swap it
+
+
+@as_root
+def test_known_servers_of_another_user_are_refused(tmp_path: Path) -> None:
+    known = KnownServers(tmp_path / "known_servers")
+    known.replace("*/*", [ServerIdentity.generate().public_key])
+    os.chown(known.path, OTHER_UID, OTHER_UID)
+    with pytest.raises(UntrustedServer, match=rf"known_servers: known servers is owned by user {OTHER_UID}"):
+        known.identities("*/*")
+
+
+def test_writing_known_servers_never_follows_a_planted_link(tmp_path: Path) -> None:
+    """The temporary file had a predictable name and was opened with O_TRUNC: whoever planted a
+    link under that name (in a directory it could once write) had this user overwrite any file."""
+    directory = tmp_path / "servo"
+    directory.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    for name in (f".known_servers.{os.getpid()}", f".known_servers.{os.getpid()}.tmp"):
+        (directory / name).symlink_to(victim)
+    known = KnownServers(directory / "known_servers")
+    identity = ServerIdentity.generate().public_key
+    known.replace("*/*", [identity])
+    assert victim.read_text() == "root's file\n"
+    assert known.identities("*/*") == {identity}
+    assert not known.path.is_symlink()
+
+
+def test_known_servers_that_are_a_link_are_refused(tmp_path: Path) -> None:
+    elsewhere = KnownServers(tmp_path / "elsewhere")
+    elsewhere.replace("*/*", [ServerIdentity.generate().public_key])
+    (tmp_path / "known_servers").symlink_to(elsewhere.path)
+    with pytest.raises(UntrustedServer, match=r"known_servers: known servers is a symbolic link"):
+        KnownServers(tmp_path / "known_servers").entries()
