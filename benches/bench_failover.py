@@ -31,7 +31,8 @@ Measure::
 
 ``FAILOVER_BENCH_KILLS`` (default 20) / ``FAILOVER_BENCH_FREEZES`` (default 3) /
 ``FAILOVER_BENCH_RESTARTS`` (default 5) rounds per topology; ``FAILOVER_BENCH_HOGS=N`` runs
-the rounds beside N busy loops (`testbed.load`), to measure at load.
+the rounds beside N busy loops (`testbed.load`), to measure at load (paused while a killed
+replica starts again, until it is ready: at load 16 that alone takes minutes).
 Targets: first fresh action <= 0.5 s + one inference after the kill; a kill noticed <= 0.3 s on
 a quiet machine, a freeze within the lease; the restarted replica holds the edge's session
 <= 0.2 s after it is ready.
@@ -202,8 +203,12 @@ async def _replicas(workdir: Path, router_port: int | None) -> AsyncIterator[dic
 Times = dict[str, list[float]]
 
 
-async def measure(workdir: Path, topology: str, rounds: dict[str, int], seed: int) -> Times:
-    """Seconds from each kill, freeze (or ready) to the loss noticed, the new session and its first chunk."""
+async def measure(workdir: Path, topology: str, rounds: dict[str, int], seed: int, hogs: CpuHogs) -> Times:
+    """Seconds from each kill, freeze (or ready) to the loss noticed, the new session and its first chunk.
+
+    ``hogs`` run from the first chunk on, paused while a killed replica starts again (bookkeeping,
+    minutes at load) until it is ready: every kill, freeze and recovery happens beside them.
+    """
     rng = random.Random(seed)
     robot = RobotDescription("sim", {"cameras": "front:64x48"})
     times: Times = {name: [] for name in NAMES}
@@ -243,9 +248,14 @@ async def measure(workdir: Path, topology: str, rounds: dict[str, int], seed: in
             await until(session.lost.is_set, 20, "the loss noticed")
             return (time.monotonic_ns() - since) / 1e9
 
+        async def start(replica: Replica) -> int:
+            with hogs.paused():
+                return await anyio.to_thread.run_sync(replica.start)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(runtime.run)
             await until(lambda: len(merges) >= 3, 60, "streaming")
+            hogs.start()
             for _ in range(rounds["kills"]):
                 await anyio.sleep(rng.uniform(0.0, 1.5))  # anywhere in the chunk cycle
                 serving, session = replica_of(engine), engine.session
@@ -257,7 +267,7 @@ async def measure(workdir: Path, topology: str, rounds: dict[str, int], seed: in
                 session_s, fresh_s = await recovery(killed, other)
                 times["kill_session"].append(session_s)
                 times["kill_fresh"].append(fresh_s)
-                await anyio.to_thread.run_sync(replicas[serving].start)
+                await start(replicas[serving])
             for _ in range(rounds["freezes"]):
                 await anyio.sleep(rng.uniform(0.0, 1.5))
                 serving, session = replica_of(engine), engine.session
@@ -266,16 +276,16 @@ async def measure(workdir: Path, topology: str, rounds: dict[str, int], seed: in
                 frozen = replicas[serving].freeze()
                 times["freeze_notice"].append(await noticed(session, frozen))
                 await anyio.to_thread.run_sync(replicas[serving].kill)
-                await anyio.to_thread.run_sync(replicas[serving].start)
+                await start(replicas[serving])
             for _ in range(rounds["restarts"]):
                 for replica in replicas.values():
                     await anyio.to_thread.run_sync(replica.kill)
                 await until(lambda: engine.session is None, 10, "nobody left")
-                ready = await anyio.to_thread.run_sync(replicas["a"].start)
+                ready = await start(replicas["a"])
                 session_s, fresh_s = await recovery(ready, "a")
                 times["ready_session"].append(session_s)
                 times["ready_fresh"].append(fresh_s)
-                await anyio.to_thread.run_sync(replicas["b"].start)
+                await start(replicas["b"])
             runtime.request_stop("bench done")
     return times
 
@@ -332,8 +342,11 @@ def test_failover(benchmark: BenchmarkFixture, tmp_path: Path, table: list[dict[
     seed = random.randrange(1 << 30)
 
     def run() -> Times:
-        with CpuHogs(hogs):
-            return anyio.run(measure, tmp_path, topology, rounds, seed, backend="asyncio")
+        load = CpuHogs(hogs)  # `measure` starts them once the edge streams
+        try:
+            return anyio.run(measure, tmp_path, topology, rounds, seed, load, backend="asyncio")
+        finally:
+            load.stop()
 
     times = benchmark.pedantic(run, rounds=1, iterations=1)
     info: dict[str, Any] = {"topology": topology, "seed": seed, "hogs": hogs}

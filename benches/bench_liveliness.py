@@ -38,6 +38,8 @@ from testbed.processes import free_port
 SECONDS = float(os.environ.get("LIVELINESS_BENCH_SECONDS", "600"))
 HOGS = int(os.environ.get("LIVELINESS_BENCH_HOGS", "20"))
 BASELINE = os.environ.get("LIVELINESS_BENCH_BASELINE", "")
+#: Zenoh lease (ms) of both ends, server and edge (unset: their defaults).
+LEASE_MS = os.environ.get("LIVELINESS_BENCH_LEASE_MS", "")
 SMOKE_SECONDS = 10.0
 #: How often the load average is sampled while the edges run (s).
 LOAD_EVERY_S = 10.0
@@ -53,8 +55,9 @@ def render(rows: list[dict[str, Any]], seconds: float, hogs: int, load: list[flo
     title = (
         f"A streaming robot (servo-edge, sim arm, 2 x 480x640 cameras, default options) on servo-serve (reference "
         f"policy, 20 ms forwards), Zenoh TCP on 127.0.0.1, {seconds:g} s beside {hogs} busy loops of the bench's "
-        f"own on {os.cpu_count()} cores; 1-min load average {min(load):.1f}-{max(load):.1f} "
-        f"(mean {sum(load) / len(load):.1f}). The server never stops: every liveliness loss is false."
+        f"own on {os.cpu_count()} cores; Zenoh lease {LEASE_MS or 'default (1000)'} ms; 1-min load average "
+        f"{min(load):.1f}-{max(load):.1f} (mean {sum(load) / len(load):.1f}). The server never stops: every "
+        "liveliness loss is false."
     )
     header = ["code", "false liveliness losses", "reconnects (why)", "requests", "timeouts", "fresh ticks"]
     header.append("longest gap s")
@@ -94,11 +97,15 @@ def test_no_false_liveliness_losses_at_load(benchmark: BenchmarkFixture, tmp_pat
                 workdir = tmp_path / f"run{i}"
                 workdir.mkdir()
                 ports[code] = (workdir, free_port())
-                stack.enter_context(ServerProcess(workdir, ports[code][1], env=_env(path)))
+                zenoh = f"lease_ms = {LEASE_MS}" if LEASE_MS else ""
+                stack.enter_context(ServerProcess(workdir, ports[code][1], zenoh=zenoh, env=_env(path)))
             stack.enter_context(CpuHogs(hogs))
             pool = stack.enter_context(ThreadPoolExecutor(len(codes)))
+            edge = ["--lease-ms", LEASE_MS] if LEASE_MS else []
             futures = {
-                code: pool.submit(run_edge, ports[code][0], f"tcp/127.0.0.1:{ports[code][1]}", seconds, env=_env(path))
+                code: pool.submit(
+                    run_edge, ports[code][0], f"tcp/127.0.0.1:{ports[code][1]}", seconds, options=edge, env=_env(path)
+                )
                 for code, path in codes.items()
             }
             while not done.wait(LOAD_EVERY_S if not smoke else 1.0):

@@ -111,8 +111,9 @@ def render(rows: list[dict[str, Any]]) -> str:
     title = (
         f"servo-edge (sim arm, default options) and servo-serve (reference policy, 2 x 480x640 cameras, "
         f"chunks of 50 at {FPS:g} fps) across a {RATE_MBIT} Mbit/s veth, server in a namespace with its own "
-        f"/dev/shm (TCP only), {'smoke' if smoke else f'{SECONDS:g} s per condition'}; loss is per packet "
-        "and per direction; jitter: every packet held 50-200 ms, order kept."
+        "/dev/shm and shared memory off (only the link carries bytes), "
+        f"{'smoke' if smoke else f'{SECONDS:g} s per condition'}; loss is per packet and per direction; "
+        "jitter: every packet held 50-200 ms, order kept."
     )
     header = ["link", "transport", "fresh ticks", "longest gap s", "reconnects (why)", "requests", "resent", "timeouts"]
     header += ["rtt p50 ms", "load"]
@@ -132,7 +133,12 @@ def render(rows: list[dict[str, Any]]) -> str:
         ]
         for r in rows
     ]
-    return markdown(title, header, cells)
+    command = (
+        f"sudo LOSSY_LINK_SECONDS={SECONDS:g} LOSSY_LINK_CONDITIONS={','.join(CONDITIONS)} "
+        f"LOSSY_LINK_VARIANTS={','.join(VARIANTS)} .venv/bin/python -m pytest -q -s benches/bench_lossy_link.py "
+        "--benchmark-enable --benchmark-only"
+    )
+    return markdown(title, header, cells) + f"\n\nCommand: `{command}`"
 
 
 @pytest.mark.timeout(900)

@@ -7,9 +7,12 @@ crashed or killed parent never leaves it behind: it ends by itself once its pare
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Self
 
 #: One turn of the loop: cheap enough to keep a core busy, and it notices an orphaning at once.
@@ -52,6 +55,21 @@ class CpuHogs:
         for proc in self.procs:
             proc.wait(10)
         self.procs.clear()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The hogs stopped (SIGSTOP) for the length of the block.
+
+        A benchmark's bookkeeping (starting again a server it killed) is not what it measures, and at
+        load it would take minutes.
+        """
+        for proc in self.procs:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for proc in self.procs:
+                proc.send_signal(signal.SIGCONT)
 
     def __enter__(self) -> Self:
         self.start()
