@@ -116,6 +116,8 @@ listen_beside_router = true
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> int:
+        if self.proc is not None:
+            self.proc.wait(60)  # the killed one reaped: its ports are free again
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "servo.cli.serve", str(self.manifest), "--log-level", "warning"],
@@ -136,11 +138,14 @@ listen_beside_router = true
         raise RuntimeError(f"replica {self.name} did not start:\n{self.log.read_text()}")
 
     def kill(self) -> int:
-        """SIGKILL; returns the monotonic time (ns) of the kill."""
+        """SIGKILL; returns the monotonic time (ns) of the kill.
+
+        Reaped by the next `start`, not here: a dying process at load takes seconds to exit, and
+        the edge's reaction is timed meanwhile (polled from the moment this returns).
+        """
         assert self.proc is not None
         killed = time.monotonic_ns()
         self.proc.kill()
-        self.proc.wait(10)
         return killed
 
     def freeze(self) -> int:
