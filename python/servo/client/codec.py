@@ -156,7 +156,7 @@ class _Option:
     @property
     def mbps(self) -> float | None:
         """Effective throughput (Mbit/s): its bytes over its time without the codec."""
-        if not self.nbytes:
+        if not self.net_ms:
             return None
         return statistics.median(self.nbytes) * 8 / (max(statistics.median(self.net_ms), 1e-3) * 1e3)
 
@@ -230,12 +230,12 @@ class CodecChooser:
         if option is None:
             return
         cold, self._cold = self._cold, False
+        option.nbytes.append(nbytes)
         if not cold:
             # The first request of all is a cold start (threads starting, first allocations, tens
             # of ms): kept as evidence of a hopeless option only (`_decide`), not in the costs.
             option.cost_ms.append(encode_ms + net_ms)
             option.net_ms.append(net_ms)
-            option.nbytes.append(nbytes)
         option.latest.append(encode_ms + net_ms)
         option.mbps_then = {q: m for q, o in self._options.items() if (m := o.mbps) is not None}
         option.sampled_at = self._request
