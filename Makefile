@@ -17,7 +17,7 @@ LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_PY := $(LEROBOT_VENV)/bin/python
 LEROBOT_STAMP := $(LEROBOT_VENV)/.servo-installed
 
-.PHONY: setup demo test test-slow test-observability observability-tools test-lerobot fuzz lint wheels bench gpu-check study clean
+.PHONY: setup demo test test-slow test-observability observability-tools test-lerobot fuzz lint docs wheels bench gpu-check study clean
 # gpu-check runs where servo is already installed (no network there): this repo's .venv if it
 # exists, else the python3 on PATH.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
@@ -97,6 +97,12 @@ lint: setup
 	$(PY) -m mypy
 	$(PY) -m mypy.stubtest servo._core
 
+## docs: the documentation site (MkDocs, --strict: no broken link, anchor or reference) into site/
+# The docs extra comes with dev (setup). The API, CLI and configuration references are generated from
+# the code at build time (docs/_gen/hooks.py), so the build imports servo.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 ## wheels: abi3 wheels tagged manylinux_2_28 for x86_64 and aarch64 and the sdist in dist/, checked
 # zig links against a glibc 2.28 sysroot, so no manylinux container is needed; both targets
 # cross-compile from any Linux host. Each build is a fresh fat-LTO release build (~35 s of CPU).
@@ -123,4 +129,4 @@ study: setup
 	$(PY) -m benches.smoothness
 
 clean:
-	rm -rf $(VENV) $(LEROBOT_VENV) target dist .fuzz .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(LEROBOT_VENV) target dist site .fuzz .pytest_cache .ruff_cache .mypy_cache
