@@ -4,7 +4,7 @@ A ``tls/…`` listen endpoint with no certificate in the manifest (``[zenoh.tls]
 listen_certificate``) gets servo's own self-signed one (`servo.server.selfsigned`), kept in
 ``tls/`` of servo's user configuration directory and made once; ``servo-serve`` then prints the
 ``servo-edge`` commands that trust it (the robot's copy of the certificate as
-``--tls-root-ca``). A fleet with its own CA configures ``[zenoh.tls]`` instead (README,
+``--tls-root-ca``). A fleet with its own CA configures ``[zenoh.tls]`` instead (docs/guides/fleet.md,
 *Certificates*).
 """
 

@@ -14,7 +14,7 @@ A replica proves who it is by signing each session ack with its Ed25519 identity
 A robot proves who it is by signing its session open (`signed_open`) with its own identity.
 
 A replica-id pin names a key segment anybody can answer on; it means something only behind a
-``servo-router`` whose access control lets nobody but fleet servers answer (see README "Security").
+``servo-router`` whose access control lets nobody but fleet servers answer (docs/guides/security.md).
 Fingerprint pins hold on any network.
 """
 

@@ -47,7 +47,7 @@ class RemoteEngine(EngineBase):
 
     Every chunk is authenticated and validated by the client library before it can reach the
     queue (`servo.client.verify`); a rejected one is counted, and the request retried. Only the
-    spec's reasons kill the engine (seeds/001 §9.2): offline longer than ``max_offline_s``, or a
+    spec's reasons kill the engine (docs/design/failsafe.md §2): offline longer than ``max_offline_s``, or a
     server that comes back with another model or refuses the robot's capabilities.
 
     Failover is driven by events, not timers: a lost session (the replica's liveliness token
@@ -169,7 +169,7 @@ class RemoteEngine(EngineBase):
         self._moved = moved
 
     async def _open_zenoh(self) -> zenoh.Session:
-        # A Zenoh client's open() fails at once while nothing listens (ZENOH_FACTS §1).
+        # A Zenoh client's open() fails at once while nothing listens (docs/design/zenoh.md §1).
         settings = self.config.zenoh_settings()
         backoff = self._backoff(deadline_s=self.config.link.connect_timeout_s)
         while True:

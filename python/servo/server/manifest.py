@@ -331,7 +331,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise FieldError(
                     f"zenoh.listen[{i}]",
                     f"{endpoint!r} is not TLS and not loopback: anyone on the network would read every robot's "
-                    "observations and chunks; listen on tls/ (README: Certificates), or accept that with "
+                    "observations and chunks; listen on tls/ (docs/guides/security.md), or accept that with "
                     "--insecure ([security] insecure = true)",
                 )
         if z.connect and not security.listen_beside_router:
