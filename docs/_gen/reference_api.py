@@ -100,6 +100,8 @@ def pages(api: Api) -> dict[str, str]:
         ]
         for entry in (e for e in api.entries if e.owner == owner):
             lines += ["", f"::: {entry.path}", "    options:", "      heading_level: 2"]
+            if not entry.summary:  # a public name is listed even without a docstring of its own
+                lines.append("      show_if_no_docstring: true")
         out[f"{owner}.md"] = "\n".join(lines) + "\n"
     return out
 

@@ -1,10 +1,10 @@
-"""The README's "From LeRobot", run as written: a checkpoint folder to the sim arm moving under its chunks.
+"""The "From LeRobot" guide, run as written: a checkpoint folder to the sim arm moving under its chunks.
 
-The commands are read from README.md, so this fails when the README drifts from what works. Only
-what a test machine must change is changed: a free port for 7447, 127.0.0.1 for the GPU box's
-addresses, the CPU for ``--device cuda``. The checkpoint is a tiny random ACT written where the
-README's command looks for it, with LeRobot's own writers, beside the metadata of its training
-dataset; the robot's copy of the certificate is made the way the README's ``scp`` makes it.
+The commands are read from docs/guides/lerobot.md, so this fails when the guide drifts from what
+works. Only what a test machine must change is changed: a free port for 7447, 127.0.0.1 for the
+GPU box's addresses, the CPU for ``--device cuda``. The checkpoint is a tiny random ACT written
+where the guide's command looks for it, with LeRobot's own writers, beside the metadata of its
+training dataset; the robot's copy of the certificate is made the way the guide's ``scp`` makes it.
 """
 
 from __future__ import annotations
@@ -34,21 +34,14 @@ from tests.lerobot.checkpoints import SO101_JOINTS, build_trained_act
 from tests.robots.calib_data import write_calibration
 from tests.support import free_port
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "lerobot.md"
 #: What the checkpoint is trained on: LeRobot's usual SO-101 cameras (the sim arm's too), at 30 fps.
 CAMERAS = ("front", "wrist")
 REPO_ID, DATASET_ROOT, FPS = "local/so101_try", "data/so101_try", 30
 
 
-def section(title: str) -> str:
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end >= 0 else None]
-
-
 def commands(text: str) -> list[list[str]]:
-    """The shell commands of a README section's ``bash`` blocks, as argv."""
+    """The shell commands of a page's ``bash`` blocks, as argv."""
     found = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
@@ -64,7 +57,7 @@ def command(found: list[list[str]], *start: str) -> list[str]:
 
 
 def on_this_machine(argv: list[str], port: int) -> list[str]:
-    """A README command with what a test machine must change: port, addresses, device."""
+    """A guide's command with what a test machine must change: port, addresses, device."""
     out = []
     for arg in argv:
         arg = arg.replace("0.0.0.0", "127.0.0.1").replace("gpu-box", "127.0.0.1").replace(":7447", f":{port}")
@@ -86,10 +79,10 @@ def option(argv: list[str], flag: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(
+def test_from_checkpoint_to_the_sim_arm_as_the_guide_says(
     tmp_path: Path, servo_config_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    found = commands(section("From LeRobot"))
+    found = commands(GUIDE.read_text())
     serve = command(found, "servo-serve", "--lerobot")
     arm, sim = command(found, "servo-edge", "--robot", "so101"), command(found, "servo-edge", "--robot", "sim")
     copy = command(found, "scp")
@@ -97,7 +90,7 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(
     monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "lerobot_home"))  # no dataset of this machine's
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path / "calibration"))
 
-    # The GPU box: the checkpoint where the README looks for it, trained on a dataset on this machine.
+    # The GPU box: the checkpoint where the guide looks for it, trained on a dataset on this machine.
     gpu_box = tmp_path / "gpu-box"
     checkpoint = gpu_box / option(serve, "--lerobot")
     build_trained_act(checkpoint, gpu_box / DATASET_ROOT, repo_id=REPO_ID, cameras=CAMERAS, fps=FPS)
@@ -113,7 +106,7 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(
         printed_sim = shlex.split(server.wait_line("servo-serve: without hardware: ", 1).split(": ", 2)[2])
         printed_arm = shlex.split(server.wait_line("servo-serve: on the robot: ", 1).split(": ", 2)[2])
 
-        # The README's copy step fetches the file servo-serve writes by default (~/.config/servo/tls).
+        # The guide's copy step fetches the file servo-serve writes by default (~/.config/servo/tls).
         source, destination = copy[1].split(":", 1)[1], copy[2]
         with monkeypatch.context() as default:
             default.delenv(CONFIG_DIR_VARIABLE)
@@ -124,10 +117,10 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(
         shutil.copy(servo_config_dir / "tls" / "server.pem", robot / destination)
         assert (robot / option(sim, "--tls-root-ca")).is_file()
 
-        # What servo-serve prints for the sim is the README's command (less the try's run options).
+        # What servo-serve prints for the sim is the guide's command (less the try's run options).
         sim_here = on_this_machine(sim, port)
         assert sim_here[: len(printed_sim)] == printed_sim
-        # ... and for the arm, the same flags with the README's values in place of its placeholders.
+        # ... and for the arm, the same flags with the guide's values in place of its placeholders.
         arm_here = on_this_machine(arm, port)
         for flag in ("--robot", "--connect", "--tls-root-ca"):
             assert option(arm_here, flag) == option(printed_arm, flag)
@@ -155,7 +148,7 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(
 
 
 def check_arm_command(argv: list[str], printed: list[str]) -> None:
-    """The README's SO-101 command parses as servo-edge parses it, for a robot the checkpoint accepts."""
+    """The guide's SO-101 command parses as servo-edge parses it, for a robot the checkpoint accepts."""
     args = build_parser().parse_args(argv[1:])
     config = load_edge_config(None, struct_flag_values(args, EdgeConfig))
     assert config.security.tls_root_ca == option(printed, "--tls-root-ca")
