@@ -97,11 +97,13 @@ lint: setup
 	$(PY) -m mypy
 	$(PY) -m mypy.stubtest servo._core
 
-## docs: the documentation site (MkDocs, --strict: no broken link, anchor or reference) into site/
+## docs: the documentation site (MkDocs, --strict: no broken link, anchor or reference) into site/, then
+## its checks (search finds the pages users look for, every public name has a reference entry)
 # The docs extra comes with dev (setup). The API, CLI and configuration references are generated from
 # the code at build time (docs/_gen/hooks.py), so the build imports servo.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+	SERVO_DOCS_SITE=site $(PY) -m pytest -q tests/docs/test_site.py
 
 ## wheels: abi3 wheels tagged manylinux_2_28 for x86_64 and aarch64 and the sdist in dist/, checked
 # zig links against a glibc 2.28 sysroot, so no manylinux container is needed; both targets
