@@ -18,8 +18,8 @@ from pathlib import Path
 
 from markdown_text import cell, from_rest
 
-#: Wide enough that usage lines wrap rarely, narrow enough to read in a code block.
-_WIDTH = 100
+#: Wide enough that usage lines wrap rarely, narrow enough to fit the page's code blocks.
+_WIDTH = 88
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +104,11 @@ def _command(command: Command) -> list[str]:
             lines.append(f"| {_invocation(action)} | {cell(_help(formatter, action))} |")
         lines.append("")
     if parser.epilog:
-        lines += [f"### {command.name}: more", "", "```text", parser.epilog.strip(), "```", ""]
+        # An epilog headed "robot options (…):" is shown under that title.
+        epilog = parser.epilog.strip()
+        first, _, rest = epilog.partition("\n")
+        title, body = (first.removesuffix(":"), rest) if first.endswith(":") and rest else ("more", epilog)
+        lines += [f"### {command.name}: {title}", "", "```text", body.rstrip(), "```", ""]
     return lines
 
 
