@@ -18,6 +18,8 @@ import msgspec
 import msgspec.inspect as mi
 from markdown_text import cell
 
+from servo.config import FieldDoc, fields_of
+
 #: Constraint attributes of msgspec's type descriptions, and how each reads.
 _BOUNDS = {
     "gt": "> {}",
@@ -68,6 +70,7 @@ def tables(kind: type[Any]) -> list[Table]:
 
 def _walk(info: mi.Type, *, key: str, array: bool, optional: bool, description: str) -> Iterator[Table]:
     assert isinstance(info, mi.StructType)
+    docs = {doc.name: doc for doc in fields_of(info.cls)}  # what --help shows of each field
     leaves: list[Field] = []
     nested: list[tuple[msgspec.inspect.Field, mi.StructType, bool, bool]] = []
     for field in info.fields:
@@ -75,10 +78,10 @@ def _walk(info: mi.Type, *, key: str, array: bool, optional: bool, description: 
         if inner is not None:
             nested.append((field, inner, is_array, is_optional))
         else:
-            leaves.append(_field(field, key))
+            leaves.append(_field(field, docs[field.name], key))
     yield Table(key, array, optional, description, tuple(leaves))
     for field, inner, is_array, is_optional in nested:
-        text = _description(field.type) or _doc(inner.cls)
+        text = docs[field.name].description or _doc(inner.cls)
         yield from _walk(
             inner, key=_join(key, field.encode_name), array=is_array, optional=is_optional, description=text
         )
@@ -100,14 +103,14 @@ def _section(info: mi.Type) -> tuple[mi.StructType | None, bool, bool]:
     return None, False, False
 
 
-def _field(field: msgspec.inspect.Field, table: str) -> Field:
+def _field(field: msgspec.inspect.Field, doc: FieldDoc, table: str) -> Field:
     return Field(
         key=_join(table, field.encode_name),
         name=field.encode_name,
-        type_text=_type_text(field.type),
-        default=_default(field),
+        type_text=doc.type_text,
+        default="required" if doc.required else "not set" if doc.default is None else f"`{_toml(doc.default)}`",
         constraints=", ".join(_constraints(field.type)),
-        description=_description(field.type),
+        description=doc.description,
     )
 
 
@@ -121,46 +124,10 @@ def _bare(info: mi.Type) -> mi.Type:
     return info
 
 
-def _description(info: mi.Type) -> str:
-    while isinstance(info, mi.Metadata):
-        if "description" in (extra := info.extra_json_schema or {}):
-            return str(extra["description"])
-        info = info.type
-    return ""
-
-
 def _doc(cls: type[Any]) -> str:
     """The first paragraph of a Struct's docstring, without the table name it may start with."""
     text = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
     return re.sub(r"^``\[+[\w.]+\]+``: ", "", text)
-
-
-def _type_text(info: mi.Type) -> str:
-    info = _bare(info)
-    simple: dict[type[mi.Type], str] = {
-        mi.IntType: "int",
-        mi.FloatType: "float",
-        mi.StrType: "str",
-        mi.BoolType: "bool",
-        mi.AnyType: "any",
-    }
-    for cls, name in simple.items():
-        if isinstance(info, cls):
-            return name
-    if isinstance(info, mi.LiteralType):
-        return " | ".join(json.dumps(v) for v in info.values)
-    if isinstance(info, mi.ListType | mi.VarTupleType):
-        return f"list of {_type_text(info.item_type)}"
-    if isinstance(info, mi.TupleType):
-        return "(" + ", ".join(_type_text(t) for t in info.item_types) + ")"
-    if isinstance(info, mi.DictType):
-        return f"table of {_type_text(info.key_type)} → {_type_text(info.value_type)}"
-    if isinstance(info, mi.UnionType):
-        kinds = [_type_text(t) for t in info.types if not isinstance(t, mi.NoneType)]
-        return " or ".join(kinds)
-    if isinstance(info, mi.StructType):
-        return f"table ({info.cls.__name__})"
-    return type(info).__name__.removesuffix("Type").lower()
 
 
 def _constraints(info: mi.Type) -> Iterator[str]:
@@ -177,17 +144,6 @@ def _constraints(info: mi.Type) -> Iterator[str]:
     elif isinstance(info, mi.UnionType):
         for member in info.types:
             yield from _constraints(member)
-
-
-def _default(field: msgspec.inspect.Field) -> str:
-    if field.required:
-        return "required"
-    value = field.default_factory() if field.default_factory is not msgspec.NODEFAULT else field.default
-    if value is None:
-        return "not set"
-    if isinstance(value, msgspec.Struct):
-        return "(table)"
-    return f"`{_toml(value)}`"
 
 
 def _toml(value: Any) -> str:
