@@ -5,7 +5,7 @@ off loopback), a robot, a monitor and a router run in this process; the census l
 listen on (from the operating system) and what they declare (`tests.security.census`), and
 checks each against `servo.threat_model`. Then a stranger, with nothing but what the network
 shows it (the self-signed certificate, the keys it sees), uses each door whose row says strangers
-are refused, and is refused. The README's table is the threat model's, row for row.
+are refused, and is refused. The security guide's table is the threat model's, row for row.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
 ]
-README = Path(__file__).parents[2] / "README.md"
+SECURITY_GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "security.md"
 FORGED = 12.5
 
 
@@ -232,5 +232,5 @@ async def test_the_router_listens_only_where_its_fleet_file_says_and_refuses_str
         tg.cancel_scope.cancel()
 
 
-def test_the_readme_table_is_the_threat_model() -> None:
-    assert markdown_table() in README.read_text()
+def test_the_security_guide_table_is_the_threat_model() -> None:
+    assert markdown_table() in SECURITY_GUIDE.read_text()

@@ -1,6 +1,6 @@
 """The server's trajectory library: recorded episodes handed out whole, for local replay.
 
-One request returns a whole trajectory (seeds/002: ship once at arm time, drain locally), never
+One request returns a whole trajectory (docs/design/replay.md: ship once at arm time, drain locally), never
 one frame per request. Every recording is read once, when the server starts (`load`, on a worker
 thread): the control plane answers from memory and never reads a file on the event loop. Every
 answer is signed by the replica's identity over the request's nonce

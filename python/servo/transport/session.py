@@ -1,7 +1,7 @@
 """Opening and closing Zenoh sessions from async code.
 
 A Zenoh session whose callbacks are still declared keeps a non-daemon thread alive and hangs
-interpreter exit, and ``atexit`` runs too late to help (ZENOH_FACTS §9). Every session in servo is
+interpreter exit, and ``atexit`` runs too late to help (docs/design/zenoh.md §9). Every session in servo is
 therefore opened through `open_session`, which closes it on every exit path.
 """
 
