@@ -28,8 +28,8 @@ from servo.home import CONFIG_DIR_VARIABLE
 from servo.recording import read_recording
 from servo.robots import RobotDescription
 from tests.edge.harness import Proc
-from tests.lerobot.checkpoints import SO101_JOINTS, build_trained_act
 from tests.guides import command, commands, guide, option, program, with_token, without_asked_buffer
+from tests.lerobot.checkpoints import SO101_JOINTS, build_trained_act
 from tests.robots.calib_data import write_calibration
 from tests.support import free_port
 

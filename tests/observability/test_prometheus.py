@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from tests.edge.harness import Proc
+from tests.guides import guide, section
 from tests.observability.browser import tool
 from tests.observability.fleet import running_fleet
-from tests.guides import guide, section
 from tests.support import free_port
 
 pytestmark = [pytest.mark.observability, pytest.mark.timeout(300)]
