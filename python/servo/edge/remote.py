@@ -49,7 +49,7 @@ class RemoteEngine(EngineBase):
 
     Every chunk is authenticated and validated by the client library before it can reach the
     queue (`servo.client.verify`); a rejected one is counted, and the request retried. Only the
-    spec's reasons kill the engine (seeds/001 §9.2): offline longer than ``max_offline_s``, or a
+    spec's reasons kill the engine (docs/design/failsafe.md §2): offline longer than ``max_offline_s``, or a
     server that comes back with another model or refuses the robot's capabilities.
 
     Failover is driven by events, not timers: a lost session (the replica's liveliness token

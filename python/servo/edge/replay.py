@@ -1,4 +1,4 @@
-"""Trajectory replay (seeds/002): load the whole trajectory once, drain it locally.
+"""Trajectory replay (docs/design/replay.md): load the whole trajectory once, drain it locally.
 
 A trajectory comes from a recording file or from a server's library in one control-plane
 request; either way nothing crosses the network per frame. At arm time a smooth bridge from

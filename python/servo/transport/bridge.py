@@ -1,7 +1,8 @@
 """From Zenoh callback threads into the event loop, without ever blocking Zenoh.
 
 Zenoh runs every callback entity on its own Python thread fed by a 256-deep queue, or (`direct`)
-on its own network thread; a callback that blocks stalls every subscriber of the Zenoh session.
+on its own network thread; a callback that blocks stalls every subscriber of the Zenoh session
+(docs/design/zenoh.md §2).
 Callbacks therefore only deposit, through `servo.stages.LoopBridge`, which schedules a function
 on the loop and returns at once.
 """
@@ -47,7 +48,7 @@ async def query(
     """Send a query and collect every reply without blocking the loop.
 
     Consolidation is always off: replicas answering on the same key would otherwise be merged
-    into one reply (ZENOH_FACTS §3). Ends when every queryable has answered or ``timeout`` (s)
+    into one reply (docs/design/zenoh.md §3). Ends when every queryable has answered or ``timeout`` (s)
     elapsed; a cancelled caller cancels the query. Never raises a timeout of its own: the replies
     gathered by then are the answer, as when Zenoh's timeout ends the query, so callers see the
     errors they already handle (no reply, or no genuine one).
