@@ -11,6 +11,14 @@ The directory is redirected twice:
 ``tests/test_servo_home.py`` runs part of the suite against a home that holds foreign pins and
 checks that home byte for byte afterwards.
 
+A run also never listens on the machine's network: as root (CI), `pytest_configure` moves the
+session into a network namespace of its own before any socket exists, with loopback and one
+private address standing for a LAN (`PRIVATE_LAN_ADDRESS`, on a veth pair of the namespace). The
+tests that take the CLI's LAN set-up (``tls/0.0.0.0``) are marked ``wildcard`` and are skipped
+where no namespace could be made, so they never open a port on a real network.
+``SERVO_TEST_NETWORK=host`` keeps the host's network: the image tests need it, since building an
+image fetches packages.
+
 ``SERVO_TEST_HOG=N`` runs the session beside N busy-loop processes (`testbed.load.CpuHogs`),
 started before the first test and killed after the last: the suite must hold at load (``make
 test-slow`` sets 8).
@@ -18,8 +26,10 @@ test-slow`` sets 8).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -29,6 +39,7 @@ from servo.home import CONFIG_DIR_VARIABLE
 from testbed.load import CpuHogs
 
 _SESSION_HOME = pytest.StashKey[Path]()
+_PRIVATE_NETWORK = pytest.StashKey[bool]()
 _HOGS = pytest.StashKey[CpuHogs]()
 #: Busy loops beside the whole session (0 or unset: none).
 HOG_VARIABLE = "SERVO_TEST_HOG"
@@ -42,20 +53,75 @@ def _hog_count() -> int:
     return int(value)
 
 
+PRIVATE_LAN_ADDRESS = "10.254.0.1"
+"""This host's address on the session's private LAN: where ``tls/0.0.0.0`` listens are reached."""
+
+_CLONE_NEWNET = 0x40000000
+_LAN_SETUP = (
+    ("link", "set", "lo", "up"),
+    ("link", "add", "servo-lan", "type", "veth", "peer", "name", "servo-lan-end"),
+    ("link", "set", "servo-lan-end", "up"),
+    ("addr", "add", f"{PRIVATE_LAN_ADDRESS}/24", "dev", "servo-lan"),
+    ("link", "set", "servo-lan", "up"),
+    # A default route, so "which address would reach the network" (the printed commands) has an answer.
+    ("route", "add", "default", "dev", "servo-lan"),
+)
+
+
+def _enter_private_network() -> bool:
+    """Move this process (and every thread and process it starts later) into a new network namespace.
+
+    Runs before pytest starts any thread: a namespace is per thread, and later threads and
+    children inherit the one of the thread that makes them. Any failure returns to the host's
+    namespace, so a run without root works as before, without the ``wildcard`` tests.
+    """
+    if os.environ.get("SERVO_TEST_NETWORK") == "host" or os.geteuid() != 0:
+        return False
+    host = os.open("/proc/self/ns/net", os.O_RDONLY)
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        if libc.unshare(_CLONE_NEWNET) != 0:
+            return False
+        try:
+            for args in _LAN_SETUP:
+                subprocess.run(["ip", *args], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError):
+            libc.setns(host, _CLONE_NEWNET)
+            return False
+        return True
+    finally:
+        os.close(host)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Point ``SERVO_CONFIG_DIR`` at a directory of this run before anything can read it; start the hogs."""
+    """Point ``SERVO_CONFIG_DIR`` at this run's directory before anything reads it; enter its network; start hogs."""
     root = Path(tempfile.mkdtemp(prefix="servo-test-session-"))
     config.stash[_SESSION_HOME] = root
     os.environ[CONFIG_DIR_VARIABLE] = str(root / "servo")
+    config.stash[_PRIVATE_NETWORK] = _enter_private_network()
     if count := _hog_count():
         hogs = config.stash[_HOGS] = CpuHogs(count)
         hogs.start()
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
-    """Say that the run is loaded, and by how much."""
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say which network the run listens on, and whether it runs loaded."""
+    if config.stash.get(_PRIVATE_NETWORK, False):
+        lines = [f"network: a namespace of this run (loopback, LAN address {PRIVATE_LAN_ADDRESS})"]
+    else:
+        lines = ["network: the host's (tests marked wildcard are skipped: they need root for a namespace of their own)"]
     hogs = config.stash.get(_HOGS, None)
-    return None if hogs is None else f"{HOG_VARIABLE}: {hogs.count} busy loops beside the run"
+    return lines if hogs is None else [*lines, f"{HOG_VARIABLE}: {hogs.count} busy loops beside the run"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests that listen on every interface when the run has no network of its own."""
+    if config.stash.get(_PRIVATE_NETWORK, False):
+        return
+    skip = pytest.mark.skip(reason="listens on 0.0.0.0: runs only in a network namespace of the test run (root)")
+    for item in items:
+        if item.get_closest_marker("wildcard"):
+            item.add_marker(skip)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

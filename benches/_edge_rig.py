@@ -8,7 +8,7 @@ simulated SO-100 with two 480x640 cameras, CPU hogs, and the results' bookkeepin
   duration (the ActionQueue.merge call) and the chunk's observation stamp. Tick lateness comes
   from the control loop's own histogram (`servo.edge.channel`), the same for both.
 * `testbed.load` keeps every core busy (`CpuHogs`), `benches._cpu` says who used the cores (`CpuWatch`).
-* The legacy inline loop (seeds/000 BUG-1) is in `benches._naive_loop`.
+* The legacy inline loop (docs/design/control-loop.md §1) is in `benches._naive_loop`.
 """
 
 from __future__ import annotations

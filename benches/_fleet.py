@@ -7,7 +7,7 @@ It prints ``READY`` on stdout once it serves; SIGTERM drains it.
 
 Baseline (``python -m benches._fleet echo --port P``): the same round trip with bare zenoh-python
 and no servo code — the subscriber hands the sample to a thread that copies it out of Zenoh,
-checks the MAC when the attachment is a sealed one (`run_floor`), waits the same compute time
+decrypts the body when the attachment is a session one (`run_floor`), waits the same compute time
 and publishes a reply of the chunk's size. Its overhead is the floor any Python server on this
 transport pays.
 
@@ -49,8 +49,8 @@ CHUNK = 50
 FPS = 30.0
 HEIGHT, WIDTH = 480, 640
 CAMERAS = ("front", "wrist")
-#: The MAC key of `run_floor`'s sealed observations (the echo server opens them with it).
-FLOOR_KEY = SessionKey(bytes(range(32)))
+#: The session secret of `run_floor`'s encrypted observations (the echo server decrypts them with it).
+FLOOR_SECRET = bytes(range(32))
 #: Client processes start this far apart: 16 raw observations put at the same instant are a
 #: 30 MB burst that congestion control DROP thins out (issue 10 item 1), not a scheduling test.
 START_STAGGER_S = 0.025
@@ -235,6 +235,7 @@ def _echo(args: argparse.Namespace) -> None:
     jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server_key = SessionKey(FLOOR_SECRET, role="server")
     with zenoh.open(settings.to_config()) as session:
         publishers: dict[str, Any] = {}
 
@@ -243,7 +244,7 @@ def _echo(args: argparse.Namespace) -> None:
                 body = sample.payload.to_bytes()  # what any server must do to read the payload
                 attachment = b"" if sample.attachment is None else sample.attachment.to_bytes()
                 if len(attachment) == ATTACHMENT_SIZE:
-                    FLOOR_KEY.open(attachment, body)  # servo's server-side MAC pass
+                    server_key.decrypt(attachment, body)  # servo's server-side cipher pass
                 exact_wait(args.compute_ms / 1e3)
                 key = str(sample.key_expr).rsplit("/", 1)[0] + "/action"
                 if key not in publishers:
@@ -535,7 +536,7 @@ async def run_echo_fleet(
 
     from servo.client.encoder import FrameEncoder
     from servo.stages import LoopBridge
-    from servo.transport import ZenohSettings, open_session
+    from servo.transport import ZenohSettings, open_zsession
     from servo.wire import Observation, encode, encode_tensor
 
     settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=transport == "shm")
@@ -543,7 +544,7 @@ async def run_echo_fleet(
     clock = _Clock(n_clients, warmup_s, measure_s)
 
     async def one(index: int) -> None:
-        async with open_session(settings) as z:
+        async with open_zsession(settings) as z:
             bridge = LoopBridge()
             arrived = anyio.Event()
             stamps: list[int] = []
@@ -594,7 +595,7 @@ async def run_echo_fleet(
 def run_floor(
     port: int,
     *,
-    mac: bool,
+    cipher: bool,
     warmup_s: float,
     measure_s: float | None,
     max_requests: int | None = None,
@@ -603,8 +604,8 @@ def run_floor(
     """The transport floor at N = 1 over TCP: bare Zenoh from a plain thread, raw frames.
 
     The observation (two raw frames, as servo encodes them) is encoded once; each request only
-    seals it when ``mac`` (keyed BLAKE3 over the 1.84 MB body, as servo's client does; the echo
-    server then opens it, as servo's server does) and puts it. rtt = put called -> reply
+    encrypts it when ``cipher`` (AES-256-GCM over the 1.84 MB body, as servo's client does; the
+    echo server then decrypts it, as servo's server does) and puts it. rtt = put called -> reply
     callback; what servo adds to it is its encode, its event loop and its bookkeeping.
     """
     import zenoh
@@ -633,15 +634,16 @@ def run_floor(
             start = time.monotonic() + warmup_s
             end = start + measure_s if measure_s is not None else float("inf")
             seq = 0
+            client_key = SessionKey(FLOOR_SECRET, role="client")
             while (max_requests is None or seq < max_requests) and time.monotonic() < end:
                 seq += 1
                 arrived.clear()
                 t0 = time.monotonic_ns()
-                attachment = b"x" * 30
-                if mac:
+                attachment, payload = b"x" * 30, body
+                if cipher:
                     header = Header(SCHEMA_VERSION, MSG_OBS, 0, seq, 0, 0, t0, bytes(16))
-                    attachment = FLOOR_KEY.seal(header, body)
-                pub.put(body, attachment=attachment)
+                    attachment, payload = client_key.encrypt(header, body)
+                pub.put(payload, attachment=attachment)
                 if not arrived.wait(5):
                     result.errors.append(f"RequestTimeout: seq {seq}")
                     continue

@@ -1,4 +1,4 @@
-"""The legacy inline loop of bench_edge.py (seeds/000 BUG-1, on purpose).
+"""The legacy inline loop of bench_edge.py (docs/design/control-loop.md §1, on purpose).
 
 The control thread reads the robot, JPEG-encodes both frames, publishes and *blocks* until the
 chunk is back, all inline, on the same absolute-deadline schedule as servo's loop, so the only
@@ -32,7 +32,7 @@ FloatArray = npt.NDArray[np.float32]
 
 
 class NaiveLoop:
-    """Everything inline on the control thread (seeds/000 BUG-1). Owned by that thread."""
+    """Everything inline on the control thread (docs/design/control-loop.md §1). Owned by that thread."""
 
     def __init__(
         self,
@@ -68,8 +68,7 @@ class NaiveLoop:
     def _on_action(self, sample: zenoh.Sample) -> None:
         if sample.attachment is None:
             return
-        payload = sample.payload.to_bytes()
-        header = self.key.open(sample.attachment.to_bytes(), payload)
+        header, payload = self.key.decrypt(sample.attachment.to_bytes(), sample.payload.to_bytes())
         if header.msg_type == MSG_CHUNK and header.seq_id == self._seq:
             self._reply = (header, payload, time.monotonic_ns())
             self._arrived.set()
@@ -119,7 +118,8 @@ class NaiveLoop:
         header = Header(SCHEMA_VERSION, MSG_OBS, 0, self._seq, 0, self.epoch, now, self.session_id)
         self._arrived.clear()
         self._reply = None
-        self._publisher.put(body, attachment=self.key.seal(header, body))
+        attachment, ciphertext = self.key.encrypt(header, body)
+        self._publisher.put(ciphertext, attachment=attachment)
         if not self._arrived.wait(5.0) or self._reply is None:  # blocks the control loop
             return
         _, payload, arrived_ns = self._reply

@@ -26,19 +26,24 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
 import numpy as np
 
 from benches._fleet import FPS, JOINTS, FixedComputePolicy
+from servo._core import ServerIdentity
 
 APP = "scale"
+#: The bench monitor's identity: the robots encrypt their telemetry to it.
+BENCH_MONITOR = ServerIdentity.from_seed(bytes(range(29, 61)))
 HEIGHT, WIDTH = 48, 64
 #: Sessions a replica accepts: more than the fleet needs, so placement (not refusals) spreads it.
 MAX_SESSIONS = 400
@@ -69,9 +74,9 @@ listen_beside_router = true
 
 
 async def _router(args: argparse.Namespace) -> None:
-    from servo.transport import ZenohSettings, open_session
+    from servo.transport import ZenohSettings, open_zsession
 
-    async with open_session(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{args.port}"])):
+    async with open_zsession(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{args.port}"])):
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             print("READY", flush=True)
             async for _ in signals:
@@ -108,7 +113,7 @@ async def _robots(args: argparse.Namespace) -> None:
     from servo.client import PolicyClient, RemoteSession, RequestTimeout, ServerError, SessionLost
     from servo.client.errors import NoServerFound, SessionRejected
     from servo.edge.pipeline import DELAY_WINDOW
-    from servo.transport import ZenohSettings, open_session
+    from servo.transport import ZenohSettings, open_zsession
 
     settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{args.router}"])
     period = 1.0 / args.rate
@@ -167,7 +172,7 @@ async def _robots(args: argparse.Namespace) -> None:
                 replica=rows[-1][1] if rows else "", model="bench",
             )  # fmt: skip
             record = publisher.record(f"robot-{index}", stats, failsafe, lateness, 0)
-            body, attachment = seal_telemetry(record, publisher.signer)
+            body, attachment = seal_telemetry(record, publisher.signer, [BENCH_MONITOR.public_key])
             put.put(body, attachment=attachment)
             sent.append((time.monotonic(), len(key) + len(body) + len(attachment)))
             await anyio.sleep(publisher.period_s)
@@ -275,7 +280,7 @@ async def _robots(args: argparse.Namespace) -> None:
                 current = await stream(current)
             lost_at = time.monotonic()
 
-    async with open_session(settings) as zsession:
+    async with open_zsession(settings) as zsession:
         probe = PolicyClient(zsession, f"probe-{args.first}")
         with anyio.fail_after(60):
             while True:
@@ -322,7 +327,17 @@ async def _robots(args: argparse.Namespace) -> None:
 async def _monitor(args: argparse.Namespace) -> None:
     from servo.monitor import MonitorConfig, run_monitor
 
-    config = MonitorConfig(connect=[f"tcp/127.0.0.1:{args.router}"], http_port=args.port)
+    # The bench's fleet is made here: its robots and replicas are believed as they first speak.
+    key = Path(args.out).with_name("monitor.key")
+    key.write_text(f"servo-identity-v1 {base64.urlsafe_b64encode(BENCH_MONITOR.seed).decode()}\n")
+    key.chmod(0o600)
+    config = MonitorConfig(
+        connect=[f"tcp/127.0.0.1:{args.router}"],
+        http_port=args.port,
+        identity_key=str(key),
+        state_file=str(key.with_name("monitor.state")),
+        trust_first_use=True,
+    )
     async with anyio.create_task_group() as tg:
         await tg.start(run_monitor, config)
         print("READY", flush=True)

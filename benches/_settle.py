@@ -78,7 +78,8 @@ async def _robots(args: argparse.Namespace) -> None:
 
     from servo.client import NoServerFound, PolicyClient, RemoteSession, RequestTimeout
     from servo.client.errors import SessionRejected
-    from servo.transport import LoopBridge, ZenohSettings, open_session
+    from servo.stages import LoopBridge
+    from servo.transport import ZenohSettings, open_zsession
     from servo.wire import alive_selector
 
     moves: list[tuple[float, int, str, str]] = []
@@ -92,7 +93,7 @@ async def _robots(args: argparse.Namespace) -> None:
             appeared.set()
             appeared = anyio.Event()
 
-    async with open_session(ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{args.router}"])) as z:
+    async with open_zsession(ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{args.router}"])) as z:
         probe = PolicyClient(z, f"probe-{args.first}")
         with anyio.fail_after(60):
             while True:

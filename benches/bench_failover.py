@@ -65,7 +65,7 @@ from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.logs import configure_logging
 from servo.robots import RobotDescription
-from servo.transport import ZenohSettings, open_session
+from servo.transport import ZenohSettings, open_zsession
 from testbed.load import CpuHogs
 from testbed.processes import free_port
 
@@ -186,7 +186,7 @@ async def fleet(workdir: Path, topology: str) -> AsyncIterator[tuple[list[str], 
     port = free_port()
     if topology == "router":
         router = ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{port}"])
-        async with open_session(router), _replicas(workdir, port) as replicas:
+        async with open_zsession(router), _replicas(workdir, port) as replicas:
             yield [f"tcp/127.0.0.1:{port}"], replicas
     else:
         async with _replicas(workdir, None) as replicas:

@@ -28,7 +28,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._support import percentiles_ms
 from servo._core import SCHEMA_VERSION, SIGNATURE_SIZE, KeyPair
-from servo.access import Access, AccessRules
+from servo.access import Access, AccessRules, Caller
 from servo.client import PolicyClient
 from servo.client.trust import signed_open
 from servo.home import roster_path
@@ -158,6 +158,6 @@ def test_join_admission(benchmark: BenchmarkFixture, case: str) -> None:
     outcomes: list[object] = []
     benchmark.pedantic(lambda request: outcomes.append(gate.admit(request, _PREFIX)), setup=fresh, rounds=300)
     enrolled = 1 + (len(outcomes) if joining else 0)  # each join enrolled its robot, nothing else did
-    correct = outcomes == [None] * len(outcomes) and len(access.rules.robots) == enrolled
+    correct = all(isinstance(o, Caller) and o.enrolled for o in outcomes) and len(access.rules.robots) == enrolled
     benchmark.extra_info["correct"] = correct
     assert correct

@@ -24,16 +24,21 @@ Measure::
 
 ``MONITORING_BENCH_ROBOTS`` (default 300), ``MONITORING_BENCH_WINDOW_S`` (20), ``MONITORING_BENCH_ROUNDS`` (2).
 Targets: the monitored fleet's replicas use < 2 % of a core more than the baseline's; < 1 kB/s per robot.
+
+``test_monitor_ingest_per_record`` (group ``monitor-ingest``) measures the monitor's own cost per
+record, wire schema 2's work beside schema 3's (see its comment).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,10 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches.bench_scale import PER_PROCESS, RATE_HZ, REPLICAS, UTILISATION, Child
+from servo._core import PUBLIC_KEY_SIZE, ServerIdentity, verify_signature
+from servo.monitor import FleetView, RobotTrust
+from servo.wire import EdgeTelemetry, Transition, decode, encode, seal_telemetry, telemetry_key
+from servo.wire.telemetry import client_of_telemetry, signed_bytes
 from testbed.processes import free_port
 
 #: Four fleets of 300 robots, one after the other: minutes, not the suite's 2.
@@ -90,7 +99,10 @@ def run(workdir: Path, robots: int, window_s: float, *, monitored: bool) -> dict
         monitor_port = free_port()
         monitor = None
         if monitored:
-            monitor = Child(workdir, "monitor", "monitor", "--router", str(router_port), "--port", str(monitor_port))
+            monitor = Child(
+                workdir, "monitor", "monitor", "--router", str(router_port), "--port", str(monitor_port),
+                "--out", str(workdir / "monitor.json"),  # its identity and state go beside it
+            )  # fmt: skip
             children.append(monitor)
             monitor.wait_for("READY", 60)
         outputs, fleet = [], []
@@ -189,3 +201,74 @@ def test_monitoring_cost(benchmark: BenchmarkFixture, tmp_path: Path) -> None:
         assert result["robots_on_monitor"] == robots  # the monitor saw every robot's signed telemetry
         assert result["telemetry_bytes_per_robot_s"]["p50"] > 0
     assert all(r["telemetry_bytes_per_robot_s"]["max"] == 0 for r in info["runs"]["baseline"])
+
+
+# ----------------------------------------------------------------------------- ingest per record
+# What the monitor spends on one telemetry record, on its event loop (`FleetView.on_telemetry`), in
+# one run: wire schema 2's work (verify the robot's signature over the plain record, decode it,
+# look its key up) as the baseline, beside schema 3's whole ingest of a record encrypted to the
+# monitor (trust lookup, signature, X25519 + AES-256-GCM of its copy, decode, replay check, the
+# view's bookkeeping), and the refusal of a record of a robot nobody enrolled (no signature check).
+_ROBOT = ServerIdentity.from_seed(bytes(range(32)))
+_MONITOR = ServerIdentity.from_seed(bytes(range(1, 33)))
+_RECORDS = 20_000
+
+
+def _record(seq: int, robot: str = "robot-7") -> EdgeTelemetry:
+    transition = Transition("streaming", "chunk merged", 5.0)
+    return EdgeTelemetry(robot, 1, seq, 1000.0, "streaming", replica="r0", rtt_ms_p50=20.0, last_transition=transition)
+
+
+def _schema2(samples: list[tuple[str, bytes, bytes]]) -> Callable[[], bool]:
+    keys = {"robot-7": _ROBOT.public_key}
+    it = itertools.cycle(samples)
+
+    def run() -> bool:
+        key, body, attachment = next(it)
+        robot = client_of_telemetry(key)
+        signer, signature = attachment[:PUBLIC_KEY_SIZE], attachment[PUBLIC_KEY_SIZE:]
+        ok = verify_signature(signer, signed_bytes(robot, body), signature)
+        return ok and decode(body, EdgeTelemetry).client_id == robot and keys[robot] == signer
+
+    return run
+
+
+def _schema3(samples: list[tuple[str, bytes, bytes]]) -> Callable[[], bool]:
+    view = FleetView(RobotTrust({"robot-7": _ROBOT.public_key}), _MONITOR)
+    it = iter(samples)
+
+    def run() -> bool:
+        view.on_telemetry(*next(it))
+        return not view.refused
+
+    return run
+
+
+def _stranger(samples: list[tuple[str, bytes, bytes]]) -> Callable[[], bool]:
+    view = FleetView(RobotTrust({"robot-7": _ROBOT.public_key}), _MONITOR)
+    sample = samples[0]
+    return lambda: view.on_telemetry(*sample) is None and "unknown_robot" in view.refused
+
+
+@pytest.mark.benchmark(group="monitor-ingest")
+@pytest.mark.parametrize("case", ["schema 2: verify + decode", "schema 3: whole ingest", "unknown robot refused"])
+def test_monitor_ingest_per_record(benchmark: BenchmarkFixture, case: str) -> None:
+    n = 200 if benchmark.disabled else _RECORDS
+    if case.startswith("schema 2"):
+        samples = []
+        for seq in range(64):
+            body = encode(_record(seq))
+            samples.append(
+                (telemetry_key("robot-7"), body, _ROBOT.public_key + _ROBOT.sign(signed_bytes("robot-7", body)))
+            )
+        run = _schema2(samples)
+    elif case.startswith("schema 3"):
+        records = [seal_telemetry(_record(seq), _ROBOT, [_MONITOR.public_key]) for seq in range(n)]
+        run = _schema3([(telemetry_key("robot-7"), *r) for r in records])
+    else:
+        stranger = ServerIdentity.generate()
+        run = _stranger(
+            [(telemetry_key("ghost"), *seal_telemetry(_record(0, "ghost"), stranger, [_MONITOR.public_key]))]
+        )
+    rounds = min(n, 2000) if benchmark.disabled else n // 2
+    assert benchmark.pedantic(run, rounds=rounds, iterations=1, warmup_rounds=0)

@@ -42,7 +42,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 from benches._support import markdown, results_table
 from benches.bench_scale import Child
 from servo.client import PolicyClient
-from servo.transport import ZenohSettings, open_session
+from servo.transport import ZenohSettings, open_zsession
 from testbed.processes import free_port
 
 PER_PROCESS = 50
@@ -56,7 +56,7 @@ BACK_S = 1.0
 
 
 async def census(router_port: int) -> dict[str, int]:
-    async with open_session(ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{router_port}"])) as z:
+    async with open_zsession(ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{router_port}"])) as z:
         servers = await PolicyClient(z, "census").discover(app="scale", timeout=2.0)
     return {s.keys.replica: s.status.active_sessions for s in servers}
 

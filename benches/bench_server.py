@@ -18,7 +18,7 @@ Per configuration (in ``extra_info`` and the printed table):
   between forwards, independent of how exactly the emulated forward hits 20 ms.
 * ``fairness``: max/min of the per-client served rates ((n-1)/span of each client's chunks).
 * ``overhead_ms``: the full round trip (observation stamp -> chunk received, so client encode,
-  MAC, put and the client's wake-up are in) minus the server-reported inference time:
+  cipher, put and the client's wake-up are in) minus the server-reported inference time:
   ``rtt - inference``. At N = 1 this is the whole cost of servo and the transport;
   at N >= 2 it includes waiting for the other clients' forwards, so ``overhead_ex_queue_ms``
   also subtracts the server-reported queue wait (the time the decoded observation waited for
@@ -166,14 +166,14 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 def _n1_verdict(rows: list[dict[str, Any]]) -> list[str]:
     """Issue 19's N = 1 targets over TCP raw, from this run's rows: servo's overhead p50 within
-    0.5 ms of the floor with the MAC, and servo's queue wait p50 within 0.5 ms."""
+    0.5 ms of the floor with the cipher, and servo's queue wait p50 within 0.5 ms."""
     pick = {r["server"]: r for r in rows if r["clients"] == 1 and r["transport"] == "tcp" and r["payload"] == "raw"}
-    servo, floor = pick.get("servo"), pick.get("zenoh floor + MAC")
+    servo, floor = pick.get("servo"), pick.get("zenoh floor + AES-256-GCM")
     if servo is None or floor is None:
         return []
     gap = servo["overhead_ms_p50"] - floor["overhead_ms_p50"]
     return [
-        f"\nN = 1, TCP raw: servo overhead p50 {servo['overhead_ms_p50']:.2f} ms vs floor + MAC "
+        f"\nN = 1, TCP raw: servo overhead p50 {servo['overhead_ms_p50']:.2f} ms vs floor + AES-256-GCM "
         f"{floor['overhead_ms_p50']:.2f} ms: {gap:+.2f} ms (target <= +0.5); server queue wait p50 "
         f"{servo['queue_wait_ms_p50']:.3f} ms (target <= 0.5; from authenticated and decoded to forward start)."
     ]
@@ -231,22 +231,22 @@ def test_zenoh_echo_baseline(
     assert stats["correct"], stats
 
 
-@pytest.mark.parametrize("mac", [False, True], ids=["bare", "mac"])
+@pytest.mark.parametrize("cipher", [False, True], ids=["bare", "aes-256-gcm"])
 def test_transport_floor(
-    benchmark: BenchmarkFixture, floor_server: tuple[int, str], table: list[dict[str, Any]], mac: bool
+    benchmark: BenchmarkFixture, floor_server: tuple[int, str], table: list[dict[str, Any]], cipher: bool
 ) -> None:
     """What no Python server on Zenoh TCP can go below for this payload, with and without the
-    MAC servo requires: a plain thread putting a pre-encoded raw observation (`run_floor`)."""
+    cipher servo requires: a plain thread putting a pre-encoded raw observation (`run_floor`)."""
     smoke = benchmark.disabled
     port, transport = floor_server
     benchmark.group = f"server-{transport}-raw"
-    benchmark.name = f"zenoh-floor-{transport}-raw-{'mac' if mac else 'bare'}-N1"
+    benchmark.name = f"zenoh-floor-{transport}-raw-{'aes-256-gcm' if cipher else 'bare'}-N1"
     kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     result = benchmark.pedantic(
-        lambda: run_floor(port, mac=mac, compute_ms=COMPUTE_MS, **kwargs), rounds=1, iterations=1
+        lambda: run_floor(port, cipher=cipher, compute_ms=COMPUTE_MS, **kwargs), rounds=1, iterations=1
     )
     stats = summarize(result)
-    server = "zenoh floor + MAC" if mac else "zenoh floor"
+    server = "zenoh floor + AES-256-GCM" if cipher else "zenoh floor"
     benchmark.extra_info.update(stats, payload="raw", server=server, transport=transport, compute_ms=COMPUTE_MS)
     table.append({**stats, "server": server, "transport": transport, "payload": "raw", "smoke": smoke})
     assert stats["correct"], stats

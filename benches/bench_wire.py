@@ -1,6 +1,6 @@
 """Observation encode+decode: servo's wire format vs pickling the raw arrays (the legacy
-prototype's approach), how much of servo's cost is JPEG, and what the per-message MAC adds to a
-request (group ``request-mac``).
+prototype's approach), how much of servo's cost is JPEG, and what the session cipher adds to a
+request (group ``request-cipher``).
 
 Payload: two 480x640 RGB frames (rendered by the sim, so JPEG sizes are camera-like) + a 6-d
 state. Smoke: ``pytest benches/bench_wire.py --benchmark-disable``; measure with
@@ -10,6 +10,7 @@ round trip is exact (raw, pickle) or within JPEG tolerance.
 
 from __future__ import annotations
 
+import itertools
 import pickle  # the baseline only: servo never unpickles anything
 from collections.abc import Callable
 
@@ -95,49 +96,55 @@ def test_observation_round_trip(benchmark: BenchmarkFixture, case: str) -> None:
     assert benchmark.extra_info["correct"]
 
 
-# ----------------------------------------------------------------------------- MAC in a request
-# What authentication adds to one request: the client seals its observation, the server opens
-# it, the server seals the chunk, the client opens it. Baseline: the same request's codec work
-# without any MAC (encode + decode of the observation and of a 50x6 chunk), in the same run.
-KEY = SessionKey(bytes(range(32)))
+# ----------------------------------------------------------------------------- session cipher in a request
+# What protection adds to one request: the client encrypts its observation, the server decrypts
+# it, the server encrypts the chunk, the client decrypts it. Baseline: the same request's codec
+# work without any protection (encode + decode of the observation and of a 50x6 chunk), in the
+# same run. (bench_cipher.py puts the cipher beside the MAC of wire schema 2.)
+SECRET = bytes(range(32))
 REQUEST = Header(SCHEMA_VERSION, MSG_OBS, 0, 7, 0, 1, 123, bytes(range(16)))
-REPLY = REQUEST.replace(msg_type=MSG_CHUNK)
 CHUNK = np.random.default_rng(0).standard_normal((50, 6)).astype(np.float32)
 
 
-def request_codec(quality: int, *, mac: bool) -> Callable[[], bool]:
+def request_codec(quality: int, *, cipher: bool) -> Callable[[], bool]:
     images = {name: encode_image(PAYLOAD[name], quality) for name in CAMERAS}
+    client, server = SessionKey(SECRET, role="client"), SessionKey(SECRET, role="server")
+    seqs = itertools.count(1)
 
     def run() -> bool:
         body = encode(Observation(state=encode_tensor(PAYLOAD["state"]), images=images))
         ok = True
-        if mac:
-            ok = KEY.open(KEY.seal(REQUEST, body), body) == REQUEST
+        request = REQUEST.replace(seq_id=next(seqs))
+        if cipher:
+            header, body = server.decrypt(*client.encrypt(request, body))
+            ok = header == request
         obs = decode(body, Observation)
         chunk = encode(ActionChunk(encode_tensor(CHUNK), 1.0, 2.0))
-        if mac:
-            ok = ok and KEY.open(KEY.seal(REPLY, chunk), chunk) == REPLY
-        reply = decode(chunk, ActionChunk)
-        return ok and len(obs.images) == len(CAMERAS) and reply.chunk_robot.shape == (50, 6)
+        if cipher:
+            reply = request.replace(msg_type=MSG_CHUNK)
+            header, chunk = client.decrypt(*server.encrypt(reply, chunk))
+            ok = ok and header == reply
+        answer = decode(chunk, ActionChunk)
+        return ok and len(obs.images) == len(CAMERAS) and answer.chunk_robot.shape == (50, 6)
 
     return run
 
 
-MAC_CASES = {
-    f"{name}{' + MAC' if mac else ''}": request_codec(quality, mac=mac)
+CIPHER_CASES = {
+    f"{name}{' + AES-256-GCM' if cipher else ''}": request_codec(quality, cipher=cipher)
     for name, quality in (("raw", 0), ("jpeg90", 90))
-    for mac in (False, True)
+    for cipher in (False, True)
 }
 
 
-@pytest.mark.benchmark(group="request-mac")
-@pytest.mark.parametrize("case", list(MAC_CASES))
-def test_mac_per_request(benchmark: BenchmarkFixture, case: str) -> None:
-    """The four MACs of one request (seal + open, both ways), against the request's codec alone.
+@pytest.mark.benchmark(group="request-cipher")
+@pytest.mark.parametrize("case", list(CIPHER_CASES))
+def test_cipher_per_request(benchmark: BenchmarkFixture, case: str) -> None:
+    """The four cipher passes of one request (encrypt + decrypt, both ways), against the request's codec alone.
 
     JPEG images are encoded once outside the timing: the JPEG codec is measured above and does
-    not change with the MAC.
+    not change with the cipher.
     """
-    ok = benchmark(MAC_CASES[case])
+    ok = benchmark(CIPHER_CASES[case])
     benchmark.extra_info["correct"] = bool(ok)
     assert ok

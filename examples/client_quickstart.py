@@ -21,8 +21,7 @@ async def main(connect: str, requests: int) -> None:
         server = servers[0]
         print(f"found {len(servers)} server(s); using {server.keys.prefix} ({server.status.policy.model})")
         features = server.status.policy.features  # a real robot passes its own features here
-        session = await client.open_session(server, features=features, fps=server.status.policy.fps)
-        try:
+        async with client.session(server, features=features, fps=server.status.policy.fps) as session:
             frames = {name: np.zeros((cam.height, cam.width, 3), np.uint8) for name, cam in features.cameras.items()}
             state = np.zeros(len(features.state_names), np.float32)
             for _ in range(requests):
@@ -32,8 +31,6 @@ async def main(connect: str, requests: int) -> None:
                     f"(queue {result.queue_wait_ms:.1f} ms, inference {result.inference_ms:.1f} ms)"
                 )
                 state = result.chunk_robot[-1]
-        finally:
-            await session.close()
 
 
 if __name__ == "__main__":

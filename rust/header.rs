@@ -1,11 +1,12 @@
 //! The attachment header codec (no pyo3 here).
 //!
 //! Every servo message carries a fixed [`ATTACHMENT_SIZE`]-byte Zenoh attachment: the packed
-//! header ([`HEADER_SIZE`] bytes) followed by a [`TAG_SIZE`]-byte MAC tag over header || body
-//! (computed and checked in [`crate::auth`]). Routing code peeks at the header with
-//! [`Header::decode`] before it knows which session key applies; decoding never checks the tag.
+//! header ([`HEADER_SIZE`] bytes) followed by a [`TAG_SIZE`]-byte tag: the AES-256-GCM tag of
+//! the encrypted body with the header as associated data (computed and checked in
+//! [`crate::cipher`]). Routing code peeks at the header with [`Header::decode`] before it knows
+//! which session key applies; decoding never checks the tag. The header travels in the clear.
 //!
-//! Header layout, packed little-endian (schema version 2):
+//! Header layout, packed little-endian (schema version 3):
 //!
 //! | offset | size | field          | type |
 //! |-------:|-----:|----------------|------|
@@ -20,17 +21,19 @@
 //! | 30     | 16   | session_id     | 16 opaque bytes (a random 128-bit id) |
 //!
 //! Message types: [`MSG_OBS`] (client → server), [`MSG_CHUNK`], [`MSG_ERROR`] and
-//! [`MSG_DRAIN`] (server → client), [`MSG_CONTROL`] (a MAC'd control request, client → server:
-//! reset, close) and [`MSG_CONTROL_ACK`] (its MAC'd answer). The message type is under the
-//! MAC, so a tagged message cannot be replayed in the other direction as another type.
+//! [`MSG_DRAIN`] (server → client), [`MSG_CONTROL`] (an encrypted control request, client →
+//! server: reset, close) and [`MSG_CONTROL_ACK`] (its encrypted answer). The message type is
+//! under the tag and each direction has its own key, so a tagged message cannot be replayed in
+//! the other direction or as another type.
 //!
-//! Schema version 1 (30 bytes, no session id, no tag) is no longer accepted.
+//! Schema versions 1 (30 bytes, no session id, no tag) and 2 (the same header, bodies only
+//! authenticated by a keyed BLAKE3 MAC, not encrypted) are no longer accepted.
 
 use std::fmt;
 
 /// Encoded header size in bytes.
 pub const HEADER_SIZE: usize = 46;
-/// Size of the MAC tag that follows the header in an attachment.
+/// Size of the tag that follows the header in an attachment.
 pub const TAG_SIZE: usize = 16;
 /// Size of every attachment on the wire: header || tag.
 pub const ATTACHMENT_SIZE: usize = HEADER_SIZE + TAG_SIZE;
@@ -39,9 +42,9 @@ pub const SESSION_ID_SIZE: usize = 16;
 /// First two bytes of every header.
 pub const HEADER_MAGIC: [u8; 2] = *b"SV";
 /// The schema version this codec writes.
-pub const SCHEMA_VERSION: u16 = 2;
+pub const SCHEMA_VERSION: u16 = 3;
 /// Every schema version this codec can read and write.
-pub const SUPPORTED_SCHEMA_VERSIONS: [u16; 1] = [2];
+pub const SUPPORTED_SCHEMA_VERSIONS: [u16; 1] = [3];
 /// Observation (client → server).
 pub const MSG_OBS: u8 = 1;
 /// Action chunk (server → client).
@@ -50,7 +53,7 @@ pub const MSG_CHUNK: u8 = 2;
 pub const MSG_ERROR: u8 = 3;
 /// Drain notice (server → client).
 pub const MSG_DRAIN: u8 = 4;
-/// Control request (client → server), MAC'd like every message of a session.
+/// Control request (client → server), encrypted like every message of a session.
 pub const MSG_CONTROL: u8 = 5;
 /// Answer to a control request (server → client).
 pub const MSG_CONTROL_ACK: u8 = 6;
@@ -293,7 +296,7 @@ pub(crate) mod tests {
         [
             (
                 Header {
-                    schema_version: 2,
+                    schema_version: 3,
                     msg_type: MSG_OBS,
                     flags: FLAG_EPISODE_START,
                     seq_id: 42,
@@ -302,12 +305,12 @@ pub(crate) mod tests {
                     client_mono_ns: 123_456_789,
                     session_id: [0; 16],
                 },
-                "5356 0200 01 01 2a00000000000000 07000000 03000000 15cd5b0700000000
+                "5356 0300 01 01 2a00000000000000 07000000 03000000 15cd5b0700000000
                  00000000000000000000000000000000",
             ),
             (
                 Header {
-                    schema_version: 2,
+                    schema_version: 3,
                     msg_type: MSG_CHUNK,
                     flags: 0,
                     seq_id: 0x0102_0304_0506_0708,
@@ -316,12 +319,12 @@ pub(crate) mod tests {
                     client_mono_ns: -2,
                     session_id: [0; 16],
                 },
-                "5356 0200 02 00 0807060504030201 efbeadde ffffffff feffffffffffffff
+                "5356 0300 02 00 0807060504030201 efbeadde ffffffff feffffffffffffff
                  00000000000000000000000000000000",
             ),
             (
                 Header {
-                    schema_version: 2,
+                    schema_version: 3,
                     msg_type: MSG_CONTROL,
                     flags: 0,
                     seq_id: 1,
@@ -330,12 +333,12 @@ pub(crate) mod tests {
                     client_mono_ns: 0,
                     session_id: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
                 },
-                "5356 0200 05 00 0100000000000000 00000000 01000000 0000000000000000
+                "5356 0300 05 00 0100000000000000 00000000 01000000 0000000000000000
                  000102030405060708090a0b0c0d0e0f",
             ),
             (
                 Header {
-                    schema_version: 2,
+                    schema_version: 3,
                     msg_type: MSG_CONTROL_ACK,
                     flags: 0x80,
                     seq_id: u64::MAX,
@@ -347,7 +350,7 @@ pub(crate) mod tests {
                         0x89, 0xab, 0xcd, 0xef,
                     ],
                 },
-                "5356 0200 06 80 ffffffffffffffff 01000000 02000000 0000000000000080
+                "5356 0300 06 80 ffffffffffffffff 01000000 02000000 0000000000000080
                  c0ffee00deadbeef0123456789abcdef",
             ),
         ]
@@ -401,13 +404,24 @@ pub(crate) mod tests {
         bad[2] = 1;
         assert_eq!(
             Header::decode(&bad).unwrap_err().to_string(),
-            "unsupported schema_version 1 (supported: 2)"
+            "unsupported schema_version 1 (supported: 3)"
         );
         let mut bad = good;
         bad[4] = 9;
         assert_eq!(
             Header::decode(&bad).unwrap_err().to_string(),
             "unknown msg_type 9 (known: 1, 2, 3, 4, 5, 6)"
+        );
+    }
+
+    #[test]
+    fn v2_headers_are_rejected() {
+        // Schema 2 had this layout but bodies in the clear: its peers are refused by version.
+        let mut v2 = attachment(golden()[0].1);
+        v2[2] = 2;
+        assert_eq!(
+            Header::decode(&v2).unwrap_err().to_string(),
+            "unsupported schema_version 2 (supported: 3)"
         );
     }
 

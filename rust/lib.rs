@@ -1,9 +1,10 @@
 //! `servo._core`: the hot path of servo in Rust — the action chunk queue, the attachment
-//! header codec, message authentication and key exchange, and the latency tracker. The cores
-//! (`queue`, `header`, `auth`, `latency`) are plain Rust with no pyo3; `py` wraps them for
-//! Python. This file is the module glue only.
+//! header codec, key exchange and identities, the session cipher, and the latency tracker. The
+//! cores (`queue`, `header`, `auth`, `cipher`, `latency`) are plain Rust with no pyo3; `py`
+//! wraps them for Python. This file is the module glue only.
 
 pub mod auth;
+pub mod cipher;
 pub mod header;
 pub mod latency;
 mod py;

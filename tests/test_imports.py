@@ -10,14 +10,35 @@ import ast
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "python"
-#: Lowest first: a module may import its own layer and those below, never one above.
+#: Every unit of the package (``servo.X``, and the package's facade ``servo`` itself), lowest first:
+#: a module may import its own layer and those below, never one above.
 LAYERS = (
-    ("servo._core",),
-    ("servo.wire",),
+    # foundations: the Rust core, the error tree, logs, configuration files, private files, threads
+    (
+        "servo._core",
+        "servo._exports",
+        "servo.errors",
+        "servo.logs",
+        "servo.config",
+        "servo.private_files",
+        "servo.home",
+        "servo.stages",
+        "servo.httpd",
+        "servo.systemd",
+        "servo.threat_model",
+    ),
+    # the protocol: messages and keys, identities, join tokens, access roles, recordings
+    ("servo.wire", "servo.identity", "servo.join", "servo.access", "servo.recording"),
+    # Zenoh: settings, Zenoh sessions, QoS, queries
     ("servo.transport",),
+    # what a server is built from: robots, policies, the router
+    ("servo.robots", "servo.policy", "servo.router"),
+    # the two ends of a servo session
     ("servo.server", "servo.client"),
-    ("servo.edge", "servo.frontends"),
-    ("servo.cli",),
+    # what runs on them: the edge, the frontends, deployments, the fleet monitor, offline tools
+    ("servo.edge", "servo.frontends", "servo.deploy", "servo.monitor", "servo.trace", "servo.lerobot_dataset"),
+    # entry points: the command-line tools and the public names (``servo.X``)
+    ("servo.cli", "servo"),
 )
 
 
@@ -46,9 +67,14 @@ def module_graph() -> dict[str, set[str]]:
     return graph
 
 
+def unit(module: str) -> str:
+    """The unit of the layering a module belongs to: ``servo.X`` (or ``servo``, the facade)."""
+    return ".".join(module.split(".")[:2])
+
+
 def layer(module: str) -> int | None:
-    for index, prefixes in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
+    for index, units in enumerate(LAYERS):
+        if unit(module) in units:
             return index
     return None
 
@@ -100,6 +126,16 @@ def test_no_import_runs_back_up_the_layers() -> None:
     assert upward == []
 
 
+def test_every_unit_of_the_package_is_placed_once() -> None:
+    placed = [name for units in LAYERS for name in units]
+    assert len(placed) == len(set(placed))
+    compiled = {".".join(p.relative_to(PACKAGE_ROOT).with_suffix("").parts) for p in PACKAGE_ROOT.rglob("*.pyi")}
+    units = {unit(module) for module in module_graph().keys() | compiled}
+    assert "servo.cli" in units
+    assert sorted(units - set(placed)) == []  # a new unit needs a layer
+    assert sorted(set(placed) - units) == []  # a unit gone leaves no stale entry
+
+
 def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     graph = {
         "servo.client.a": {"servo.client.b"},
@@ -108,6 +144,8 @@ def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     }
     assert cycles(graph) == [["servo.client.a", "servo.client.b"]]
     assert layer("servo.edge.x") > layer("servo.client.b")  # type: ignore[operator]
+    assert layer("servo") == layer("servo.cli.serve") > layer("servo.errors") == layer("servo._core") == 0
+    assert layer("servo.nope") is None
 
 
 def test_tests_and_benches_never_import_each_other() -> None:

@@ -9,6 +9,10 @@ Everything an application uses is here, as ``servo.X`` (the modules below it may
     engine = servo.make_engine(config, robot.spec())
     summary = await servo.EdgeRuntime(robot, engine, config, servo.RunOptions()).run()
 
+Every error servo raises is a `ServoError`, through the category that says what went wrong
+(`ClientError`, `ConfigError`, `SecurityError`, `ProtocolError`, `PolicyError`, `RobotError`,
+`StartError`; see `servo.errors`); each keeps its builtin base (a `ConfigError` is a ``ValueError``).
+
 Importing ``servo`` loads none of them: each name is imported the first time it is used, so
 ``import servo`` stays instant, never imports torch and opens nothing.
 """
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from servo.client import SessionRejected as SessionRejected
     from servo.client import SyncPolicyClient as SyncPolicyClient
     from servo.client import TrustedServers as TrustedServers
+    from servo.client import UntrustedServer as UntrustedServer
     from servo.config import ConfigError as ConfigError
     from servo.edge import ENGINES as ENGINES
     from servo.edge import ControlConfig as ControlConfig
@@ -44,11 +49,9 @@ if TYPE_CHECKING:
     from servo.edge import LinkConfig as LinkConfig
     from servo.edge import LocalConfig as LocalConfig
     from servo.edge import PipelineConfig as PipelineConfig
-    from servo.edge import Produced as Produced
     from servo.edge import RemoteEngine as RemoteEngine
     from servo.edge import ReplayConfig as ReplayConfig
     from servo.edge import ReplayEngine as ReplayEngine
-    from servo.edge import Request as Request
     from servo.edge import RtcEngine as RtcEngine
     from servo.edge import RunOptions as RunOptions
     from servo.edge import RunSummary as RunSummary
@@ -57,19 +60,32 @@ if TYPE_CHECKING:
     from servo.edge import SyncEngine as SyncEngine
     from servo.edge import load_edge_config as load_edge_config
     from servo.edge import make_engine as make_engine
+    from servo.edge.failures import PolicyFailed as PolicyFailed
+    from servo.edge.failures import SessionEnded as SessionEnded
+    from servo.errors import PolicyError as PolicyError
+    from servo.errors import ProtocolError as ProtocolError
+    from servo.errors import RobotError as RobotError
+    from servo.errors import SecurityError as SecurityError
+    from servo.errors import ServoError as ServoError
+    from servo.errors import StartError as StartError
+    from servo.identity import IdentityError as IdentityError
+    from servo.join import JoinTokenError as JoinTokenError
     from servo.policy import POLICIES as POLICIES
     from servo.policy import DecodedObservation as DecodedObservation
     from servo.policy import Policy as Policy
     from servo.policy import PolicyLoadError as PolicyLoadError
+    from servo.policy import PolicyOutputError as PolicyOutputError
     from servo.policy import PolicySpec as PolicySpec
-    from servo.policy import Prepared as Prepared
     from servo.policy import Processor as Processor
     from servo.policy import load_policy as load_policy
     from servo.robots import ROBOTS as ROBOTS
+    from servo.robots import CalibrationError as CalibrationError
+    from servo.robots import CameraError as CameraError
     from servo.robots import Cameras as Cameras
     from servo.robots import CameraSpec as CameraSpec
     from servo.robots import Robot as Robot
     from servo.robots import RobotDescription as RobotDescription
+    from servo.robots import RobotFault as RobotFault
     from servo.robots import RobotParts as RobotParts
     from servo.robots import RobotSpec as RobotSpec
     from servo.robots import make_robot as make_robot
@@ -85,80 +101,5 @@ if TYPE_CHECKING:
     from servo.wire import WireError as WireError
 
 else:  # at run time: imported when first used (type checkers read the imports above)
-    _names, __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            # the policy server and its manifest
-            "servo.server": ("PolicyServer", "ServerReady", "Manifest", "load_manifest", "parse_manifest"),
-            # clients of a server: async, and openpi-style blocking
-            "servo.client": (
-                "PolicyClient",
-                "SyncPolicyClient",
-                "RemoteSession",
-                "ServerInfo",
-                "ChunkResult",
-                "TrustedServers",
-                "ClientError",
-                "NoServerFound",
-                "RequestTimeout",
-                "SendFailed",
-                "ServerError",
-                "SessionLost",
-                "SessionRejected",
-                "RogueServer",
-            ),
-            # the edge runtime, its configuration and its engines
-            "servo.edge": (
-                "EdgeRuntime",
-                "RunOptions",
-                "RunSummary",
-                "EdgeConfig",
-                "LinkConfig",
-                "ServerConfig",
-                "SecurityConfig",
-                "PipelineConfig",
-                "ControlConfig",
-                "FailSafeConfig",
-                "LocalConfig",
-                "ReplayConfig",
-                "load_edge_config",
-                "ENGINES",
-                "make_engine",
-                "EngineBase",
-                "Request",
-                "Produced",
-                "RemoteEngine",
-                "RtcEngine",
-                "SyncEngine",
-                "ReplayEngine",
-                "EdgeStartError",
-            ),
-            # policies: the contract and the registry
-            "servo.policy": (
-                "Policy",
-                "PolicySpec",
-                "Processor",
-                "Prepared",
-                "DecodedObservation",
-                "POLICIES",
-                "load_policy",
-                "PolicyLoadError",
-            ),
-            # robots: the contract and the registry
-            "servo.robots": (
-                "Robot",
-                "RobotParts",
-                "RobotSpec",
-                "Cameras",
-                "CameraSpec",
-                "ROBOTS",
-                "RobotDescription",
-                "make_robot",
-            ),
-            "servo.wire": ("Features", "CameraFeature", "WireError"),
-            "servo.transport": ("ZenohSettings", "TlsSettings"),
-            "servo.config": ("ConfigError",),
-        },
-        globals(),
-    )
-    __all__ = ["__version__", *_names]
+    __all__, __getattr__, __dir__ = lazy_exports(globals())
+    __all__.insert(0, "__version__")

@@ -1,7 +1,7 @@
 # This stub is where the public docs of servo._core live (pydantic-core does the same), so
 # docstrings are wanted here.
 # ruff: noqa: PYI021
-"""servo's Rust core: the action chunk queue, the attachment codec and its MAC, the latency tracker.
+"""servo's Rust core: the action chunk queue, the attachment codec, the session cipher, the latency tracker.
 
 Everything here is small and hot; everything else in servo is Python. Five things live here:
 
@@ -13,17 +13,18 @@ Everything here is small and hot; everything else in servo is Python. Five thing
   the queue: the newest observation, commands, counters and the recorder feed.
 * The attachment codec (:class:`Header`, :func:`decode_header`) -- every message carries a
   fixed 62-byte Zenoh attachment: a 46-byte packed little-endian header followed by a 16-byte
-  MAC tag, so routing and correlation never deserialise a message body.
-* Authentication (:class:`SessionKey`, :class:`KeyPair`, :class:`ServerIdentity`) -- the
-  per-message MAC (keyed BLAKE3 over header || body), the X25519 exchange that gives both ends
-  of a session its key without sending it, and the Ed25519 identity edges pin servers by.
+  tag, so routing and correlation never deserialise a message body.
+* The session cipher and identities (:class:`SessionKey`, :class:`KeyPair`,
+  :class:`ServerIdentity`) -- every body of a session encrypted with AES-256-GCM (the header
+  as associated data, the tag in the attachment), the X25519 exchange that gives both ends of
+  a session their keys without sending them, and the Ed25519 identity edges pin servers by.
 * :class:`LatencyTracker` -- monotonic-clock latency samples with a sliding window.
 
 GIL policy: calls that copy O(chunk) or O(window) data release the GIL around the copy
 (``ActionQueue.merge``, ``get_left_over``, ``get_processed_left_over``,
-``LatencyTracker.percentile(s)``), and :meth:`SessionKey.seal`/:meth:`SessionKey.open` release it
-while hashing a body of 64 KiB or more. Per-tick calls (``ActionQueue.get`` and friends, the
-header codec, sealing or opening a small body, ``LatencyTracker.add``, every
+``LatencyTracker.percentile(s)``), and :meth:`SessionKey.encrypt`/:meth:`SessionKey.decrypt`
+release it while going over a body of 64 KiB or more. Per-tick calls (``ActionQueue.get`` and
+friends, the header codec, encrypting or decrypting a small body, ``LatencyTracker.add``, every
 :class:`SharedMemory` view) take at most a few µs and
 never wait, so they keep the GIL: releasing it would let another Python thread take it, and
 the caller would then wait up to ``sys.getswitchinterval()`` (5 ms by default) to get it back.
@@ -33,11 +34,16 @@ the call (the same contract as numpy's own GIL-free copies).
 """
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, SupportsBytes, final
 
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer
+
+# servo's own error classes (`servo.errors`), raised here
+from servo.errors import AuthError as AuthError
+from servo.errors import HeaderError as HeaderError
+from servo.errors import QueueError as QueueError
 
 __all__ = [
     "ATTACHMENT_SIZE",
@@ -77,6 +83,7 @@ __all__ = [
     "__version__",
     "build_profile",
     "decode_header",
+    "exchange_public_key",
     "unauthenticated",
     "verify_signature",
 ]
@@ -88,16 +95,6 @@ build_profile: Final[Literal["release", "debug"]]
 """Cargo profile of this build; benchmarks refuse to measure a ``"debug"`` build."""
 
 # ----------------------------------------------------------------------------- ActionQueue
-
-class QueueError(ValueError):
-    """A chunk was rejected by :meth:`ActionQueue.merge`.
-
-    Raised for a wrong dtype, a wrong number of dimensions, a wrong action dimension, an
-    ``original``/``processed`` length mismatch, an empty chunk, a merge that would exceed
-    the queue's capacity, or a position read before the last merge. The message names the
-    expected and the actual values, e.g. ``"processed has shape (50, 7), expected (T, 6)"``.
-    The queue is left unchanged.
-    """
 
 @final
 class Provenance:
@@ -621,7 +618,7 @@ HEADER_SIZE: Final[int]
 """Size of an encoded header: 46 bytes."""
 
 TAG_SIZE: Final[int]
-"""Size of the MAC tag that follows the header in an attachment: 16 bytes."""
+"""Size of the tag (AES-256-GCM) that follows the header in an attachment: 16 bytes."""
 
 ATTACHMENT_SIZE: Final[int]
 """Size of every attachment on the wire, header || tag: 62 bytes."""
@@ -633,10 +630,10 @@ HEADER_MAGIC: Final[bytes]
 """First two bytes of every header: ``b"SV"``."""
 
 SCHEMA_VERSION: Final[int]
-"""The schema version this build writes (2)."""
+"""The schema version this build writes (3: session bodies encrypted)."""
 
 SUPPORTED_SCHEMA_VERSIONS: Final[frozenset[int]]
-"""Every schema version this codec reads and writes: ``{2}`` (version 1 is refused)."""
+"""Every schema version this codec reads and writes: ``{3}`` (versions 1 and 2 are refused)."""
 
 MSG_OBS: Final[int]
 """Message type 1: observation (client to server)."""
@@ -651,7 +648,7 @@ MSG_DRAIN: Final[int]
 """Message type 4: drain notice (server to client)."""
 
 MSG_CONTROL: Final[int]
-"""Message type 5: control request (client to server: reset, close), MAC'd like the data plane."""
+"""Message type 5: control request (client to server: reset, close), encrypted like the data plane."""
 
 MSG_CONTROL_ACK: Final[int]
 """Message type 6: answer to a control request (server to client)."""
@@ -664,16 +661,6 @@ FLAG_COPY: Final[int]
 seq_id because its answer is overdue; a server that still holds, serves or has answered the
 original answers the copy from that instead of running another forward."""
 
-class HeaderError(ValueError):
-    """A header could not be built, encoded or decoded.
-
-    The message names the problem, e.g. ``"attachment is 12 bytes, expected 62"``,
-    ``"bad magic b'XX', expected b'SV'"``, ``"unsupported schema_version 1 (supported: 2)"``,
-    ``"unknown msg_type 9 (known: 1, 2, 3, 4, 5, 6)"``,
-    ``"flags=256 does not fit u8, expected 0 <= flags <= 255"`` or
-    ``"session_id is 8 bytes, expected 16"``.
-    """
-
 @final
 class Header:
     """The attachment header of every servo message (frozen, hashable).
@@ -683,7 +670,7 @@ class Header:
         magic b"SV" (2) | schema_version u16 | msg_type u8 | flags u8 | seq_id u64 |
         episode_id u32 | session_epoch u32 | client_mono_ns i64 | session_id (16 bytes)
 
-    On the wire it is always followed by a 16-byte tag (see :meth:`SessionKey.seal` and
+    On the wire it is always followed by a 16-byte tag (see :meth:`SessionKey.encrypt` and
     :func:`unauthenticated`). Built by whichever task sends a message and decoded by whichever
     receives it; it has no owner and is safe to share between threads. No method releases the
     GIL (copies of at most 62 bytes).
@@ -703,7 +690,7 @@ class Header:
     Raises:
         HeaderError: A value does not fit its field's wire type, or ``session_id`` is not 16
             bytes; the message names the field. (Unknown ``schema_version``/``msg_type`` values
-            are accepted here and rejected when the header is sealed.)
+            are accepted here and rejected when the header is encrypted.)
         TypeError: A field of the wrong type (e.g. a ``session_id`` that is not ``bytes``).
     """
 
@@ -772,7 +759,7 @@ def decode_header(attachment: Buffer) -> Header:
     """Decode the header of an attachment WITHOUT checking its tag (a routing peek).
 
     Use it to find the session (and so the key) a message claims; trust nothing in the result
-    until :meth:`SessionKey.open` has verified the tag. Keeps the GIL (a 62-byte copy).
+    until :meth:`SessionKey.decrypt` has verified the tag. Keeps the GIL (a 62-byte copy).
 
     Args:
         attachment: Exactly :data:`ATTACHMENT_SIZE` bytes (any C-contiguous buffer).
@@ -788,7 +775,7 @@ def decode_header(attachment: Buffer) -> Header:
 # ----------------------------------------------------------------------------- authentication
 
 KEY_SIZE: Final[int]
-"""Size of a session key: 32 bytes."""
+"""Size of a session secret (and of each key derived from it): 32 bytes."""
 
 PUBLIC_KEY_SIZE: Final[int]
 """Size of an X25519 or Ed25519 public key: 32 bytes."""
@@ -799,81 +786,153 @@ SEED_SIZE: Final[int]
 SIGNATURE_SIZE: Final[int]
 """Size of an Ed25519 signature: 64 bytes."""
 
-class AuthError(ValueError):
-    """A message failed authentication, or a key-exchange or signature input was refused.
-
-    The message says which, e.g. ``"tag mismatch"``, ``"zero tag: the message is
-    unauthenticated"``, ``"attachment is 61 bytes, expected 62"``, ``"key is 16 bytes,
-    expected 32"``, ``"peer public key is of low order (all-zero shared secret)"`` or
-    ``"this KeyPair was already used (key pairs are single-use)"``.
-    """
-
 @final
 class SessionKey:
-    """The per-session MAC key: seals outgoing and opens incoming attachments (frozen).
+    """One end's keys of a session: encrypts what this end sends, decrypts what the other sends (frozen).
 
-    The tag is keyed BLAKE3 over header (46 bytes) || body, truncated to 16 bytes; a body
-    given as several parts is hashed as their concatenation, without joining them. Made by
-    :meth:`KeyPair.session_key` (or from raw bytes), then owned by the session; safe to share
-    between threads. Its ``repr`` never shows the key.
+    Each direction has its own AES-256-GCM key, derived from the session secret with BLAKE3
+    ``derive_key`` (contexts ``"servo 2026-11 session client-to-server aes-256-gcm v3"`` and
+    ``"… server-to-client …"``). A message is its header (in the clear, the associated data),
+    the encrypted body, and the 16-byte GCM tag after the header in the attachment. The nonce
+    is ``msg_type || 0 0 0 || seq_id`` (little-endian), rebuilt by the receiver from the
+    header; this key refuses to encrypt a seq_id that is not above the last one it encrypted
+    for that message type, so a nonce never repeats under one key. A client encrypts
+    observations and control requests, a server chunks, errors, drain notices and control
+    acks; each decrypts only what the other end sends, so a reflected message never verifies.
 
-    GIL: released while hashing a body of 64 KiB or more (an observation), kept below (a chunk
-    takes ~1-3 µs, less than a GIL round trip can cost). A buffer must not be mutated by
+    Made by :meth:`KeyPair.session_key` (or from a raw secret), then owned by the session; safe
+    to share between threads (the nonce guard is atomic). Never copy one: two objects over one
+    secret would each start their nonce guard afresh. Its ``repr`` never shows the key.
+
+    GIL: released while going over a body of 64 KiB or more (an observation), kept below (a
+    chunk takes ~1-3 µs, less than a GIL round trip can cost). A buffer must not be mutated by
     another thread during the call.
 
     Args:
-        key: Exactly :data:`KEY_SIZE` bytes.
+        secret: The session secret, exactly :data:`KEY_SIZE` bytes.
+        role: ``"client"`` or ``"server"``: which end this key is.
 
     Raises:
-        AuthError: ``key`` is not 32 bytes.
+        AuthError: ``secret`` is not 32 bytes.
+        ValueError: ``role`` is neither ``"client"`` nor ``"server"``.
     """
 
-    def __new__(cls, key: bytes) -> SessionKey: ...
-    def seal(self, header: Header, body: Buffer | list[Buffer] | tuple[Buffer, ...]) -> bytes:
-        """Encode ``header`` and append the tag of header || body: the attachment to send.
+    def __new__(cls, secret: bytes, *, role: Literal["client", "server"]) -> SessionKey: ...
+    @property
+    def role(self) -> Literal["client", "server"]:
+        """Which end of the session this key is."""
+
+    def encrypt(self, header: Header, body: Buffer | list[Buffer] | tuple[Buffer, ...]) -> tuple[bytes, bytes]:
+        """Encrypt ``body`` under ``header``: ``(attachment, ciphertext)`` to send.
+
+        One pass copies the body into a new ``bytes`` and encrypts it there (the buffer
+        Zenoh sends); the tag covers the header and the ciphertext.
 
         Args:
-            header: The header (its ``session_id`` is the session's).
+            header: The header: a message type this end sends, and a ``seq_id`` above the last
+                one this key encrypted for that type.
             body: The message body: one C-contiguous buffer (bytes, bytearray, memoryview,
-                numpy array of any dtype) or a list or tuple of them, hashed in order.
+                numpy array of any dtype) or a list or tuple of them, encrypted as their
+                concatenation.
 
         Returns:
-            Exactly :data:`ATTACHMENT_SIZE` bytes.
+            The attachment (exactly :data:`ATTACHMENT_SIZE` bytes: header || tag) and the
+            ciphertext (as long as the body).
 
         Raises:
+            AuthError: A message type the other end sends, or a ``seq_id`` not above the last
+                one of its type (its nonce would repeat); nothing is encrypted then.
             HeaderError: ``schema_version`` not in :data:`SUPPORTED_SCHEMA_VERSIONS` or
                 ``msg_type`` not a known ``MSG_*`` value.
             TypeError: ``body`` (or one of its parts) is not a buffer.
             BufferError: A part is not C-contiguous (numpy raises ``ValueError``).
         """
 
-    def open(self, attachment: Buffer, body: Buffer | list[Buffer] | tuple[Buffer, ...]) -> Header:
-        """Verify an attachment's tag over its header || body, then decode the header.
+    def encrypt_in_place(self, header: Header, buffer: Buffer) -> bytes:
+        """Encrypt the body held in ``buffer`` where it lies; return the attachment.
 
-        Checks, in order: the length, the zero tag of :func:`unauthenticated` (always refused),
-        the tag (constant-time comparison), the header. Nothing is decoded before the tag
-        verifies, so any bit changed in header, body or tag gives ``"tag mismatch"``.
+        For a sender that encodes each message into one buffer it reuses (a ``bytearray``
+        filled by msgspec's ``encode_into``): no new buffer, one pass. ``buffer`` is left
+        untouched when the call raises.
+
+        Args:
+            header: As for :meth:`encrypt`.
+            buffer: A writable C-contiguous buffer holding the body.
+
+        Returns:
+            The attachment (exactly :data:`ATTACHMENT_SIZE` bytes: header || tag).
+
+        Raises:
+            AuthError: As for :meth:`encrypt`.
+            HeaderError: As for :meth:`encrypt`.
+            BufferError: ``buffer`` is read-only (``bytes``) or not C-contiguous.
+            TypeError: ``buffer`` is not a buffer.
+        """
+
+    def decrypt(self, attachment: Buffer, ciphertext: Buffer | SupportsBytes) -> tuple[Header, bytes]:
+        """Verify a message from the other end and decrypt it: ``(header, body)``.
+
+        Checks, in order: the attachment's length, the zero tag of :func:`unauthenticated`
+        (always refused), the tag (by the AEAD, in constant time), the header. Nothing is
+        decoded or returned before the tag verifies, so any bit changed in header, ciphertext
+        or tag gives ``"tag mismatch"``. Replays are the caller's to refuse (by ``seq_id``).
 
         Args:
             attachment: The received attachment (any C-contiguous buffer).
-            body: The received body, as one buffer or a list or tuple of parts (as in
-                :meth:`seal`).
+            ciphertext: The received body: a buffer (copied into the new plaintext), or an
+                object without the buffer protocol that ``bytes()`` converts (a Zenoh
+                ``ZBytes``): its bytes are made once and, when this call holds the only
+                reference to them, decrypted where they lie (the copy out of Zenoh is the only
+                one).
+
+        Returns:
+            The authenticated header and the plaintext body (a ``bytes`` nobody else holds).
+
+        Raises:
+            AuthError: Wrong length, zero tag or tag mismatch.
+            HeaderError: The tag is valid but the header does not decode (a key holder sent
+                a header of another schema).
+            TypeError: ``attachment`` is not a buffer, or ``ciphertext`` is neither a buffer
+                nor convertible by ``bytes()``.
+        """
+
+    def authenticate(self, header: Header, data: Buffer | list[Buffer] | tuple[Buffer, ...]) -> bytes:
+        """A proof that this end holds the session's keys, over ``data`` that does not travel.
+
+        For data both ends know (a resume proof binds a new open's key): ``header`` followed by
+        keyed BLAKE3 of header || data under this end's proof key, truncated to 16 bytes.
+        Nothing is encrypted and no nonce is used.
+
+        Returns:
+            Exactly :data:`ATTACHMENT_SIZE` bytes.
+
+        Raises:
+            AuthError: A message type the other end sends.
+            HeaderError: ``schema_version`` or ``msg_type`` unknown.
+            TypeError: ``data`` (or one of its parts) is not a buffer.
+        """
+
+    def verify(self, attachment: Buffer, data: Buffer | list[Buffer] | tuple[Buffer, ...]) -> Header:
+        """Check the other end's :meth:`authenticate` proof over ``data``, then decode its header.
+
+        Checks, in order: the length, the zero tag (always refused), the tag (constant-time
+        comparison), the header.
 
         Returns:
             The authenticated header.
 
         Raises:
             AuthError: Wrong length, zero tag or tag mismatch.
-            HeaderError: The tag is valid but the header does not decode (a key holder sent
-                a header of another schema).
-            TypeError: ``attachment`` or ``body`` is not a buffer.
+            HeaderError: The tag is valid but the header does not decode.
+            TypeError: ``attachment`` or ``data`` is not a buffer.
         """
 
 def unauthenticated(header: Header) -> bytes:
     """The attachment of a keyless notice: the encoded header followed by 16 zero bytes.
 
     For the few messages sent without a session key (e.g. "unknown session"). A receiver can
-    :func:`decode_header` it but :meth:`SessionKey.open` always refuses it. Keeps the GIL.
+    :func:`decode_header` it but :meth:`SessionKey.decrypt` and :meth:`SessionKey.verify`
+    always refuse it. Keeps the GIL.
 
     Returns:
         Exactly :data:`ATTACHMENT_SIZE` bytes.
@@ -887,8 +946,8 @@ class KeyPair:
     """An ephemeral X25519 key pair for one session-key exchange (frozen; single use).
 
     Both ends make one per session open and send only :attr:`public_key`; each then calls
-    :meth:`session_key` with the other's public key, and both get the same
-    :class:`SessionKey`: BLAKE3 ``derive_key("servo 2026-11 session key v2", shared secret ||
+    :meth:`session_key` with the other's public key, and both get their end of the same
+    session: the secret is BLAKE3 ``derive_key("servo 2026-11 session key v3", shared secret ||
     client_public || server_public || session_id)``. The secret is drawn from the OS random
     number generator, never leaves Rust and is wiped once used. Owned by the task running the
     exchange; safe to share between threads. Keeps the GIL (~0.1 ms to make a pair and ~0.1 ms
@@ -911,7 +970,7 @@ class KeyPair:
         server_public: bytes,
         session_id: bytes,
     ) -> SessionKey:
-        """Derive the session key shared with the holder of ``peer_public``; uses the pair up.
+        """Derive this end's key of the session shared with ``peer_public``; uses the pair up.
 
         Args:
             peer_public: The other end's public key (32 bytes).
@@ -921,7 +980,8 @@ class KeyPair:
                 different key.
 
         Returns:
-            The session key.
+            This end's :class:`SessionKey`: role ``"client"`` if this pair's public key is
+            ``client_public``, else ``"server"``.
 
         Raises:
             AuthError: A wrong length or ``client_public``/``server_public`` that are not this
@@ -976,6 +1036,40 @@ class ServerIdentity:
         Returns:
             The signature (:data:`SIGNATURE_SIZE` bytes).
         """
+
+    @property
+    def exchange_public_key(self) -> bytes:
+        """This identity's X25519 public key (see :func:`exchange_public_key`)."""
+
+    def session_key(
+        self,
+        peer_public: bytes,
+        *,
+        client_public: bytes,
+        server_public: bytes,
+        session_id: bytes,
+    ) -> SessionKey:
+        """This identity's end of a session with the holder of the ephemeral key ``peer_public``.
+
+        Exchanged with the X25519 form of this identity's secret (RFC 8032's secret scalar, as
+        libsodium's ``crypto_sign_ed25519_sk_to_curve25519``), so a sender who knows only the
+        identity can encrypt to it: its own :class:`KeyPair`, ``server_public`` =
+        :func:`exchange_public_key` of the identity. The same key serving both signatures and
+        this exchange is analysed in "On using the same key pair for Ed25519 and an X25519 based
+        KEM" (Thormarker, 2021). Arguments and errors as :meth:`KeyPair.session_key`; the
+        identity is not used up. Keeps the GIL (~0.1 ms).
+        """
+
+def exchange_public_key(public_key: bytes) -> bytes:
+    """The X25519 public key of the identity whose Ed25519 public key is ``public_key``.
+
+    Its Montgomery form (libsodium's ``crypto_sign_ed25519_pk_to_curve25519``): what a record is
+    encrypted to when its reader is known only by its identity (:meth:`ServerIdentity.session_key`
+    is the reader's end). Keeps the GIL (~20 µs).
+
+    Raises:
+        AuthError: ``public_key`` is not 32 bytes, or not an Ed25519 public key.
+    """
 
 def verify_signature(public_key: bytes, message: Buffer, signature: bytes) -> bool:
     """Whether ``signature`` is ``public_key``'s Ed25519 signature of ``message``.

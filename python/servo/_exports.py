@@ -2,30 +2,48 @@
 
 ``import servo`` must stay instant and light: the control process, every command-line tool and
 every child process imports the ``servo`` package, and none of them may pay for the server, the
-client or Zenoh it does not use. A package lists its public names once, by the module that owns
-each; the first ``servo.PolicyClient`` (or ``from servo import PolicyClient``) imports
-``servo.client`` and caches the name. Type checkers read the same names from the package's
-``if TYPE_CHECKING:`` imports (a test keeps the two equal).
+client or Zenoh it does not use. A package lists each public name once, in its
+``if TYPE_CHECKING:`` block, as ``from owner import Name as Name``: type checkers and IDEs read
+those imports, and at run time `lazy_exports` reads the same lines from the package's source, so
+the first ``servo.PolicyClient`` (or ``from servo import PolicyClient``) imports ``servo.client``
+and caches the name.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(
-    package: str, owners: Mapping[str, tuple[str, ...]], namespace: dict[str, Any]
-) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
-    """``__all__``, ``__getattr__`` and ``__dir__`` of ``package``.
+def public_names(source: str) -> dict[str, str]:
+    """Public name -> owning module, from the ``from owner import Name as Name`` lines of ``source``.
 
-    Args:
-        package: The package's ``__name__`` (named in errors).
-        owners: Owning module -> the public names it defines (or re-exports).
-        namespace: The package's ``globals()``: a name, once imported, is cached there.
+    Only lines indented once count (the package's ``if TYPE_CHECKING:`` block); a plain string
+    split keeps ``import servo`` from importing ``re`` or ``ast``.
     """
-    where = {name: module for module, names in owners.items() for name in names}
+    where = {}
+    for line in source.splitlines():
+        words = line.split()
+        if (
+            line.startswith("    from ")
+            and len(words) == 6
+            and words[2::2] == ["import", "as"]
+            and words[3] == words[5]
+        ):
+            where[words[3]] = words[1]
+    return where
+
+
+def lazy_exports(namespace: dict[str, Any]) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """``__all__``, ``__getattr__`` and ``__dir__`` of the package whose ``globals()`` is ``namespace``.
+
+    Its public names are the ``from owner import Name as Name`` lines of its ``if TYPE_CHECKING:``
+    block (`public_names`); a name, once imported, is cached in ``namespace``.
+    """
+    package = namespace["__name__"]
+    with open(namespace["__file__"], encoding="utf-8") as f:
+        where = public_names(f.read())
 
     def __getattr__(name: str) -> Any:
         module = where.get(name)

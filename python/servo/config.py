@@ -30,13 +30,15 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 import msgspec
 import msgspec.inspect as mi
 
+from servo.errors import ServoError
+
 T = TypeVar("T")
 
 #: Longest value quoted back in an error message (a value is user input: keep lines short).
 _MAX_QUOTED = 240
 
 
-class ConfigError(ValueError):
+class ConfigError(ServoError, ValueError):
     """A configuration value cannot be used; the message names the file and the dotted key."""
 
 
@@ -216,7 +218,7 @@ def flag_keys(kind: type[Any]) -> dict[str, str]:
     return keys
 
 
-class FieldError(ValueError):
+class FieldError(ConfigError):
     """What a Struct's ``check()`` raises about one of its own fields (``field`` relative to it).
 
     `convert` calls ``check()`` on every Struct of the converted tree that defines it (rules that
@@ -287,7 +289,7 @@ def _join(path: str, key: str) -> str:
 
 
 # ---------------------------------------------------------------------------- cross-field checks
-class _Located(Exception):
+class _Located(ServoError):
     def __init__(self, path: str, message: str) -> None:
         self.path = path
         self.message = message

@@ -13,6 +13,14 @@ What lives there (each created on first use, the directory with mode 0700):
 * ``servers/<app>.key``: the identity of the servers of app ``<app>`` that ``servo-serve``
   runs here (one per app, so replicas started from this directory share it).
 * ``known_servers``: the servers edges trusted on first use (`servo.client.known`).
+* ``monitor.key``: this machine's operator identity (`servo.identity`), created by the first
+  ``servo-monitor`` run; ``servo-monitor --identity`` prints its fingerprint, which servers list
+  as an operator (``[security] operators``) to show it the fleet's audit trail and robots encrypt
+  their telemetry to.
+* ``telemetry.run``: how many times an edge of this machine ran (its telemetry's run counter, so
+  a monitor can refuse a replayed record of an old run).
+* ``monitor.state``: what a monitor remembers of each robot's telemetry runs across restarts
+  (`servo.monitor.trust`), so a replayed record of an old run is refused.
 * ``tls/server.pem``, ``tls/server.key``: the self-signed certificate ``servo-serve`` listens
   with on a ``tls/…`` endpoint that names none (`servo.server.selfsigned`).
 * ``servers/<app>.roster``: the robots that joined ``servo-serve``'s servers of ``<app>`` with a
@@ -73,6 +81,21 @@ def server_identity_path(app: str) -> Path:
 def known_servers_path() -> Path:
     """The edges' trust-on-first-use record (`servo.client.known`)."""
     return config_dir() / "known_servers"
+
+
+def telemetry_run_path() -> Path:
+    """Where a robot counts its runs (what its telemetry's ``run`` says: `servo.edge.telemetry`)."""
+    return config_dir() / "telemetry.run"
+
+
+def operator_identity_path() -> Path:
+    """Where this machine's operator (monitor) identity lives by default."""
+    return config_dir() / "monitor.key"
+
+
+def monitor_state_path() -> Path:
+    """Where a monitor keeps the telemetry runs it saw (`servo.monitor.trust`)."""
+    return config_dir() / "monitor.state"
 
 
 def roster_path(app: str) -> Path:

@@ -1,7 +1,9 @@
-"""Ed25519 identities kept in files: a server's and a robot's.
+"""Ed25519 identities kept in files: a server's, a robot's and an operator's.
 
-A server's signs its session acks, trajectories and notices; a robot's signs its session opens.
-Both are the same thing, `Identity` (the Rust core's generic Ed25519 key, `servo._core.ServerIdentity`),
+A server's signs its session acks, trajectories and notices; a robot's signs its session opens
+and its telemetry; an operator's (a monitor's) signs its audit queries and reads the telemetry
+robots encrypt to it.
+All three are the same thing, `Identity` (the Rust core's generic Ed25519 key, `servo._core.ServerIdentity`),
 stored the same way: a file holding the secret seed, one line ``servo-identity-v1 <urlsafe base64
 of the 32-byte seed>``. A missing file is created with mode 0600 (atomically: never overwritten,
 never readable by others, even for a moment) and its fingerprint is logged; processes sharing a
@@ -9,9 +11,9 @@ file share the identity. A file readable by group or others, a symbolic link, a 
 user or one in a directory others may write is refused (`servo.private_files`), as ssh refuses
 such a private key.
 
-Where they live by default is `servo.home`'s business: ``robot.key`` and ``servers/<app>.key`` in
-the user's servo directory. This module sits beside `servo.home`, below every layer that uses it
-(server, client, edge, cli), and imports nothing above `servo.wire`.
+Where they live by default is `servo.home`'s business: ``robot.key``, ``monitor.key`` and
+``servers/<app>.key`` in the user's servo directory. This module sits beside `servo.home`, below
+every layer that uses it (server, client, edge, cli), and imports nothing above `servo.wire`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pathlib import Path
 
 from servo._core import SEED_SIZE
 from servo._core import ServerIdentity as Identity
-from servo.home import ensure_config_dir, robot_identity_path, server_identity_path
+from servo.errors import SecurityError
+from servo.home import ensure_config_dir, operator_identity_path, robot_identity_path, server_identity_path
 from servo.logs import get_logger
 from servo.private_files import PrivateFileError, create_private, private_dir, read_private
 from servo.wire import fingerprint
@@ -34,6 +37,7 @@ __all__ = [
     "IdentityError",
     "ephemeral_identity",
     "load_identity",
+    "operator_identity",
     "robot_identity",
     "server_identity",
 ]
@@ -41,7 +45,7 @@ __all__ = [
 _TAG = "servo-identity-v1"
 
 
-class IdentityError(ValueError):
+class IdentityError(SecurityError, ValueError):
     """The identity file cannot be used; the message names the file and the problem."""
 
 
@@ -86,6 +90,15 @@ def robot_identity(path: str | Path = "") -> Identity:
         IdentityError: see `load_identity` (and the servo directory cannot be created).
     """
     return load_identity(path or _in_config_dir(robot_identity_path()), role="robot")
+
+
+def operator_identity(path: str | Path = "") -> Identity:
+    """This machine's operator (monitor) identity: ``path``, else ``monitor.key`` in the user's servo directory.
+
+    Raises:
+        IdentityError: see `load_identity` (and the servo directory cannot be created).
+    """
+    return load_identity(path or _in_config_dir(operator_identity_path()), role="operator")
 
 
 def server_identity(path: str | Path, app: str) -> Identity:

@@ -44,6 +44,7 @@ import msgspec
 
 from servo._core import PUBLIC_KEY_SIZE, verify_signature
 from servo._core import ServerIdentity as Identity
+from servo.errors import SecurityError
 from servo.wire import SessionOpen, WireError, join_transcript
 from servo.wire.trust import b64, unb64
 
@@ -58,7 +59,7 @@ _KEY_CONTEXT = b"servo-join-v1 token key\0"
 _ID = re.compile(r"[a-z2-7]{8}")
 
 
-class JoinTokenError(ValueError):
+class JoinTokenError(SecurityError, ValueError):
     """Text that is no usable join token; the message says what is wrong (never the secret)."""
 
 

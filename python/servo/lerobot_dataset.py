@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from servo.errors import ServoError
 from servo.logs import get_logger
 from servo.recording import EpisodeHeader, FrameRecord, Recording, read_recording
 from servo.wire import WireError, decode_image, decode_tensor
@@ -27,7 +28,7 @@ from servo.wire import WireError, decode_image, decode_tensor
 log = get_logger(__name__)
 
 
-class ExportError(ValueError):
+class ExportError(ServoError, ValueError):
     """The recordings cannot become a dataset; the message names the file and what is wrong."""
 
 

@@ -1,7 +1,8 @@
 """Open, create and replace the files that decide whom a machine trusts, as ssh does its own.
 
-Keys (``robot.key``, ``servers/<app>.key``, the self-signed certificate's key), pins
-(``known_servers``, pinned certificates) and the server's roster of robots and tokens all pass
+Keys (``robot.key``, ``servers/<app>.key``, ``monitor.key``, the self-signed certificate's key),
+pins (``known_servers``, pinned certificates), the server's roster of robots and tokens, and what
+guards against replays (the edge's ``telemetry.run``, the monitor's ``monitor.state``) all pass
 through here, so one set of rules holds for every one of them:
 
 * **No links.** A file is opened with ``O_NOFOLLOW``: a ``robot.key`` that is a symbolic link
@@ -30,8 +31,19 @@ import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["PrivateFileError", "check_dir", "create_private", "private_dir", "read_private", "write_private"]
+from servo.errors import SecurityError
+
+__all__ = [
+    "PrivateFileError",
+    "check_dir",
+    "create_private",
+    "private_dir",
+    "read_private",
+    "update_private",
+    "write_private",
+]
 
 #: The largest file read here (keys, pins and rosters are a few kB).
 MAX_BYTES = 4 * 1024 * 1024
@@ -41,7 +53,7 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
-class PrivateFileError(ValueError):
+class PrivateFileError(SecurityError, ValueError):
     """A key, pin or roster file (or its directory) cannot be trusted; the message says what to fix."""
 
 
@@ -115,8 +127,16 @@ def read_private(path: str | Path, *, what: str, secret: bool) -> bytes:
     """
     path = Path(path)
     check_dir(path.parent)
+    fd = _open_nofollow(path, what)
+    with os.fdopen(fd, "rb") as file:
+        _check_file(path, os.fstat(fd), what, secret=secret)
+        return _read_bounded(path, file, what)
+
+
+def _open_nofollow(path: Path, what: str) -> int:
+    """A read-only descriptor of ``path``, never through a link (`read_private`'s rules)."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+        return os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -125,20 +145,24 @@ def read_private(path: str | Path, *, what: str, secret: bool) -> bytes:
                 f"{path}: {what} is a symbolic link; servo never follows one here (remove it)"
             ) from None
         raise PrivateFileError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise PrivateFileError(f"{path}: the {what} is not a regular file")
-        _check_owner(path, info, what, root_ok=False)
-        mode = stat.S_IMODE(info.st_mode)
-        if secret and mode & 0o077:
-            raise PrivateFileError(f"{path}: {what} is accessible by others (mode {mode:04o}); chmod 600 it")
-        if not secret and mode & 0o022:
-            raise PrivateFileError(
-                f"{path}: {what} is writable by others (mode {mode:04o}); chmod 600 it (they would choose whom "
-                "this machine trusts)"
-            )
-        data = file.read(MAX_BYTES + 1)
+
+
+def _check_file(path: Path, info: os.stat_result, what: str, *, secret: bool) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise PrivateFileError(f"{path}: the {what} is not a regular file")
+    _check_owner(path, info, what, root_ok=False)
+    mode = stat.S_IMODE(info.st_mode)
+    if secret and mode & 0o077:
+        raise PrivateFileError(f"{path}: {what} is accessible by others (mode {mode:04o}); chmod 600 it")
+    if not secret and mode & 0o022:
+        raise PrivateFileError(
+            f"{path}: {what} is writable by others (mode {mode:04o}); chmod 600 it (they would choose whom "
+            "this machine trusts)"
+        )
+
+
+def _read_bounded(path: Path, file: BinaryIO, what: str) -> bytes:
+    data = file.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         raise PrivateFileError(f"{path}: the {what} is larger than {MAX_BYTES} bytes")
     return data
@@ -204,3 +228,39 @@ def create_private(path: str | Path, data: bytes, *, what: str) -> bool:
     except FileExistsError:
         return False
     return True
+
+
+def update_private(path: str | Path, change: Callable[[bytes], bytes], *, what: str) -> bytes:
+    """Replace ``path`` by ``change(its bytes)`` (``b""`` when missing) under a lock; the new bytes.
+
+    For a file several processes of this user read and rewrite (a counter): the file is read and
+    checked as `read_private` reads a pin, locked (``flock``) so no two updates interleave, and
+    replaced as `write_private` replaces one, so a crash leaves the old bytes or the new, whole.
+    An update that waited for the lock of a file replaced meanwhile starts again on the new one.
+
+    Raises:
+        PrivateFileError: the file or its directory cannot be trusted, read or written.
+    """
+    import fcntl  # POSIX: the rest of this module runs where it is missing
+
+    path = Path(path)
+    while True:
+        _writable_dir(path, what)
+        try:
+            fd = _open_nofollow(path, what)
+        except FileNotFoundError:
+            create_private(path, b"", what=what)
+            continue
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(fd)
+            _check_file(path, info, what, secret=False)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
+                continue
+            data = change(_read_bounded(path, file, what))
+            write_private(path, data, what=what)
+            return data

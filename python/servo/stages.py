@@ -38,6 +38,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from servo.errors import ServoError
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -47,7 +49,7 @@ EXIT_GRACE_S = 0.2
 DEFAULT_CAPACITY = 64
 
 
-class NotRun(RuntimeError):
+class NotRun(ServoError, RuntimeError):
     """A job that never ran: its stage closed first, or a newer job took its place."""
 
 

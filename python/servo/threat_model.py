@@ -1,14 +1,15 @@
-"""Every door servo opens: each listening socket and each Zenoh declaration, who may use it, what guards it.
+"""Every door servo opens: each listening socket, Zenoh declaration and file, who may use it, what guards it.
 
-The one source of truth of the README's threat-model table (`markdown_table` renders it; a test
-checks the README holds exactly that), and of the exposure census (``tests/security/test_census.py``),
+The one source of truth of the threat-model table in docs/guides/security.md (`markdown_table`
+renders it; a test checks the page holds exactly that), and of the exposure census (``tests/security/test_census.py``),
 which starts a server (loopback and ``tls/0.0.0.0``), an edge, a router, a monitor and the openpi
-door, lists every socket they listen on and every key expression they declare, and fails on one
-this table does not name, or on a stranger's unauthenticated use that succeeds where a row says it
-is refused.
+door, lists every socket they listen on, every key expression they declare and every file they
+keep in servo's directory, and fails on one this table does not name, or on a stranger's
+unauthenticated use that succeeds where a row says it is refused.
 
 Key expressions use ``*`` for one chunk: ``@servo/<app>/<model>/<replica>/…``, clients under
-``c/<client id>``, telemetry under ``@servo/@robots/<client id>``.
+``c/<client id>``, telemetry under ``@servo/@robots/<client id>``. Files are named relative to
+servo's directory (`servo.home`), ``<…>`` for one path segment.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Literal
 
 __all__ = ["DOORS", "Door", "markdown_table"]
 
-Kind = Literal["socket", "queryable", "subscriber", "publisher", "liveliness token", "liveliness subscriber"]
+Kind = Literal["socket", "queryable", "subscriber", "publisher", "liveliness token", "liveliness subscriber", "file"]
 Component = Literal["servo-serve", "servo-edge", "servo-router", "servo-monitor"]
 
 
@@ -28,8 +29,9 @@ class Door:
 
     Args:
         component: The program that opens it (the openpi door is part of ``servo-serve``).
-        kind: A listening socket or a Zenoh declaration.
-        where: For a socket, the setting that chooses it; for a declaration, its key expression.
+        kind: A listening socket, a Zenoh declaration or a file.
+        where: For a socket, the setting that chooses it; for a declaration, its key expression;
+            for a file, its path in servo's directory.
         who: Who may use it.
         guard: What stops anybody else.
         stranger_refused: Whether a stranger's unauthenticated use is refused (the census tries
@@ -46,6 +48,8 @@ class Door:
 
 _SESSION = "the robot holding the session"
 _ROUTER_ACL = "servo-router's ACL (behind a router)"
+_OWNER = "this user only"
+_PRIVATE = "mode 0600 in a 0700 directory, no link followed, owner checked, replaced atomically"
 
 DOORS: tuple[Door, ...] = (
     # ---------------------------------------------------------------- listening sockets
@@ -55,7 +59,7 @@ DOORS: tuple[Door, ...] = (
         "zenoh.listen (tcp/127.0.0.1:7447)",
         "this host's processes; off loopback: enrolled robots (join tokens), monitors",
         "plain text off loopback needs --insecure (TLS otherwise); off loopback only enrolled robots open "
-        "sessions unless --allow-any-robot; every session message sealed",
+        "sessions unless --allow-any-robot; every session message encrypted (AES-256-GCM)",
     ),
     Door(
         "servo-serve",
@@ -94,7 +98,8 @@ DOORS: tuple[Door, ...] = (
         "queryable",
         "@servo/*/*/*/status",
         "anyone on the link (discovery)",
-        "public by design: capabilities, load, identity, a nonce; no robot names",
+        "public by design: capabilities, load, identity, a nonce; no robot names; signed by the replica over "
+        "the asker's nonce",
         stranger_refused=False,
     ),
     Door(
@@ -117,37 +122,37 @@ DOORS: tuple[Door, ...] = (
         "queryable",
         "@servo/*/*/*/c/*/control",
         _SESSION,
-        "sealed with the session key, sequence ids only move forward",
+        "encrypted with the session key, sequence ids only move forward",
     ),
     Door(
         "servo-serve",
         "queryable",
         "@servo/*/*/*/trajectory",
-        "robots replaying the server's library",
-        "answers signed by the replica over the asker's nonce; the library is readable on the link",
-        stranger_refused=False,
+        "enrolled robots replaying the server's library (any robot on an open door)",
+        "signed by the robot's identity and admitted like a session open, budget per key; answers encrypted to "
+        "the asker and signed by the replica over its nonce",
     ),
     Door(
         "servo-serve",
         "queryable",
         "@servo/*/*/*/audit",
-        "monitors (the fleet's recent requests)",
-        f"{_ROUTER_ACL}; operator admission: see the monitor's trust",
-        stranger_refused=False,
+        "operators (the fleet's recent requests), each robot (its own)",
+        f"signed by the asker over a nonce the replica handed out; operators from [security] operators or the "
+        f"fleet's [[monitors]]; budget per key; answers encrypted to the asker; {_ROUTER_ACL}",
     ),
     Door(
         "servo-serve",
         "subscriber",
         "@servo/*/*/*/c/*/obs",
         _SESSION,
-        "the session MAC, epoch and sequence checked before decoding; per-session rate",
+        "the session's AES-GCM tag, epoch and sequence checked before decoding; per-session rate",
     ),
     Door(
         "servo-serve",
         "publisher",
         "@servo/*/*/*/c/*/action",
         _SESSION,
-        "chunks, errors and notices sealed with the session key; keyless notices signed",
+        "chunks, errors and notices encrypted with the session key; keyless notices signed",
         stranger_refused=False,
     ),
     Door(
@@ -172,7 +177,7 @@ DOORS: tuple[Door, ...] = (
         "subscriber",
         "@servo/*/*/*/c/*/action",
         "the openpi door's own sessions",
-        "sealed with the session key",
+        "encrypted with the session key",
         stranger_refused=False,
     ),
     Door(
@@ -180,7 +185,7 @@ DOORS: tuple[Door, ...] = (
         "publisher",
         "@servo/*/*/*/c/*/obs",
         "the openpi door's own sessions",
-        "sealed with the session key",
+        "encrypted with the session key",
         stranger_refused=False,
     ),
     Door(
@@ -205,7 +210,7 @@ DOORS: tuple[Door, ...] = (
         "publisher",
         "@servo/*/*/*/c/*/obs",
         "the server holding its session",
-        "sealed with the session key",
+        "encrypted with the session key",
         stranger_refused=False,
     ),
     Door(
@@ -213,7 +218,7 @@ DOORS: tuple[Door, ...] = (
         "subscriber",
         "@servo/*/*/*/c/*/action",
         "the server holding its session",
-        "sealed chunks only (MAC, session, epoch, sequence, shape), signed keyless notices",
+        "encrypted chunks only (AES-GCM tag, session, epoch, sequence, shape), signed keyless notices",
     ),
     Door(
         "servo-edge",
@@ -235,8 +240,8 @@ DOORS: tuple[Door, ...] = (
         "servo-edge",
         "publisher",
         "@servo/@robots/*/telemetry",
-        "monitors",
-        "signed by the robot's identity",
+        "operators: those the replica's signed ack names, and telemetry_readers",
+        "encrypted to those operators, signed by the robot's identity, runs counted across restarts",
         stranger_refused=False,
     ),
     # ---------------------------------------------------------------- servo-monitor declarations
@@ -244,9 +249,9 @@ DOORS: tuple[Door, ...] = (
         "servo-monitor",
         "subscriber",
         "@servo/@robots/*/telemetry",
-        "robots reporting",
-        "records signed by the robot's key (pinned with --robot-keys, else trusted on first use), replays refused",
-        stranger_refused=False,
+        "enrolled robots reporting",
+        "robots' keys from their enrolment (--robot-keys, --fleet, a trusted replica's roster), never the first "
+        "to speak; records signed by that key and decrypted with the monitor's identity; replays refused",
     ),
     Door(
         "servo-monitor",
@@ -256,11 +261,35 @@ DOORS: tuple[Door, ...] = (
         "presence only",
         stranger_refused=False,
     ),
+    # ---------------------------------------------------------------- files in servo's directory
+    Door("servo-serve", "file", "servers/<app>.key", _OWNER, f"the replica's identity: {_PRIVATE}"),
+    Door(
+        "servo-serve",
+        "file",
+        "servers/<app>.roster",
+        _OWNER,
+        f"robots joined, join tokens (verification keys), API keys (hashes): {_PRIVATE}",
+    ),
+    Door(
+        "servo-serve",
+        "file",
+        "servers/<app>.roster.lock",
+        _OWNER,
+        "empty, the roster's lock: created 0600, no link followed",
+    ),
+    Door("servo-serve", "file", "tls/server.key", _OWNER, f"the self-signed certificate's key: {_PRIVATE}"),
+    Door("servo-serve", "file", "tls/server.pem", _OWNER, f"the self-signed certificate: {_PRIVATE}"),
+    Door("servo-edge", "file", "robot.key", _OWNER, f"the robot's identity: {_PRIVATE}"),
+    Door("servo-edge", "file", "known_servers", _OWNER, f"servers trusted on first use: {_PRIVATE}"),
+    Door("servo-edge", "file", "tls/pinned/<hash>.pem", _OWNER, f"certificates a join token pinned: {_PRIVATE}"),
+    Door("servo-edge", "file", "telemetry.run", _OWNER, f"the run counter (replays of old runs): {_PRIVATE}"),
+    Door("servo-monitor", "file", "monitor.key", _OWNER, f"the operator identity: {_PRIVATE}"),
+    Door("servo-monitor", "file", "monitor.state", _OWNER, f"runs seen and keys trusted: {_PRIVATE}"),
 )
 
 
 def markdown_table() -> str:
-    """The README's threat-model table (one row per door)."""
+    """The threat-model table of docs/guides/security.md (one row per door)."""
     lines = ["| program | door | where | who may use it | what stops anybody else |", "|---|---|---|---|---|"]
     lines += [f"| {d.component} | {d.kind} | `{d.where}` | {d.who} | {d.guard} |" for d in DOORS]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,6 @@
 //! Thin pyo3 wrappers around the pure-Rust cores, and the exceptions they raise.
 
-use pyo3::create_exception;
-use pyo3::exceptions::PyValueError;
+use pyo3::import_exception;
 
 pub mod auth;
 mod buffer;
@@ -12,23 +11,8 @@ pub mod queue;
 mod queue_stats;
 pub mod shm;
 
-create_exception!(
-    servo._core,
-    HeaderError,
-    PyValueError,
-    "An attachment header could not be encoded or decoded."
-);
-
-create_exception!(
-    servo._core,
-    QueueError,
-    PyValueError,
-    "A chunk was rejected by ActionQueue.merge (dtype, shape, capacity or a stale position)."
-);
-
-create_exception!(
-    servo._core,
-    AuthError,
-    PyValueError,
-    "A message, key or signature input failed authentication or validation."
-);
+// The exceptions are servo's own (`servo.errors`, under `servo.ServoError`): one error tree for
+// Python and Rust alike, so `except servo.ServoError` catches what the core raises too.
+import_exception!(servo.errors, HeaderError);
+import_exception!(servo.errors, QueueError);
+import_exception!(servo.errors, AuthError);

@@ -96,6 +96,7 @@ def test_up_shows_the_robots_streaming_and_ctrl_c_stops_everything(tmp_path: Pat
         view = wait_until(streaming, 120, "three robots streaming on the monitor")
         assert {replica["replica"] for replica in view["replicas"] if replica["up"]} == {"replica-0", "replica-1"}
         assert all(robot["pinned"] for robot in view["robots"])  # the generated robot keys, pinned
+        assert view["refused"] == {}  # every record encrypted to the monitor, by a robot it knows
         members = descendants(fleet.popen.pid)
         assert len(members) >= 1 + 2 + 3 * 2 + 1  # router, replicas, robots and their control processes, monitor
 

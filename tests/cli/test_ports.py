@@ -56,6 +56,7 @@ def test_every_busy_port_in_one_line(held: int) -> None:
     )
 
 
+@pytest.mark.wildcard
 def test_a_listener_on_all_interfaces_holds_loopback_too() -> None:
     with socket.socket() as other:
         other.bind(("0.0.0.0", 0))

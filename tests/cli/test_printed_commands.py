@@ -153,6 +153,7 @@ def test_a_slow_14_joint_policy_gets_the_buffer_its_plan_asks_for(tmp_path: Path
         server.stop()
 
 
+@pytest.mark.wildcard
 @pytest.mark.slow
 def test_a_lan_server_prints_a_sim_command_that_joins_from_a_fresh_robot(tmp_path: Path) -> None:
     # Off loopback the server asks for a join token; the sim, fitted to a 7-joint policy, must

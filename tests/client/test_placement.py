@@ -16,7 +16,7 @@ import pytest
 
 from servo.client import PolicyClient, RemoteSession
 from servo.client.discovery import ServerInfo, first_choice, placement_score
-from servo.transport import ZenohSettings, open_session
+from servo.transport import ZenohSettings, open_zsession
 from servo.wire import ServerKeys, StatusReply
 from tests.client.test_verify import status
 from tests.support import client_settings, free_port, make_manifest, running_server
@@ -47,7 +47,7 @@ async def three_replicas() -> AsyncIterator[int]:
     router_port = free_port()
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(
-            open_session(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{router_port}"]))
+            open_zsession(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{router_port}"]))
         )
         for name in ("r0", "r1", "r2"):
             manifest = make_manifest(
@@ -61,7 +61,7 @@ async def three_replicas() -> AsyncIterator[int]:
 
 
 async def test_thirty_simultaneous_connects_split_evenly_over_three_replicas() -> None:
-    async with three_replicas() as router_port, open_session(client_settings(router_port)) as zsession:
+    async with three_replicas() as router_port, open_zsession(client_settings(router_port)) as zsession:
         probe = PolicyClient(zsession, "probe")
         with anyio.fail_after(10):
             while len(await probe.discover(app="spread")) < 3:  # noqa: ASYNC110 - joins have no event
@@ -72,7 +72,9 @@ async def test_thirty_simultaneous_connects_split_evenly_over_three_replicas() -
 
         async def robot(i: int) -> None:
             client = PolicyClient(zsession, f"robot-{i}")
-            sessions.append(await client.connect_best(features=policy.features, fps=policy.fps, app="spread"))
+            # Thirty handshakes at once on a loaded machine wait for cores: placement is checked here, not latency.
+            opened = await client.connect_best(features=policy.features, fps=policy.fps, app="spread", timeout=20.0)
+            sessions.append(opened)
 
         try:
             with anyio.fail_after(30):
@@ -130,7 +132,7 @@ class CountingClient(PolicyClient):
 
 
 async def test_a_failover_tries_the_replicas_known_without_discovering_again() -> None:
-    async with three_replicas() as router_port, open_session(client_settings(router_port)) as zsession:
+    async with three_replicas() as router_port, open_zsession(client_settings(router_port)) as zsession:
         client = CountingClient(zsession, "robot")
         with anyio.fail_after(10):
             while len(servers := await client.discover(app="spread")) < 3:  # noqa: ASYNC110 - joins have no event

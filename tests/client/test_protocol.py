@@ -34,7 +34,7 @@ from servo.wire import ControlAck, DrainNotice, ErrorEvent, encode, notice_trans
 from tests.client.test_verify import chunk
 from tests.client.test_verify import signed_ack as make_ack
 
-KEY = SessionKey(bytes(range(32)))
+SECRET = bytes(range(32))
 GOOD = np.ones((5, 6), np.float32)
 
 
@@ -51,7 +51,7 @@ def established(epoch: int = 3) -> SessionProtocol:
         action_key=ACTION,
         server_identity=SERVER.public_key,
     )
-    protocol.established(make_ack(SERVER, KeyPair().public_key), KEY)
+    protocol.established(make_ack(SERVER, KeyPair().public_key), SessionKey(SECRET, role="client"))
     return protocol
 
 
@@ -61,9 +61,11 @@ def notice(attachment: bytes, *, by: ServerIdentity = SERVER, action_key: str = 
     return encode(ErrorEvent(code, message, by.sign(notice_transcript(action_key, attachment, code, message))))
 
 
-def answer(request: Header, msg_type: int, body: bytes, *, key: SessionKey = KEY, **changes: int) -> bytes:
-    """The attachment a server seals for its answer to ``request``."""
-    return key.seal(reply_header(request, msg_type).replace(**changes), body)
+def answer(
+    request: Header, msg_type: int, body: bytes, *, secret: bytes = SECRET, **changes: int
+) -> tuple[bytes, bytes]:
+    """``(attachment, ciphertext)`` of a server's answer to ``request`` (its own end of the session)."""
+    return SessionKey(secret, role="server").encrypt(reply_header(request, msg_type).replace(**changes), body)
 
 
 def test_nothing_is_sent_before_the_handshake() -> None:
@@ -80,14 +82,15 @@ def test_the_answer_to_the_request_in_flight_is_accepted_once() -> None:
     assert request.session_id == protocol.wire_id
     assert protocol.in_flight == 1
     body = encode(chunk(GOOD))
-    verdict = protocol.on_action(answer(request, MSG_CHUNK, body), body, 5_000)
+    replay = answer(request, MSG_CHUNK, body)
+    verdict = protocol.on_action(*replay, 5_000)
     assert isinstance(verdict, Answered)
     assert isinstance(verdict.result, ChunkResult)
     assert (verdict.result.seq_id, verdict.result.rtt_ns, verdict.result.obs_mono_ns) == (1, 4_000, 1_000)
     np.testing.assert_array_equal(verdict.result.chunk_robot, GOOD)
     assert protocol.in_flight is None
     # The same chunk again (a replay, or a duplicate): the request is answered already.
-    assert isinstance(protocol.on_action(answer(request, MSG_CHUNK, body), body, 6_000), Dropped)
+    assert isinstance(protocol.on_action(*replay, 6_000), Dropped)
     assert protocol.counters.chunks_rejected["stale_seq"] == 1
 
 
@@ -96,8 +99,8 @@ def test_a_newer_request_supersedes_the_one_in_flight() -> None:
     old = protocol.observation(mono_ns=1, episode_start=False)
     new = protocol.observation(mono_ns=2, episode_start=False)
     body = encode(chunk(GOOD))
-    assert isinstance(protocol.on_action(answer(old, MSG_CHUNK, body), body, 3), Dropped)
-    assert isinstance(protocol.on_action(answer(new, MSG_CHUNK, body), body, 3), Answered)
+    assert isinstance(protocol.on_action(*answer(old, MSG_CHUNK, body), 3), Dropped)
+    assert isinstance(protocol.on_action(*answer(new, MSG_CHUNK, body), 3), Answered)
     assert protocol.stats.dropped_stale == 1
 
 
@@ -113,18 +116,18 @@ def test_a_request_sent_again_takes_the_first_answer_to_either_seq(answered: str
     assert (protocol.stats.resent, protocol.counters.resent) == (1, 1)
     first, second = (original, copy) if answered == "original" else (copy, original)
     body = encode(chunk(GOOD))
-    verdict = protocol.on_action(answer(first, MSG_CHUNK, body), body, 5_000)
+    verdict = protocol.on_action(*answer(first, MSG_CHUNK, body), 5_000)
     assert isinstance(verdict, Answered)
     assert isinstance(verdict.result, ChunkResult)
     assert (verdict.result.seq_id, verdict.result.rtt_ns) == (first.seq_id, 4_000)
     # The other answer is for the same observation, but the request is answered: it is dropped
     # as expected, neither stale nor refused, even once a newer request is in flight.
     protocol.observation(mono_ns=2_000, episode_start=False)
-    assert isinstance(protocol.on_action(answer(second, MSG_CHUNK, body), body, 6_000), Dropped)
+    assert isinstance(protocol.on_action(*answer(second, MSG_CHUNK, body), 6_000), Dropped)
     assert (protocol.stats.copy_answers, protocol.stats.dropped_stale) == (1, 0)
     assert not +protocol.counters.chunks_rejected
     # Once only: the same answer again is a replay.
-    assert isinstance(protocol.on_action(answer(second, MSG_CHUNK, body), body, 7_000), Dropped)
+    assert isinstance(protocol.on_action(*answer(second, MSG_CHUNK, body), 7_000), Dropped)
     assert protocol.counters.chunks_rejected["stale_seq"] == 1
 
 
@@ -137,8 +140,8 @@ def test_only_the_request_in_flight_is_sent_again_and_a_newer_request_forgets_th
     newer = protocol.observation(mono_ns=2, episode_start=False)
     body = encode(chunk(GOOD))
     # Only the copy's own request could take the original's answer; a newer observation cannot.
-    assert isinstance(protocol.on_action(answer(original, MSG_CHUNK, body), body, 3), Dropped)
-    assert isinstance(protocol.on_action(answer(newer, MSG_CHUNK, body), body, 3), Answered)
+    assert isinstance(protocol.on_action(*answer(original, MSG_CHUNK, body), 3), Dropped)
+    assert isinstance(protocol.on_action(*answer(newer, MSG_CHUNK, body), 3), Answered)
     with pytest.raises(ValueError, match="no request in flight"):
         protocol.observation(mono_ns=3, episode_start=False, resend=True)
 
@@ -148,7 +151,7 @@ def test_only_the_request_in_flight_is_sent_again_and_a_newer_request_forgets_th
     [
         ("another key", "mac"),
         ("no attachment", "mac"),
-        ("body changed after sealing", "mac"),
+        ("ciphertext changed", "mac"),
         ("another session", "session"),
         ("another epoch", "epoch"),
     ],
@@ -157,14 +160,15 @@ def test_what_does_not_verify_never_touches_the_request(forgery: str, reason: st
     protocol = established()
     request = protocol.observation(mono_ns=1, episode_start=False)
     body = encode(chunk(GOOD))
-    attachment: bytes | None = {
-        "another key": answer(request, MSG_CHUNK, body, key=SessionKey(bytes(32))),
-        "no attachment": None,
-        "body changed after sealing": answer(request, MSG_CHUNK, encode(chunk(GOOD + 1))),
+    attachment, ciphertext = answer(request, MSG_CHUNK, body)
+    message: tuple[bytes | None, bytes] = {
+        "another key": answer(request, MSG_CHUNK, body, secret=bytes(32)),
+        "no attachment": (None, ciphertext),
+        "ciphertext changed": (attachment, bytes([ciphertext[0] ^ 1]) + ciphertext[1:]),
         "another session": answer(request, MSG_CHUNK, body, session_id=bytes(16)),
         "another epoch": answer(request, MSG_CHUNK, body, session_epoch=4),
     }[forgery]
-    assert isinstance(protocol.on_action(attachment, body, 2), Dropped)
+    assert isinstance(protocol.on_action(*message, 2), Dropped)
     assert protocol.counters.chunks_rejected[reason] == 1
     assert protocol.in_flight == 1
 
@@ -175,23 +179,23 @@ def test_an_authenticated_but_unusable_chunk_fails_the_request() -> None:
     nan = GOOD.copy()
     nan[0, 0] = np.nan
     body = encode(chunk(nan))
-    verdict = protocol.on_action(answer(request, MSG_CHUNK, body), body, 2)
+    verdict = protocol.on_action(*answer(request, MSG_CHUNK, body), 2)
     assert isinstance(verdict, Answered)
     assert isinstance(verdict.result, ServerError)
     assert verdict.result.code == "bad_chunk"
     assert protocol.counters.chunks_rejected["non_finite"] == 1
 
 
-def test_a_sealed_error_and_a_sealed_drain() -> None:
+def test_an_encrypted_error_and_an_encrypted_drain() -> None:
     protocol = established()
     request = protocol.observation(mono_ns=1, episode_start=False)
     body = encode(ErrorEvent("bad_observation", "wrong size"))
-    verdict = protocol.on_action(answer(request, MSG_ERROR, body), body, 2)
+    verdict = protocol.on_action(*answer(request, MSG_ERROR, body), 2)
     assert isinstance(verdict, Answered)
     assert isinstance(verdict.result, ServerError)
     assert verdict.result.code == "bad_observation"
     drain = encode(DrainNotice("bye"))
-    assert protocol.on_action(answer(request, MSG_DRAIN, drain), drain, 3) == Lost("bye")
+    assert protocol.on_action(*answer(request, MSG_DRAIN, drain), 3) == Lost("bye")
     forged = unauthenticated(reply_header(request, MSG_DRAIN))
     assert isinstance(protocol.on_action(forged, drain, 3), Dropped)
 
@@ -255,29 +259,30 @@ def test_oversized_messages_are_refused_before_they_are_copied() -> None:
     assert protocol.counters.chunks_rejected["undecodable"] == 1
 
 
-def test_control_requests_have_their_own_stream_and_sealed_acks() -> None:
+def test_control_requests_have_their_own_stream_and_encrypted_acks() -> None:
     protocol = established()
     protocol.observation(mono_ns=1, episode_start=False)
     first, second = protocol.control_header(), protocol.control_header()
     assert (first.msg_type, first.seq_id, second.seq_id) == (MSG_CONTROL, 1, 2)
     body = encode(ControlAck(protocol.wire_id, 4))
     ack = answer(second, MSG_CONTROL_ACK, body)
-    assert protocol.open_control_ack(second, ack, body) == ControlAck(protocol.wire_id, 4)
+    assert protocol.open_control_ack(second, *ack) == ControlAck(protocol.wire_id, 4)
     with pytest.raises(AuthError, match="another request"):
-        protocol.open_control_ack(first, ack, body)
+        protocol.open_control_ack(first, *ack)
     with pytest.raises(AuthError):
-        protocol.open_control_ack(second, answer(second, MSG_CONTROL_ACK, body, key=SessionKey(bytes(32))), body)
+        protocol.open_control_ack(second, *answer(second, MSG_CONTROL_ACK, body, secret=bytes(32)))
     with pytest.raises(AuthError, match="no attachment"):
-        protocol.open_control_ack(second, None, body)
+        protocol.open_control_ack(second, None, ack[1])
 
 
-def test_a_resume_proof_is_sealed_over_the_new_client_key() -> None:
+def test_a_resume_proof_is_made_over_the_new_client_key() -> None:
     protocol = established()
     proof = protocol.resume_proof(b"k" * 32)
-    header = KEY.open(proof, resume_body(b"k" * 32))
+    server = SessionKey(SECRET, role="server")
+    header = server.verify(proof, resume_body(b"k" * 32))
     assert (header.msg_type, header.session_id) == (MSG_CONTROL, protocol.wire_id)
     with pytest.raises(AuthError):
-        KEY.open(proof, resume_body(b"x" * 32))
+        server.verify(proof, resume_body(b"x" * 32))
 
 
 def test_a_failed_send_fails_only_the_request_in_flight() -> None:

@@ -16,7 +16,7 @@ from servo.client import PolicyClient
 from servo.client.discovery import ServerInfo
 from servo.client.settle import HOLD_DOWN_S, HoldDown, imbalance, look_window, settle
 from servo.server.manifest import Manifest
-from servo.transport import ZenohSettings, open_session
+from servo.transport import ZenohSettings, open_zsession
 from servo.wire import ServerKeys
 from tests.client.test_placement import info as replica_info
 from tests.support import client_settings, free_port, make_manifest, running_server
@@ -178,7 +178,7 @@ async def test_a_replica_that_appears_draws_half_of_a_small_fleet_and_nobody_mov
 
     router = ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{router_port}"])
     moves: list[tuple[float, int, str, str]] = []
-    async with open_session(router), running_server(replica("r0")), open_session(client_settings(router_port)) as z:
+    async with open_zsession(router), running_server(replica("r0")), open_zsession(client_settings(router_port)) as z:
         probe = PolicyClient(z, "probe")
         await eventually_found(probe, 1)
         policy = (await probe.discover(app="settle"))[0].status.policy

@@ -48,7 +48,7 @@ def outgoing(seq: int, quality: int = 90) -> Outgoing:
     header = Header(SCHEMA_VERSION, MSG_OBS, 0, seq, 0, 1, time.monotonic_ns(), bytes(16))
     return Outgoing(
         header=header,
-        key=SessionKey(bytes(32)),
+        key=SessionKey(bytes(32), role="client"),
         frames=FRAMES,
         quality=quality,
         state=encode_tensor(np.zeros(6, np.float32)),

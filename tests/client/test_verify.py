@@ -8,7 +8,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from servo._core import KeyPair, ServerIdentity
+from servo._core import SCHEMA_VERSION, KeyPair, ServerIdentity
 from servo.client import RequestTimeout, RogueServer, SessionRejected, TrustedServers
 from servo.client.trust import pick_ack
 from servo.client.verify import REJECT_REASONS, ChunkRejected, ClientCounters, check_chunk
@@ -106,13 +106,15 @@ INFO = PolicyInfo("m", "r", Features(["a"], ["a"], {"f": CameraFeature(8, 8)}), 
 
 
 def status(identity: bytes) -> StatusReply:
-    return StatusReply("s", "lab", "act", "r1", [2], INFO, True, False, 0, 8, 0.0, identity)
+    return StatusReply("s", "lab", "act", "r1", [SCHEMA_VERSION], INFO, True, False, 0, 8, 0.0, identity)
 
 
 def signed_ack(identity: ServerIdentity, client_key: bytes, replica: str = "r1") -> SessionAck:
     server_key, session_id = KeyPair().public_key, bytes(range(16))
     signature = identity.sign(ack_transcript(client_key, server_key, session_id, replica))
-    return SessionAck(session_id, 2, "s", replica, INFO, True, "", server_key, identity.public_key, signature)
+    return SessionAck(
+        session_id, SCHEMA_VERSION, "s", replica, INFO, True, "", server_key, identity.public_key, signature
+    )
 
 
 def test_only_the_genuinely_signed_ack_is_picked() -> None:

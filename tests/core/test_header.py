@@ -42,7 +42,7 @@ ZERO_ID = bytes(16)
 GOLDEN = [
     (
         Header(
-            schema_version=2,
+            schema_version=3,
             msg_type=MSG_OBS,
             flags=FLAG_EPISODE_START,
             seq_id=42,
@@ -51,11 +51,11 @@ GOLDEN = [
             client_mono_ns=123_456_789,  # 0x075BCD15
             session_id=ZERO_ID,
         ),
-        "5356 0200 01 01 2a00000000000000 07000000 03000000 15cd5b0700000000 00000000000000000000000000000000",
+        "5356 0300 01 01 2a00000000000000 07000000 03000000 15cd5b0700000000 00000000000000000000000000000000",
     ),
     (
         Header(
-            schema_version=2,
+            schema_version=3,
             msg_type=MSG_CHUNK,
             flags=0,
             seq_id=0x0102030405060708,
@@ -64,11 +64,11 @@ GOLDEN = [
             client_mono_ns=-2,
             session_id=ZERO_ID,
         ),
-        "5356 0200 02 00 0807060504030201 efbeadde ffffffff feffffffffffffff 00000000000000000000000000000000",
+        "5356 0300 02 00 0807060504030201 efbeadde ffffffff feffffffffffffff 00000000000000000000000000000000",
     ),
     (
         Header(
-            schema_version=2,
+            schema_version=3,
             msg_type=MSG_DRAIN,
             flags=0xFF,
             seq_id=2**64 - 1,
@@ -77,11 +77,11 @@ GOLDEN = [
             client_mono_ns=-(2**63),
             session_id=SESSION,
         ),
-        "5356 0200 04 ff ffffffffffffffff 00000000 00000000 0000000000000080 000102030405060708090a0b0c0d0e0f",
+        "5356 0300 04 ff ffffffffffffffff 00000000 00000000 0000000000000080 000102030405060708090a0b0c0d0e0f",
     ),
     (
         Header(
-            schema_version=2,
+            schema_version=3,
             msg_type=MSG_CONTROL_ACK,
             flags=0x80,
             seq_id=1,
@@ -90,7 +90,7 @@ GOLDEN = [
             client_mono_ns=0,
             session_id=bytes.fromhex("c0ffee00deadbeef0123456789abcdef"),
         ),
-        "5356 0200 06 80 0100000000000000 01000000 02000000 0000000000000000 c0ffee00deadbeef0123456789abcdef",
+        "5356 0300 06 80 0100000000000000 01000000 02000000 0000000000000000 c0ffee00deadbeef0123456789abcdef",
     ),
 ]
 
@@ -101,7 +101,7 @@ TAG = bytes(range(0xA0, 0xB0))  # decode_header never looks at the tag
 def attachment_bytes(**overrides: int | bytes) -> bytes:
     fields: dict[str, int | bytes] = {
         "magic": b"SV",
-        "schema_version": 2,
+        "schema_version": 3,
         "msg_type": MSG_OBS,
         "flags": 0,
         "seq_id": 1,
@@ -120,9 +120,9 @@ def test_constants() -> None:
     assert SESSION_ID_SIZE == 16
     assert ATTACHMENT_SIZE == 62 == HEADER_SIZE + TAG_SIZE
     assert HEADER_MAGIC == b"SV"
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     assert isinstance(SUPPORTED_SCHEMA_VERSIONS, frozenset)
-    assert set(SUPPORTED_SCHEMA_VERSIONS) == {2}
+    assert set(SUPPORTED_SCHEMA_VERSIONS) == {3}
     assert (MSG_OBS, MSG_CHUNK, MSG_ERROR, MSG_DRAIN, MSG_CONTROL, MSG_CONTROL_ACK) == (1, 2, 3, 4, 5, 6)
     assert FLAG_EPISODE_START == 1
     assert issubclass(HeaderError, ValueError)
@@ -170,11 +170,12 @@ V1_HEADER = bytes.fromhex("5356 0100 01 01 2a00000000000000 07000000 03000000 15
         (attachment_bytes()[:HEADER_SIZE], "attachment is 46 bytes, expected 62"),
         (attachment_bytes() + b"\x00", "attachment is 63 bytes, expected 62"),
         (V1_HEADER, "attachment is 30 bytes, expected 62"),
-        (V1_HEADER + bytes(32), r"unsupported schema_version 1 \(supported: 2\)"),
+        (V1_HEADER + bytes(32), r"unsupported schema_version 1 \(supported: 3\)"),
         (attachment_bytes(magic=b"XX"), "bad magic b'XX', expected b'SV'"),
         (attachment_bytes(magic=b"\x00S"), re.escape("bad magic b'\\x00S', expected b'SV'")),
-        (attachment_bytes(schema_version=1), r"^unsupported schema_version 1 \(supported: 2\)$"),
-        (attachment_bytes(schema_version=7), r"unsupported schema_version 7 \(supported: 2\)"),
+        (attachment_bytes(schema_version=1), r"^unsupported schema_version 1 \(supported: 3\)$"),
+        (attachment_bytes(schema_version=2), r"^unsupported schema_version 2 \(supported: 3\)$"),
+        (attachment_bytes(schema_version=7), r"unsupported schema_version 7 \(supported: 3\)"),
         (attachment_bytes(schema_version=0), "unsupported schema_version 0"),
         (attachment_bytes(msg_type=9), r"unknown msg_type 9 \(known: 1, 2, 3, 4, 5, 6\)"),
         (attachment_bytes(msg_type=0), "unknown msg_type 0"),
@@ -253,7 +254,7 @@ def test_encode_rejects_unknown_msg_type_and_schema_version() -> None:
     base = GOLDEN[0][0]
     with pytest.raises(HeaderError, match="unknown msg_type 9"):
         unauthenticated(base.replace(msg_type=9))
-    with pytest.raises(HeaderError, match=r"unsupported schema_version 1 \(supported: 2\)"):
+    with pytest.raises(HeaderError, match=r"unsupported schema_version 1 \(supported: 3\)"):
         unauthenticated(base.replace(schema_version=1))
 
 
@@ -266,14 +267,14 @@ def test_non_int_fields_are_type_errors() -> None:
 
 def test_header_record() -> None:
     header = GOLDEN[0][0]
-    assert header == Header(2, MSG_OBS, FLAG_EPISODE_START, 42, 7, 3, 123_456_789, ZERO_ID)
+    assert header == Header(3, MSG_OBS, FLAG_EPISODE_START, 42, 7, 3, 123_456_789, ZERO_ID)
     assert header != header.replace(seq_id=43)
     assert header != header.replace(session_id=SESSION)
     assert hash(header) == hash(header.replace())
     assert header.replace(seq_id=43).seq_id == 43
     assert header.replace(session_id=SESSION).session_id == SESSION
     assert repr(header) == (
-        "Header(schema_version=2, msg_type=1, flags=1, seq_id=42, episode_id=7, "
+        "Header(schema_version=3, msg_type=1, flags=1, seq_id=42, episode_id=7, "
         "session_epoch=3, client_mono_ns=123456789, "
         "session_id=bytes.fromhex('00000000000000000000000000000000'))"
     )
@@ -314,7 +315,7 @@ def test_round_trip(header: Header, tag: bytes) -> None:
     ) + bytes(TAG_SIZE)
 
 
-@given(st.one_of(st.binary(max_size=80), st.binary(min_size=62, max_size=62).map(lambda b: b"SV\x02\x00" + b[4:])))
+@given(st.one_of(st.binary(max_size=80), st.binary(min_size=62, max_size=62).map(lambda b: b"SV\x03\x00" + b[4:])))
 def test_decode_arbitrary_bytes_never_crashes(raw: bytes) -> None:
     try:
         header = decode_header(raw)

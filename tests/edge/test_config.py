@@ -8,7 +8,8 @@ import pytest
 
 from servo.cli.edge import build_parser
 from servo.cli.flags import options_of, struct_flag_values
-from servo.edge.config import FLAG_KEYS, EdgeConfig, EdgeConfigError, load_edge_config
+from servo.config import ConfigError
+from servo.edge.config import FLAG_KEYS, EdgeConfig, load_edge_config
 
 
 def load(tmp_path: Path, toml: str | None, *flags: str) -> EdgeConfig:
@@ -141,7 +142,7 @@ def test_repeatable_connect_flag_replaces_the_file(tmp_path: Path) -> None:
     ],
 )
 def test_bad_values_name_the_option(tmp_path: Path, toml: str, flags: tuple[str, ...], option: str) -> None:
-    with pytest.raises(EdgeConfigError, match=option):
+    with pytest.raises(ConfigError, match=option):
         load(tmp_path, toml, *flags)
 
 
@@ -160,7 +161,7 @@ def test_plain_tcp_to_another_host_is_an_explicit_choice(tmp_path: Path) -> None
 
 
 def test_unknown_option(tmp_path: Path) -> None:
-    with pytest.raises(EdgeConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         load(tmp_path, "buffer_time = 0.5")
     assert "edge.toml: buffer_time: unknown key (valid: client_id, control, failsafe, inference, link," in str(
         info.value
@@ -173,7 +174,7 @@ def test_a_key_of_the_flat_layout_names_its_section_in_one_line(tmp_path: Path, 
         assert load(tmp_path, f"{name} = {{}}" if name == "tags" else f'{name} = "rtc"' if name == "inference" else "")
         return
     section = key.split(".")[0]
-    with pytest.raises(EdgeConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         load(tmp_path, f"{name} = 1")
     assert str(info.value) == f"{tmp_path / 'edge.toml'}: {name} moved: use [{section}] {name}"
 
@@ -187,10 +188,10 @@ def test_every_option_has_one_flag_named_after_it_and_one_dotted_key() -> None:
 
 
 def test_bad_value_names_file_option_and_value(tmp_path: Path) -> None:
-    with pytest.raises(EdgeConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         load(tmp_path, "[pipeline]\nbuffer_time_s = -1")
     assert str(info.value).endswith("edge.toml: pipeline.buffer_time_s = -1: expected float > 0.0")
-    with pytest.raises(EdgeConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         load(tmp_path, None, "--jpeg-quality", "200")
     assert str(info.value) == "command line: link.jpeg_quality = 200: expected int <= 100"
 
@@ -211,9 +212,9 @@ def test_every_flag_has_a_sentence_of_help_under_its_section() -> None:
 
 
 def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
-    with pytest.raises(EdgeConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="cannot read"):
         load_edge_config(str(tmp_path / "missing.toml"))
-    with pytest.raises(EdgeConfigError, match="invalid TOML"):
+    with pytest.raises(ConfigError, match="invalid TOML"):
         load(tmp_path, "buffer_time_s = = 1")
 
 
@@ -239,5 +240,5 @@ def test_jpeg_quality_flag_takes_auto_or_a_number(tmp_path: Path, flag: str, exp
 
 
 def test_a_bad_jpeg_quality_flag_is_one_line_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(EdgeConfigError, match="jpeg_quality"):
+    with pytest.raises(ConfigError, match="jpeg_quality"):
         load(tmp_path, None, "--jpeg-quality", "101")

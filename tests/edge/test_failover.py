@@ -20,7 +20,7 @@ import pytest
 
 from servo.edge.failsafe import EngineState
 from servo.edge.remote import RemoteEngine
-from servo.transport import ZenohSettings, open_session
+from servo.transport import ZenohSettings, open_zsession
 from tests.edge.harness import MergeLog, Proc, edge_config, running_edge, small_sim, start_server, write_manifest
 from tests.support import eventually, free_port
 
@@ -44,7 +44,7 @@ def replica_manifest(
 async def router() -> AsyncIterator[int]:
     """A plain Zenoh router on a free port, for the whole block."""
     port = free_port()
-    async with open_session(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{port}"])):
+    async with open_zsession(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{port}"])):
         yield port
 
 

@@ -1,4 +1,5 @@
-"""Edge telemetry: records built from the edge's own snapshots, signed, published from the event loop."""
+"""Edge telemetry: records built from the edge's own snapshots, encrypted to the operators and signed,
+published from the event loop."""
 
 from __future__ import annotations
 
@@ -17,13 +18,24 @@ from servo.edge.runtime import RunOptions
 from servo.edge.stats import EngineStats
 from servo.edge.telemetry import TelemetryPublisher
 from servo.recording import read_recording
-from servo.wire import TELEMETRY_SELECTOR, EdgeTelemetry, WireError, open_telemetry, telemetry_key
+from servo.wire import (
+    TELEMETRY_SELECTOR,
+    EdgeTelemetry,
+    WireError,
+    decode,
+    fingerprint,
+    open_telemetry,
+    telemetry_key,
+    telemetry_signer,
+)
 from tests.edge.harness import edge_config, running_edge, small_sim
 from tests.support import client_settings, eventually, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 
 IDENTITY = ServerIdentity.from_seed(bytes(range(32)))
+#: The operator the server names in its acks: the robot encrypts its records to it.
+MONITOR = ServerIdentity.from_seed(bytes(range(5, 37)))
 
 
 class Clock:
@@ -99,26 +111,30 @@ def test_a_record_carries_the_new_transitions_and_the_recent_lateness() -> None:
     assert third.tick_lateness_ms_p99 is None  # no tick since
 
 
-async def test_a_running_edge_publishes_signed_records_a_monitor_can_verify(port: int, tmp_path: Path) -> None:
-    """And its recording holds the same transitions, with the edge's clock pair to place them."""
+async def test_a_running_edge_publishes_records_only_its_operators_read(port: int, tmp_path: Path) -> None:
+    """Signed by the robot, encrypted to the operator its server named: the operator reads them, a
+    stranger subscribed to the same key reads nothing (issue 29: anyone could). And its recording
+    holds the same transitions, with the edge's clock pair to place them."""
     received: list[tuple[bytes, EdgeTelemetry]] = []
     refused: list[str] = []
+    raw: list[bytes] = []
     lock = threading.Lock()
 
     def on_sample(sample: zenoh.Sample) -> None:
+        body = sample.payload.to_bytes()
+        attachment = None if sample.attachment is None else sample.attachment.to_bytes()
         try:
-            opened = open_telemetry(
-                str(sample.key_expr),
-                sample.payload.to_bytes(),
-                None if sample.attachment is None else sample.attachment.to_bytes(),
-            )
+            _, signer = telemetry_signer(str(sample.key_expr), len(body), attachment)
+            opened = open_telemetry(str(sample.key_expr), body, attachment, MONITOR)
         except WireError as exc:
             refused.append(str(exc))
             return
         with lock:
-            received.append(opened)
+            raw.append(body)
+            received.append((signer, opened))
 
-    async with running_server(make_manifest(port)) as (_, ready):
+    operators = f'[security]\noperators = [{{name = "ops", identity = "{fingerprint(MONITOR.public_key)}"}}]\n'
+    async with running_server(make_manifest(port, extra=operators)) as (_, ready):
         monitor = zenoh.open(client_settings(port).to_config())
         try:
             monitor.declare_subscriber(TELEMETRY_SELECTOR, on_sample)
@@ -148,7 +164,11 @@ async def test_a_running_edge_publishes_signed_records_a_monitor_can_verify(port
     assert {r.client_id for r in records} == {"robot-7"}
     seqs = [r.seq for r in records]
     assert seqs == sorted(set(seqs))  # in order, never repeated
-    assert len({r.boot for r in records}) == 1
+    assert len({r.run for r in records}) == 1
+    for body in raw:  # what a stranger on the key gets
+        with pytest.raises(WireError):
+            decode(body, EdgeTelemetry)
+        assert ready.keys.replica.encode() not in body
     streaming = next(r for r in records if r.state == "streaming")
     assert streaming.replica == ready.keys.replica
     assert streaming.codec in ("raw", "jpeg95", "jpeg90", "jpeg80")

@@ -25,7 +25,7 @@ with atheris.instrument_imports():
     import msgspec
     import numpy as np
 
-    from servo._core import AuthError, Header, HeaderError, SessionKey, decode_header, unauthenticated
+    from servo._core import SCHEMA_VERSION, AuthError, Header, HeaderError, SessionKey, decode_header, unauthenticated
     from servo.recording import MAGIC, EpisodeHeader, FrameRecord, read_recording
     from servo.transport.certificate import CertificateError, subject_common_name
     from servo.wire import (
@@ -46,7 +46,8 @@ import contextlib
 from testbed.processes import rss_mb
 from tests.wire.test_decoders import SAMPLES
 
-KEY = SessionKey(bytes(range(32)))
+SECRET = bytes(range(32))
+KEY = SessionKey(SECRET, role="server")
 RECORDING = Path(tempfile.gettempdir()) / f"servo-fuzz-{os.getpid()}.servo"
 
 
@@ -83,7 +84,7 @@ def _header(data: bytes) -> None:
 def _attachment(data: bytes) -> None:
     split = data[0] if data else 0
     with contextlib.suppress(AuthError):
-        KEY.open(data[1 : 1 + split], data[1 + split :])
+        KEY.decrypt(data[1 : 1 + split], data[1 + split :])
 
 
 def _recording(data: bytes) -> None:
@@ -153,11 +154,12 @@ def seeds(directory: Path) -> None:
     kinds = list(MESSAGE_TYPES)
     for i, kind in enumerate(kinds):
         (directory / f"msg-{i}").write_bytes(bytes([i]) + encode(SAMPLES[kind]))
-    header = Header(2, 1, 0, 7, 1, 1, 123, bytes(16))
+    header = Header(SCHEMA_VERSION, 1, 0, 7, 1, 1, 123, bytes(16))
     base = len(kinds)
     (directory / "header").write_bytes(bytes([base]) + unauthenticated(header))
     body = b"body"
-    (directory / "attachment").write_bytes(bytes([base + 1, 62]) + KEY.seal(header, body) + body)
+    attachment, ciphertext = SessionKey(SECRET, role="client").encrypt(header, body)
+    (directory / "attachment").write_bytes(bytes([base + 1, 62]) + attachment + ciphertext)
     state = encode_tensor(np.zeros(2, np.float32))
     records = [
         msgspec.msgpack.encode(EpisodeHeader(robot="sim", fps=30.0, joint_names=["a", "b"])),

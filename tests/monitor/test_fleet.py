@@ -1,5 +1,6 @@
-"""What the monitor believes: only records signed by the robot's trusted key, never a replay; times on
-its own clock; replicas from status and tokens; events bounded."""
+"""What the monitor believes: only records of robots the fleet enrolled, signed by their key, readable
+with its identity, never a replay; times on its own clock; replicas from verified status and
+tokens; events, robots and series bounded."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from servo.wire import telemetry_key as key
 
 ROBOT = ServerIdentity.from_seed(bytes(range(32)))
 OTHER = ServerIdentity.from_seed(bytes(32))
+#: The monitor's own identity: robots encrypt their records to it.
+MONITOR = ServerIdentity.from_seed(bytes(range(3, 35)))
 
 
 class Clocks:
@@ -33,36 +36,63 @@ def clocks() -> Clocks:
     return Clocks()
 
 
-def view(clocks: Clocks, pins: dict[str, bytes] | None = None, max_robots: int = 4096) -> FleetView:
-    return FleetView(RobotTrust(pins, max_robots=max_robots), clock=lambda: clocks.mono, wall=lambda: clocks.wall)
+def view(
+    clocks: Clocks,
+    pins: dict[str, bytes] | None = None,
+    *,
+    max_robots: int = 4096,
+    first_use: bool = False,
+    state: Path | None = None,
+) -> FleetView:
+    pins = {"robot-7": ROBOT.public_key} if pins is None else pins
+    trust = RobotTrust(pins, max_robots=max_robots, trust_first_use=first_use, state=state)
+    return FleetView(trust, MONITOR, clock=lambda: clocks.mono, wall=lambda: clocks.wall)
 
 
-def record(seq: int, *, boot: bytes = b"boot0000", robot: str = "robot-7", **changes: object) -> EdgeTelemetry:
-    base = EdgeTelemetry(robot, boot, seq, 1000.0, "streaming", replica="r0")
+def record(seq: int, *, run: int = 1, robot: str = "robot-7", **changes: object) -> EdgeTelemetry:
+    base = EdgeTelemetry(robot, run, seq, 1000.0, "streaming", replica="r0")
     return msgspec.structs.replace(base, **changes)
 
 
+def sealed(rec: EdgeTelemetry, signer: ServerIdentity = ROBOT) -> tuple[bytes, bytes]:
+    return seal_telemetry(rec, signer, [MONITOR.public_key])
+
+
 def feed(fleet: FleetView, rec: EdgeTelemetry, signer: ServerIdentity = ROBOT) -> None:
-    body, attachment = seal_telemetry(rec, signer)
-    fleet.on_telemetry(key(rec.client_id), body, attachment)
+    fleet.on_telemetry(key(rec.client_id), *sealed(rec, signer))
 
 
-def test_the_first_key_is_trusted_and_a_changed_one_refused(clocks: Clocks) -> None:
+def test_an_enrolled_robots_key_alone_may_sign(clocks: Clocks) -> None:
     fleet = view(clocks)
-    feed(fleet, record(0))
-    feed(fleet, record(1, state="degraded"), signer=OTHER)
-    robot = fleet.snapshot()["robots"][0]
-    assert (robot["state"], robot["identity_changed"], robot["pinned"]) == ("streaming", True, False)
-    assert robot["fingerprint"] == fingerprint(ROBOT.public_key)
-    assert fleet.refused == {"identity_changed": 1}
-
-
-def test_a_pinned_key_alone_may_sign(clocks: Clocks) -> None:
-    fleet = view(clocks, pins={"robot-7": OTHER.public_key})
-    feed(fleet, record(0))  # first use, but the robot is pinned to another key
+    feed(fleet, record(0), signer=OTHER)  # a stranger speaking first, as robot-7
     assert fleet.robots == {}
-    feed(fleet, record(1), signer=OTHER)
-    assert fleet.snapshot()["robots"][0]["pinned"] is True
+    feed(fleet, record(1))
+    feed(fleet, record(2, state="degraded"), signer=OTHER)
+    robot = fleet.snapshot()["robots"][0]
+    assert (robot["state"], robot["identity_changed"], robot["pinned"]) == ("streaming", True, True)
+    assert robot["fingerprint"] == fingerprint(ROBOT.public_key)
+    assert fleet.refused == {"identity_changed": 2}
+
+
+def test_the_first_speaker_takes_over_no_robot(clocks: Clocks) -> None:
+    """Issue 29: the monitor trusted a robot's key on first use, in memory: an attacker that reported
+    robot-7 first was shown for the whole run and the real robot's records were refused."""
+    fleet = view(clocks, pins={})
+    feed(fleet, record(0, state="dead"), signer=OTHER)  # nobody enrolled robot-7 yet: not believed
+    assert fleet.robots == {}
+    fleet.trust.learn_roster({"robot-7": ROBOT.public_key})  # a trusted replica's signed roster
+    feed(fleet, record(1))
+    feed(fleet, record(2, state="dead"), signer=OTHER)
+    assert fleet.snapshot()["robots"][0]["state"] == "streaming"
+    assert fleet.refused == {"unknown_robot": 1, "identity_changed": 1}
+
+
+def test_first_use_only_when_asked(clocks: Clocks) -> None:
+    fleet = view(clocks, pins={}, first_use=True)
+    feed(fleet, record(0))
+    feed(fleet, record(1, state="dead"), signer=OTHER)
+    robot = fleet.snapshot()["robots"][0]
+    assert (robot["state"], robot["pinned"], robot["identity_changed"]) == ("streaming", False, True)
 
 
 def test_replays_and_forgeries_are_refused(clocks: Clocks) -> None:
@@ -70,20 +100,57 @@ def test_replays_and_forgeries_are_refused(clocks: Clocks) -> None:
     feed(fleet, record(5))
     feed(fleet, record(5, state="dead"))  # the same seq again
     feed(fleet, record(3, state="dead"))  # an older one
-    feed(fleet, record(0, boot=b"boot0001", state="connecting"))  # the robot restarted: a new run
+    feed(fleet, record(0, run=2, state="connecting"))  # the robot restarted: a new run
     feed(fleet, record(9, state="dead"))  # the superseded run never comes back
-    body, attachment = seal_telemetry(record(10, state="dead"), ROBOT)
+    body, attachment = sealed(record(10, run=2, state="dead"))
     fleet.on_telemetry(key("robot-7"), body[:-1] + b"\x00", attachment)  # tampered
     fleet.on_telemetry(key("robot-7"), body, None)  # unsigned
+    other_reader = seal_telemetry(record(11, run=2), ROBOT, [OTHER.public_key])
+    fleet.on_telemetry(key("robot-7"), *other_reader)  # not encrypted to this monitor
     assert fleet.robots["robot-7"].record.state == "connecting"
-    assert fleet.refused == {"replay": 3, "signature": 1, "malformed": 1}
+    assert fleet.refused == {"replay": 3, "signature": 1, "malformed": 1, "unreadable": 1}
 
 
-def test_too_many_robots_are_refused_not_remembered(clocks: Clocks) -> None:
-    fleet = view(clocks, max_robots=2)
+def test_a_replayed_old_run_is_refused_after_a_restart(clocks: Clocks, tmp_path: Path) -> None:
+    """Issue 29: replayed records of a run the monitor never saw were accepted (its state was memory)."""
+    state = tmp_path / "monitor.state"
+    old_run = [sealed(record(seq, run=4)) for seq in range(3)]  # captured while the monitor was away
+    fleet = view(clocks, state=state)
+    feed(fleet, record(0, run=5))
+    fleet.trust.save()
+    restarted = view(clocks, state=state)  # a new monitor process, the same state file
+    for sample in old_run:
+        restarted.on_telemetry(key("robot-7"), *sample)
+    assert restarted.robots == {}
+    assert restarted.refused == {"replay": 3}
+    feed(restarted, record(1, run=5))
+    assert restarted.robots["robot-7"].record.seq == 1
+    state.write_text("{not json")
+    with pytest.raises(TrustError, match="not a monitor state file"):
+        view(clocks, state=state)
+
+
+def test_invented_names_take_no_place_and_no_series(clocks: Clocks) -> None:
+    """Issue 29: 4,200 invented robot names made the monitor track 4,096 robots, grow /metrics from
+    9 kB to 6.7 MB and hide a real robot that started later."""
+    fleet = view(clocks)
+    before = len(FleetExporter(fleet).render())
+    for i in range(4200):
+        feed(fleet, record(0, robot=f"ghost-{i}"), signer=ServerIdentity.from_seed(i.to_bytes(32, "little")))
+    feed(fleet, record(0))  # the real robot, starting later
+    assert sorted(fleet.robots) == ["robot-7"]
+    assert fleet.refused == {"unknown_robot": 4200}
+    exported = FleetExporter(fleet).render()
+    assert len(exported) < before + 8_000  # one robot's series, and the refusal counter
+    assert b"ghost" not in exported
+
+
+def test_first_use_is_bounded_and_enrolled_robots_always_have_a_place(clocks: Clocks) -> None:
+    fleet = view(clocks, first_use=True, max_robots=2)
     for i in range(5):
-        feed(fleet, record(0, robot=f"robot-{i}"))
-    assert sorted(fleet.robots) == ["robot-0", "robot-1"]
+        feed(fleet, record(0, robot=f"robot-{i}"), signer=ServerIdentity.from_seed(bytes([i]) * 32))
+    feed(fleet, record(0))
+    assert sorted(fleet.robots) == ["robot-0", "robot-1", "robot-7"]
     assert fleet.refused == {"too_many_robots": 3}
 
 
@@ -138,7 +205,7 @@ def test_a_robot_flapping_between_two_states_makes_two_events_with_counts(clocks
 
 
 def test_stopped_stale_and_crashed_robots_are_told_apart(clocks: Clocks) -> None:
-    fleet = view(clocks)
+    fleet = view(clocks, dict.fromkeys(("robot-7", "robot-8"), ROBOT.public_key))
     feed(fleet, record(0, transitions=[Transition("streaming", "chunk merged", 0.0)]))
     feed(fleet, record(0, robot="robot-8", transitions=[Transition("streaming", "chunk merged", 0.0)]))
     clocks.advance(1.0)
@@ -177,7 +244,7 @@ def test_a_monitor_that_joins_late_draws_the_state_of_the_newest_record(clocks: 
 
 
 def test_the_fleet_round_trip_over_time(clocks: Clocks) -> None:
-    fleet = view(clocks)
+    fleet = view(clocks, dict.fromkeys("abc", ROBOT.public_key))
     clocks.wall = 1_800_000_000.0  # a bucket's start
     for robot, p50 in (("a", 10.0), ("b", 20.0), ("c", 60.0)):
         feed(fleet, record(0, robot=robot, rtt_ms_p50=p50, rtt_ms_p99=p50 * 2))
@@ -192,14 +259,16 @@ def test_the_fleet_round_trip_over_time(clocks: Clocks) -> None:
 def status(replica: str, *, draining: bool = False) -> StatusReply:
     features = Features(["a"], ["a"], {})
     info = PolicyInfo("m", "rev", features, 10, 30.0, True, True, "shared")
-    return StatusReply("s", "app", "m", replica, [2], info, True, draining, 2, 8, 0.25, bytes(32), 1.5)
+    return StatusReply("s", "app", "m", replica, [3], info, True, draining, 2, 8, 0.25, bytes(32), 1.5)
 
 
 def test_replicas_follow_status_and_tokens(clocks: Clocks) -> None:
     fleet = view(clocks)
     prefix = "@servo/app/m/r0"
+    fleet.on_replica_token("@servo/app/m/0-evil", True)  # a token alone shows no replica
+    assert fleet.snapshot()["replicas"] == []
     fleet.on_replica_token(prefix, True)
-    fleet.on_status(prefix, status("r0"))
+    fleet.on_status(prefix, status("r0"))  # verified by the collector (tests/monitor/test_collector.py)
     (replica,) = fleet.snapshot()["replicas"]
     assert (replica["up"], replica["sessions"], replica["revision"], replica["draining"]) == (True, 2, "rev", False)
     fleet.on_status(prefix, status("r0", draining=True))

@@ -23,7 +23,7 @@ from servo.edge.remote import RemoteEngine
 from servo.router import load_fleet, run_router
 from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer, ServerReady
-from servo.transport import declare_obs_publisher, open_session, query
+from servo.transport import declare_obs_publisher, open_zsession, query
 from servo.wire import Observation, Rejection, SessionOpen, decode, encode, encode_image, encode_tensor
 from tests.edge.harness import edge_config, running_edge, small_sim
 from tests.router.harness import Credentials, Inbox, fleet_toml, wait_matching
@@ -120,8 +120,8 @@ async def _mtls_fleet(
         policy = FixedComputePolicy(cameras={"front": SHAPE})
         async with (
             running_server(parse_manifest(_manifest(creds, port)), policy) as (server, ready),
-            open_session(creds.mtls("robot-7", port)) as z7,
-            open_session(creds.mtls("robot-8", port)) as z8,
+            open_zsession(creds.mtls("robot-7", port)) as z7,
+            open_zsession(creds.mtls("robot-8", port)) as z8,
         ):
             yield server, ready, z7, z8
         tg.cancel_scope.cancel()
@@ -166,7 +166,7 @@ async def test_another_robot_cannot_open_or_replace_a_robots_session(creds: Cred
         (seen,) = await impostor.discover()
         with pytest.raises(RequestTimeout):  # robot-7's session key: denied by the router
             await impostor.open_session(seen, features=ready.info.features, fps=30, timeout=1.0)
-        squat = SessionOpen("robot-7", [2], ready.info.features, 30.0, KeyPair().public_key)
+        squat = SessionOpen("robot-7", [SCHEMA_VERSION], ready.info.features, 30.0, KeyPair().public_key)
         (reply,) = await query(z8, ready.keys.client("robot-8").session, payload=encode(squat), timeout=2)
         assert reply.err is not None
         rejection = decode(reply.err.payload.to_bytes(), Rejection)

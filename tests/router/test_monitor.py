@@ -14,6 +14,7 @@ from servo._core import ServerIdentity
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
 from servo.edge.telemetry import TelemetryPublisher
+from servo.identity import load_identity
 from servo.monitor import MonitorConfig, MonitorReady, run_monitor
 from servo.router import load_fleet, run_router
 from servo.server.manifest import parse_manifest
@@ -44,7 +45,7 @@ async def http_text(port: int, path: str) -> str:
     return body.decode()
 
 
-def manifest(creds: Credentials, port: int) -> str:
+def manifest(creds: Credentials, port: int, operator: bytes) -> str:
     gpu = creds.leaves["gpu-0"]
     return f"""
 [model]
@@ -64,6 +65,8 @@ connect_private_key = "{gpu.key}"
 enable_mtls = true
 [ops]
 health_port = 0
+[security]
+operators = [{{name = "dashboard", identity = "{fingerprint(operator)}"}}]
 """
 
 
@@ -75,17 +78,21 @@ async def test_the_monitor_sees_the_fleet_with_a_monitors_rights(creds: Credenti
     pins = tmp_path / "robot-keys"
     pins.write_text(f"# enrolled robots\nrobot-7 {fingerprint(robot_key.public_key)}\n")
     r7, dashboard = creds.leaves["robot-7"], creds.leaves["dashboard"]
-    monitor_config = MonitorConfig(
-        connect=[f"tls/127.0.0.1:{port}"],
-        tls_root_ca=creds.pki.ca,
-        tls_cert=dashboard.cert,
-        tls_key=dashboard.key,
-        http_port=0,
-        robot_keys=str(pins),
-    )
+    operator = load_identity(tmp_path / "monitor.key", role="operator")
     async with anyio.create_task_group() as tg:
         await tg.start(run_router, load_fleet(fleet_file))
-        async with running_server(parse_manifest(manifest(creds, port))) as (_, ready):
+        async with running_server(parse_manifest(manifest(creds, port, operator.public_key))) as (_, ready):
+            monitor_config = MonitorConfig(
+                connect=[f"tls/127.0.0.1:{port}"],
+                tls_root_ca=creds.pki.ca,
+                tls_cert=dashboard.cert,
+                tls_key=dashboard.key,
+                http_port=0,
+                robot_keys=str(pins),
+                trusted_servers=[ready.fingerprint],
+                identity_key=str(tmp_path / "monitor.key"),
+                state_file=str(tmp_path / "monitor.state"),
+            )
             ready_monitor: MonitorReady = await tg.start(run_monitor, monitor_config)
             http = ready_monitor.http_port
             sim = small_sim()

@@ -1,6 +1,6 @@
 """What a process exposes: its listening sockets, and the Zenoh declarations of the sessions it opens.
 
-Declarations are recorded where every servo session is opened (`servo.transport.open_session`
+Declarations are recorded where every Zenoh session is opened (`servo.transport.open_zsession`
 calls ``zenoh.open``): while a `Census` is installed, ``zenoh.open`` hands out the real session
 wrapped so that each ``declare_*`` (and each liveliness token or subscriber) is written down with
 the component that opened the session (a context variable the test sets around each component's
@@ -9,16 +9,19 @@ it for declarations made later from any thread). Nothing else about the session 
 wrapper forwards every call.
 
 Sockets come from the operating system (psutil: this process's listening TCP sockets and bound
-UDP sockets), not from servo's own account of them.
+UDP sockets), not from servo's own account of them; files from the directories themselves.
 """
 
 from __future__ import annotations
 
 import contextvars
+import fnmatch
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -137,3 +140,19 @@ def listening_ports() -> dict[int, str]:
         elif conn.type == 2 and conn.laddr:  # SOCK_DGRAM bound
             out[conn.laddr.port] = "udp"
     return out
+
+
+def kept_files(directory: Path) -> dict[str, Path]:
+    """Every entry under ``directory`` but directories (links included), by its path relative to it."""
+    return {str(p.relative_to(directory)): p for p in directory.rglob("*") if p.is_symlink() or not p.is_dir()}
+
+
+def file_row(relative: str) -> Door | None:
+    """The threat model's row for a file of servo's directory (``<…>`` in a row is one path segment)."""
+    parts = relative.split("/")
+    for door in DOORS:
+        pattern = [re.sub(r"<[^>]+>", "*", part) for part in door.where.split("/")]
+        same_depth = door.kind == "file" and len(pattern) == len(parts)
+        if same_depth and all(fnmatch.fnmatchcase(part, glob) for part, glob in zip(parts, pattern, strict=True)):
+            return door
+    return None

@@ -38,7 +38,7 @@ class NoticeForger:
         if seen.header is None:
             return
         action_key = seen.key.rsplit("/", 1)[0] + "/action"
-        attachment = echo(seen, MSG_ERROR, b"")
+        attachment, _ = echo(seen, MSG_ERROR, b"")
         code, message = "unknown_session", "forged: open a new one"
         signature = self._identity.sign(notice_transcript(action_key, attachment, code, message))
         for i in range(self._repeat):

@@ -38,6 +38,7 @@ from zenoh.handlers import Callback
 
 from servo._core import (
     MSG_CHUNK,
+    SCHEMA_VERSION,
     Header,
     HeaderError,
     ServerIdentity,
@@ -47,6 +48,7 @@ from servo._core import (
 )
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import RunOptions
+from servo.edge.telemetry import TelemetryPublisher
 from servo.policy.compatibility import describe
 from servo.recording import Recording, read_recording
 from servo.server.auth import SessionAuth, accept_handshake
@@ -155,13 +157,15 @@ class Capture:
         self._q.undeclare()
 
 
-def echo(request: Seen | Header, msg_type: int, body: bytes, *, key: SessionKey | None = None) -> bytes:
-    """An attachment answering ``request`` (its header echoed), unauthenticated or sealed with a
-    key the attacker guessed."""
+def echo(request: Seen | Header, msg_type: int, body: bytes, *, secret: bytes | None = None) -> tuple[bytes, bytes]:
+    """``(attachment, payload)`` answering ``request`` (its header echoed): unauthenticated, or
+    encrypted under a session secret the attacker guessed."""
     header = request if isinstance(request, Header) else request.header
     assert header is not None
     reply = header.replace(msg_type=msg_type, flags=0)
-    return unauthenticated(reply) if key is None else key.seal(reply, body)
+    if secret is None:
+        return unauthenticated(reply), body
+    return SessionKey(secret, role="server").encrypt(reply, body)
 
 
 def chunk_body(values: np.ndarray) -> bytes:
@@ -173,9 +177,9 @@ class ChunkForger:
     """Answers observations on ``obs_selector`` at once with a forged message (a chunk of ``value``).
 
     Publishes on the matching action key from its receive callback, before any server can
-    answer, echoing the observation's header. ``key`` is the forger's guess at the session key
-    (None: unauthenticated); ``body`` and ``msg_type`` replace the chunk (e.g. a keyless error
-    notice); ``limit`` stops after that many answers.
+    answer, echoing the observation's header. ``secret`` is the forger's guess at the session
+    secret (None: unauthenticated); ``body`` and ``msg_type`` replace the chunk (e.g. a keyless
+    error notice); ``limit`` stops after that many answers.
     """
 
     def __init__(
@@ -184,13 +188,13 @@ class ChunkForger:
         obs_selector: str,
         value: float = 0.0,
         *,
-        key: SessionKey | None = None,
+        secret: bytes | None = None,
         body: bytes | None = None,
         msg_type: int = MSG_CHUNK,
         limit: int | None = None,
     ) -> None:
         self.forged = 0
-        self._z, self._key, self._msg_type, self._limit = z, key, msg_type, limit
+        self._z, self._secret, self._msg_type, self._limit = z, secret, msg_type, limit
         self._body = body if body is not None else chunk_body(np.full((20, len(SIM.joint_names)), value, np.float32))
         self._sub = z.declare_subscriber(obs_selector, Callback(self._answer, indirect=False))
 
@@ -201,7 +205,8 @@ class ChunkForger:
         if seen.header is None:
             return
         action_key = seen.key.rsplit("/", 1)[0] + "/action"
-        self._z.put(action_key, self._body, attachment=echo(seen, self._msg_type, self._body, key=self._key))
+        attachment, payload = echo(seen, self._msg_type, self._body, secret=self._secret)
+        self._z.put(action_key, payload, attachment=attachment)
         self.forged += 1
 
     def close(self) -> None:
@@ -215,8 +220,9 @@ class RogueReplica:
     ``status`` builds the status reply body (any bytes: undecodable ones poison discovery);
     ``ack`` turns a decoded `SessionOpen` and the genuine handshake fields into the ack it sends
     (forge a signature, an identity, …). With ``chunks``, every observation of a session it
-    acked is answered with ``chunks(seq)`` (an array, or a raw body) sealed by the derived key
-    and numbered ``reply_seq(seq)``: a key holder sending what it likes.
+    acked is answered with ``chunks(seq)`` (an array, or a raw body) encrypted with the derived
+    key and numbered ``reply_seq(seq)``: a key holder sending what it likes (a seq it answered
+    already is answered with that same message again: its key never repeats a nonce).
     """
 
     z: zenoh.Session
@@ -229,6 +235,7 @@ class RogueReplica:
     load: float = 0.0
     opens: int = 0
     _sessions: dict[str, SessionAuth] = field(default_factory=dict)
+    _sent: dict[tuple[str, int], tuple[bytes, bytes]] = field(default_factory=dict)
     _entities: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -276,7 +283,7 @@ class RogueReplica:
             self._sessions[request.client_id] = handshake.auth
             genuine = SessionAck(
                 handshake.auth.wire_id,
-                2,
+                SCHEMA_VERSION,
                 "rogue",
                 self.keys.replica,
                 self.info,
@@ -293,11 +300,14 @@ class RogueReplica:
         auth = self._sessions.get(client)
         if auth is None or sample.attachment is None or self.chunks is None:
             return
-        header = auth.key.open(sample.attachment.to_bytes(), sample.payload.to_bytes())
+        header, _ = auth.key.decrypt(sample.attachment.to_bytes(), sample.payload.to_bytes())
         produced = self.chunks(header.seq_id)
         body = produced if isinstance(produced, bytes) else chunk_body(produced)
         reply = header.replace(msg_type=MSG_CHUNK, flags=0, seq_id=self.reply_seq(header.seq_id))
-        self.z.put(self.keys.client(client).action, body, attachment=auth.key.seal(reply, body))
+        sent = self._sent.get((client, reply.seq_id))
+        if sent is None:
+            sent = self._sent[client, reply.seq_id] = auth.key.encrypt(reply, body)
+        self.z.put(self.keys.client(client).action, sent[1], attachment=sent[0])
 
     def close(self) -> None:
         for entity in reversed(self._entities):
@@ -344,8 +354,15 @@ class EdgeRig:
 
 
 @asynccontextmanager
-async def edge_rig(port: int, tmp_path: Path, client_id: str = "robot-7", **config: Any) -> AsyncIterator[EdgeRig]:
-    """A real edge (remote engine, simulated arm, a recording of every tick) on ``port``.
+async def edge_rig(
+    port: int,
+    tmp_path: Path,
+    client_id: str = "robot-7",
+    *,
+    telemetry: TelemetryPublisher | None = None,
+    **config: Any,
+) -> AsyncIterator[EdgeRig]:
+    """A real edge (remote engine, simulated arm, a recording of every tick, ``telemetry`` if given) on ``port``.
 
     The rig is stopped (and the arm parked) when the block ends; ``rig.summary`` then holds the
     run summary.
@@ -354,7 +371,7 @@ async def edge_rig(port: int, tmp_path: Path, client_id: str = "robot-7", **conf
     engine = RemoteEngine(edge_config(port, client_id=client_id, **config), sim.spec())
     merges = MergeLog.attach(engine)
     record = tmp_path / f"{client_id}-{time.monotonic_ns()}.servo"
-    async with running_edge(sim, engine, RunOptions(record_path=str(record))) as run:
+    async with running_edge(sim, engine, RunOptions(record_path=str(record), telemetry=telemetry)) as run:
         rig = EdgeRig(engine, run, merges, record)
         yield rig
         rig.summary = await run.stop()

@@ -76,14 +76,12 @@ async def test_jpeg_bombs_are_refused_by_their_header_and_the_robot_keeps_stream
         session = await open_on(victim, ready)
         bad = await open_on(mallory, ready)
         peak_before = peak_rss_mb()
-        async with streaming(session) as served, action_tap(mallory.zsession, bad.keys.action) as tap:
+        async with streaming(session) as served, action_tap(mallory.zsession, bad.keys.action, bad.key) as tap:
             await still_streaming(served)
             for seq, (name, payload) in enumerate(cases.items(), start=100):
+                attachment, ciphertext = sealed(bad, seq, payload)
                 mallory.zsession.put(
-                    bad.keys.obs,
-                    payload,
-                    attachment=sealed(bad, seq, payload),
-                    congestion_control=zenoh.CongestionControl.BLOCK,
+                    bad.keys.obs, ciphertext, attachment=attachment, congestion_control=zenoh.CongestionControl.BLOCK
                 )
                 header, reply = await tap.next(lambda h, seq=seq: h is not None and h.seq_id == seq)
                 assert header is not None

@@ -2,15 +2,21 @@
 
 A server (loopback default, and the CLI's suggested LAN set-up ``tls/0.0.0.0`` with the openpi door
 off loopback), a robot, a monitor and a router run in this process; the census lists what they
-listen on (from the operating system) and what they declare (`tests.security.census`), and
-checks each against `servo.threat_model`. Then a stranger, with nothing but what the network
-shows it (the self-signed certificate, the keys it sees), uses each door whose row says strangers
-are refused, and is refused. The README's table is the threat model's, row for row.
+listen on (from the operating system), what they declare (`tests.security.census`) and what
+files they keep in servo's directory and the robot's own, and checks each against
+`servo.threat_model` (every file this user's alone, no link). Then a stranger, with nothing but
+what the network shows it (the self-signed certificate, the keys it sees), uses each door whose
+row says strangers are refused, and is refused. The security guide's table is the threat
+model's, row for row.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import stat
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,25 +28,29 @@ import zenoh
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import InvalidStatus
 
-from servo._core import SessionKey
 from servo.cli.console import Console
 from servo.cli.listen import secure_listen
 from servo.cli.robots import main as robots_cli
-from servo.client import SessionRejected
+from servo.client import ServerError, SessionRejected
+from servo.client.audit import ask_audit
+from servo.edge.telemetry import TelemetryPublisher
 from servo.frontends import frontends_of
+from servo.home import config_dir
+from servo.identity import load_identity, operator_identity
 from servo.monitor import MonitorConfig, run_monitor
+from servo.monitor.service import MonitorReady
 from servo.router import load_fleet, run_router
 from servo.server.manifest import parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.threat_model import DOORS, Door, markdown_table
 from servo.transport import query
-from servo.wire import Rejection, decode
+from servo.wire import AuditQuery, EdgeTelemetry, Rejection, decode, fingerprint, seal_telemetry, telemetry_key
 from tests.frontends.helpers import aloha_obs, blocking
 from tests.router.harness import Credentials, fleet_toml
-from tests.security.census import Census, as_component, listening_ports
+from tests.security.census import Census, as_component, file_row, kept_files, listening_ports
 from tests.security.lan import certificate_of, lan_client, robot_files
 from tests.security.peers import ChunkForger, EdgeRig, closing, edge_rig, sim_policy_spec
-from tests.server.helpers import metric, open_on
+from tests.server.helpers import metric, open_on, sample
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, free_port
 
@@ -48,7 +58,7 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
 ]
-README = Path(__file__).parents[2] / "README.md"
+SECURITY_GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "security.md"
 FORGED = 12.5
 
 
@@ -69,8 +79,8 @@ def manifest_text(lan: bool, port: int, health: int) -> str:
 @contextlib.asynccontextmanager
 async def fleet(
     lan: bool, tmp_path: Path, census: Census
-) -> AsyncIterator[tuple[PolicyServer, ServerReady, EdgeRig, dict[int, Door]]]:
-    """Server (with its openpi door), a robot and a monitor; yields them and the sockets they own."""
+) -> AsyncIterator[tuple[PolicyServer, ServerReady, EdgeRig, MonitorReady, dict[int, Door]]]:
+    """Server (with its openpi door), a robot and a monitor that knows its key; yields them and the sockets they own."""
     port, health = free_port(), free_port()
     manifest, _ = secure_listen(parse_manifest(manifest_text(lan, port, health)))
     policy = FixedComputePolicy(compute_ms=10, **sim_policy_spec(chunk_size=20))
@@ -84,21 +94,31 @@ async def fleet(
             edge = {"connect": [f"{scheme}/127.0.0.1:{port}"], **robot_files(tmp_path, "robot-7")}
             if lan:
                 edge["join"] = ready.join_token
+            robot = load_identity(edge["identity_key"], role="robot")
+            # The robot reports to the monitor (whose identity is made where servo-monitor makes it).
+            telemetry = TelemetryPublisher(robot, period_s=0.2, readers=[operator_identity().public_key])
             with as_component("servo-edge"):
-                rig = await stack.enter_async_context(edge_rig(port, tmp_path, "robot-7", **edge))
+                rig = await stack.enter_async_context(edge_rig(port, tmp_path, "robot-7", telemetry=telemetry, **edge))
+            (tmp_path / "robot-keys").write_text(f"robot-7 {fingerprint(robot.public_key)}\n")
             monitor = MonitorConfig(
-                connect=[f"{scheme}/127.0.0.1:{port}"], tls_root_ca=certificate_of(server) if lan else "", http_port=0
+                connect=[f"{scheme}/127.0.0.1:{port}"],
+                tls_root_ca=certificate_of(server) if lan else "",
+                http_port=0,
+                robot_keys=str(tmp_path / "robot-keys"),
             )
             with as_component("servo-monitor"):
                 watching = await tg.start(run_monitor, monitor)
             await eventually(lambda: rig.engine.chunks_received >= 2, 30, "the robot streaming")
+            with anyio.fail_after(30):  # the monitor shows the robot it knows, from its telemetry
+                while "robot-7" not in {r["id"] for r in json.loads(await fetch(watching, "api/fleet"))["robots"]}:  # noqa: ASYNC110 - no event
+                    await anyio.sleep(0.05)
             sockets = {
                 port: socket_row("zenoh.listen"),
                 health: socket_row("ops.health_host"),
                 int(ready.frontends["openpi"].rsplit(":", 1)[1]): socket_row("frontends.openpi.listen"),
                 watching.http_port: socket_row("--http-host"),
             }
-            yield server, ready, rig, sockets
+            yield server, ready, rig, watching, sockets
         tg.cancel_scope.cancel()
 
 
@@ -112,6 +132,28 @@ def check_census(census: Census, sockets: dict[int, Door], *, loopback_only: boo
         assert addresses == {"127.0.0.1"}
     for child in psutil.Process().children(recursive=True):  # the robot's control process
         assert [c for c in child.net_connections("inet") if c.status == "LISTEN"] == []
+
+
+def check_files(*directories: Path) -> set[tuple[str, str, str]]:
+    """Every file kept is in the threat model, a regular file of this user's, readable by nobody else.
+
+    Returns the rows checked (no other user may read or write those files).
+    """
+    rows = set()
+    for directory in directories:
+        kept = kept_files(directory)
+        assert kept, f"{directory} holds nothing: the census looked in the wrong place"
+        for relative, path in kept.items():
+            door = file_row(relative)
+            assert door is not None, f"a file the threat model does not name: {relative}"
+            rows.add((door.component, door.kind, door.where))
+            info = path.lstat()
+            assert stat.S_ISREG(info.st_mode), f"{relative} is no regular file"
+            assert info.st_uid == os.geteuid()
+            assert stat.S_IMODE(info.st_mode) & 0o077 == 0, f"{relative}: mode {stat.S_IMODE(info.st_mode):04o}"
+        for folder in [directory, *(p for p in directory.rglob("*") if p.is_dir() and not p.is_symlink())]:
+            assert stat.S_IMODE(folder.stat().st_mode) & 0o077 == 0, f"{folder}: others may use it"
+    return rows
 
 
 async def openpi_client(port: int, key: str | None, *, tls: bool) -> float:
@@ -132,13 +174,16 @@ async def test_the_loopback_quick_start_exposes_only_what_the_threat_model_names
 ) -> None:
     census = Census()
     census.install(monkeypatch)
-    async with fleet(False, tmp_path, census) as (_server, ready, _rig, sockets):
+    async with fleet(False, tmp_path, census) as (_server, ready, _rig, _monitor, sockets):
         port = int(ready.frontends["openpi"].rsplit(":", 1)[1])
         assert await openpi_client(port, None, tls=False) == pytest.approx(2.0)  # its sessions declare too
         check_census(census, sockets, loopback_only=True)
     assert {d.component for d in census.declarations} == {"servo-serve", "servo-edge", "servo-monitor"}
+    check_files(config_dir(), tmp_path / "robot-7")
+    assert {"monitor.key", "monitor.state", "telemetry.run", "servers/default.key"} <= set(kept_files(config_dir()))
 
 
+@pytest.mark.wildcard
 async def test_a_lan_server_exposes_only_what_the_threat_model_names_and_strangers_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -146,7 +191,7 @@ async def test_a_lan_server_exposes_only_what_the_threat_model_names_and_strange
     census.install(monkeypatch)
     assert robots_cli(["api-key", "lab-pc"], Console(live=False)) == 0
     key = capsys.readouterr().out.strip()
-    async with fleet(True, tmp_path, census) as (server, ready, rig, sockets):
+    async with fleet(True, tmp_path, census) as (server, ready, rig, monitor, sockets):
         door_port = int(ready.frontends["openpi"].rsplit(":", 1)[1])
         openpi = server.manifest.frontends.openpi
         assert openpi is not None
@@ -154,12 +199,32 @@ async def test_a_lan_server_exposes_only_what_the_threat_model_names_and_strange
         assert await openpi_client(door_port, key, tls=True) == pytest.approx(2.0)
         check_census(census, sockets, loopback_only=False)
         zenoh_port = next(p for p, d in sockets.items() if d.where.startswith("zenoh.listen"))
-        refused = await strangers(server, ready, rig, zenoh_port, door_port, tmp_path)
+        refused = await strangers(server, ready, rig, monitor, zenoh_port, door_port, tmp_path)
+    refused |= check_files(config_dir(), tmp_path / "robot-7")
+    assert {"servers/default.roster", "tls/server.key"} <= set(kept_files(config_dir()))
     assert rig.summary is not None
     assert not any(np.isclose(m.chunk_robot, FORGED).any() for m in rig.merges.merges)
     guarded = {(d.component, d.kind, d.where) for d in DOORS if d.stranger_refused and d.component == "servo-serve"}
     guarded |= {("servo-edge", "subscriber", "@servo/*/*/*/c/*/action")}
+    guarded |= {("servo-monitor", "subscriber", "@servo/@robots/*/telemetry")}
     assert guarded <= refused
+
+
+async def fetch(monitor: MonitorReady, path: str) -> bytes:
+    """A page of the monitor's, fetched off the event loop (the monitor runs on it)."""
+
+    def get() -> bytes:
+        with urllib.request.urlopen(f"{monitor.url}{path}", timeout=5) as response:
+            return bytes(response.read())
+
+    return await anyio.to_thread.run_sync(get)
+
+
+async def monitor_refused(monitor: MonitorReady) -> set[str]:
+    """The reasons the monitor refused telemetry for, from its /metrics."""
+    exposition = await fetch(monitor, "metrics")
+    reasons = ("identity_changed", "unknown_robot")
+    return {r for r in reasons if sample(exposition, "servo_monitor_telemetry_refused_total", reason=r) > 0}
 
 
 def observations_rejected(server: PolicyServer) -> float:
@@ -168,7 +233,13 @@ def observations_rejected(server: PolicyServer) -> float:
 
 
 async def strangers(
-    server: PolicyServer, ready: ServerReady, rig: EdgeRig, zenoh_port: int, door_port: int, tmp_path: Path
+    server: PolicyServer,
+    ready: ServerReady,
+    rig: EdgeRig,
+    monitor: MonitorReady,
+    zenoh_port: int,
+    door_port: int,
+    tmp_path: Path,
 ) -> set[tuple[str, str, str]]:
     """Mallory uses every guarded door of the LAN set-up; the rows whose use was refused."""
     refused: set[tuple[str, str, str]] = set()
@@ -193,7 +264,7 @@ async def strangers(
         row("servo-serve", "queryable", "@servo/*/*/*/c/*/control")
         rejected = observations_rejected(server)
         obs = ready.keys.client("robot-7").obs
-        forger = ChunkForger(z, obs, FORGED, key=SessionKey(bytes(range(32))))
+        forger = ChunkForger(z, obs, FORGED, secret=bytes(range(32)))
         with closing(forger):
             await eventually(lambda: forger.forged >= 3, 30, "forged chunks sent at robot-7")
             for _ in range(3):
@@ -204,6 +275,21 @@ async def strangers(
             await eventually(lambda: sum(client.counters.chunks_rejected.values()) >= 1, 15, "forged chunks dropped")
         row("servo-serve", "subscriber", "@servo/*/*/*/c/*/obs")
         row("servo-edge", "subscriber", "@servo/*/*/*/c/*/action")
+        (info,) = [s for s in await mallory.discover() if s.keys == ready.keys]
+        with pytest.raises(ServerError, match="is no operator of this replica"):
+            await ask_audit(z, ready.keys, info.status, mallory.identity, AuditQuery("robot-7"), timeout=5)
+        row("servo-serve", "queryable", "@servo/*/*/*/audit")
+        with pytest.raises(ServerError, match="is not enrolled on this server"):
+            await mallory.fetch_trajectory(info, "")
+        row("servo-serve", "queryable", "@servo/*/*/*/trajectory")
+        for robot in ("robot-7", "mallory"):  # an enrolled robot's name, and one nobody enrolled
+            record = EdgeTelemetry(robot, 1, 0, 1000.0, "streaming")
+            body, attachment = seal_telemetry(record, mallory.identity, [mallory.identity.public_key])
+            z.put(telemetry_key(robot), body, attachment=attachment)
+        with anyio.fail_after(15):  # the monitor refuses both, by their reasons (its /metrics, off the loop)
+            while await monitor_refused(monitor) != {"identity_changed", "unknown_robot"}:  # noqa: ASYNC110 - no event
+                await anyio.sleep(0.05)
+        row("servo-monitor", "subscriber", "@servo/@robots/*/telemetry")
 
     def no_key() -> int:
         with pytest.raises(InvalidStatus) as caught:
@@ -232,5 +318,5 @@ async def test_the_router_listens_only_where_its_fleet_file_says_and_refuses_str
         tg.cancel_scope.cancel()
 
 
-def test_the_readme_table_is_the_threat_model() -> None:
-    assert markdown_table() in README.read_text()
+def test_the_security_guide_table_is_the_threat_model() -> None:
+    assert markdown_table() in SECURITY_GUIDE.read_text()

@@ -3,13 +3,16 @@
 Issue 29: a ``robot.key`` that was a link to another user's file was used; a world-writable servo
 directory was used silently; a ``known_servers`` owned by another user was accepted; and the
 temporary file written beside ``known_servers`` followed a link and overwrote a file of root's.
+The edge's run counter and the monitor's replay state follow the same rules.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,9 @@ import pytest
 from servo._core import ServerIdentity
 from servo.client import UntrustedServer
 from servo.client.known import KnownServers
+from servo.edge.telemetry import next_run
 from servo.identity import IdentityError, load_identity, robot_identity
+from servo.monitor.trust import RobotTrust, TrustError
 
 #: A user id that is not this process's (files are given to it with chown, as root only).
 OTHER_UID = 65534
@@ -92,3 +97,49 @@ def test_known_servers_that_are_a_link_are_refused(tmp_path: Path) -> None:
     (tmp_path / "known_servers").symlink_to(elsewhere.path)
     with pytest.raises(UntrustedServer, match=r"known_servers: known servers is a symbolic link"):
         KnownServers(tmp_path / "known_servers").entries()
+
+
+def test_the_run_counter_counts_once_per_run_across_threads_and_refuses_a_file_others_may_write(
+    tmp_path: Path,
+) -> None:
+    """``telemetry.run`` decides which of a robot's records a monitor believes (runs count up): two
+    edges starting at once must not share a number, and whoever may write it could make the
+    robot's new records look like replays of old ones."""
+    directory = tmp_path / "servo"
+    directory.mkdir(mode=0o700)
+    counter = directory / "telemetry.run"
+    with ThreadPoolExecutor(8) as pool:
+        runs = list(pool.map(lambda _: next_run(counter), range(40)))
+    assert sorted(runs) == list(range(1, 41))
+    assert stat.S_IMODE(counter.stat().st_mode) == 0o600
+    assert [p.name for p in directory.iterdir()] == ["telemetry.run"]  # no temporary left behind
+    counter.chmod(0o666)
+    assert next_run(counter) > 10**18  # not counted there: numbered by the wall clock instead
+    assert counter.read_text() == "40\n"
+    victim = tmp_path / "victim"
+    victim.write_text("7\n")
+    counter.unlink()
+    counter.symlink_to(victim)
+    assert next_run(counter) > 10**18
+    assert victim.read_text() == "7\n"
+
+
+def test_a_monitor_state_others_may_write_or_a_link_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The state says which runs a monitor saw and which keys it trusted on first use: whoever may
+    write it chooses which records and replicas the monitor believes."""
+    directory = tmp_path / "servo"
+    directory.mkdir(mode=0o700)
+    state = directory / "monitor.state"
+    trust = RobotTrust({"robot-7": ServerIdentity.generate().public_key}, state=state)
+    assert trust.fresh("robot-7", 3, 1)
+    trust.save()
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    assert not RobotTrust(state=state).fresh("robot-7", 3, 1)  # remembered across a restart
+    state.chmod(0o666)
+    with pytest.raises(TrustError, match=r"monitor\.state: monitor state is writable by others \(mode 0666\)"):
+        RobotTrust(state=state)
+    elsewhere = tmp_path / "elsewhere.state"
+    state.rename(elsewhere)
+    state.symlink_to(elsewhere)
+    with pytest.raises(TrustError, match=r"monitor\.state: monitor state is a symbolic link"):
+        RobotTrust(state=state)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import zenoh
 
-from servo._core import ServerIdentity, SessionKey
+from servo._core import ServerIdentity
 from servo.client import PolicyClient
 from servo.router import Fleet, load_fleet, run_router
 from servo.server.manifest import parse_manifest
@@ -90,6 +90,7 @@ def test_a_server_beside_a_router_is_refused_in_one_line(tmp_path: Path, listen:
     assert "--listen-beside-router" in line
 
 
+@pytest.mark.wildcard
 def test_a_plain_listen_on_the_network_is_refused_unless_insecure(tmp_path: Path) -> None:
     manifest = tmp_path / "manifest.toml"
     manifest.write_text('[model]\nsource = "reference"\nwarmup = 0\n[ops]\nhealth_port = 0\n')
@@ -165,7 +166,7 @@ async def test_through_a_bypass_a_peer_still_cannot_drive_or_stall_a_robot(creds
                 forgers = [
                     NoticeForger(z, OBS, repeat=4),
                     ChunkForger(z, OBS, FORGED),
-                    ChunkForger(z, OBS, FORGED, key=SessionKey(bytes(range(32)))),
+                    ChunkForger(z, OBS, FORGED, secret=bytes(range(32))),
                     RogueReplica(
                         z,
                         ServerKeys(ready.keys.app, ready.keys.model, "a-rogue"),
@@ -227,6 +228,7 @@ async def test_a_fleet_member_in_peer_mode_gets_no_link_to_a_server_behind_the_r
     assert rig.merges.longest_gap_s(attack_started, attack_ended) < REQUEST_TIMEOUT_S
 
 
+@pytest.mark.wildcard
 def test_health_off_loopback_is_refused_in_one_line_unless_expose_health(tmp_path: Path) -> None:
     """Issue 29: ``health_host = "0.0.0.0"`` needed no flag, and /metrics names the robots."""
     manifest = tmp_path / "manifest.toml"

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import zenoh
 
-from servo._core import SessionKey
 from servo.client import PolicyClient
 from tests.security.peers import ChunkForger, EdgeRig, Tap, closing, edge_rig, peer_settings, sim_policy_spec
 from tests.server.policies import FixedComputePolicy
@@ -34,7 +33,7 @@ async def test_a_forged_chunk_answering_first_is_never_executed(port: int, tmp_p
         PolicyClient.connect(peer_settings(port), "mallory") as mallory,
     ):
         unsigned = ChunkForger(mallory.zsession, OBS, FORGED)
-        guessed = ChunkForger(mallory.zsession, OBS, FORGED, key=SessionKey(bytes(range(32))))
+        guessed = ChunkForger(mallory.zsession, OBS, FORGED, secret=bytes(range(32)))
         with closing(unsigned, guessed):
             async with edge_rig(port, tmp_path) as rig:
                 await eventually(lambda: rig.engine.chunks_received >= 5, 15, "streaming")

@@ -33,7 +33,7 @@ from tests.security.peers import EdgeRig, edge_rig
 from tests.server.helpers import open_on
 from tests.support import eventually, free_port
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.wildcard]
 
 REQUEST_TIMEOUT_S = 5.0
 

@@ -50,6 +50,7 @@ def api_key(name: str, capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out.strip()
 
 
+@pytest.mark.wildcard
 async def test_off_loopback_a_stranger_is_refused_and_a_keyed_client_served_over_wss(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

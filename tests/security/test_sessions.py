@@ -116,19 +116,18 @@ async def test_a_peer_cannot_close_reset_or_feed_a_session_it_guessed_or_sniffed
                 sid = sniffed.header.session_id
                 assert sid == session.wire_id  # what a sniffer learns: the id, never the key
                 async with between_requests[session]:
-                    await session.reset(1)  # the victim's own reset, sealed; mallory captures it
+                    await session.reset(1)  # the victim's own reset, encrypted; mallory captures it
                 assert capture.arrived.wait(5)
                 (reset_body, reset_attachment) = capture.queries[0]
-                guessed_key = SessionKey(secrets.token_bytes(32))
+                guessed_key = SessionKey(secrets.token_bytes(32), role="client")
                 close = encode(CloseRequest(sid))
+                guessed_id = guessed_key.encrypt(header(MSG_CONTROL, secrets.token_bytes(16), 9), close)
+                guessed = guessed_key.encrypt(header(MSG_CONTROL, sid, 10), close)
                 control_attacks = {
-                    "guessed session id": (
-                        close,
-                        guessed_key.seal(header(MSG_CONTROL, secrets.token_bytes(16), 9), close),
-                    ),
+                    "guessed session id": (guessed_id[1], guessed_id[0]),
                     "sniffed id, no attachment": (close, None),
                     "sniffed id, keyless": (close, unauthenticated(header(MSG_CONTROL, sid, 9))),
-                    "sniffed id, guessed key": (close, guessed_key.seal(header(MSG_CONTROL, sid, 9), close)),
+                    "sniffed id, guessed key": (guessed[1], guessed[0]),
                     "sniffed observation as control": (close, sniffed.attachment),
                     "the victim's reset, replayed": (reset_body, reset_attachment),
                     "the victim's reset, re-bodied as a close": (close, reset_attachment),
@@ -140,9 +139,8 @@ async def test_a_peer_cannot_close_reset_or_feed_a_session_it_guessed_or_sniffed
 
                 def guess() -> None:
                     for seq in range(1000, 1050):
-                        z.put(
-                            keys.obs, feed, attachment=guessed_key.seal(header(MSG_OBS, sid, seq, session.epoch), feed)
-                        )
+                        attachment, ciphertext = guessed_key.encrypt(header(MSG_OBS, sid, seq, session.epoch), feed)
+                        z.put(keys.obs, ciphertext, attachment=attachment)
 
                 def rejected(reason: str, n: int = 1) -> Callable[[], bool]:
                     return lambda: metric(server, "servo_observations_rejected_total", reason=reason) >= n
@@ -196,10 +194,12 @@ async def test_a_peer_cannot_squat_or_steal_a_live_robots_name(port: int) -> Non
                 assert info.value.rejection.code == "session_exists"
                 key = ready.keys.client("robot-7").session
                 client_key = KeyPair().public_key
-                proof = SessionKey(secrets.token_bytes(32)).seal(
+                proof = SessionKey(secrets.token_bytes(32), role="client").authenticate(
                     header(MSG_CONTROL, session.wire_id, 1_000, session.epoch), resume_body(client_key)
                 )
-                forged = SessionOpen("robot-7", [2], ready.info.features, ready.info.fps, client_key, resume=proof)
+                forged = SessionOpen(
+                    "robot-7", [SCHEMA_VERSION], ready.info.features, ready.info.fps, client_key, resume=proof
+                )
                 assert await refused(squatter.zsession, key, encode(forged), None) == "unauthenticated"  # unsigned
                 forged = await signed(squatter, ready, forged)
                 assert await refused(squatter.zsession, key, encode(forged), None) == "session_exists"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -12,7 +13,7 @@ import numpy as np
 import zenoh
 from prometheus_client.parser import text_string_to_metric_families
 
-from servo._core import MSG_OBS, SCHEMA_VERSION, Header, HeaderError, decode_header
+from servo._core import MSG_OBS, SCHEMA_VERSION, AuthError, Header, HeaderError, SessionKey, decode_header
 from servo.client import PolicyClient, RemoteSession
 from servo.client.trust import signed_open
 from servo.identity import Identity
@@ -118,18 +119,46 @@ def obs_header(session: RemoteSession, seq_id: int, **changes: int | bytes) -> H
     return header.replace(**changes) if changes else header
 
 
-def sealed(session: RemoteSession, seq_id: int, body: bytes, **changes: int | bytes) -> bytes:
-    """The attachment of an observation ``body`` sealed with ``session``'s key (what its client sends)."""
-    return session.key.seal(obs_header(session, seq_id, **changes), body)
+def sealed(session: RemoteSession, seq_id: int, body: bytes, **changes: int | bytes) -> tuple[bytes, bytes]:
+    """``(attachment, ciphertext)`` of an observation ``body`` encrypted with ``session``'s key (what its
+    client sends), for ``session.zsession.put(key, ciphertext, attachment=attachment)``.
+
+    A key never encrypts one seq_id twice (its nonce would repeat), so the session's own next
+    observation takes a seq_id above ``seq_id``, as if its client had sent this one.
+    """
+    protocol = session.protocol
+    protocol._seq = max(protocol._seq, seq_id)  # the client's own counter: it sent this one
+    return session.key.encrypt(obs_header(session, seq_id, **changes), body)
+
+
+@asynccontextmanager
+async def observation_tap(zsession: zenoh.Session, key: str) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+    """Every observation put on ``key`` while open, as sent: ``(attachment, ciphertext)`` (to replay them)."""
+    bridge = LoopBridge()
+    seen: list[tuple[bytes, bytes]] = []
+
+    def on(sample: zenoh.Sample) -> None:
+        if not bridge.closed and sample.attachment is not None:
+            seen.append((sample.attachment.to_bytes(), sample.payload.to_bytes()))
+
+    sub = zsession.declare_subscriber(key, lambda s: bridge.call(on, s))
+    try:
+        yield seen
+    finally:
+        bridge.close()
+        sub.undeclare()
 
 
 class ActionTap:
     """Everything the server publishes on one client's action key, as (header, body) pairs.
 
+    With ``key`` (the client's session key) a message it decrypts is seen with its plaintext body;
+    any other (keyless notices, foreign messages) with its header as it claims and its body as sent.
     The subscriber callback only hands samples to the event loop; `next` waits on the loop.
     """
 
-    def __init__(self, zsession: zenoh.Session, key: str) -> None:
+    def __init__(self, zsession: zenoh.Session, key: str, session_key: SessionKey | None = None) -> None:
+        self._session_key = session_key
         self._bridge = LoopBridge()
         self._send, self._recv = anyio.create_memory_object_stream[tuple[Header | None, bytes]](1000)
         self._sub = zsession.declare_subscriber(key, lambda s: self._bridge.call(self._on, s))
@@ -139,11 +168,17 @@ class ActionTap:
         if self._bridge.closed:
             return  # scheduled on the loop just before `close`: the tap is gone
         header: Header | None
+        attachment = None if sample.attachment is None else sample.attachment.to_bytes()
+        payload = sample.payload.to_bytes()
+        if attachment is not None and self._session_key is not None:
+            with contextlib.suppress(AuthError, HeaderError):
+                self._send.send_nowait(self._session_key.decrypt(attachment, payload))
+                return
         try:
-            header = None if sample.attachment is None else decode_header(sample.attachment.to_bytes())
+            header = None if attachment is None else decode_header(attachment)
         except HeaderError:
             header = None
-        self._send.send_nowait((header, sample.payload.to_bytes()))
+        self._send.send_nowait((header, payload))
 
     async def next(
         self, predicate: Callable[[Header | None], bool], *, timeout: float = 5.0
@@ -164,8 +199,10 @@ class ActionTap:
 
 
 @asynccontextmanager
-async def action_tap(zsession: zenoh.Session, key: str) -> AsyncIterator[ActionTap]:
-    tap = ActionTap(zsession, key)
+async def action_tap(
+    zsession: zenoh.Session, key: str, session_key: SessionKey | None = None
+) -> AsyncIterator[ActionTap]:
+    tap = ActionTap(zsession, key, session_key)
     try:
         yield tap
     finally:

@@ -9,6 +9,7 @@ import zenoh
 
 from servo._core import (
     ATTACHMENT_SIZE,
+    MSG_CHUNK,
     MSG_CONTROL,
     MSG_OBS,
     SCHEMA_VERSION,
@@ -38,7 +39,7 @@ ROBOT = ServerIdentity.generate().public_key
 
 def opening(pair: KeyPair, *, resume: bytes = b"", epoch: int = 3, robot: bytes = ROBOT) -> SessionOpen:
     return SessionOpen(
-        "robot", [2], FEATURES, 30.0, pair.public_key, session_epoch=epoch, resume=resume, robot_key=robot
+        "robot", [SCHEMA_VERSION], FEATURES, 30.0, pair.public_key, session_epoch=epoch, resume=resume, robot_key=robot
     )
 
 
@@ -67,8 +68,9 @@ def test_both_ends_derive_the_same_key_and_the_ack_signature_binds_the_transcrip
     key = pair.session_key(
         done.server_key, client_public=pair.public_key, server_public=done.server_key, session_id=done.auth.wire_id
     )
-    body = b"chunk"
-    assert key.open(done.auth.key.seal(obs(done.auth, 1), body), body) == obs(done.auth, 1)
+    chunk = obs(done.auth, 1, msg_type=MSG_CHUNK)
+    assert key.decrypt(*done.auth.key.encrypt(chunk, b"chunk")) == (chunk, b"chunk")
+    assert done.auth.key.decrypt(*key.encrypt(obs(done.auth, 1), b"obs")) == (obs(done.auth, 1), b"obs")
     transcript = ack_transcript(pair.public_key, done.server_key, done.auth.wire_id, "r1")
     assert verify_signature(identity.public_key, transcript, done.signature)
     # Any other replica, session or key in the transcript, and the signature no longer holds.
@@ -83,7 +85,7 @@ def test_session_ids_are_random_and_never_repeat() -> None:
 
 
 def test_a_low_order_client_key_is_refused() -> None:
-    request = SessionOpen("robot", [2], FEATURES, 30.0, bytes(32))
+    request = SessionOpen("robot", [SCHEMA_VERSION], FEATURES, 30.0, bytes(32))
     with pytest.raises(Refused) as info:
         accept_handshake(request, ServerIdentity.generate(), "r1")
     assert info.value.reason == "header"
@@ -91,9 +93,10 @@ def test_a_low_order_client_key_is_refused() -> None:
 
 def test_an_observation_passes_every_check_once() -> None:
     auth, key = handshake()
-    body = b"observation"
-    header, copied = verify_observation(auth, key.seal(obs(auth, 1), body), body, max_bytes=1024)
-    assert (header.seq_id, copied) == (1, body)
+    attachment, ciphertext = key.encrypt(obs(auth, 1), b"observation")
+    assert b"observation" not in ciphertext
+    header, plaintext = verify_observation(auth, attachment, ciphertext, max_bytes=1024)
+    assert (header.seq_id, plaintext) == (1, b"observation")
     assert auth.last_obs_seq == 1
 
 
@@ -118,33 +121,35 @@ def test_every_failed_check_is_refused_with_its_reason(name: str, reason: str) -
     auth, key = handshake()
     body = b"observation"
     key_of_session: SessionAuth | None = auth
-    verify_observation(auth, key.seal(obs(auth, 5), body), body, max_bytes=1024)  # seq 5 accepted
+    older = key.encrypt(obs(auth, 4), body)  # captured, delivered late
+    fifth = key.encrypt(obs(auth, 5), body)
+    verify_observation(auth, *fifth, max_bytes=1024)  # seq 5 accepted
     attachment: bytes | None
-    payload = body
     if name == "no attachment":
-        attachment = None
+        attachment, payload = None, key.encrypt(obs(auth, 6), body)[1]
     elif name == "garbage attachment":
-        attachment = b"SV" + bytes(60)
+        attachment, payload = b"SV" + bytes(60), body
     elif name == "a chunk, not an observation":
-        attachment = key.seal(obs(auth, 6, msg_type=2), body)
+        attachment, payload = auth.key.encrypt(obs(auth, 6, msg_type=MSG_CHUNK), body)
     elif name == "no session for the client":
-        attachment, key_of_session = key.seal(obs(auth, 6), body), None
+        (attachment, payload), key_of_session = key.encrypt(obs(auth, 6), body), None
     elif name == "another session id":
-        attachment = key.seal(obs(auth, 6, session_id=bytes(16)), body)
+        attachment, payload = key.encrypt(obs(auth, 6, session_id=bytes(16)), body)
     elif name == "too large":
-        attachment, payload = key.seal(obs(auth, 6), b"x" * 2000), b"x" * 2000
+        attachment, payload = key.encrypt(obs(auth, 6), b"x" * 2000)
     elif name == "keyless":
-        attachment = unauthenticated(obs(auth, 6))
+        attachment, payload = unauthenticated(obs(auth, 6)), body
     elif name == "guessed key":
-        attachment = SessionKey(bytes(32)).seal(obs(auth, 6), body)
+        attachment, payload = SessionKey(bytes(32), role="client").encrypt(obs(auth, 6), body)
     elif name == "body changed":
-        attachment, payload = key.seal(obs(auth, 6), body), b"0bservation"
+        attachment, payload = key.encrypt(obs(auth, 6), body)
+        payload = bytes([payload[0] ^ 1]) + payload[1:]
     elif name == "another epoch":
-        attachment = key.seal(obs(auth, 6, session_epoch=auth.epoch + 1), body)
+        attachment, payload = key.encrypt(obs(auth, 6, session_epoch=auth.epoch + 1), body)
     elif name == "replayed seq":
-        attachment = key.seal(obs(auth, 5), body)
+        attachment, payload = fifth
     else:
-        attachment = key.seal(obs(auth, 4), body)
+        attachment, payload = older
     with pytest.raises(Refused) as info:
         verify_observation(key_of_session, attachment, payload, max_bytes=1024)
     assert info.value.reason == reason
@@ -154,23 +159,25 @@ def test_every_failed_check_is_refused_with_its_reason(name: str, reason: str) -
 def test_control_requests_have_their_own_seq_stream() -> None:
     """A reset travels beside the observation in flight and may overtake it: separate windows."""
     auth, key = handshake()
-    body = b"reset"
-    verify_observation(auth, key.seal(obs(auth, 10), b"o"), b"o", max_bytes=64)
+    verify_observation(auth, *key.encrypt(obs(auth, 10), b"o"), max_bytes=64)
     control = obs(auth, 1, msg_type=MSG_CONTROL)
-    assert verify_control(auth, key.seal(control, body), body, max_bytes=64) == (control, body)
+    reset = key.encrypt(control, b"reset")
+    assert verify_control(auth, *reset, max_bytes=64) == (control, b"reset")
     with pytest.raises(Refused, match="not above"):
-        verify_control(auth, key.seal(control, body), body, max_bytes=64)
+        verify_control(auth, *reset, max_bytes=64)
+    eleventh = key.encrypt(obs(auth, 11), b"o")
     with pytest.raises(Refused) as info:  # an observation's attachment is no control request
-        verify_control(auth, key.seal(obs(auth, 11), body), body, max_bytes=64)
+        verify_control(auth, *eleventh, max_bytes=64)
     assert info.value.reason == "header"
-    assert verify_observation(auth, key.seal(obs(auth, 11), b"o"), b"o", max_bytes=64)[0].seq_id == 11
+    assert verify_observation(auth, *eleventh, max_bytes=64)[0].seq_id == 11
 
 
 def test_an_oversized_control_request_is_refused_before_its_mac_and_takes_no_seq_id() -> None:
     auth, key = handshake()
     big = b"x" * 65
+    attachment, ciphertext = key.encrypt(obs(auth, 1, msg_type=MSG_CONTROL), big)
     with pytest.raises(Refused) as info:
-        verify_control(auth, key.seal(obs(auth, 1, msg_type=MSG_CONTROL), big), big, max_bytes=64)
+        verify_control(auth, attachment, ciphertext, max_bytes=64)
     assert info.value.reason == "too_large"
     assert auth.last_control_seq == 0
     # Bounded before the MAC: a forged oversized body is refused for its size, not its key.
@@ -179,7 +186,7 @@ def test_an_oversized_control_request_is_refused_before_its_mac_and_takes_no_seq
     assert info.value.reason == "too_large"
     # Bounded before the copy: a body still in Zenoh is measured, never copied.
     with pytest.raises(Refused) as info:
-        verify_control(auth, key.seal(obs(auth, 1, msg_type=MSG_CONTROL), big), Uncopyable(), max_bytes=64)  # type: ignore[arg-type]
+        verify_control(auth, attachment, Uncopyable(), max_bytes=64)  # type: ignore[arg-type]
     assert info.value.reason == "too_large"
 
 
@@ -202,9 +209,9 @@ def test_an_attachment_of_the_wrong_size_is_refused_before_it_is_copied() -> Non
         assert info.value.reason == "header"
         assert f"attachment is {1 << 30} bytes, expected {ATTACHMENT_SIZE}" in str(info.value)
         # The right size is still copied and verified as before.
-        sealed = key.seal(obs(auth, 1, msg_type=msg_type), body)
-        header, copied = verify(auth, zenoh.ZBytes(sealed), body, max_bytes=64)  # type: ignore[operator]
-        assert (header.seq_id, header.msg_type, copied) == (1, msg_type, body)
+        attachment, ciphertext = key.encrypt(obs(auth, 1, msg_type=msg_type), body)
+        header, plaintext = verify(auth, zenoh.ZBytes(attachment), ciphertext, max_bytes=64)  # type: ignore[operator]
+        assert (header.seq_id, header.msg_type, plaintext) == (1, msg_type, body)
 
 
 def test_a_live_session_is_replaced_only_by_its_robot_proof_absence_or_silence() -> None:
@@ -217,22 +224,23 @@ def test_a_live_session_is_replaced_only_by_its_robot_proof_absence_or_silence()
     assert takeover(auth, stranger, client_present=False, idle_s=30) == "vanished"
     auth.last_observation_ns = time.monotonic_ns() - 31_000_000_000
     # Only an authenticated observation is activity: a control request keeps nothing alive.
-    body = b"reset"
-    verify_control(auth, key.seal(obs(auth, 1, msg_type=MSG_CONTROL), body), body, max_bytes=64)
+    verify_control(auth, *key.encrypt(obs(auth, 1, msg_type=MSG_CONTROL), b"reset"), max_bytes=64)
     assert takeover(auth, stranger, client_present=True, idle_s=30) == "idle"
-    verify_observation(auth, key.seal(obs(auth, 1), b"o"), b"o", max_bytes=64)
+    verify_observation(auth, *key.encrypt(obs(auth, 1), b"o"), max_bytes=64)
     assert takeover(auth, stranger, client_present=True, idle_s=30) is None
 
 
 def test_a_resume_proof_counts_once_for_the_handshake_it_names() -> None:
     auth, key = handshake()
     newcomer = KeyPair()
-    proof = key.seal(obs(auth, 1, msg_type=MSG_CONTROL), resume_body(newcomer.public_key))
+    proof = key.authenticate(obs(auth, 1, msg_type=MSG_CONTROL), resume_body(newcomer.public_key))
     # For another handshake's key the proof says nothing (a sniffed proof is worthless).
     other = ServerIdentity.generate().public_key  # the proof, not the robot identity, must decide
     assert takeover(auth, opening(KeyPair(), resume=proof, robot=other), client_present=True, idle_s=30) is None
     with_proof = opening(newcomer, resume=proof, robot=other)
     assert takeover(auth, with_proof, client_present=True, idle_s=30) == "resumed"
     assert takeover(auth, with_proof, client_present=True, idle_s=30) is None  # replayed: the seq is used
-    forged = SessionKey(bytes(32)).seal(obs(auth, 9, msg_type=MSG_CONTROL), resume_body(newcomer.public_key))
+    forged = SessionKey(bytes(32), role="client").authenticate(
+        obs(auth, 9, msg_type=MSG_CONTROL), resume_body(newcomer.public_key)
+    )
     assert takeover(auth, opening(newcomer, resume=forged, robot=other), client_present=True, idle_s=30) is None

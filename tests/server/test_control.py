@@ -1,4 +1,4 @@
-"""Control plane: reset (acked, sealed, episode-aware), close, and refusals of anything unauthenticated."""
+"""Control plane: reset (acked, encrypted, episode-aware), close, and refusals of anything unauthenticated."""
 
 from __future__ import annotations
 
@@ -29,10 +29,15 @@ from tests.support import eventually, make_manifest, running_server
 pytestmark = pytest.mark.anyio
 
 
-def control_attachment(session: RemoteSession, seq: int, payload: bytes, key: SessionKey | None = None) -> bytes:
-    """A control request's attachment for ``session``, sealed with ``key`` (the session's by default)."""
+def control_message(
+    session: RemoteSession, seq: int, payload: bytes, key: SessionKey | None = None
+) -> tuple[bytes, bytes]:
+    """``(attachment, ciphertext)`` of a control request for ``session``, encrypted with ``key`` (the
+    session's by default, whose own next control request then takes a later seq_id)."""
     header = Header(SCHEMA_VERSION, MSG_CONTROL, 0, seq, session.episode_id, session.epoch, 0, session.wire_id)
-    return (key or session.key).seal(header, payload)
+    if key is None:
+        session.protocol._control_seq = max(session.protocol._control_seq, seq)
+    return (key or session.key).encrypt(header, payload)
 
 
 async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int) -> None:
@@ -49,15 +54,13 @@ async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int
         assert server.registry.by_client("robot").episode_id == 1  # type: ignore[union-attr]
         async with action_tap(client.zsession, session.keys.action) as tap:
             # a straggler of episode 0 arriving after the reset is dropped, never served
-            straggler = body()
-            attachment = sealed(session, first.seq_id + 1, straggler, episode_id=0)
+            attachment, straggler = sealed(session, first.seq_id + 1, body(), episode_id=0)
             # BLOCK, as servo's own observation publisher: the straggler must arrive (exactly once).
-            client.zsession.put(
-                session.keys.obs, straggler, attachment=attachment, congestion_control=zenoh.CongestionControl.BLOCK
-            )
+            block = zenoh.CongestionControl.BLOCK
+            client.zsession.put(session.keys.obs, straggler, attachment=attachment, congestion_control=block)
             await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="stale") == 1)
-            # The straggler took seq 2: the client's own seq 2 is now a replay, refused as such.
-            assert await session.send(*observation(0)) == first.seq_id + 1
+            # The straggler took its seq_id: the same message again is a replay, refused as such.
+            client.zsession.put(session.keys.obs, straggler, attachment=attachment, congestion_control=block)
             await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="replay") == 1)
             second = await session.infer(*observation(2), timeout=5)
             assert second.episode_id == 1
@@ -68,39 +71,35 @@ async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int
         await session.close()
 
 
-async def test_reset_ack_on_the_wire_is_sealed(port: int) -> None:
+async def test_reset_and_its_ack_on_the_wire_are_encrypted(port: int) -> None:
     async with (
         running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready),
         connected(port, "robot") as client,
     ):
         session = await open_on(client, ready)
         payload = encode(ResetRequest(session.wire_id, 4))
+        attachment, ciphertext = control_message(session, 7, payload)
+        assert payload not in ciphertext
         (reply,) = await query(
-            client.zsession,
-            session.keys.control,
-            payload=payload,
-            attachment=control_attachment(session, 7, payload),
-            timeout=2,
+            client.zsession, session.keys.control, payload=ciphertext, attachment=attachment, timeout=2
         )
         assert reply.ok is not None
         assert reply.ok.attachment is not None
-        ack_body = reply.ok.payload.to_bytes()
-        header = session.key.open(reply.ok.attachment.to_bytes(), ack_body)
+        sent = reply.ok.payload.to_bytes()
+        header, ack_body = session.key.decrypt(reply.ok.attachment.to_bytes(), sent)
+        assert ack_body not in sent
         assert (header.msg_type, header.seq_id, header.session_id) == (MSG_CONTROL_ACK, 7, session.wire_id)
         assert decode(ack_body, ControlAck) == ControlAck(session.wire_id, 4)
-        # the same request again is a replay: refused, nothing happens
+        await session.reset(9)  # the session's own next reset takes a later seq_id
+        # the first request again is a replay: refused, nothing happens
         (reply,) = await query(
-            client.zsession,
-            session.keys.control,
-            payload=encode(ResetRequest(session.wire_id, 9)),
-            attachment=control_attachment(session, 7, encode(ResetRequest(session.wire_id, 9))),
-            timeout=2,
+            client.zsession, session.keys.control, payload=ciphertext, attachment=attachment, timeout=2
         )
         assert reply.err is not None
         assert decode(reply.err.payload.to_bytes(), Rejection).code == "unauthenticated"
         assert metric(server, "servo_control_rejected_total", reason="replay") == 1  # refused as a replay
         (kept,) = server.registry.snapshot()
-        assert kept.episode_id == 4  # the replayed seq did not reset to episode 9
+        assert kept.episode_id == 9  # the replayed request did not reset to episode 4
         await session.close()
 
 
@@ -111,14 +110,14 @@ async def test_unauthenticated_resets_and_closes_change_nothing(port: int) -> No
     ):
         session = await open_on(client, ready)
         close = encode(CloseRequest(session.wire_id))
-        forged_key = SessionKey(bytes(32))
+        forged_key = SessionKey(bytes(32), role="client")
         attempts = {
-            "header": None,  # no attachment at all
-            "mac": control_attachment(session, 50, close, key=forged_key),  # the right session id, a guessed key
+            "header": (None, close),  # no attachment at all
+            "mac": control_message(session, 50, close, key=forged_key),  # the right session id, a guessed key
         }
-        for reason, attachment in attempts.items():
+        for reason, (attachment, payload) in attempts.items():
             (reply,) = await query(
-                client.zsession, session.keys.control, payload=close, attachment=attachment, timeout=2
+                client.zsession, session.keys.control, payload=payload, attachment=attachment, timeout=2
             )
             assert reply.err is not None
             assert decode(reply.err.payload.to_bytes(), Rejection).code == "unauthenticated"
@@ -150,10 +149,8 @@ async def test_close_frees_capacity_and_unknown_sessions_are_refused(port: int) 
         assert info.value.code == "unknown_session"
         assert stale_id in info.value.message
         # b's session id on a's key: a has no session there, so nothing to authenticate against
-        reset_b = encode(ResetRequest(sb.wire_id, 1))
-        (reply,) = await query(
-            ca.zsession, sa.keys.control, payload=reset_b, attachment=control_attachment(sb, 99, reset_b), timeout=2
-        )
+        attachment, reset_b = control_message(sb, 99, encode(ResetRequest(sb.wire_id, 1)))
+        (reply,) = await query(ca.zsession, sa.keys.control, payload=reset_b, attachment=attachment, timeout=2)
         assert reply.err is not None
         assert decode(reply.err.payload.to_bytes(), Rejection).code == "unknown_session"
         assert server.registry.get(sb.session_id) is not None
@@ -193,12 +190,9 @@ async def test_an_oversized_control_request_is_refused_by_size_and_changes_nothi
     ):
         session = await open_on(client, ready)
         padded = encode(ResetRequest(session.wire_id, 5)) + bytes(MAX_CONTROL_BYTES)
+        attachment, ciphertext = control_message(session, 7, padded)  # the right key: refused for its size
         (reply,) = await query(
-            client.zsession,
-            session.keys.control,
-            payload=padded,
-            attachment=control_attachment(session, 7, padded),  # sealed by the right key: refused for its size
-            timeout=2,
+            client.zsession, session.keys.control, payload=ciphertext, attachment=attachment, timeout=2
         )
         assert reply.err is not None
         rejection = decode(reply.err.payload.to_bytes(), Rejection)
@@ -206,9 +200,8 @@ async def test_an_oversized_control_request_is_refused_by_size_and_changes_nothi
         assert f"control request of {len(padded)} bytes exceeds the limit of {MAX_CONTROL_BYTES}" in rejection.reason
         assert metric(server, "servo_control_rejected_total", reason="too_large") == 1
         assert server.registry.by_client("robot").episode_id == 0  # type: ignore[union-attr]
-        # it took no seq_id: the same seq, within bounds, is accepted
-        reset = encode(ResetRequest(session.wire_id, 5))
-        attachment = control_attachment(session, 7, reset)
+        assert server.registry.by_client("robot").auth.last_control_seq == 0  # type: ignore[union-attr]  # no seq taken
+        attachment, reset = control_message(session, 8, encode(ResetRequest(session.wire_id, 5)))
         (reply,) = await query(client.zsession, session.keys.control, payload=reset, attachment=attachment, timeout=2)
         assert reply.ok is not None
         assert server.registry.by_client("robot").episode_id == 5  # type: ignore[union-attr]

@@ -36,11 +36,15 @@ from tests.server.helpers import (
     metric,
     obs_header,
     observation,
+    observation_tap,
     open_on,
     sealed,
 )
 from tests.server.policies import CHUNK, FailingPolicy, FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
+
+#: The QoS of servo's own observation publisher: what a peer sends here must arrive (not be dropped at load).
+BLOCK = zenoh.CongestionControl.BLOCK
 
 pytestmark = pytest.mark.anyio
 
@@ -71,7 +75,7 @@ def version7_header(seq: int) -> bytes:
 
 GOOD_JPEG = simplejpeg.encode_jpeg(np.full((24, 32, 3), 128, np.uint8), quality=90, colorspace="RGB")
 
-#: Authenticated observations (sealed by the session's own key) whose body is unusable: the
+#: Authenticated observations (encrypted by the session's own key) whose body is unusable: the
 #: server answers each with an error for that request.
 ANSWERED: dict[str, Callable[[], bytes]] = {
     "garbage body": lambda: b"\x00\xffnot msgpack at all",
@@ -91,32 +95,52 @@ ANSWERED: dict[str, Callable[[], bytes]] = {
 }
 
 
+#: ``(attachment, payload)`` as put on the observation key.
+Message = tuple[bytes | None, bytes]
+
+
 @dataclass(frozen=True)
 class Dropped:
-    """An observation that must never reach a mailbox: dropped, counted by ``reason``, unanswered."""
+    """An observation that must never reach a mailbox: dropped, counted by ``reason``, unanswered.
+
+    ``message`` makes it from the session, a seq_id, a plaintext body and an observation the
+    session sent earlier (as sent, for the replay).
+    """
 
     payload: Callable[[], bytes]
-    attachment: Callable[[RemoteSession, int, bytes], bytes | None]
+    message: Callable[[RemoteSession, int, bytes, Message], Message]
     reason: str
 
 
-def forged(session: RemoteSession, seq: int, payload: bytes) -> bytes:
-    return SessionKey(bytes(32)).seal(obs_header(session, seq), payload)
+def forged(session: RemoteSession, seq: int, payload: bytes, sent: Message) -> Message:
+    return SessionKey(bytes(32), role="client").encrypt(obs_header(session, seq), payload)
+
+
+def bad_magic(session: RemoteSession, seq: int, payload: bytes, sent: Message) -> Message:
+    attachment, ciphertext = sealed(session, seq, payload)
+    return b"XX" + attachment[2:], ciphertext
+
+
+def swapped(session: RemoteSession, seq: int, payload: bytes, sent: Message) -> Message:
+    attachment, ciphertext = sealed(session, seq, payload)
+    return attachment, bytes([ciphertext[0] ^ 1]) + ciphertext[1:]
 
 
 DROPPED = {
-    "missing attachment": Dropped(body, lambda s, q, p: None, "header"),
-    "short attachment": Dropped(body, lambda s, q, p: b"SV\x01\x00", "header"),
-    "bad magic": Dropped(body, lambda s, q, p: b"XX" + sealed(s, q, p)[2:], "header"),
-    "wrong schema version": Dropped(body, lambda s, q, p: version7_header(q), "header"),
-    "wrong msg_type": Dropped(body, lambda s, q, p: sealed(s, q, p, msg_type=MSG_CHUNK), "header"),
-    "unauthenticated": Dropped(body, lambda s, q, p: unauthenticated(obs_header(s, q)), "mac"),
+    "missing attachment": Dropped(body, lambda s, q, p, sent: (None, p), "header"),
+    "short attachment": Dropped(body, lambda s, q, p, sent: (b"SV\x01\x00", p), "header"),
+    "bad magic": Dropped(body, bad_magic, "header"),
+    "wrong schema version": Dropped(body, lambda s, q, p, sent: (version7_header(q), p), "header"),
+    "wrong msg_type": Dropped(
+        body, lambda s, q, p, sent: (unauthenticated(obs_header(s, q, msg_type=MSG_CHUNK)), p), "header"
+    ),
+    "unauthenticated": Dropped(body, lambda s, q, p, sent: (unauthenticated(obs_header(s, q)), p), "mac"),
     "forged tag": Dropped(body, forged, "mac"),
-    "body swapped after sealing": Dropped(body, lambda s, q, p: sealed(s, q, body(np.ones(6, np.float32))), "mac"),
-    "another session id": Dropped(body, lambda s, q, p: sealed(s, q, p, session_id=bytes(16)), "session"),
-    "another epoch": Dropped(body, lambda s, q, p: sealed(s, q, p, session_epoch=s.epoch + 1), "epoch"),
-    "replayed seq": Dropped(body, lambda s, q, p: sealed(s, 1, p), "replay"),
-    "oversized body": Dropped(lambda: b"\x00" * (LIMIT + 1), sealed, "too_large"),
+    "ciphertext changed": Dropped(body, swapped, "mac"),
+    "another session id": Dropped(body, lambda s, q, p, sent: sealed(s, q, p, session_id=bytes(16)), "session"),
+    "another epoch": Dropped(body, lambda s, q, p, sent: sealed(s, q, p, session_epoch=s.epoch + 1), "epoch"),
+    "replayed seq": Dropped(body, lambda s, q, p, sent: sent, "replay"),
+    "oversized body": Dropped(lambda: b"\x00" * (LIMIT + 1), lambda s, q, p, sent: sealed(s, q, p), "too_large"),
 }
 DROPPED_SEQ = {name: seq for seq, name in enumerate(DROPPED, start=100)}
 
@@ -165,28 +189,21 @@ async def test_malformed_observations_are_answered_and_do_not_disturb_others(por
     ):
         session = await open_on(victim, ready)
         other = await open_on(bystander, ready)
-        async with action_tap(victim.zsession, session.keys.action) as tap, well_behaved(other) as served:
+        async with (
+            action_tap(victim.zsession, session.keys.action, session.key) as tap,
+            well_behaved(other) as served,
+        ):
             await still_served(served)
             for seq, (name, make) in enumerate(ANSWERED.items(), start=100):
-                payload = make()
-                victim.zsession.put(
-                    session.keys.obs,
-                    payload,
-                    attachment=sealed(session, seq, payload),
-                    congestion_control=zenoh.CongestionControl.BLOCK,
-                )
+                attachment, ciphertext = sealed(session, seq, make())
+                victim.zsession.put(session.keys.obs, ciphertext, attachment=attachment, congestion_control=BLOCK)
                 event = await expect_error(tap, seq)
                 assert event.code == "bad_observation", (name, event)
                 assert event.message, name
                 await still_served(served)
             # after all that, the victim's own session still works
-            payload = body(np.full(6, 7, np.float32))
-            victim.zsession.put(
-                session.keys.obs,
-                payload,
-                attachment=sealed(session, seq + 1, payload),
-                congestion_control=zenoh.CongestionControl.BLOCK,
-            )
+            attachment, ciphertext = sealed(session, seq + 1, body(np.full(6, 7, np.float32)))
+            victim.zsession.put(session.keys.obs, ciphertext, attachment=attachment, congestion_control=BLOCK)
             header, chunk = await tap.next(lambda h: h is not None and h.seq_id == seq + 1)
             assert header is not None
             assert header.msg_type == MSG_CHUNK
@@ -207,32 +224,34 @@ async def test_unauthenticated_observations_are_dropped_unanswered(port: int) ->
     ):
         session = await open_on(victim, ready)
         other = await open_on(bystander, ready)
-        await session.infer(*observation(1), timeout=5)  # seq 1 is taken: "replayed seq" reuses it
-        async with action_tap(victim.zsession, session.keys.action) as tap, well_behaved(other) as served:
+        async with observation_tap(bystander.zsession, session.keys.obs) as sent:
+            await session.infer(*observation(1), timeout=5)  # seq 1: "replayed seq" sends it again
+        (first,) = sent
+        auth = server.registry.by_client("victim").auth  # type: ignore[union-attr]
+        async with (
+            action_tap(victim.zsession, session.keys.action, session.key) as tap,
+            well_behaved(other) as served,
+        ):
             await still_served(served)
             expected: Counter[str] = Counter()
             for seq, case in enumerate(DROPPED.values(), start=100):
-                payload = case.payload()
-                victim.zsession.put(
-                    session.keys.obs,
-                    payload,
-                    attachment=case.attachment(session, seq, payload),
-                    congestion_control=zenoh.CongestionControl.BLOCK,
-                )
+                attachment, payload = case.message(session, seq, case.payload(), first)
+                victim.zsession.put(session.keys.obs, payload, attachment=attachment, congestion_control=BLOCK)
                 expected[case.reason] += 1
                 count = expected[case.reason]
                 await eventually(
                     lambda r=case.reason, n=count: metric(server, "servo_observations_rejected_total", reason=r) >= n
                 )
                 await still_served(served)
-            result = await session.infer(*observation(7), timeout=5)  # seq 2: every drop left it free
-            assert (result.seq_id, result.chunk_robot[0][0]) == (2, 7)
+            assert auth.last_obs_seq == 1  # no drop moved the replay window
+            result = await session.infer(*observation(7), timeout=5)
+            assert result.chunk_robot[0][0] == 7
             await tap.next(lambda h: h is not None and h.msg_type == MSG_CHUNK)
-            # Nothing dropped was answered: the chunk of seq 2, and the keyless unknown-session
-            # hint for the observation naming another session (the client ignores it: not its id).
+            # Nothing dropped was answered: the chunk, and the keyless unknown-session hint for
+            # the observation naming another session (the client ignores it: not its id).
             answered = [(h.msg_type, h.seq_id, h.session_id) for h, _ in tap.seen if h is not None]
             hint_for = DROPPED_SEQ["another session id"]
-            assert answered == [(MSG_ERROR, hint_for, bytes(16)), (MSG_CHUNK, 2, session.wire_id)]
+            assert answered == [(MSG_ERROR, hint_for, bytes(16)), (MSG_CHUNK, result.seq_id, session.wire_id)]
         await session.close()
         await other.close()
     for reason, count in Counter(c.reason for c in DROPPED.values()).items():
@@ -274,7 +293,7 @@ async def test_hostile_keys_crash_nothing(port: int) -> None:
         session = await open_on(client, ready)
         prefix = ready.keys.prefix
         z = intruder.zsession
-        header = sealed(session, 1, body())
+        header, ciphertext = sealed(session, 1, body())
         hostile = [
             f"{prefix}/c/*/obs",
             f"{prefix}/c/**/obs",
@@ -287,7 +306,7 @@ async def test_hostile_keys_crash_nothing(port: int) -> None:
         delivered_possible = 0
         for key in hostile:
             try:
-                z.put(key, body(), attachment=header, congestion_control=zenoh.CongestionControl.BLOCK)
+                z.put(key, ciphertext, attachment=header, congestion_control=BLOCK)
                 delivered_possible += 1
             except zenoh.ZError:
                 pass  # zenoh itself refused the key: fine
@@ -300,7 +319,8 @@ async def test_hostile_keys_crash_nothing(port: int) -> None:
         await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="key") >= 1)
         # nothing was served into the robot's session, and it still works
         result = await session.infer(*observation(5), timeout=5)
-        assert (result.seq_id, result.chunk_robot[0][0]) == (1, 5)
+        assert (result.seq_id, result.chunk_robot[0][0]) == (2, 5)
+        assert _served(server) == 1
         assert session.episode_id == 0
         assert len(server.registry) == 1
         await session.close()
@@ -315,10 +335,8 @@ async def test_observations_without_a_session_are_dropped(port: int) -> None:
         session = await open_on(client, ready)
         key = ready.keys.client("ghost").obs
         async with action_tap(client.zsession, ready.keys.client("ghost").action) as tap:
-            payload = body()
-            client.zsession.put(
-                key, payload, attachment=sealed(session, 1, payload), congestion_control=zenoh.CongestionControl.BLOCK
-            )
+            attachment, ciphertext = sealed(session, 1, body())
+            client.zsession.put(key, ciphertext, attachment=attachment, congestion_control=BLOCK)
             await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="session") >= 1)
             # the keyless hint, so a client whose server restarted re-opens at once
             header, notice = await tap.next(lambda h: h is not None and h.msg_type == MSG_ERROR)

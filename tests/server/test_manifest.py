@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from servo.server.manifest import ManifestError, load_manifest, parse_manifest
+from servo.config import ConfigError
+from servo.server.manifest import load_manifest, parse_manifest
 from servo.transport import DEFAULT_LOCAL_ENDPOINT
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "manifest.toml"
@@ -170,7 +171,7 @@ ERRORS = {
 
 @pytest.mark.parametrize(("text", "message"), ERRORS.values(), ids=ERRORS.keys())
 def test_error_names_the_key(text: str, message: str) -> None:
-    with pytest.raises(ManifestError) as info:
+    with pytest.raises(ConfigError) as info:
         parse_manifest(text, origin="m.toml")
     assert str(info.value).startswith("m.toml: ")
     assert message in str(info.value)
@@ -178,7 +179,7 @@ def test_error_names_the_key(text: str, message: str) -> None:
 
 
 def test_unreadable_manifest_names_the_path(tmp_path: Path) -> None:
-    with pytest.raises(ManifestError, match=r"cannot read .*nope\.toml.*No such file"):
+    with pytest.raises(ConfigError, match=r"cannot read .*nope\.toml.*No such file"):
         load_manifest(tmp_path / "nope.toml")
 
 

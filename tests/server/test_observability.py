@@ -6,8 +6,10 @@ import anyio
 import pytest
 
 from servo.client import ServerError
+from servo.client.audit import ask_audit
+from servo.identity import Identity
 from servo.transport import query
-from servo.wire import AuditQuery, AuditTail, Rejection, decode, encode
+from servo.wire import AuditQuery, AuditTail, Rejection, decode, fingerprint
 from tests.server.helpers import connected, metric, observation, open_on, sealed, server_manifest
 from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, keep_sending, running_server
@@ -35,10 +37,9 @@ async def test_a_robot_has_series_of_its_own_only_while_its_session_lives(port: 
 
             # An observation under robot-a's key that fails authentication counts for robot-a.
             # (Sent until counted: a peer's put may be dropped by its congestion control at load.)
+            attachment, _ = sealed(first, 99, b"other")
             await keep_sending(
-                lambda: a.zsession.put(
-                    ready.keys.client("robot-a").obs, b"x" * 64, attachment=sealed(first, 99, b"other")
-                ),
+                lambda: a.zsession.put(ready.keys.client("robot-a").obs, b"x" * 64, attachment=attachment),
                 lambda: metric(server, "servo_robot_observations_rejected_total", robot="robot-a", reason="mac") >= 1,
             )
             # A client id without a session never becomes a label.
@@ -60,7 +61,10 @@ async def test_a_robot_has_series_of_its_own_only_while_its_session_lives(port: 
 
 
 async def test_monitors_read_a_replicas_recent_requests(port: int) -> None:
-    manifest = server_manifest(port)
+    operator = Identity.generate()
+    manifest = server_manifest(
+        port, extra=f'[security]\noperators = [{{name = "ops", identity = "{fingerprint(operator.public_key)}"}}]'
+    )
     async with (
         running_server(manifest, policy=FixedComputePolicy(compute_ms=5)) as (_, ready),
         connected(port, "robot-a") as a,
@@ -74,12 +78,11 @@ async def test_monitors_read_a_replicas_recent_requests(port: int) -> None:
         with pytest.raises(ServerError, match="bad_observation"):
             await other.infer(*observation(1, dim=3), timeout=5)
 
+        (server,) = [s for s in await a.discover() if s.keys == ready.keys]
+
         async def ask(request: AuditQuery | None) -> AuditTail:
-            payload = None if request is None else encode(request)
-            (reply,) = await query(a.zsession, "@servo/*/*/*/audit", payload=payload, timeout=5)
-            assert reply.ok is not None
-            assert str(reply.ok.key_expr) == ready.keys.audit
-            return decode(reply.ok.payload.to_bytes(), AuditTail)
+            asked = AuditQuery() if request is None else request
+            return await ask_audit(a.zsession, ready.keys, server.status, operator, asked, timeout=5)
 
         tail = await ask(AuditQuery("robot-a"))
         assert tail.replica == ready.keys.replica

@@ -18,7 +18,7 @@ from cryptography import x509
 
 from servo.server.manifest import parse_manifest
 from servo.server.selfsigned import CertificateFileError, ensure_certificate
-from servo.transport import TlsSettings, ZenohSettings, open_session
+from servo.transport import TlsSettings, ZenohSettings, open_zsession
 
 pytestmark = pytest.mark.anyio
 
@@ -83,7 +83,7 @@ async def reaches(port: int, root_ca: Path) -> bool:
         mode="client", connect=[f"tls/127.0.0.1:{port}"], tls=TlsSettings(root_ca_certificate=str(root_ca))
     )
     try:
-        async with open_session(settings):
+        async with open_zsession(settings):
             return True
     except zenoh.ZError:  # a refused certificate: zenoh says "Unable to connect", the cause is in its log
         return False
@@ -95,7 +95,7 @@ async def test_an_edges_older_copy_trusts_the_reissued_certificate(tmp_path: Pat
     reissued = ensure_certificate(tmp_path / "tls", hosts=["gpu-box.lab"])
     assert reissued.state == "reissued"
     stranger = ensure_certificate(tmp_path / "other")  # another host's certificate
-    async with open_session(server_settings(port, reissued.cert, reissued.key)):
+    async with open_zsession(server_settings(port, reissued.cert, reissued.key)):
         assert await reaches(port, tmp_path / "copied.pem")
         assert await reaches(port, reissued.cert)
         assert not await reaches(port, stranger.cert)

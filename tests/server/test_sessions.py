@@ -32,6 +32,7 @@ class FakePublisher:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.attachments: list[bytes] = []
+        self.bodies: list[bytes] = []
         self.in_put = threading.Event()
         self.release = threading.Event()
         self.release.set()
@@ -39,6 +40,7 @@ class FakePublisher:
     def put(self, body: bytes, attachment: Any = None) -> None:
         self.calls.append("put")
         self.attachments.append(attachment)
+        self.bodies.append(body)
         self.in_put.set()
         assert self.release.wait(5)
 
@@ -46,12 +48,14 @@ class FakePublisher:
         self.calls.append("undeclare")
 
 
-KEY = SessionKey(bytes(range(32)))
+SECRET = bytes(range(32))
+#: The client's end of every session made here (it decrypts what the sessions publish).
+CLIENT = SessionKey(SECRET, role="client")
 
 
 def make_session(registry: SessionRegistry, client: str = "c", *, epoch: int = 0) -> Session:
     session = Session(
-        auth=SessionAuth(KEY, secrets.token_bytes(16), epoch),
+        auth=SessionAuth(SessionKey(SECRET, role="server"), secrets.token_bytes(16), epoch),
         client_id=client,
         task="",
         rtc=False,
@@ -216,13 +220,21 @@ def test_messages_echo_the_request_they_answer_or_address_the_current_episode() 
     sid = session.auth.wire_id
     request = Header(SCHEMA_VERSION, MSG_OBS, FLAG_EPISODE_START, 17, 2, 3, 123_456_789, sid)
     assert session.publish(MSG_CHUNK, b"chunk", request)
-    # Sealed with the session key: it opens (and only over the very body that was sent).
-    assert KEY.open(publisher.attachments[-1], b"chunk") == Header(
-        SCHEMA_VERSION, MSG_CHUNK, 0, 17, 2, 3, 123_456_789, sid
+    # Encrypted with the session key: only the client's end reads it.
+    assert publisher.bodies[-1] != b"chunk"
+    assert CLIENT.decrypt(publisher.attachments[-1], publisher.bodies[-1]) == (
+        Header(SCHEMA_VERSION, MSG_CHUNK, 0, 17, 2, 3, 123_456_789, sid),
+        b"chunk",
     )
     registry.reset(session.session_id, 5)
     assert session.publish(MSG_DRAIN, b"notice")  # answers no request: the session's episode, no stamp
-    assert KEY.open(publisher.attachments[-1], b"notice") == Header(SCHEMA_VERSION, MSG_DRAIN, 0, 0, 5, 3, 0, sid)
+    assert CLIENT.decrypt(publisher.attachments[-1], publisher.bodies[-1]) == (
+        Header(SCHEMA_VERSION, MSG_DRAIN, 0, 0, 5, 3, 0, sid),
+        b"notice",
+    )
+    # A second answer of a type to the same request would repeat a nonce: not sent.
+    assert session.publish(MSG_CHUNK, b"again", request) is False
+    assert len(publisher.bodies) == 2
     # Without a session (an observation for an unknown one), the request's own header is echoed.
     echoed = Header(SCHEMA_VERSION, MSG_ERROR, 0, 17, 2, 3, 123_456_789, sid)
     assert reply_header(request, MSG_ERROR) == echoed

@@ -80,7 +80,7 @@ MISMATCHES = {
     "degenerate camera size": Mismatch(
         "", {"features": features(cameras={"front": CameraFeature(0, 32)})}, "bad_request", (">= 1", "height")
     ),
-    "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[2]")),
+    "schema version": Mismatch("", {"schema_versions": [99]}, "schema_version", ("[99]", "[3]")),
     "strict fps": Mismatch("strict_fps = true", {"fps": 15.0}, "fps", ("15 fps", "30 fps")),
     "pinned task": Mismatch('default_task = "sweep"\npin_task = true', {"task": "fold"}, "task", ("'sweep'", "'fold'")),
     "-100..100 policy, degrees robot": Mismatch(
@@ -260,7 +260,21 @@ async def test_a_schema_1_client_is_told_which_versions_the_server_speaks(port: 
             assert reply.err is not None
             rejection = decode(reply.err.payload.to_bytes(), Rejection)
         assert rejection.code == "schema_version"
-        assert "client speaks [1], server speaks [2]" in rejection.reason
+        assert "client speaks [1], server speaks [3]" in rejection.reason
+        assert metric(server, "servo_sessions_rejected_total", code="schema_version") == 1
+
+
+async def test_a_schema_2_client_is_told_which_versions_the_server_speaks(port: int) -> None:
+    """Schema 2 sealed bodies without encrypting them: its opens are refused by version, in one line."""
+    async with running_server(make_manifest(port), policy=FixedComputePolicy()) as (server, ready):
+        async with connected(port, "robot") as client:
+            v2_open = msgspec.msgpack.encode({"client_id": "robot", "schema_versions": [2], "fps": 30.0})
+            key = ready.keys.client("robot").session
+            (reply,) = await query(client.zsession, key, payload=v2_open, timeout=2)
+            assert reply.err is not None
+            rejection = decode(reply.err.payload.to_bytes(), Rejection)
+        assert rejection.code == "schema_version"
+        assert rejection.reason == "client speaks [2], server speaks [3]"
         assert metric(server, "servo_sessions_rejected_total", code="schema_version") == 1
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from servo.server.manifest import ManifestError, parse_manifest
+from servo.config import ConfigError
+from servo.server.manifest import parse_manifest
 
 
 def _manifest(secret: Path) -> str:
@@ -31,5 +32,5 @@ def test_the_password_is_read_from_its_file(tmp_path: Path) -> None:
 
 
 def test_a_missing_password_file_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ManifestError, match=r"zenoh\.auth\.password_file = '.*nope': file does not exist"):
+    with pytest.raises(ConfigError, match=r"zenoh\.auth\.password_file = '.*nope': file does not exist"):
         parse_manifest(_manifest(tmp_path / "nope"))

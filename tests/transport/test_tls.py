@@ -11,7 +11,7 @@ import zenoh
 
 from servo.client import PolicyClient
 from servo.server.manifest import parse_manifest
-from servo.transport import TlsSettings, ZenohSettings, open_session
+from servo.transport import TlsSettings, ZenohSettings, open_zsession
 from tests.pki import Pki
 from tests.support import running_server
 
@@ -77,7 +77,7 @@ async def test_edge_refuses_a_server_signed_by_another_ca(tmp_path: Path, port: 
     pki, other = make_pki(tmp_path, "lab"), make_pki(tmp_path, "rogue")
     async with running_server(parse_manifest(tls_manifest(port, pki, mtls=False))):
         with pytest.raises(zenoh.ZError):
-            async with open_session(edge_settings(port, other["ca"])):
+            async with open_zsession(edge_settings(port, other["ca"])):
                 pass
 
 
@@ -89,5 +89,5 @@ async def test_mtls_requires_a_client_certificate_from_the_ca(tmp_path: Path, po
             6,
         )
         with pytest.raises(zenoh.ZError):
-            async with open_session(edge_settings(port, pki["ca"])):
+            async with open_zsession(edge_settings(port, pki["ca"])):
                 pass

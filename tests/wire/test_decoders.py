@@ -38,6 +38,7 @@ from servo.wire import (
     PolicyInfo,
     Rejection,
     ResetRequest,
+    SealedTelemetry,
     SessionAck,
     SessionOpen,
     StatusReply,
@@ -55,6 +56,7 @@ from servo.wire import (
     encode_tensor,
     jpeg_dimensions,
 )
+from servo.wire.telemetry import SealedCopy
 
 FEATURES = Features(["a", "b"], ["a", "b"], {"front": CameraFeature(8, 8)})
 INFO = PolicyInfo("m", "r", FEATURES, 4, 30.0, True, True, "shared")
@@ -64,7 +66,9 @@ STATE = encode_tensor(np.zeros(2, np.float32))
 SAMPLES: dict[type, msgspec.Struct] = {
     StatusReply: StatusReply("s", "app", "m", "r", [2], INFO, True, False, 0, 8, 0.0, bytes(32)),
     SessionOpen: SessionOpen("robot", [2], FEATURES, 30.0, bytes(32), task="fold", tags={"k": "v"}),
-    SessionAck: SessionAck(bytes(16), 2, "s", "r", INFO, True, "fold", bytes(32), bytes(32), bytes(64), ["w"]),
+    SessionAck: SessionAck(
+        bytes(16), 3, "s", "r", INFO, True, "fold", bytes(32), bytes(32), bytes(64), ["w"], operators=[bytes(32)]
+    ),
     Rejection: Rejection("capacity", "full", 1, 1, 1.0),
     ResetRequest: ResetRequest(bytes(16), 1),
     CloseRequest: CloseRequest(bytes(16)),
@@ -73,12 +77,12 @@ SAMPLES: dict[type, msgspec.Struct] = {
     ActionChunk: ActionChunk(encode_tensor(np.zeros((4, 2), np.float32)), 1.0, 2.0),
     ErrorEvent: ErrorEvent("bad_observation", "why"),
     DrainNotice: DrainNotice("bye"),
-    TrajectoryRequest: TrajectoryRequest("wave"),
+    TrajectoryRequest: TrajectoryRequest("wave", bytes(16), bytes(32), "robot-7", bytes(32), bytes(64)),
     Trajectory: Trajectory("wave", ["a", "b"], 30.0, encode_tensor(np.zeros((3, 2), np.float32))),
     TrajectoryList: TrajectoryList(["wave"]),
     EdgeTelemetry: EdgeTelemetry(
         "robot",
-        bytes(8),
+        7,
         3,
         1000.0,
         "streaming",
@@ -88,8 +92,11 @@ SAMPLES: dict[type, msgspec.Struct] = {
         last_transition=Transition("streaming", "chunk merged", 5.0),
         transitions=[Transition("streaming", "chunk merged", 5.0)],
     ),
-    AuditQuery: AuditQuery("robot", errors_only=True, limit=8),
-    AuditTail: AuditTail("r0", [AuditEntry("robot", "ab" * 16, 3, 1, "ok", 1.0, 20.0, 22.0, 0, 150.0)]),
+    SealedTelemetry: SealedTelemetry("robot", [SealedCopy(bytes(8), bytes(32), bytes(62), b"ciphertext")]),
+    AuditQuery: AuditQuery("robot", True, 8, bytes(32), bytes(32), bytes(16), bytes(64)),
+    AuditTail: AuditTail(
+        "r0", [AuditEntry("robot", "ab" * 16, 3, 1, "ok", 1.0, 20.0, 22.0, 0, 150.0)], {"robot": bytes(32)}
+    ),
 }
 KINDS: list[object] = [*MESSAGE_TYPES, ControlRequest, Tensor, EncodedImage]
 

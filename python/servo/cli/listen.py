@@ -7,7 +7,7 @@ listen_certificate``) gets servo's own self-signed one (`servo.server.selfsigned
 loopback without ``--insecure`` (``wss://``). ``servo-serve`` then prints the ``servo-edge``
 commands that reach it: with a join token (`servo.join`) that pins the certificate, the robot
 fetches it itself; otherwise the robot's copy of the certificate goes to ``--tls-root-ca``. A
-fleet with its own CA configures ``[zenoh.tls]`` instead (README, *Certificates*).
+fleet with its own CA configures ``[zenoh.tls]`` instead (docs/guides/fleet.md, *Certificates*).
 """
 
 from __future__ import annotations

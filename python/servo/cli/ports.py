@@ -14,6 +14,8 @@ import socket
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from servo.errors import StartError
+
 #: Zenoh link protocols whose endpoints bind a UDP port; the other IP ones bind TCP.
 _UDP_PROTOCOLS = frozenset({"udp", "quic"})
 _IP_PROTOCOLS = frozenset({"tcp", "tls", "ws"}) | _UDP_PROTOCOLS
@@ -29,7 +31,7 @@ class BusyPort(NamedTuple):
     free: int | None  # the next port above it that is free now (None: none within reach)
 
 
-class PortInUseError(OSError):
+class PortInUseError(StartError, OSError):
     """Ports the server is about to listen on are held by other sockets (`busy`, in order)."""
 
     def __init__(self, busy: list[BusyPort]) -> None:

@@ -21,6 +21,7 @@ policy problem (one line naming the key), 130 when a third Ctrl-C cut the drain 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import signal
 import sys
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from servo.server.service import ServerReady
 
 PROG = "servo-serve"
+#: Subcommands dispatched before the server's own parser: name -> the module with their
+#: ``main(argv, console)`` and ``build_parser()`` (the CLI reference documents them from it).
+SUBCOMMANDS = {"robots": "servo.cli.robots"}
 SERVER_EXTRA = "pip install 'servo-robotics[server]'"
 RAY_EXTRA = "pip install 'servo-robotics[ray]'"
 #: What the server extra brings; the edge and the client library never import them.
@@ -360,10 +364,8 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-serve``."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["robots"]:
-        from servo.cli.robots import main as robots
-
-        return robots(argv[1:], Console(live=False))
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:], Console(live=False)))
     args = build_parser().parse_args(argv)
     console = Console(live=False)
     configure_logging(args.log_level, json=args.json_logs, stream=console)

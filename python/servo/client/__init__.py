@@ -16,6 +16,7 @@ from servo.client.errors import (
     SessionRejected,
     UntrustedServer,
 )
+from servo.client.options import ClientOptions, PlacementOptions, SessionOptions
 from servo.client.policy_client import PolicyClient
 from servo.client.results import ChunkResult
 from servo.client.session import RemoteSession
@@ -30,10 +31,12 @@ __all__ = [
     "CameraFeature",
     "ChunkResult",
     "ClientError",
+    "ClientOptions",
     "ClientStatistics",
     "Features",
     "NoServerFound",
     "ObservationKeys",
+    "PlacementOptions",
     "PolicyClient",
     "RemoteSession",
     "RequestTimeout",
@@ -42,6 +45,7 @@ __all__ = [
     "ServerError",
     "ServerInfo",
     "SessionLost",
+    "SessionOptions",
     "SessionRejected",
     "SyncPolicyClient",
     "TrustedServers",

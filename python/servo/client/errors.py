@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from servo.errors import SecurityError, ServoError
 from servo.wire import Rejection
 
 
-class ClientError(Exception):
+class ClientError(ServoError):
     """Base class of client errors."""
 
 
@@ -13,14 +14,14 @@ class NoServerFound(ClientError):
     """No replica answered the status query (or none matched the selectors)."""
 
 
-class UntrustedServer(NoServerFound):
+class UntrustedServer(NoServerFound, SecurityError):
     """No replica advertises an identity this client trusts for the deployment (`servo.client.known`).
 
     The message names the identities seen and trusted, and the command that accepts a new one.
     """
 
 
-class RogueServer(NoServerFound):
+class RogueServer(NoServerFound, SecurityError):
     """A replica's session ack failed verification (forged, or signed by another identity): skipped."""
 
 

@@ -25,6 +25,7 @@ import ssl
 from collections.abc import Sequence
 from pathlib import Path
 
+from servo.client.errors import ClientError
 from servo.client.known import KnownServers
 from servo.home import pinned_certificates_dir
 from servo.join import JoinToken
@@ -39,7 +40,7 @@ log = get_logger(__name__)
 FETCH_TIMEOUT_S = 5.0
 
 
-class JoinError(Exception):
+class JoinError(ClientError):
     """The join cannot go on; the message says why in one line. ``refused``: retrying cannot help."""
 
     def __init__(self, message: str, *, refused: bool) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Literal, Unpack, cast
 
 import anyio
 import zenoh
@@ -22,6 +22,7 @@ from servo.client.discovery import ServerInfo, discover, first_choice
 from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, SessionRejected
 from servo.client.handshake import handshake
 from servo.client.known import KnownServers
+from servo.client.options import PLACEMENT_KEYS, ClientOptions, PlacementOptions, SessionOptions
 from servo.client.protocol import SessionProtocol
 from servo.client.session import RemoteSession
 from servo.client.settle import HoldDown, settle
@@ -31,7 +32,7 @@ from servo.client.verify import MAX_CHUNK_STEPS, ClientCounters, ClientStatistic
 from servo.identity import Identity, robot_identity
 from servo.join import JoinToken
 from servo.logs import get_logger
-from servo.transport import ZenohSettings, open_session
+from servo.transport import ZenohSettings, open_zsession
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     Features,
@@ -45,17 +46,6 @@ log = get_logger(__name__)
 
 #: Refusals another replica (or a later attempt) may not repeat.
 RETRYABLE = frozenset({"capacity", "draining", "session_exists", "rate_limited", "stale_nonce"})
-
-
-class SessionOptions(TypedDict, total=False):
-    """What `PolicyClient.open_session` takes besides the replica, the features and the fps."""
-
-    task: str
-    rtc: bool
-    epoch: int
-    tags: dict[str, str] | None
-    timeout: float
-    previous: RemoteSession | None
 
 
 class PolicyClient:
@@ -115,15 +105,23 @@ class PolicyClient:
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls, settings: ZenohSettings, client_id: str | None = None, **options: Any
+        cls, settings: ZenohSettings, client_id: str | None = None, **options: Unpack[ClientOptions]
     ) -> AsyncIterator[PolicyClient]:
-        """Open a Zenoh session for the client and close it on exit (options as for the constructor).
+        """Open a Zenoh session for the client and close it on exit.
 
-        The robot identity is read (or created) off the event loop when not given.
+        Args:
+            settings: How to reach the servo network.
+            client_id: This robot's id (a key segment); a random one when omitted.
+            **options: The constructor's keywords (`ClientOptions`); the robot identity, when
+                not given, is read (or created) off the event loop.
+
+        Raises:
+            IdentityError: this machine's robot identity cannot be read or created.
+            zenoh.ZError: the Zenoh session could not be opened (no reachable router).
         """
         if options.get("identity") is None:
             options["identity"] = await anyio.to_thread.run_sync(robot_identity)
-        async with open_session(settings) as zsession:
+        async with open_zsession(settings) as zsession:
             yield cls(zsession, client_id, **options)
 
     def statistics(self) -> ClientStatistics:
@@ -235,28 +233,38 @@ class PolicyClient:
         return session
 
     async def fetch_trajectory(self, server: ServerInfo, name: str, *, timeout: float = 5.0) -> Trajectory:
-        """Fetch a whole named trajectory from a server's library in one signed request.
+        """Fetch a whole named trajectory from a server's library in one request signed by this robot.
 
         Only the replica's own answer to this request is believed (`servo.client.trajectory`).
 
         Raises:
-            ServerError: the server has no such trajectory (the message lists what it has).
+            ServerError: no such trajectory (the message lists what it has), or not admitted.
             RogueServer: only answers that failed verification came back (counted).
             RequestTimeout: no answer in time.
         """
-        return await fetch_trajectory(self.zsession, server, name, counters=self.counters, timeout=timeout)
+        return await fetch_trajectory(self.zsession, server, name, robot=self, counters=self.counters, timeout=timeout)
 
     @asynccontextmanager
-    async def session(self, server: ServerInfo | None = None, **options: Any) -> AsyncIterator[RemoteSession]:
+    async def session(
+        self, server: ServerInfo | None = None, *, features: Features, fps: float, **options: Unpack[PlacementOptions]
+    ) -> AsyncIterator[RemoteSession]:
         """A session for the block: ``async with client.session(features=…, fps=…) as session``.
 
         Opened on ``server`` (`open_session`) or, without one, on the best replica (`connect_best`,
-        whose keywords it takes); closed when the block ends, whatever ends it.
+        steered by ``app``, ``model``, ``accept``, ``settle``, ``avoid``); closed when the block
+        ends, whatever ends it. The other ``options`` are `open_session`'s.
+
+        Raises:
+            TypeError: ``server`` given with a keyword that chooses the replica.
+            NoServerFound, UntrustedServer, SessionRejected, RogueServer, RequestTimeout: as
+                `connect_best` and `open_session` raise them.
         """
         if server is None:
-            opened = await self.connect_best(**options)
+            opened = await self.connect_best(features=features, fps=fps, **options)
+        elif choosing := sorted(PLACEMENT_KEYS & options.keys()):
+            raise TypeError(f"session(): {', '.join(choosing)} choose the replica, which server= names: pass one")
         else:
-            opened = await self.open_session(server, **options)
+            opened = await self.open_session(server, features=features, fps=fps, **cast(SessionOptions, options))
         try:
             yield opened
         finally:

@@ -1,4 +1,4 @@
-"""The client side of one session, as a protocol over bytes: what to seal, what to believe.
+"""The client side of one session, as a protocol over bytes: what to encrypt, what to believe.
 
 `SessionProtocol` holds a session's keys and counters and decides, for every message the server
 sends, whether it may touch the request in flight. It takes plain bytes and returns decisions
@@ -6,16 +6,16 @@ sends, whether it may touch the request in flight. It takes plain bytes and retu
 with bytes (tests/client/test_protocol.py), as `servo.server.auth` is on the server side.
 
 * **Outgoing**: each observation gets the next seq_id of the observation stream (`observation`),
-  each control request the next of the control stream (`control_header`); both are sealed with
-  the session key by whoever sends them.
+  each control request the next of the control stream (`control_header`); both are encrypted
+  with the session key by whoever sends them (`servo._core.SessionKey.encrypt`).
 * **One request in flight**: a new observation supersedes the request in flight; only an
   answer to the latest seq_id of the current epoch is accepted, once. A copy (``resend``: the
   same observation under the next seq_id, when `servo.client.resend` says its answer is overdue)
   is the one exception: the first answer to either seq_id is taken, since both answer that
   observation, and the other one, when it comes, is expected (``stats.copy_answers``), not refused.
 * **Incoming** (`on_action`), in this order: sizes (`oversized`, before anything is copied out
-  of Zenoh); the MAC under the session key; the session id and epoch; the message type; the
-  request in flight; the body (`servo.client.verify`). The ``unknown_session`` notice is the
+  of Zenoh); the tag under the session key, which decrypts the body; the session id and epoch;
+  the message type; the request in flight; the body (`servo.client.verify`). The ``unknown_session`` notice is the
   one message without the session key (the server that sends it no longer holds one): it ends
   the request in flight only when it echoes it and is signed by the replica's identity, the one
   the ack was signed by, for this client (`servo.wire.trust.notice_transcript`); at most `MAX_NOTICE_CHECKS`
@@ -163,7 +163,7 @@ class SessionProtocol:
 
     # ------------------------------------------------------------------ keys and ids
     def established(self, ack: SessionAck, key: SessionKey) -> None:
-        """The handshake is done: from now on messages are sealed and verified with ``key``."""
+        """The handshake is done: from now on messages are encrypted and decrypted with ``key``."""
         self.ack, self._key, self._wire_id = ack, key, ack.session_id
         if self._downsize:
             self.input_sizes = {name: (cam.height, cam.width) for name, cam in ack.input_sizes.items()}
@@ -244,13 +244,13 @@ class SessionProtocol:
     def resume_proof(self, client_key: bytes) -> bytes:
         """A proof that this client held this session, for a new open on the same replica.
 
-        Sealed with this session's key over the new handshake's ``client_key`` (see
+        This session key's proof over the new handshake's ``client_key`` (see
         `servo.wire.trust.resume_body`); it lets the new session replace this one even when the
         close never reached the server. Empty before the handshake.
         """
         if self._key is None:
             return b""
-        return self._key.seal(self.control_header(), resume_body(client_key))
+        return self._key.authenticate(self.control_header(), resume_body(client_key))
 
     def fail(self, seq_id: int, error: Exception) -> bool:
         """Observation ``seq_id`` never left: it fails with ``error`` if it is the request in flight."""
@@ -261,18 +261,18 @@ class SessionProtocol:
 
     # ------------------------------------------------------------------ incoming
     def open_control_ack(self, sent: Header, attachment: bytes | None, payload: bytes) -> ControlAck:
-        """The ack of control request ``sent``, if sealed by the session key and answering it.
+        """The ack of control request ``sent``, if encrypted by the session key and answering it.
 
         Raises:
             AuthError: unauthenticated, or the ack answers another request.
-            HeaderError, WireError: a sealed ack that does not decode.
+            HeaderError, WireError: an authentic ack that does not decode.
         """
         if attachment is None:
             raise AuthError("no attachment")
-        answered = self.key.open(attachment, payload)
+        answered, body = self.key.decrypt(attachment, payload)
         if (answered.msg_type, answered.seq_id, answered.session_id) != (MSG_CONTROL_ACK, sent.seq_id, self._wire_id):
             raise AuthError("the ack answers another request")
-        return decode(payload, ControlAck)
+        return decode(body, ControlAck)
 
     def oversized(self, attachment_size: int | None, payload_size: int) -> ChunkRejected | None:
         """Why a server message is too big to be copied out of Zenoh at all (None: it is not).
@@ -296,16 +296,17 @@ class SessionProtocol:
         Only what verifies may touch the request in flight; everything else is counted by reason.
         """
         try:
-            header = self._authenticate(attachment, payload)
+            opened = self._authenticate(attachment, payload)
         except ChunkRejected as exc:
             self.counters.reject(exc.reason, str(exc), session_id=self.session_id)
             return Dropped()
-        if header is None:
+        if opened is None:
             assert attachment is not None
             return self._keyless_hint(attachment, payload)
+        header, body = opened
         if header.msg_type == MSG_DRAIN:
             try:
-                return Lost(decode(payload, DrainNotice).reason)
+                return Lost(decode(body, DrainNotice).reason)
             except WireError:
                 return Lost("server draining")
         if header.msg_type not in (MSG_CHUNK, MSG_ERROR):
@@ -323,7 +324,7 @@ class SessionProtocol:
             return Dropped()
         if self.resent_seq:
             self._late_copies.append(self.resent_seq if header.seq_id == self.latest_seq else self.latest_seq)
-        return Answered(self._answer(header, payload, now_ns))
+        return Answered(self._answer(header, body, now_ns))
 
     def _answer(self, header: Header, payload: bytes, now_ns: int) -> ChunkResult | ServerError:
         """The request in flight's result from its authenticated answer (an unusable chunk fails it)."""
@@ -348,8 +349,8 @@ class SessionProtocol:
         self.result = result
         return result
 
-    def _authenticate(self, attachment: bytes | None, payload: bytes) -> Header | None:
-        """The verified header of a server message, or None for a keyless notice.
+    def _authenticate(self, attachment: bytes | None, payload: bytes) -> tuple[Header, bytes] | None:
+        """The verified header and decrypted body of a server message, or None for a keyless notice.
 
         Raises:
             ChunkRejected: ``mac``, ``session`` or ``epoch``.
@@ -359,7 +360,7 @@ class SessionProtocol:
         if attachment[-TAG_SIZE:] == bytes(TAG_SIZE):
             return None
         try:
-            header = self._key.open(attachment, payload)
+            header, body = self._key.decrypt(attachment, payload)
         except (AuthError, HeaderError) as exc:
             raise ChunkRejected("mac", str(exc)) from None
         if header.session_id != self._wire_id:
@@ -367,7 +368,7 @@ class SessionProtocol:
         if header.session_epoch != self.epoch:
             self.stats.dropped_stale += 1
             raise ChunkRejected("epoch", f"epoch {header.session_epoch}, ours is {self.epoch}")
-        return header
+        return header, body
 
     def _keyless_hint(self, attachment: bytes, payload: bytes) -> Verdict:
         """A keyless message counts only as a signed ``unknown_session`` notice for the request in flight.

@@ -1,7 +1,7 @@
 """Reading the replies of a control-plane query: only what a check accepts counts.
 
-`sealed_request` sends a session's sealed control request (reset, close) and `sealed_answer`
-takes the first answer that its check accepts (the acks sealed by the session key); session
+`sealed_request` sends a session's encrypted control request (reset, close) and `sealed_answer`
+takes the first answer that its check accepts (the acks encrypted with the session key); session
 opens (`servo.client.trust.pick_ack`) and trajectory fetches (`servo.client.trajectory`) read
 their replies with checks of their own. A queryable answers
 ``reply`` with the expected struct or ``reply_err`` with a `Rejection`; Zenoh adds error replies
@@ -73,7 +73,7 @@ def sealed_answer(
 async def sealed_request(
     zsession: zenoh.Session, selector: str, protocol: SessionProtocol, message: ControlRequest, timeout: float
 ) -> ControlAck:
-    """Send ``message`` sealed by the session's key; return the first reply sealed by it too.
+    """Send ``message`` encrypted with the session's key; return the first reply that key decrypts.
 
     Forged or unverifiable acks are counted and skipped; a refusal (keyless by design) raises.
 
@@ -81,8 +81,9 @@ async def sealed_request(
         ServerError: the server refused.
         RequestTimeout: no authenticated answer within ``timeout`` s.
     """
-    key, header, body = protocol.key, protocol.control_header(), encode(message)
-    replies = await query(zsession, selector, payload=body, attachment=key.seal(header, body), timeout=timeout)
+    header = protocol.control_header()
+    attachment, ciphertext = protocol.key.encrypt(header, encode(message))
+    replies = await query(zsession, selector, payload=ciphertext, attachment=attachment, timeout=timeout)
 
     def refused(problem: str) -> None:
         protocol.counters.reject("mac", f"control ack: {problem}", session_id=protocol.session_id)

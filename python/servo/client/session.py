@@ -2,9 +2,9 @@
 
 Three parts, each with one job:
 
-* `servo.client.protocol.SessionProtocol` decides: seq_ids, what is sealed, which server message
+* `servo.client.protocol.SessionProtocol` decides: seq_ids, what is encrypted, which server message
   may touch the request in flight (bytes in, verdicts out; no I/O);
-* `servo.client.uplink.Uplink` sends: encode, pack, seal and put, in one job off the event loop;
+* `servo.client.uplink.Uplink` sends: encode, pack, encrypt and put, in one job off the event loop;
 * `RemoteSession` (here) is the Zenoh shell around them: it declares the session's entities,
   moves bytes from Zenoh callbacks to the protocol on the event loop, and turns verdicts into
   the results `send` / `receive` / `infer` / `reset` / `close` return.
@@ -162,7 +162,7 @@ class RemoteSession:
         return self._matching.is_set()
 
     async def close(self, *, timeout: float = 0.5) -> None:
-        """Tell the server (best effort, sealed) and undeclare everything. Idempotent."""
+        """Tell the server (best effort, encrypted) and undeclare everything. Idempotent."""
         if self.ack is not None and not self.lost.is_set():
             with anyio.move_on_after(timeout):
                 with contextlib.suppress(RequestTimeout, ServerError):
@@ -193,7 +193,7 @@ class RemoteSession:
         """Publish one observation (coded as ``codec`` picks); returns its seq_id at once.
 
         A newer request supersedes any request still in flight. The uplink thread encodes, packs,
-        seals and puts it, reading ``images`` after this returned (and again for a `resend`): do
+        encrypts and puts it, reading ``images`` after this returned (and again for a `resend`): do
         not write to them. One that cannot leave (no server subscribes to it, the put fails)
         fails its `receive` at once with `SendFailed` (counted in ``stats.send_failed``).
 

@@ -15,7 +15,7 @@ A robot proves who it is by signing its session open (`signed_open`) with its ow
 when it joins with a token, proves the token too (`servo.join`).
 
 A replica-id pin names a key segment anybody can answer on; it means something only behind a
-``servo-router`` whose access control lets nobody but fleet servers answer (see README "Security").
+``servo-router`` whose access control lets nobody but fleet servers answer (docs/guides/security.md).
 Fingerprint pins hold on any network.
 """
 
@@ -34,6 +34,7 @@ from servo.client.verify import ClientCounters
 from servo.identity import Identity
 from servo.join import JoinToken, sign_join
 from servo.wire import (
+    SUPPORTED_SCHEMA_VERSIONS,
     Rejection,
     ServerKeys,
     SessionAck,
@@ -159,11 +160,15 @@ def pick_ack(
 
 
 def _ack_problem(ack: SessionAck, keys: ServerKeys, status: StatusReply, client_key: bytes) -> str | None:
+    if ack.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
+        return (
+            f"ack settles on schema_version {ack.schema_version}, this client speaks {list(SUPPORTED_SCHEMA_VERSIONS)}"
+        )
     if ack.replica != keys.replica:
         return f"ack names replica {ack.replica!r}, asked {keys.replica!r}"
     if ack.server_identity != status.identity:
         return f"ack signed as {fingerprint(ack.server_identity)}, status advertised {fingerprint(status.identity)}"
-    transcript = ack_transcript(client_key, ack.server_key, ack.session_id, ack.replica)
+    transcript = ack_transcript(client_key, ack.server_key, ack.session_id, ack.replica, ack.operators)
     if not verify_signature(ack.server_identity, transcript, ack.signature):
         return "ack signature does not verify"
     return None

@@ -1,12 +1,13 @@
-"""A session's way out: encode, pack, seal and put each observation in one job off the event loop.
+"""A session's way out: encode, pack, encrypt and put each observation in one job off the event loop.
 
 The event loop only decides (the seq_id, the codec, the header: `servo.client.protocol`) and
 hands the job over; the uplink's one stage thread ("servo-send") encodes the frames (JPEG on the
-per-camera stages of `servo.client.encoder`), packs the `Observation`, seals header || body with
-the session key (the MAC pass over the body) and puts it. A put lasts as long as the transfer:
-~1 ms on loopback, ~150 ms for a raw observation on 100 Mbit/s, so it must not run on the loop
-either. The stage is newest-wins: an observation still waiting behind a slow put when a newer one
-(or its own copy) comes never leaves; its future fails with `Superseded`.
+per-camera stages of `servo.client.encoder`), packs the `Observation` into one buffer it reuses,
+encrypts it there with the session key (one pass, the header under the tag: no second buffer)
+and puts it (Zenoh copies it). A put lasts as long as the transfer: ~1 ms on loopback, ~150 ms
+for a raw observation on 100 Mbit/s, so it must not run on the loop either. The stage is
+newest-wins: an observation still waiting behind a slow put when a newer one (or its own copy)
+comes never leaves; its future fails with `Superseded`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from servo.client.codec import CodecChooser
 from servo.client.encoder import Frame, FrameEncoder
 from servo.client.results import SessionStats
 from servo.stages import StageThread
-from servo.wire import Observation, Tensor, encode
+from servo.wire import Observation, Tensor, encode_into
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,15 @@ class Sent:
 class Uplink:
     """The session's sender stage and encoder. Created, fed and closed by the event loop.
 
-    Its thread writes ``stats.encode`` (a thread-safe tracker), ``stats.last_encode_ms`` and the
-    newest `Sent` record (under a lock, taken back on the loop by `record_cost`, which tells
-    ``codec`` what the request cost). Every job's `Future` settles: done once put, failed with
-    what the put raised, or with `servo.stages.NotRun` when it never left (superseded, closed).
+    Its thread owns the message buffer and writes ``stats.encode`` (a thread-safe tracker),
+    ``stats.last_encode_ms`` and the newest `Sent` record (under a lock, taken back on the loop
+    by `record_cost`, which tells ``codec`` what the request cost). Every job's `Future` settles:
+    done once put, failed with what the put raised, or with `servo.stages.NotRun` when it never
+    left (superseded, closed).
 
     ::
 
-        open ──submit──► waiting ──servo-send──► encode, pack, seal, put ──► done / failed
+        open ──submit──► waiting ──servo-send──► encode, pack, encrypt, put ──► done / failed
                             │ a newer submit: Superseded
         open ──close()──► closed: waiting and later jobs fail with StageClosed; a put under
                           way runs on (a stalled link ends it; nobody waits for it)
@@ -85,6 +87,8 @@ class Uplink:
         self._stage = StageThread("servo-send", newest_wins=True)
         self._lock = threading.Lock()
         self._sent: Sent | None = None
+        #: The observation being sent, encoded then encrypted in place (uplink thread only).
+        self._buffer = bytearray()
 
     def submit(self, job: Outgoing) -> Future[None]:
         """Send ``job`` once the one being sent (if any) left; it replaces one still waiting."""
@@ -106,7 +110,7 @@ class Uplink:
     def _send(self, job: Outgoing) -> None:
         """Uplink thread: the whole way out of one observation."""
         images = self.encoder.encode(job.frames, job.quality, job.sizes)
-        body = encode(
+        encode_into(
             Observation(
                 state=job.state,
                 images=images,
@@ -114,17 +118,18 @@ class Uplink:
                 inference_delay_steps=job.inference_delay_steps,
                 prefix_model=job.prefix_model,
                 prefix_robot=job.prefix_robot,
-            )
+            ),
+            self._buffer,
         )
         encode_ns = time.monotonic_ns() - job.started_ns
         self._stats.encode.add(encode_ns)
         self._stats.last_encode_ms = encode_ns / 1e6
-        attachment = job.key.seal(job.header, body)
+        attachment = job.key.encrypt_in_place(job.header, self._buffer)
         nbytes = sum(len(image.data) for image in images.values())
         # Recorded before the put: the chunk may come back before the put returns.
         with self._lock:
             self._sent = Sent(job.header.seq_id, job.quality, job.started_ns, encode_ns / 1e6, nbytes)
-        self._publisher.put(body, attachment=attachment)
+        self._publisher.put(self._buffer, attachment=attachment)
 
     def close(self) -> None:
         """Settle what waits, stop taking jobs and undeclare the publisher (idempotent).

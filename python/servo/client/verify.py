@@ -1,7 +1,7 @@
 """What a client checks before a server message may reach a robot, and what it counts.
 
-A chunk is merged into the robot's queue only if, in this order (wire schema 2): its MAC verifies
-under the session key; its session id and epoch are the session's; it answers the request in
+A chunk is merged into the robot's queue only if, in this order (wire schema 3): its tag verifies
+under the session key (which decrypts it); its session id and epoch are the session's; it answers the request in
 flight (``stale_seq`` otherwise: one request in flight, a late or replayed chunk is never merged);
 its body decodes; both tensors are float32 (``dtype``), shaped ``(T, A)`` with ``A`` the robot's
 action dimension and ``1 <= T <= max_steps`` (``shape``), and finite (``non_finite``). Anything
@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from servo._core import Header
 from servo.client.results import ChunkResult
+from servo.errors import ProtocolError
 from servo.logs import LogThrottle, get_logger
 from servo.wire import ActionChunk, Tensor, WireError, decode, decode_floats
 
@@ -34,7 +35,7 @@ REJECT_REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
 MAX_CHUNK_STEPS = 1024
 
 
-class ChunkRejected(Exception):
+class ChunkRejected(ProtocolError):
     """A chunk (or another server message) that must not reach the robot."""
 
     def __init__(self, reason: RejectReason, detail: str) -> None:

@@ -7,6 +7,8 @@ the replicas as Ray actors and is imported only by whoever asks for Ray.
 
 from __future__ import annotations
 
+from servo.errors import StartError
 
-class DeployError(RuntimeError):
+
+class DeployError(StartError, RuntimeError):
     """The replicas cannot be started on the cluster."""

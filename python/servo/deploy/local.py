@@ -11,7 +11,7 @@ replicas drain, the router goes last), each group given a bounded time before it
 
     router ◄── replicas (servo-serve manifest.toml --connect … --replica replica-N --health-port …)
        ▲  ◄── robots (servo-edge --robot sim --connect … --client-id robot-N, own servo directory)
-       └───── monitor (servo-monitor --connect … --http-port 9200)
+       └───── monitor (servo-monitor --connect … --http-port 9200 --fleet fleet.toml --identity-key …)
 
 Each member runs in a process group of its own (a Ctrl-C at the terminal reaches only the fleet,
 which then stops its members once, in order) and is ended by the kernel if the process that
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from servo.deploy.local_files import MONITOR_USER, FleetFiles, write_fleet_files
+from servo.errors import StartError
 from servo.logs import get_logger
 
 log = get_logger(__name__)
@@ -49,7 +50,7 @@ STOP_GRACE_S = 15.0
 _PR_SET_PDEATHSIG = 1
 
 
-class FleetError(RuntimeError):
+class FleetError(StartError, RuntimeError):
     """A member could not start; the message names it and ends with its last log lines."""
 
 
@@ -236,7 +237,8 @@ class LocalFleet:
                 "servo.cli.monitor",
                 *("--connect", self.endpoint, "--http-port", str(self.monitor_port)),
                 *("--auth-user", MONITOR_USER, "--auth-password-file", str(files.secret(MONITOR_USER))),
-                *("--robot-keys", str(files.robot_keys)),
+                *("--robot-keys", str(files.robot_keys), "--fleet", str(files.fleet)),
+                *("--identity-key", str(files.monitor_key)),
             )
             self._wait(self.monitor, deadline, "serving its page", lambda: _http_ok(f"{self.url}api/fleet"))
 

@@ -2,16 +2,21 @@
 
 Written into one directory, every path absolute so each member runs from anywhere::
 
-    fleet.toml          servo-router's fleet file: who may join, in which role; robots enrolled
+    fleet.toml          servo-router's fleet file: who may join, in which role, and every member's
+                        identity: robots enrolled, the replicas' and the monitor's known
     passwords           the router's name:password lines (mode 0600)
     secrets/<member>    each member's own password (mode 0600), what it logs in with
     manifest.toml       the replicas' manifest (the reference policy; joins with servo-serve flags)
-    replicas/           the replicas' servo directory: their shared identity
+    replicas/           the replicas' servo directory: their shared identity (server.key)
     robots/<robot>/     each robot's servo directory: its identity, enrolled in fleet.toml
+    monitor.key         the monitor's operator identity: the replicas show it the fleet's audit
+                        trail and name it to their robots, which encrypt their telemetry to it
     robot-keys          the robots' fingerprints, pinned by the monitor
     logs/<member>.log   what each process printed (and each robot's run summary, <robot>.summary.json)
 
-Members log in with a user name and password over TCP on 127.0.0.1: nothing leaves the host.
+Members log in with a user name and password over TCP on 127.0.0.1: nothing leaves the host. The
+monitor reads the fleet file too: it believes the replicas by their identity and the robots by
+theirs, nobody who merely speaks first.
 """
 
 from __future__ import annotations
@@ -53,6 +58,16 @@ class FleetFiles:
         return self.directory / "replicas"
 
     @property
+    def server_key(self) -> Path:
+        """The replicas' shared identity."""
+        return self.servers_home / "server.key"
+
+    @property
+    def monitor_key(self) -> Path:
+        """The monitor's operator identity."""
+        return self.directory / "monitor.key"
+
+    @property
     def robot_keys(self) -> Path:
         """The robots' pinned fingerprints, for the monitor."""
         return self.directory / "robot-keys"
@@ -79,6 +94,7 @@ def write_fleet_files(directory: Path, *, router_port: int, robots: list[str]) -
 
     Raises:
         OSError: the directory cannot be written.
+        IdentityError: an identity cannot be created.
     """
     files = FleetFiles(directory)
     for sub in ("secrets", "logs", "replicas", "robots"):
@@ -95,6 +111,8 @@ def write_fleet_files(directory: Path, *, router_port: int, robots: list[str]) -
     files.robot_keys.write_text("".join(f"{robot} {print_}\n" for robot, print_ in identities.items()))
     enrolled = ", ".join(f'{robot} = "{print_}"' for robot, print_ in identities.items())
     robot_group = f"[[robots]]\nnames = {robots!r}\nidentities = {{{enrolled}}}\n" if robots else ""
+    server = fingerprint(load_identity(files.server_key, role="server").public_key)
+    monitor = fingerprint(load_identity(files.monitor_key, role="operator").public_key)
     files.fleet.write_text(
         f"""# servo-fleet: who may join the router, and as what (servo-router reads it; replicas enrol [[robots]])
 [router]
@@ -103,10 +121,12 @@ passwords_file = "passwords"
 
 [[servers]]
 names = ["{REPLICAS_USER}"]
+identities = {{{REPLICAS_USER} = "{server}"}}
 
 {robot_group}
 [[monitors]]
 names = ["{MONITOR_USER}"]
+identities = {{{MONITOR_USER} = "{monitor}"}}
 """
     )
     files.manifest.write_text(
@@ -127,6 +147,7 @@ user = "{REPLICAS_USER}"
 password_file = "{files.secret(REPLICAS_USER)}"
 
 [security]
+identity_key = "{files.server_key}"
 fleet = "{files.fleet}"
 """
     )

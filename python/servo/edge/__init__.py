@@ -37,28 +37,4 @@ if TYPE_CHECKING:
     from servo.edge.runtime import RunSummary as RunSummary
 
 else:  # at run time: imported when first used (type checkers read the imports above)
-    __all__, __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "servo.edge.runtime": ("EdgeRuntime", "RunOptions", "RunSummary"),
-            "servo.edge.config": (
-                "EdgeConfig",
-                "LinkConfig",
-                "ServerConfig",
-                "SecurityConfig",
-                "LocalConfig",
-                "ReplayConfig",
-                "load_edge_config",
-            ),
-            "servo.edge.pipeline": ("PipelineConfig", "Request"),
-            "servo.edge.actions": ("ControlConfig",),
-            "servo.edge.failsafe": ("FailSafeConfig",),
-            "servo.edge.engines": ("ENGINES", "make_engine"),
-            "servo.edge.engine": ("EngineBase", "Produced"),
-            "servo.edge.remote": ("RemoteEngine",),
-            "servo.edge.local": ("RtcEngine", "SyncEngine"),
-            "servo.edge.replay": ("ReplayEngine",),
-            "servo.edge.errors": ("EdgeStartError",),
-        },
-        globals(),
-    )
+    __all__, __getattr__, __dir__ = lazy_exports(globals())

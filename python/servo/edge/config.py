@@ -1,4 +1,4 @@
-"""Edge configuration: every option of seeds/001 §9.4 that applies, in sections their consumers take.
+"""Edge configuration: every option of the edge, in sections their consumers take.
 
 ::
 
@@ -32,6 +32,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from servo._core import AuthError, exchange_public_key
 from servo.client import TrustedServers
 from servo.client.codec import AutoCodec, JpegQuality
 from servo.client.known import KnownServers
@@ -64,12 +65,9 @@ from servo.transport import (
     common_name,
     exposed_endpoint,
 )
-from servo.wire import WireError, segment
+from servo.wire import WireError, parse_fingerprint, segment
 
 InferenceMode = Literal["remote", "sync", "rtc", "replay"]
-
-#: Raised for every edge configuration problem (the edge's name for `servo.config.ConfigError`).
-EdgeConfigError = ConfigError
 
 #: How often a robot re-dials a server or router it lost (ms): a restarted server is linked again
 #: within this of listening, so its liveliness token (and the re-handshake it triggers) follows at
@@ -152,7 +150,7 @@ class SecurityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = ""
     insecure: Annotated[
         bool,
-        doc("Allow a plain (not TLS) connection to a non-loopback endpoint: anyone on the path reads the traffic."),
+        doc("Allow a plain (not TLS) link off loopback: anyone on the path may join it (sessions stay encrypted)."),
     ] = False
     join: Annotated[
         str,
@@ -286,6 +284,10 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     telemetry_period_s: Annotated[
         NonNegativeSeconds, doc("Publish a signed status record for monitors this often (s); 0: never.", le=60)
     ] = 1.0
+    telemetry_readers: Annotated[
+        list[str],
+        doc("Operators (servo-monitor --identity) telemetry is encrypted to, besides those the server's ack names."),
+    ] = []
     link: Annotated[LinkConfig, doc("How this robot reaches its server.")] = msgspec.field(default_factory=LinkConfig)
     server: Annotated[ServerConfig, doc("Which servers to use.")] = msgspec.field(default_factory=ServerConfig)
     security: Annotated[SecurityConfig, doc("TLS, authentication, trusted servers.")] = msgspec.field(
@@ -313,8 +315,8 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if not self.security.insecure and exposed_endpoint(endpoint):
                 raise FieldError(
                     f"link.connect[{i}]",
-                    f"{endpoint!r} is not TLS and not loopback: anyone on the path would read this robot's "
-                    "observations and chunks; connect over tls/ (--tls-root-ca), or accept that with --insecure",
+                    f"{endpoint!r} is not TLS and not loopback: anyone on the path could join this robot's link "
+                    "(its sessions stay encrypted); connect over tls/ (--tls-root-ca), or accept that with --insecure",
                 )
         if self.inference == "replay" and not self.replay.trajectory:
             raise FieldError("replay.trajectory", "name a recording file or server:NAME to replay (--replay)")
@@ -323,6 +325,18 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 segment(self.client_id, what="client_id")
             except WireError as exc:
                 raise FieldError("client_id", str(exc).removeprefix("client_id ")) from None
+        self.readers()
+
+    def readers(self) -> list[bytes]:
+        """The keys of ``telemetry_readers``; raises `FieldError` naming a malformed one."""
+        keys = []
+        for i, text in enumerate(self.telemetry_readers):
+            try:
+                keys.append(parse_fingerprint(text))
+                exchange_public_key(keys[-1])
+            except (WireError, AuthError) as exc:
+                raise FieldError(f"telemetry_readers[{i}]", str(exc)) from None
+        return keys
 
     def resolved_client_id(self, default: str) -> str:
         """The client id: ``client_id``, else tls_cert's common name, else ``auth_user``, else ``default``.
@@ -374,7 +388,7 @@ def load_edge_config(path: str | None = None, flags: Mapping[str, Any] | None = 
             section); they replace the file's.
 
     Raises:
-        EdgeConfigError: unreadable file, unknown or moved option, wrong type or out-of-range value.
+        ConfigError: unreadable file, unknown or moved option, wrong type or out-of-range value.
     """
     overrides = {FLAG_KEYS.get(name, name): value for name, value in (flags or {}).items()}
     if path:

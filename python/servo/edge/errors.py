@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from servo.errors import StartError
 
-class EdgeStartError(RuntimeError):
+
+class EdgeStartError(StartError, RuntimeError):
     """The edge could not start streaming; one clear message.
 
     Raised by every engine at start-up (remote: no server or refused; local: the policy does not

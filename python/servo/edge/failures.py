@@ -18,17 +18,18 @@ from __future__ import annotations
 
 from servo.client import RequestTimeout, SendFailed, ServerError, SessionLost
 from servo.edge.failsafe import FailSafe
+from servo.errors import PolicyError, ServoError
 from servo.logs import Logger, LogThrottle
 
 #: Consecutive policy failures after which a local engine gives up (DEAD).
 MAX_FAILURES_IN_ROW = 3
 
 
-class PolicyFailed(Exception):
+class PolicyFailed(PolicyError):
     """The policy raised while computing a chunk in this process (a bug, or a device error)."""
 
 
-class SessionEnded(Exception):
+class SessionEnded(ServoError):
     """The current session is over (lost, timed out, forgotten by the server): handshake again."""
 
 

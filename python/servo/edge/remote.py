@@ -21,7 +21,8 @@ from servo.client import (
     SessionRejected,
     UntrustedServer,
 )
-from servo.client.policy_client import RETRYABLE, SessionOptions
+from servo.client.options import SessionOptions
+from servo.client.policy_client import RETRYABLE
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
 from servo.edge.engine import EngineBase, Produced
@@ -48,7 +49,7 @@ class RemoteEngine(EngineBase):
 
     Every chunk is authenticated and validated by the client library before it can reach the
     queue (`servo.client.verify`); a rejected one is counted, and the request retried. Only the
-    spec's reasons kill the engine (seeds/001 §9.2): offline longer than ``max_offline_s``, or a
+    spec's reasons kill the engine (docs/design/failsafe.md §2): offline longer than ``max_offline_s``, or a
     server that comes back with another model or refuses the robot's capabilities.
 
     Failover is driven by events, not timers: a lost session (the replica's liveliness token
@@ -73,6 +74,7 @@ class RemoteEngine(EngineBase):
         self._epoch = 0
         #: A session opened on a replica that appeared, to switch to between two requests.
         self._moved: RemoteSession | None = None
+        self._readers: tuple[bytes, ...] = ()
         self._rebalancing = False
         self._receive_scope: anyio.CancelScope | None = None
         #: Set when a replica's liveliness token appears: ends a reconnect backoff at once.
@@ -241,6 +243,7 @@ class RemoteEngine(EngineBase):
                 self.failsafe.fatal(reason)
             raise SessionEnded(reason)
         self.rules.identity = ack.policy
+        self._readers = tuple(ack.operators)
         self.tuning = ack.policy.tuning
         self.task = ack.task  # the effective task (the server's default when the edge names none)
         self.server, self.session = session.server, session
@@ -378,6 +381,7 @@ class RemoteEngine(EngineBase):
             codec=None if self.session is None else self.session.codec_status(),
             replica="" if self.session is None else self.session.server.keys.replica,
             model="" if self.session is None else self.session.server.keys.model,
+            readers=self._readers,
         )
 
 

@@ -1,4 +1,4 @@
-"""Trajectory replay (seeds/002): load the whole trajectory once, drain it locally.
+"""Trajectory replay (docs/design/replay.md): load the whole trajectory once, drain it locally.
 
 A trajectory comes from a recording file or from a server's library in one control-plane
 request; either way nothing crosses the network per frame. At arm time a smooth bridge from
@@ -24,7 +24,7 @@ from servo.identity import Identity
 from servo.logs import get_logger
 from servo.recording import check_rate, read_recording
 from servo.robots.protocol import RobotSpec
-from servo.transport import open_session
+from servo.transport import open_zsession
 from servo.wire import WireError, decode_floats
 
 log = get_logger(__name__)
@@ -126,7 +126,7 @@ class ReplayEngine(EngineBase):
     async def _fetch(self, name: str) -> tuple[list[str], float, FloatArray]:
         cfg = self.config
         try:
-            async with open_session(cfg.zenoh_settings()) as zsession:
+            async with open_zsession(cfg.zenoh_settings()) as zsession:
                 # Only the trusted server's signed answer is believed (servo.client.trajectory);
                 # the identity is never used (nothing is opened): an ephemeral one reads no file.
                 security = cfg.security

@@ -1,16 +1,17 @@
-"""The last gate before the motors: no non-finite target, joint limits, a slew-rate limit (seeds/004)."""
+"""The last gate before the motors (docs/design/control-loop.md §4): no non-finite target, joint limits, slew rate."""
 
 from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
 
+from servo.errors import RobotError
 from servo.robots.protocol import RobotSpec
 
 FloatArray = npt.NDArray[np.float32]
 
 
-class UnsafeTarget(ValueError):
+class UnsafeTarget(RobotError, ValueError):
     """A target the safety layer refuses to turn into a command (no clamp can fix NaN)."""
 
 

@@ -40,3 +40,6 @@ class EngineStats:
     #: Remote engines: the replica serving the robot and its model ("" while there is none).
     replica: str = ""
     model: str = ""
+    #: Remote engines: the operators the serving replica named in its signed ack (the last one's,
+    #: kept while there is none): the readers telemetry is encrypted to.
+    readers: tuple[bytes, ...] = ()

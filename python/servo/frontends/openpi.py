@@ -58,6 +58,7 @@ from servo.client import (
     TrustedServers,
 )
 from servo.config import ConfigError
+from servo.errors import ServoError
 from servo.frontends.openpi_gate import OpenpiGate, respond
 from servo.frontends.openpi_link import Link
 from servo.identity import Identity
@@ -85,7 +86,7 @@ CLOSE_TIMEOUT_S = 5.0
 _MAX_REASON_BYTES = 123
 
 
-class _Close(Exception):
+class _Close(ServoError):
     """Ends a connection with a close code and reason."""
 
     def __init__(self, code: CloseCode, reason: str) -> None:

@@ -6,11 +6,19 @@ replicas' ``status`` queryables once a second and their ``audit`` queryables (a 
 requests when a person opens its timeline; every replica's refused requests every few seconds).
 It never puts, answers or declares anything. Zenoh callbacks only copy bytes (bounded) and hand
 them to the event loop; verification and everything else happen there (`FleetView`).
+
+A status reply counts only when signed, over the nonce this poll sent, by an identity the monitor
+trusts for that replica (`RobotTrust.server_trusted`); only such replicas are asked for their
+audit, as the monitor's operator identity (`servo.client.audit`: the answer is sealed to the
+monitor and signed by that replica), and the enrolled robots a trusted replica lists there become
+robots whose telemetry the monitor believes. Anything else is counted (``unverified``) and shown
+nowhere.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from typing import Any
 
@@ -19,11 +27,17 @@ import zenoh
 from anyio.abc import TaskStatus
 from zenoh.handlers import Callback
 
+from servo._core import SIGNATURE_SIZE, verify_signature
+from servo.client.audit import ask_audit
+from servo.client.discovery import ServerInfo
+from servo.client.errors import RequestTimeout, RogueServer, ServerError
+from servo.identity import Identity
 from servo.logs import get_logger
 from servo.monitor.fleet import FleetView
 from servo.stages import LoopBridge
 from servo.transport import direct, query
 from servo.wire import (
+    NONCE_SIZE,
     TELEMETRY_SELECTOR,
     AuditQuery,
     AuditTail,
@@ -31,10 +45,9 @@ from servo.wire import (
     StatusReply,
     WireError,
     alive_selector,
-    audit_selector,
     decode,
-    encode,
     status_selector,
+    status_transcript,
 )
 from servo.wire.telemetry import MAX_TELEMETRY_BYTES
 
@@ -55,11 +68,15 @@ class FleetCollector:
     Args:
         view: What the monitor knows.
         zsession: The monitor's Zenoh session (closed by whoever opened it).
+        identity: The monitor's operator identity (signs its audit queries).
     """
 
-    def __init__(self, view: FleetView, zsession: zenoh.Session) -> None:
+    def __init__(self, view: FleetView, zsession: zenoh.Session, identity: Identity) -> None:
         self.view = view
         self.zsession = zsession
+        self.identity = identity
+        #: The replicas whose signed status a trusted identity made, as last polled.
+        self.statuses: dict[str, ServerInfo] = {}
         #: Telemetry samples dropped in the callback because they were too large to be telemetry.
         self.oversized = 0
         self._seen_refusals: dict[tuple[str, str, int], None] = {}
@@ -83,6 +100,7 @@ class FleetCollector:
                 await anyio.sleep(STATUS_PERIOD_S)
                 await self.poll_status()
                 self.view.prune()
+                self.view.trust.save()
                 if time.monotonic() >= next_refusals:
                     next_refusals = time.monotonic() + REFUSALS_PERIOD_S
                     await self.poll_refusals()
@@ -106,32 +124,49 @@ class FleetCollector:
             self.view.on_replica_token(prefix, alive)
 
     async def poll_status(self) -> None:
-        """Ask every replica for its status; a reply that does not decode or names another replica is skipped."""
-        for reply in await query(self.zsession, status_selector(), timeout=QUERY_TIMEOUT_S):
+        """Ask every replica for its status; only one signed for this poll by a trusted identity counts."""
+        nonce = secrets.token_bytes(NONCE_SIZE)
+        for reply in await query(self.zsession, status_selector(), payload=nonce, timeout=QUERY_TIMEOUT_S):
             if reply.ok is None:
                 continue
             try:
                 keys = ServerKeys.parse_status(str(reply.ok.key_expr))
-                status = decode(reply.ok.payload.to_bytes(), StatusReply)
+                body = reply.ok.payload.to_bytes()
+                status = decode(body, StatusReply)
             except WireError as exc:
                 log.debug("status reply skipped", error=str(exc))
                 continue
-            if status.replica == keys.replica:
+            signature = b"" if reply.ok.attachment is None else reply.ok.attachment.to_bytes()
+            if (
+                status.replica == keys.replica
+                and len(signature) == SIGNATURE_SIZE
+                and verify_signature(status.identity, status_transcript(nonce, body), signature)
+                and self.view.trust.server_trusted(keys.prefix, status.identity)
+            ):
+                self.statuses[keys.prefix] = ServerInfo(keys, status)
                 self.view.on_status(keys.prefix, status)
+            else:
+                self.view.unverified(keys.replica, f"status of {keys.prefix} not signed by an identity trusted for it")
 
     async def audit(self, request: AuditQuery) -> list[tuple[str, AuditTail]]:
-        """Every replica's answer to ``request``: ``(replica key prefix, tail)``; undecodable ones skipped."""
-        tails = []
-        for reply in await query(self.zsession, audit_selector(), payload=encode(request), timeout=QUERY_TIMEOUT_S):
-            if reply.ok is None:
-                continue
-            key = str(reply.ok.key_expr)
+        """Every trusted replica's answer to ``request``: ``(replica key prefix, tail)``; refused ones skipped."""
+        tails: list[tuple[str, AuditTail]] = []
+
+        async def ask(server: ServerInfo) -> None:
             try:
-                tail = decode(reply.ok.payload.to_bytes(), AuditTail)
-            except WireError as exc:
-                log.debug("audit reply skipped", key=key[:200], error=str(exc))
-                continue
-            tails.append((key.removesuffix("/audit"), tail))
+                tail = await ask_audit(
+                    self.zsession, server.keys, server.status, self.identity, request, timeout=QUERY_TIMEOUT_S
+                )
+            except (ServerError, RogueServer, RequestTimeout, WireError) as exc:
+                log.debug("audit not answered", replica=server.keys.prefix, error=str(exc))
+                return
+            self.view.trust.learn_roster(tail.robots)
+            tails.append((server.keys.prefix, tail))
+
+        async with anyio.create_task_group() as tg:
+            for server in list(self.statuses.values()):
+                if server.keys.prefix in self.view.replicas:
+                    tg.start_soon(ask, server)
         return tails
 
     async def requests(self, robot: str, limit: int = 128) -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@ the monitor adds what only telemetry knows (``servo_edge_*{robot}``: state, roun
 fallback, lateness, chunks the edge rejected, how old the last record is) and what the monitor
 sees of each replica (``servo_fleet_replica_*{replica}``: token present, draining, load). Built
 from the `FleetView` at every scrape, so a robot's series exist exactly as long as the monitor
-knows the robot (at most `RobotTrust`'s ``max_robots``).
+knows the robot: the robots the fleet enrolled, and at most ``max_robots`` trusted on first use
+when asked to; a name nobody enrolled adds no series, only a count by reason.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ class FleetExporter(Collector):
         yield from self._robots()
         yield from self._replicas()
         refused = CounterMetricFamily(
-            "servo_monitor_telemetry_refused", "Telemetry records the monitor refused, by reason", labels=["reason"]
+            "servo_monitor_telemetry_refused",
+            "Telemetry records (and replica answers: unverified) the monitor refused, by reason",
+            labels=["reason"],
         )
         for reason, count in sorted(self.view.refused.items()):
             refused.add_metric([reason], count)

@@ -1,5 +1,11 @@
 """What a monitor knows about the fleet: robots from their telemetry, replicas from status and tokens.
 
+It believes only what `servo.monitor.trust` vouches for: telemetry signed by an enrolled robot's
+key (a stranger's is refused before any signature check, and nothing of it is kept), readable
+with the monitor's identity, and newer than every record seen of that robot; replicas whose
+signed status a trusted identity made (the collector verifies it). So the robots and replicas
+shown, and the ``/metrics`` series built from them, are bounded by what the fleet enrolled.
+
 Every time shown to a person is on the monitor's own clock: a robot reports how long ago its
 transitions happened (durations on its monotonic clock), a replica how long ago it served a
 request, and the monitor places them relative to when the report arrived. No wall-clock instant
@@ -21,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servo.monitor.trust import RobotTrust
-from servo.wire import EdgeTelemetry, StatusReply, WireError, fingerprint, open_telemetry
-from servo.wire.telemetry import client_of_telemetry
+from servo.wire import EdgeTelemetry, StatusReply, WireError, fingerprint, open_telemetry, telemetry_signer
+from servo.wire.telemetry import Reader, client_of_telemetry
 
 #: A robot whose last record is older than this many periods (at least `MIN_STALE_S`) is stale.
 STALE_PERIODS = 3
@@ -43,6 +49,8 @@ FLEET_EVENTS = 200
 REPLICA_FORGET_S = 300.0
 #: Refusal events per robot and reason: at most one per this many seconds.
 REFUSAL_EVENT_INTERVAL_S = 10.0
+#: Liveliness tokens remembered of replicas whose status was not verified yet (newest kept).
+PENDING_TOKENS = 1024
 
 
 @dataclass
@@ -88,6 +96,7 @@ class FleetView:
 
     Args:
         trust: Which key may sign for which robot (`servo.monitor.trust`).
+        reader: The monitor's identity: robots encrypt their records to it.
         clock: Monotonic seconds (injectable for tests).
         wall: This machine's wall clock in seconds (what the page shows).
     """
@@ -95,14 +104,19 @@ class FleetView:
     def __init__(
         self,
         trust: RobotTrust,
+        reader: Reader,
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.trust = trust
+        self.reader = reader
+        #: Replica key prefixes whose liveliness token is there (bounded: anybody may declare one).
+        self._tokens: dict[str, None] = {}
         self.robots: dict[str, RobotView] = {}
         self.replicas: dict[str, ReplicaView] = {}
-        #: Records refused, by reason (signature, malformed, identity_changed, replay, too_many_robots).
+        #: Records refused, by reason (malformed, unknown_robot, identity_changed, too_many_robots,
+        #: signature, unreadable, replay).
         self.refused: dict[str, int] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=FLEET_EVENTS)
         #: The fleet's round trips over time, oldest first.
@@ -113,19 +127,27 @@ class FleetView:
 
     # ------------------------------------------------------------------ robots
     def on_telemetry(self, key: str, body: bytes, attachment: bytes | None) -> None:
-        """A telemetry sample arrived: verify, check trust and freshness, then take it in."""
+        """A telemetry sample arrived: is its signer trusted, is it genuine, readable and fresh; then take it in."""
         try:
-            public_key, record = open_telemetry(key, body, attachment)
+            robot, public_key = telemetry_signer(key, len(body), attachment)
         except WireError as exc:
-            reason = "signature" if "signature" in str(exc) else "malformed"
-            self._refuse(_robot_of(key), reason, str(exc))
+            self._refuse(_robot_of(key), "malformed", str(exc))
             return
-        robot = record.client_id
-        verdict = self.trust.check(robot, public_key, record.boot, record.seq)
+        verdict = self.trust.admit(robot, public_key)
         if verdict is not None:
             self._refuse(robot, verdict, f"telemetry refused: {verdict.replace('_', ' ')}")
             if verdict == "identity_changed" and robot in self.robots:
                 self.robots[robot].identity_changed = True
+            return
+        try:
+            record = open_telemetry(key, body, attachment, self.reader)
+        except WireError as exc:
+            text = str(exc)
+            reason = "signature" if "signature" in text else "unreadable" if "reader" in text else "malformed"
+            self._refuse(robot, reason, text)
+            return
+        if not self.trust.fresh(robot, record.run, record.seq):
+            self._refuse(robot, "replay", "telemetry refused: replay")
             return
         now, wall = self._clock(), self._wall()
         view = self.robots.get(robot)
@@ -190,6 +212,10 @@ class FleetView:
             self._last_refusal[(robot, reason)] = now
             self.event(self._wall(), robot, "refusal", text)
 
+    def unverified(self, replica: str, text: str) -> None:
+        """A replica's answer that no trusted identity signed: counted, shown at most once per 10 s per name."""
+        self._refuse(replica, "unverified", text)
+
     def event(self, at: float, robot: str, kind: str, text: str) -> None:
         """Add one fleet event (``kind``: join, transition, stop, refusal, replica) at ``at`` on this clock.
 
@@ -210,17 +236,25 @@ class FleetView:
 
     # ------------------------------------------------------------------ replicas
     def on_status(self, prefix: str, status: StatusReply) -> None:
-        """A replica answered the status query (on its own key ``<prefix>/status``)."""
-        view = self.replicas.setdefault(prefix, ReplicaView(prefix))
+        """A replica answered the status query (on its own key ``<prefix>/status``), signed by a trusted identity."""
+        view = self.replicas.get(prefix)
+        if view is None:
+            view = self.replicas[prefix] = ReplicaView(prefix, alive=prefix in self._tokens)
+            self.event(self._wall(), status.replica, "replica", "up" if view.alive else "verified")
         was = view.status
         view.status, view.seen_mono = status, self._clock()
         if was is not None and status.draining and not was.draining:
             self.event(self._wall(), status.replica, "replica", "draining")
 
     def on_replica_token(self, prefix: str, alive: bool) -> None:
-        """A replica's liveliness token appeared or vanished."""
-        view = self.replicas.setdefault(prefix, ReplicaView(prefix))
-        if view.alive == alive:
+        """A replica's liveliness token appeared or vanished (shown once its status is verified)."""
+        self._tokens.pop(prefix, None)
+        if alive:
+            self._tokens[prefix] = None
+            if len(self._tokens) > PENDING_TOKENS:
+                self._tokens.pop(next(iter(self._tokens)))
+        view = self.replicas.get(prefix)
+        if view is None or view.alive == alive:
             return
         view.alive = alive
         view.down_since_mono = None if alive else self._clock()

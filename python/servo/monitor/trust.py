@@ -1,31 +1,44 @@
-"""Which Ed25519 key may sign a robot's telemetry, and which records are replays.
+"""Whom a monitor believes: which key signs a robot's telemetry, which replicas speak, which records are replays.
 
-A monitor trusts a robot's key when it is pinned (a ``--robot-keys`` file of ``<robot>
-ed25519:<fingerprint>`` lines, e.g. from the fleet's enrolment) or, for a robot nobody pinned,
-when it is the first key the monitor saw for that robot (trust on first use, like ssh). A record
-signed by any other key is refused and the robot is flagged ``identity changed``: whoever signs
-it is not the robot the monitor knows.
+* **Robots** are known by their enrolment, never by who speaks first: the keys a ``--robot-keys``
+  file pins (``<robot> ed25519:<fingerprint>`` lines), the ``[[robots]]`` identities of a
+  ``--fleet`` file, and the enrolled robots a trusted replica's signed audit answer lists
+  (`learn_roster`). A record of a robot nobody enrolled is refused (``unknown_robot``) before any
+  signature is checked, and nothing of it is remembered; one signed by another key than the
+  enrolled one is refused (``identity_changed``). Only with ``trust_first_use`` is an unknown
+  robot's first key believed (like ssh), for at most ``max_robots`` such robots: invented names
+  cannot push an enrolled robot out, which always has its place.
+* **Replicas** are believed when their identity is pinned (``--trusted-servers`` or the fleet
+  file's ``[[servers]]`` identities), or, with ``trust_first_use``, the first identity seen for
+  that replica's key prefix.
+* **Replays**: records count up (``seq``) within a run, and runs count up (``run``) across the
+  robot's restarts. A record is fresh when its run is newer than the last one seen of that
+  robot, or it is of that run and later than the last record. What was seen is kept in a state
+  file (``monitor.state`` in servo's directory), so a restarted monitor refuses a replay of an
+  old run too.
 
-Records count up (``seq``) within a run (``boot``, random per run). A record is fresh when it is
-the first of its robot, or later than the last one of the same run, or of a new run not seen
-before; a run once superseded never comes back, so a replayed record is refused whatever its
-``seq``.
+Any thread may ask nothing here: it is owned by the monitor's event loop; `save` writes the state
+file as servo writes its keys and pins (`servo.private_files`: atomically, never through a link,
+this user's alone), and a state file others could have written is refused.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from servo.wire import WireError, parse_fingerprint, segment
+from servo.errors import SecurityError
+from servo.private_files import PrivateFileError, read_private, write_private
+from servo.wire import WireError, fingerprint, parse_fingerprint, segment
 
-#: Past runs remembered per robot (their records are refused).
-RETIRED_BOOTS = 16
+#: Versions of the state file this monitor reads.
+_STATE_VERSION = 1
 
 
-class TrustError(ValueError):
-    """The pins file cannot be used; the message names the file and the line."""
+class TrustError(SecurityError, ValueError):
+    """The pins or state file cannot be used; the message names the file and the line."""
 
 
 def load_pins(path: str | Path) -> dict[str, bytes]:
@@ -53,58 +66,134 @@ def load_pins(path: str | Path) -> dict[str, bytes]:
 
 
 @dataclass
-class _Runs:
-    """One robot's current run and the runs it left behind."""
+class _Run:
+    """The newest record seen of one robot: its run and seq."""
 
-    boot: bytes
+    run: int
     seq: int
-    retired: deque[bytes] = field(default_factory=lambda: deque(maxlen=RETIRED_BOOTS))
 
 
 class RobotTrust:
-    """Keys and replay state of every robot a monitor heard from. Owned by the monitor's event loop.
+    """Keys, replicas and replay state of a monitor. Owned by the monitor's event loop.
 
     Args:
-        pins: Keys that alone may sign for their robot.
-        max_robots: Most robots remembered; records of further robots are refused (a flat network
-            lets anybody invent robot ids with keys of their own).
+        pins: Keys that alone may sign for their robot (a robot keys file, a fleet file).
+        servers: Identities whose replicas are believed.
+        max_robots: Most robots (and replicas) trusted on first use.
+        trust_first_use: Believe the first key of a robot nobody enrolled, and the first identity
+            of a replica nobody pinned.
+        state: The state file (None: kept in memory only).
     """
 
-    def __init__(self, pins: dict[str, bytes] | None = None, *, max_robots: int = 4096) -> None:
+    def __init__(
+        self,
+        pins: Mapping[str, bytes] | None = None,
+        *,
+        servers: frozenset[bytes] = frozenset(),
+        max_robots: int = 4096,
+        trust_first_use: bool = False,
+        state: Path | None = None,
+    ) -> None:
         self._pins = dict(pins or {})
-        self._first_use: dict[str, bytes] = {}
-        self._runs: dict[str, _Runs] = {}
+        self._rosters: dict[str, bytes] = {}
+        self._servers = servers
         self._max_robots = max_robots
+        self._first_use = trust_first_use
+        self._state = state
+        self._first_keys: dict[str, bytes] = {}
+        self._first_servers: dict[str, bytes] = {}
+        self._runs: dict[str, _Run] = {}
+        self._dirty = False
+        if state is not None:
+            self._load(state)
+
+    # ------------------------------------------------------------------ robots
+    def enrolled(self, robot: str) -> bytes | None:
+        """The key ``robot`` is enrolled with (pins, fleet file, a trusted replica's roster), if any."""
+        return self._pins.get(robot) or self._rosters.get(robot)
 
     def pinned(self, robot: str) -> bool:
-        """Whether ``robot``'s key was pinned (not merely trusted on first use)."""
-        return robot in self._pins
+        """Whether ``robot``'s key comes from its enrolment (not merely trusted on first use)."""
+        return self.enrolled(robot) is not None
 
-    def check(self, robot: str, key: bytes, boot: bytes, seq: int) -> str | None:
-        """Accept one verified record (its signature already checked) or say why not.
+    def learn_roster(self, robots: Mapping[str, bytes]) -> None:
+        """The robots a trusted replica enrolled (its signed audit answer); pins win over rosters."""
+        self._rosters.update(robots)
+
+    def admit(self, robot: str, key: bytes) -> str | None:
+        """Whether a record of ``robot`` signed by ``key`` is worth a signature check, before any.
 
         Returns:
-            None when accepted (the key is trusted, the record fresh); else ``identity_changed``,
-            ``replay`` or ``too_many_robots``.
+            None (the key is ``robot``'s), ``identity_changed`` (another key is), ``unknown_robot``
+            (nobody enrolled it) or ``too_many_robots`` (no first-use place left).
         """
-        trusted = self._pins.get(robot) or self._first_use.get(robot)
+        trusted = self.enrolled(robot) or self._first_keys.get(robot)
         if trusted is None:
-            if len(self._first_use) + len(self._pins) >= self._max_robots:
+            if not self._first_use:
+                return "unknown_robot"
+            if len(self._first_keys) >= self._max_robots:
                 return "too_many_robots"
-            self._first_use[robot] = trusted = key
-        if key != trusted:
-            return "identity_changed"
-        runs = self._runs.get(robot)
-        if runs is None:
-            self._runs[robot] = _Runs(boot, seq)
-            return None
-        if boot == runs.boot:
-            if seq <= runs.seq:
-                return "replay"
-            runs.seq = seq
-            return None
-        if boot in runs.retired:
-            return "replay"
-        runs.retired.append(runs.boot)
-        runs.boot, runs.seq = boot, seq
-        return None
+            self._first_keys[robot] = trusted = key
+            self._dirty = True
+        return None if key == trusted else "identity_changed"
+
+    def fresh(self, robot: str, run: int, seq: int) -> bool:
+        """Whether a verified record is newer than every one seen of ``robot`` (then remembered)."""
+        last = self._runs.get(robot)
+        if last is not None and (run, seq) <= (last.run, last.seq):
+            return False
+        self._runs[robot] = _Run(run, seq)
+        self._dirty = True
+        return True
+
+    # ------------------------------------------------------------------ replicas
+    def server_trusted(self, prefix: str, identity: bytes) -> bool:
+        """Whether the replica at ``prefix`` speaking as ``identity`` is believed."""
+        if identity in self._servers:
+            return True
+        first = self._first_servers.get(prefix)
+        if first is None:
+            if not self._first_use or len(self._first_servers) >= self._max_robots:
+                return False
+            self._first_servers[prefix] = first = identity
+            self._dirty = True
+        return first == identity
+
+    # ------------------------------------------------------------------ state file
+    def save(self) -> None:
+        """Write what was seen to the state file, if anything changed.
+
+        Raises:
+            TrustError: the file cannot be written.
+        """
+        if self._state is None or not self._dirty:
+            return
+        state = {
+            "version": _STATE_VERSION,
+            "runs": {robot: [last.run, last.seq] for robot, last in self._runs.items()},
+            "first_use": {robot: fingerprint(key) for robot, key in self._first_keys.items()},
+            "servers": {prefix: fingerprint(key) for prefix, key in self._first_servers.items()},
+        }
+        try:
+            write_private(self._state, json.dumps(state).encode(), what="monitor state")
+        except PrivateFileError as exc:
+            raise TrustError(str(exc)) from None
+        self._dirty = False
+
+    def _load(self, path: Path) -> None:
+        try:
+            state = json.loads(read_private(path, what="monitor state", secret=False))
+        except FileNotFoundError:
+            return
+        except PrivateFileError as exc:
+            raise TrustError(str(exc)) from None
+        except ValueError as exc:
+            raise TrustError(f"{path}: not a monitor state file ({exc}); move it away to start afresh") from None
+        try:
+            if state.get("version") != _STATE_VERSION:
+                raise ValueError(f"version {state.get('version')!r}, expected {_STATE_VERSION}")
+            self._runs = {robot: _Run(int(run), int(seq)) for robot, (run, seq) in state["runs"].items()}
+            self._first_keys = {robot: parse_fingerprint(text) for robot, text in state["first_use"].items()}
+            self._first_servers = {prefix: parse_fingerprint(text) for prefix, text in state["servers"].items()}
+        except (AttributeError, ValueError, KeyError, TypeError, WireError) as exc:
+            raise TrustError(f"{path}: not a monitor state file ({exc}); move it away to start afresh") from None

@@ -1,7 +1,9 @@
 """Errors of the policy package."""
 
+from servo.errors import PolicyError
 
-class PolicyLoadError(ValueError):
+
+class PolicyLoadError(PolicyError, ValueError):
     """The policy cannot be served; the message is one line naming the manifest key to fix.
 
     Raised for an unknown source, a failing factory, no chunk API, a device that is unavailable or
@@ -10,5 +12,5 @@ class PolicyLoadError(ValueError):
     """
 
 
-class PolicyOutputError(RuntimeError):
+class PolicyOutputError(PolicyError, RuntimeError):
     """The policy returned something that must never reach a robot (wrong shape, NaN, inf)."""

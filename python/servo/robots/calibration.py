@@ -27,13 +27,15 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from servo.errors import RobotError
+
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 _FIELDS = ("id", "drive_mode", "homing_offset", "range_min", "range_max")
 
 
-class CalibrationError(ValueError):
+class CalibrationError(RobotError, ValueError):
     """A calibration file is missing, malformed or inconsistent."""
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from servo.errors import RobotError
 from servo.logs import get_logger
 
 from .capture import CaptureThread, LatestFrame
@@ -22,7 +23,7 @@ from .protocol import CameraSpec, Frame
 _log = get_logger(__name__)
 
 
-class CameraError(RuntimeError):
+class CameraError(RobotError, RuntimeError):
     """A camera could not be opened or delivered no frame."""
 
 

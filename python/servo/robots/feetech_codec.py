@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
+from servo.errors import RobotError
+
 HEADER: Final = b"\xff\xff"
 BROADCAST_ID: Final = 0xFE
 MAX_ID: Final = 0xFD
@@ -151,7 +153,7 @@ def decode_status(packet: bytes) -> StatusPacket:
     return StatusPacket(motor_id=packet[2], error=packet[4], params=bytes(packet[5:-1]))
 
 
-class FeetechError(Exception):
+class FeetechError(RobotError):
     """Base class of bus errors."""
 
 

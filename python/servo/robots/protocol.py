@@ -21,6 +21,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from servo.errors import RobotError
+
 FloatArray = npt.NDArray[np.float32]
 Frame = npt.NDArray[np.uint8]
 
@@ -80,7 +82,7 @@ class RobotSpec:
         return len(self.joint_names)
 
 
-class RobotFault(RuntimeError):
+class RobotFault(RobotError, RuntimeError):
     """`Robot.read_state` has no usable state to give (a remote robot's joint states stopped arriving).
 
     The control loop then commands nothing (the robot holds its last target), reports a fault

@@ -16,6 +16,10 @@ A fleet file is TOML, converted with `servo.config` (one line naming the key for
     identities = {robot-7 = "ed25519:…"}  # optional: servers enrol them (servo-edge --identity)
     [[monitors]]
     names = ["dashboard"]
+    identities = {dashboard = "ed25519:…"}  # optional: servers' operators (servo-monitor --identity)
+
+``[[servers]]`` may name identities too (``servo-serve`` prints its fingerprint): monitors reading
+the fleet file then trust those replicas' status and audit answers.
 
 Members are identified either by the common name of their client certificate (mTLS) or by a user
 name checked against a passwords file (``name:password`` lines, the format zenohd reads); secrets
@@ -26,6 +30,7 @@ resolved.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -84,7 +89,8 @@ class RobotGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         dict[Name, str],
         msgspec.Meta(
             description="Name -> the robot's Ed25519 fingerprint (servo-edge --identity): servers whose "
-            "[security] fleet names this file admit only these robots, each under its own name."
+            "[security] fleet names this file admit only these robots, each under its own name; monitors "
+            "trust their telemetry."
         ),
     ] = {}
 
@@ -93,6 +99,13 @@ class ServerGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[[servers]]``: policy servers, optionally limited to some apps and models."""
 
     names: Names
+    identities: Annotated[
+        dict[Name, str],
+        msgspec.Meta(
+            description="Name -> the server identity's Ed25519 fingerprint (printed by servo-serve): monitors "
+            "reading this file believe status and audit answers signed by these identities only."
+        ),
+    ] = {}
     apps: Scope = msgspec.field(default_factory=lambda: ["*"])
     models: Scope = msgspec.field(default_factory=lambda: ["*"])
 
@@ -101,6 +114,14 @@ class MonitorGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[[monitors]]``: read-only observers (status, liveliness; optionally the data streams)."""
 
     names: Names
+    identities: Annotated[
+        dict[Name, str],
+        msgspec.Meta(
+            description="Name -> the monitor's Ed25519 fingerprint (servo-monitor --identity): servers whose "
+            "[security] fleet names this file let it read the fleet's audit trail; robots encrypt their "
+            "telemetry to it."
+        ),
+    ] = {}
     data: Annotated[bool, doc("Also subscribe to observations and action chunks.")] = False
 
 
@@ -147,17 +168,27 @@ def load_fleet(path: str | Path) -> Fleet:
     return _checked(load_toml(path, Fleet), str(path), Path(path).resolve().parent)
 
 
-class _RobotsOnly(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The part of a fleet file a policy server reads (the rest is the router's)."""
+class _Identities(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The part of a fleet file a policy server or a monitor reads (the rest is the router's)."""
 
     robots: list[RobotGroup] = []
+    servers: list[ServerGroup] = []
+    monitors: list[MonitorGroup] = []
+
+
+Role = Literal["robots", "servers", "monitors"]
 
 
 def robot_identities(path: str | Path) -> dict[str, bytes]:
-    """The robots a fleet file gives identities to, name -> Ed25519 public key.
+    """The robots a fleet file gives identities to, name -> Ed25519 public key (see `identities`)."""
+    return identities(path, "robots")
 
-    A server reads only ``[[robots]]`` (it need not hold the router's certificates); the
-    identities are checked as `load_fleet` checks them.
+
+def identities(path: str | Path, role: Role) -> dict[str, bytes]:
+    """The members of ``role`` a fleet file gives identities to, name -> Ed25519 public key.
+
+    Servers and monitors read only these groups (they need not hold the router's certificates);
+    the identities are checked as `load_fleet` checks them.
 
     Raises:
         ConfigError: the file cannot be read, or an identity is malformed or given twice.
@@ -166,27 +197,27 @@ def robot_identities(path: str | Path) -> dict[str, bytes]:
         values = msgspec.toml.decode(Path(path).read_bytes())
     except (OSError, msgspec.DecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the fleet file: {getattr(exc, 'strerror', None) or exc}") from None
-    fleet = convert({"robots": values.get("robots", [])}, _RobotsOnly, origin=str(path))
+    fleet = convert({role: values.get(role, [])}, _Identities, origin=str(path))
     try:
-        return _identities(fleet.robots)
+        return _identities(getattr(fleet, role), role)
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def _identities(groups: list[RobotGroup]) -> dict[str, bytes]:
+def _identities(groups: Sequence[RobotGroup | ServerGroup | MonitorGroup], role: Role) -> dict[str, bytes]:
     keys: dict[str, bytes] = {}
     holders: dict[bytes, str] = {}
     for g, group in enumerate(groups):
         for name, text in group.identities.items():
-            where = f"robots[{g}].identities.{name}"
+            where = f"{role}[{g}].identities.{name}"
             if name not in group.names:
-                raise ValueError(f"{where}: {quoted(name)} is not in robots[{g}].names")
+                raise ValueError(f"{where}: {quoted(name)} is not in {role}[{g}].names")
             try:
                 key = parse_fingerprint(text)
             except WireError as exc:
                 raise ValueError(f"{where}: {exc}") from None
             if key in holders:
-                raise ValueError(f"{where}: also the identity of {quoted(holders[key])} (one identity, one robot)")
+                raise ValueError(f"{where}: also the identity of {quoted(holders[key])} (one identity, one member)")
             keys[name], holders[key] = key, name
     return keys
 
@@ -246,7 +277,9 @@ def _resolved(fleet: Fleet, base_dir: Path) -> Fleet:
 def _check(fleet: Fleet) -> None:
     _check_router(fleet.router)
     _check_names(fleet)
-    _identities(fleet.robots)
+    _identities(fleet.robots, "robots")
+    _identities(fleet.servers, "servers")
+    _identities(fleet.monitors, "monitors")
     if fleet.router.connect and not fleet.routers:
         raise ValueError(
             "routers: router.connect joins other routers, but no [[routers]] group names them "

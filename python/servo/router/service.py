@@ -1,7 +1,7 @@
 """Running the router: a Zenoh session in router mode, opened from Python, with the fleet's ACL.
 
 No zenohd binary is involved: eclipse-zenoh routes for its clients when a session is opened with
-``mode = "router"`` (ZENOH_FACTS §1, §7). Members connect in client mode; the router listens on
+``mode = "router"`` (docs/design/zenoh.md §1, §7). Members connect in client mode; the router listens on
 explicit endpoints only, never scouts, and refuses everything the fleet file does not allow.
 """
 
@@ -17,15 +17,16 @@ import anyio
 import zenoh
 from anyio.abc import TaskStatus
 
+from servo.errors import StartError
 from servo.logs import get_logger
 from servo.router.acl import access_control
 from servo.router.fleet import Fleet
-from servo.transport import TlsSettings, ZenohSettings, open_session, zenoh_message
+from servo.transport import TlsSettings, ZenohSettings, open_zsession, zenoh_message
 
 log = get_logger(__name__)
 
 
-class RouterStartError(RuntimeError):
+class RouterStartError(StartError, RuntimeError):
     """The router could not open its endpoints; the message names the endpoint or the cause."""
 
 
@@ -79,7 +80,7 @@ def router_config(fleet: Fleet) -> zenoh.Config:
 
 
 async def run_router(fleet: Fleet, *, task_status: TaskStatus[RouterReady] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Route for the fleet until cancelled; the session is closed on every exit path.
+    """Route for the fleet until cancelled; the Zenoh session is closed on every exit path.
 
     Raises:
         RouterStartError: a listen endpoint is taken or unusable, or zenoh refused the config.
@@ -87,10 +88,10 @@ async def run_router(fleet: Fleet, *, task_status: TaskStatus[RouterReady] = any
     router = fleet.router
     async with contextlib.AsyncExitStack() as stack:
         try:
-            session = await stack.enter_async_context(open_session(router_config(fleet)))
+            zsession = await stack.enter_async_context(open_zsession(router_config(fleet)))
         except zenoh.ZError as exc:
             raise RouterStartError(_start_problem(fleet, exc)) from None
-        zid = str(session.zid())
+        zid = str(zsession.zid())
         log.debug(
             "router ready",
             zid=zid,

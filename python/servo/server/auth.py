@@ -1,14 +1,16 @@
-"""The server side of the session layer (wire schema 2): handshake and per-message verification.
+"""The server side of the session layer (wire schema 3): handshake and per-message verification.
 
 Nothing a client sends is acted on before it passed the checks here.
 
 * **Handshake** (`accept_handshake`): a random 128-bit session id, an ephemeral X25519 key pair,
-  the session key derived from both public keys (the secret never crosses the wire), and the
+  the session keys derived from both public keys (the secret never crosses the wire), and the
   replica's Ed25519 signature over the transcript, so the edge can tell it is talking to the
   identity it trusts.
 * **Observations** (`verify_observation`), in this order: the session of the client named by the
-  key; a decodable header of type OBS naming that session; the size bound; the MAC over header ||
-  body; the session epoch; a seq_id strictly above the last accepted one (replay protection).
+  key; a decodable header of type OBS naming that session; the size bound; the AEAD tag over
+  header and encrypted body, which decrypts it (`servo._core.SessionKey.decrypt`: bodies are
+  encrypted end to end, so nobody on a link reads them); the session epoch; a seq_id strictly
+  above the last accepted one (replay protection).
   Anything else is refused with a `Refused` whose ``reason`` labels the metric; it is never
   answered with a chunk.
 * **Control requests** (`verify_control`): the same checks on the query's attachment (type
@@ -31,6 +33,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,6 +52,7 @@ from servo._core import (
     SessionKey,
     decode_header,
 )
+from servo.errors import SecurityError
 from servo.wire import SessionOpen, ack_transcript, resume_body
 
 #: Why a client message was refused (the ``reason`` label of the rejection counters).
@@ -57,7 +61,7 @@ Reason = Literal["key", "header", "session", "too_large", "mac", "epoch", "repla
 Stream = Literal["obs", "control"]
 
 
-class Refused(Exception):
+class Refused(SecurityError):
     """A client message failed verification.
 
     Attributes:
@@ -113,17 +117,32 @@ class SessionAuth:
                 self.last_control_seq = header.seq_id
             return header
 
-    def open(self, attachment: bytes, body: bytes, stream: Stream) -> Header:
-        """Verify an attachment sealed by this session (MAC, epoch, replay) and take its seq_id.
+    def open(self, attachment: bytes, body: zenoh.ZBytes | bytes, stream: Stream) -> tuple[Header, bytes]:
+        """Verify and decrypt a message of this session's client (tag, epoch, replay), taking its seq_id.
+
+        Returns the authenticated header and the plaintext body (a body still in Zenoh is copied
+        out once and decrypted in that copy).
 
         Raises:
             Refused: ``mac``, ``epoch`` or ``replay``.
         """
         try:
-            header = self.key.open(attachment, body)
+            header, plaintext = self.key.decrypt(attachment, body)
         except (AuthError, HeaderError) as exc:
             raise Refused("mac", str(exc)) from None
-        return self._accept(header, stream)
+        return self._accept(header, stream), plaintext
+
+    def verify_proof(self, attachment: bytes, data: bytes) -> Header:
+        """Verify a proof this session's client made over ``data`` (a resume proof) and take its seq_id.
+
+        Raises:
+            Refused: ``mac``, ``epoch`` or ``replay``.
+        """
+        try:
+            header = self.key.verify(attachment, data)
+        except (AuthError, HeaderError) as exc:
+            raise Refused("mac", str(exc)) from None
+        return self._accept(header, "control")
 
 
 @dataclass(frozen=True)
@@ -138,8 +157,10 @@ class Handshake:
     signature: bytes
 
 
-def accept_handshake(request: SessionOpen, identity: ServerIdentity, replica: str) -> Handshake:
-    """Make the session id and key for ``request`` and sign the transcript.
+def accept_handshake(
+    request: SessionOpen, identity: ServerIdentity, replica: str, operators: Sequence[bytes] = ()
+) -> Handshake:
+    """Make the session id and key for ``request`` and sign the transcript (naming ``operators``).
 
     Raises:
         Refused: (``header``) the client key is unusable (e.g. a low-order X25519 point).
@@ -155,7 +176,7 @@ def accept_handshake(request: SessionOpen, identity: ServerIdentity, replica: st
         )
     except AuthError as exc:
         raise Refused("header", f"client_key refused: {exc}") from None
-    signature = identity.sign(ack_transcript(request.client_key, pair.public_key, session_id, replica))
+    signature = identity.sign(ack_transcript(request.client_key, pair.public_key, session_id, replica, operators))
     auth = SessionAuth(key, session_id, request.session_epoch, robot_key=request.robot_key)
     return Handshake(auth, pair.public_key, signature)
 
@@ -199,8 +220,8 @@ def verify_observation(
 ) -> tuple[Header, bytes]:
     """Authenticate one observation of the client whose session is ``auth`` (None: it has none).
 
-    Returns the authenticated header and the body (copied out of Zenoh only once the cheap checks
-    passed).
+    Returns the authenticated header and the decrypted body (copied out of Zenoh only once the
+    cheap checks passed).
 
     Raises:
         Refused: ``header``, ``session``, ``too_large``, ``mac``, ``epoch`` or ``replay``.
@@ -217,8 +238,9 @@ def verify_control(
 ) -> tuple[Header, bytes]:
     """Authenticate one control request (reset, close) of the client whose session is ``auth``.
 
-    Returns the authenticated header and the body. The size bound comes before the copy and the
-    MAC, as for observations: nobody makes the event loop copy or hash an unbounded body.
+    Returns the authenticated header and the decrypted body. The size bound comes before the copy
+    and the decryption, as for observations: nobody makes the event loop copy or decrypt an
+    unbounded body.
 
     Raises:
         Refused: ``header``, ``session``, ``too_large``, ``mac``, ``epoch`` or ``replay``.
@@ -237,8 +259,8 @@ def _verify(
 ) -> tuple[Header, bytes]:
     """The one path of every client message, cheapest check first.
 
-    Attachment size, header, session, body size, then the copy and the MAC: nothing is copied or
-    hashed before it is bounded.
+    Attachment size, header, session, body size, then the copy and the decryption: nothing is
+    copied or decrypted before it is bounded.
     """
     attachment = attachment_bytes(raw_attachment)
     claimed = peek(attachment, msg_type)
@@ -248,8 +270,7 @@ def _verify(
     size = len(payload)
     if size > max_bytes:
         raise Refused("too_large", f"{what} of {size} bytes exceeds the limit of {max_bytes}", claimed)
-    body = payload if isinstance(payload, bytes) else payload.to_bytes()
-    return auth.open(attachment, body, stream), body
+    return auth.open(attachment, payload, stream)
 
 
 Takeover = Literal["same_robot", "resumed", "vanished", "idle"]
@@ -260,7 +281,7 @@ def takeover(old: SessionAuth, request: SessionOpen, *, client_present: bool, id
 
     * ``same_robot``: the open is signed by the robot identity that opened ``old`` (checked,
       fresh and not a replay: `servo.server.robots`), e.g. the robot restarted;
-    * ``resumed``: ``request.resume`` is sealed by the old key over the new client key (and its
+    * ``resumed``: ``request.resume`` is the old session's proof over the new client key (and its
       seq_id continues the old control stream, so a captured proof cannot be replayed);
     * ``vanished``: the client's liveliness token is gone, never appeared, or vanished at least
       once since the open (a token under the name now may belong to a restarted client; a
@@ -275,7 +296,7 @@ def takeover(old: SessionAuth, request: SessionOpen, *, client_present: bool, id
         try:
             claimed = peek(request.resume, MSG_CONTROL)
             if claimed.session_id == old.wire_id:
-                old.open(request.resume, resume_body(request.client_key), "control")
+                old.verify_proof(request.resume, resume_body(request.client_key))
                 return "resumed"
         except Refused:
             pass

@@ -11,10 +11,13 @@ Who may do what (see `servo.server.auth` for the checks themselves):
   open, and how often, before validation and capacity); a client that already has a live
   session here gets ``session_exists`` unless the open is signed by the same robot, proves it
   holds that session's key, or the old client is gone;
-* reset and close must be sealed with the session key (a fresh seq_id each); anything else is
+* reset and close must be encrypted with the session key (a fresh seq_id each); anything else is
   refused, counted in ``servo_control_rejected_total{reason}``, and changes nothing;
-* the replies to reset and close are sealed too, so the client can tell them from a forgery;
-* trajectories and their refusals are signed by the replica (`servo.server.trajectories`).
+* the replies to reset and close are encrypted too, so the client can tell them from a forgery;
+* trajectories are fetched by the robots the admission rule lets in, their answers encrypted to
+  the asker and signed by the replica, as are their refusals (`servo.server.trajectories`);
+* the audit trail is read by operators (the fleet) and robots (their own rows) only
+  (`servo.server.audit_door`).
 """
 
 from __future__ import annotations
@@ -27,22 +30,22 @@ import zenoh
 from zenoh.handlers import Callback
 
 from servo._core import MSG_CONTROL_ACK, Header, SessionKey
+from servo.access import Caller
 from servo.logs import LogThrottle, get_logger
 from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
 from servo.server.admission import ImageGate, TokenBucket, camera_shapes, input_sizes
+from servo.server.audit_door import AuditDoor
 from servo.server.auth import Refused, SessionAuth, accept_handshake, takeover, verify_control
 from servo.server.manifest import LimitsSection
-from servo.server.robots import RobotGate
+from servo.server.robots import Refusal, RobotGate
 from servo.server.sessions import Session
 from servo.server.state import ServerState
-from servo.server.trajectories import Signed, TrajectoryLibrary
+from servo.server.trajectories import Signed, TrajectoryDoor, TrajectoryLibrary
 from servo.stages import LoopBridge
 from servo.transport import declare_action_publisher, direct
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
-    AuditQuery,
-    AuditTail,
     CameraFeature,
     CloseRequest,
     ControlAck,
@@ -51,11 +54,11 @@ from servo.wire import (
     ResetRequest,
     SessionAck,
     SessionOpen,
-    StatusReply,
     WireError,
     decode,
     encode,
     reply_header,
+    status_transcript,
 )
 from servo.wire.messages import RejectCode, SchemaVersions
 
@@ -63,12 +66,14 @@ log = get_logger(__name__)
 
 #: Largest control-plane request body (a session open with every field at its bound fits easily).
 MAX_CONTROL_BYTES = 64 * 1024
+#: Largest nonce a status query may carry (its payload).
+MAX_STATUS_NONCE = 32
 _THROTTLE = LogThrottle(1.0)
 
 
 @dataclass(frozen=True)
 class Sealed:
-    """A reply authenticated by a session key (control acks); made and sent on the event loop."""
+    """A reply encrypted with a session key (control acks); made and sent on the event loop."""
 
     message: msgspec.Struct
     key: SessionKey
@@ -128,11 +133,16 @@ class ControlPlane:
         self._state = state
         self._policy = policy
         self._zsession = zsession
-        self._trajectories = trajectories
         self._robots = robots
         self._takeover_idle_s = takeover_idle_s
         self._limits = limits
         self._max_observation_bytes = max_observation_bytes
+        replica = state.replica
+        prefix, name = replica.keys.prefix, replica.keys.replica
+        self._audit = AuditDoor(
+            state.recent, robots.nonces, robots.access, replica.identity, prefix=prefix, replica=name
+        )
+        self._trajectories = TrajectoryDoor(trajectories, robots.access, replica.identity, prefix=prefix, replica=name)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop (`direct`)."""
@@ -163,10 +173,10 @@ class ControlPlane:
             if isinstance(result, Rejection):
                 query.reply_err(encode(result))
             elif isinstance(result, Sealed):
-                body = encode(result.message)
-                query.reply(key, body, attachment=result.key.seal(result.header, body))
+                attachment, ciphertext = result.key.encrypt(result.header, encode(result.message))
+                query.reply(key, ciphertext, attachment=attachment)
             elif isinstance(result, Signed):
-                query.reply(key, result.body, attachment=result.signature)
+                query.reply(key, result.body, attachment=result.attachment)
             elif result is not None:
                 query.reply(key, encode(result))
         except zenoh.ZError as exc:
@@ -177,28 +187,13 @@ class ControlPlane:
         finally:
             query.drop()
 
-    def status(self, query: zenoh.Query, payload: zenoh.ZBytes) -> StatusReply:
-        """Capabilities, load and identity of this replica."""
-        state = self._state
-        replica = state.replica
-        keys = replica.keys
-        return StatusReply(
-            server_id=replica.server_id,
-            app=keys.app,
-            model_key=keys.model,
-            replica=keys.replica,
-            schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
-            policy=replica.info,
-            warmed_up=state.lifecycle != "starting",
-            draining=state.lifecycle == "draining",
-            active_sessions=state.registry.robots(),
-            max_sessions=replica.max_sessions,
-            load=state.load,
-            identity=replica.identity.public_key,
-            queue_wait_ms=state.metrics.queue_wait_ms.recent_median(),
-            inference_ms=state.metrics.inference_ms.recent_median(),
-            nonce=self._robots.nonces.current(),
-        )
+    def status(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
+        """Capabilities, load and identity of this replica, signed over the asker's nonce (the payload, if any)."""
+        if len(payload) > MAX_STATUS_NONCE:
+            return Rejection("bad_request", f"a status query carries at most a {MAX_STATUS_NONCE}-byte nonce")
+        body = encode(self._state.status(self._robots.nonces.current()))
+        signature = self._state.replica.identity.sign(status_transcript(payload.to_bytes(), body))
+        return Signed(body, signature)
 
     def _reject(self, code: RejectCode, reason: str, **context: object) -> Rejection:
         state = self._state
@@ -222,7 +217,7 @@ class ControlPlane:
         return self._reject(
             "schema_version",
             f"client speaks {versions}, server speaks {list(SUPPORTED_SCHEMA_VERSIONS)} "
-            "(schema 2 opens sessions on <prefix>/c/<client_id>/session)",
+            "(schema 2 and later open sessions on <prefix>/c/<client_id>/session)",
         )
 
     def open(self, query: zenoh.Query, payload: zenoh.ZBytes) -> SessionAck | Rejection:
@@ -250,9 +245,9 @@ class ControlPlane:
             )
         if state.lifecycle != "serving":
             return self._reject("draining", "server is draining; open a session on another replica")
-        refused = self._robots.admit(request, keys.prefix)
-        if refused is not None:
-            return self._reject(refused.code, refused.reason, client_id=client_id)
+        caller = self._robots.admit(request, keys.prefix)
+        if isinstance(caller, Refusal):
+            return self._reject(caller.code, caller.reason, client_id=client_id)
         verdict = validate_open(request, info)
         if isinstance(verdict, Rejection):
             return self._reject(verdict.code, verdict.reason, client_id=client_id)
@@ -260,7 +255,7 @@ class ControlPlane:
         if isinstance(shapes, Rejection):
             return self._reject(shapes.code, shapes.reason, client_id=client_id)
         previous = state.registry.by_client(client_id)
-        frontend = request.robot_key == replica.identity.public_key
+        frontend = caller.kind == "server"  # the replica's own frontends (the openpi door) open with its key
         if previous is not None:
             why = takeover(
                 previous.auth,
@@ -286,13 +281,15 @@ class ControlPlane:
                 )
             log.info("session displaced", session_id=idle.session_id, client_id=idle.client_id, by=client_id)
             state.collect(idle, "displaced")
+        # The operators every ack names: robots encrypt their telemetry to them.
+        readers = list(self._robots.access.rules.operators.values())
         try:
-            handshake = accept_handshake(request, replica.identity, keys.replica)
+            handshake = accept_handshake(request, replica.identity, keys.replica, readers)
         except Refused as exc:
             return self._reject("bad_request", str(exc), client_id=client_id)
         smaller = input_sizes(shapes, info.features)
         gate = ImageGate(shapes, max_bytes=self._max_observation_bytes, smaller=smaller)
-        session = self._create_session(request, verdict, handshake.auth, gate, keys.client(client_id).action)
+        session = self._create_session(request, caller, verdict, handshake.auth, gate)
         log.info(
             "session opened",
             session_id=session.session_id,
@@ -316,11 +313,13 @@ class ControlPlane:
             signature=handshake.signature,
             warnings=verdict.warnings,
             input_sizes={name: CameraFeature(h, w) for name, (h, w) in smaller.items()},
+            operators=readers,
         )
 
     def _create_session(
-        self, request: SessionOpen, verdict: Admission, auth: SessionAuth, images: ImageGate, action_key: str
+        self, request: SessionOpen, caller: Caller, verdict: Admission, auth: SessionAuth, images: ImageGate
     ) -> Session:
+        action_key = self._state.replica.keys.client(request.client_id).action
         session = Session(
             auth=auth,
             client_id=request.client_id,
@@ -331,13 +330,15 @@ class ControlPlane:
             publisher=declare_action_publisher(self._zsession, action_key),
             images=images,
             observations=TokenBucket(self._limits.observations_per_s, self._limits.observation_burst),
-            frontend=request.robot_key == self._state.replica.identity.public_key,
+            # A frontend's clients (openpi) are its door's, not robots this replica enrolled.
+            enrolled=caller.kind == "robot" and caller.enrolled,
+            frontend=caller.kind == "server",
         )
         self._state.register(session)
         return session
 
     def control(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Sealed | Rejection:
-        """Reset (episode boundary) or close the querying client's session, if the request is sealed by it."""
+        """Reset (episode boundary) or close the querying client's session, if the request is encrypted by it."""
         state = self._state
         try:
             client_id = state.replica.keys.client_of(str(query.key_expr))
@@ -379,19 +380,18 @@ class ControlPlane:
             log.warning("control request refused", reason=reason, detail=message, suppressed=suppressed)
         return Rejection(code, message)
 
-    def audit(self, query: zenoh.Query, payload: zenoh.ZBytes) -> AuditTail | Rejection:
-        """The replica's recent requests (`servo.wire.audit`); an empty query asks for every client's."""
-        try:
-            request = decode(body(payload), AuditQuery) if len(payload) else AuditQuery()
-        except WireError as exc:
-            return Rejection("bad_request", str(exc))
-        return AuditTail(self._state.replica.keys.replica, self._state.recent.tail(request))
-
-    def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
-        """A whole trajectory of the library (or the list of names), signed by this replica."""
+    def audit(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
+        """The replica's recent requests, for who may read them (`servo.server.audit_door`)."""
         try:
             request_body = body(payload)
         except WireError as exc:
             return Rejection("bad_request", str(exc))
-        replica = self._state.replica
-        return self._trajectories.answer(request_body, replica.identity, replica.keys.replica)
+        return self._audit.answer(request_body)
+
+    def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
+        """A whole trajectory of the library (or the list of names), for who may fetch one (`TrajectoryDoor`)."""
+        try:
+            request_body = body(payload)
+        except WireError as exc:
+            return Rejection("bad_request", str(exc))
+        return self._trajectories.answer(request_body)

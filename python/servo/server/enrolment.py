@@ -1,11 +1,11 @@
-"""Who a replica is, which robots it knows, and who may come in: read once, at start, off the loop.
+"""Who a replica is, whom it knows, and who may come in: read once, at start, off the loop.
 
-Its identity and the robots the manifest's ``[security]`` (and its fleet file) enrol
-(`servo.server.manifest.SecuritySection`); then its doors (`open_doors`): the admission rule
-(`servo.access`), closed to robots nobody enrolled when the server is reachable off loopback
-(`servo.server.exposure.reachable_off_loopback`) or the manifest enrols robots, unless
-``allow_any_robot``; the roster of robots that joined with tokens (`servo.server.joins`); and,
-when the door is closed, a fresh join token to print.
+Its identity, the robots and the operators the manifest's ``[security]`` (and its fleet file)
+name (`servo.server.manifest_security.SecuritySection`); then its doors (`open_doors`): the admission rule
+(`servo.access`) with those operators, closed to robots nobody enrolled when the server is
+reachable off loopback (`servo.server.exposure.reachable_off_loopback`) or the manifest enrols
+robots, unless ``allow_any_robot``; the roster of robots that joined with tokens
+(`servo.server.joins`); and, when the door is closed, a fresh join token to print.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ from servo.config import ConfigError
 from servo.home import roster_path
 from servo.identity import Identity, ephemeral_identity, server_identity
 from servo.join import JoinToken
-from servo.router.fleet import robot_identities
+from servo.router.fleet import identities, robot_identities
 from servo.server.exposure import reachable_off_loopback
 from servo.server.joins import JoinDesk, advertise, issue
-from servo.server.manifest import Manifest, SecuritySection
+from servo.server.manifest import Manifest
+from servo.server.manifest_security import SecuritySection
 from servo.server.roster import Advertised, Roster, RosterError
 from servo.transport import ZenohSettings
 from servo.wire import fingerprint, parse_fingerprint
+from servo.wire.messages import MAX_OPERATORS
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,25 @@ def enrolled_robots(security: SecuritySection) -> dict[str, bytes]:
     return enrolled
 
 
+def operators(security: SecuritySection) -> dict[str, bytes]:
+    """The operators ``[security] operators`` and the ``[[monitors]]`` of its ``fleet`` file name, name to key.
+
+    Raises:
+        ConfigError: the fleet file is unusable, or it names an operator with another identity.
+    """
+    named = {operator.name: parse_fingerprint(operator.identity) for operator in security.operators}
+    for name, key in (identities(security.fleet, "monitors") if security.fleet else {}).items():
+        if named.get(name, key) != key:
+            raise ConfigError(f"security.fleet: {name!r} has another identity in {security.fleet} than in operators")
+        named[name] = key
+    if len(named) > MAX_OPERATORS:
+        raise ConfigError(
+            f"security: {len(named)} operators (operators and the fleet's monitors); at most {MAX_OPERATORS}: "
+            "each robot encrypts every telemetry record to each of them"
+        )
+    return named
+
+
 def certificate_pin(zenoh: ZenohSettings) -> bytes:
     """What a join token pins of the TLS listen certificate: its key's hash if self-signed, else nothing.
 
@@ -110,11 +131,11 @@ def open_doors(manifest: Manifest, identity: Identity, static: dict[str, bytes])
         static: The robots the manifest and its fleet file enrol (`enrolled_robots`).
 
     Raises:
-        ConfigError: the roster cannot be used (named).
+        ConfigError: the roster or the operators cannot be used (named).
     """
     security = manifest.security
     closed = not security.allow_any_robot and (reachable_off_loopback(manifest.zenoh) or bool(static))
-    access = Access(AccessRules(server=identity.public_key, any_robot=not closed))
+    access = Access(AccessRules(server=identity.public_key, any_robot=not closed, operators=operators(security)))
     roster = Roster(security.roster or roster_path(manifest.serving.app))
     joins = JoinDesk(roster, access, static)
     token = None

@@ -17,7 +17,6 @@ import msgspec
 
 from servo.config import (
     ByteLimit,
-    ConfigError,
     FieldError,
     NonEmptyStr,
     NonNegativeFloat,
@@ -32,21 +31,11 @@ from servo.config import (
     parse_toml,
 )
 from servo.server.exposure import Accepted, refuse_exposures
+from servo.server.manifest_security import SecuritySection, segment_field
 from servo.transport import DEFAULT_LOCAL_ENDPOINT, ZenohSettings
-from servo.wire import WireError, parse_fingerprint, segment
 from servo.wire.openpi import ObservationKeys
 
 _DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
-
-#: Raised for every manifest problem (kept as the server's name for `servo.config.ConfigError`).
-ManifestError = ConfigError
-
-
-def _segment(field: str, value: str) -> None:
-    try:
-        segment(value, what=field)
-    except WireError as exc:
-        raise FieldError(field, str(exc).removeprefix(f"{field} ")) from None
 
 
 class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -111,9 +100,9 @@ class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def check(self) -> None:
         """Key segments and the task pin."""
-        _segment("app", self.app)
+        segment_field("app", self.app)
         if self.replica:
-            _segment("replica", self.replica)
+            segment_field("replica", self.replica)
         if self.pin_task and not self.default_task:
             raise FieldError("pin_task", "needs serving.default_task to pin")
 
@@ -177,101 +166,6 @@ class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         NonNegativeInt,
         doc('Most robots with /metrics series of their own at once (the rest: robot="other").', le=100_000),
     ] = 256
-
-
-class EnrolledRobot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One entry of ``[security] robots``: a robot's name and the identity it signs with."""
-
-    name: Annotated[str, doc("The robot's client id (its certificate CN behind a router).")]
-    identity: Annotated[str, doc("Its Ed25519 fingerprint, ed25519:… (printed by servo-edge --identity).")]
-
-    def check(self) -> None:
-        """A usable name and fingerprint."""
-        _segment("name", self.name)
-        try:
-            parse_fingerprint(self.identity)
-        except WireError as exc:
-            raise FieldError("identity", str(exc)) from None
-
-
-class SecuritySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``[security]``: the replica's identity, the robots it admits and what it may expose."""
-
-    identity_key: Annotated[
-        str,
-        doc(
-            "File of the Ed25519 identity that signs session acks, trajectories and notices (created 0600 "
-            "when missing); servers/<app>.key in servo's directory when empty."
-        ),
-    ] = ""
-    ephemeral_identity: Annotated[
-        bool, doc("A new identity at every start, kept nowhere: edges cannot pin or remember it.")
-    ] = False
-    robots: Annotated[
-        list[EnrolledRobot], doc("Enrolled robots: only these may open sessions, each under its own name.")
-    ] = []
-    fleet: Annotated[str, doc("A fleet file whose [[robots]] identities are enrolled too (servo-router's).")] = ""
-    takeover_idle_s: Annotated[
-        Seconds,
-        doc(
-            "A client's live session may be replaced by another robot's open under its id only "
-            "after this long without an authenticated observation (s)."
-        ),
-    ] = 30.0
-    insecure: Annotated[
-        bool,
-        doc(
-            "Allow a plain (not TLS) listen endpoint on a non-loopback address: anyone on the network then "
-            "reads every robot's observations and chunks."
-        ),
-    ] = False
-    listen_beside_router: Annotated[
-        bool,
-        doc(
-            "Allow listening, or peer mode, while connected to a router: peers reaching the listen endpoint, "
-            "or linked to by gossip, bypass the router's access control."
-        ),
-    ] = False
-    allow_any_robot: Annotated[
-        bool,
-        doc(
-            "Admit robots nobody enrolled although the server is reachable off loopback (and openpi clients "
-            "without an API key): anyone who reaches it may open sessions and take capacity."
-        ),
-    ] = False
-    expose_health: Annotated[
-        bool, doc("Allow ops.health_host off loopback: anyone on the network then reads /healthz and /metrics.")
-    ] = False
-    roster: Annotated[
-        str,
-        doc(
-            "File of the robots enrolled by join tokens, the tokens and the openpi API keys (servo-serve robots "
-            "manages it); servers/<app>.roster in servo's directory when empty."
-        ),
-    ] = ""
-    join_token_ttl_s: Annotated[
-        NonNegativeSeconds,
-        doc("How long the join token servo-serve prints at start is valid (s); 0 prints none.", le=30 * 86400),
-    ] = 3600.0
-    join_token_uses: Annotated[
-        PositiveInt, doc("How many robots may join with the token servo-serve prints at start.", le=10_000)
-    ] = 1
-
-    def check(self) -> None:
-        """One identity source; robot names and identities unique; the fleet file exists."""
-        if self.ephemeral_identity and self.identity_key:
-            raise FieldError("ephemeral_identity", "an ephemeral identity is kept nowhere: remove identity_key")
-        names: dict[str, int] = {}
-        keys: dict[str, int] = {}
-        for i, robot in enumerate(self.robots):
-            if robot.name in names:
-                raise FieldError(f"robots[{i}].name", f"{robot.name!r} is enrolled at robots[{names[robot.name]}] too")
-            if robot.identity in keys:
-                where = f"robots[{keys[robot.identity]}]"
-                raise FieldError(f"robots[{i}].identity", f"enrolled for {where} too (one identity, one robot)")
-            names[robot.name], keys[robot.identity] = i, i
-        if self.fleet and not Path(self.fleet).is_file():
-            raise FieldError("fleet", "file does not exist")
 
 
 class OpenpiSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -352,7 +246,7 @@ class TrajectoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def check(self) -> None:
         """A usable name and an existing file."""
-        _segment("name", self.name)
+        segment_field("name", self.name)
         if not Path(self.path).is_file():
             raise FieldError("path", "file does not exist")
 
@@ -417,7 +311,7 @@ def parse_manifest(text: str, *, origin: str = "<manifest>", overrides: dict[str
     """Parse and validate manifest TOML.
 
     Raises:
-        ManifestError: anything wrong, with the key named.
+        ConfigError: anything wrong, with the key named.
     """
     return parse_toml(text, Manifest, origin=origin, overrides=overrides)
 
@@ -426,6 +320,6 @@ def load_manifest(path: str | Path, *, overrides: dict[str, Any] | None = None) 
     """Read and parse a manifest file; ``overrides`` replace keys by dotted name (CLI flags).
 
     Raises:
-        ManifestError: unreadable file, or anything wrong with the key named.
+        ConfigError: unreadable file, or anything wrong with the key named.
     """
     return load_toml(path, Manifest, overrides=overrides)

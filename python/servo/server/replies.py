@@ -1,7 +1,7 @@
 """The reply stage of the data plane: chunks and errors leave in the order they were served.
 
 One `StageThread` ("servo-reply"): the inference worker hands over what each forward produced
-(`Reply`) and goes straight to the next forward; this thread encodes, seals and puts every
+(`Reply`) and goes straight to the next forward; this thread encodes, encrypts and puts every
 answer, then accounts for it (metrics, audit). The stage's FIFO keeps the answers in serving
 order, and the put of one answer never holds the device. Answers the stage could not take (its
 FIFO full behind a stuck put, or closed) are counted ``undeliverable`` and logged, never lost
@@ -147,6 +147,8 @@ class ReplyStage:
         self._audit.write(
             session_id=session.session_id,
             client_id=session.client_id,
+            robot_key=session.auth.robot_key,
+            enrolled=session.enrolled,
             seq_id=header.seq_id,
             episode_id=header.episode_id,
             queue_wait_ms=reply.queue_wait_ms,
@@ -169,6 +171,8 @@ class ReplyStage:
         self._audit.write(
             session_id=session.session_id,
             client_id=session.client_id,
+            robot_key=session.auth.robot_key,
+            enrolled=session.enrolled,
             seq_id=header.seq_id,
             episode_id=header.episode_id,
             queue_wait_ms=reply.queue_wait_ms,
@@ -182,7 +186,8 @@ class ReplyStage:
         """Publish the answer to ``request``, and to every copy of it that joined meanwhile."""
         copies = self._state.registry.answered(session, Answer(request, msg_type, body))
         if not session.publish(msg_type, body, request):
-            # The session was closed by the loop while this request was in flight.
+            # The session was closed by the loop while this request was in flight (or a newer
+            # request of it was answered already: see `Session.publish`).
             bound.info("reply not sent: session closed")
             return False
         for copy in copies:

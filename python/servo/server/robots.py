@@ -24,6 +24,9 @@ Every session open is signed by the robot's Ed25519 identity (`servo.wire.trust.
    cannot lock a returning robot out. Nobody can spend another robot's budget: it is keyed by
    a key only its holder signs with. Joins spend the new robots' bucket.
 
+What passes is the caller (`servo.access.Caller`): whether the replica enrolled it decides how
+its session's audit rows are kept (`servo.server.audit.RecentRequests`).
+
 A full replica makes room for a returning robot too (`RobotGate.displaceable`): on an open door,
 a session that has not streamed one authenticated observation since it opened (more than
 `DISPLACE_AFTER_S` ago) yields its slot, so opens that only hold slots cannot lock out a robot
@@ -137,8 +140,11 @@ class RobotGate:
         """The robots enrolled now, name to key."""
         return dict(self.access.rules.robots)
 
-    def admit(self, request: SessionOpen, prefix: str) -> Refusal | None:
-        """None when ``request`` may go on to validation and capacity; else why not (see the module)."""
+    def admit(self, request: SessionOpen, prefix: str) -> Caller | Refusal:
+        """Who opens ``request``, when it may go on to validation and capacity; else why not (see the module).
+
+        A robot that joined with this open is returned enrolled (it is, from now on).
+        """
         key = request.robot_key
         if len(key) != PUBLIC_KEY_SIZE or len(request.robot_signature) != SIGNATURE_SIZE:
             return Refusal(
@@ -164,9 +170,12 @@ class RobotGate:
             return Refusal("unauthenticated", f"the proof of join token {request.join_id} does not verify")
         self.nonces.use(request.client_key)
         refusal = self._budget(key, request.client_id, known=isinstance(caller, Caller) and caller.enrolled)
-        if refusal is None and joining:
+        if refusal is not None:
+            return refusal
+        if isinstance(caller, Denied):
             self.joins.enrol(request)
-        return refusal
+            return Caller("robot", request.client_id, key)
+        return caller
 
     def displaceable(self, key: bytes, sessions: Iterable[Session]) -> Session | None:
         """The session a full replica closes to let robot ``key`` in, if any (see the module).

@@ -32,6 +32,7 @@ from typing import TypeVar
 
 import msgspec
 
+from servo.errors import SecurityError
 from servo.private_files import PrivateFileError, check_dir, private_dir, read_private, write_private
 
 __all__ = [
@@ -51,7 +52,7 @@ _WHAT = "roster"
 T = TypeVar("T")
 
 
-class RosterError(ValueError):
+class RosterError(SecurityError, ValueError):
     """The roster file cannot be used; the message names the file and the problem."""
 
 

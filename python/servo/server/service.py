@@ -45,7 +45,7 @@ from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
 from servo.stages import LoopBridge
-from servo.transport import Declared, direct, open_session
+from servo.transport import Declared, direct, open_zsession
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
 from servo.wire.keys import host_server_id
 
@@ -180,7 +180,7 @@ class PolicyServer:
             doors = await anyio.to_thread.run_sync(open_doors, m, identity, enrolled)
             # Listening while the policy loads: an edge that lost this server links again meanwhile,
             # and re-handshakes the moment the liveliness token appears (nothing is declared before).
-            async with open_session(m.zenoh) as zsession:
+            async with open_zsession(m.zenoh) as zsession:
                 policy = await anyio.to_thread.run_sync(self._load_policy)
                 # Read once here: the control plane answers from memory, never from disk on the loop.
                 self._trajectories = await anyio.to_thread.run_sync(TrajectoryLibrary.load, m.trajectories)

@@ -36,7 +36,7 @@ from typing import Literal
 
 import zenoh
 
-from servo._core import Header
+from servo._core import AuthError, Header
 from servo.policy import DecodedObservation, Processor
 from servo.server.admission import ImageGate, TokenBucket
 from servo.server.auth import SessionAuth
@@ -100,7 +100,7 @@ class Session:
     belongs to the inference worker. The publisher is shared by the worker (chunks, errors) and
     the event loop (drain notice, undeclare): use `publish` and `close_publisher`, which
     serialise the two (a Zenoh publisher used from two threads at once raises ``RuntimeError:
-    Already borrowed``). Every message it publishes is sealed with the session key.
+    Already borrowed``). Every message it publishes is encrypted with the session key.
     """
 
     auth: SessionAuth
@@ -134,6 +134,9 @@ class Session:
     #: The client's liveliness token vanished at least once since the open: whoever holds the
     #: name now (a token under it again) may be a restarted client (see `servo.server.auth.takeover`).
     token_lost: bool = False
+    #: The replica enrolled the robot key that opened it under this client id (its audit rows
+    #: are never displaced by those of robots nobody enrolled: `servo.server.audit.RecentRequests`).
+    enrolled: bool = False
     # --- guarded by _publish_lock
     _publish_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _publisher_closed: bool = False
@@ -149,20 +152,26 @@ class Session:
         return self.auth.epoch
 
     def publish(self, msg_type: int, body: bytes, request: Header | None = None) -> bool:
-        """Seal one message with the session key and put it on the session's action key.
+        """Encrypt one message with the session key and put it on the session's action key.
 
         The header answers ``request`` (see `reply_header`); without one (a drain notice) it
-        addresses the session's current episode. Returns False once the publisher is closed.
+        addresses the session's current episode. Returns False once the publisher is closed, or
+        when the key refuses the message: a second answer of its type to a request older than
+        one already answered would repeat a nonce (`servo._core.SessionKey`), and the client
+        takes only the answer to its latest request anyway.
         """
         if request is None:
             request = Header(self.schema_version, msg_type, 0, 0, self.episode_id, self.epoch, 0, self.auth.wire_id)
         header = reply_header(request, msg_type, schema_version=self.schema_version)
-        attachment = self.auth.key.seal(header, body)
+        try:
+            attachment, ciphertext = self.auth.key.encrypt(header, body)
+        except AuthError:
+            return False
         with self._publish_lock:
             if self._publisher_closed:
                 return False
             try:
-                self.publisher.put(body, attachment=attachment)
+                self.publisher.put(ciphertext, attachment=attachment)
             except zenoh.ZError:
                 return False
             return True

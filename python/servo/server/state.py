@@ -21,7 +21,15 @@ from servo.server.admission import ReturningRobots
 from servo.server.audit import RecentRequests
 from servo.server.metrics import ServerMetrics
 from servo.server.sessions import Session, SessionRegistry
-from servo.wire import DrainNotice, PolicyInfo, ServerKeys, WireError, encode
+from servo.wire import (
+    SUPPORTED_SCHEMA_VERSIONS,
+    DrainNotice,
+    PolicyInfo,
+    ServerKeys,
+    StatusReply,
+    WireError,
+    encode,
+)
 
 log = get_logger(__name__)
 
@@ -126,6 +134,28 @@ class ServerState:
         """Robots' open sessions over their capacity (any thread); frontends' sessions apart."""
         return self.registry.robots() / self.replica.max_sessions
 
+    def status(self, nonce: bytes) -> StatusReply:
+        """Capabilities, load and identity of this replica; ``nonce`` is what a session open must carry now."""
+        replica = self.replica
+        keys = replica.keys
+        return StatusReply(
+            server_id=replica.server_id,
+            app=keys.app,
+            model_key=keys.model,
+            replica=keys.replica,
+            schema_versions=list(SUPPORTED_SCHEMA_VERSIONS),
+            policy=replica.info,
+            warmed_up=self.lifecycle != "starting",
+            draining=self.lifecycle == "draining",
+            active_sessions=self.registry.robots(),
+            max_sessions=replica.max_sessions,
+            load=self.load,
+            identity=replica.identity.public_key,
+            queue_wait_ms=self.metrics.queue_wait_ms.recent_median(),
+            inference_ms=self.metrics.inference_ms.recent_median(),
+            nonce=nonce,
+        )
+
     # ------------------------------------------------------------------ sessions (event loop)
     def register(self, session: Session) -> None:
         """Add an opened session, replacing the client's previous one.
@@ -147,7 +177,7 @@ class ServerState:
     def collect(self, session: Session, reason: str) -> None:
         """Close a session (closed by its client, vanished, replaced, idle, shutdown); idempotent.
 
-        Unless its client closed it (or the drain told it already), the client is told, sealed: it
+        Unless its client closed it (or the drain told it already), the client is told, encrypted: it
         re-opens at once instead of waiting out a request the server will never answer.
         """
         if self.registry.remove(session.session_id) is None:

@@ -13,7 +13,7 @@ path and one thread each:
   for partners), claim each member right before the forward (a newer observation of the
   session takes the held one's turn; a reset episode or a closed session drops it) and run
   the forward;
-* **reply** (the "servo-reply" thread, `servo.server.replies`): encode, seal, put, account, in
+* **reply** (the "servo-reply" thread, `servo.server.replies`): encode, encrypt, put, account, in
   the order the forwards were served, while this thread already runs the next one.
 
 An entry in the worker's queue (every item arrives decoded, or rejected by its decoder)::

@@ -1,4 +1,4 @@
-"""One robot's timeline, joined from its recordings and the replicas' audit logs (seeds/001 §12).
+"""One robot's timeline, joined from its recordings and the replicas' audit logs (docs/design/audit.md §1).
 
 The join is mechanical: every policy action a recording holds names the (session, seq) of its
 chunk, and every audit line names the (session, seq) it answered. Times are the edge's: a
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from servo.errors import ServoError
 from servo.recording import EpisodeHeader, FrameRecord, iter_records
 from servo.wire import WireError, decode_tensor
 
@@ -26,7 +27,7 @@ from servo.wire import WireError, decode_tensor
 HELD = ("fallback", "none")
 
 
-class TraceError(ValueError):
+class TraceError(ServoError, ValueError):
     """The inputs cannot be joined; the message names the file or the option."""
 
 

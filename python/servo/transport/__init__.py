@@ -1,4 +1,4 @@
-"""Zenoh plumbing shared by the server and the client: settings, sessions, QoS, queries."""
+"""Zenoh plumbing shared by the server and the client: settings, Zenoh sessions, QoS, queries."""
 
 from servo.transport.bridge import direct, query
 from servo.transport.certificate import CertificateError, common_name
@@ -12,7 +12,7 @@ from servo.transport.config import (
     off_loopback,
 )
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
-from servo.transport.session import Declared, open_session, zenoh_message
+from servo.transport.zsession import Declared, open_zsession, zenoh_message
 
 __all__ = [
     "DEFAULT_LOCAL_ENDPOINT",
@@ -28,7 +28,7 @@ __all__ = [
     "exposed_endpoint",
     "loopback_host",
     "off_loopback",
-    "open_session",
+    "open_zsession",
     "query",
     "zenoh_message",
 ]

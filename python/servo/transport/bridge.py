@@ -1,7 +1,8 @@
 """From Zenoh callback threads into the event loop, without ever blocking Zenoh.
 
 Zenoh runs every callback entity on its own Python thread fed by a 256-deep queue, or (`direct`)
-on its own network thread; a callback that blocks stalls every subscriber of the session.
+on its own network thread; a callback that blocks stalls every subscriber of the Zenoh session
+(docs/design/zenoh.md §2).
 Callbacks therefore only deposit, through `servo.stages.LoopBridge`, which schedules a function
 on the loop and returns at once.
 """
@@ -41,7 +42,7 @@ def direct(fn: Callable[[T], None], drop: Callable[[], None] | None = None) -> C
 
 
 async def query(
-    session: zenoh.Session,
+    zsession: zenoh.Session,
     selector: str,
     *,
     payload: bytes | None = None,
@@ -52,7 +53,7 @@ async def query(
     """Send a query and collect every reply without blocking the loop.
 
     Consolidation is always off: replicas answering on the same key would otherwise be merged
-    into one reply (ZENOH_FACTS §3). Ends when every queryable has answered or ``timeout`` (s)
+    into one reply (docs/design/zenoh.md §3). Ends when every queryable has answered or ``timeout`` (s)
     elapsed; a cancelled caller cancels the query. Never raises a timeout of its own: the replies
     gathered by then are the answer, as when Zenoh's timeout ends the query, so callers see the
     errors they already handle (no reply, or no genuine one).
@@ -64,7 +65,7 @@ async def query(
     handler: Callback[zenoh.Reply] = direct(
         lambda reply: bridge.call(replies.append, reply), lambda: bridge.call(done.set)
     )
-    session.get(
+    zsession.get(
         selector,
         handler,
         target=target,

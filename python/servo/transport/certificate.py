@@ -17,6 +17,8 @@ import base64
 import binascii
 from pathlib import Path
 
+from servo.errors import SecurityError
+
 #: Certificates are a few kB; refuse to read more than this.
 MAX_PEM_BYTES = 256 * 1024
 _BEGIN, _END = b"-----BEGIN CERTIFICATE-----", b"-----END CERTIFICATE-----"
@@ -25,7 +27,7 @@ _CN_OID = bytes([0x55, 0x04, 0x03])  # 2.5.4.3
 _STRINGS = {0x0C: "utf-8", 0x13: "ascii", 0x16: "ascii", 0x1E: "utf-16-be"}
 
 
-class CertificateError(ValueError):
+class CertificateError(SecurityError, ValueError):
     """The certificate's common name cannot be read; the message says why."""
 
 

@@ -1,4 +1,4 @@
-"""The QoS table of the protocol (seeds/001 §6.3), in one place.
+"""The QoS table of the protocol (docs/design/protocol.md §3), in one place.
 
 Observations: congestion BLOCK, normal priority. There is one observation in flight per
 session, and a DROP publisher drops any message that waits longer than ``DROP_WAIT_US`` for room
@@ -17,9 +17,9 @@ from __future__ import annotations
 import zenoh
 
 
-def declare_obs_publisher(session: zenoh.Session, key: str) -> zenoh.Publisher:
+def declare_obs_publisher(zsession: zenoh.Session, key: str) -> zenoh.Publisher:
     """Publisher for one client's observations."""
-    return session.declare_publisher(
+    return zsession.declare_publisher(
         key,
         congestion_control=zenoh.CongestionControl.BLOCK,
         priority=zenoh.Priority.DATA,
@@ -28,9 +28,9 @@ def declare_obs_publisher(session: zenoh.Session, key: str) -> zenoh.Publisher:
     )
 
 
-def declare_action_publisher(session: zenoh.Session, key: str) -> zenoh.Publisher:
+def declare_action_publisher(zsession: zenoh.Session, key: str) -> zenoh.Publisher:
     """Publisher for one session's chunks, errors and drain notices."""
-    return session.declare_publisher(
+    return zsession.declare_publisher(
         key,
         congestion_control=zenoh.CongestionControl.DROP,
         priority=zenoh.Priority.INTERACTIVE_HIGH,

@@ -2,8 +2,8 @@
 
 import msgspec
 
-from servo.wire.audit import AuditEntry, AuditQuery, AuditTail
-from servo.wire.codec import MAX_MESSAGE_BYTES, decode, encode
+from servo.wire.audit import AUDIT_CONTEXT, AuditEntry, AuditQuery, AuditTail, audit_question, audit_transcript
+from servo.wire.codec import MAX_MESSAGE_BYTES, decode, encode, encode_into
 from servo.wire.errors import WireError
 from servo.wire.header import reply_header
 from servo.wire.image import EncodedImage, check_frame, decode_image, downsize, encode_image, jpeg_dimensions
@@ -36,22 +36,23 @@ from servo.wire.messages import (
     SessionAck,
     SessionOpen,
     StatusReply,
-    Trajectory,
-    TrajectoryList,
-    TrajectoryRequest,
     Tuning,
 )
 from servo.wire.telemetry import (
     TELEMETRY_SELECTOR,
     EdgeTelemetry,
+    SealedTelemetry,
     Signer,
     Transition,
     open_telemetry,
     seal_telemetry,
     telemetry_key,
+    telemetry_signer,
 )
 from servo.wire.tensor import Tensor, decode_floats, decode_tensor, encode_tensor
+from servo.wire.trajectory import Trajectory, TrajectoryList, TrajectoryRequest, trajectory_request_transcript
 from servo.wire.trust import (
+    TRAJECTORY_CONTEXT,
     ack_transcript,
     fingerprint,
     join_transcript,
@@ -60,19 +61,30 @@ from servo.wire.trust import (
     parse_fingerprint,
     rejection_transcript,
     resume_body,
-    trajectory_transcript,
+    status_transcript,
 )
 
 #: Every message body of the protocol, for codec tests and fuzzing.
-MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (*SESSION_MESSAGE_TYPES, EdgeTelemetry, AuditQuery, AuditTail)
+MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (
+    *SESSION_MESSAGE_TYPES,
+    TrajectoryRequest,
+    Trajectory,
+    TrajectoryList,
+    EdgeTelemetry,
+    SealedTelemetry,
+    AuditQuery,
+    AuditTail,
+)
 
 __all__ = [
+    "AUDIT_CONTEXT",
     "MAX_MESSAGE_BYTES",
     "MESSAGE_TYPES",
     "NONCE_SIZE",
     "ROOT",
     "SUPPORTED_SCHEMA_VERSIONS",
     "TELEMETRY_SELECTOR",
+    "TRAJECTORY_CONTEXT",
     "ActionChunk",
     "AuditEntry",
     "AuditQuery",
@@ -91,6 +103,7 @@ __all__ = [
     "PolicyInfo",
     "Rejection",
     "ResetRequest",
+    "SealedTelemetry",
     "ServerKeys",
     "SessionAck",
     "SessionOpen",
@@ -105,7 +118,9 @@ __all__ = [
     "WireError",
     "ack_transcript",
     "alive_selector",
+    "audit_question",
     "audit_selector",
+    "audit_transcript",
     "check_frame",
     "decode",
     "decode_floats",
@@ -114,6 +129,7 @@ __all__ = [
     "downsize",
     "encode",
     "encode_image",
+    "encode_into",
     "encode_tensor",
     "fingerprint",
     "join_transcript",
@@ -129,6 +145,8 @@ __all__ = [
     "segment",
     "slugify",
     "status_selector",
+    "status_transcript",
     "telemetry_key",
-    "trajectory_transcript",
+    "telemetry_signer",
+    "trajectory_request_transcript",
 ]

@@ -22,6 +22,11 @@ def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 
+def encode_into(message: msgspec.Struct, buffer: bytearray) -> None:
+    """Serialise a message body into ``buffer``, which is resized to fit it (a sender reuses one buffer)."""
+    _encoder.encode_into(message, buffer)
+
+
 @overload
 def decode(buf: bytes | memoryview, kind: type[T], *, max_bytes: int = MAX_MESSAGE_BYTES) -> T: ...
 

@@ -6,7 +6,7 @@ from servo._core import Header
 
 
 def reply_header(request: Header, msg_type: int, *, schema_version: int | None = None) -> Header:
-    """The header of a message answering ``request`` (to be sealed by the session key).
+    """The header of a message answering ``request`` (to be encrypted with the session key).
 
     The request's seq_id, episode_id, session_epoch, client_mono_ns and session_id are echoed (the client
     correlates by them and measures its round trip from its own stamp; clocks never cross

@@ -35,6 +35,8 @@ MAX_TASK_CHARS = 1024
 MAX_FEATURES = 256
 #: Most cameras of a robot or policy.
 MAX_CAMERAS = 16
+#: Most operators a session ack names (the readers of a robot's telemetry).
+MAX_OPERATORS = 8
 #: Most tags of a session open, and the longest tag value (characters).
 MAX_TAGS = 32
 MAX_TAG_CHARS = 256
@@ -187,8 +189,8 @@ class SessionOpen(msgspec.Struct, frozen=True):
     Sent on the client's own ``…/c/<client_id>/session`` key; the server requires ``client_id``
     to name that key. ``client_key`` is the client's ephemeral X25519 public key (the session
     key is derived from it, never sent). ``resume`` proves the client holds the key of its
-    current session on this replica, so the new session may replace it: an attachment sealed
-    with the old key over `servo.wire.trust.resume_body` of ``client_key``, or empty.
+    current session on this replica, so the new session may replace it: the old key's proof
+    (`servo._core.SessionKey.authenticate`) over `servo.wire.trust.resume_body` of ``client_key``, or empty.
     ``join_id`` and ``join_signature`` prove a join token (`servo.join`): the signature, by the
     token's key, over `servo.wire.trust.join_transcript`, enrols a robot nobody enrolled yet.
     """
@@ -233,6 +235,9 @@ class SessionAck(msgspec.Struct, frozen=True):
     #: Cameras the client may send shrunk to the policy's input size (`servo.wire.downsize`)
     #: instead of the size it declared: the server shrinks larger frames to it anyway.
     input_sizes: Annotated[dict[Name, CameraFeature], msgspec.Meta(max_length=MAX_CAMERAS)] = {}
+    #: The Ed25519 keys of the replica's operators (under the signature): the robot encrypts its
+    #: telemetry to them (`servo.wire.telemetry`).
+    operators: Annotated[list[PublicKey], msgspec.Meta(max_length=MAX_OPERATORS)] = []
 
 
 RejectCode = Literal[
@@ -273,7 +278,7 @@ class Rejection(msgspec.Struct, frozen=True):
 class ResetRequest(msgspec.Struct, frozen=True, tag="reset"):
     """Episode boundary: the server drops the session's pending observation and processor state.
 
-    Like every control request, sent with an attachment sealed by the session key (msg_type
+    Like every control request, sent encrypted with the session key (msg_type
     CONTROL); ``session_id`` must be the one of that attachment.
     """
 
@@ -291,7 +296,7 @@ ControlRequest = ResetRequest | CloseRequest
 
 
 class ControlAck(msgspec.Struct, frozen=True):
-    """Positive answer to a control request, sealed by the session key (msg_type CONTROL_ACK)."""
+    """Positive answer to a control request, encrypted with the session key (msg_type CONTROL_ACK)."""
 
     session_id: SessionId
     episode_id: int = 0
@@ -349,33 +354,7 @@ class DrainNotice(msgspec.Struct, frozen=True):
     reason: str
 
 
-class TrajectoryRequest(msgspec.Struct, frozen=True):
-    """Client -> server: fetch a named trajectory (``name=""`` lists the library).
-
-    The replica signs its answer over the client's fresh ``nonce`` (`servo.wire.trust`), so only
-    its own, new answer is believed.
-    """
-
-    name: Name = ""
-    nonce: Nonce = b""
-
-
-class Trajectory(msgspec.Struct, frozen=True):
-    """A whole trajectory in one transfer: positions (T, D) at ``fps``."""
-
-    name: str
-    joint_names: FeatureNames
-    fps: Fps
-    positions: Tensor
-
-
-class TrajectoryList(msgspec.Struct, frozen=True):
-    """The names of a server's trajectory library."""
-
-    names: list[str]
-
-
-#: Every message body of the session protocol (`servo.wire.MESSAGE_TYPES` adds telemetry and audit).
+#: Every message body of the session protocol (`servo.wire.MESSAGE_TYPES` adds trajectories, telemetry and audit).
 SESSION_MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (
     StatusReply,
     SessionOpen,
@@ -388,7 +367,4 @@ SESSION_MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (
     ActionChunk,
     ErrorEvent,
     DrainNotice,
-    TrajectoryRequest,
-    Trajectory,
-    TrajectoryList,
 )

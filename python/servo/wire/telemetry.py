@@ -6,20 +6,28 @@ with ``@``) can collide with it, and no wildcard over servers (``@servo/*/*/*/â€
 a router's access control lets that robot alone put there and monitors subscribe
 (`servo.router.acl`).
 
-Every record is signed by the robot's Ed25519 identity. The attachment is the signer's public
-key (32 bytes) followed by its signature (64 bytes) over `signed_bytes`: a context, the client
-id and the body, so a record signed for one robot is worthless on another robot's key. A
-receiver verifies the signature before it decodes anything (`open_telemetry`), then decides
-whether it trusts that key for that robot (pins or first use, `servo.monitor.trust`).
+Nobody but its readers reads a record: the robot encrypts one copy of it to each reader (the
+operators its trusted server names in the session ack, or those it was given), each copy under a
+key exchanged between a fresh X25519 key and the reader's identity (`seal_telemetry`,
+`servo._core.ServerIdentity.session_key`), and sends them in one `SealedTelemetry`. Every
+message is signed by the robot's Ed25519 identity: the attachment is the signer's public key
+(32 bytes) followed by its signature (64 bytes) over `signed_bytes`: a context, the client id
+and the body (the sealed copies), so a record signed for one robot is worthless on another
+robot's key. A reader first asks whether it trusts that key for that robot (`telemetry_signer`
+reads both without any cryptography: a stranger costs nothing more), then verifies the
+signature, then decrypts its own copy (`open_telemetry`).
 
 Like every body of the protocol the record carries no wall-clock instant: ``age_ms`` of a
-transition is a duration on the robot's monotonic clock, measured when the record left. ``boot``
-(random per run) and ``seq`` (counting up within a run) let a receiver refuse replays.
+transition is a duration on the robot's monotonic clock, measured when the record left. ``run``
+(counting up across the robot's runs, kept in its servo directory) and ``seq`` (counting up
+within a run) let a reader refuse replays, even of a run it never saw.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 from typing import Annotated, Protocol
 
 import msgspec
@@ -28,16 +36,21 @@ from servo import _core
 from servo.wire.codec import decode, encode
 from servo.wire.errors import WireError
 from servo.wire.keys import ROOT, segment
-from servo.wire.messages import MAX_NAME_CHARS, Name
+from servo.wire.messages import MAX_NAME_CHARS, Name, PublicKey
 
 #: The verbatim chunk under which robot-level keys live.
 ROBOTS_CHUNK = "@robots"
 #: What a telemetry signature covers besides the client id and the body.
-TELEMETRY_CONTEXT = b"servo/2 edge-telemetry\0"
+TELEMETRY_CONTEXT = b"servo/3 edge-telemetry\0"
 #: Attachment of a telemetry record: public key || signature.
 TELEMETRY_ATTACHMENT_SIZE = _core.PUBLIC_KEY_SIZE + _core.SIGNATURE_SIZE
-#: Largest telemetry body a receiver decodes (a record is a few hundred bytes).
-MAX_TELEMETRY_BYTES = 8192
+#: Largest record (plaintext; a record is a few hundred bytes), most readers one message
+#: carries copies for, and the largest message a receiver copies out of Zenoh.
+MAX_RECORD_BYTES = 8192
+MAX_READERS = 8
+MAX_TELEMETRY_BYTES = MAX_READERS * (MAX_RECORD_BYTES + 256)
+#: How a copy names its reader: the first bytes of the reader's Ed25519 key.
+READER_ID_SIZE = 8
 #: Most transitions one record carries (those since the previous record, newest last).
 MAX_TRANSITIONS = 16
 #: Longest reason text of a transition (characters).
@@ -70,7 +83,7 @@ class EdgeTelemetry(msgspec.Struct, frozen=True):
     """
 
     client_id: Name
-    boot: Annotated[bytes, msgspec.Meta(min_length=8, max_length=8)]
+    run: Count
     seq: Count
     period_ms: Millis
     state: Name
@@ -121,6 +134,42 @@ def client_of_telemetry(key: str) -> str:
     return segment(parts[2], what="client_id")
 
 
+class SealedCopy(msgspec.Struct, frozen=True, array_like=True):
+    """One reader's copy of a record: the robot's fresh X25519 key, the cipher's attachment, the ciphertext."""
+
+    reader: Annotated[bytes, msgspec.Meta(min_length=READER_ID_SIZE, max_length=READER_ID_SIZE)]
+    ephemeral: PublicKey
+    attachment: Annotated[bytes, msgspec.Meta(min_length=_core.ATTACHMENT_SIZE, max_length=_core.ATTACHMENT_SIZE)]
+    ciphertext: Annotated[bytes, msgspec.Meta(max_length=MAX_RECORD_BYTES)]
+
+
+class SealedTelemetry(msgspec.Struct, frozen=True):
+    """What a robot publishes: its record, one encrypted copy per reader."""
+
+    client_id: Name
+    copies: Annotated[list[SealedCopy], msgspec.Meta(max_length=MAX_READERS)] = []
+
+
+class Reader(Protocol):
+    """Who reads telemetry: an operator's identity (`servo._core.ServerIdentity` is one)."""
+
+    @property
+    def public_key(self) -> bytes:
+        """Its Ed25519 public key (what robots encrypt to)."""
+        ...
+
+    @property
+    def exchange_public_key(self) -> bytes:
+        """Its X25519 public key."""
+        ...
+
+    def session_key(
+        self, peer_public: bytes, *, client_public: bytes, server_public: bytes, session_id: bytes
+    ) -> _core.SessionKey:
+        """Its end of the exchange with a copy's ephemeral key."""
+        ...
+
+
 def signed_bytes(client_id: str, body: bytes | memoryview) -> bytes:
     """The bytes a telemetry signature covers: context, client id, NUL, body."""
     return TELEMETRY_CONTEXT + client_id.encode() + b"\0" + bytes(body)
@@ -139,33 +188,74 @@ class Signer(Protocol):
         ...
 
 
-def seal_telemetry(record: EdgeTelemetry, signer: Signer) -> tuple[bytes, bytes]:
-    """``(body, attachment)`` of a record, signed by ``signer``."""
-    body = encode(record)
+def seal_telemetry(record: EdgeTelemetry, signer: Signer, readers: Sequence[bytes]) -> tuple[bytes, bytes]:
+    """``(body, attachment)`` of a record encrypted to each of ``readers`` (Ed25519 keys), signed by ``signer``.
+
+    Raises:
+        AuthError: a reader's key is no Ed25519 public key.
+    """
+    plain = encode(record)
+    copies = []
+    for reader in list(dict.fromkeys(readers))[:MAX_READERS]:
+        exchange = _core.exchange_public_key(reader)
+        pair, session_id = _core.KeyPair(), os.urandom(_core.SESSION_ID_SIZE)
+        key = pair.session_key(exchange, client_public=pair.public_key, server_public=exchange, session_id=session_id)
+        header = _core.Header(_core.SCHEMA_VERSION, _core.MSG_OBS, 0, record.seq, 0, 0, 0, session_id)
+        attachment, ciphertext = key.encrypt(header, plain)
+        copies.append(SealedCopy(reader[:READER_ID_SIZE], pair.public_key, attachment, ciphertext))
+    body = encode(SealedTelemetry(record.client_id, copies))
     return body, signer.public_key + signer.sign(signed_bytes(record.client_id, body))
 
 
-def open_telemetry(key: str, body: bytes | memoryview, attachment: bytes | None) -> tuple[bytes, EdgeTelemetry]:
-    """Verify a received record, then decode it; returns the signer's public key and the record.
+def telemetry_signer(key: str, size: int, attachment: bytes | None) -> tuple[str, bytes]:
+    """``(robot, signer key)`` a telemetry message on ``key`` claims, from sizes and bytes alone.
 
-    The signature is checked before anything is decoded; the record must name the client its
-    key names.
+    Nothing is verified yet: ask whether that key is trusted for that robot before spending a
+    signature check on it.
 
     Raises:
-        WireError: a key that is not a telemetry key, a missing or malformed attachment, a bad
-            signature, an oversized or malformed body, or a body naming another client.
+        WireError: not a telemetry key, a missing or malformed attachment, an oversized body.
     """
     client_id = client_of_telemetry(key)
     if attachment is None or len(attachment) != TELEMETRY_ATTACHMENT_SIZE:
-        size = 0 if attachment is None else len(attachment)
-        raise WireError(f"telemetry attachment is {size} bytes, expected {TELEMETRY_ATTACHMENT_SIZE}")
-    if len(body) > MAX_TELEMETRY_BYTES:
-        raise WireError(f"telemetry of {len(body)} bytes exceeds the limit of {MAX_TELEMETRY_BYTES}")
-    public_key = bytes(attachment[: _core.PUBLIC_KEY_SIZE])
-    signature = bytes(attachment[_core.PUBLIC_KEY_SIZE :])
-    if not _core.verify_signature(public_key, signed_bytes(client_id, body), signature):
+        got = 0 if attachment is None else len(attachment)
+        raise WireError(f"telemetry attachment is {got} bytes, expected {TELEMETRY_ATTACHMENT_SIZE}")
+    if size > MAX_TELEMETRY_BYTES:
+        raise WireError(f"telemetry of {size} bytes exceeds the limit of {MAX_TELEMETRY_BYTES}")
+    return client_id, bytes(attachment[: _core.PUBLIC_KEY_SIZE])
+
+
+def open_telemetry(key: str, body: bytes, attachment: bytes | None, reader: Reader) -> EdgeTelemetry:
+    """Verify a received message, then decrypt ``reader``'s copy and decode the record.
+
+    The signature is checked before anything is decoded; the message and the record must name
+    the client its key names.
+
+    Raises:
+        WireError: see `telemetry_signer`; a bad signature; a malformed message; no copy for
+            ``reader``; a copy that does not decrypt; a record naming another client.
+    """
+    client_id, public_key = telemetry_signer(key, len(body), attachment)
+    assert attachment is not None
+    if not _core.verify_signature(public_key, signed_bytes(client_id, body), attachment[_core.PUBLIC_KEY_SIZE :]):
         raise WireError(f"telemetry of {client_id!r}: the signature does not verify")
-    record = decode(body, EdgeTelemetry, max_bytes=MAX_TELEMETRY_BYTES)
+    sealed = decode(body, SealedTelemetry, max_bytes=MAX_TELEMETRY_BYTES)
+    if sealed.client_id != client_id:
+        raise WireError(f"telemetry on {client_id!r}'s key names client {sealed.client_id!r}")
+    mine = reader.public_key[:READER_ID_SIZE]
+    copy = next((c for c in sealed.copies if c.reader == mine), None)
+    if copy is None:
+        raise WireError(f"telemetry of {client_id!r} is not encrypted to this reader")
+    try:
+        session_id = _core.decode_header(copy.attachment).session_id
+        own = reader.exchange_public_key
+        key_ = reader.session_key(
+            copy.ephemeral, client_public=copy.ephemeral, server_public=own, session_id=session_id
+        )
+        _, plain = key_.decrypt(copy.attachment, copy.ciphertext)
+    except (_core.AuthError, _core.HeaderError) as exc:
+        raise WireError(f"telemetry of {client_id!r}: this reader's copy does not decrypt ({exc})") from None
+    record = decode(plain, EdgeTelemetry, max_bytes=MAX_RECORD_BYTES)
     if record.client_id != client_id:
         raise WireError(f"telemetry on {client_id!r}'s key names client {record.client_id!r}")
-    return public_key, record
+    return record

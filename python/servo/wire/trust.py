@@ -17,16 +17,23 @@ ack or a trajectory).
   client's and the server's ephemeral X25519 keys, the session id and the replica: an edge that
   verifies it knows that the session key it derives is shared with the holder of that identity,
   for this session on this replica, and nobody else (a peer that answered the session-open
-  query first holds no identity the edge trusts, or cannot sign this transcript).
-* `trajectory_transcript` / `rejection_transcript`: what a replica signs when it answers a
-  trajectory fetch (the trajectory bytes, or its refusal): bound to the client's fresh nonce,
-  the replica and the name asked for, so nobody else's answer, and no old answer, is believed.
+  query first holds no identity the edge trusts, or cannot sign this transcript). It binds the
+  operators the ack names too: the robot encrypts its telemetry to them
+  (`servo.wire.telemetry`), so nobody but the replica may choose them.
+* `TRAJECTORY_CONTEXT` / `rejection_transcript`: what a replica signs when it answers a
+  trajectory fetch (a sealed reply, `servo.wire.sealed`, or its refusal): bound to the client's
+  fresh nonce, the replica and the name asked for, so nobody else's answer, and no old answer,
+  is believed.
+* `status_transcript`: what a replica signs in a status reply (its attachment): the body, bound
+  to the asker's nonce when it sent one (a monitor does), so a monitor believes a replica's
+  status only when a replica it trusts said it, just now.
 * `notice_transcript`: what a replica signs in a notice it cannot seal because it holds no key
   for the session (``unknown_session``): bound to the replica, the client it goes to and the
   header of the request it answers, so it only ends that request, of that client, on that replica
   (a notice the replica signed for an observation re-published under another client id is
   worth nothing to the robot whose header it echoes).
-* `resume_body`: what an old session key seals to let a new open replace its session.
+* `resume_body`: what an old session key proves (`SessionKey.authenticate`) to let a new open
+  replace its session.
 * `fingerprint` / `parse_fingerprint`: the text form of an identity (``ed25519:`` + urlsafe
   base64 of the 32-byte public key, no padding), as printed by ``servo-serve`` and pinned in an
   edge's ``trusted_servers``.
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Sequence
 
 import msgspec
 
@@ -45,12 +53,14 @@ from servo.wire.messages import SessionOpen
 
 #: Prefix of an identity fingerprint.
 FINGERPRINT_PREFIX = "ed25519:"
-ACK_CONTEXT = b"servo/2 session-ack\0"
+ACK_CONTEXT = b"servo/3 session-ack\0"
 RESUME_CONTEXT = b"servo/2 session-resume\0"
 OPEN_CONTEXT = b"servo/2 session-open\0"
-TRAJECTORY_CONTEXT = b"servo/2 trajectory\0"
+#: The context of a sealed trajectory answer (`servo.wire.sealed`); its question is [nonce, replica, name].
+TRAJECTORY_CONTEXT = b"servo/3 sealed-trajectory\0"
 REJECTION_CONTEXT = b"servo/2 trajectory-refused\0"
 NOTICE_CONTEXT = b"servo/2 keyless-notice\0"
+STATUS_CONTEXT = b"servo/3 status\0"
 JOIN_CONTEXT = b"servo/2 join-token\0"
 
 
@@ -81,14 +91,14 @@ def join_transcript(request: SessionOpen, prefix: str) -> bytes:
     return JOIN_CONTEXT + open_transcript(request, prefix)[len(OPEN_CONTEXT) :]
 
 
-def trajectory_transcript(nonce: bytes, replica: str, name: str, payload: bytes) -> bytes:
-    """What a replica signs when it answers the trajectory fetch ``nonce`` with ``payload``."""
-    return TRAJECTORY_CONTEXT + msgspec.msgpack.encode([nonce, replica, name]) + payload
-
-
 def rejection_transcript(nonce: bytes, replica: str, name: str, code: str, reason: str) -> bytes:
     """What a replica signs when it refuses the trajectory fetch ``nonce``."""
     return REJECTION_CONTEXT + msgspec.msgpack.encode([nonce, replica, name, code, reason])
+
+
+def status_transcript(nonce: bytes, body: bytes) -> bytes:
+    """What a replica signs in a status reply: the asker's nonce (empty when none) and the reply's body."""
+    return STATUS_CONTEXT + msgspec.msgpack.encode([nonce]) + body
 
 
 def notice_transcript(action_key: str, attachment: bytes, code: str, message: str) -> bytes:
@@ -96,9 +106,11 @@ def notice_transcript(action_key: str, attachment: bytes, code: str, message: st
     return NOTICE_CONTEXT + msgspec.msgpack.encode([action_key, attachment[:HEADER_SIZE], code, message])
 
 
-def ack_transcript(client_key: bytes, server_key: bytes, session_id: bytes, replica: str) -> bytes:
-    """The bytes a `SessionAck.signature` signs (wire schema 2)."""
-    return ACK_CONTEXT + client_key + server_key + session_id + replica.encode()
+def ack_transcript(
+    client_key: bytes, server_key: bytes, session_id: bytes, replica: str, operators: Sequence[bytes] = ()
+) -> bytes:
+    """The bytes a `SessionAck.signature` signs (wire schema 3: the operators it names too)."""
+    return ACK_CONTEXT + msgspec.msgpack.encode([client_key, server_key, session_id, replica, list(operators)])
 
 
 def resume_body(client_key: bytes) -> bytes:

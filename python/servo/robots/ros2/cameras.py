@@ -14,6 +14,7 @@ import functools
 import numpy as np
 import simplejpeg
 
+from servo.errors import RobotError
 from servo.logs import get_logger
 
 from ..capture import CaptureThread, LatestFrame, newest_frames
@@ -28,7 +29,7 @@ _log = get_logger(__name__)
 _WAIT_S = 0.5
 
 
-class FrameError(ValueError):
+class FrameError(RobotError, ValueError):
     """A message that is not a frame of the camera's declared size and a supported encoding."""
 
 

@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from servo.errors import RobotError
+
 #: A URDF larger than this is not a robot description.
 MAX_URDF_BYTES = 16 * 1024 * 1024
 
 
-class UrdfError(ValueError):
+class UrdfError(RobotError, ValueError):
     """The URDF cannot bound the joints; the message names the file and the joint."""
 
 

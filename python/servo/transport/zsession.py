@@ -1,8 +1,10 @@
 """Opening and closing Zenoh sessions from async code.
 
 A Zenoh session whose callbacks are still declared keeps a non-daemon thread alive and hangs
-interpreter exit, and ``atexit`` runs too late to help (ZENOH_FACTS §9). Every session in servo is
-therefore opened through `open_session`, which closes it on every exit path.
+interpreter exit, and ``atexit`` runs too late to help (docs/design/zenoh.md §9). Every Zenoh session in servo
+is therefore opened through `open_zsession`, which closes it on every exit path. In servo's
+vocabulary a Zenoh session is a *zsession*; a *session* is a servo session (a robot's
+authenticated conversation with one replica, `servo.client.RemoteSession`).
 """
 
 from __future__ import annotations
@@ -25,24 +27,24 @@ CLOSE_TIMEOUT_S = 12.0
 
 
 @asynccontextmanager
-async def open_session(settings: ZenohSettings | zenoh.Config) -> AsyncIterator[zenoh.Session]:
-    """Open a session off the event loop and always close it.
+async def open_zsession(settings: ZenohSettings | zenoh.Config) -> AsyncIterator[zenoh.Session]:
+    """Open a Zenoh session off the event loop and always close it.
 
     Args:
         settings: The settings, or a config built from them and extended (the router adds its
             access control).
 
     Raises:
-        zenoh.ZError: the session could not be opened (a client with no reachable router).
+        zenoh.ZError: the Zenoh session could not be opened (a client with no reachable router).
     """
     config = settings.to_config() if isinstance(settings, ZenohSettings) else settings
-    session = await anyio.to_thread.run_sync(zenoh.open, config)
-    log.debug("zenoh session open", zid=str(session.zid()), mode=json.loads(config.get_json("mode")))
+    zsession = await anyio.to_thread.run_sync(zenoh.open, config)
+    log.debug("zenoh session open", zid=str(zsession.zid()), mode=json.loads(config.get_json("mode")))
     try:
-        yield session
+        yield zsession
     finally:
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-            await anyio.to_thread.run_sync(_close_quietly, session, abandon_on_cancel=True)
+            await anyio.to_thread.run_sync(_close_quietly, zsession, abandon_on_cancel=True)
 
 
 def zenoh_message(exc: zenoh.ZError) -> str:
@@ -51,16 +53,16 @@ def zenoh_message(exc: zenoh.ZError) -> str:
 
 
 class Declared(Protocol):
-    """A Zenoh entity declared on a session: subscriber, queryable, liveliness token, listener."""
+    """A Zenoh entity declared on a Zenoh session: subscriber, queryable, liveliness token, listener."""
 
     def undeclare(self) -> None:
         """Withdraw it (zenoh's own classes leave this unannotated)."""
         ...
 
 
-def _close_quietly(session: zenoh.Session) -> None:
+def _close_quietly(zsession: zenoh.Session) -> None:
     try:
-        session.close()
+        zsession.close()
     except zenoh.ZError as exc:
-        # A wedged peer makes close time out; the session is unusable either way.
+        # A wedged peer makes close time out; the Zenoh session is unusable either way.
         log.warning("zenoh session close failed", error=str(exc))
