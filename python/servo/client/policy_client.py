@@ -93,9 +93,8 @@ class PolicyClient:
         self.known_servers = known if known is not None else KnownServers()
         self.join = join
         self.counters = ClientCounters()
-        #: Raw or JPEG per request, for every session of this client: the link measured is the
-        #: robot's, whichever replica answers, so a new session (a failover) starts from what was
-        #: measured, not from raw frames again (on a slow link, seconds per raw request).
+        #: Raw or JPEG per request, for every session: the link is the robot's, so a failover goes on
+        #: from what was measured, not from raw frames again (on a slow link, seconds per request).
         self.codec = CodecChooser(jpeg_quality, auto_codec)
         #: The replicas of the last discovery (what `connect_best` fails over to first).
         self._known: list[ServerInfo] = []
