@@ -32,6 +32,11 @@ def direct(fn: Callable[[T], None], drop: Callable[[], None] | None = None) -> C
     of them, and at load each start held the event loop ~10 ms (a 50-robot process stalled for
     most of a second after a replica died). A function that only schedules work on the loop
     (`LoopBridge.call`) or copies a bounded sample needs no thread of its own.
+
+    Only for rare samples (a query's replies, a matching status): Zenoh's receive task waits for
+    the GIL while such a callback runs, and reads nothing meanwhile; a wait longer than the
+    peer's lease (a starved process holding the GIL) makes Zenoh close a live link. A stream
+    (a session's chunks) and a liveliness token a session lives by get a thread of their own.
     """
     return Callback(fn, drop, indirect=False)
 
