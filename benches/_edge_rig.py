@@ -31,7 +31,7 @@ import numpy.typing as npt
 from benches._cpu import CpuWatch
 from servo.edge.channel import LATENESS_BINS, lateness_bin, lateness_percentiles_ms
 from servo.edge.config import load_edge_config
-from servo.edge.engine import MergeEvent
+from servo.edge.pipeline import MergeEvent
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.robots import RobotDescription

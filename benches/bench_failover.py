@@ -60,7 +60,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 from benches._support import markdown, percentiles_ms, results_table
 from servo.client import RemoteSession
 from servo.edge.config import load_edge_config
-from servo.edge.engine import MergeEvent
+from servo.edge.pipeline import MergeEvent
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.logs import configure_logging

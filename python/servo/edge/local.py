@@ -21,11 +21,11 @@ import anyio
 from servo._core import PUBLIC_KEY_SIZE
 from servo.edge.actions import Action
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
+from servo.edge.engine import LOCAL_SESSION, EngineBase
 from servo.edge.errors import EdgeStartError
 from servo.edge.failures import PolicyFailed
 from servo.edge.observation import robot_features
-from servo.edge.pipeline import Request
+from servo.edge.pipeline import Produced, Request
 from servo.logs import get_logger
 from servo.policy import DecodedObservation, Policy, PolicyLoadError, load_policy
 from servo.policy.loader import PolicyKeys

@@ -25,12 +25,12 @@ from servo.client.options import SessionOptions
 from servo.client.policy_client import RETRYABLE
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import EngineBase, Produced
+from servo.edge.engine import EngineBase
 from servo.edge.errors import EdgeStartError
 from servo.edge.failures import SessionEnded
 from servo.edge.link import no_server, open_link, prepare_join
 from servo.edge.observation import robot_features
-from servo.edge.pipeline import Request
+from servo.edge.pipeline import Produced, Request
 from servo.edge.replicas import ReplicaRules
 from servo.edge.stats import EngineStats
 from servo.logs import get_logger
