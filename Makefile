@@ -20,7 +20,7 @@ LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_PY := $(LEROBOT_VENV)/bin/python
 LEROBOT_STAMP := $(LEROBOT_VENV)/.servo-installed
 
-.PHONY: setup demo test test-slow test-deploy test-observability observability-tools test-lerobot fuzz lint wheels bench gpu-check study clean image image-tools test-image
+.PHONY: setup demo test test-slow test-hog test-deploy test-observability observability-tools test-lerobot fuzz lint docs wheels bench gpu-check study clean image image-tools test-image
 # gpu-check runs where servo is already installed (no network there): this repo's .venv if it
 # exists, else the python3 on PATH.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
@@ -46,7 +46,9 @@ $(SERVER_STAMP): pyproject.toml $(RUST_SOURCES)
 requirements = $(shell $(PYTHON) -c "import shlex, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project'];\
 	print(shlex.join($(1)))")
 SERVER_REQUIREMENTS = $(call requirements,p['dependencies'] + p['optional-dependencies']['server'])
-DEV_REQUIREMENTS = $(call requirements,p['optional-dependencies']['dev'])
+# The dev extra names the docs extra as servo-robotics[docs]: pip would look for servo on PyPI, so
+# the docs extra's own requirements are installed in its place.
+DEV_REQUIREMENTS = $(call requirements,[r for r in p['optional-dependencies']['dev'] if not r.startswith('servo-robotics[')] + p['optional-dependencies']['docs'])
 $(DEV_STAMP): $(SERVER_STAMP)
 	$(call stage,the dev extra (test and lint tools: about 1.5 GB more),$(PY) -m pip install --quiet $(DEV_REQUIREMENTS))
 	$(call stage,$(OPENPI_CLIENT),$(PY) -m pip install --quiet --no-deps $(OPENPI_CLIENT))
@@ -137,9 +139,16 @@ test-lerobot:
 gpu-check:
 	$(GPU_PY) -m benches.gpu_check
 
-## test-slow: the chaos / soak tests left out of `make test`
+# Busy loops beside test-slow and test-hog (conftest.py): the suite must hold on a loaded machine.
+SERVO_TEST_HOG ?= 8
+
+## test-slow: the chaos / soak tests left out of `make test`, beside $(SERVO_TEST_HOG) busy loops
 test-slow: setup
-	$(PY) -m pytest -q -m slow
+	SERVO_TEST_HOG=$(SERVO_TEST_HOG) $(PY) -m pytest -q -m slow
+
+## test-hog: the Python suite of `make test`, beside $(SERVO_TEST_HOG) busy loops
+test-hog: setup
+	SERVO_TEST_HOG=$(SERVO_TEST_HOG) $(PY) -m pytest -q -m "not slow and not observability"
 
 ## fuzz: 10^6 coverage-guided inputs across every decoder; prints RSS before/after (FUZZ_RUNS=N to change)
 fuzz: setup
@@ -153,6 +162,14 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m mypy.stubtest servo._core
+
+## docs: the documentation site (MkDocs, --strict: no broken link, anchor or reference) into site/, then
+## its checks (search finds the pages users look for, every public name has a reference entry)
+# The docs extra comes with dev (setup). The API, CLI and configuration references are generated from
+# the code at build time (docs/_gen/hooks.py), so the build imports servo.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+	SERVO_DOCS_SITE=site $(PY) -m pytest -q tests/docs/test_site.py
 
 ## wheels: abi3 wheels tagged manylinux_2_28 for x86_64 and aarch64 and the sdist in dist/, checked
 # zig links against a glibc 2.28 sysroot, so no manylinux container is needed; both targets
@@ -180,4 +197,4 @@ study: setup
 	$(PY) -m benches.smoothness
 
 clean:
-	rm -rf $(VENV) $(LEROBOT_VENV) target dist .fuzz .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(LEROBOT_VENV) target dist site .fuzz .pytest_cache .ruff_cache .mypy_cache

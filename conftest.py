@@ -18,6 +18,10 @@ tests that take the CLI's LAN set-up (``tls/0.0.0.0``) are marked ``wildcard`` a
 where no namespace could be made, so they never open a port on a real network.
 ``SERVO_TEST_NETWORK=host`` keeps the host's network: the image tests need it, since building an
 image fetches packages.
+
+``SERVO_TEST_HOG=N`` runs the session beside N busy-loop processes (`testbed.load.CpuHogs`),
+started before the first test and killed after the last: the suite must hold at load (``make
+test-slow`` sets 8).
 """
 
 from __future__ import annotations
@@ -32,9 +36,22 @@ from pathlib import Path
 import pytest
 
 from servo.home import CONFIG_DIR_VARIABLE
+from testbed.load import CpuHogs
 
 _SESSION_HOME = pytest.StashKey[Path]()
 _PRIVATE_NETWORK = pytest.StashKey[bool]()
+_HOGS = pytest.StashKey[CpuHogs]()
+#: Busy loops beside the whole session (0 or unset: none).
+HOG_VARIABLE = "SERVO_TEST_HOG"
+
+
+def _hog_count() -> int:
+    # Taken out of the environment: a pytest the suite runs in a child process adds no hogs.
+    value = os.environ.pop(HOG_VARIABLE, "").strip() or "0"
+    if not value.isdigit():
+        raise pytest.UsageError(f"{HOG_VARIABLE} must be a number of busy loops, got {value!r}")
+    return int(value)
+
 
 PRIVATE_LAN_ADDRESS = "10.254.0.1"
 """This host's address on the session's private LAN: where ``tls/0.0.0.0`` listens are reached."""
@@ -77,18 +94,24 @@ def _enter_private_network() -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Point ``SERVO_CONFIG_DIR`` at a directory of this run before anything can read it; enter the run's network."""
+    """Point ``SERVO_CONFIG_DIR`` at this run's directory before anything reads it; enter its network; start hogs."""
     root = Path(tempfile.mkdtemp(prefix="servo-test-session-"))
     config.stash[_SESSION_HOME] = root
     os.environ[CONFIG_DIR_VARIABLE] = str(root / "servo")
     config.stash[_PRIVATE_NETWORK] = _enter_private_network()
+    if count := _hog_count():
+        hogs = config.stash[_HOGS] = CpuHogs(count)
+        hogs.start()
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """Say which network the run listens on."""
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say which network the run listens on, and whether it runs loaded."""
     if config.stash.get(_PRIVATE_NETWORK, False):
-        return f"network: a namespace of this run (loopback, LAN address {PRIVATE_LAN_ADDRESS})"
-    return "network: the host's (tests marked wildcard are skipped: they need root for a namespace of their own)"
+        lines = [f"network: a namespace of this run (loopback, LAN address {PRIVATE_LAN_ADDRESS})"]
+    else:
+        lines = ["network: the host's (tests marked wildcard are skipped: they need root for a namespace of their own)"]
+    hogs = config.stash.get(_HOGS, None)
+    return lines if hogs is None else [*lines, f"{HOG_VARIABLE}: {hogs.count} busy loops beside the run"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -102,7 +125,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Remove the run's directory (the environment dies with the process)."""
+    """Stop the hogs; remove the run's directory (the environment dies with the process)."""
+    hogs = config.stash.get(_HOGS, None)
+    if hogs is not None:
+        hogs.stop()
     root = config.stash.get(_SESSION_HOME, None)
     if root is not None:
         shutil.rmtree(root, ignore_errors=True)

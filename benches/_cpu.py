@@ -1,39 +1,11 @@
-"""CPU load and accounting for the benchmarks (Linux): busy-loop hogs, and who used how many cores."""
+"""CPU accounting for the benchmarks (Linux): who used how many cores (the hogs: `testbed.load`)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Self
-
-
-class CpuHogs:
-    """One busy-loop process per core at normal priority, for the length of a ``with`` block."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> Self:
-        if self.enabled:
-            for _ in range(os.cpu_count() or 1):
-                self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            proc.kill()
-        for proc in self.procs:
-            proc.wait(10)
-        self.procs.clear()
-
-    @property
-    def pids(self) -> list[int]:
-        """The hogs' process ids."""
-        return [proc.pid for proc in self.procs]
 
 
 class CpuWatch:

@@ -7,8 +7,8 @@ simulated SO-100 with two 480x640 cameras, CPU hogs, and the results' bookkeepin
   process or (the baseline) on a thread; `EngineBase.on_merge` reports every merge with its
   duration (the ActionQueue.merge call) and the chunk's observation stamp. Tick lateness comes
   from the control loop's own histogram (`servo.edge.channel`), the same for both.
-* `benches._cpu` keeps every core busy (`CpuHogs`) and says who used the cores (`CpuWatch`).
-* The legacy inline loop (seeds/000 BUG-1) is in `benches._naive_loop`.
+* `testbed.load` keeps every core busy (`CpuHogs`), `benches._cpu` says who used the cores (`CpuWatch`).
+* The legacy inline loop (docs/design/control-loop.md §1) is in `benches._naive_loop`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -28,13 +28,14 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from benches._cpu import CpuHogs, CpuWatch
+from benches._cpu import CpuWatch
 from servo.edge.channel import LATENESS_BINS, lateness_bin, lateness_percentiles_ms
 from servo.edge.config import load_edge_config
-from servo.edge.engine import MergeEvent
+from servo.edge.pipeline import MergeEvent
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.robots import RobotDescription
+from testbed.load import CpuHogs
 from testbed.processes import stop
 
 JPEG_QUALITY = 90
@@ -48,11 +49,24 @@ CHUNK = 50
 class ServerProcess:
     """``servo-serve`` in a child process (reference policy, two 480x640 cameras, audit log).
 
-    ``options`` adds lines to ``[model.options]`` (e.g. other cameras), ``zenoh`` to ``[zenoh]``.
+    ``options`` adds lines to ``[model.options]`` (e.g. other cameras), ``zenoh`` to ``[zenoh]``,
+    ``extra`` more tables. It listens on ``protocol/host``; ``launch`` wraps its command line (e.g.
+    `testbed.netns.Link.remote`, to run it behind a link); ``env`` adds to its environment.
     """
 
     def __init__(
-        self, workdir: Path, port: int, *, compute_ms: float = COMPUTE_MS, options: str = "", zenoh: str = ""
+        self,
+        workdir: Path,
+        port: int,
+        *,
+        compute_ms: float = COMPUTE_MS,
+        options: str = "",
+        zenoh: str = "",
+        extra: str = "",
+        host: str = "127.0.0.1",
+        protocol: str = "tcp",
+        launch: Callable[..., list[str]] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.port = port
         self.audit = workdir / "audit.jsonl"
@@ -72,21 +86,23 @@ compute_ms = {compute_ms}
 max_sessions = 4
 [zenoh]
 mode = "peer"
-listen = ["tcp/127.0.0.1:{port}"]
+listen = ["{protocol}/{host}:{port}"]
 {zenoh}
 [ops]
 health_port = 0
 audit_log = "{self.audit}"
+{extra}
 """
         )
         self.log = workdir / "server.log"
         self._out = self.log.open("w")
+        # info: at warning level the server's audit log stays empty (its lines are info).
+        command = [sys.executable, "-m", "servo.cli.serve", str(self.manifest), "--log-level", "info"]
         self.proc = subprocess.Popen(
-            # info: at warning level the server's audit log stays empty (its lines are info).
-            [sys.executable, "-m", "servo.cli.serve", str(self.manifest), "--log-level", "info"],
+            command if launch is None else launch(*command),
             stdout=self._out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
     def __enter__(self) -> Self:

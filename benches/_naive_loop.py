@@ -1,4 +1,4 @@
-"""The legacy inline loop of bench_edge.py (seeds/000 BUG-1, on purpose).
+"""The legacy inline loop of bench_edge.py (docs/design/control-loop.md §1, on purpose).
 
 The control thread reads the robot, JPEG-encodes both frames, publishes and *blocks* until the
 chunk is back, all inline, on the same absolute-deadline schedule as servo's loop, so the only
@@ -32,7 +32,7 @@ FloatArray = npt.NDArray[np.float32]
 
 
 class NaiveLoop:
-    """Everything inline on the control thread (seeds/000 BUG-1). Owned by that thread."""
+    """Everything inline on the control thread (docs/design/control-loop.md §1). Owned by that thread."""
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ Processes (`benches._scale`): a Zenoh router, two replicas of a fixed-compute po
 camera, JPEG q80, forwards of `COMPUTE_MS`, as on a GPU: the load starves the threads around
 them), one process of `ROBOTS` light robots asking `RATE_HZ`
 times a second each (they send a copy when `RemoteSession.resend_after` says, as the edge does),
-and 20 busy loops (`testbed.processes.CpuLoad`) on the 2-core machine for the whole measurement.
+and 20 busy loops (`testbed.load.CpuHogs`) on the 2-core machine for the whole measurement.
 After a warm-up, a window of `WINDOW_S`; at its middle the replica holding more sessions is
 killed (kill -9) and its robots fail over to the survivor, whose queue then doubles: the moment
 copies of merely late answers used to fire.
@@ -42,7 +42,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches.bench_scale import Child
-from testbed.processes import CpuLoad, free_port
+from testbed.load import CpuHogs
+from testbed.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The last commit where a copy went out on every late answer and was served as a second forward.
@@ -107,7 +108,7 @@ def run_variant(workdir: Path, env: dict[str, str], window_s: float, load: int) 
         robots = Child(workdir, "robots", *args, "--out", str(out), env=env)
         children.append(robots)
         robots.wait_for("CONNECTED", 120)
-        with CpuLoad(load):
+        with CpuHogs(load):
             time.sleep(3.0)  # warm-up: every robot past its first request, the load settled
             time.sleep(window_s / 2)
             sessions = {name: scrape(port, "servo_active_sessions") for name, port in health.items()}

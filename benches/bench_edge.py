@@ -16,7 +16,7 @@ process per core (normal priority) keeps every core loaded (``hog``). Designs, s
 * ``thread-no-rt`` — that thread without real-time scheduling and the default 5 ms GIL switch
   interval (how an unprivileged edge ran).
 * ``naive`` — robot I/O + JPEG encode + a blocking request inline on the control thread
-  (seeds/000 BUG-1).
+  (docs/design/control-loop.md §1).
 
 Lateness = how late a tick started after its absolute deadline, from the control loop's own
 fixed histogram (10 µs bins below 10 ms: p50/p99 are upper bounds, max is exact); every tick of a

@@ -24,7 +24,7 @@ Measure (as root, so SCHED_FIFO is permitted)::
     pytest benches/bench_ros2.py --benchmark-enable --benchmark-only -s
 
 3 rounds of 10 s per robot (``EDGE_BENCH_ROUNDS`` / ``EDGE_BENCH_S``, hogs off with ``EDGE_BENCH_HOGS=0``).
-Target (``extra_info["target_met"]``): the README's control-loop figures at 100 Hz, p99 <= 1 ms and
+Target (``extra_info["target_met"]``): the control-loop figures of docs/guides/performance.md at 100 Hz, p99 <= 1 ms and
 max <= 5 ms.
 """
 

@@ -3,7 +3,7 @@
 Processes (see `benches._scale`): a Zenoh router, three replicas of a fixed-compute policy (two
 48x64 cameras, JPEG q80), and robot processes of 50 robots each sharing one Zenoh session. Each
 robot sends one observation every 1/r s (r = 0.5 Hz) and checks the chunk answers that very
-observation. The forward time t is set from the capacity formula of seeds/001 P10 so the fleet runs
+observation. The forward time t is set from the capacity formula (docs/design/capacity.md) so the fleet runs
 exactly at its throughput capacity: N_max = 0.8 / (r·t) per replica, so t = 0.8 / (r·N/3).
 
 Timeline: every robot connected → warm-up → measurement window (sessions per replica, served-rate

@@ -1,6 +1,6 @@
 """Certificates for TLS tests, generated in the test (EC P-256, valid for a day).
 
-The shapes follow ZENOH_FACTS §7: a CA with ``basicConstraints CA:TRUE`` and leaves with
+The shapes follow docs/design/zenoh.md §7: a CA with ``basicConstraints CA:TRUE`` and leaves with
 ``CA:FALSE``; a leaf that is dialled (a router, a listening server) carries the address as SAN.
 """
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -18,6 +17,7 @@ from servo.server.manifest import Manifest, parse_manifest
 from servo.server.service import PolicyServer, ServerReady
 from servo.server.sessions import Session
 from servo.transport import ZenohSettings
+from testbed.load import CpuHogs
 from testbed.processes import free_port as free_port  # the one definition, shared with the benchmarks
 
 
@@ -95,6 +95,28 @@ async def eventually(
         raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
 
 
+async def keep_sending(
+    send: Callable[[], None], done: Callable[[], bool], timeout: float = 30.0, what: str = "it", every: float = 0.05
+) -> int:
+    """Call ``send()`` every ``every`` s until ``done()`` holds (or fail after ``timeout`` s); how many sends.
+
+    A peer's ``Session.put`` has Zenoh's default ``DROP`` congestion control: a message that
+    waits longer than ``wait_before_drop`` for room in its transmit queue is discarded, and at
+    load a large one often is. A test never counts on one put arriving: its peer keeps sending,
+    as an attacker would, until what it sent shows (a counter moves).
+    """
+    sent = 0
+    try:
+        with anyio.fail_after(timeout):
+            while not done():
+                send()
+                sent += 1
+                await anyio.sleep(every)  # the sender's pace; `done` is the condition waited on
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout} s sending until {what} ({sent} sent)") from None
+    return sent
+
+
 #: The longest a `cpu_hog` busy loop runs if nobody stops it (the test process died).
 HOG_LIMIT_S = 300
 
@@ -102,16 +124,9 @@ HOG_LIMIT_S = 300
 @contextmanager
 def cpu_hog(loops: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``loops`` busy-loop processes at normal priority for the length of the block (each ends by
-    itself after `HOG_LIMIT_S` at the latest; the block kills them)."""
-    busy = f"import time\nend = time.monotonic() + {HOG_LIMIT_S}\nwhile time.monotonic() < end: pass"
-    procs = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(loops)]
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            proc.kill()
-        for proc in procs:
-            proc.wait(10)
+    itself after `HOG_LIMIT_S` at the latest, or once this process is gone; the block kills them)."""
+    with CpuHogs(loops, limit_s=HOG_LIMIT_S) as hogs:
+        yield hogs.procs
 
 
 def new_threads(before: Collection[threading.Thread]) -> list[str]:

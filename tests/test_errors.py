@@ -102,7 +102,7 @@ def test_what_the_rust_core_raises_is_a_servo_error() -> None:
     with pytest.raises(servo.ProtocolError, match="attachment is 1 bytes, expected 62"):
         servo._core.decode_header(b"x")
     with pytest.raises(servo.SecurityError, match="32"):
-        servo._core.SessionKey(b"short")
+        servo._core.SessionKey(b"short", role="client")
     queue = servo._core.ActionQueue(6, rtc=False)
     with pytest.raises(ServoError, match="expected"):
         queue.merge(np.zeros((4, 7), np.float32), np.zeros((4, 7), np.float32), 0)

@@ -149,7 +149,7 @@ def test_the_ros2_example_manifest_prints_a_robot_its_arm_takes(monkeypatch: pyt
     manifest = load_manifest(EXAMPLES / "ros2" / "manifest.toml")
     assert manifest.robot is not None
     assert manifest.robot.type == "ros2"
-    monkeypatch.chdir(EXAMPLES.parent)  # its urdf= is a path in a checkout, as the README runs it
+    monkeypatch.chdir(EXAMPLES.parent)  # its urdf= is a path in a checkout, as docs/guides/ros2.md runs it
     spec = RobotDescription("ros2", manifest.robot.option_text()).spec()
     assert list(spec.joint_names) == list(JOINT_NAMES)
     assert set(spec.cameras) == set(manifest.model.options["cameras"])

@@ -193,10 +193,9 @@ def test_examples_import_only_the_public_api(example: Path) -> None:
     assert {name for name in imported if name.startswith("servo.")} == set()
 
 
-def test_the_readme_python_example_runs(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## From Python") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
+def test_the_python_guide_example_runs(tmp_path: Path) -> None:
+    guide = (ROOT / "docs" / "guides" / "python.md").read_text()
+    code = re.search(r"```python\n(.*?)```", guide, re.S)
     assert code is not None
     port, health = free_port(), free_port()
     manifest = (ROOT / "examples" / "manifest.toml").read_text()

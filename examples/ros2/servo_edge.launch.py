@@ -2,7 +2,7 @@
 
 The driver is ros2_control with a forward position controller (``controllers.yaml`` is the arm's
 own); servo-edge is one more process beside it, running the command ``servo-serve
-examples/ros2/manifest.toml`` prints for the arm (README: ROS 2 robots), with ``gpu-server`` the
+examples/ros2/manifest.toml`` prints for the arm (docs/guides/ros2.md), with ``gpu-server`` the
 server's address and the join token it printed (proved once: the robot keeps its enrolment and
 the server's identity). servo-edge needs no ROS install: the launch file only starts it.
 """

@@ -2,13 +2,13 @@
 
 Every configuration surface of servo (server manifest, edge options, robot options, fleet file,
 display) is a frozen `msgspec.Struct`. A field is spelled one way: a constrained type declared
-once below (`Seconds`, `Port`, `PositiveInt`…) and its one sentence of help, `doc`::
+once below (`Seconds`, `Port`, `PositiveInt`…) and its one sentence of help, `doc` (a bound that
+only one field has goes into `doc` too: ``doc("…", le=10)``)::
 
     max_offline_s: Annotated[Seconds, doc("Offline this long -> DEAD: park the arm and exit (s).")] = 60.0
 
-(a bound that only one field has goes into `doc` too: ``doc("…", le=10)``). Values are converted
-with `msgspec.convert` and every error is reported the same way, naming the file and the dotted
-key::
+Values are converted with `msgspec.convert` and every error is reported the same way, naming the
+file and the dotted key::
 
     manifest.toml: serving.max_sessions = -5: expected int >= 1
     manifest.toml: serving.max_sesions: unknown key (valid: app, max_sessions, mode, …)
@@ -221,9 +221,8 @@ def flag_keys(kind: type[Any]) -> dict[str, str]:
 class FieldError(ConfigError):
     """What a Struct's ``check()`` raises about one of its own fields (``field`` relative to it).
 
-    `convert` calls ``check()`` on every Struct of the converted tree that defines it (rules that
-    span several fields, or need the file system) and turns a FieldError into a `ConfigError`
-    naming the full dotted key and its value.
+    `convert` calls ``check()`` on every Struct of the converted tree that defines it (rules that span
+    several fields, or need the file system): a FieldError becomes a `ConfigError` naming the key and value.
     """
 
     def __init__(self, field: str, message: str) -> None:

@@ -1,7 +1,7 @@
 """Every door servo opens: each listening socket, Zenoh declaration and file, who may use it, what guards it.
 
-The one source of truth of the README's threat-model table (`markdown_table` renders it; a test
-checks the README holds exactly that), and of the exposure census (``tests/security/test_census.py``),
+The one source of truth of the threat-model table in docs/guides/security.md (`markdown_table`
+renders it; a test checks the page holds exactly that), and of the exposure census (``tests/security/test_census.py``),
 which starts a server (loopback and ``tls/0.0.0.0``), an edge, a router, a monitor and the openpi
 door, lists every socket they listen on, every key expression they declare and every file they
 keep in servo's directory, and fails on one this table does not name, or on a stranger's
@@ -289,7 +289,7 @@ DOORS: tuple[Door, ...] = (
 
 
 def markdown_table() -> str:
-    """The README's threat-model table (one row per door)."""
+    """The threat-model table of docs/guides/security.md (one row per door)."""
     lines = ["| program | door | where | who may use it | what stops anybody else |", "|---|---|---|---|---|"]
     lines += [f"| {d.component} | {d.kind} | `{d.where}` | {d.who} | {d.guard} |" for d in DOORS]
     return "\n".join(lines) + "\n"

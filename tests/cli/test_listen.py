@@ -6,6 +6,8 @@ import shlex
 import socket
 from pathlib import Path
 
+import pytest
+
 from servo.cli.listen import arm_options, edge_command, secure_listen
 from servo.join import JoinToken
 from servo.server.manifest import parse_manifest
@@ -15,8 +17,12 @@ from servo.transport import exposed_endpoint
 MANIFEST = '[model]\nsource = "reference"\n[zenoh]\nlisten = [{listen}]\n{tls}'
 
 
-def test_a_tls_listen_without_certificate_gets_the_self_signed_one(servo_config_dir: Path) -> None:
-    manifest, certificate = secure_listen(parse_manifest(MANIFEST.format(listen='"tls/127.0.0.1:7447"', tls="")))
+@pytest.mark.parametrize("protocol", ["tls", "quic"])
+def test_a_tls_or_quic_listen_without_certificate_gets_the_self_signed_one(
+    servo_config_dir: Path, protocol: str
+) -> None:
+    listen = f'"{protocol}/127.0.0.1:7447"'
+    manifest, certificate = secure_listen(parse_manifest(MANIFEST.format(listen=listen, tls="")))
     assert certificate is not None
     assert certificate.cert == servo_config_dir / "tls" / "server.pem"
     assert manifest.zenoh.tls is not None
@@ -78,6 +84,7 @@ def test_hosts_an_edge_can_dial() -> None:
     )
     # Nothing to say for a TLS listen with a CA of the user's own, or a port chosen at bind time.
     assert edge_command("tls/10.1.2.3:7447", robot="sim", certificate=None) is None
+    assert edge_command("quic/10.1.2.3:7447", robot="sim", certificate=None) is None
     assert edge_command("tcp/127.0.0.1:0", robot="sim", certificate=None) is None
 
 

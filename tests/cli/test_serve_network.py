@@ -1,5 +1,5 @@
-"""``servo-serve`` on the network: a TLS listen without a certificate, the edge command it prints
-(run as printed, over TLS on 127.0.0.1), the capacity plan and its warning, and the flags' errors."""
+"""``servo-serve`` on the network: a TLS or QUIC listen without a certificate, the edge command it
+prints (run as printed, on 127.0.0.1), the capacity plan and its warning, and the flags' errors."""
 
 from __future__ import annotations
 
@@ -48,11 +48,12 @@ def printed_command(proc: Proc, label: str) -> list[str]:
     return shlex.split(line.split(f"{label}: ", 1)[1])
 
 
-def test_a_tls_listen_gets_a_certificate_and_the_printed_edge_command_works(
-    tmp_path: Path, servo_config_dir: Path
+@pytest.mark.parametrize("protocol", ["tls", "quic"])
+def test_a_tls_or_quic_listen_gets_a_certificate_and_the_printed_edge_command_works(
+    tmp_path: Path, servo_config_dir: Path, protocol: str
 ) -> None:
     port = free_port()
-    server = serve(tmp_path, "--listen", f"tls/127.0.0.1:{port}")
+    server = serve(tmp_path, "--listen", f"{protocol}/127.0.0.1:{port}")
     try:
         certificate = servo_config_dir / "tls" / "server.pem"
         assert f"TLS with the self-signed certificate {certificate} (created;" in server.output
@@ -60,7 +61,7 @@ def test_a_tls_listen_gets_a_certificate_and_the_printed_edge_command_works(
         command = printed_command(server, "without hardware")
         # (--buffer-time-s in between when the capacity plan, timed at this machine's load, asks for it)
         assert command[:3] == ["servo-edge", "--robot", "sim"]
-        assert command[-4:] == ["--connect", f"tls/127.0.0.1:{port}", "--tls-root-ca", "server.pem"]
+        assert command[-4:] == ["--connect", f"{protocol}/127.0.0.1:{port}", "--tls-root-ca", "server.pem"]
         robot = tmp_path / "robot"  # the robot's side: its copy of the certificate, as the line says
         robot.mkdir()
         shutil.copy(certificate, robot / "server.pem")

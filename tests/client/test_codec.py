@@ -97,14 +97,18 @@ def test_within_the_tolerance_the_better_fidelity_wins() -> None:
 def test_noise_near_the_break_even_point_does_not_flap() -> None:
     # Every option costs 15.5-16.7 ms on this link, with +-20 % noise on every request: which
     # one is used hardly matters, but it must not change every few requests (without the flap
-    # damping this switched 47 times in 2000 requests).
-    link = FakeLink(mbit_s=1000, base_ms=2.0, encode_ms=3.0, decode_ms=10.0, noise=0.2, seed=3)
-    chooser = CodecChooser("auto")
-    used = link.run(chooser, 2000)
-    assert chooser.switches <= 20, chooser.status()
-    true_cost = {q: link.encode_ms_of(q) + link.net_ms_of(q) for q in SIZES}
-    mean = sum(true_cost[q] * n for q, n in used.items()) / sum(used.values())
-    assert mean <= 1.05 * min(true_cost.values())
+    # damping this switched 47 times in 2000 requests). Where it settles is down to the noise,
+    # so the cost is judged over a few links (one alone ends anywhere from 1.03 to 1.05).
+    ratios = []
+    for seed in range(5):
+        link = FakeLink(mbit_s=1000, base_ms=2.0, encode_ms=3.0, decode_ms=10.0, noise=0.2, seed=seed)
+        chooser = CodecChooser("auto")
+        used = link.run(chooser, 2000)
+        assert chooser.switches <= 20, chooser.status()
+        true_cost = {q: link.encode_ms_of(q) + link.net_ms_of(q) for q in SIZES}
+        mean = sum(true_cost[q] * n for q, n in used.items()) / sum(used.values())
+        ratios.append(mean / min(true_cost.values()))
+    assert sum(ratios) / len(ratios) <= 1.05, ratios
 
 
 def test_the_option_in_use_is_kept_until_another_is_clearly_cheaper() -> None:
@@ -141,7 +145,8 @@ def test_a_probe_of_a_hopeless_option_is_postponed() -> None:
     # 100 Mbit/s: raw costs 148 ms, JPEG 80 10 ms; JPEG 95 (21 ms) and 90 (14 ms) are close.
     chooser = CodecChooser("auto", AutoCodec(reprobe_every=4))
     link = FakeLink(mbit_s=100)
-    assert link.raw_at(chooser, 100) == [9, 10, 11]  # its start-up samples, then none
+    # Its start-up samples (the cold first request, then three to confirm it), then none.
+    assert link.raw_at(chooser, 100) == [0, 10, 11, 12]
     probes = chooser.probes
     assert link.raw_at(chooser, 350) == []  # without the postponement: one per 64 requests
     assert chooser.probes > probes  # JPEG 95 and 90 are still compared
@@ -156,8 +161,19 @@ def test_a_postponed_probe_still_happens_by_the_hard_bound() -> None:
     chooser = CodecChooser("auto", AutoCodec(reprobe_every=4))
     link = FakeLink(mbit_s=100)
     at = link.raw_at(chooser, 1600)
-    # Start-up samples at 9-11, then one probe every 4 x MAX_POSTPONE = 512 requests.
-    assert at == [9, 10, 11, 11 + 512, 11 + 2 * 512, 11 + 3 * 512], at
+    # The start-up samples, then one probe every 4 x MAX_POSTPONE = 512 requests.
+    assert at == [0, 10, 11, 12, 12 + 512, 12 + 2 * 512, 12 + 3 * 512], at
+
+
+def test_on_a_slow_link_raw_is_sent_once_before_the_robot_moves() -> None:
+    # 10 Mbit/s (a lossy radio link): raw costs 1.5 s, JPEG 80 52 ms. Raw is the first request
+    # (the robot waits for its first chunk anyway) and that one sample, 29x the cheapest, is
+    # enough: it is not sent twice more to be confirmed once the arm streams, nor probed again.
+    chooser = CodecChooser("auto")
+    link = FakeLink(mbit_s=10, noise=0.1, seed=1)
+    assert link.raw_at(chooser, 400) == [0]
+    assert chooser.current == 80
+    assert chooser.switches == 1
 
 
 def test_a_faster_link_brings_a_postponed_probe_back_at_once() -> None:
@@ -276,6 +292,26 @@ async def test_auto_picks_raw_on_loopback_shared_memory(port: int) -> None:
         assert status.requests == {"raw": 25, "jpeg95": 0, "jpeg90": 0, "jpeg80": 0}
         assert status.probes == 0
         assert session.codec_status().camera_encode_ms == {}
+        await session.close()
+
+
+@pytest.mark.anyio
+async def test_a_new_session_starts_from_what_the_client_measured(port: int) -> None:
+    # The robot's link was measured by its earlier sessions (here: a 10 Mbit/s link, raw hopeless);
+    # a new session (a failover) goes on with JPEG, not with a raw request of seconds.
+    policy = FixedComputePolicy(cameras={"front": (480, 640), "wrist": (480, 640)})
+    async with (
+        running_server(server_manifest(port), policy=policy) as (_, ready),
+        connected(port, "robot", jpeg_quality="auto") as client,
+    ):
+        FakeLink(mbit_s=10).run(client.codec, 50)
+        assert client.codec.current == 80
+        raw_before = client.codec.status().requests["raw"]
+        session = await open_on(client, ready)
+        for _ in range(3):
+            await session.infer(np.zeros(6, np.float32), camera_frames(480, 640), timeout=5)
+        assert session.codec is client.codec
+        assert client.codec.status().requests["raw"] == raw_before == 1  # its start-up sample only
         await session.close()
 
 

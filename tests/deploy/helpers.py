@@ -138,7 +138,7 @@ def _kill_marked(marker: bytes) -> None:
 class Presence:
     """Which liveliness tokens under a selector exist, and every change, as seen on the event loop.
 
-    The Zenoh callback only deposits into a memory stream (ZENOH_FACTS §2); `until` applies the
+    The Zenoh callback only deposits into a memory stream (docs/design/zenoh.md §2); `until` applies the
     changes on the loop. ``history=True`` reports the tokens that already exist.
     """
 

@@ -1,4 +1,4 @@
-"""The capacity plan: seeds/001 P10 from a measured forward time, and the warnings a user needs."""
+"""The capacity plan: docs/design/capacity.md from a measured forward time, and the warnings a user needs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def plan(
 
 @pytest.mark.parametrize(
     ("forward_s", "robots"),
-    [(0.020, 40), (0.150, 5)],  # seeds/001 P10: "ACT @ 20 ms, 1 Hz: ~40 clients/GPU. Pi0 @ 150 ms, 1 Hz: ~5"
+    [(0.020, 40), (0.150, 5)],  # docs/design/capacity.md §1: ACT at 20 ms ~40 robots, Pi0 at 150 ms ~5
 )
 def test_the_seed_examples_at_one_request_per_second(forward_s: float, robots: int) -> None:
     # 60 steps at 30 fps = 2 s; RTC with a 1 s buffer: each robot asks once a second.
@@ -84,7 +84,7 @@ def test_the_plan_says_what_it_measured_and_assumed() -> None:
     assert "asks every 167 ms" in first
     assert "within 500 ms" in first
     assert "carries 11 robot(s)" in capacity
-    assert "P10" in capacity
+    assert "docs/design/capacity.md" in capacity
     assert "network round trip assumed" in capacity
 
 
@@ -129,7 +129,7 @@ def test_the_buffer_the_plan_asks_for_only_when_it_helps() -> None:
 
 def test_one_robot_that_keeps_the_replica_busy_is_told_to_lengthen_the_chunk_not_the_buffer() -> None:
     # 20 steps at 30 fps with RTC and a 0.5 s buffer: a robot asks every 212 ms; a 202 ms forward
-    # is 95 % of that (P10 allows 80 %), though it is well within the buffer.
+    # is 95 % of that (the capacity formula allows 80 %), though it is well within the buffer.
     p = plan(0.202, 20)
     assert p.robots == 0
     assert p.edge_buffer_s is None  # a longer buffer would make it ask more often, not less

@@ -10,8 +10,8 @@ import numpy as np
 import numpy.typing as npt
 
 from servo.edge.actions import Action
-from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
-from servo.edge.pipeline import Request
+from servo.edge.engine import LOCAL_SESSION, EngineBase
+from servo.edge.pipeline import Produced, Request
 from servo.robots.builtin import SimOptions, sim_config
 from servo.robots.protocol import RobotSpec
 from servo.robots.sim import SimSO100

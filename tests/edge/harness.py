@@ -25,8 +25,8 @@ import numpy.typing as npt
 from servo.edge.channel import ControlChannel, LoopState
 from servo.edge.config import EdgeConfig, load_edge_config
 from servo.edge.control_process import ProcessControlLoop
-from servo.edge.engine import EngineBase, MergeEvent
-from servo.edge.pipeline import ChunkPipeline
+from servo.edge.engine import EngineBase
+from servo.edge.pipeline import ChunkPipeline, MergeEvent
 from servo.edge.realtime import request_realtime
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
 from servo.policy.protocol import FloatArray as PolicyArray

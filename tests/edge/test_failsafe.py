@@ -1,4 +1,4 @@
-"""FailSafe: the transitions of seeds/001 §9.2, on an injected clock."""
+"""FailSafe: the transitions of docs/design/failsafe.md, on an injected clock."""
 
 from __future__ import annotations
 

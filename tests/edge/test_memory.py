@@ -13,9 +13,9 @@ import tracemalloc
 import numpy as np
 
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import LOCAL_SESSION, Produced
+from servo.edge.engine import LOCAL_SESSION
 from servo.edge.observation import ObservationInput
-from servo.edge.pipeline import PipelineConfig
+from servo.edge.pipeline import PipelineConfig, Produced
 from servo.robots import SimConfig, SimSO100
 from tests.edge.fakes import EchoEngine
 

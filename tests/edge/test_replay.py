@@ -1,4 +1,4 @@
-"""Trajectory replay (seeds/002): loaded once, bridged smoothly, drained locally."""
+"""Trajectory replay (docs/design/replay.md): loaded once, bridged smoothly, drained locally."""
 
 from __future__ import annotations
 

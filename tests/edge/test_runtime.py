@@ -15,8 +15,8 @@ import pytest
 from servo.edge.channel import LoopState
 from servo.edge.config import EdgeConfig
 from servo.edge.control_process import ProcessControlLoop
-from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
-from servo.edge.pipeline import PipelineConfig, Request
+from servo.edge.engine import LOCAL_SESSION, EngineBase
+from servo.edge.pipeline import PipelineConfig, Produced, Request
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.recording import read_recording
 from servo.robots import RobotDescription

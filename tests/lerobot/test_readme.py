@@ -1,9 +1,9 @@
-"""The README's "From LeRobot", run as written: a checkpoint folder to the sim arm moving under its chunks.
+"""The "From LeRobot" guide, run as written: a checkpoint folder to the sim arm moving under its chunks.
 
-The commands are read from README.md, so this fails when the README drifts from what works. Only
+The commands are read from docs/guides/lerobot.md, so this fails when the guide drifts from what works. Only
 what a test machine must change is changed: a free port for 7447, 127.0.0.1 for the GPU box's
-addresses, the CPU for ``--device cuda``, and the join token this server printed for the README's.
-The checkpoint is a tiny random ACT written where the README's command looks for it, with LeRobot's
+addresses, the CPU for ``--device cuda``, and the join token this server printed for the guide's.
+The checkpoint is a tiny random ACT written where the guide's command looks for it, with LeRobot's
 own writers, beside the metadata of its training dataset; the robot runs with a servo directory of
 its own (a fresh machine: nothing copied to it).
 """
@@ -28,8 +28,8 @@ from servo.home import CONFIG_DIR_VARIABLE
 from servo.recording import read_recording
 from servo.robots import RobotDescription
 from tests.edge.harness import Proc
+from tests.guides import command, commands, guide, option, program, with_token, without_asked_buffer
 from tests.lerobot.checkpoints import SO101_JOINTS, build_trained_act
-from tests.readme import command, commands, option, program, section, with_token, without_asked_buffer
 from tests.robots.calib_data import write_calibration
 from tests.support import free_port
 
@@ -39,7 +39,7 @@ REPO_ID, DATASET_ROOT, FPS = "local/so101_try", "data/so101_try", 30
 
 
 def on_this_machine(argv: list[str], port: int, server: str = "127.0.0.1") -> list[str]:
-    """A README command with what a test machine must change: port, the GPU box's address, device.
+    """A guide's command with what a test machine must change: port, the GPU box's address, device.
 
     The server keeps its ``tls/0.0.0.0`` listen: that is what makes it ask robots for a join token.
     """
@@ -53,15 +53,15 @@ def on_this_machine(argv: list[str], port: int, server: str = "127.0.0.1") -> li
 @pytest.mark.wildcard
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    found = commands(section("From LeRobot"))
+def test_from_checkpoint_to_the_sim_arm_as_the_guide_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    found = commands(guide("lerobot"))
     serve = command(found, "servo-serve", "--lerobot")
     arm, sim = command(found, "servo-edge", "--robot", "so101"), command(found, "servo-edge", "--robot", "sim")
     port = free_port()
     monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "lerobot_home"))  # no dataset of this machine's
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path / "calibration"))
 
-    # The GPU box: the checkpoint where the README looks for it, trained on a dataset on this machine.
+    # The GPU box: the checkpoint where the guide looks for it, trained on a dataset on this machine.
     gpu_box = tmp_path / "gpu-box"
     checkpoint = gpu_box / option(serve, "--lerobot")
     build_trained_act(checkpoint, gpu_box / DATASET_ROOT, repo_id=REPO_ID, cameras=CAMERAS, fps=FPS)
@@ -86,10 +86,10 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(tmp_path: Path, monke
         robot_env = {**os.environ, CONFIG_DIR_VARIABLE: str(robot / "servo")}  # a fresh machine
 
         address = option(printed_sim, "--connect").removeprefix("tls/").rsplit(":", 1)[0]  # this host's, as printed
-        # What servo-serve prints for the sim is the README's command (less the try's run options).
+        # What servo-serve prints for the sim is the guide's command (less the try's run options).
         sim_here = with_token(on_this_machine(sim, port, address), token)
         assert sim_here[: len(printed_sim)] == printed_sim
-        # ... and for the arm, the same flags with the README's values in place of its placeholders.
+        # ... and for the arm, the same flags with the guide's values in place of its placeholders.
         arm_here = with_token(on_this_machine(arm, port, address), token)
         for flag in ("--robot", "--connect", "--join"):
             assert option(arm_here, flag) == option(printed_arm, flag)
@@ -119,7 +119,7 @@ def test_from_checkpoint_to_the_sim_arm_as_the_readme_says(tmp_path: Path, monke
 
 
 def check_arm_command(argv: list[str], printed: list[str]) -> None:
-    """The README's SO-101 command parses as servo-edge parses it, for a robot the checkpoint accepts."""
+    """The guide's SO-101 command parses as servo-edge parses it, for a robot the checkpoint accepts."""
     args = build_parser().parse_args(argv[1:])
     config = load_edge_config(None, struct_flag_values(args, EdgeConfig))
     assert config.security.join == option(printed, "--join")

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from tests.edge.harness import Proc
+from tests.guides import guide, section
 from tests.observability.browser import tool
 from tests.observability.fleet import running_fleet
-from tests.readme import section
 from tests.support import free_port
 
 pytestmark = [pytest.mark.observability, pytest.mark.timeout(300)]
@@ -56,8 +56,8 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 
 def runbook_queries(robot: str) -> list[str]:
-    """The README runbook's PromQL, for ``robot`` in place of its robot-217."""
-    text = section('The runbook: "robot 217 stuttered at 14:03"', level=3)
+    """The operations runbook's PromQL (docs/guides/operations.md), for ``robot`` in place of its robot-217."""
+    text = section(guide("operations"), 'The runbook: "robot 217 stuttered at 14:03"')
     (block,) = re.findall(r"```promql\n(.*?)```", text, re.DOTALL)
     return [line.strip().replace("robot-217", robot) for line in block.splitlines() if line.strip()]
 
@@ -144,7 +144,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path: Pat
                 lambda: prometheus.api("label/robot/values", **{"match[]": "servo_edge_up"}),
             )
             assert set(robots) == {"robot-0", "robot-1"}
-            queries = [*dashboard_queries(), *(("the README's runbook", q) for q in runbook_queries("robot-0"))]
+            queries = [*dashboard_queries(), *(("the runbook", q) for q in runbook_queries("robot-0"))]
             assert len(queries) > len(dashboard_queries()) + 3
             for title, query in queries:
                 result = prometheus.eventually(

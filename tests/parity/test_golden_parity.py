@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from servo.edge.config import EdgeConfig, load_edge_config
-from servo.edge.engine import EngineBase, Produced
+from servo.edge.engine import EngineBase
 from servo.edge.local import RtcEngine
 from servo.edge.observation import ObservationInput
-from servo.edge.pipeline import Request
+from servo.edge.pipeline import Produced, Request
 from servo.edge.remote import RemoteEngine
 from servo.policy.reference import ReferencePolicy
 from servo.robots import SimCameraConfig, SimConfig, SimSO100

@@ -15,6 +15,7 @@ import resource
 import numpy as np
 import pytest
 import simplejpeg
+import zenoh
 
 from servo._core import MSG_ERROR
 from servo.client import PolicyClient, SessionRejected
@@ -79,7 +80,9 @@ async def test_jpeg_bombs_are_refused_by_their_header_and_the_robot_keeps_stream
             await still_streaming(served)
             for seq, (name, payload) in enumerate(cases.items(), start=100):
                 attachment, ciphertext = sealed(bad, seq, payload)
-                mallory.zsession.put(bad.keys.obs, ciphertext, attachment=attachment)
+                mallory.zsession.put(
+                    bad.keys.obs, ciphertext, attachment=attachment, congestion_control=zenoh.CongestionControl.BLOCK
+                )
                 header, reply = await tap.next(lambda h, seq=seq: h is not None and h.seq_id == seq)
                 assert header is not None
                 assert header.msg_type == MSG_ERROR, name

@@ -6,8 +6,8 @@ listen on (from the operating system), what they declare (`tests.security.census
 files they keep in servo's directory and the robot's own, and checks each against
 `servo.threat_model` (every file this user's alone, no link). Then a stranger, with nothing but
 what the network shows it (the self-signed certificate, the keys it sees), uses each door whose
-row says strangers are refused, and is refused. The README's table is the threat model's, row
-for row.
+row says strangers are refused, and is refused. The security guide's table is the threat
+model's, row for row.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
 ]
-README = Path(__file__).parents[2] / "README.md"
+SECURITY_GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "security.md"
 FORGED = 12.5
 
 
@@ -318,5 +318,5 @@ async def test_the_router_listens_only_where_its_fleet_file_says_and_refuses_str
         tg.cancel_scope.cancel()
 
 
-def test_the_readme_table_is_the_threat_model() -> None:
-    assert markdown_table() in README.read_text()
+def test_the_security_guide_table_is_the_threat_model() -> None:
+    assert markdown_table() in SECURITY_GUIDE.read_text()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import pytest
+import zenoh
 
 from servo._core import MSG_CONTROL, MSG_CONTROL_ACK, SCHEMA_VERSION, Header, SessionKey
 from servo.access import Access, AccessRules
@@ -54,10 +55,12 @@ async def test_reset_is_acked_and_old_episode_observations_are_dropped(port: int
         async with action_tap(client.zsession, session.keys.action) as tap:
             # a straggler of episode 0 arriving after the reset is dropped, never served
             attachment, straggler = sealed(session, first.seq_id + 1, body(), episode_id=0)
-            client.zsession.put(session.keys.obs, straggler, attachment=attachment)
+            # BLOCK, as servo's own observation publisher: the straggler must arrive (exactly once).
+            block = zenoh.CongestionControl.BLOCK
+            client.zsession.put(session.keys.obs, straggler, attachment=attachment, congestion_control=block)
             await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="stale") == 1)
             # The straggler took its seq_id: the same message again is a replay, refused as such.
-            client.zsession.put(session.keys.obs, straggler, attachment=attachment)
+            client.zsession.put(session.keys.obs, straggler, attachment=attachment, congestion_control=block)
             await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="replay") == 1)
             second = await session.infer(*observation(2), timeout=5)
             assert second.episode_id == 1

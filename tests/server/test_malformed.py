@@ -43,6 +43,9 @@ from tests.server.helpers import (
 from tests.server.policies import CHUNK, FailingPolicy, FixedComputePolicy
 from tests.support import eventually, make_manifest, running_server
 
+#: The QoS of servo's own observation publisher: what a peer sends here must arrive (not be dropped at load).
+BLOCK = zenoh.CongestionControl.BLOCK
+
 pytestmark = pytest.mark.anyio
 
 LIMIT = 200_000
@@ -193,14 +196,14 @@ async def test_malformed_observations_are_answered_and_do_not_disturb_others(por
             await still_served(served)
             for seq, (name, make) in enumerate(ANSWERED.items(), start=100):
                 attachment, ciphertext = sealed(session, seq, make())
-                victim.zsession.put(session.keys.obs, ciphertext, attachment=attachment)
+                victim.zsession.put(session.keys.obs, ciphertext, attachment=attachment, congestion_control=BLOCK)
                 event = await expect_error(tap, seq)
                 assert event.code == "bad_observation", (name, event)
                 assert event.message, name
                 await still_served(served)
             # after all that, the victim's own session still works
             attachment, ciphertext = sealed(session, seq + 1, body(np.full(6, 7, np.float32)))
-            victim.zsession.put(session.keys.obs, ciphertext, attachment=attachment)
+            victim.zsession.put(session.keys.obs, ciphertext, attachment=attachment, congestion_control=BLOCK)
             header, chunk = await tap.next(lambda h: h is not None and h.seq_id == seq + 1)
             assert header is not None
             assert header.msg_type == MSG_CHUNK
@@ -233,7 +236,7 @@ async def test_unauthenticated_observations_are_dropped_unanswered(port: int) ->
             expected: Counter[str] = Counter()
             for seq, case in enumerate(DROPPED.values(), start=100):
                 attachment, payload = case.message(session, seq, case.payload(), first)
-                victim.zsession.put(session.keys.obs, payload, attachment=attachment)
+                victim.zsession.put(session.keys.obs, payload, attachment=attachment, congestion_control=BLOCK)
                 expected[case.reason] += 1
                 count = expected[case.reason]
                 await eventually(
@@ -303,7 +306,7 @@ async def test_hostile_keys_crash_nothing(port: int) -> None:
         delivered_possible = 0
         for key in hostile:
             try:
-                z.put(key, ciphertext, attachment=header)
+                z.put(key, ciphertext, attachment=header, congestion_control=BLOCK)
                 delivered_possible += 1
             except zenoh.ZError:
                 pass  # zenoh itself refused the key: fine
@@ -333,7 +336,7 @@ async def test_observations_without_a_session_are_dropped(port: int) -> None:
         key = ready.keys.client("ghost").obs
         async with action_tap(client.zsession, ready.keys.client("ghost").action) as tap:
             attachment, ciphertext = sealed(session, 1, body())
-            client.zsession.put(key, ciphertext, attachment=attachment)
+            client.zsession.put(key, ciphertext, attachment=attachment, congestion_control=BLOCK)
             await eventually(lambda: metric(server, "servo_observations_rejected_total", reason="session") >= 1)
             # the keyless hint, so a client whose server restarted re-opens at once
             header, notice = await tap.next(lambda h: h is not None and h.msg_type == MSG_ERROR)

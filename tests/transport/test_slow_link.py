@@ -2,7 +2,7 @@
 
 The edge side runs in this process on the host; ``servo-serve`` runs in the namespace, so every
 observation crosses the veth and its token-bucket filter (shared memory off on both ends: Zenoh
-would otherwise carry big payloads through /dev/shm across namespaces, ZENOH_FACTS §10). Needs
+would otherwise carry big payloads through /dev/shm across namespaces, docs/design/zenoh.md §10). Needs
 root and ``ip``/``tc``; skipped otherwise. Each test creates and deletes its own namespace.
 """
 

@@ -12,6 +12,7 @@ third Ctrl-C cut the shutdown short.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Any, NoReturn
 
@@ -28,6 +29,9 @@ from servo.logs import configure_logging
 from servo.systemd import Notifier
 
 PROG = "servo-edge"
+#: Subcommands dispatched before the edge's own parser: name -> the module with their
+#: ``main(argv, console)`` and ``build_parser()``.
+SUBCOMMANDS = {"trust": "servo.cli.trust"}
 
 
 def robot_help(robot: str) -> str:
@@ -241,10 +245,8 @@ def show_robot_help(robot: str, console: Console) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``servo-edge``."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["trust"]:
-        from servo.cli.trust import main as trust
-
-        return trust(argv[1:], Console())
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:], Console()))
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console()

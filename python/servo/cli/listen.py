@@ -1,12 +1,13 @@
 """``servo-serve`` on the network, securely without setting up certificates.
 
-A ``tls/…`` listen endpoint with no certificate in the manifest (``[zenoh.tls]
+A ``tls/…`` or ``quic/…`` listen endpoint (QUIC is TLS over UDP: the link for lossy radio links,
+README *Bad links*) with no certificate in the manifest (``[zenoh.tls]
 listen_certificate``) gets servo's own self-signed one (`servo.server.selfsigned`), kept in
 ``tls/`` of servo's user configuration directory and made once; so does an openpi door off
 loopback without ``--insecure`` (``wss://``). ``servo-serve`` then prints the ``servo-edge``
 commands that reach it: with a join token (`servo.join`) that pins the certificate, the robot
 fetches it itself; otherwise the robot's copy of the certificate goes to ``--tls-root-ca``. A
-fleet with its own CA configures ``[zenoh.tls]`` instead (README, *Certificates*).
+fleet with its own CA configures ``[zenoh.tls]`` instead (docs/guides/fleet.md, *Certificates*).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 #: Listen hosts that mean every interface: an edge dials one of this host's addresses instead.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+#: Protocols whose listen needs a certificate (Zenoh reads both from ``transport/link/tls``).
+ENCRYPTED_PROTOCOLS = ("tls", "quic")
 #: The control rate every built-in robot runs at unless told (``--robot-opt fps=``).
 DEFAULT_FPS = SimOptions().fps
 
@@ -50,7 +53,7 @@ def secure_listen(manifest: Manifest) -> tuple[Manifest, ServerCertificate | Non
         CertificateFileError: the key on disk is unusable (named).
     """
     z, openpi = manifest.zenoh, manifest.frontends.openpi
-    hosts = [host for protocol, host, _ in map(split_endpoint, z.listen) if protocol == "tls"]
+    hosts = [host for protocol, host, _ in map(split_endpoint, z.listen) if protocol in ENCRYPTED_PROTOCOLS]
     zenoh_needs = bool(hosts) and not (z.tls is not None and z.tls.listen_certificate)
     openpi_needs = (
         openpi is not None
@@ -91,16 +94,16 @@ def edge_command(
     Every command ``servo-serve`` prints is built here, from what the robot needs to match the
     policy: its ``--robot-opt`` ``options``, the policy's rate (``fps``, added as ``--robot-opt
     fps=`` when it is not the robots' default and the options do not set it) and the edge buffer
-    the capacity plan asks for (``buffer_time_s``). A TLS endpoint is described only with servo's
-    self-signed certificate: a ``join`` token pins it (the edge fetches it), else the edge trusts
+    the capacity plan asks for (``buffer_time_s``). A TLS or QUIC endpoint is described only with
+    servo's self-signed certificate: a ``join`` token pins it (the edge fetches it), else the edge trusts
     its copy, named like the original. A wildcard host becomes this host's primary address.
     ``client_id`` names the robot (the name a token was issued for).
     """
     protocol, host, port = split_endpoint(endpoint)
-    if protocol not in ("tcp", "tls") or not port.isdigit() or int(port) == 0:
+    if protocol not in ("tcp", *ENCRYPTED_PROTOCOLS) or not port.isdigit() or int(port) == 0:
         return None
     pinned = bool(join) and bool(JoinToken.parse(join).certificate)
-    if protocol == "tls" and certificate is None and not pinned:
+    if protocol in ENCRYPTED_PROTOCOLS and certificate is None and not pinned:
         return None
     if host in WILDCARD_HOSTS:
         from servo.server.selfsigned import primary_address

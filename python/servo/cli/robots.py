@@ -2,15 +2,15 @@
 
 Works on the server's roster (`servo.server.roster`: ``servers/<app>.roster`` in servo's
 directory, or the file ``[security] roster`` names), never edited by hand; a running server
-notices every change within about a second (a revoked robot's sessions close, a new token works).
+notices every change within about a second (a revoked robot's sessions close, a new token works):
 
-  servo-serve robots list                       enrolled robots, join tokens, API keys
-  servo-serve robots token [--ttl 1h] [--uses N] [--name ROBOT]
-                                                a join token, and the robot's command with it
-  servo-serve robots revoke NAME                a robot that joined is no longer admitted
-  servo-serve robots revoke-token ID            a join token can no longer be used
-  servo-serve robots api-key NAME [--ttl D]     an openpi API key, printed once (kept hashed)
-  servo-serve robots revoke-key NAME            an openpi API key is no longer accepted
+    servo-serve robots list                       enrolled robots, join tokens, API keys
+    servo-serve robots token [--ttl 1h] [--uses N] [--name ROBOT]
+                                                  a join token, and the robot's command with it
+    servo-serve robots revoke NAME                a robot that joined is no longer admitted
+    servo-serve robots revoke-token ID            a join token can no longer be used
+    servo-serve robots api-key NAME [--ttl D]     an openpi API key, printed once (kept hashed)
+    servo-serve robots revoke-key NAME            an openpi API key is no longer accepted
 
 ``--manifest FILE`` (or ``--app`` and ``--roster``) says which server. Robots the manifest or
 its fleet file enrol are changed there, not here. Exit codes: 0 done, 2 a refused value or an

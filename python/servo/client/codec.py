@@ -12,6 +12,11 @@ few samples per option, and picks:
 * hysteresis: the option in use is left for a cheaper one only when it costs ``hysteresis`` more
   (plus ``hysteresis_ms``), and never twice within ``min_dwell`` requests; a switch soon after
   the previous one doubles that dwell (up to 16x), so options of nearly equal cost cannot flap;
+* start-up: the first request carries the option in use, raw, alone (the arm waits for its first
+  chunk anyway), then the others are measured; an option in use is confirmed (``CONFIRM``
+  samples) before it is left, unless its one sample already costs ``FAR`` times the best and
+  ``FAR_MS`` more (raw on a slow or lossy link, where each raw request starves the arm for
+  seconds): it is then left at once and postponed like a hopeless probe (below);
 * re-probing: every option not in use is tried for one request after ``reprobe_every`` requests,
   the interval doubling (or growing by the factor it lost by, up to 16x) each time it loses
   again, so a link that speeds up or slows down is noticed without paying for the losing option
@@ -70,6 +75,10 @@ FAR = 4.0
 RISE = 1.5
 #: ...and at most for this multiple of ``reprobe_every`` requests since the option was last measured.
 MAX_POSTPONE = 128
+#: An option in use measured once is left unconfirmed only when it costs FAR times the best and
+#: this much more (ms): a session's cold first request (a thread starting, the first shared-memory
+#: allocation) costs tens of ms more, a slow link's raw frames seconds.
+FAR_MS = 250.0
 
 #: A local link is slow (and auto chooses from measured costs) when raw frames cross it slower than this:
 #: far below any memory copy, so that a busy scheduler (which stretches every option alike) never counts.
@@ -137,6 +146,8 @@ class _Option:
         self.interval = interval
         self.due = 0
         self.sampled_at = 0
+        #: Left while in use after one sample, for costing FAR times the best: that sample is enough.
+        self.left_far = False
 
     @property
     def cost(self) -> float | None:
@@ -145,7 +156,7 @@ class _Option:
     @property
     def mbps(self) -> float | None:
         """Effective throughput (Mbit/s): its bytes over its time without the codec."""
-        if not self.nbytes:
+        if not self.net_ms:
             return None
         return statistics.median(self.nbytes) * 8 / (max(statistics.median(self.net_ms), 1e-3) * 1e3)
 
@@ -180,12 +191,15 @@ class CodecChooser:
         self._dwell = settings.min_dwell
         self.switches = 0
         self.probes = 0
+        self._cold = True
 
     def next(self) -> int:
         """The quality of the next request: the current option, or one being (re-)probed."""
         self._request += 1
         chosen = self.current
-        if self.auto and not self._raw_is_local():
+        # The first request carries the option in use (raw, the largest) alone: it is measured
+        # while the robot waits for its first chunk anyway, not as a probe once it streams.
+        if self.auto and self._request > 1 and not self._raw_is_local():
             # Options not in use start due: each is measured before the first decision.
             due = [
                 o
@@ -215,13 +229,17 @@ class CodecChooser:
         option = self._options.get(quality)
         if option is None:
             return
-        option.cost_ms.append(encode_ms + net_ms)
-        option.net_ms.append(net_ms)
+        cold, self._cold = self._cold, False
         option.nbytes.append(nbytes)
+        if not cold:
+            # The first request of all is a cold start (threads starting, first allocations, tens
+            # of ms): kept as evidence of a hopeless option only (`_decide`), not in the costs.
+            option.cost_ms.append(encode_ms + net_ms)
+            option.net_ms.append(net_ms)
         option.latest.append(encode_ms + net_ms)
         option.mbps_then = {q: m for q, o in self._options.items() if (m := o.mbps) is not None}
         option.sampled_at = self._request
-        if not self.auto or self._raw_is_local():
+        if not self.auto or cold or self._raw_is_local():
             return
         if quality != self.current and not self._confirmed(option) and self._promising(option):
             option.due = self._request + 1  # one sample could be noise: confirm before it counts
@@ -251,7 +269,7 @@ class CodecChooser:
         """Whether a due probe of `option` is put off (see the module docstring)."""
         current = self._options[self.current]
         cost, now, then = current.cost, current.mbps, option.mbps_then.get(self.current)
-        if cost is None or now is None or then is None or len(option.latest) < 2:
+        if cost is None or now is None or then is None or len(option.latest) < (1 if option.left_far else 2):
             return False
         if self._request - option.sampled_at >= self.settings.reprobe_every * MAX_POSTPONE:
             return False
@@ -265,16 +283,30 @@ class CodecChooser:
         return current is None or option.cost_ms[-1] <= current * (1 + self.settings.tolerance)
 
     def _decide(self) -> None:
-        current = self._options[self.current].cost
+        left = self._options[self.current]
+        # Known from its cold first request alone, the option in use is judged by that sample.
+        current = left.cost if left.cost is not None else min(left.latest, default=None)
         since = self._request - self._last_switch
-        if current is None or since < self._dwell or not self._confirmed(self._options[self.current]):
+        if current is None or since < self._dwell:
             return
-        costs = {
-            q: c
-            for q, o in self._options.items()
-            if (q == self.current or self._confirmed(o)) and (c := o.cost) is not None
-        }
+        costs: dict[int, float] = {}  # best fidelity first
+        for q, o in self._options.items():
+            if q == self.current:
+                costs[q] = current
+            elif self._confirmed(o) and (cost := o.cost) is not None:
+                costs[q] = cost
         best = min(costs.values())
+        # An option in use is confirmed before it is left, unless even its cheapest sample costs
+        # FAR times the best confirmed one and `FAR_MS` more: noise does not do that (raw on a slow
+        # link, measured once at the start, is not sent two more times to prove it while the arm
+        # waits). It is then left once the options being confirmed are, so that the first switch
+        # goes to the cheapest.
+        others = [o for o in self._options.values() if o is not left and o.cost_ms]
+        settled = all(self._confirmed(o) or not self._promising(o) for o in others)
+        cheapest = min(left.latest, default=current)
+        far = settled and cheapest >= FAR * best and cheapest >= best + FAR_MS
+        if not (self._confirmed(left) or far):
+            return
         target = next(q for q, c in costs.items() if c <= best * (1 + self.settings.tolerance))
         if target == self.current:
             return
@@ -294,6 +326,11 @@ class CodecChooser:
             for option in self._options.values():
                 option.interval = self.settings.reprobe_every
                 option.due = self._request + option.interval
+            if far and not self._confirmed(left):  # hopeless already: due, and postponed (`_hopeless`)
+                left.left_far = True
+                left.due = self._request
+                # The evidence that would bring it back is measured from now on.
+                left.mbps_then = {q: m for q, o in self._options.items() if (m := o.mbps) is not None}
 
     def link_mbps(self) -> float | None:
         """Effective link throughput (Mbit/s): the most any option measured lately saw, if any."""

@@ -17,7 +17,7 @@ from typing import Literal, Unpack, cast
 import anyio
 import zenoh
 
-from servo.client.codec import AutoCodec
+from servo.client.codec import AutoCodec, CodecChooser
 from servo.client.discovery import ServerInfo, discover, first_choice
 from servo.client.errors import NoServerFound, RequestTimeout, RogueServer, SessionRejected
 from servo.client.handshake import handshake
@@ -93,6 +93,9 @@ class PolicyClient:
         self.known_servers = known if known is not None else KnownServers()
         self.join = join
         self.counters = ClientCounters()
+        #: Raw or JPEG per request, for every session: the link is the robot's, so a failover goes on
+        #: from what was measured, not from raw frames again (on a slow link, seconds per request).
+        self.codec = CodecChooser(jpeg_quality, auto_codec)
         #: The replicas of the last discovery (what `connect_best` fails over to first).
         self._known: list[ServerInfo] = []
         #: When this robot may move between replicas again (`servo.client.settle`).
@@ -190,9 +193,7 @@ class PolicyClient:
             server_identity=server.status.identity,
         )
         keys = server.keys.client(self.client_id)
-        session = RemoteSession(
-            self.zsession, server, keys, protocol, jpeg_quality=self.jpeg_quality, auto_codec=self.auto_codec
-        )
+        session = RemoteSession(self.zsession, server, keys, protocol, codec=self.codec)
         session.declare()
         try:
             request = SessionOpen(

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Literal, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 import anyio
 import numpy as np
@@ -26,7 +26,7 @@ import zenoh
 from zenoh.handlers import Callback
 
 from servo._core import FLAG_EPISODE_START, SessionKey
-from servo.client.codec import AutoCodec, CodecChooser, CodecStatus
+from servo.client.codec import CodecChooser, CodecStatus
 from servo.client.discovery import ServerInfo
 from servo.client.errors import RequestTimeout, SendFailed, ServerError, SessionLost
 from servo.client.protocol import Answered, Lost, SessionProtocol
@@ -74,8 +74,7 @@ class RemoteSession:
         keys: ClientKeys,
         protocol: SessionProtocol,
         *,
-        jpeg_quality: int | Literal["auto"],
-        auto_codec: AutoCodec | None = None,
+        codec: CodecChooser,
     ) -> None:
         self.server = server
         self.keys = keys
@@ -83,8 +82,9 @@ class RemoteSession:
         protocol.resend = ResendRule(forward_ms=server.status.inference_ms, sessions=server.status.active_sessions)
         #: The session epoch chosen at open, and this session's counters.
         self.epoch, self.stats = protocol.epoch, protocol.stats
-        #: Raw or JPEG (and which quality) for each request: fixed, or chosen from measured costs.
-        self.codec = CodecChooser(jpeg_quality, auto_codec, local=server.local)
+        #: Raw or JPEG per request, fixed or from measured costs (the client's; the link is now this replica's).
+        self.codec = codec
+        codec.local = server.local
         self.lost = anyio.Event()
         self.lost_reason = ""
         self._z = zsession
@@ -143,15 +143,17 @@ class RemoteSession:
         """
         bridge = self._bridge
         on_matching: Callback[zenoh.MatchingStatus] = direct(lambda m: bridge.call(self._on_matching, m.matching))
-        on_server_alive: Callback[zenoh.Sample] = direct(lambda s: bridge.call(self._on_server_liveliness, s))
-        self._entities.append(self._z.declare_subscriber(self.keys.action, direct(self._on_action)))
+        # Chunks and the server's token get a callback thread each, not Zenoh's receive task (`direct`):
+        # waiting there for a starved GIL outlasted the lease and closed live links (test_busy_client.py).
+        self._entities.append(self._z.declare_subscriber(self.keys.action, self._on_action))
         publisher = declare_obs_publisher(self._z, self.keys.obs)
         self._uplink = Uplink(publisher, self.stats, self.codec)
         self._entities.append(publisher.declare_matching_listener(on_matching))
         self._entities.append(self._z.liveliness().declare_token(self.keys.alive))
-        self._entities.append(
-            self._z.liveliness().declare_subscriber(self.server.keys.alive, on_server_alive, history=True)
+        server_alive = self._z.liveliness().declare_subscriber(
+            self.server.keys.alive, lambda s: bridge.call(self._on_server_liveliness, s), history=True
         )
+        self._entities.append(server_alive)
 
     async def wait_matched(self, timeout: float) -> bool:
         """Wait until the server's observation subscriber is known here (a put before that is lost)."""
@@ -357,7 +359,7 @@ class RemoteSession:
 
     # ------------------------------------------------------------------ callbacks
     def _on_action(self, sample: zenoh.Sample) -> None:
-        """Zenoh's thread (`direct`): size the message, copy it out of Zenoh, hand it to the loop.
+        """The subscriber's callback thread: size the message, copy it out of Zenoh, hand it to the loop.
 
         The sizes are checked before the copy (`SessionProtocol.oversized`, which is pure); the
         protocol's state is only ever touched on the loop.

@@ -7,7 +7,7 @@ given (a LeRobot checkpoint then computes the numbers LeRobot computes); JPEG (`
 1-100, or ``"auto"`` to choose per request from measured costs) trades those exact numbers for
 fewer bytes on a slow link. Closing is deterministic (``close()`` or the ``with`` block). The
 Zenoh callback threads are started from the loop thread and inherit its daemon flag, so nothing
-of the client holds the interpreter at exit (ZENOH_FACTS §9); a client the program never closed
+of the client holds the interpreter at exit (docs/design/zenoh.md §9); a client the program never closed
 is closed properly at exit, so the server ends its session at once instead of collecting it
 after its grace period. Exit then waits for those callback threads to end: one still parked in
 Zenoh when the interpreter finalises is killed there, which aborts the process. Never imports torch.

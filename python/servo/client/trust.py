@@ -15,7 +15,7 @@ A robot proves who it is by signing its session open (`signed_open`) with its ow
 when it joins with a token, proves the token too (`servo.join`).
 
 A replica-id pin names a key segment anybody can answer on; it means something only behind a
-``servo-router`` whose access control lets nobody but fleet servers answer (see README "Security").
+``servo-router`` whose access control lets nobody but fleet servers answer (docs/guides/security.md).
 Fingerprint pins hold on any network.
 """
 

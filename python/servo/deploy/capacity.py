@@ -1,7 +1,7 @@
-"""How many robots one replica carries: seeds/001 P10 with the forward time measured after warm-up.
+"""How many robots one replica carries: docs/design/capacity.md with the forward time measured after warm-up.
 
 With ``t`` the server time per request, ``r`` the rate at which one robot asks, ``W`` how long a
-robot can wait for its chunk before its queue runs dry and ``RTT`` the network round trip, P10
+robot can wait for its chunk before its queue runs dry and ``RTT`` the network round trip, the formula
 bounds the robots one replica serves by the device's utilisation (at most 80 %) and by the
 latency every robot must see when all ask at once (each waits behind the others)::
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from servo.wire import Tuning
 
-#: Utilisation P10 leaves the device: above it, queueing delays grow without bound.
+#: Utilisation the formula leaves the device: above it, queueing delays grow without bound.
 UTILISATION = 0.8
 #: Network round trip the plan assumes (a LAN); the server cannot measure its robots' links.
 ASSUMED_RTT_S = 0.010
@@ -128,7 +128,7 @@ class CapacityPlan:
 
     @property
     def robots(self) -> int:
-        """P10's N_max: robots one replica keeps supplied (0 when not even one)."""
+        """The formula's N_max: robots one replica keeps supplied (0 when not even one)."""
         if self.forward_s >= self.chunk_s:
             return 0
         by_load = UTILISATION * self.executed_s / self.forward_s
@@ -174,7 +174,7 @@ class CapacityPlan:
         formula = f"min({UTILISATION:g} * {e} / {t}, ({w} - 2 * {rtt}) / {t})"
         capacity = (
             f"capacity: one replica carries {self.robots} robot(s) at {self.fps:g} fps = {formula} "
-            f"(seeds/001 P10, {rtt} network round trip assumed)"
+            f"(docs/design/capacity.md, {rtt} network round trip assumed)"
         )
         if 0 < self.robots < max_sessions:
             capacity += (

@@ -88,7 +88,7 @@ class ReplicaHost:
             └────────── failure or drain ─────────────────┘
 
     The thread is a daemon so that a drain overrunning its timeout cannot keep the process
-    alive; the server closes its Zenoh session on every exit path (ZENOH_FACTS §9).
+    alive; the server closes its Zenoh session on every exit path (docs/design/zenoh.md §9).
 
     Args:
         manifest: The replica's manifest (``serving.replica`` set).

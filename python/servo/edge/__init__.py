@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from servo.edge.config import ServerConfig as ServerConfig
     from servo.edge.config import load_edge_config as load_edge_config
     from servo.edge.engine import EngineBase as EngineBase
-    from servo.edge.engine import Produced as Produced
     from servo.edge.engines import ENGINES as ENGINES
     from servo.edge.engines import make_engine as make_engine
     from servo.edge.errors import EdgeStartError as EdgeStartError
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from servo.edge.local import RtcEngine as RtcEngine
     from servo.edge.local import SyncEngine as SyncEngine
     from servo.edge.pipeline import PipelineConfig as PipelineConfig
+    from servo.edge.pipeline import Produced as Produced
     from servo.edge.pipeline import Request as Request
     from servo.edge.remote import RemoteEngine as RemoteEngine
     from servo.edge.replay import ReplayEngine as ReplayEngine

@@ -1,4 +1,4 @@
-"""Edge configuration: every option of seeds/001 §9.4 that applies, in sections their consumers take.
+"""Edge configuration: every option of the edge, in sections their consumers take.
 
 ::
 

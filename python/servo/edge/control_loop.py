@@ -18,7 +18,7 @@
   spawned (fork + exec: nothing of this process, which runs Zenoh and camera threads, is inherited),
   under ``SCHED_FIFO`` when permitted. No Python thread of the network side can hold its GIL.
 * `ThreadControlLoop`: the tick runs on a thread of this process. Only the sequential engine
-  uses it: its inference *is* part of the tick by definition (seeds/004 Sequential mode: the
+  uses it: its inference *is* part of the tick by definition (docs/design/control-loop.md §3, sequential mode: the
   robot stands still while the policy runs), so it cannot be real-time anyway, and running it in
   the control process would load torch and the policy into the process that must do nothing but
   tick.

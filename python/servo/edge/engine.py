@@ -18,11 +18,8 @@ import abc
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import anyio
-import numpy as np
-import numpy.typing as npt
 import zenoh
 from anyio.abc import TaskGroup, TaskStatus
 
@@ -32,7 +29,7 @@ from servo.edge.config import EdgeConfig
 from servo.edge.failsafe import EngineState, FailSafe
 from servo.edge.failures import Failures, SessionEnded
 from servo.edge.observation import ObservationFeed, ObservationInput
-from servo.edge.pipeline import ChunkPipeline, Request, Starvation
+from servo.edge.pipeline import ChunkPipeline, MergeEvent, Produced, Request, Starvation
 from servo.edge.stats import EngineStats
 from servo.logs import get_logger
 from servo.robots.protocol import RobotSpec
@@ -47,33 +44,6 @@ TICK_S = 0.02
 RTT_WINDOW = 10_000
 #: The session id of chunks computed in this process.
 LOCAL_SESSION = "0" * 32
-
-
-@dataclass(frozen=True)
-class Produced:
-    """A chunk produced for one request, wherever it was computed (``session_id``: 32 hex chars)."""
-
-    chunk_model: npt.NDArray[np.float32]
-    chunk_robot: npt.NDArray[np.float32]
-    #: The wire's 16-byte session id as 32 hex characters (`LOCAL_SESSION` for local engines).
-    session_id: str
-    seq_id: int
-    inference_ms: float
-
-
-@dataclass(frozen=True)
-class MergeEvent:
-    """One chunk an engine merged.
-
-    ``trimmed`` is None when the chunk was dropped (the episode was reset while it was in
-    flight); ``merge_ns`` is the time spent in the queue merge.
-    """
-
-    request: Request
-    produced: Produced
-    now_ns: int
-    trimmed: int | None
-    merge_ns: int
 
 
 class EngineBase(abc.ABC):

@@ -1,4 +1,4 @@
-"""The edge's fail-safe state machine (seeds/001 §9.2).
+"""The edge's fail-safe state machine (docs/design/failsafe.md).
 
 ::
 

@@ -6,7 +6,7 @@
    (`servo.client.join`): the server's identity in ``known_servers``, and its certificate fetched
    and pinned when the token pins one and no ``--tls-root-ca`` is given (retried like the link).
 2. The Zenoh session opens, retried until ``connect_timeout_s`` (a Zenoh client's ``open`` fails
-   at once while nothing listens).
+   at once while nothing listens: docs/design/zenoh.md §1).
 3. A robot in ``peer`` mode that finds itself linked to a router is refused before it declares
    anything, unless ``--peer-beside-router``: the router announces every peer to every other
    one, and peers link directly, past the router's access control (another robot in peer mode

@@ -1,4 +1,4 @@
-"""Local engines: the policy runs in this process (seeds/004's Sequential and RTC modes).
+"""Local engines: the policy runs in this process (the sequential and RTC modes of docs/design/control-loop.md §3).
 
 The only edge paths allowed to import torch, and only once chosen. Both use the same
 `ChunkPipeline` merge as the remote engine, and the same `InferenceRunner` as the server, so a
@@ -21,11 +21,11 @@ import anyio
 from servo._core import PUBLIC_KEY_SIZE
 from servo.edge.actions import Action
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
+from servo.edge.engine import LOCAL_SESSION, EngineBase
 from servo.edge.errors import EdgeStartError
 from servo.edge.failures import PolicyFailed
 from servo.edge.observation import robot_features
-from servo.edge.pipeline import Request
+from servo.edge.pipeline import Produced, Request
 from servo.logs import get_logger
 from servo.policy import DecodedObservation, Policy, PolicyLoadError, load_policy
 from servo.policy.loader import PolicyKeys
@@ -154,7 +154,7 @@ class LocalEngine(EngineBase):
 
 
 class RtcEngine(LocalEngine):
-    """Background inference on a worker thread with the RTC merge (seeds/004 RTC mode).
+    """Background inference on a worker thread with the RTC merge (docs/design/control-loop.md §3).
 
     Chunks are merged with the same latency-aware merge as remote chunks: the engine loop of
     `EngineBase` keeps the queue fed while the robot executes it.

@@ -85,6 +85,33 @@ class Request:
 
 
 @dataclass(frozen=True)
+class Produced:
+    """A chunk produced for one request, wherever it was computed (``session_id``: 32 hex chars)."""
+
+    chunk_model: npt.NDArray[np.float32]
+    chunk_robot: npt.NDArray[np.float32]
+    #: The wire's 16-byte session id as 32 hex characters (`LOCAL_SESSION` for local engines).
+    session_id: str
+    seq_id: int
+    inference_ms: float
+
+
+@dataclass(frozen=True)
+class MergeEvent:
+    """One chunk an engine merged.
+
+    ``trimmed`` is None when the chunk was dropped (the episode was reset while it was in
+    flight); ``merge_ns`` is the time spent in the queue merge.
+    """
+
+    request: Request
+    produced: Produced
+    now_ns: int
+    trimmed: int | None
+    merge_ns: int
+
+
+@dataclass(frozen=True)
 class Starvation:
     """Chunks too short for the round trip (`ChunkPipeline.starvation`): the robot falls back between them."""
 

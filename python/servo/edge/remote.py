@@ -25,12 +25,12 @@ from servo.client.options import SessionOptions
 from servo.client.policy_client import RETRYABLE
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import EngineBase, Produced
+from servo.edge.engine import EngineBase
 from servo.edge.errors import EdgeStartError
 from servo.edge.failures import SessionEnded
 from servo.edge.link import no_server, open_link, prepare_join
 from servo.edge.observation import robot_features
-from servo.edge.pipeline import Request
+from servo.edge.pipeline import Produced, Request
 from servo.edge.replicas import ReplicaRules
 from servo.edge.stats import EngineStats
 from servo.logs import get_logger
@@ -49,7 +49,7 @@ class RemoteEngine(EngineBase):
 
     Every chunk is authenticated and validated by the client library before it can reach the
     queue (`servo.client.verify`); a rejected one is counted, and the request retried. Only the
-    spec's reasons kill the engine (seeds/001 §9.2): offline longer than ``max_offline_s``, or a
+    spec's reasons kill the engine (docs/design/failsafe.md §2): offline longer than ``max_offline_s``, or a
     server that comes back with another model or refuses the robot's capabilities.
 
     Failover is driven by events, not timers: a lost session (the replica's liveliness token

@@ -1,4 +1,4 @@
-"""Trajectory replay (seeds/002): load the whole trajectory once, drain it locally.
+"""Trajectory replay (docs/design/replay.md): load the whole trajectory once, drain it locally.
 
 A trajectory comes from a recording file or from a server's library in one control-plane
 request; either way nothing crosses the network per frame. At arm time a smooth bridge from
@@ -17,9 +17,9 @@ import numpy.typing as npt
 
 from servo.client import PolicyClient, UntrustedServer
 from servo.edge.config import EdgeConfig
-from servo.edge.engine import LOCAL_SESSION, EngineBase, Produced
+from servo.edge.engine import LOCAL_SESSION, EngineBase
 from servo.edge.errors import EdgeStartError
-from servo.edge.pipeline import Request
+from servo.edge.pipeline import Produced, Request
 from servo.identity import Identity
 from servo.logs import get_logger
 from servo.recording import check_rate, read_recording

@@ -1,4 +1,4 @@
-"""Which replicas an edge may use, and what each must share with the first (seeds/001 §8)."""
+"""Which replicas an edge may use, and what each must share with the first (docs/design/serving.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The last gate before the motors: no non-finite target, joint limits, a slew-rate limit (seeds/004)."""
+"""The last gate before the motors (docs/design/control-loop.md §4): no non-finite target, joint limits, slew rate."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Robot/policy compatibility: the sync-safety contract checked before any chunk is executed.
 
-Every rule of seeds/001 §8.4. Used by the server at session open and by the edge's local engines
+Every rule of docs/design/serving.md §3. Used by the server at session open and by the edge's local engines
 at start, so a policy is accepted or refused for the same reasons wherever it runs. A rejection
 names exactly what did not match; warnings are returned to the client in the ack.
 """

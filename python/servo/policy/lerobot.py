@@ -6,8 +6,8 @@ from its ``config.json``, weights from ``model.safetensors``, and every request 
 checkpoint's own pre/post-processor pipelines (normalisation, tokenisation, relative actions…),
 one copy of them per session. Chunks come from ``predict_action_chunk``, the call LeRobot's
 asynchronous inference server makes; flow-matching policies that implement real-time chunking
-(SmolVLA, Pi0-family) get ``inference_delay`` and ``prev_chunk_left_over`` — the server-side
-guided inference of seeds/004.
+(SmolVLA, Pi0-family) get ``inference_delay`` and ``prev_chunk_left_over`` — LeRobot's
+guidance, run on the server (docs/design/latency.md §6).
 
 Chunk length: ``predict_action_chunk`` returns the whole predicted horizon, ``chunk_size`` steps
 (ACT, SmolVLA, Pi0) — ``n_action_steps`` only bounds how much of it LeRobot's synchronous
@@ -159,7 +159,7 @@ class LeRobotPolicy:
                 cause += f" (servo never downloads: the VLM config and tokenizer {vlm!r} must be in the local cache)"
             raise PolicyLoadError(f"cannot load LeRobot {config.type} checkpoint {str(checkpoint)!r}: {cause}") from exc
         policy.eval()
-        # Served, never trained (seeds/004): no autograd bookkeeping on the weights. RTC guidance
+        # Served, never trained (docs/design/serving.md §6): no autograd bookkeeping on the weights. RTC guidance
         # then differentiates only with respect to the noisy chunk.
         policy.requires_grad_(False)
         self.rtc = options.rtc and bool(policy.supports_rtc())

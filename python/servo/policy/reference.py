@@ -110,7 +110,7 @@ class RelativeProcessor:
             "raw_state": state,
         }
         # The model-space prefix was relative to an older state; re-anchoring the robot-space
-        # prefix on the current state keeps RTC conditioning consistent (seeds/001 §7).
+        # prefix on the current state keeps RTC conditioning consistent (docs/design/latency.md §6).
         if obs.prefix_robot is not None:
             prefix: FloatArray | None = (obs.prefix_robot - state).astype(np.float32)
         else:

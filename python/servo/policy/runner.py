@@ -51,7 +51,7 @@ class InferenceRunner:
         self.dtype = dtype
         self._graphs = cuda_graphs
         if device.startswith("cuda"):
-            # Kernel selection once at warm-up, TF32 matmuls: the seeds/004 inference settings.
+            # Kernel selection once at warm-up, TF32 matmuls: the inference settings of docs/design/serving.md §6.
             torch.backends.cudnn.benchmark = True
             torch.set_float32_matmul_precision("high")
         # Both happen lazily on the first forwards (of each input shape), i.e. during warm-up.

@@ -1,7 +1,7 @@
 """Running the router: a Zenoh session in router mode, opened from Python, with the fleet's ACL.
 
 No zenohd binary is involved: eclipse-zenoh routes for its clients when a session is opened with
-``mode = "router"`` (ZENOH_FACTS §1, §7). Members connect in client mode; the router listens on
+``mode = "router"`` (docs/design/zenoh.md §1, §7). Members connect in client mode; the router listens on
 explicit endpoints only, never scouts, and refuses everything the fleet file does not allow.
 """
 

@@ -1,4 +1,4 @@
-"""One structured JSON line per served request (seeds/001 §12), and the recent ones in memory.
+"""One structured JSON line per served request (docs/design/audit.md §1), and the recent ones in memory.
 
 Lines join with edge recordings on (session_id, seq_id). The last requests of each client are
 also kept in memory (`RecentRequests`, bounded) for monitors, which ask the replica's ``audit``

@@ -53,7 +53,7 @@ def refuse_exposures(z: ZenohSettings, health: tuple[str, int], accepted: Accept
     for field in ("listen", "connect"):
         for i, endpoint in enumerate(getattr(z, field)):
             if not accepted.insecure and exposed_endpoint(endpoint):
-                fix = "listen on tls/ (README: Certificates)" if field == "listen" else "connect over tls/"
+                fix = "listen on tls/ (docs/guides/security.md)" if field == "listen" else "connect over tls/"
                 raise FieldError(
                     f"zenoh.{field}[{i}]",
                     f"{endpoint!r} is not TLS and not loopback: anyone on the network would read every robot's "

@@ -5,7 +5,7 @@ directory): an EC P-256 key written with mode 0600 and a certificate that names 
 host names, ``localhost``, and every address it has) as subject alternative names. The
 certificate is its own trust anchor: an edge passes a copy of it as ``--tls-root-ca``. It is a
 leaf with ``basicConstraints CA:FALSE``, since rustls refuses a CA certificate presented as the
-server's own (``CaUsedAsEndEntity``, ZENOH_FACTS §7).
+server's own (``CaUsedAsEndEntity``, docs/design/zenoh.md §7).
 
 Later starts reuse both files. When the host has a name or address the certificate does not
 cover, or the certificate is within `RENEW_BEFORE` of expiring, it is reissued with the same key

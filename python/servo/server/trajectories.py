@@ -1,7 +1,7 @@
 """The server's trajectory library: recorded episodes handed out whole, for local replay.
 
-One request returns a whole trajectory (shipped once at arm time, drained locally), never one
-frame per request. Every recording is read once, when the server starts (`load`, on a worker
+One request returns a whole trajectory (docs/design/replay.md: shipped once at arm time, drained
+locally), never one frame per request. Every recording is read once, when the server starts (`load`, on a worker
 thread): the control plane answers from memory and never reads a file on the event loop.
 
 Who may fetch (`TrajectoryDoor`), cheapest check first: a request signed by a robot identity at

@@ -62,7 +62,7 @@ def summary(timeline: Timeline) -> list[str]:
 
 
 def _verdict(timeline: Timeline, runs: list[tuple[int, int, int]], audited: list[Request]) -> str:
-    """Where the longest stretch without a fresh action came from: the replica, or not (seeds/001 §12)."""
+    """Where the longest stretch without a fresh action came from: the replica, or not (docs/design/audit.md §2)."""
     if not runs:
         return "no tick went without a fresh action"
     start, end, count = max(runs, key=lambda run: run[2])

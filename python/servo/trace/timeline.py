@@ -1,4 +1,4 @@
-"""One robot's timeline, joined from its recordings and the replicas' audit logs (seeds/001 §12).
+"""One robot's timeline, joined from its recordings and the replicas' audit logs (docs/design/audit.md §1).
 
 The join is mechanical: every policy action a recording holds names the (session, seq) of its
 chunk, and every audit line names the (session, seq) it answered. Times are the edge's: a

@@ -1,7 +1,8 @@
 """From Zenoh callback threads into the event loop, without ever blocking Zenoh.
 
 Zenoh runs every callback entity on its own Python thread fed by a 256-deep queue, or (`direct`)
-on its own network thread; a callback that blocks stalls every subscriber of the Zenoh session.
+on its own network thread; a callback that blocks stalls every subscriber of the Zenoh session
+(docs/design/zenoh.md §2).
 Callbacks therefore only deposit, through `servo.stages.LoopBridge`, which schedules a function
 on the loop and returns at once.
 """
@@ -31,6 +32,11 @@ def direct(fn: Callable[[T], None], drop: Callable[[], None] | None = None) -> C
     of them, and at load each start held the event loop ~10 ms (a 50-robot process stalled for
     most of a second after a replica died). A function that only schedules work on the loop
     (`LoopBridge.call`) or copies a bounded sample needs no thread of its own.
+
+    Only for rare samples (a query's replies, a matching status): Zenoh's receive task waits for
+    the GIL while such a callback runs, and reads nothing meanwhile; a wait longer than the
+    peer's lease (a starved process holding the GIL) makes Zenoh close a live link. A stream
+    (a session's chunks) and a liveliness token a session lives by get a thread of their own.
     """
     return Callback(fn, drop, indirect=False)
 
@@ -47,7 +53,7 @@ async def query(
     """Send a query and collect every reply without blocking the loop.
 
     Consolidation is always off: replicas answering on the same key would otherwise be merged
-    into one reply (ZENOH_FACTS §3). Ends when every queryable has answered or ``timeout`` (s)
+    into one reply (docs/design/zenoh.md §3). Ends when every queryable has answered or ``timeout`` (s)
     elapsed; a cancelled caller cancels the query. Never raises a timeout of its own: the replies
     gathered by then are the answer, as when Zenoh's timeout ends the query, so callers see the
     errors they already handle (no reply, or no genuine one).

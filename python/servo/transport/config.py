@@ -1,6 +1,6 @@
 """Zenoh settings shared by the server manifest and the edge configuration.
 
-Defaults follow what was verified on eclipse-zenoh 1.10.2 (see ZENOH_FACTS): explicit endpoints
+Defaults follow what was verified on eclipse-zenoh 1.10.2 (docs/design/zenoh.md): explicit endpoints
 everywhere, multicast scouting off, a 1 s lease so a hung peer is noticed in about a second, and
 a fast connect retry so a restarted router is rejoined within milliseconds.
 """
@@ -156,7 +156,7 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "transport/shared_memory/enabled": self.shared_memory,
             "transport/link/tx/queue/congestion_control/drop/wait_before_drop": DROP_WAIT_US,
             "transport/link/tx/queue/size/data": DATA_QUEUE_BATCHES,
-            # Sections whose default is null only accept whole objects (ZENOH_FACTS §0).
+            # Sections whose default is null only accept whole objects (docs/design/zenoh.md §1).
             "connect/retry": {
                 "period_init_ms": self.retry_init_ms,
                 "period_max_ms": self.retry_max_ms,

@@ -1,4 +1,4 @@
-"""The QoS table of the protocol (seeds/001 §6.3), in one place.
+"""The QoS table of the protocol (docs/design/protocol.md §3), in one place.
 
 Observations: congestion BLOCK, normal priority. There is one observation in flight per
 session, and a DROP publisher drops any message that waits longer than ``DROP_WAIT_US`` for room

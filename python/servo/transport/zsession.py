@@ -1,7 +1,7 @@
 """Opening and closing Zenoh sessions from async code.
 
 A Zenoh session whose callbacks are still declared keeps a non-daemon thread alive and hangs
-interpreter exit, and ``atexit`` runs too late to help (ZENOH_FACTS §9). Every Zenoh session in servo
+interpreter exit, and ``atexit`` runs too late to help (docs/design/zenoh.md §9). Every Zenoh session in servo
 is therefore opened through `open_zsession`, which closes it on every exit path. In servo's
 vocabulary a Zenoh session is a *zsession*; a *session* is a servo session (a robot's
 authenticated conversation with one replica, `servo.client.RemoteSession`).

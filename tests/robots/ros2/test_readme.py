@@ -1,6 +1,6 @@
-"""The README's "ROS 2 robots", run as written: examples/ros2's policy driving the simulated ROS 2 arm.
+"""The ROS 2 guide, run as written: examples/ros2's policy driving the simulated ROS 2 arm.
 
-The commands are read from README.md: the server on examples/ros2/manifest.toml, the robot's
+The commands are read from docs/guides/ros2.md: the server on examples/ros2/manifest.toml, the robot's
 command (which must be the one the server prints for the arm, and the one the launch file runs)
 and the simulated arm. Only what a test machine must change is changed: a free port for 7447,
 127.0.0.1 for the server's addresses; the ROS domain (``ROS_DOMAIN_ID``, as on a robot's computer)
@@ -24,16 +24,15 @@ from servo.home import CONFIG_DIR_VARIABLE
 from servo.recording import read_recording
 from servo.robots.so100_joints import JOINT_NAMES
 from tests.edge.harness import Proc
-from tests.readme import README, command, commands, option, program, section, with_token, without_asked_buffer
+from tests.guides import REPO, command, commands, guide, option, program, with_token, without_asked_buffer
 from tests.robots.ros2.node import RosEnv
 from tests.support import free_port
 
-REPO = README.parent
 LAUNCH = REPO / "examples" / "ros2" / "servo_edge.launch.py"
 
 
 def on_this_machine(argv: list[str], port: int, server: str = "127.0.0.1") -> list[str]:
-    """A README command with what a test machine must change: the port and the server's address.
+    """A guide's command with what a test machine must change: the port and the server's address.
 
     The server keeps its ``tls/0.0.0.0`` listen: that is what makes it ask robots for a join token.
     """
@@ -60,12 +59,12 @@ def launched_edge() -> list[str]:
 @pytest.mark.wildcard
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_the_example_arm_as_the_readme_says(ros_env: RosEnv, tmp_path: Path) -> None:
-    found = commands(section("ROS 2 robots", level=3))
+def test_the_example_arm_as_the_guide_says(ros_env: RosEnv, tmp_path: Path) -> None:
+    found = commands(guide("ros2"))
     serve = command(found, "servo-serve", "examples/ros2/manifest.toml")
     edge = command(found, "servo-edge", "--robot", "ros2")
     arm = command(found, "python", "-m", "servo.robots.ros2.sim_node")
-    # The launch file runs the README's command (without the status line a launch log cannot show).
+    # The launch file runs the guide's command (without the status line a launch log cannot show).
     assert launched_edge() == [*edge, "--no-status"]
 
     port = free_port()
@@ -76,7 +75,7 @@ def test_the_example_arm_as_the_readme_says(ros_env: RosEnv, tmp_path: Path) -> 
         node.wait_line("READY", 60)
         server.wait_line("servo-serve: ready", 180)
         printed = shlex.split(server.wait_line("servo-serve: on the robot: ", 1).split(": ", 2)[2])
-        # What servo-serve prints for the arm is the README's command, with the join token it made.
+        # What servo-serve prints for the arm is the guide's command, with the join token it made.
         token = option(printed, "--join")
         address = option(printed, "--connect").removeprefix("tls/").rsplit(":", 1)[0]  # this host's, as printed
         assert without_asked_buffer(printed) == with_token(on_this_machine(edge, port, address), token)

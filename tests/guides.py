@@ -1,4 +1,7 @@
-"""Reading README.md's commands, to run them as written (tests/lerobot/test_readme.py, the ROS 2 section's).
+"""Reading the guides' commands (docs/guides/*.md), to run them as written.
+
+Used by tests/lerobot/test_readme.py (the LeRobot guide), tests/robots/ros2/test_readme.py (the
+ROS 2 guide) and the observability tests (the operations runbook's queries).
 
 Only what a test machine must change is changed, by the caller: ports, host names, devices.
 """
@@ -10,12 +13,18 @@ import shlex
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+GUIDES = REPO / "docs" / "guides"
 
 
-def section(title: str, level: int = 2) -> str:
-    """The text of a README section, up to the next heading of its level or above (not in code blocks)."""
-    lines = README.read_text().splitlines(keepends=True)
+def guide(name: str) -> str:
+    """The text of ``docs/guides/<name>.md``."""
+    return (GUIDES / f"{name}.md").read_text()
+
+
+def section(text: str, title: str, level: int = 2) -> str:
+    """The section ``title`` of a page, up to the next heading of its level or above (not in code blocks)."""
+    lines = text.splitlines(keepends=True)
     start = lines.index(f"{'#' * level} {title}\n")
     fenced = False
     for end in range(start + 1, len(lines)):
@@ -44,7 +53,7 @@ def command(found: list[list[str]], *start: str) -> list[str]:
 
 
 def program(argv: list[str]) -> list[str]:
-    """A README command as this environment runs it: its console script (``servo-serve`` …), else its
+    """A guide's command as this environment runs it: its console script (``servo-serve`` …), else its
     module; ``python`` is this interpreter."""
     if argv[0] == "python":
         return [sys.executable, *argv[1:]]
@@ -61,7 +70,7 @@ def option(argv: list[str], flag: str) -> str:
 
 def without_asked_buffer(argv: list[str]) -> list[str]:
     """A printed command less the ``--buffer-time-s`` the capacity plan adds when this machine's load
-    stretches the forward past the edge's default buffer (a README cannot know that load)."""
+    stretches the forward past the edge's default buffer (a guide cannot know that load)."""
     if "--buffer-time-s" not in argv:
         return argv
     i = argv.index("--buffer-time-s")
@@ -69,7 +78,7 @@ def without_asked_buffer(argv: list[str]) -> list[str]:
 
 
 def with_token(argv: list[str], token: str) -> list[str]:
-    """A README command with the join token a server printed in place of the README's."""
+    """A guide's command with the join token a server printed in place of the guide's."""
     out = list(argv)
     out[out.index("--join") + 1] = token
     return out
