@@ -5,15 +5,9 @@ for exactly ``--compute-ms`` per forward — a sleep (releases the GIL like a GP
 up with GIL-releasing yields, so every forward takes the same time and "ideal" is well defined.
 It prints ``READY`` on stdout once it serves; SIGTERM drains it.
 
-Baseline (``python -m benches._fleet echo --port P``): the same round trip with bare zenoh-python
-and no servo code — the subscriber hands the sample to a thread that copies it out of Zenoh,
-decrypts the body when the attachment is a session one (`run_floor`), waits the same compute time
-and publishes a reply of the chunk's size. Its overhead is the floor any Python server on this
-transport pays.
+The same-run baseline (bare Zenoh, the transport floor) is `benches._floor`.
 
-Client side: `run_floor` is the floor itself: one plain thread putting a pre-encoded observation
-(sealed or not) and waiting on a `threading.Event` — no event loop, no encode.
-`run_fleet` / `run_echo_fleet` run N clients in the caller's event loop, each with
+Client side: `run_fleet` runs N clients in the caller's event loop, each with
 its own Zenoh session (one robot = one session = one link), each sending as fast as one
 request in flight allows, and return per-request samples. `run_process_fleet` runs each client
 in its own process (``python -m benches._fleet client``), as robots are.
@@ -24,20 +18,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import queue
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import numpy as np
 
-from servo._core import ATTACHMENT_SIZE, MSG_OBS, SCHEMA_VERSION, Header, SessionKey
 from servo.policy import DecodedObservation, PolicySpec, Prepared
 from servo.wire import CameraFeature, Features
 
@@ -49,8 +40,6 @@ CHUNK = 50
 FPS = 30.0
 HEIGHT, WIDTH = 480, 640
 CAMERAS = ("front", "wrist")
-#: The session secret of `run_floor`'s encrypted observations (the echo server decrypts them with it).
-FLOOR_SECRET = bytes(range(32))
 #: Client processes start this far apart: 16 raw observations put at the same instant are a
 #: 30 MB burst that congestion control DROP thins out (issue 10 item 1), not a scheduling test.
 START_STAGGER_S = 0.025
@@ -141,13 +130,13 @@ class CostModelPolicy(FixedComputePolicy):
 
 # ---------------------------------------------------------------------------- server processes
 @contextlib.contextmanager
-def spawn_server(role: str, *args: str) -> Iterator[int]:
-    """Run ``python -m benches._fleet <role> --port P <args>`` until the block exits; yields P."""
+def spawn_server(role: str, *args: str, module: str = "benches._fleet") -> Iterator[int]:
+    """Run ``python -m <module> <role> --port P <args>`` until the block exits; yields P."""
     from benches._support import ready_process
     from testbed.processes import free_port
 
     port = free_port()
-    with ready_process([sys.executable, "-m", "benches._fleet", role, "--port", str(port), *args], f"{role} server"):
+    with ready_process([sys.executable, "-m", module, role, "--port", str(port), *args], f"{role} server"):
         yield port
 
 
@@ -159,6 +148,7 @@ def manifest_text(
     host: str = "127.0.0.1",
     max_batch: int = 16,
     model: str = 'source = "bench"\nwarmup = 2',
+    intake_threads: int = 0,
 ) -> str:
     """A bench server's manifest; ``model`` is the body of its ``[model]`` table."""
     return f"""
@@ -168,6 +158,7 @@ def manifest_text(
 app = "bench"
 max_sessions = {max_sessions}
 max_batch = {max_batch}
+intake_threads = {intake_threads}
 client_grace_s = 2.0
 [zenoh]
 listen = ["tcp/{host}:{port}"]
@@ -207,7 +198,12 @@ async def _serve(args: argparse.Namespace) -> None:
             ]
         )
     text = manifest_text(
-        args.port, shared_memory=args.transport == "shm", host=args.host, max_batch=args.max_batch, model=model
+        args.port,
+        shared_memory=args.transport == "shm",
+        host=args.host,
+        max_batch=args.max_batch,
+        model=model,
+        intake_threads=args.intake_threads,
     )
     server = PolicyServer(parse_manifest(text), policy=policy)
     async with anyio.create_task_group() as tg:
@@ -225,56 +221,15 @@ async def _serve(args: argparse.Namespace) -> None:
         print("READY", json.dumps(ready.paths, separators=(",", ":")), flush=True)
 
 
-def _echo(args: argparse.Namespace) -> None:
-    import zenoh
-
-    from servo.transport import ZenohSettings
-
-    settings = ZenohSettings(listen=[f"tcp/127.0.0.1:{args.port}"], shared_memory=args.transport == "shm")
-    reply = b"\x00" * (2 * CHUNK * len(JOINTS) * 4 + 64)
-    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    server_key = SessionKey(FLOOR_SECRET, role="server")
-    with zenoh.open(settings.to_config()) as session:
-        publishers: dict[str, Any] = {}
-
-        def work() -> None:
-            while (sample := jobs.get()) is not None:
-                body = sample.payload.to_bytes()  # what any server must do to read the payload
-                attachment = b"" if sample.attachment is None else sample.attachment.to_bytes()
-                if len(attachment) == ATTACHMENT_SIZE:
-                    server_key.decrypt(attachment, body)  # servo's server-side cipher pass
-                exact_wait(args.compute_ms / 1e3)
-                key = str(sample.key_expr).rsplit("/", 1)[0] + "/action"
-                if key not in publishers:
-                    publishers[key] = session.declare_publisher(
-                        key,
-                        congestion_control=zenoh.CongestionControl.DROP,
-                        priority=zenoh.Priority.INTERACTIVE_HIGH,
-                        express=True,
-                    )
-                publishers[key].put(reply, attachment=sample.attachment)
-
-        worker = threading.Thread(target=work)
-        worker.start()
-        sub = session.declare_subscriber("bench/echo/*/obs", jobs.put)
-        print("READY", flush=True)
-        while not stop.wait(0.5):
-            pass
-        sub.undeclare()
-        jobs.put(None)
-        worker.join()
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benches._fleet")
-    parser.add_argument("role", choices=("serve", "echo", "client"))
+    parser.add_argument("role", choices=("serve", "client"))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1", help="Address to listen on (serve)")
     parser.add_argument("--compute-ms", type=float, default=20.0, help="forward time (the base time with a cost model)")
     parser.add_argument("--per-sample-ms", type=float, default=0.0, help="> 0: CostModelPolicy, batch-friendly")
     parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--intake-threads", type=int, default=0, help="serve: serving.intake_threads (0: per core)")
     parser.add_argument("--index", type=int, default=0, help="client: its index (client id, state, frames)")
     parser.add_argument("--quality", type=int, default=0, help="client: JPEG quality, 0 = raw")
     parser.add_argument("--height", type=int, default=HEIGHT)
@@ -293,10 +248,8 @@ def main(argv: list[str]) -> None:
     configure_logging(args.log_level)
     if args.role == "serve":
         anyio.run(_serve, args, backend="asyncio", backend_options={"use_uvloop": True})
-    elif args.role == "client":
-        anyio.run(_client_process, args, backend="asyncio", backend_options={"use_uvloop": True})
     else:
-        _echo(args)
+        anyio.run(_client_process, args, backend="asyncio", backend_options={"use_uvloop": True})
 
 
 # ---------------------------------------------------------------------------- client side
@@ -311,6 +264,9 @@ class Sample:
     inference_ms: float
     queue_wait_ms: float
     ok: bool
+    #: Wall clock around the caller's ``await session.infer(...)``: what the caller sees (``rtt_ms``
+    #: is stamped on Zenoh's callback thread, before the hand-off to the caller).
+    await_ms: float = float("nan")
 
 
 @dataclass
@@ -343,7 +299,7 @@ def window(smoke: bool, *, smoke_requests: int, warmup_s: float, measure_s: floa
     return {"warmup_s": warmup_s, "measure_s": measure_s}
 
 
-class _Clock:
+class Clock:
     """Shared start line and measurement window of one run (event loop only)."""
 
     def __init__(self, n_clients: int, warmup_s: float, measure_s: float | None) -> None:
@@ -386,7 +342,7 @@ async def run_fleet(
 
     settings = ZenohSettings(mode="client", connect=[f"tcp/{host}:{port}"], shared_memory=transport == "shm")
     result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
-    clock = _Clock(n_clients, warmup_s, measure_s)
+    clock = Clock(n_clients, warmup_s, measure_s)
 
     async def one(index: int) -> None:
         async with PolicyClient.connect(settings, f"bench-{index}", jpeg_quality=quality) as client:
@@ -410,7 +366,7 @@ async def run_fleet(
 
 
 async def _drive(
-    session: Any, index: int, clock: _Clock, result: FleetResult, max_requests: int | None, images: dict[str, Any]
+    session: Any, index: int, clock: Clock, result: FleetResult, max_requests: int | None, images: dict[str, Any]
 ) -> None:
     """One client's requests, one in flight, until the window closes; samples inside it."""
     state = np.full(len(JOINTS), float(index), dtype=np.float32)
@@ -418,6 +374,7 @@ async def _drive(
     while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
         state[0] = float(sent)
         sent += 1
+        called = time.monotonic_ns()
         try:
             chunk = await session.infer(state, images, timeout=5)
         except Exception as exc:  # recorded; the benchmark's correctness flag fails
@@ -425,12 +382,22 @@ async def _drive(
             if len(result.errors) > 20:
                 raise
             continue
-        now = time.monotonic()
+        returned = time.monotonic_ns()
+        now = returned / 1e9
         encode_ms = session.stats.last_encode_ms
         if clock.measure_s is None or clock.measuring(now):
             ok = chunk.chunk_robot.shape == (CHUNK, len(JOINTS)) and bool(np.array_equal(chunk.chunk_robot[0], state))
             result.samples.append(
-                Sample(index, now, chunk.rtt_ns / 1e6, encode_ms, chunk.inference_ms, chunk.queue_wait_ms, ok)
+                Sample(
+                    index,
+                    now,
+                    chunk.rtt_ns / 1e6,
+                    encode_ms,
+                    chunk.inference_ms,
+                    chunk.queue_wait_ms,
+                    ok,
+                    (returned - called) / 1e6,
+                )
             )
 
 
@@ -449,7 +416,7 @@ async def _client_process(args: argparse.Namespace) -> None:
         images = frames(args.height, args.width, args.index)  # before the start line, like run_fleet
         print("READY", flush=True)
         _, start_at, measure_from, measure, limit = (await anyio.to_thread.run_sync(sys.stdin.readline)).split()
-        clock = _Clock(1, 0.0, None if measure == "-" else float(measure))
+        clock = Clock(1, 0.0, None if measure == "-" else float(measure))
         clock.start = float(measure_from)
         clock.end = clock.start + clock.measure_s if clock.measure_s is not None else float("inf")
         await anyio.sleep(max(0.0, float(start_at) - time.monotonic()))
@@ -471,13 +438,20 @@ def run_process_fleet(
     height: int = HEIGHT,
     width: int = WIDTH,
     deadline_s: float = 180.0,
+    client: str = "benches._fleet",
+    on_window: Callable[[float, float], None] | None = None,
 ) -> FleetResult:
     """Like `run_fleet`, with every client in its own process (``python -m benches._fleet client``);
     client ``i`` starts ``i * START_STAGGER_S`` after the first, all inside the warm-up. Clients
-    still running ``deadline_s`` after the start are killed (the run then fails, never hangs)."""
+    still running ``deadline_s`` after the start are killed (the run then fails, never hangs).
+
+    ``client`` names another module whose ``client`` role speaks the same lines (READY, GO, one
+    JSON line of samples); ``on_window(start, end)`` is told the window's monotonic instants once
+    every client has its start line (``end`` is infinite without a window).
+    """
     from benches._support import REPO, bench_env
 
-    base = [sys.executable, "-m", "benches._fleet", "client", "--port", str(port), "--quality", str(quality)]
+    base = [sys.executable, "-m", client, "client", "--port", str(port), "--quality", str(quality)]
     size = ["--height", str(height), "--width", str(width)]
     procs = [
         subprocess.Popen(
@@ -504,6 +478,8 @@ def run_process_fleet(
             assert proc.stdin is not None
             proc.stdin.write(f"GO {t0 + i * START_STAGGER_S} {rest}\n")
             proc.stdin.flush()
+        if on_window is not None:
+            on_window(t0 + warmup_s, t0 + warmup_s + measure_s if measure_s is not None else float("inf"))
         for proc in procs:
             out, _ = proc.communicate()
             assert proc.returncode == 0, f"client process exited with {proc.returncode}"
@@ -516,144 +492,6 @@ def run_process_fleet(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return result
-
-
-async def run_echo_fleet(
-    port: int,
-    n_clients: int,
-    *,
-    quality: int,
-    warmup_s: float,
-    measure_s: float | None,
-    max_requests: int | None = None,
-    compute_ms: float = 20.0,
-    transport: str = "tcp",
-) -> FleetResult:
-    """The baseline: the same payload (an encoded servo observation) through bare Zenoh to the
-    echo process and back; ``inference_ms`` is the echo's fixed compute time."""
-    import zenoh
-
-    from servo.client.encoder import FrameEncoder
-    from servo.stages import LoopBridge
-    from servo.transport import ZenohSettings, open_zsession
-    from servo.wire import Observation, encode, encode_tensor
-
-    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=transport == "shm")
-    result = FleetResult(n_clients=n_clients, window_s=measure_s or 0.0)
-    clock = _Clock(n_clients, warmup_s, measure_s)
-
-    async def one(index: int) -> None:
-        async with open_zsession(settings) as z:
-            bridge = LoopBridge()
-            arrived = anyio.Event()
-            stamps: list[int] = []
-
-            def on_reply(sample: zenoh.Sample) -> None:
-                stamps.append(time.monotonic_ns())
-                arrived.set()
-
-            sub = z.declare_subscriber(f"bench/echo/{index}/action", lambda s: bridge.call(on_reply, s))
-            pub = z.declare_publisher(f"bench/echo/{index}/obs", congestion_control=zenoh.CongestionControl.DROP)
-            matched = anyio.Event()
-            listener = pub.declare_matching_listener(lambda st: st.matching and bridge.call(matched.set))
-            await matched.wait()
-            images = frames(HEIGHT, WIDTH, index)
-            state = np.full(len(JOINTS), float(index), dtype=np.float32)
-            encoder = FrameEncoder()  # the session's per-camera encoder threads
-            clock.arrived()
-            await clock.go.wait()
-            sent = 0
-            try:
-                while (max_requests is None or sent < max_requests) and time.monotonic() < clock.end:
-                    sent += 1
-                    t0 = time.monotonic_ns()
-                    encoded = await anyio.to_thread.run_sync(encoder.encode, images, quality)
-                    body = encode(Observation(state=encode_tensor(state), images=encoded))
-                    encode_ms = (time.monotonic_ns() - t0) / 1e6
-                    arrived = anyio.Event()
-                    pub.put(body, attachment=b"x" * 30)
-                    with anyio.fail_after(5):
-                        await arrived.wait()
-                    now = time.monotonic()
-                    if measure_s is None or clock.measuring(now):
-                        rtt_ms = (stamps[-1] - t0) / 1e6
-                        result.samples.append(Sample(index, now, rtt_ms, encode_ms, compute_ms, 0.0, True))
-            finally:
-                encoder.close()
-                bridge.close()
-                listener.undeclare()
-                pub.undeclare()
-                sub.undeclare()
-
-    async with anyio.create_task_group() as tg:
-        for i in range(n_clients):
-            tg.start_soon(one, i)
-    return result
-
-
-def run_floor(
-    port: int,
-    *,
-    cipher: bool,
-    warmup_s: float,
-    measure_s: float | None,
-    max_requests: int | None = None,
-    compute_ms: float = 20.0,
-) -> FleetResult:
-    """The transport floor at N = 1 over TCP: bare Zenoh from a plain thread, raw frames.
-
-    The observation (two raw frames, as servo encodes them) is encoded once; each request only
-    encrypts it when ``cipher`` (AES-256-GCM over the 1.84 MB body, as servo's client does; the
-    echo server then decrypts it, as servo's server does) and puts it. rtt = put called -> reply
-    callback; what servo adds to it is its encode, its event loop and its bookkeeping.
-    """
-    import zenoh
-
-    from servo.transport import ZenohSettings
-    from servo.wire import Observation, encode, encode_tensor
-    from servo.wire.image import encode_image
-
-    settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{port}"], shared_memory=False)
-    result = FleetResult(n_clients=1, window_s=measure_s or 0.0)
-    images = {name: encode_image(frame, 0) for name, frame in frames(HEIGHT, WIDTH, 0).items()}
-    body = encode(Observation(state=encode_tensor(np.zeros(len(JOINTS), np.float32)), images=images))
-    arrived, matched, stamps = threading.Event(), threading.Event(), []
-    with zenoh.open(settings.to_config()) as z:
-
-        def on_reply(sample: zenoh.Sample) -> None:
-            stamps.append(time.monotonic_ns())
-            arrived.set()
-
-        sub = z.declare_subscriber("bench/echo/0/action", on_reply)
-        pub = z.declare_publisher("bench/echo/0/obs", congestion_control=zenoh.CongestionControl.BLOCK)
-        listener = pub.declare_matching_listener(lambda status: status.matching and matched.set())
-        try:
-            if not matched.wait(10):
-                raise TimeoutError("the echo server never subscribed")
-            start = time.monotonic() + warmup_s
-            end = start + measure_s if measure_s is not None else float("inf")
-            seq = 0
-            client_key = SessionKey(FLOOR_SECRET, role="client")
-            while (max_requests is None or seq < max_requests) and time.monotonic() < end:
-                seq += 1
-                arrived.clear()
-                t0 = time.monotonic_ns()
-                attachment, payload = b"x" * 30, body
-                if cipher:
-                    header = Header(SCHEMA_VERSION, MSG_OBS, 0, seq, 0, 0, t0, bytes(16))
-                    attachment, payload = client_key.encrypt(header, body)
-                pub.put(payload, attachment=attachment)
-                if not arrived.wait(5):
-                    result.errors.append(f"RequestTimeout: seq {seq}")
-                    continue
-                now = time.monotonic()
-                if measure_s is None or start <= now:
-                    result.samples.append(Sample(0, now, (stamps[-1] - t0) / 1e6, 0.0, compute_ms, 0.0, True))
-        finally:
-            listener.undeclare()
-            pub.undeclare()
-            sub.undeclare()
     return result
 
 

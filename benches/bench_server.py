@@ -24,6 +24,15 @@ Per configuration (in ``extra_info`` and the printed table):
   also subtracts the server-reported queue wait (the time the decoded observation waited for
   the device). p50/p99 from the Rust LatencyTracker.
 * ``rtt_ms``: observation stamp -> chunk received (includes client-side JPEG encode).
+* ``caller_*``: the same overheads from the caller's own clock around ``await session.infer(...)``
+  (``rtt_ms`` is stamped on Zenoh's callback thread, before the hand-off to the caller's loop):
+  what a user measures.
+
+`test_caller_overhead` (issue 27) puts that figure beside the floors — bare Zenoh from plain
+threads with a pre-encoded observation, without and with the session cipher (`benches._floor`) — at N = 1
+and N = 16, over TCP and shared memory, in interleaved rounds (servo, floor, floor + cipher) against
+servers running side by side: on a shared machine whose load moves during a run, the three see
+the same load. Its table gives the median of the rounds' p50s and the load range.
 
 Smoke (CI): ``pytest benches/bench_server.py --benchmark-disable`` — N <= 2, 8 requests each.
 Measure: ``pytest benches/bench_server.py --benchmark-enable --benchmark-only
@@ -36,6 +45,8 @@ JPEG overhead p50 <= 3 ms, >= 97 % of ideal at N >= 2, fairness <= 1.1.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,12 +55,18 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._fleet import FleetResult, run_echo_fleet, run_fleet, run_floor, spawn_server, window
+from benches._fleet import FleetResult, run_fleet, spawn_server, window
+from benches._floor import run_echo_fleet, run_floor
 from benches._support import percentiles_ms, results_table
 
 COMPUTE_MS = 20.0
 IDEAL_RPS = 1000.0 / COMPUTE_MS
 CLIENTS = (1, 2, 4, 8, 16)
+#: The caller's view (issue 27): N = 1 and N = 16, servo and the floors in interleaved rounds.
+CALLER_CLIENTS = (1, 16)
+CALLER_ROUNDS = 3
+CALLER_WARMUP_S = 1.0
+CALLER_MEASURE_S = 4.0
 SMOKE_CLIENTS = (1, 2)
 SMOKE_REQUESTS = 8
 WARMUP_S = 1.5
@@ -63,24 +80,19 @@ TRANSPORT_NOTE = (
 )
 
 
-def _spawn(role: str, transport: str) -> Iterator[tuple[int, str]]:
-    with spawn_server(role, "--compute-ms", str(COMPUTE_MS), "--transport", transport) as port:
+def _spawn(module: str, role: str, transport: str) -> Iterator[tuple[int, str]]:
+    with spawn_server(role, "--compute-ms", str(COMPUTE_MS), "--transport", transport, module=module) as port:
         yield port, transport
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def servo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
-    yield from _spawn("serve", request.param)
+    yield from _spawn("benches._fleet", "serve", request.param)
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def echo_server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
-    yield from _spawn("echo", request.param)
-
-
-@pytest.fixture(scope="module")
-def floor_server() -> Iterator[tuple[int, str]]:
-    yield from _spawn("echo", "tcp")
+    yield from _spawn("benches._floor", "echo", request.param)
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +118,10 @@ def summarize(result: FleetResult) -> dict[str, Any]:
     o50, o99 = percentiles_ms(overhead, P50_P99)
     q50, q99 = percentiles_ms(overhead_ex_queue, P50_P99)
     r50, r99 = percentiles_ms([x.rtt_ms for x in s], P50_P99)
+    # What the caller sees: its own clock around the await, not the stamp on Zenoh's thread.
+    caller = [x.await_ms - x.inference_ms for x in s]
+    c50, c99 = percentiles_ms(caller, P50_P99)
+    cq50, cq99 = percentiles_ms([c - x.queue_wait_ms for c, x in zip(caller, s, strict=True)], P50_P99)
     return {
         "clients": result.n_clients,
         "samples": len(s),
@@ -120,6 +136,10 @@ def summarize(result: FleetResult) -> dict[str, Any]:
         "overhead_ms_p99": round(o99, 3),
         "overhead_ex_queue_ms_p50": round(q50, 3),
         "overhead_ex_queue_ms_p99": round(q99, 3),
+        "caller_overhead_ms_p50": round(c50, 3),
+        "caller_overhead_ms_p99": round(c99, 3),
+        "caller_ex_queue_ms_p50": round(cq50, 3),
+        "caller_ex_queue_ms_p99": round(cq99, 3),
         "rtt_ms_p50": round(r50, 3),
         "rtt_ms_p99": round(r99, 3),
         "encode_ms_p50": round(float(np.median([x.encode_ms for x in s])), 3) if s else None,
@@ -141,9 +161,12 @@ def summarize(result: FleetResult) -> dict[str, Any]:
 def render(rows: list[dict[str, Any]]) -> str:
     head = (
         "| server | transport | payload | N | served/s | % ideal | device busy % | fairness | overhead p50 / p99 ms | "
-        "ex-queue p50 / p99 ms | RTT p50 / p99 ms | inference ms | encode ms | lost | ok |"
+        "ex-queue p50 / p99 ms | caller ex-queue p50 / p99 ms | RTT p50 / p99 ms | inference ms | encode ms | "
+        "lost | ok |"
     )
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 16]
+    caller_rounds = [r for r in rows if r.get("caller_round")]
+    rows = [r for r in rows if not r.get("caller_round")]
     for r in rows:
         lines.append(
             f"| {r['server']} | {r['transport']} | {r['payload']} | {r['clients']} | "
@@ -151,17 +174,63 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{r['device_busy_pct'] if r['device_busy_pct'] is not None else '-'} | "
             f"{r['fairness']:.3f} | {r['overhead_ms_p50']:.2f} / {r['overhead_ms_p99']:.2f} | "
             f"{r['overhead_ex_queue_ms_p50']:.2f} / {r['overhead_ex_queue_ms_p99']:.2f} | "
+            f"{r['caller_ex_queue_ms_p50']:.2f} / {r['caller_ex_queue_ms_p99']:.2f} | "
             f"{r['rtt_ms_p50']:.2f} / {r['rtt_ms_p99']:.2f} | {r['inference_ms_p50']:.2f} | "
             f"{r['encode_ms_p50']:.2f} | {r['lost_requests']} | {r['correct']} |"
         )
     lines += _n1_verdict(rows)
+    lines += _caller_table(caller_rounds)
     mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
     lines.append(
         f"\n{COMPUTE_MS:g} ms compute, ideal {IDEAL_RPS:g}/s; {mode}. {TRANSPORT_NOTE} served/s = chunks "
-        "received inside the window; RTT = observation stamp -> chunk received; overhead = RTT (client "
-        "encode and wake-up included) - server-reported inference; ex-queue also minus the queue wait."
+        "received inside the window; RTT = observation stamp -> chunk received on Zenoh's callback thread; "
+        "overhead = RTT (client encode included) - server-reported inference; ex-queue also minus the "
+        "server-reported queue wait; caller = the same from the caller's own clock around "
+        "`await session.infer(...)` (the floors: around put + wait). "
+        f"Machine load (1-min average) at the end: {_load()}."
     )
     return "\n".join(lines)
+
+
+def _load() -> str:
+    with contextlib.suppress(OSError):
+        return f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    return "unknown"
+
+
+def _caller_table(rounds: list[dict[str, Any]]) -> list[str]:
+    """Issue 27's comparison (`test_caller_overhead`): overhead at the caller's await, queue wait
+    excluded, raw frames; per transport and N the median over the rounds of each p50."""
+    if not rounds:
+        return []
+    out = [
+        "\nWhat the caller sees (`test_caller_overhead`: raw frames, queue wait excluded, p50 ms, median "
+        "of the interleaved rounds): servo's figure stamped on Zenoh's callback thread and at the caller's "
+        "await, beside the floors at their caller.",
+        "",
+        "| transport | N | rounds | floor | floor + cipher | servo (callback) | servo (caller) | servo - floor | "
+        "servo - (floor + cipher) | load |",
+        "|" + "---|" * 10,
+    ]
+    for transport in TRANSPORTS:
+        for n in CALLER_CLIENTS:
+            mine = [r for r in rounds if r["transport"] == transport and r["clients"] == n]
+            if not mine:
+                continue
+
+            def median(server: str, key: str, rows: list[dict[str, Any]] = mine) -> float:
+                return float(np.median([r[key] for r in rows if r["server"] == server]))
+
+            at_caller = "caller_ex_queue_ms_p50"
+            bare, sealed = median("zenoh floor", at_caller), median("zenoh floor + AES-256-GCM", at_caller)
+            callback, caller = median("servo", "overhead_ex_queue_ms_p50"), median("servo", at_caller)
+            loads = [r["load"] for r in mine]
+            out.append(
+                f"| {transport} | {n} | {len(mine) // 3} | {bare:.2f} | {sealed:.2f} | {callback:.2f} | "
+                f"**{caller:.2f}** | {caller - bare:+.2f} | {caller - sealed:+.2f} | "
+                f"{min(loads):.0f}-{max(loads):.0f} |"
+            )
+    return out
 
 
 def _n1_verdict(rows: list[dict[str, Any]]) -> list[str]:
@@ -179,9 +248,12 @@ def _n1_verdict(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _run(coro: Any, server: tuple[int, str], n: int, quality: int, smoke: bool) -> FleetResult:
+def _run(
+    coro: Any, server: tuple[int, str], n: int, quality: int, smoke: bool, warmup_s: float = WARMUP_S
+) -> FleetResult:
     port, transport = server
-    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
+    measure_s = MEASURE_S if warmup_s == WARMUP_S else CALLER_MEASURE_S
+    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=warmup_s, measure_s=measure_s)
     result: FleetResult = anyio.run(
         lambda: coro(port, n, quality=quality, transport=transport, **kwargs),
         backend="asyncio",
@@ -233,20 +305,58 @@ def test_zenoh_echo_baseline(
 
 @pytest.mark.parametrize("cipher", [False, True], ids=["bare", "aes-256-gcm"])
 def test_transport_floor(
-    benchmark: BenchmarkFixture, floor_server: tuple[int, str], table: list[dict[str, Any]], cipher: bool
+    benchmark: BenchmarkFixture, echo_server: tuple[int, str], table: list[dict[str, Any]], cipher: bool
 ) -> None:
-    """What no Python server on Zenoh TCP can go below for this payload, with and without the
-    cipher servo requires: a plain thread putting a pre-encoded raw observation (`run_floor`)."""
+    """What no Python server on Zenoh can go below for this payload, with and without the cipher
+    servo requires: a plain thread putting a pre-encoded raw observation (`run_floor`)."""
     smoke = benchmark.disabled
-    port, transport = floor_server
+    port, transport = echo_server
     benchmark.group = f"server-{transport}-raw"
     benchmark.name = f"zenoh-floor-{transport}-raw-{'aes-256-gcm' if cipher else 'bare'}-N1"
     kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=WARMUP_S, measure_s=MEASURE_S)
     result = benchmark.pedantic(
-        lambda: run_floor(port, cipher=cipher, compute_ms=COMPUTE_MS, **kwargs), rounds=1, iterations=1
+        lambda: run_floor(port, cipher=cipher, compute_ms=COMPUTE_MS, transport=transport, **kwargs),
+        rounds=1,
+        iterations=1,
     )
     stats = summarize(result)
     server = "zenoh floor + AES-256-GCM" if cipher else "zenoh floor"
     benchmark.extra_info.update(stats, payload="raw", server=server, transport=transport, compute_ms=COMPUTE_MS)
     table.append({**stats, "server": server, "transport": transport, "payload": "raw", "smoke": smoke})
     assert stats["correct"], stats
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_caller_overhead(benchmark: BenchmarkFixture, table: list[dict[str, Any]], transport: str) -> None:
+    """Issue 27: the overhead at the caller's await, servo beside the floors (bare, + cipher), raw
+    frames, N = 1 and N = 16, in interleaved rounds (servo, floor, floor + cipher, next N, next
+    round) against servers that run side by side, so a load that changes during the run hits
+    all three alike."""
+    smoke = benchmark.disabled
+    rounds, ns = (1, SMOKE_CLIENTS[:1]) if smoke else (CALLER_ROUNDS, CALLER_CLIENTS)
+    kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=CALLER_WARMUP_S, measure_s=CALLER_MEASURE_S)
+    benchmark.group = f"caller-{transport}"
+    benchmark.name = f"caller-{transport}-raw"
+    args = ("--compute-ms", str(COMPUTE_MS), "--transport", transport)
+    with spawn_server("serve", *args) as servo_port, spawn_server("echo", *args, module="benches._floor") as echo_port:
+
+        def interleaved() -> list[dict[str, Any]]:
+            rows = []
+            for turn in range(rounds):
+                for n in ns:
+                    floor = {"n_clients": n, "transport": transport, "compute_ms": COMPUTE_MS, **kwargs}
+                    runs = {
+                        "servo": lambda n=n: _run(run_fleet, (servo_port, transport), n, 0, smoke, CALLER_WARMUP_S),
+                        "zenoh floor": lambda floor=floor: run_floor(echo_port, cipher=False, **floor),
+                        "zenoh floor + AES-256-GCM": lambda floor=floor: run_floor(echo_port, cipher=True, **floor),
+                    }
+                    for server, run in runs.items():
+                        stats = summarize(run())
+                        rows.append({**stats, "server": server, "round": turn, "load": os.getloadavg()[0]})
+            return rows
+
+        rows = benchmark.pedantic(interleaved, rounds=1, iterations=1)
+    benchmark.extra_info.update(rounds=rows, transport=transport, compute_ms=COMPUTE_MS)
+    for row in rows:
+        table.append({**row, "transport": transport, "payload": "raw", "smoke": smoke, "caller_round": True})
+    assert all(row["correct"] for row in rows), [row for row in rows if not row["correct"]]

@@ -68,15 +68,28 @@ def fleet_file(directory: Path, port: int) -> Path:
 
 
 @pytest.mark.anyio
-async def test_a_server_runs_one_inference_stage_one_reply_stage_and_a_decoder_per_extra_camera(port: int) -> None:
+@pytest.mark.parametrize(
+    ("lanes", "intake"),
+    [
+        # one lane: zenoh-python's callback thread authenticates, admits, decodes, deposits
+        (1, {"servo-decode-1": 1, "zenoh-callback": 1}),
+        # two lanes: Zenoh's own thread routes; each lane decodes its first camera, the second
+        # goes to a decoder of its own (servo.server.lanes)
+        (2, {"servo-intake-0": 1, "servo-intake-1": 1, "servo-decode-1": 1, "servo-decode-2": 1}),
+    ],
+    ids=["one-lane", "two-lanes"],
+)
+async def test_a_server_runs_one_inference_stage_one_reply_stage_and_a_decoder_per_extra_camera(
+    port: int, lanes: int, intake: dict[str, int]
+) -> None:
     before = set(threading.enumerate())
-    manifest = make_manifest(port, options="cameras = {front = [48, 64], wrist = [48, 64]}")
+    options = "cameras = {front = [48, 64], wrist = [48, 64]}"
+    manifest = make_manifest(port, options=options, extra=f"[serving]\nintake_threads = {lanes}\n")
     async with running_server(manifest):
         assert threads_since(before) == {
             "servo-inference": 1,  # the worker: the one thread on the device
             "servo-reply": 1,  # encode, seal, put every answer, in serving order
-            "servo-decode-1": 1,  # the second camera (the intake's thread decodes the first)
-            "zenoh-callback": 1,  # the intake: authenticate, admit, decode, deposit
+            **intake,
         }
     await all_ended(before, "server")
 

@@ -268,19 +268,22 @@ class RemoteSession:
         if not self._matched:
             self._send_failed(seq, "no server subscribes to this session's observations")
         else:
-            uplink.submit(job).add_done_callback(lambda done: self._bridge.call(self._after_put, seq, done))
+            uplink.submit(job).add_done_callback(lambda done: self._after_put(seq, done))
             self.stats.sent += 1
         return seq
 
     def _after_put(self, seq: int, done: Future[None]) -> None:
-        """Event loop: observation ``seq`` left, or failed to (a failed put fails its request now).
+        """Observation ``seq`` left, or failed to (the uplink thread; the loop for a job refused at once).
+
+        Only a failed put wakes the loop (its request fails now): one that left needs nothing
+        from it, and a wake-up per request is a wait for a core on a busy machine.
 
         One that never ran was replaced by a newer observation or its copy (`Superseded`), or the
         session is closing (`StageClosed`): neither fails a request.
         """
         error = done.exception()
         if error is not None and not isinstance(error, NotRun):
-            self._send_failed(seq, f"put failed: {error}")
+            self._bridge.call(self._send_failed, seq, f"put failed: {error}")
 
     def _send_failed(self, seq: int, reason: str) -> None:
         """Event loop: observation ``seq`` never left; its `receive` fails now."""

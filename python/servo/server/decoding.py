@@ -2,9 +2,10 @@
 
 The worker owns the device and spends its time on forward passes only. Decoding an observation
 (msgpack, tensor checks, two 480x640 JPEGs: ~1 ms each, the cameras in parallel) runs on the
-Zenoh callback thread that authenticated it (`servo.server.intake`), while the device runs
-other sessions' forwards, so at N clients the device never idles waiting for JPEG and at N = 1
-no thread hop separates an arrival from its forward. A message's second and later frames to
+intake thread that authenticated it (`servo.server.intake`: the Zenoh callback thread, or a lane
+of `servo.server.lanes` on a multi-core server), while the device runs other sessions' forwards,
+so at N clients the device never idles waiting for JPEG and no thread hop separates an
+authenticated arrival from its mailbox. A message's second and later frames to
 decode go to the decoder's stage threads ("servo-decode-<n>", one fewer than the policy has
 cameras: the callback thread decodes the first itself). `ObservationDecoder.__call__` is the single
 entry point from an authenticated message to what a processor takes.
@@ -12,6 +13,7 @@ entry point from an authenticated message to what a processor takes.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Literal, cast
 
@@ -61,7 +63,7 @@ class ObservationDecoder:
     """Turns a session's raw observation into what its processor takes.
 
     Stateless apart from the policy's feature shapes and its stages; called from the Zenoh
-    observation callback thread (any thread may call it: stages take jobs from any thread).
+    intake threads (any thread may call it: stages take jobs from any thread).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class ObservationDecoder:
         max_observation_bytes: int,
         pin_task: bool,
         device_frames: DeviceFrameDecoder | None = None,
+        callers: int = 1,
     ) -> None:
         self._state_dim = len(spec.features.state_names)
         self._action_dim = len(spec.features.action_names)
@@ -82,8 +85,10 @@ class ObservationDecoder:
         self._max_bytes = max_observation_bytes
         self._pin_task = pin_task
         self._device = device_frames
-        # libjpeg-turbo releases the GIL: several cameras of one observation decode in parallel.
-        self._stages = [StageThread(f"servo-decode-{n}") for n in range(1, len(self._cameras))]
+        # libjpeg-turbo releases the GIL: several cameras of one observation decode in parallel,
+        # and so do the observations of ``callers`` threads (`servo.server.lanes`).
+        self._stages = [StageThread(f"servo-decode-{n}") for n in range(1, 1 + callers * (len(self._cameras) - 1))]
+        self._turn = itertools.count()
 
     def close(self) -> None:
         """Close the stages: a decode waiting on one is refused (``server_closing``)."""
@@ -102,7 +107,7 @@ class ObservationDecoder:
             return Rejected(header, "bad_observation", str(exc), received_ns)
         except NotRun:
             return Rejected(header, "server_closing", "the server is closing", received_ns)
-        except Exception as exc:  # a codec bug must cost one request, not the callback thread
+        except Exception as exc:  # a codec bug must cost one request, not the intake thread
             if (suppressed := _THROTTLE.allow(type(exc).__name__)) is not None:
                 log.exception("observation decoding failed", session_id=session.session_id, suppressed=suppressed)
             return Rejected(header, "bad_observation", f"{type(exc).__name__}: {exc}", received_ns)
@@ -163,10 +168,7 @@ class ObservationDecoder:
             return self._device_images(images, self._device)
         # JPEG decodes, and shrinking any frame, run in parallel: both release the GIL.
         slow = [name for name in self._cameras if images[name].codec == "jpeg" or self._shrinks(images[name], name)]
-        futures = {
-            name: stage.submit(self._frame, images[name], name)
-            for stage, name in zip(self._stages, slow[1:], strict=False)
-        }
+        futures = {name: self._next_stage().submit(self._frame, images[name], name) for name in slow[1:]}
         out = {}
         try:
             for name in self._cameras:
@@ -176,6 +178,10 @@ class ObservationDecoder:
             for name, future in futures.items():
                 out[name] = future.result()  # re-raises the camera's WireError
         return {name: out[name] for name in self._cameras}
+
+    def _next_stage(self) -> StageThread:
+        """The stage whose turn it is: round robin, so concurrent callers spread over all of them."""
+        return self._stages[next(self._turn) % len(self._stages)]
 
     def _device_images(self, images: dict[str, EncodedImage], device: DeviceFrameDecoder) -> dict[str, Frame]:
         """Every frame decoded onto the policy's device (the caller checked every camera is there)."""

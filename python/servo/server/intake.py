@@ -30,8 +30,9 @@ log = get_logger(__name__)
 class ObservationIntake:
     """Authenticates, admits, decodes and deposits every observation sample.
 
-    Owned by the Zenoh callback thread of the observation subscriber (`on_sample`); built on the
-    event loop before the subscriber is declared. Its throttles and the decoder are thread-safe.
+    `on_sample` runs on the intake threads (`servo.server.lanes`: a session's observations always
+    on the same one); built on the event loop before the subscriber is declared. Its throttles,
+    the registry and the decoder are thread-safe.
 
     Args:
         state: The server's shared state (registry, metrics, replica keys).

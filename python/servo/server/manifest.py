@@ -96,6 +96,10 @@ class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pin_task: Annotated[bool, doc("Refuse sessions asking for another task than default_task.")] = False
     strict_fps: Annotated[bool, doc("Refuse (instead of warn) robots at another fps.")] = False
     max_observation_bytes: Annotated[ByteLimit, doc("Largest observation accepted (bytes).")] = 16 * 1024 * 1024
+    intake_threads: Annotated[
+        NonNegativeInt,
+        doc("Threads that verify and decode observations (a session on one); 0 = one per core, up to 8.", le=64),
+    ] = 0
     client_grace_s: Annotated[NonNegativeSeconds, doc("How long a vanished client's session is kept (s).")] = 3.0
 
     def check(self) -> None:

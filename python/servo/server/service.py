@@ -35,6 +35,7 @@ from servo.server.decoding import ObservationDecoder, device_frames_for
 from servo.server.enrolment import Doors, enrolled_robots, open_doors, replica_identity
 from servo.server.frontend import Frontend
 from servo.server.intake import ObservationIntake
+from servo.server.lanes import IntakeLanes, auto_lanes
 from servo.server.manifest import Manifest
 from servo.server.notices import KeylessNotices
 from servo.server.ops import OpsEndpoint
@@ -76,7 +77,8 @@ class ServerReady:
     #: forward time (`servo.deploy.capacity`).
     forward_s: list[float] = field(default_factory=list)
     #: The data-plane paths in use: ``device``, ``frames`` (host, or device: nvJPEG on CUDA),
-    #: ``pinned`` (host frames copied through pinned buffers), ``dtype``, ``cuda_graphs``.
+    #: ``pinned`` (host frames copied through pinned buffers), ``dtype``, ``cuda_graphs``,
+    #: ``intake_threads`` (the observation lanes, `servo.server.lanes`).
     paths: dict[str, str] = field(default_factory=dict)
     #: Robots enrolled (`servo.server.robots`).
     enrolled: int = 0
@@ -239,11 +241,13 @@ class PolicyServer:
         bridge = LoopBridge()
         self._worker = worker = InferenceWorker(runner, state, scheduler, audit)
         device_frames = device_frames_for(m.model.frames, m.model.device, runner.policy)
+        lanes = m.serving.intake_threads or auto_lanes()
         decoder = ObservationDecoder(
             runner.policy.spec,
             max_observation_bytes=m.serving.max_observation_bytes,
             pin_task=info.pin_task,
             device_frames=device_frames,
+            callers=lanes,
         )
         paths = {
             "device": m.model.device,
@@ -251,9 +255,10 @@ class PolicyServer:
             "pinned": "on" if is_cuda(m.model.device) and runner.policy.spec.device_frames else "off",
             "dtype": m.model.dtype,
             "cuda_graphs": "on" if m.model.cuda_graphs else "off",
+            "intake_threads": str(lanes),
         }
         notices = KeylessNotices(zsession, keys, state.replica.identity, self.metrics)
-        intake = ObservationIntake(state, m, decoder, notices)
+        intake = IntakeLanes(ObservationIntake(state, m, decoder, notices).on_sample, lanes)
         declared: list[Declared] = []
         token: zenoh.LivelinessToken | None = None
         try:
@@ -269,7 +274,7 @@ class PolicyServer:
             )
             on_client_alive: Callback[zenoh.Sample] = direct(lambda s: bridge.call(state.on_client_liveliness, s))
             declared += [
-                zsession.declare_subscriber(keys.all_obs, intake.on_sample),  # the receive stage's own thread
+                zsession.declare_subscriber(keys.all_obs, intake.callback()),  # servo.server.lanes
                 *control.declare(bridge),
                 zsession.liveliness().declare_subscriber(keys.all_client_alive, on_client_alive, history=True),
             ]
@@ -330,6 +335,7 @@ class PolicyServer:
                 bridge.close()
                 for entity in reversed(declared):
                     entity.undeclare()
+                intake.close()
                 decoder.close()
                 for session in self.registry.snapshot():
                     state.collect(session, "shutdown")
