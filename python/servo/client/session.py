@@ -5,9 +5,8 @@ Three parts, each with one job:
 * `servo.client.protocol.SessionProtocol` decides: seq_ids, what is encrypted, which server message
   may touch the request in flight (bytes in, verdicts out; no I/O);
 * `servo.client.uplink.Uplink` sends: encode, pack, encrypt and put, in one job off the event loop;
-* `RemoteSession` (here) is the Zenoh shell around them: it declares the session's entities,
-  moves bytes from Zenoh callbacks to the protocol on the event loop, and turns verdicts into
-  the results `send` / `receive` / `infer` / `reset` / `close` return.
+* `RemoteSession` (here) is the Zenoh shell around them: it declares the session's entities, moves bytes
+  from Zenoh callbacks to the protocol, and turns verdicts into what `send` / `receive` / `infer` return.
 """
 
 from __future__ import annotations
@@ -275,11 +274,9 @@ class RemoteSession:
     def _after_put(self, seq: int, done: Future[None]) -> None:
         """Observation ``seq`` left, or failed to (the uplink thread; the loop for a job refused at once).
 
-        Only a failed put wakes the loop (its request fails now): one that left needs nothing
-        from it, and a wake-up per request is a wait for a core on a busy machine.
-
-        One that never ran was replaced by a newer observation or its copy (`Superseded`), or the
-        session is closing (`StageClosed`): neither fails a request.
+        Only a failed put wakes the loop (a wake-up per request is a wait for a core on a busy
+        machine). One that never ran was superseded (`Superseded`) or the session is closing
+        (`StageClosed`): neither fails a request.
         """
         error = done.exception()
         if error is not None and not isinstance(error, NotRun):
