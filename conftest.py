@@ -104,9 +104,14 @@ def pytest_configure(config: pytest.Config) -> None:
         hogs.start()
 
 
+def in_private_network(config: pytest.Config) -> bool:
+    """Whether this run listens on a network namespace of its own."""
+    return config.stash.get(_PRIVATE_NETWORK, False)
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Say which network the run listens on, and whether it runs loaded."""
-    if config.stash.get(_PRIVATE_NETWORK, False):
+    if in_private_network(config):
         lines = [f"network: a namespace of this run (loopback, LAN address {PRIVATE_LAN_ADDRESS})"]
     else:
         lines = ["network: the host's (tests marked wildcard are skipped: they need root for a namespace of their own)"]
@@ -116,7 +121,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the tests that listen on every interface when the run has no network of its own."""
-    if config.stash.get(_PRIVATE_NETWORK, False):
+    if in_private_network(config):
         return
     skip = pytest.mark.skip(reason="listens on 0.0.0.0: runs only in a network namespace of the test run (root)")
     for item in items:
