@@ -166,8 +166,10 @@ shared_memory = {str(shared_memory).lower()}
 [ops]
 health_port = 0
 [security]
-# Plain TCP off loopback only on the benches' private veth link (bench_link): said explicitly.
+# Off loopback only on the benches' private veth link (bench_link): plain TCP and robots that did not
+# enrol (the bench's clients are made per run) are said explicitly.
 insecure = {str(host != "127.0.0.1").lower()}
+allow_any_robot = {str(host != "127.0.0.1").lower()}
 """
 
 

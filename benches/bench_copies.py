@@ -28,12 +28,15 @@ Smoke (CI): ``--benchmark-disable`` runs each variant for a few seconds with no 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +60,25 @@ ROUNDS = int(os.environ.get("COPIES_ROUNDS", "3"))
 
 
 def baseline_tree(workdir: Path) -> Path:
-    """The baseline revision's ``python/`` tree (``git archive``), with this build's core beside it."""
+    """The baseline revision's ``python/`` tree with its own Rust core, built here (``git archive``, maturin).
+
+    The core's wire and Python bindings have moved on since (the session cipher, the error tree), so
+    today's core beside the old tree would not start. A release build takes a few minutes of CPU.
+    """
     revision = os.environ.get("COPIES_BASELINE", BASELINE)
     tree = workdir / "baseline"
     tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "python"], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    shutil.copy(ROOT / "python" / "servo" / "_core.abi3.so", tree / "python" / "servo")
+    if shutil.which("maturin") is None and importlib.util.find_spec("maturin") is None:
+        pytest.skip("the baseline's core needs maturin to build (pip install maturin)")
+    wheels = tree / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "maturin", "build", "--release", "--out", str(wheels), "-q"], cwd=tree, check=True
+    )
+    (wheel,) = wheels.glob("*.whl")
+    with zipfile.ZipFile(wheel) as built:
+        (tree / "python" / "servo" / "_core.abi3.so").write_bytes(built.read("servo/_core.abi3.so"))
     return tree / "python"
 
 
@@ -147,13 +162,15 @@ def run_variant(workdir: Path, env: dict[str, str], window_s: float, load: int) 
 def test_copies_per_1000_requests_at_load_20(benchmark: BenchmarkFixture, tmp_path: Path) -> None:
     benchmark.group = "copies at load 20"
     window_s, load = (6.0, 0) if benchmark.disabled else (WINDOW_S, LOAD)
-    baseline = {"PYTHONPATH": f"{baseline_tree(tmp_path)}{os.pathsep}{ROOT}"}
+    # The smoke run (benchmarks disabled) runs today's rule only: building the baseline's core takes minutes.
+    baseline = None if benchmark.disabled else {"PYTHONPATH": f"{baseline_tree(tmp_path)}{os.pathsep}{ROOT}"}
 
     def run() -> dict[str, Any]:
         rounds: dict[str, Any] = {}
         for n in range(1 if benchmark.disabled else ROUNDS):
             # Alternating, so that the machine's other load falls on both alike.
-            rounds[f"today-{n}"] = run_variant(tmp_path / f"today-{n}", baseline, window_s, load)
+            if baseline is not None:
+                rounds[f"today-{n}"] = run_variant(tmp_path / f"today-{n}", baseline, window_s, load)
             rounds[f"lost-{n}"] = run_variant(tmp_path / f"lost-{n}", {}, window_s, load)
         return rounds
 
