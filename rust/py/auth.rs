@@ -16,7 +16,9 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::buffer::{body_views, converted_bytes, rewrite_exclusive, transformed_bytes, ByteView};
+use super::buffer::{
+    body_views, converted_bytes, detach_if, rewrite_exclusive, transformed_bytes, ByteView,
+};
 use super::header::{header_err, hex, PyHeader};
 use super::{AuthError, HeaderError};
 use crate::auth::{self, fixed, KEY_SIZE, PUBLIC_KEY_SIZE, SEED_SIZE, SIGNATURE_SIZE};
@@ -142,11 +144,8 @@ impl PySessionKey {
         let header = header.get().0;
         let mut view = ByteView::get_writable(buffer)?;
         let body = view.as_mut_slice();
-        let sealed = if body.len() >= DETACH_MIN_BYTES {
-            py.detach(|| self.0.seal_in_place(&header, body))
-        } else {
-            self.0.seal_in_place(&header, body)
-        };
+        let big = body.len() >= DETACH_MIN_BYTES;
+        let sealed = detach_if(py, big, || self.0.seal_in_place(&header, body));
         Ok(PyBytes::new(py, &sealed.map_err(auth_err)?))
     }
 
@@ -159,11 +158,9 @@ impl PySessionKey {
         let header = header.get().0;
         let views = body_views(data)?;
         let (parts, big) = parts(&views);
-        let proof = if big {
-            py.detach(|| self.0.authenticate(&header, parts.iter().copied()))
-        } else {
+        let proof = detach_if(py, big, || {
             self.0.authenticate(&header, parts.iter().copied())
-        };
+        });
         Ok(PyBytes::new(py, &proof.map_err(auth_err)?))
     }
 
@@ -177,11 +174,7 @@ impl PySessionKey {
         let attachment = attachment.as_slice();
         let views = body_views(data)?;
         let (parts, big) = parts(&views);
-        let verified = if big {
-            py.detach(|| self.0.verify(attachment, parts.iter().copied()))
-        } else {
-            self.0.verify(attachment, parts.iter().copied())
-        };
+        let verified = detach_if(py, big, || self.0.verify(attachment, parts.iter().copied()));
         verified.map(PyHeader).map_err(auth_err)
     }
 

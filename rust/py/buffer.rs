@@ -101,6 +101,16 @@ pub fn body_views<'py>(body: &Bound<'py, PyAny>) -> PyResult<Vec<ByteView<'py>>>
     }
 }
 
+/// Runs `work` with the GIL released when `detach` (work long enough to be worth the hand-off:
+/// large buffers), else holding it.
+pub fn detach_if<T: Send>(py: Python<'_>, detach: bool, work: impl FnOnce() -> T + Send) -> T {
+    if detach {
+        py.detach(work)
+    } else {
+        work()
+    }
+}
+
 /// A new `bytes` holding the concatenation of `parts`, then rewritten in place by `transform`
 /// (encryption or decryption): one buffer, never zero-filled first. With `detach` the copy and
 /// `transform` run with the GIL released.
@@ -137,8 +147,7 @@ pub fn transformed_bytes<'py, T: Send>(
         // slice is the only reference to them until `transform` returns.
         transform(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
     };
-    let out = if detach { py.detach(work) } else { work() };
-    Ok((bytes, out))
+    Ok((bytes, detach_if(py, detach, work)))
 }
 
 /// The `bytes` an object without the buffer protocol converts to (`bytes(obj)`, e.g. a Zenoh
@@ -183,9 +192,5 @@ pub unsafe fn rewrite_exclusive<T: Send>(
         // SAFETY: see above; the slice is the only reference to the storage until it returns.
         transform(unsafe { std::slice::from_raw_parts_mut(start as *mut u8, len) })
     };
-    if detach {
-        py.detach(work)
-    } else {
-        work()
-    }
+    detach_if(py, detach, work)
 }
