@@ -100,7 +100,8 @@ class FleetCollector:
                 await anyio.sleep(STATUS_PERIOD_S)
                 await self.poll_status()
                 self.view.prune()
-                self.view.trust.save()
+                if (state := self.view.trust.changed_state()) is not None:
+                    await anyio.to_thread.run_sync(self.view.trust.write_state, state)  # a file write: off the loop
                 if time.monotonic() >= next_refusals:
                     next_refusals = time.monotonic() + REFUSALS_PERIOD_S
                     await self.poll_refusals()

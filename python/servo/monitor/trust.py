@@ -166,19 +166,37 @@ class RobotTrust:
         Raises:
             TrustError: the file cannot be written.
         """
+        if (state := self.changed_state()) is not None:
+            self.write_state(state)
+
+    def changed_state(self) -> bytes | None:
+        """What `write_state` would write, if anything changed since the last call (then marked saved).
+
+        Taken on the event loop, where the state changes; the write may then run on a thread.
+        """
         if self._state is None or not self._dirty:
-            return
+            return None
+        self._dirty = False
         state = {
             "version": _STATE_VERSION,
             "runs": {robot: [last.run, last.seq] for robot, last in self._runs.items()},
             "first_use": {robot: fingerprint(key) for robot, key in self._first_keys.items()},
             "servers": {prefix: fingerprint(key) for prefix, key in self._first_servers.items()},
         }
+        return json.dumps(state).encode()
+
+    def write_state(self, state: bytes) -> None:
+        """Write ``state`` (`changed_state`) to the state file (a blocking write: off the loop when serving).
+
+        Raises:
+            TrustError: the file cannot be written (the state is marked unsaved again).
+        """
+        assert self._state is not None
         try:
-            write_private(self._state, json.dumps(state).encode(), what="monitor state")
+            write_private(self._state, state, what="monitor state")
         except PrivateFileError as exc:
+            self._dirty = True
             raise TrustError(str(exc)) from None
-        self._dirty = False
 
     def _load(self, path: Path) -> None:
         try:
