@@ -20,7 +20,7 @@ from servo.client import PolicyClient
 from servo.client.known import KnownServers, deployment
 from servo.edge.errors import EdgeStartError
 from servo.edge.remote import RemoteEngine
-from servo.wire import ServerKeys, SessionAck, SessionOpen, StatusReply, encode, parse_fingerprint
+from servo.wire import MAX_STATUS_BYTES, ServerKeys, SessionAck, SessionOpen, StatusReply, encode, parse_fingerprint
 from tests.edge.harness import MergeLog, edge_config, first_error, running_edge, small_sim
 from tests.security.peers import RogueReplica, closing, edge_rig, peer_settings, sim_policy_spec, with_status
 from tests.server.policies import FixedComputePolicy
@@ -59,6 +59,8 @@ POISONED = {
     "invalid UTF-8": poisoned_status,
     "not msgpack": lambda status: b"\xc1\xc1garbage",
     "identity of 3 bytes": with_status(identity=b"abc"),
+    # Valid in every field but larger than a status may be (anyone on the link may answer).
+    "over MAX_STATUS_BYTES": with_status(schema_versions=[3] * (MAX_STATUS_BYTES + 1)),
 }
 
 

@@ -20,7 +20,7 @@ from servo.client.trust import TrustedServers
 from servo.client.verify import ClientCounters
 from servo.logs import get_logger
 from servo.transport import query
-from servo.wire import ServerKeys, StatusReply, WireError, decode, fingerprint, status_selector
+from servo.wire import MAX_STATUS_BYTES, ServerKeys, StatusReply, WireError, decode, fingerprint, status_selector
 from servo.wire.keys import on_this_host
 
 log = get_logger(__name__)
@@ -86,7 +86,7 @@ async def discover(
         if reply.ok is None:
             continue
         try:
-            status = decode(reply.ok.payload.to_bytes(), StatusReply)
+            status = decode(reply.ok.payload.to_bytes(), StatusReply, max_bytes=MAX_STATUS_BYTES)
             keys = ServerKeys.parse_status(str(reply.ok.key_expr))
         except WireError as exc:
             counters.undecodable(str(exc))

@@ -22,7 +22,7 @@ from servo.client.verify import ClientCounters
 from servo.identity import Identity
 from servo.join import JoinToken
 from servo.transport import query
-from servo.wire import SessionAck, SessionOpen, StatusReply, WireError, decode, encode
+from servo.wire import MAX_STATUS_BYTES, SessionAck, SessionOpen, StatusReply, WireError, decode, encode
 
 
 async def handshake(
@@ -87,7 +87,7 @@ async def _fresh_status(zsession: zenoh.Session, server: ServerInfo, timeout: fl
         if reply.ok is None:
             continue
         try:
-            status = decode(reply.ok.payload.to_bytes(), StatusReply)
+            status = decode(reply.ok.payload.to_bytes(), StatusReply, max_bytes=MAX_STATUS_BYTES)
         except WireError:
             continue
         if status.identity == server.status.identity and status.replica == server.keys.replica:

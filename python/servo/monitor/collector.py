@@ -37,6 +37,7 @@ from servo.monitor.fleet import FleetView
 from servo.stages import LoopBridge
 from servo.transport import direct, query
 from servo.wire import (
+    MAX_STATUS_BYTES,
     NONCE_SIZE,
     TELEMETRY_SELECTOR,
     AuditQuery,
@@ -133,7 +134,7 @@ class FleetCollector:
             try:
                 keys = ServerKeys.parse_status(str(reply.ok.key_expr))
                 body = reply.ok.payload.to_bytes()
-                status = decode(body, StatusReply)
+                status = decode(body, StatusReply, max_bytes=MAX_STATUS_BYTES)
             except WireError as exc:
                 log.debug("status reply skipped", error=str(exc))
                 continue

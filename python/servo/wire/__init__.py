@@ -18,6 +18,7 @@ from servo.wire.keys import (
     status_selector,
 )
 from servo.wire.messages import (
+    MAX_STATUS_BYTES,
     NONCE_SIZE,
     SESSION_MESSAGE_TYPES,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -79,6 +80,7 @@ MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = (
 __all__ = [
     "AUDIT_CONTEXT",
     "MAX_MESSAGE_BYTES",
+    "MAX_STATUS_BYTES",
     "MESSAGE_TYPES",
     "NONCE_SIZE",
     "ROOT",

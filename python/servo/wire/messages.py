@@ -142,6 +142,11 @@ class PolicyInfo(msgspec.Struct, frozen=True):
     tuning: Tuning = Tuning()
 
 
+#: The largest status reply decoded: anyone on the link answers status queries, so a peer's reply
+#: is bounded before it is decoded (a real one, features and all, is a few kB).
+MAX_STATUS_BYTES = 1024 * 1024
+
+
 class StatusReply(msgspec.Struct, frozen=True):
     """Answer of the status queryable; one per replica.
 
