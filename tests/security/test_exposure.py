@@ -14,6 +14,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import urllib.request
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 import zenoh
 
+from conftest import PRIVATE_LAN_ADDRESS
 from servo._core import ServerIdentity
 from servo.client import PolicyClient
 from servo.router import Fleet, load_fleet, run_router
@@ -232,9 +234,10 @@ async def test_a_fleet_member_in_peer_mode_gets_no_link_to_a_server_behind_the_r
 def test_health_off_loopback_is_refused_in_one_line_unless_expose_health(tmp_path: Path) -> None:
     """Issue 29: ``health_host = "0.0.0.0"`` needed no flag, and /metrics names the robots."""
     manifest = tmp_path / "manifest.toml"
+    health_port = free_port()
     manifest.write_text(
         f'[model]\nsource = "reference"\nwarmup = 0\n[zenoh]\nlisten = ["tcp/127.0.0.1:{free_port()}"]\n'
-        f'[ops]\nhealth_host = "0.0.0.0"\nhealth_port = {free_port()}\n'
+        f'[ops]\nhealth_host = "0.0.0.0"\nhealth_port = {health_port}\n'
     )
     line = refusal(manifest)
     assert "ops.health_host = '0.0.0.0'" in line
@@ -243,6 +246,9 @@ def test_health_off_loopback_is_refused_in_one_line_unless_expose_health(tmp_pat
     accepted = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest), "--expose-health"])
     try:
         accepted.wait_line("ready", 120)
+        # Exposed as asked: reachable at this host's LAN address, not only on loopback.
+        with urllib.request.urlopen(f"http://{PRIVATE_LAN_ADDRESS}:{health_port}/healthz", timeout=30) as reply:
+            assert reply.status == 200
     finally:
         accepted.stop()
 
