@@ -36,6 +36,9 @@ MIRROR = os.environ.get("SERVO_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 TOOLS = ("podman", "runc", "debootstrap")
 #: Building both images from nothing (the Rust toolchain, the wheel, torch) takes minutes.
 BUILD_TIMEOUT_S = 2400
+#: Free disk a cold build needs where podman keeps layers and writes them: torch's layer (~6 GB)
+#: is stored once and copied once while it is committed, beside the Rust toolchain's stage.
+BUILD_DISK_GB = 20
 
 pytestmark = [
     pytest.mark.image,
@@ -90,8 +93,23 @@ def images(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         assert tar.returncode == 0
         shutil.rmtree(rootfs)
         stage(f"base image {BASE} (debootstrap)", started)
+    for where in (podman("info", "--format", "{{.Store.GraphRoot}}").stdout.strip(), "/var/tmp"):
+        free_gb = shutil.disk_usage(where).free / 1e9
+        assert free_gb >= BUILD_DISK_GB, f"make image needs {BUILD_DISK_GB} GB free in {where}; it has {free_gb:.0f}"
+    try:
+        build_images(podman, tmp_path_factory.mktemp("build") / "make-image.log")
+        yield
+    finally:
+        # The images, then every dangling layer a servo build left (each stage carries the label):
+        # a full build is ~10 GB of layers, and runs on one host would otherwise pile them up.
+        for image in (SERVER, EDGE):
+            podman("rmi", "--force", image, check=False)
+        podman("image", "prune", "--force", "--filter", "label=io.servo.image", timeout=300, check=False)
+
+
+def build_images(podman: Podman, log: Path) -> None:
+    """Both images with ``make image``, as a user builds them; its stage times and sizes printed."""
     started = time.monotonic()
-    log = tmp_path_factory.mktemp("build") / "make-image.log"
     with log.open("w") as out:
         built = subprocess.run(
             ["make", "--no-print-directory", "image", f"IMAGE_BASE={BASE}", f"IMAGE_TAG={TAG}", "CONTAINER=podman"],
@@ -106,9 +124,6 @@ def images(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     assert built.returncode == 0, text[-6000:]
     stage("make image", started)
     print("\n".join(line for line in text.splitlines() if re.match(r"(==>|    done in|localhost/servo-)", line)))
-    yield
-    for image in (SERVER, EDGE):
-        podman("rmi", "--force", image, check=False)
 
 
 @pytest.fixture
