@@ -50,9 +50,17 @@ FPS = 30.0
 SECONDS = float(os.environ.get("LOSSY_LINK_SECONDS", "60"))
 SMOKE_SECONDS = 10.0
 CONDITIONS = os.environ.get("LOSSY_LINK_CONDITIONS", "0,5,10,20,j,20+j").split(",")
-#: How the edge reaches the server: a protocol, and a lease (ms) for both ends after a colon.
-VARIANTS = os.environ.get("LOSSY_LINK_VARIANTS", "tcp,quic").split(",")
-SMOKE_CASES = [("5", "quic")]
+#: How the edge reaches the server: a variant of `TRANSPORTS`, and a lease (ms) for both ends after a colon.
+VARIANTS = os.environ.get("LOSSY_LINK_VARIANTS", "tls,tls-tcp,quic,tcp").split(",")
+#: Variant -> (what the server listens on and the edge is told to connect to, extra edge flags, tuned TCP).
+TRANSPORTS: dict[str, tuple[str, list[str], bool]] = {
+    "tls": ("tls", [], False),  # what servo-serve prints: tls/, and the edge dials quic/ beside it first
+    "tls-tcp": ("tls", ["--no-prefer-quic"], False),  # TLS over TCP only (the default before QUIC beside TLS)
+    "quic": ("quic", [], False),
+    "tcp": ("tcp", [], False),
+    "tcp-tuned": ("tcp", [], True),  # plain TCP with the operator's TCP knobs (testbed.netns tcp_tuned)
+}
+SMOKE_CASES = [("5", "tls")]
 
 
 @dataclass(frozen=True)
@@ -79,12 +87,13 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
 def run_condition(workdir: Path, condition: Condition, variant: str, seconds: float) -> dict[str, Any]:
     """The server behind the impaired link, the edge on the host for ``seconds``; the row."""
     workdir.mkdir(parents=True, exist_ok=True)
-    protocol, _, lease = variant.partition(":")
+    name, _, lease = variant.partition(":")
+    protocol, flags, tuned = TRANSPORTS[name]
     delay = JITTER_MS if condition.jitter else None
-    with netns.shaped_link(RATE_MBIT, loss_percent=condition.loss_percent, delay_ms=delay) as link:
+    with netns.shaped_link(RATE_MBIT, loss_percent=condition.loss_percent, delay_ms=delay, tcp_tuned=tuned) as link:
         port = free_port()
         zenoh = "shared_memory = false" + (f"\nlease_ms = {lease}" if lease else "")
-        edge_options = ["--insecure"] + (["--lease-ms", lease] if lease else [])
+        edge_options = ["--insecure", *flags] + (["--lease-ms", lease] if lease else [])
         if protocol != "tcp":
             cert = ensure_certificate(workdir / "tls", hosts=[link.server_ip])
             zenoh += f'\n[zenoh.tls]\nlisten_certificate = "{cert.cert}"\nlisten_private_key = "{cert.key}"'
