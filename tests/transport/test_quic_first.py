@@ -156,9 +156,16 @@ async def test_a_robot_reaches_a_tls_servers_quic_listen_and_is_served(tmp_path:
     async with running_server(parse_manifest(tls_manifest(number, pki, mtls=False))):
         quic_only = msgspec.structs.replace(edge_settings(number, pki["ca"]), connect=[f"quic/127.0.0.1:{number}"])
         assert await infer_once(quic_only) == (50, 6)
-        with pytest.raises(zenoh.ZError):  # QUIC checks the server's certificate like TLS does
-            other = make_pki(tmp_path, "other")
-            async with open_zsession(
-                msgspec.structs.replace(quic_only, tls=TlsSettings(root_ca_certificate=other["ca"]))
-            ):
+
+
+async def test_mtls_holds_over_quic_too(tmp_path: Path) -> None:
+    pki, number = make_pki(tmp_path, "lab"), tcp_and_udp_port()
+    async with running_server(parse_manifest(tls_manifest(number, pki, mtls=True))):
+        with_cert = edge_settings(number, pki["ca"], cert=pki["client_cert"], key=pki["client_key"])
+        assert await infer_once(msgspec.structs.replace(with_cert, connect=[f"quic/127.0.0.1:{number}"])) == (50, 6)
+        without = msgspec.structs.replace(
+            edge_settings(number, pki["ca"]), connect=[f"quic/127.0.0.1:{number}"], open_timeout_ms=2000
+        )
+        with pytest.raises(zenoh.ZError):
+            async with open_zsession(without):
                 pass
