@@ -25,6 +25,7 @@ from servo.router.service import router_config
 from servo.server.manifest import parse_manifest
 from servo.transport import TlsSettings, ZenohSettings, open_zsession, quic_beside, quic_first
 from servo.transport.config import QUIC_OPEN_TIMEOUT_MS
+from tests.router.harness import Credentials, fleet_toml
 from tests.support import running_server
 from tests.transport.test_tls import edge_settings, infer_once, make_pki, tls_manifest
 
@@ -97,22 +98,9 @@ def test_a_server_listens_on_quic_beside_tls_but_a_router_does_not(tmp_path: Pat
     assert json.loads(settings.to_config().get_json("listen/endpoints"))[-1] == "quic/0.0.0.0:7447"
     off = msgspec.structs.replace(settings, quic_beside_tls=False)
     assert off.listen_endpoints() == ["tls/0.0.0.0:7447", "tcp/127.0.0.1:7448"]
-    pki = make_pki(tmp_path, "fleet")
-    fleet = parse_fleet(
-        f"""
-[router]
-listen = ["tls/0.0.0.0:7447"]
-[router.tls]
-certificate = "{pki["server_cert"]}"
-private_key = "{pki["server_key"]}"
-root_ca = "{pki["ca"]}"
-[[robots]]
-names = ["robot-7"]
-""",
-        origin="fleet.toml",
-        base_dir=tmp_path,
-    )
-    assert json.loads(router_config(fleet).get_json("listen/endpoints")) == ["tls/0.0.0.0:7447"]
+    creds = Credentials(tmp_path)
+    fleet = parse_fleet(fleet_toml("mtls", 7447, creds.pki, creds.passwords), origin="fleet.toml", base_dir=tmp_path)
+    assert json.loads(router_config(fleet).get_json("listen/endpoints")) == ["tls/127.0.0.1:7447"]
 
 
 def test_a_robot_dials_quic_before_tls(tmp_path: Path) -> None:
