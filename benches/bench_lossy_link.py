@@ -110,9 +110,20 @@ def run_condition(workdir: Path, condition: Condition, variant: str, seconds: fl
         )
         with server:
             options = [*edge_options, *os.environ.get("LOSSY_LINK_EDGE_FLAGS", "").split()]
-            edge = run_edge(workdir, f"{protocol}/{link.server_ip}:{port}", seconds, options=options)
+            try:
+                row = run_edge(workdir, f"{protocol}/{link.server_ip}:{port}", seconds, options=options).row()
+            except AssertionError:  # no summary: the edge did not start (its last line says why)
+                row = did_not_start(workdir / "edge.log")
             load = os.getloadavg()[0]
-    return {"link": link.describe(), "transport": variant, **edge.row(), "load": round(load, 1)}
+    return {"link": link.describe(), "transport": variant, **row, "load": round(load, 1)}
+
+
+def did_not_start(log: Path) -> dict[str, Any]:
+    """The row of an edge that found no server within its ``connect_timeout_s`` over the link."""
+    last = (log.read_text().strip().splitlines() or ["(no output)"])[-1]
+    reason = "did not start: no server " + ("within connect_timeout_s" if "no usable servo server" in last else last)
+    none: dict[str, Any] = {"requests": 0, "resent": 0, "timeouts": 0, "rtt_ms_p50": None, "ticks": 0}
+    return {**none, "fresh_share": 0.0, "longest_gap_s": float("inf"), "reconnects": 0, "reasons": {reason: 1}}
 
 
 def render(rows: list[dict[str, Any]]) -> str:

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 import zenoh
 
+from servo.edge import link
 from servo.edge.config import load_edge_config
 from servo.router.fleet import parse_fleet
 from servo.router.service import router_config
@@ -48,10 +49,10 @@ def tcp_and_udp_port() -> int:
 
 
 @contextlib.contextmanager
-def listener(endpoint: str, cert: str, key: str) -> Iterator[zenoh.Session]:
-    """A bare Zenoh peer listening on ``endpoint`` with this certificate (nothing servo on it)."""
+def listener(endpoint: str, cert: str, key: str, *, mode: str = "peer") -> Iterator[zenoh.Session]:
+    """A bare Zenoh peer (or router) listening on ``endpoint`` with this certificate (nothing servo on it)."""
     tls = TlsSettings(listen_certificate=cert, listen_private_key=key)
-    settings = ZenohSettings(listen=[endpoint], tls=tls, quic_beside_tls=False, shared_memory=False)
+    settings = ZenohSettings(mode=mode, listen=[endpoint], tls=tls, quic_beside_tls=False, shared_memory=False)
     session = zenoh.open(settings.to_config())
     try:
         yield session
@@ -157,3 +158,27 @@ async def test_mtls_holds_over_quic_too(tmp_path: Path) -> None:
         with pytest.raises(zenoh.ZError):
             async with open_zsession(without):
                 pass
+
+
+@pytest.mark.parametrize("mode", ["router", "peer"])
+async def test_a_robot_that_reached_a_router_dials_it_again_without_quic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A servo-router listens on TLS only: its robots would wait for a QUIC dial at every redial.
+    A server (a peer) is kept as dialled."""
+    pki, number = make_pki(tmp_path, "lab"), tcp_and_udp_port()
+    dialled: list[list[str]] = []
+    real = link.open_zsession
+
+    def spy(settings: ZenohSettings) -> contextlib.AbstractAsyncContextManager[zenoh.Session]:
+        dialled.append(list(settings.connect))
+        return real(settings)
+
+    monkeypatch.setattr(link, "open_zsession", spy)
+    flags = {"connect": [f"tls/127.0.0.1:{number}"], "tls_root_ca": pki["ca"]}
+    with listener(f"tls/127.0.0.1:{number}", pki["server_cert"], pki["server_key"], mode=mode) as remote:
+        async with contextlib.AsyncExitStack() as stack:
+            zsession = await link.open_link(load_edge_config(flags=flags), stack)
+            assert linked_to(zsession) == {str(remote.info.zid())}
+    again = [[f"tls/127.0.0.1:{number}"]] if mode == "router" else []
+    assert dialled == [[f"quic/127.0.0.1:{number}", f"tls/127.0.0.1:{number}"], *again]
