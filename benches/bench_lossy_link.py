@@ -19,7 +19,11 @@ the longest gap <= 1 s. Needs root (namespace, nft, iptables); skipped otherwise
     sudo .venv/bin/python -m pytest -q -s benches/bench_lossy_link.py --benchmark-enable --benchmark-only
 
 (writes ``benches/results/link_loss.md``; ``LOSSY_LINK_CONDITIONS=20,20+j`` picks conditions:
-a loss percentage, ``+j`` for the jitter, ``j`` for the jitter alone.)
+a loss percentage, ``+j`` for the jitter, ``j`` for the jitter alone; ``LOSSY_LINK_VARIANTS``
+the transports of `TRANSPORTS`, ``tls`` being what a user gets: ``--connect tls/…``, QUIC at the
+same port dialled first; ``:3000`` after one sets a lease on both ends; ``LOSSY_LINK_EDGE_FLAGS``
+adds edge flags. An edge that finds no server over the link within its ``connect_timeout_s``
+is a row too.)
 """
 
 from __future__ import annotations
@@ -133,9 +137,11 @@ def render(rows: list[dict[str, Any]]) -> str:
         f"chunks of 50 at {FPS:g} fps) across a {RATE_MBIT} Mbit/s veth, server in a namespace with its own "
         "/dev/shm and shared memory off (only the link carries bytes), "
         f"{'smoke' if smoke else f'{SECONDS:g} s per condition'}; loss is per packet and per direction; "
-        "jitter: every packet held 50-200 ms, order kept."
+        "jitter: every packet held 50-200 ms, order kept. Fresh ticks and gaps count from the first policy "
+        "action on (measured s: that long); before it the arm waits for its first chunk."
     )
-    header = ["link", "transport", "fresh ticks", "longest gap s", "reconnects (why)", "requests", "resent", "timeouts"]
+    header = ["link", "transport", "fresh ticks", "longest gap s", "measured s", "reconnects (why)", "requests"]
+    header += ["resent", "timeouts"]
     header += ["rtt p50 ms", "load"]
     cells = [
         [
@@ -143,6 +149,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             r["transport"],
             f"{100 * r['fresh_share']:.1f} %",
             f"{r['longest_gap_s']:.2f}",
+            f"{r['ticks'] / FPS:.0f}",
             f"{r['reconnects']}"
             + (f" ({', '.join(f'{k}: {v}' for k, v in r['reasons'].items())})" if r["reasons"] else ""),
             r["requests"],
