@@ -57,7 +57,8 @@ class Link:
         where the robot's codec would take the link for memory and send raw frames.
         """
         private_shm = f'mount -t tmpfs -o size=256m servo-shm /dev/shm && hostname {self.namespace} && exec "$@"'
-        in_namespace = ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--uts", "--propagation", "private"]
+        unshare = ["unshare", "--mount", "--uts", "--propagation", "private"]
+        in_namespace = ["ip", "netns", "exec", self.namespace, *unshare]
         return [*in_namespace, "sh", "-c", private_shm, "sh", *command]
 
     def describe(self) -> str:
