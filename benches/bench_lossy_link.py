@@ -19,7 +19,11 @@ the longest gap <= 1 s. Needs root (namespace, nft, iptables); skipped otherwise
     sudo .venv/bin/python -m pytest -q -s benches/bench_lossy_link.py --benchmark-enable --benchmark-only
 
 (writes ``benches/results/link_loss.md``; ``LOSSY_LINK_CONDITIONS=20,20+j`` picks conditions:
-a loss percentage, ``+j`` for the jitter, ``j`` for the jitter alone.)
+a loss percentage, ``+j`` for the jitter, ``j`` for the jitter alone; ``LOSSY_LINK_VARIANTS``
+the transports of `TRANSPORTS`, ``tls`` being what a user gets: ``--connect tls/…``, QUIC at the
+same port dialled first; ``:3000`` after one sets a lease on both ends; ``LOSSY_LINK_EDGE_FLAGS``
+adds edge flags. An edge that finds no server over the link within its ``connect_timeout_s``
+is a row too.)
 """
 
 from __future__ import annotations
@@ -50,9 +54,17 @@ FPS = 30.0
 SECONDS = float(os.environ.get("LOSSY_LINK_SECONDS", "60"))
 SMOKE_SECONDS = 10.0
 CONDITIONS = os.environ.get("LOSSY_LINK_CONDITIONS", "0,5,10,20,j,20+j").split(",")
-#: How the edge reaches the server: a protocol, and a lease (ms) for both ends after a colon.
-VARIANTS = os.environ.get("LOSSY_LINK_VARIANTS", "tcp,quic").split(",")
-SMOKE_CASES = [("5", "quic")]
+#: How the edge reaches the server: a variant of `TRANSPORTS`, and a lease (ms) for both ends after a colon.
+VARIANTS = os.environ.get("LOSSY_LINK_VARIANTS", "tls,tls-tcp,quic,tcp").split(",")
+#: Variant -> (what the server listens on and the edge is told to connect to, extra edge flags, tuned TCP).
+TRANSPORTS: dict[str, tuple[str, list[str], bool]] = {
+    "tls": ("tls", [], False),  # what servo-serve prints: tls/, and the edge dials quic/ beside it first
+    "tls-tcp": ("tls", ["--no-prefer-quic"], False),  # TLS over TCP only (the default before QUIC beside TLS)
+    "quic": ("quic", [], False),
+    "tcp": ("tcp", [], False),
+    "tcp-tuned": ("tcp", [], True),  # plain TCP with the operator's TCP knobs (testbed.netns tcp_tuned)
+}
+SMOKE_CASES = [("5", "tls")]
 
 
 @dataclass(frozen=True)
@@ -79,12 +91,13 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
 def run_condition(workdir: Path, condition: Condition, variant: str, seconds: float) -> dict[str, Any]:
     """The server behind the impaired link, the edge on the host for ``seconds``; the row."""
     workdir.mkdir(parents=True, exist_ok=True)
-    protocol, _, lease = variant.partition(":")
+    name, _, lease = variant.partition(":")
+    protocol, flags, tuned = TRANSPORTS[name]
     delay = JITTER_MS if condition.jitter else None
-    with netns.shaped_link(RATE_MBIT, loss_percent=condition.loss_percent, delay_ms=delay) as link:
+    with netns.shaped_link(RATE_MBIT, loss_percent=condition.loss_percent, delay_ms=delay, tcp_tuned=tuned) as link:
         port = free_port()
         zenoh = "shared_memory = false" + (f"\nlease_ms = {lease}" if lease else "")
-        edge_options = ["--insecure"] + (["--lease-ms", lease] if lease else [])
+        edge_options = ["--insecure", *flags] + (["--lease-ms", lease] if lease else [])
         if protocol != "tcp":
             cert = ensure_certificate(workdir / "tls", hosts=[link.server_ip])
             zenoh += f'\n[zenoh.tls]\nlisten_certificate = "{cert.cert}"\nlisten_private_key = "{cert.key}"'
@@ -101,9 +114,20 @@ def run_condition(workdir: Path, condition: Condition, variant: str, seconds: fl
         )
         with server:
             options = [*edge_options, *os.environ.get("LOSSY_LINK_EDGE_FLAGS", "").split()]
-            edge = run_edge(workdir, f"{protocol}/{link.server_ip}:{port}", seconds, options=options)
+            try:
+                row = run_edge(workdir, f"{protocol}/{link.server_ip}:{port}", seconds, options=options).row()
+            except AssertionError:  # no summary: the edge did not start (its last line says why)
+                row = did_not_start(workdir / "edge.log")
             load = os.getloadavg()[0]
-    return {"link": link.describe(), "transport": variant, **edge.row(), "load": round(load, 1)}
+    return {"link": link.describe(), "transport": variant, **row, "load": round(load, 1)}
+
+
+def did_not_start(log: Path) -> dict[str, Any]:
+    """The row of an edge that found no server within its ``connect_timeout_s`` over the link."""
+    last = (log.read_text().strip().splitlines() or ["(no output)"])[-1]
+    reason = "did not start: no server " + ("within connect_timeout_s" if "no usable servo server" in last else last)
+    none: dict[str, Any] = {"requests": 0, "resent": 0, "timeouts": 0, "rtt_ms_p50": None, "ticks": 0}
+    return {**none, "fresh_share": 0.0, "longest_gap_s": float("inf"), "reconnects": 0, "reasons": {reason: 1}}
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -113,9 +137,11 @@ def render(rows: list[dict[str, Any]]) -> str:
         f"chunks of 50 at {FPS:g} fps) across a {RATE_MBIT} Mbit/s veth, server in a namespace with its own "
         "/dev/shm and shared memory off (only the link carries bytes), "
         f"{'smoke' if smoke else f'{SECONDS:g} s per condition'}; loss is per packet and per direction; "
-        "jitter: every packet held 50-200 ms, order kept."
+        "jitter: every packet held 50-200 ms, order kept. Fresh ticks and gaps count from the first policy "
+        "action on (measured s: that long); before it the arm waits for its first chunk."
     )
-    header = ["link", "transport", "fresh ticks", "longest gap s", "reconnects (why)", "requests", "resent", "timeouts"]
+    header = ["link", "transport", "fresh ticks", "longest gap s", "measured s", "reconnects (why)", "requests"]
+    header += ["resent", "timeouts"]
     header += ["rtt p50 ms", "load"]
     cells = [
         [
@@ -123,6 +149,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             r["transport"],
             f"{100 * r['fresh_share']:.1f} %",
             f"{r['longest_gap_s']:.2f}",
+            f"{r['ticks'] / FPS:.0f}",
             f"{r['reconnects']}"
             + (f" ({', '.join(f'{k}: {v}' for k, v in r['reasons'].items())})" if r["reasons"] else ""),
             r["requests"],

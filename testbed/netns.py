@@ -33,6 +33,8 @@ from testbed.processes import free_port, stop
 
 #: The NFQUEUE numbers of the delay line: packets into the namespace, and out of it.
 INBOUND_QUEUE, OUTBOUND_QUEUE = 7301, 7302
+#: The retransmission timer's floor on a ``tcp_tuned`` link's routes (Linux's default: 200 ms).
+TUNED_RTO_MIN = "50ms"
 
 
 @dataclass(frozen=True)
@@ -46,14 +48,17 @@ class Link:
     delay_ms: tuple[float, float] | None = None
 
     def remote(self, *command: str) -> list[str]:
-        """``command`` as run on the far host: in the namespace, with a ``/dev/shm`` of its own.
+        """``command`` as run on the far host: in the namespace, with a ``/dev/shm`` and a host name of its own.
 
         Zenoh's shared memory crosses network namespaces (the host's ``/dev/shm`` is one), so a
         process run this way can only reach the host through the link, whatever either end's
-        shared-memory setting says, as on two machines.
+        shared-memory setting says, as on two machines. Its own host name keeps a servo server
+        from telling a robot it runs on the robot's machine (`servo.wire.keys.on_this_host`),
+        where the robot's codec would take the link for memory and send raw frames.
         """
-        private_shm = 'mount -t tmpfs -o size=256m servo-shm /dev/shm && exec "$@"'
-        in_namespace = ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--propagation", "private"]
+        private_shm = f'mount -t tmpfs -o size=256m servo-shm /dev/shm && hostname {self.namespace} && exec "$@"'
+        unshare = ["unshare", "--mount", "--uts", "--propagation", "private"]
+        in_namespace = ["ip", "netns", "exec", self.namespace, *unshare]
         return [*in_namespace, "sh", "-c", private_shm, "sh", *command]
 
     def describe(self) -> str:
@@ -91,9 +96,16 @@ def _loss_rules(device: str, percent: int) -> str:
 
 @contextmanager
 def shaped_link(
-    rate_mbit: int, *, loss_percent: int = 0, delay_ms: tuple[float, float] | None = None
+    rate_mbit: int, *, loss_percent: int = 0, delay_ms: tuple[float, float] | None = None, tcp_tuned: bool = False
 ) -> Iterator[Link]:
-    """Create the namespace and veth, shape (and impair) both ends; delete everything on exit."""
+    """Create the namespace and veth, shape (and impair) both ends; delete everything on exit.
+
+    ``tcp_tuned``: what an operator can do for TCP on such a link without touching the
+    applications (docs/guides/bad-links.md): on the route of each end, a retransmission timer
+    floor of `TUNED_RTO_MIN` instead of 200 ms and BBR, which does not read random loss as
+    congestion; in the namespace, linear (not doubling) timeouts for thin streams. The host's
+    own settings are left alone: its routes to the namespace are deleted with the veth.
+    """
     if not 0 <= loss_percent < 100:
         raise ValueError(f"loss_percent must be in [0, 100), got {loss_percent}")
     tag = f"{os.getpid() % 10_000}{free_port() % 100}"
@@ -111,6 +123,11 @@ def shaped_link(
         _run("ip", "-n", ns, "addr", "add", f"{subnet}.2/30", "dev", peer)
         _run("ip", "-n", ns, "link", "set", peer, "up")
         _run("ip", "-n", ns, "link", "set", "lo", "up")
+        if tcp_tuned:
+            tuning = ["rto_min", TUNED_RTO_MIN, "congctl", "bbr"]
+            _run("ip", "route", "replace", f"{subnet}.0/30", "dev", host, *tuning)
+            _run("ip", "-n", ns, "route", "replace", f"{subnet}.0/30", "dev", peer, *tuning)
+            _run(*in_ns, "sysctl", "-q", "-w", "net.ipv4.tcp_thin_linear_timeouts=1")
         shape = ["root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "32kbit", "latency", "20ms"]
         _run("tc", "qdisc", "add", "dev", host, *shape)
         _run(*in_ns, "tc", "qdisc", "add", "dev", peer, *shape)

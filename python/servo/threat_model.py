@@ -56,10 +56,10 @@ DOORS: tuple[Door, ...] = (
     Door(
         "servo-serve",
         "socket",
-        "zenoh.listen (tcp/127.0.0.1:7447)",
+        "zenoh.listen (tcp/127.0.0.1:7447; beside a tls/ one, quic/ on its port, UDP)",
         "this host's processes; off loopback: enrolled robots (join tokens), monitors",
-        "plain text off loopback needs --insecure (TLS otherwise); off loopback only enrolled robots open "
-        "sessions unless --allow-any-robot; every session message encrypted (AES-256-GCM)",
+        "plain text off loopback needs --insecure (TLS or QUIC otherwise, one certificate); off loopback only "
+        "enrolled robots open sessions unless --allow-any-robot; every session message encrypted (AES-256-GCM)",
     ),
     Door(
         "servo-serve",
@@ -205,6 +205,14 @@ DOORS: tuple[Door, ...] = (
         stranger_refused=False,
     ),
     # ---------------------------------------------------------------- servo-edge declarations
+    Door(
+        "servo-edge",
+        "socket",
+        "its quic/ dial beside a tls/ endpoint (an ephemeral UDP port; [link] prefer_quic)",
+        "the server it dialled",
+        "QUIC (TLS 1.3): the server's certificate checked as for tls/; datagrams of no connection it opened "
+        "are dropped",
+    ),
     Door(
         "servo-edge",
         "publisher",

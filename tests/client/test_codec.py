@@ -289,7 +289,7 @@ async def test_auto_picks_raw_on_loopback_shared_memory(port: int) -> None:
         # The server is on this machine: every request raw, no JPEG probed (what `auto` promises).
         assert status.local
         assert status.current == "raw", status
-        assert status.requests == {"raw": 25, "jpeg95": 0, "jpeg90": 0, "jpeg80": 0}
+        assert status.requests == {"raw": 25, "jpeg95": 0, "jpeg90": 0, "jpeg80": 0, "jpeg40": 0, "jpeg10": 0}
         assert status.probes == 0
         assert session.codec_status().camera_encode_ms == {}
         await session.close()

@@ -131,14 +131,14 @@ def as_component(name: str) -> Iterator[None]:
         component.reset(token)
 
 
-def listening_ports() -> dict[int, str]:
-    """This process's listening TCP ports and bound UDP ports, by port (``tcp`` or ``udp``)."""
-    out: dict[int, str] = {}
+def listening_ports() -> set[tuple[int, str]]:
+    """This process's listening TCP ports and bound UDP ports: ``(port, "tcp" or "udp")``."""
+    out: set[tuple[int, str]] = set()
     for conn in psutil.Process().net_connections(kind="inet"):
         if conn.type == 1 and conn.status == psutil.CONN_LISTEN:  # SOCK_STREAM
-            out[conn.laddr.port] = "tcp"
+            out.add((conn.laddr.port, "tcp"))
         elif conn.type == 2 and conn.laddr:  # SOCK_DGRAM bound
-            out[conn.laddr.port] = "udp"
+            out.add((conn.laddr.port, "udp"))
     return out
 
 

@@ -58,13 +58,13 @@ def robot_files(tmp_path: Path, name: str) -> dict[str, str]:
 
 @asynccontextmanager
 async def lan_client(
-    server: PolicyServer, port: int, tmp_path: Path, name: str, *, join: str = "", **options: Any
+    server: PolicyServer, port: int, tmp_path: Path, name: str, *, join: str = "", quic: bool = False, **options: Any
 ) -> AsyncIterator[PolicyClient]:
-    """A `PolicyClient` of robot ``name`` (its own identity) over TLS, trusting the server's identity."""
+    """A `PolicyClient` of robot ``name`` (its own identity) over TLS (or QUIC), trusting the server's identity."""
     files = robot_files(tmp_path, name)
     settings = ZenohSettings(
         mode="client",
-        connect=[f"tls/127.0.0.1:{port}"],
+        connect=[f"{'quic' if quic else 'tls'}/127.0.0.1:{port}"],
         tls=TlsSettings(root_ca_certificate=certificate_of(server)),
     )
     identity = load_identity(files["identity_key"], role="robot")

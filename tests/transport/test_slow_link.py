@@ -70,9 +70,11 @@ shared_memory = false
 health_port = 0
 [security]
 insecure = true  # plain TCP on the test's private veth link, said explicitly
+allow_any_robot = true  # the test's robots are not enrolled: this test is about the link
 """
     )
-    command = ["ip", "netns", "exec", link.namespace, sys.executable, "-m", "servo.cli.serve", str(manifest)]
+    # As on another host: its own /dev/shm and host name (a server on this host is a local link to the codec).
+    command = link.remote(sys.executable, "-m", "servo.cli.serve", str(manifest))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO, env=env)
     try:

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             manifest, certificate = secure_listen(manifest)
             openpi = manifest.frontends.openpi
             refuse_busy(
-                manifest.zenoh.listen,
+                manifest.zenoh.listen_endpoints(),
                 manifest.ops.health_host,
                 manifest.ops.health_port,
                 others=[] if openpi is None else [("frontends.openpi.listen", openpi.host, openpi.port)],

@@ -37,6 +37,13 @@ few samples per option, and picks:
   the default qualities (95 to 80: ~3.4x, and their cost ratio is smaller), so they keep being
   compared.
 
+A link too slow for all of ``qualities`` (a congestion window collapsed by loss and delay: ~10
+kB/s at 20 % loss and a 0.35 s round trip) times requests out, each recorded at what it cost to
+get nothing. Once raw, the lowest of ``qualities`` (probed first then) and all between cost
+``starved_ms`` or more, the ``floor`` qualities (never used otherwise) take over at once: the
+lowest, or a higher one measured under ``starved_ms``; once one of ``qualities`` is (re-probes),
+the best of them takes over at once. A floor quality never wins on cost alone.
+
 On a local link (the server on this machine: shared memory or loopback) raw always costs least:
 no codec on either side, and the bytes only cross memory. Measured choices would still pick JPEG
 there whenever a busy scheduler stretches raw's samples (12 of 16 requests at load 10), and lose
@@ -105,6 +112,10 @@ class AutoCodec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     min_dwell: Annotated[PositiveInt, doc("Requests at least between two switches.")] = 8
     reprobe_every: Annotated[PositiveInt, doc("Requests before an option not in use is tried again.")] = 32
     window: Annotated[PositiveInt, doc("Samples per option whose median is its cost.", le=100)] = 5
+    floor: Annotated[
+        list[Quality], doc("Lower JPEG qualities used only while all the others cost starved_ms or more.", max_length=4)
+    ] = msgspec.field(default_factory=lambda: [40, 10])
+    starved_ms: Annotated[NonNegativeFloat, doc("A request costing this much starves the arm (ms).")] = 1000.0
 
 
 def codec_name(quality: int) -> str:
@@ -182,7 +193,9 @@ class CodecChooser:
         self.auto = quality == "auto"
         self.local = local
         qualities = [RAW, *sorted(set(settings.qualities), reverse=True)] if quality == "auto" else [int(quality)]
-        #: Best fidelity first.
+        #: Used only while the others starve the arm (module docstring).
+        self._floor = [q for q in sorted(set(settings.floor), reverse=True) if q < qualities[-1]] if self.auto else []
+        qualities += self._floor  # best fidelity first
         self._options = {q: _Option(q, settings.window, settings.reprobe_every) for q in qualities}
         self._rank = {q: i for i, q in enumerate(qualities)}
         self.current = qualities[0]
@@ -206,8 +219,10 @@ class CodecChooser:
                 for o in self._options.values()
                 if o.quality != self.current and o.due <= self._request and not self._hopeless(o)
             ]
+            due = [o for o in due if o.quality not in self._floor or self._starved()]
             if due:
-                probe = min(due, key=lambda o: o.due)
+                slow = self._known(floor=self.current in self._floor).get(self.current, 0) >= self.settings.starved_ms
+                probe = due[-1] if slow else min(due, key=lambda o: o.due)
                 if probe.sampled_at < self._request - self.settings.reprobe_every:
                     probe.forget()  # its samples describe the link as it was long ago
                 probe.due = self._request + probe.interval  # `record` reschedules it
@@ -240,6 +255,9 @@ class CodecChooser:
         option.mbps_then = {q: m for q, o in self._options.items() if (m := o.mbps) is not None}
         option.sampled_at = self._request
         if not self.auto or cold or self._raw_is_local():
+            return
+        if self._floor and (self._starved() or self.current in self._floor):
+            self._decide_floor()  # before confirming: each sample of a starving option is a timeout
             return
         if quality != self.current and not self._confirmed(option) and self._promising(option):
             option.due = self._request + 1  # one sample could be noise: confirm before it counts
@@ -282,6 +300,16 @@ class CodecChooser:
         current = self._options[self.current].cost
         return current is None or option.cost_ms[-1] <= current * (1 + self.settings.tolerance)
 
+    def _known(self, *, floor: bool) -> dict[int, float]:
+        """Measured costs (the median, else the latest samples) of the floor qualities, or of the others."""
+        costs = {q: o.cost if o.cost is not None else min(o.latest, default=None) for q, o in self._options.items()}
+        return {q: c for q, c in costs.items() if c is not None and (q in self._floor) == floor}
+
+    def _starved(self) -> bool:
+        """Raw and the lowest usual quality were measured, and all but the floor cost ``starved_ms`` or more."""
+        known, lowest = self._known(floor=False), [q for q in self._options if q not in self._floor][-1]
+        return RAW in known and lowest in known and min(known.values()) >= self.settings.starved_ms
+
     def _decide(self) -> None:
         left = self._options[self.current]
         # Known from its cold first request alone, the option in use is judged by that sample.
@@ -320,17 +348,31 @@ class CodecChooser:
             recent = self.switches and since < 4 * max(self._dwell, self.settings.reprobe_every)
             dwell = self._dwell * 2 if recent else self._dwell // 2
             self._dwell = min(max(dwell, self.settings.min_dwell), self.settings.min_dwell * MAX_BACKOFF)
-            self.current = target
-            self._last_switch = self._request
-            self.switches += 1
-            for option in self._options.values():
-                option.interval = self.settings.reprobe_every
-                option.due = self._request + option.interval
+            self._switch(target)
             if far and not self._confirmed(left):  # hopeless already: due, and postponed (`_hopeless`)
                 left.left_far = True
                 left.due = self._request
                 # The evidence that would bring it back is measured from now on.
                 left.mbps_then = {q: m for q, o in self._options.items() if (m := o.mbps) is not None}
+
+    def _decide_floor(self) -> None:
+        """Starved: the best floor quality measured in time, else the lowest; else back to the best of the rest."""
+        if self._starved():
+            fits = [q for q, c in self._known(floor=True).items() if c < self.settings.starved_ms]
+            target = fits[0] if fits else self._floor[-1]
+        else:
+            known = self._known(floor=False)
+            target = next(q for q, c in known.items() if c <= min(known.values()) * (1 + self.settings.tolerance))
+        if target != self.current:
+            self._switch(target)
+
+    def _switch(self, target: int) -> None:
+        self.current = target
+        self._last_switch = self._request
+        self.switches += 1
+        for option in self._options.values():
+            option.interval = self.settings.reprobe_every
+            option.due = self._request + option.interval
 
     def link_mbps(self) -> float | None:
         """Effective link throughput (Mbit/s): the most any option measured lately saw, if any."""

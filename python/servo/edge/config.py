@@ -19,9 +19,8 @@ takes the whole `EdgeConfig`.
 
 Precedence: defaults < ``--config edge.toml`` < command-line flags. Every field is also a flag
 named after it alone (``[pipeline] buffer_time_s`` -> ``--buffer-time-s``; names are unique
-across sections) whose help is the field's description; values are checked by `servo.config`,
-so a bad one is one line naming the option and the file, and a key of the flat layout (before
-sections) is one line naming where it moved.
+across sections) whose help is the field's description; values are checked by `servo.config`, so
+a bad one is one line naming the option and the file (a key of the flat layout: where it moved).
 """
 
 from __future__ import annotations
@@ -64,6 +63,7 @@ from servo.transport import (
     ZenohSettings,
     common_name,
     exposed_endpoint,
+    quic_first,
 )
 from servo.wire import WireError, parse_fingerprint, segment
 
@@ -85,6 +85,9 @@ class LinkConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         Literal["client", "peer"], doc("client: this robot dials out (fleets); peer: a direct link.")
     ] = "client"
     lease_ms: Annotated[LeaseMs, doc("Zenoh lease this robot announces: how fast its death is noticed (ms).")] = 1000
+    prefer_quic: Annotated[
+        bool, doc("Dial quic/ at each tls/ endpoint's address first (same certificates), tls/ if it does not answer.")
+    ] = True
     connect_timeout_s: Annotated[Seconds, doc("How long to look for a server at start before giving up (s).")] = 10.0
     reconnect_initial_backoff_s: Annotated[
         Seconds, doc("First wait when no usable server answers (doubles; a server token ends it, s).")
@@ -361,9 +364,9 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return security.auth_user or default
 
     def zenoh_settings(self) -> ZenohSettings:
-        """Zenoh settings of the robot: a client dialling out, fast lease and retry, its TLS and authentication."""
+        """The robot's Zenoh settings: a client dialling out (quic/ before tls/), fast lease and retry, its TLS."""
         link, security = self.link, self.security
-        return ZenohSettings(
+        settings = ZenohSettings(
             mode=link.zenoh_mode,
             connect=list(link.connect),
             lease_ms=link.lease_ms,
@@ -372,6 +375,7 @@ class EdgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             tls=security.tls(),
             auth=security.auth(),
         )
+        return quic_first(settings) if link.prefer_quic else settings
 
 
 #: ``--buffer-time-s`` -> ``pipeline.buffer_time_s``: every option's dotted key, by its flag's name.

@@ -7,6 +7,8 @@
    and pinned when the token pins one and no ``--tls-root-ca`` is given (retried like the link).
 2. The Zenoh session opens, retried until ``connect_timeout_s`` (a Zenoh client's ``open`` fails
    at once while nothing listens: docs/design/zenoh.md §1).
+   A robot that dialled ``quic/`` first (``prefer_quic``) and reached a router dials again
+   without it: a servo-router listens on TLS only.
 3. A robot in ``peer`` mode that finds itself linked to a router is refused before it declares
    anything, unless ``--peer-beside-router``: the router announces every peer to every other
    one, and peers link directly, past the router's access control (another robot in peer mode
@@ -27,7 +29,10 @@ from servo.client.known import deployment
 from servo.edge.backoff import Backoff
 from servo.edge.config import EdgeConfig
 from servo.edge.errors import EdgeStartError
+from servo.logs import get_logger
 from servo.transport import open_zsession, zenoh_message
+
+log = get_logger(__name__)
 
 
 def _backoff(config: EdgeConfig) -> Backoff:
@@ -71,11 +76,10 @@ async def open_link(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zen
     Raises:
         EdgeStartError: nothing answers within ``connect_timeout_s``, or peer mode beside a router.
     """
-    settings = config.zenoh_settings()
     backoff = _backoff(config)
     while True:
         try:
-            zsession = await stack.enter_async_context(open_zsession(settings))
+            zsession = await _open(config, stack)
             break
         except zenoh.ZError as exc:
             problem = zenoh_message(exc)
@@ -89,6 +93,24 @@ async def open_link(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zen
             refused=True,
         )
     return zsession
+
+
+async def _open(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zenoh.Session:
+    """The Zenoh session of ``config``; dialled again without QUIC if a router answered.
+
+    A servo-router listens on TLS only, so the QUIC dial before TLS (``prefer_quic``) only
+    timed out; the session is opened again without it, or every redial would wait as long.
+    """
+    settings = config.zenoh_settings()
+    async with contextlib.AsyncExitStack() as first:
+        zsession = await first.enter_async_context(open_zsession(settings))
+        if settings.connect == config.link.connect or not zsession.info.routers_zid():
+            stack.push_async_exit(first.pop_all())
+            return zsession
+    log.info("linked to a router, which listens on TLS only: QUIC is not dialled again", connect=config.link.connect)
+    return await stack.enter_async_context(
+        open_zsession(msgspec.structs.replace(settings, connect=config.link.connect))
+    )
 
 
 def no_server(config: EdgeConfig, problem: str) -> EdgeStartError:

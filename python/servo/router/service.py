@@ -64,6 +64,8 @@ def router_config(fleet: Fleet) -> zenoh.Config:
         connect=list(router.connect),
         lease_ms=router.lease_ms,
         tls=tls,
+        # Where fleet.toml says only (tcp/ or tls/): its access control is verified on those links.
+        quic_beside_tls=False,
     )
     config = settings.to_config()
     values: dict[str, object] = {"access_control": access_control(fleet)}

@@ -143,7 +143,7 @@ def open_doors(manifest: Manifest, identity: Identity, static: dict[str, bytes])
         joins.read()
         if closed and security.join_token_ttl_s > 0:
             pin = certificate_pin(manifest.zenoh)
-            advertised = Advertised(fingerprint(identity.public_key), pin.hex(), list(manifest.zenoh.listen))
+            advertised = Advertised(fingerprint(identity.public_key), pin.hex(), manifest.zenoh.listen_endpoints())
             roster.change(lambda f: advertise(f, advertised))
             token = roster.change(
                 lambda f: issue(

@@ -286,7 +286,7 @@ class PolicyServer:
                 "serving",
                 key=keys.prefix,
                 model=info.model,
-                listen=m.zenoh.listen,
+                listen=m.zenoh.listen_endpoints(),
                 connect=m.zenoh.connect,
                 mode=info.serving_mode,
                 max_sessions=state.replica.max_sessions,

@@ -10,6 +10,8 @@ from servo.transport.config import (
     exposed_endpoint,
     loopback_host,
     off_loopback,
+    quic_beside,
+    quic_first,
 )
 from servo.transport.qos import declare_action_publisher, declare_obs_publisher
 from servo.transport.zsession import Declared, open_zsession, zenoh_message
@@ -30,5 +32,7 @@ __all__ = [
     "off_loopback",
     "open_zsession",
     "query",
+    "quic_beside",
+    "quic_first",
     "zenoh_message",
 ]

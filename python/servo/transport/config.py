@@ -34,6 +34,12 @@ DROP_WAIT_US = 10_000
 #: 1.0-1.1 ms and the round trip fell from 2.8 to 1.7-2.1 ms (bare zenoh, SHM off, 1.84 MB ping
 #: with a 1.3 kB echo; benches/results/link.md).
 DATA_QUEUE_BATCHES = 16
+#: Zenoh's own limit on opening one link (its ``transport/unicast/open_timeout``, ms).
+OPEN_TIMEOUT_MS = 10_000
+#: ...when a quic/ endpoint is dialled before tls/ (ms): a QUIC handshake nobody answers (nothing
+#: listens on UDP, or a firewall drops it) ends only by this timeout, and then TLS is dialled. It
+#: leaves a lossy link time for a few lost handshake packets (QUIC's first probe waits ~1 s).
+QUIC_OPEN_TIMEOUT_MS = 4000
 
 
 _PROTOCOLS = ("tcp", "udp", "tls", "quic", "unixsock-stream", "ws")
@@ -75,6 +81,30 @@ def exposed_endpoint(endpoint: str) -> bool:
     """
     proto = endpoint.partition("/")[0]
     return proto not in _ENCRYPTED and off_loopback(endpoint)
+
+
+def quic_beside(endpoints: list[str]) -> list[str]:
+    """A ``quic/`` endpoint at the address of each ``tls/`` one in ``endpoints`` (nothing else).
+
+    QUIC is TLS 1.3 over UDP: Zenoh takes its certificates, CA and name check from the same
+    ``transport/link/tls`` settings as ``tls/``, so the pair is equally authenticated; only the
+    transport under the encryption differs. A ``tcp/`` (plain) endpoint never gets one: there is
+    no certificate to check a QUIC peer against.
+    """
+    return ["quic/" + e.partition("/")[2] for e in endpoints if e.startswith("tls/")]
+
+
+def quic_first(settings: ZenohSettings) -> ZenohSettings:
+    """``settings`` dialling ``quic/`` at each ``tls/`` endpoint's address before the endpoints given.
+
+    A Zenoh client dials its endpoints in order and keeps the first link that opens, on every
+    (re)connect; a QUIC dial nobody answers ends after `QUIC_OPEN_TIMEOUT_MS`. Only a client
+    changes: a peer would link over every endpoint at once.
+    """
+    quic = quic_beside(list(settings.connect))
+    if settings.mode != "client" or not quic:
+        return settings
+    return msgspec.structs.replace(settings, connect=[*quic, *settings.connect], open_timeout_ms=QUIC_OPEN_TIMEOUT_MS)
 
 
 class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -128,6 +158,16 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     retry_init_ms: Annotated[PositiveInt, doc("First reconnect delay of a lost link (ms).")] = 100
     retry_max_ms: Annotated[PositiveInt, doc("Largest reconnect delay of a lost link (ms).")] = 1000
     shared_memory: Annotated[bool, doc("Move big payloads through /dev/shm between processes of one host.")] = True
+    quic_beside_tls: Annotated[
+        bool,
+        doc(
+            "Also listen on quic/ (UDP, same port and certificate) beside each tls/ listen endpoint: robots "
+            "on a lossy link use it first (docs/guides/bad-links.md)."
+        ),
+    ] = True
+    open_timeout_ms: Annotated[
+        PositiveInt, doc("How long opening one link may take before the next is tried (ms).")
+    ] = OPEN_TIMEOUT_MS
     tls: TlsSettings | None = None
     auth: UsrPwdSettings | None = None
 
@@ -141,6 +181,11 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.mode == "client" and not self.connect:
             raise FieldError("connect", "a client must name at least one endpoint to connect to")
 
+    def listen_endpoints(self) -> list[str]:
+        """Where this process listens: ``listen``, and a ``quic/`` beside each ``tls/`` one if `quic_beside_tls`."""
+        extra = [e for e in quic_beside(list(self.listen)) if e not in self.listen] if self.quic_beside_tls else []
+        return [*self.listen, *extra]
+
     def to_config(self) -> zenoh.Config:
         """Build the `zenoh.Config`.
 
@@ -150,12 +195,13 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         values: dict[str, Any] = {
             "mode": self.mode,
             "scouting/multicast/enabled": self.multicast_scouting,
-            "listen/endpoints": list(self.listen),
+            "listen/endpoints": self.listen_endpoints(),
             "connect/endpoints": list(self.connect),
             "transport/link/tx/lease": self.lease_ms,
             "transport/shared_memory/enabled": self.shared_memory,
             "transport/link/tx/queue/congestion_control/drop/wait_before_drop": DROP_WAIT_US,
             "transport/link/tx/queue/size/data": DATA_QUEUE_BATCHES,
+            "transport/unicast/open_timeout": self.open_timeout_ms,
             # Sections whose default is null only accept whole objects (docs/design/zenoh.md §1).
             "connect/retry": {
                 "period_init_ms": self.retry_init_ms,
