@@ -156,6 +156,49 @@ class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     idle_session_s: Annotated[
         Seconds, doc("A session without an authenticated observation for this long is closed (s).")
     ] = 60.0
+    status_queries_per_s: Annotated[
+        PositiveFloat,
+        doc(
+            "Status queries answered per second, all askers together (average; each costs a signature); "
+            "more are dropped unanswered before they are read. Robots ask a few times each when they place "
+            "themselves.",
+            le=1e6,
+        ),
+    ] = 200.0
+    status_query_burst: Annotated[
+        PositiveInt, doc("Status queries answered at once before the rate applies (a fleet's failover).", le=10**6)
+    ] = 1000
+    door_requests_per_s: Annotated[
+        PositiveFloat,
+        doc(
+            "Audit queries, and trajectory fetches, answered per second by each of those doors, all requesters "
+            "together (average); more are dropped unanswered before they are read.",
+            le=1e6,
+        ),
+    ] = 100.0
+    door_request_burst: Annotated[
+        PositiveInt, doc("Audit queries, and trajectory fetches, answered at once before the rate applies.", le=10**6)
+    ] = 600
+    requester_requests_per_s: Annotated[
+        PositiveFloat,
+        doc("Audit queries, and trajectory fetches, answered per second for one requester key (average).", le=1e6),
+    ] = 5.0
+    requester_request_burst: Annotated[
+        PositiveInt, doc("Audit queries, and trajectory fetches, answered at once for one requester key.", le=10**6)
+    ] = 20
+
+    def check(self) -> None:
+        """One requester's budget fits in its door's: nobody takes a whole door alone."""
+        if self.requester_request_burst > self.door_request_burst:
+            raise FieldError(
+                "requester_request_burst",
+                f"larger than door_request_burst ({self.door_request_burst}): one requester could empty the door",
+            )
+        if self.requester_requests_per_s > self.door_requests_per_s:
+            raise FieldError(
+                "requester_requests_per_s",
+                f"larger than door_requests_per_s ({self.door_requests_per_s:g}): one requester could hold the door",
+            )
 
 
 class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
