@@ -30,8 +30,10 @@ from servo.identity import Identity
 from servo.transport import query
 from servo.wire import (
     NONCE_SIZE,
+    SUPPORTED_SCHEMA_VERSIONS,
     AuditQuery,
     Rejection,
+    SessionOpen,
     StatusReply,
     TrajectoryRequest,
     decode,
@@ -180,6 +182,41 @@ async def test_a_key_minting_stranger_is_bounded_by_the_audit_door_too(port: int
         assert seen["unsigned"] >= 1
         assert metric(server, "servo_door_dropped_total", door="audit", budget="door") >= 1
         assert metric(server, "servo_door_signatures_total", door="audit") == 0
+
+
+async def test_a_stranger_makes_an_open_door_verify_at_most_its_budget(port: int) -> None:
+    """On an open door (the loopback quick start) every open's signature is checked: forged ones too."""
+    manifest = make_manifest(port, extra=LIMITS)
+    async with (
+        running_server(manifest) as (server, ready),
+        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
+    ):
+        (info,) = [s for s in await mallory.discover() if s.keys == ready.keys]
+        versions = list(SUPPORTED_SCHEMA_VERSIONS)
+
+        async def open_forged() -> str:
+            forged = SessionOpen(
+                "mallory",
+                versions,
+                ready.info.features,
+                ready.info.fps,
+                os.urandom(32),
+                robot_key=os.urandom(32),  # a new robot every time
+                robot_signature=os.urandom(SIGNATURE_SIZE),
+                nonce=info.status.nonce,
+            )
+            replies = await query(
+                mallory.zsession, ready.keys.client("mallory").session, payload=encode(forged), timeout=10
+            )
+            if not replies:
+                return "silence"
+            assert replies[0].err is not None
+            assert "does not verify" in decode(replies[0].err.payload.to_bytes(), Rejection).reason
+            return "unsigned"
+
+        seen, elapsed = await flood(open_forged)
+        assert seen["unsigned"] <= bound(elapsed), seen  # each one an Ed25519 verification
+        assert metric(server, "servo_door_dropped_total", door="session", budget="door") >= 1
 
 
 async def test_a_revoked_robot_reads_no_audit_fetches_no_trajectory_and_opens_nothing(tmp_path: Path) -> None:

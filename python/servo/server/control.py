@@ -93,10 +93,7 @@ def body(payload: zenoh.ZBytes) -> bytes:
 
 
 class _Versions(msgspec.Struct):
-    """What any version of a session open carries: enough to refuse it by schema version.
-
-    Bounded like `SessionOpen`'s: the versions are echoed in the refusal.
-    """
+    """What any version of a session open carries, to refuse it by version (bounded: echoed in the refusal)."""
 
     schema_versions: SchemaVersions = []
 
@@ -140,12 +137,13 @@ class ControlPlane:
         self._status = StatusDoor(state.status, robots.nonces.current, replica.identity, metrics, limits)
         self._audit = AuditDoor(state.recent, robots.nonces, robots.access, replica.identity, metrics, limits, **at)
         self._trajectories = TrajectoryDoor(trajectories, robots.access, replica.identity, metrics, limits, **at)
+        self._opens = DoorBudget("session", metrics, rate=limits.door_requests_per_s, burst=limits.door_request_burst)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop (`direct`).
 
-        A signed door's callback first asks its budget (`DoorBudget.knock`): beyond it the query
-        is dropped on Zenoh's thread, unread and unanswered.
+        A signed door's callback (and the session opens') first asks its budget (`DoorBudget.knock`):
+        beyond it the query is dropped on Zenoh's thread, unread and unanswered.
         """
         keys, z = self._state.replica.keys, self._zsession
 
@@ -161,8 +159,8 @@ class ControlPlane:
         # Replies go out on our own concrete key: a discovery query's selector is a wildcard.
         return [
             on(keys.status, self.status, keys.status, self._status.budget),
-            on(keys.all_sessions, self.open, None),
-            on(f"{keys.prefix}/session", self.open_legacy, None),
+            on(keys.all_sessions, self.open, None, self._opens),
+            on(f"{keys.prefix}/session", self.open_legacy, None, self._opens),
             on(keys.all_control, self.control, None),
             on(keys.trajectory, self.trajectory, keys.trajectory, self._trajectories.budget),
             on(keys.audit, self.audit, keys.audit, self._audit.budget),
