@@ -7,12 +7,13 @@ server: an enrolled robot exited with ``capacity: server is full (8/8 sessions)`
 
 from __future__ import annotations
 
+import time
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from servo.cli.console import Console
 from servo.cli.listen import secure_listen
@@ -121,3 +122,31 @@ def test_servo_serve_puts_a_door_off_loopback_behind_tls(tmp_path: Path) -> None
     assert certificate is not None
     assert secured.frontends.openpi is not None
     assert secured.frontends.openpi.certificate == str(certificate.cert)
+
+
+@pytest.mark.wildcard
+async def test_a_revoked_api_key_closes_the_connection_it_opened(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of issue 29: revoking a key stopped new connections only; the open one kept being served."""
+    key = api_key("lab-pc", capsys)
+    async with door(door_manifest("0.0.0.0:0")) as (server, _, port):
+        tls = server.manifest.frontends.openpi
+        assert tls is not None
+        monkeypatch.setenv("SSL_CERT_FILE", tls.certificate)
+        client = await blocking(lambda: WebsocketClientPolicy("wss://127.0.0.1", port, api_key=key))
+        assert await blocking(lambda: float(client.infer(aloha_obs(3.0))["actions"][0][0])) == pytest.approx(3.0)
+        assert robots_cli(["revoke-key", "lab-pc"], Console(live=False)) == 0
+
+        def served_until_closed() -> str:
+            """The client keeps asking until the door closes on it (the server reads the roster within ~1 s)."""
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    client.infer(aloha_obs(1.0))
+                except ConnectionClosed as closed:
+                    return closed.rcvd.reason if closed.rcvd is not None else "closed without a reason"
+            raise AssertionError("the revoked key's connection is still served")
+
+        reason = await blocking(served_until_closed)
+    assert "the API key of 'lab-pc' was revoked" in reason
