@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
+import zenoh
 
 from servo._core import SIGNATURE_SIZE
 from servo.cli.console import Console
@@ -27,6 +30,7 @@ from servo.cli.robots import main as robots_cli
 from servo.client import NoServerFound, PolicyClient, ServerError, SessionRejected
 from servo.client.audit import ask_audit
 from servo.identity import Identity
+from servo.server.service import PolicyServer, ServerReady
 from servo.transport import query
 from servo.wire import (
     NONCE_SIZE,
@@ -54,6 +58,8 @@ LIMITS = (
     f"door_request_burst = {BURST}\ndoor_requests_per_s = {RATE}\n"
     "requester_request_burst = 5\nrequester_requests_per_s = 1.0\n"
 )
+#: A forged signature (the door must verify it to know).
+FORGED = os.urandom(SIGNATURE_SIZE)
 ENROLLED = Identity.generate()
 #: A closed door on loopback: the manifest enrols a robot (not the attacker).
 CLOSED = f'[security]\nrobots = [{{name = "robot-7", identity = "{fingerprint(ENROLLED.public_key)}"}}]\n'
@@ -62,19 +68,34 @@ PARALLEL = 16
 #: However slow the machine, a flood ends (the door goes silent long before).
 FLOOD_TIMEOUT_S = 60.0
 
-Send = Callable[[], Awaitable[str]]
+#: What a query met: its one reply (a refusal, or an answer), or nothing (the door's silence).
+Judge = Callable[[zenoh.Reply], str]
 
 
-async def flood(send: Send) -> tuple[dict[str, int], float]:
-    """Send queries ``PARALLEL`` at a time until one is met with silence; what came back, by kind, and how long.
+@asynccontextmanager
+async def stranger_at(port: int, extra: str) -> AsyncIterator[tuple[PolicyServer, ServerReady, PolicyClient]]:
+    """A server with ``extra`` manifest lines, and a stranger joined to it (its own identity)."""
+    async with (
+        running_server(make_manifest(port, extra=extra)) as (server, ready),
+        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
+    ):
+        yield server, ready, mallory
 
-    ``send`` sends one query and says what came back: ``signed``, ``unsigned`` or ``silence``.
+
+async def flood(
+    mallory: PolicyClient, key: str, payload: Callable[[], bytes], judge: Judge
+) -> tuple[dict[str, int], float]:
+    """Query ``key`` ``PARALLEL`` at a time until one is met with silence; what came back, and how long.
+
+    ``payload`` makes each query (a new key every time); ``judge`` says what its reply was:
+    ``signed`` or ``unsigned``.
     """
     seen = {"signed": 0, "unsigned": 0, "silence": 0}
     started = time.monotonic()
 
     async def one() -> None:
-        seen[await send()] += 1
+        replies = await query(mallory.zsession, key, payload=payload(), timeout=10)
+        seen[judge(replies[0]) if replies else "silence"] += 1
 
     with anyio.fail_after(FLOOD_TIMEOUT_S):
         while not seen["silence"]:
@@ -89,34 +110,29 @@ def bound(elapsed_s: float) -> float:
     return BURST + RATE * (elapsed_s + 1.0)
 
 
+def refusal(reply: zenoh.Reply) -> Rejection:
+    assert reply.err is not None
+    return decode(reply.err.payload.to_bytes(), Rejection)
+
+
+def signed_refusal(reply: zenoh.Reply) -> str:
+    refused = refusal(reply)
+    assert refused.code == "unauthenticated"
+    return "signed" if refused.signature else "unsigned"
+
+
 async def test_a_key_minting_stranger_makes_the_trajectory_door_sign_at_most_its_budget(
     port: int, tmp_path: Path
 ) -> None:
     _, library = wave_library(tmp_path, 10)
-    manifest = make_manifest(port, extra=CLOSED + LIMITS + library)
-    async with (
-        running_server(manifest) as (server, ready),
-        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
-    ):
+    async with stranger_at(port, CLOSED + LIMITS + library) as (server, ready, mallory):
 
-        async def fetch() -> str:
-            request = TrajectoryRequest(
-                "wave",
-                os.urandom(NONCE_SIZE),
-                os.urandom(32),
-                "mallory",
-                os.urandom(32),  # a new robot key every time
-                os.urandom(SIGNATURE_SIZE),
-            )
-            replies = await query(mallory.zsession, ready.keys.trajectory, payload=encode(request), timeout=10)
-            if not replies:
-                return "silence"
-            assert replies[0].err is not None
-            refusal = decode(replies[0].err.payload.to_bytes(), Rejection)
-            assert refusal.code == "unauthenticated"
-            return "signed" if refusal.signature else "unsigned"
+        def fetch() -> bytes:
+            robot = os.urandom(32)  # a new robot key every time
+            sent = TrajectoryRequest("wave", os.urandom(NONCE_SIZE), os.urandom(32), "mallory", robot, FORGED)
+            return encode(sent)
 
-        seen, elapsed = await flood(fetch)
+        seen, elapsed = await flood(mallory, ready.keys.trajectory, fetch, signed_refusal)
         signatures = metric(server, "servo_door_signatures_total", door="trajectory")
         dropped = metric(server, "servo_door_dropped_total", door="trajectory", budget="door")
     assert seen["signed"] <= bound(elapsed), seen
@@ -124,22 +140,15 @@ async def test_a_key_minting_stranger_makes_the_trajectory_door_sign_at_most_its
     assert dropped >= 1
 
 
+def signed_status(reply: zenoh.Reply) -> str:
+    assert reply.ok is not None
+    decode(reply.ok.payload.to_bytes(), StatusReply)
+    return "signed" if reply.ok.attachment is not None else "unsigned"
+
+
 async def test_a_stranger_makes_the_status_sign_at_most_its_budget_and_discovery_comes_back(port: int) -> None:
-    manifest = make_manifest(port, extra=LIMITS)
-    async with (
-        running_server(manifest) as (server, ready),
-        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
-    ):
-
-        async def ask() -> str:
-            replies = await query(mallory.zsession, ready.keys.status, payload=os.urandom(16), timeout=10)
-            if not replies:
-                return "silence"
-            assert replies[0].ok is not None
-            decode(replies[0].ok.payload.to_bytes(), StatusReply)
-            return "signed" if replies[0].ok.attachment is not None else "unsigned"
-
-        seen, elapsed = await flood(ask)
+    async with stranger_at(port, LIMITS) as (server, ready, mallory):
+        seen, elapsed = await flood(mallory, ready.keys.status, lambda: os.urandom(16), signed_status)
         signatures = metric(server, "servo_door_signatures_total", door="status")
         assert seen["signed"] <= bound(elapsed), seen
         assert signatures <= bound(elapsed)
@@ -158,63 +167,38 @@ async def test_a_stranger_makes_the_status_sign_at_most_its_budget_and_discovery
 
 
 async def test_a_key_minting_stranger_is_bounded_by_the_audit_door_too(port: int) -> None:
-    manifest = make_manifest(port, extra=LIMITS)
-    async with (
-        running_server(manifest) as (server, ready),
-        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
-    ):
+    async with stranger_at(port, LIMITS) as (server, ready, mallory):
 
-        async def ask() -> str:
-            asked = AuditQuery(
-                "robot-7",
-                asker=os.urandom(32),
-                reply_key=os.urandom(32),
-                nonce=os.urandom(NONCE_SIZE),
-                signature=os.urandom(SIGNATURE_SIZE),
-            )
-            replies = await query(mallory.zsession, ready.keys.audit, payload=encode(asked), timeout=10)
-            if not replies:
-                return "silence"
-            assert replies[0].err is not None  # refused, unsigned: nothing of robot-7
-            return "unsigned"
+        def ask() -> bytes:
+            asker, nonce = os.urandom(32), os.urandom(NONCE_SIZE)  # a new asker every time
+            return encode(AuditQuery("robot-7", asker=asker, reply_key=os.urandom(32), nonce=nonce, signature=FORGED))
 
-        seen, _ = await flood(ask)
+        def unsigned(reply: zenoh.Reply) -> str:
+            return "signed" if refusal(reply).signature else "unsigned"  # refused: nothing of robot-7
+
+        seen, _ = await flood(mallory, ready.keys.audit, ask, unsigned)
         assert seen["unsigned"] >= 1
+        assert seen["signed"] == 0
         assert metric(server, "servo_door_dropped_total", door="audit", budget="door") >= 1
         assert metric(server, "servo_door_signatures_total", door="audit") == 0
 
 
 async def test_a_stranger_makes_an_open_door_verify_at_most_its_budget(port: int) -> None:
     """On an open door (the loopback quick start) every open's signature is checked: forged ones too."""
-    manifest = make_manifest(port, extra=LIMITS)
-    async with (
-        running_server(manifest) as (server, ready),
-        PolicyClient.connect(peer_settings(port), "mallory") as mallory,
-    ):
+    async with stranger_at(port, LIMITS) as (server, ready, mallory):
         (info,) = [s for s in await mallory.discover() if s.keys == ready.keys]
-        versions = list(SUPPORTED_SCHEMA_VERSIONS)
+        versions, features, fps = list(SUPPORTED_SCHEMA_VERSIONS), ready.info.features, ready.info.fps
 
-        async def open_forged() -> str:
-            forged = SessionOpen(
-                "mallory",
-                versions,
-                ready.info.features,
-                ready.info.fps,
-                os.urandom(32),
-                robot_key=os.urandom(32),  # a new robot every time
-                robot_signature=os.urandom(SIGNATURE_SIZE),
-                nonce=info.status.nonce,
-            )
-            replies = await query(
-                mallory.zsession, ready.keys.client("mallory").session, payload=encode(forged), timeout=10
-            )
-            if not replies:
-                return "silence"
-            assert replies[0].err is not None
-            assert "does not verify" in decode(replies[0].err.payload.to_bytes(), Rejection).reason
+        def forged_open() -> bytes:
+            robot = os.urandom(32)  # a new robot every time
+            sent = SessionOpen("mallory", versions, features, fps, os.urandom(32), robot_key=robot)
+            return encode(msgspec.structs.replace(sent, robot_signature=FORGED, nonce=info.status.nonce))
+
+        def verified(reply: zenoh.Reply) -> str:
+            assert "does not verify" in refusal(reply).reason
             return "unsigned"
 
-        seen, elapsed = await flood(open_forged)
+        seen, elapsed = await flood(mallory, ready.keys.client("mallory").session, forged_open, verified)
         assert seen["unsigned"] <= bound(elapsed), seen  # each one an Ed25519 verification
         assert metric(server, "servo_door_dropped_total", door="session", budget="door") >= 1
 

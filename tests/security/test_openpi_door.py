@@ -7,13 +7,13 @@ server: an enrolled robot exited with ``capacity: server is full (8/8 sessions)`
 
 from __future__ import annotations
 
-import time
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import InvalidStatus
 
 from servo.cli.console import Console
 from servo.cli.listen import secure_listen
@@ -22,7 +22,7 @@ from servo.config import ConfigError
 from servo.frontends.openpi_gate import OpenpiGate
 from servo.server.manifest import Manifest
 from servo.server.service import PolicyServer, ServerReady
-from tests.frontends.helpers import aloha_obs, blocking, serving_door
+from tests.frontends.helpers import aloha_obs, blocking, served_until_closed, serving_door
 from tests.server.helpers import connected, open_on, server_manifest
 from tests.server.policies import FixedComputePolicy
 from tests.support import free_port
@@ -51,16 +51,26 @@ def api_key(name: str, capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out.strip()
 
 
+@asynccontextmanager
+async def keyed_door(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[PolicyServer, int, str]]:
+    """A door off loopback (wss, API keys), its port, and a key of ``lab-pc`` for it."""
+    key = api_key("lab-pc", capsys)
+    async with door(door_manifest("0.0.0.0:0")) as (server, _, port):
+        tls = server.manifest.frontends.openpi
+        assert tls is not None
+        monkeypatch.setenv("SSL_CERT_FILE", tls.certificate)  # what an openpi user does with the copied certificate
+        yield server, port, key
+
+
 @pytest.mark.wildcard
 async def test_off_loopback_a_stranger_is_refused_and_a_keyed_client_served_over_wss(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    key = api_key("lab-pc", capsys)
-    async with door(door_manifest("0.0.0.0:0")) as (server, ready, port):
-        assert ready.frontends["openpi"].startswith("wss://")
-        tls = server.manifest.frontends.openpi
-        assert tls is not None
-        monkeypatch.setenv("SSL_CERT_FILE", tls.certificate)  # what an openpi user does with the copied certificate
+    async with keyed_door(capsys, monkeypatch) as (server, port, key):
+        assert server.manifest.frontends.openpi is not None
+        assert server.manifest.frontends.openpi.certificate  # wss://
 
         def stranger(uri: str, key: str | None) -> int:
             with pytest.raises(InvalidStatus) as refused:
@@ -129,24 +139,11 @@ async def test_a_revoked_api_key_closes_the_connection_it_opened(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Review of issue 29: revoking a key stopped new connections only; the open one kept being served."""
-    key = api_key("lab-pc", capsys)
-    async with door(door_manifest("0.0.0.0:0")) as (server, _, port):
-        tls = server.manifest.frontends.openpi
-        assert tls is not None
-        monkeypatch.setenv("SSL_CERT_FILE", tls.certificate)
+    async with keyed_door(capsys, monkeypatch) as (_, port, key):
         client = await blocking(lambda: WebsocketClientPolicy("wss://127.0.0.1", port, api_key=key))
         assert await blocking(lambda: float(client.infer(aloha_obs(3.0))["actions"][0][0])) == pytest.approx(3.0)
         assert robots_cli(["revoke-key", "lab-pc"], Console(live=False)) == 0
-
-        def served_until_closed() -> str:
-            """The client keeps asking until the door closes on it (the server reads the roster within ~1 s)."""
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    client.infer(aloha_obs(1.0))
-                except ConnectionClosed as closed:
-                    return closed.rcvd.reason if closed.rcvd is not None else "closed without a reason"
-            raise AssertionError("the revoked key's connection is still served")
-
-        reason = await blocking(served_until_closed)
-    assert "the API key of 'lab-pc' was revoked" in reason
+        # The server reads the roster within about a second.
+        closed = await blocking(served_until_closed, client, 30.0, "the key was revoked")
+    assert closed.rcvd is not None
+    assert "the API key of 'lab-pc' was revoked" in closed.rcvd.reason
