@@ -46,7 +46,7 @@ UNBOUNDED = (
 )
 CASES = {"unbounded (main)": UNBOUNDED, "defaults": ""}
 #: The defaults' (burst, rate) of each door; the audit door signs nothing for a stranger.
-_BUDGET = {"status": (1000, 200.0), "trajectory": (600, 100.0), "audit": (0, 0.0)}
+_BUDGET = {"status": (3000, 300.0), "trajectory": (600, 100.0), "audit": (0, 0.0)}
 
 
 def _manifest(port: int, limits: str) -> str:

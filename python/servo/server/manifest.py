@@ -162,8 +162,8 @@ class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         Seconds, doc("A session without an authenticated observation for this long is closed (s).")
     ] = 60.0
     # Door budgets (`servo.server.signed_door`): checked before a query is read; beyond, it is dropped unanswered.
-    status_queries_per_s: Annotated[Rate, doc("Signed status replies per second, all askers together.")] = 200.0
-    status_query_burst: Annotated[Burst, doc("Status replies at once (a fleet's discovery, a failover).")] = 1000
+    status_queries_per_s: Annotated[Rate, doc("Signed status replies per second, all askers together.")] = 300.0
+    status_query_burst: Annotated[Burst, doc("Status replies at once (a fleet's discovery, a failover).")] = 3000
     door_requests_per_s: Annotated[Rate, doc("Session opens, fetches or audit queries per second per door.")] = 100.0
     door_request_burst: Annotated[Burst, doc("Session opens, fetches or audit queries at once per door.")] = 600
     requester_requests_per_s: Annotated[Rate, doc("Trajectory fetches, or audit queries, per second per key.")] = 5.0
