@@ -67,7 +67,7 @@ DOORS: tuple[Door, ...] = (
         "socket",
         "ops.health_host:ops.health_port (127.0.0.1:9100)",
         "this host (a scraper, the orchestrator's probe)",
-        "off loopback needs --expose-health; GET only, bounded request",
+        "off loopback needs --expose-health; GET only, bounded request, at most 64 connections at once",
         stranger_refused=False,
     ),
     Door(
@@ -90,7 +90,7 @@ DOORS: tuple[Door, ...] = (
         "socket",
         "--http-host:--http-port (127.0.0.1:9200)",
         "this host (the operator's browser, Prometheus)",
-        "loopback by default; GET only, bounded request",
+        "loopback by default; GET only, bounded request, at most 64 connections at once",
         stranger_refused=False,
     ),
     # ---------------------------------------------------------------- servo-serve declarations
