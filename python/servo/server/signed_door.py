@@ -21,6 +21,9 @@ signed only where the client needs to verify it); signed by the requester's key 
 answered (sealed to the request's ephemeral key and signed: `servo.wire.sealed`). Revocation
 is at once: admission asks the rule now in force (`servo.access.Access`), not the past.
 
+Session opens (`servo.server.robots`) get a door budget too (``door_requests_per_s``): each
+may cost a signature check (and an ack's signature), so they are bounded before they are read.
+
 Every signature a door makes is counted (``servo_door_signatures_total{door}``), and every
 query it drops (``servo_door_dropped_total{door, budget}``).
 """
