@@ -58,8 +58,9 @@ from servo.server.audit_door import AuditDoor
 from servo.server.auth import accept_handshake
 from servo.server.joins import JoinDesk
 from servo.server.manifest import LimitsSection
+from servo.server.metrics import ServerMetrics
 from servo.server.robots import OpenNonces, RobotGate
-from servo.server.trajectories import Signed
+from servo.server.signed_door import Signed
 from servo.wire import (
     AuditEntry,
     AuditQuery,
@@ -376,10 +377,10 @@ def test_audit_admission(benchmark: BenchmarkFixture, case: str) -> None:
         nonces,
         Access(AccessRules(_SERVER.public_key, operators={"ops": operator.public_key})),
         _SERVER,
+        ServerMetrics(),
+        LimitsSection(requester_request_burst=10**6, door_request_burst=10**6),
         prefix=_PREFIX,
         replica="r0",
-        rate=1e9,
-        burst=10**9,
     )
     asker = operator if "operator" in case else Identity.generate()
     query = AuditQuery(

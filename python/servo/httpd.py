@@ -2,8 +2,9 @@
 
 The server's health and metrics (`servo.server.ops`) and the fleet monitor's page and JSON
 (`servo.monitor.web`) need a few GET routes each: not a web framework in every dependency tree.
-One request per connection, a bounded request head, a deadline per connection; anything but GET
-is refused.
+One request per connection, a bounded request head, a deadline per connection, at most
+`MAX_CONNECTIONS` connections at once (more are closed unanswered: nobody holds the process's file
+descriptors by opening connections and sending nothing); anything but GET is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from servo.logs import get_logger
 log = get_logger(__name__)
 
 _MAX_REQUEST = 8192
+#: Connections served at once per endpoint (a scraper, a probe, a few browsers); more are closed at once.
+MAX_CONNECTIONS = 64
 REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -51,6 +54,7 @@ class HttpEndpoint:
     def __init__(self, handler: Handler, *, what: str) -> None:
         self._handler = handler
         self._what = what
+        self._open = 0
 
     async def run(self, host: str, port: int, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; reports the bound port through ``task_status``.
@@ -71,6 +75,9 @@ class HttpEndpoint:
 
     async def _handle(self, stream: SocketStream) -> None:
         async with stream:
+            if self._open >= MAX_CONNECTIONS:
+                return
+            self._open += 1
             try:
                 with anyio.fail_after(5):
                     request = b""
@@ -84,6 +91,8 @@ class HttpEndpoint:
                 await stream.send(head.encode() + body)
             except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 return
+            finally:
+                self._open -= 1
 
     async def _route(self, request: bytes) -> Response:
         line = request.split(b"\r\n", 1)[0].decode("latin-1").split()

@@ -40,6 +40,7 @@ __all__ = [
     "check_dir",
     "create_private",
     "private_dir",
+    "private_opener",
     "read_private",
     "update_private",
     "write_private",
@@ -264,3 +265,13 @@ def update_private(path: str | Path, change: Callable[[bytes], bytes], *, what: 
             data = change(_read_bounded(path, file, what))
             write_private(path, data, what=what)
             return data
+
+
+def private_opener(path: str, flags: int) -> int:
+    """An ``opener`` for `open` that creates the file readable by this user alone (mode ``0600``).
+
+    For the files servo writes as it goes where the operator chose: a robot's recordings (its
+    camera frames) and the server's audit log (every robot's requests). An existing file keeps
+    the mode it has: whoever made it chose.
+    """
+    return os.open(path, flags | _CLOEXEC, 0o600)

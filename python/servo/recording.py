@@ -32,6 +32,7 @@ from typing import IO, Literal
 import msgspec
 import numpy as np
 
+from servo.private_files import private_opener
 from servo.wire import EncodedImage, Tensor, WireError, decode_tensor
 
 MAGIC = b"SERVOEP1"
@@ -84,7 +85,8 @@ class RecordingWriter:
 
     def __init__(self, path: str | Path, header: EpisodeHeader) -> None:
         self.path = Path(path)
-        self._file: IO[bytes] = self.path.open("wb")
+        # What the robot saw and did (its cameras too): created readable by this user alone.
+        self._file: IO[bytes] = open(self.path, "wb", opener=private_opener)  # noqa: SIM115
         self._file.write(MAGIC)
         self.write(header)
 

@@ -9,7 +9,8 @@ unauthenticated use that succeeds where a row says it is refused.
 
 Key expressions use ``*`` for one chunk: ``@servo/<app>/<model>/<replica>/…``, clients under
 ``c/<client id>``, telemetry under ``@servo/@robots/<client id>``. Files are named relative to
-servo's directory (`servo.home`), ``<…>`` for one path segment.
+servo's directory (`servo.home`), ``<…>`` for one path segment, or by the setting that places
+them elsewhere.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ DOORS: tuple[Door, ...] = (
         "socket",
         "ops.health_host:ops.health_port (127.0.0.1:9100)",
         "this host (a scraper, the orchestrator's probe)",
-        "off loopback needs --expose-health; GET only, bounded request",
+        "off loopback needs --expose-health; GET only, bounded request, at most 64 connections at once",
         stranger_refused=False,
     ),
     Door(
@@ -75,7 +76,7 @@ DOORS: tuple[Door, ...] = (
         "frontends.openpi.listen (127.0.0.1:8000)",
         "openpi clients on this host; off loopback: holders of an API key",
         "off loopback: wss unless --insecure, an API key (hashed in the roster) unless --allow-any-robot, "
-        "per-key open budget; a capacity of its own (max_connections)",
+        "per-key open budget, a revoked key's connections closed; a capacity of its own (max_connections)",
     ),
     Door(
         "servo-router",
@@ -89,7 +90,7 @@ DOORS: tuple[Door, ...] = (
         "socket",
         "--http-host:--http-port (127.0.0.1:9200)",
         "this host (the operator's browser, Prometheus)",
-        "loopback by default; GET only, bounded request",
+        "loopback by default; GET only, bounded request, at most 64 connections at once",
         stranger_refused=False,
     ),
     # ---------------------------------------------------------------- servo-serve declarations
@@ -99,7 +100,8 @@ DOORS: tuple[Door, ...] = (
         "@servo/*/*/*/status",
         "anyone on the link (discovery)",
         "public by design: capabilities, load, identity, a nonce; no robot names; signed by the replica over "
-        "the asker's nonce",
+        "the asker's nonce, at most [limits] status_queries_per_s for all askers together (beyond: dropped "
+        "unread, unanswered)",
         stranger_refused=False,
     ),
     Door(
@@ -107,7 +109,8 @@ DOORS: tuple[Door, ...] = (
         "queryable",
         "@servo/*/*/*/c/*/session",
         "enrolled robots (any robot on an open door)",
-        "signed by the robot's identity over a fresh nonce; enrolment or a join token's proof; budgets per key",
+        "at most [limits] door_requests_per_s for everybody before it is read; signed by the robot's identity "
+        "over a fresh nonce; enrolment or a join token's proof; budgets per key",
     ),
     Door(
         "servo-serve",
@@ -129,16 +132,19 @@ DOORS: tuple[Door, ...] = (
         "queryable",
         "@servo/*/*/*/trajectory",
         "enrolled robots replaying the server's library (any robot on an open door)",
-        "signed by the robot's identity and admitted like a session open, budget per key; answers encrypted to "
-        "the asker and signed by the replica over its nonce",
+        "budgets for everybody together, then per key, before it is read or anything signed (beyond: silence); "
+        "signed by the robot's identity and admitted by the rule in force (a revoked robot at once); answers "
+        "encrypted to the asker and signed by the replica over its nonce",
     ),
     Door(
         "servo-serve",
         "queryable",
         "@servo/*/*/*/audit",
         "operators (the fleet's recent requests), each robot (its own)",
-        f"signed by the asker over a nonce the replica handed out; operators from [security] operators or the "
-        f"fleet's [[monitors]]; budget per key; answers encrypted to the asker; {_ROUTER_ACL}",
+        f"budgets for everybody together, then per key, before it is read (beyond: silence); signed by the asker "
+        f"over a nonce the replica handed out; operators from [security] operators or the fleet's [[monitors]], "
+        f"robots admitted by the rule in force (a revoked robot reads nothing); answers encrypted to the asker; "
+        f"{_ROUTER_ACL}",
     ),
     Door(
         "servo-serve",
@@ -259,7 +265,8 @@ DOORS: tuple[Door, ...] = (
         "@servo/@robots/*/telemetry",
         "enrolled robots reporting",
         "robots' keys from their enrolment (--robot-keys, --fleet, a trusted replica's roster), never the first "
-        "to speak; records signed by that key and decrypted with the monitor's identity; replays refused",
+        "to speak; records signed by that key and decrypted with the monitor's identity, checks budgeted per "
+        "robot and for the fleet; replays refused",
     ),
     Door(
         "servo-monitor",
@@ -293,6 +300,21 @@ DOORS: tuple[Door, ...] = (
     Door("servo-edge", "file", "telemetry.run", _OWNER, f"the run counter (replays of old runs): {_PRIVATE}"),
     Door("servo-monitor", "file", "monitor.key", _OWNER, f"the operator identity: {_PRIVATE}"),
     Door("servo-monitor", "file", "monitor.state", _OWNER, f"runs seen and keys trusted: {_PRIVATE}"),
+    # ---------------------------------------------------------------- files where the operator says
+    Door(
+        "servo-serve",
+        "file",
+        "[ops] audit_log",
+        _OWNER,
+        "every robot's requests, one JSON line each: created 0600 (an existing file keeps its mode)",
+    ),
+    Door(
+        "servo-edge",
+        "file",
+        "--record PATH",
+        _OWNER,
+        "what the robot saw (camera frames) and did: created 0600 (an existing file keeps its mode)",
+    ),
 )
 
 

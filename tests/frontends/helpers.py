@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
 import numpy as np
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from websockets.exceptions import ConnectionClosed
 
 from servo.frontends import frontends_of
 from servo.server.manifest import Manifest
@@ -60,3 +63,17 @@ def aloha_obs(state: float, *, size: tuple[int, int] = (24, 32)) -> dict[str, An
 def expected_chunk(state: np.ndarray) -> np.ndarray:
     steps = np.arange(CHUNK, dtype=np.float32)[:, None] * np.float32(0.01)
     return np.asarray(state, np.float32)[None, :] + steps
+
+
+def served_until_closed(client: WebsocketClientPolicy, within_s: float, why: str) -> ConnectionClosed:
+    """Blocking: ``client`` asks again and again until the door closes its connection (how); fails after ``within_s``.
+
+    A request that raced the close may still be answered, so one refusal is never counted on.
+    """
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            client.infer(aloha_obs(1.0))
+        except ConnectionClosed as closed:
+            return closed
+    raise AssertionError(f"the front door still answers {within_s:g} s after {why}")

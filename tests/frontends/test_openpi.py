@@ -8,7 +8,6 @@ it); the openpi client is synchronous, so it runs on a worker thread. The test p
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import anyio
@@ -20,7 +19,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from servo.policy import DecodedObservation, Prepared
-from tests.frontends.helpers import aloha_obs, blocking, expected_chunk, front_door
+from tests.frontends.helpers import aloha_obs, blocking, expected_chunk, front_door, served_until_closed
 from tests.server.helpers import connected, metric, observation, open_on
 from tests.server.policies import CHUNK, FixedComputePolicy, RelativeProcessor
 from tests.support import eventually
@@ -282,17 +281,7 @@ async def test_the_doors_capacity_is_its_own_and_drain_closes_with_a_reason(port
             await blocking(second._ws.close)  # off the loop: the server answers the close handshake
             server.drain()
 
-            def drained() -> ConnectionClosed:
-                # A request that raced the drain may still be answered; then the connection closes.
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline:
-                    try:
-                        first.infer(aloha_obs(1.0))
-                    except ConnectionClosed as closed:
-                        return closed
-                raise AssertionError("the front door still answers 15 s after the drain")
-
-            gone = await blocking(drained)
+            gone = await blocking(served_until_closed, first, 15.0, "the drain")
             assert gone.rcvd is not None
             assert gone.rcvd.code == 1001
             assert "draining" in gone.rcvd.reason

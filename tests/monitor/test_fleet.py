@@ -12,7 +12,7 @@ import pytest
 from servo._core import ServerIdentity
 from servo.monitor import FleetView, RobotTrust, TrustError, load_pins
 from servo.monitor.exporter import FleetExporter
-from servo.monitor.fleet import FLEET_EVENTS
+from servo.monitor.fleet import CHECK_BURST_PER_ROBOT, FLEET_EVENTS
 from servo.wire import EdgeTelemetry, Features, PolicyInfo, StatusReply, Transition, fingerprint, seal_telemetry
 from servo.wire import telemetry_key as key
 
@@ -184,6 +184,7 @@ def test_refusal_events_are_throttled_and_the_events_bounded(clocks: Clocks) -> 
     assert fleet.refused == {"malformed": 3 * FLEET_EVENTS}
     assert len([e for e in fleet.events if e["kind"] == "refusal"]) == 3  # once per robot and reason per 10 s
     for seq in range(2 * FLEET_EVENTS):
+        clocks.advance(0.1)  # within the robot's check budget
         feed(fleet, record(seq, transitions=[Transition("streaming", f"x{seq}", 1.0)]))
     assert len(fleet.events) == FLEET_EVENTS
 
@@ -319,3 +320,16 @@ def test_pins_file(tmp_path: Path) -> None:
         load_pins(pins)
     with pytest.raises(TrustError, match="cannot read"):
         load_pins(tmp_path / "missing")
+
+
+def test_a_forger_under_a_robots_name_makes_the_monitor_check_a_bounded_number(clocks: Clocks) -> None:
+    """Review of issue 29: every forged record under an enrolled name cost a signature check."""
+    fleet = view(clocks)
+    body, attachment = sealed(record(1))
+    for _ in range(CHECK_BURST_PER_ROBOT * 5):  # all at one instant
+        fleet.on_telemetry(key("robot-7"), body[:-1] + b"\x00", attachment)
+    assert fleet.refused["signature"] == CHECK_BURST_PER_ROBOT
+    assert fleet.refused["rate"] == CHECK_BURST_PER_ROBOT * 4
+    clocks.advance(1.0)  # the robot's next record, a period later
+    feed(fleet, record(2))
+    assert fleet.robots["robot-7"].record.seq == 2

@@ -73,7 +73,7 @@ async def test_operators_read_the_fleet_robots_their_own_rows_and_strangers_noth
         own = await ask_audit(robot.zsession, keys, server.status, robot.identity, AuditQuery("robot-7"), timeout=2)
         assert [e.seq_id for e in own.entries] == [1, 2, 3]
         for asked in (AuditQuery("robot-8"), AuditQuery()):
-            with pytest.raises(ServerError, match="no operator of this replica, nor the robot"):
+            with pytest.raises(ServerError, match="no operator of this replica, nor a robot it admits"):
                 await ask_audit(robot.zsession, keys, server.status, robot.identity, asked, timeout=2)
 
 

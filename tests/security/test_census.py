@@ -68,12 +68,12 @@ def socket_row(setting: str) -> Door:
     return door
 
 
-def manifest_text(lan: bool, port: int, health: int) -> str:
+def manifest_text(lan: bool, port: int, health: int, audit_log: Path) -> str:
     listen = f"tls/0.0.0.0:{port}" if lan else f"tcp/127.0.0.1:{port}"
     door = "0.0.0.0:0" if lan else "127.0.0.1:0"
     return (
         f'[model]\nsource = "injected"\nwarmup = 1\n[zenoh]\nlisten = ["{listen}"]\n'
-        f'[ops]\nhealth_port = {health}\n[frontends.openpi]\nlisten = "{door}"\n'
+        f'[ops]\nhealth_port = {health}\naudit_log = "{audit_log}"\n[frontends.openpi]\nlisten = "{door}"\n'
     )
 
 
@@ -83,7 +83,7 @@ async def fleet(
 ) -> AsyncIterator[tuple[PolicyServer, ServerReady, EdgeRig, MonitorReady, dict[int, Door]]]:
     """Server (with its openpi door), a robot and a monitor that knows its key; yields them and the sockets they own."""
     port, health = free_port(), free_port()
-    manifest, _ = secure_listen(parse_manifest(manifest_text(lan, port, health)))
+    manifest, _ = secure_listen(parse_manifest(manifest_text(lan, port, health, tmp_path / "audit.jsonl")))
     policy = FixedComputePolicy(compute_ms=10, **sim_policy_spec(chunk_size=20))
     server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest))
     scheme = "tls" if lan else "tcp"
@@ -166,6 +166,16 @@ def check_files(*directories: Path) -> set[tuple[str, str, str]]:
     return rows
 
 
+def check_placed(audit_log: Path, recording: Path) -> set[tuple[str, str, str]]:
+    """The files servo writes where the operator says: created readable by this user alone."""
+    rows = set()
+    for where, path in (("[ops] audit_log", audit_log), ("--record PATH", recording)):
+        (door,) = [d for d in DOORS if d.kind == "file" and d.where == where]
+        assert stat.S_IMODE(path.lstat().st_mode) == 0o600, f"{path}: mode {stat.S_IMODE(path.lstat().st_mode):04o}"
+        rows.add((door.component, door.kind, door.where))
+    return rows
+
+
 async def openpi_client(port: int, key: str | None, *, tls: bool) -> float:
     uri = f"{'wss' if tls else 'ws'}://127.0.0.1"
 
@@ -218,6 +228,7 @@ async def test_a_lan_server_exposes_only_what_the_threat_model_names_and_strange
         await eventually(lambda: rig.engine.chunks_received >= received + 3, 30, "the robot streaming on")
         refused.add(("servo-edge", "socket", socket_row("its quic/ dial").where))
     refused |= check_files(config_dir(), tmp_path / "robot-7")
+    refused |= check_placed(tmp_path / "audit.jsonl", rig.record)
     assert {"servers/default.roster", "tls/server.key"} <= set(kept_files(config_dir()))
     assert rig.summary is not None
     assert not any(np.isclose(m.chunk_robot, FORGED).any() for m in rig.merges.merges)

@@ -23,6 +23,8 @@ from servo.client.known import KnownServers
 from servo.edge.telemetry import next_run
 from servo.identity import IdentityError, load_identity, robot_identity
 from servo.monitor.trust import RobotTrust, TrustError
+from servo.recording import EpisodeHeader, RecordingWriter
+from servo.server.audit import AuditLog
 
 #: A user id that is not this process's (files are given to it with chown, as root only).
 OTHER_UID = 65534
@@ -143,3 +145,16 @@ def test_a_monitor_state_others_may_write_or_a_link_is_refused_in_one_line(tmp_p
     state.symlink_to(elsewhere)
     with pytest.raises(TrustError, match=r"monitor\.state: monitor state is a symbolic link"):
         RobotTrust(state=state)
+
+
+def test_recordings_and_the_audit_log_are_created_for_this_user_alone(tmp_path: Path) -> None:
+    """Review of issue 29: a robot's recording (its camera frames) and the server's audit log (every
+    robot's requests) were created with the umask's mode: 0644, readable by every user of the machine."""
+    previous = os.umask(0o022)
+    try:
+        RecordingWriter(tmp_path / "run.servo", EpisodeHeader(robot="sim", fps=30.0, joint_names=["j0"])).close()
+        AuditLog(str(tmp_path / "audit.jsonl")).close()
+    finally:
+        os.umask(previous)
+    for name in ("run.servo", "audit.jsonl"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name

@@ -7,7 +7,8 @@ server: an enrolled robot exited with ``capacity: server is full (8/8 sessions)`
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from servo.config import ConfigError
 from servo.frontends.openpi_gate import OpenpiGate
 from servo.server.manifest import Manifest
 from servo.server.service import PolicyServer, ServerReady
-from tests.frontends.helpers import aloha_obs, blocking, serving_door
+from tests.frontends.helpers import aloha_obs, blocking, served_until_closed, serving_door
 from tests.server.helpers import connected, open_on, server_manifest
 from tests.server.policies import FixedComputePolicy
 from tests.support import free_port
@@ -50,16 +51,26 @@ def api_key(name: str, capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out.strip()
 
 
+@asynccontextmanager
+async def keyed_door(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[PolicyServer, int, str]]:
+    """A door off loopback (wss, API keys), its port, and a key of ``lab-pc`` for it."""
+    key = api_key("lab-pc", capsys)
+    async with door(door_manifest("0.0.0.0:0")) as (server, _, port):
+        tls = server.manifest.frontends.openpi
+        assert tls is not None
+        monkeypatch.setenv("SSL_CERT_FILE", tls.certificate)  # what an openpi user does with the copied certificate
+        yield server, port, key
+
+
 @pytest.mark.wildcard
 async def test_off_loopback_a_stranger_is_refused_and_a_keyed_client_served_over_wss(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    key = api_key("lab-pc", capsys)
-    async with door(door_manifest("0.0.0.0:0")) as (server, ready, port):
-        assert ready.frontends["openpi"].startswith("wss://")
-        tls = server.manifest.frontends.openpi
-        assert tls is not None
-        monkeypatch.setenv("SSL_CERT_FILE", tls.certificate)  # what an openpi user does with the copied certificate
+    async with keyed_door(capsys, monkeypatch) as (server, port, key):
+        assert server.manifest.frontends.openpi is not None
+        assert server.manifest.frontends.openpi.certificate  # wss://
 
         def stranger(uri: str, key: str | None) -> int:
             with pytest.raises(InvalidStatus) as refused:
@@ -121,3 +132,18 @@ def test_servo_serve_puts_a_door_off_loopback_behind_tls(tmp_path: Path) -> None
     assert certificate is not None
     assert secured.frontends.openpi is not None
     assert secured.frontends.openpi.certificate == str(certificate.cert)
+
+
+@pytest.mark.wildcard
+async def test_a_revoked_api_key_closes_the_connection_it_opened(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of issue 29: revoking a key stopped new connections only; the open one kept being served."""
+    async with keyed_door(capsys, monkeypatch) as (_, port, key):
+        client = await blocking(lambda: WebsocketClientPolicy("wss://127.0.0.1", port, api_key=key))
+        assert await blocking(lambda: float(client.infer(aloha_obs(3.0))["actions"][0][0])) == pytest.approx(3.0)
+        assert robots_cli(["revoke-key", "lab-pc"], Console(live=False)) == 0
+        # The server reads the roster within about a second.
+        closed = await blocking(served_until_closed, client, 30.0, "the key was revoked")
+    assert closed.rcvd is not None
+    assert "the API key of 'lab-pc' was revoked" in closed.rcvd.reason

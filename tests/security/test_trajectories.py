@@ -28,7 +28,8 @@ from servo.client import PolicyClient, ServerError
 from servo.edge.config import EdgeConfig, SecurityConfig
 from servo.edge.replay import ReplayEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions, RunSummary
-from servo.server.trajectories import Signed, seal_trajectory
+from servo.server.signed_door import Signed
+from servo.server.trajectories import seal_trajectory
 from servo.transport import query
 from servo.wire import (
     NONCE_SIZE,

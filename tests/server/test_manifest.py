@@ -166,6 +166,28 @@ ERRORS = {
         "robot.type = 'koch': must be one of ros2, sim, so100, so101 or package.module:factory",
     ),
     "robot without type": (MODEL + "[robot]\noptions = {port = 'x'}\n", "robot.type: required key is missing"),
+    # door budgets (`servo.server.signed_door`)
+    "zero status rate": (
+        MODEL + "[limits]\nstatus_queries_per_s = 0.0\n",
+        "limits.status_queries_per_s = 0.0: expected float > 0.0",
+    ),
+    "zero door burst": (
+        MODEL + "[limits]\ndoor_request_burst = 0\n",
+        "limits.door_request_burst = 0: expected int >= 1",
+    ),
+    "huge status burst": (
+        MODEL + "[limits]\nstatus_query_burst = 10000000\n",
+        "limits.status_query_burst = 10000000: expected int <= 1000000",
+    ),
+    "requester burst over the door's": (
+        MODEL + "[limits]\nrequester_request_burst = 700\n",
+        "limits.requester_request_burst = 700: larger than door_request_burst (600): one requester could empty "
+        "the door",
+    ),
+    "requester rate over the door's": (
+        MODEL + "[limits]\ndoor_requests_per_s = 2.0\n",
+        "limits.requester_requests_per_s: larger than door_requests_per_s (2): one requester could hold the door",
+    ),
 }
 
 

@@ -7,14 +7,16 @@ import socket
 from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 
 from servo.client import ServerError, SessionLost
+from servo.httpd import MAX_CONNECTIONS, HttpEndpoint, Response, text
 from servo.server.ops import OpsEndpoint
 from servo.server.service import PolicyServer, ServerReady
 from tests.server.helpers import connected, observation, open_on, server_manifest
 from tests.server.policies import FixedComputePolicy, GatedPolicy
-from tests.support import free_port, running_server
+from tests.support import eventually, free_port, running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -191,3 +193,51 @@ async def test_busy_health_port_error_names_the_port() -> None:
         endpoint = OpsEndpoint(lambda: (True, "serving"), lambda: b"")
         with pytest.raises(OSError, match=f"health port {held} on 127.0.0.1: Address already in use"):
             await endpoint.run("127.0.0.1", held)
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end closed ``sock`` (never waits)."""
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+async def test_connections_that_send_nothing_hold_at_most_max_connections_of_the_endpoint() -> None:
+    """Review of issue 29: every connection was held for its 5 s deadline, however many: a stranger
+    opening connections and sending nothing held as many of the process's file descriptors."""
+
+    async def ok(path: str, params: dict[str, str]) -> Response:
+        return text(200, "ok\n")
+
+    endpoint = HttpEndpoint(ok, what="test port")
+    extra = 8
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(endpoint.run, "127.0.0.1", 0)
+        held = []
+        try:
+            for _ in range(MAX_CONNECTIONS + extra):
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.setblocking(False)
+                held.append(sock)
+
+            def served() -> list[object]:
+                return [
+                    c
+                    for c in psutil.Process().net_connections("tcp")
+                    if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                ]
+
+            # Until the endpoint took them all in, or turned the ones over its bound away.
+            await eventually(
+                lambda: sum(map(closed_by_peer, held)) >= extra or len(served()) >= len(held),
+                30,
+                "the endpoint accepting every connection",
+            )
+            assert len(served()) <= MAX_CONNECTIONS
+        finally:
+            for sock in held:
+                sock.close()
+            tg.cancel_scope.cancel()

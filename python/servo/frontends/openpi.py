@@ -273,18 +273,21 @@ class OpenpiFrontDoor:
             info = self._target.status.policy
             metadata = policy_metadata(info, s.observation, replica=self._target.keys.replica, task=session.ack.task)
             await ws.send(pack({**s.metadata, "servo": metadata}))
-            await self._requests(ws, link, bound)
+            await self._requests(ws, link, bound, caller)
         finally:
             with anyio.CancelScope(shield=True):
                 await link.close()
             bound.info("openpi connection closed", requests=link.requests)
 
-    async def _requests(self, ws: ServerConnection, link: Link, bound: Logger) -> None:
+    async def _requests(self, ws: ServerConnection, link: Link, bound: Logger, caller: Caller) -> None:
         interval = 1.0 / self.settings.max_request_rate_hz
         next_start = 0.0
         prev_total_ms: float | None = None
         while True:
             message = await ws.recv()
+            if (revoked := self._gate.revoked(caller)) is not None:
+                bound.info("openpi connection closed: key revoked", holder=caller.name)
+                raise _Close(CloseCode.POLICY_VIOLATION, revoked)
             now = time.monotonic()
             if now < next_start:
                 await anyio.sleep(next_start - now)  # pacing: the peer's next frames wait in TCP

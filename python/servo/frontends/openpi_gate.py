@@ -10,7 +10,8 @@ The door follows the server's one admission rule (`servo.access`):
   must present an API key (``Authorization: Api-Key servo-api-v1.…``, what
   ``openpi_client.WebsocketClientPolicy(host, port, api_key=…)`` sends), checked against the
   roster's hashes before the WebSocket upgrade: a stranger is answered 401 and costs no session;
-  ``--allow-any-robot`` lets clients in without one.
+  ``--allow-any-robot`` lets clients in without one. A key revoked (``servo-serve robots
+  revoke-key``) or expired closes the connections it opened, before their next request.
 * **Budgets per client**: each API key (or, without keys, each peer address) may open
   ``[limits] client_opens_per_s`` connections per second (burst ``client_open_burst``); more are
   answered 429 before the upgrade. The door's sessions have a capacity of their own
@@ -20,6 +21,7 @@ The door follows the server's one admission rule (`servo.access`):
 from __future__ import annotations
 
 import ssl
+import time
 from http import HTTPStatus
 
 from websockets.datastructures import Headers
@@ -79,6 +81,20 @@ class OpenpiGate:
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(s.certificate, s.private_key)
         return context
+
+    def revoked(self, caller: Caller) -> str | None:
+        """Why ``caller``, admitted at its upgrade, is admitted no longer (its key revoked or expired); None: it is.
+
+        Asked before each request: ``servo-serve robots revoke-key`` closes a connection open now.
+        """
+        if not self.keys_required or self.access is None:
+            return None
+        stored = self.access.rules.api_keys.get(caller.key.decode())
+        if stored is None or stored.name != caller.name:
+            return f"servo: the API key of {caller.name!r} was revoked"
+        if stored.expires and time.time() >= stored.expires:
+            return f"servo: the API key of {caller.name!r} has expired"
+        return None
 
     def admit(self, request: Request, peer: str) -> Caller | Response:
         """The caller ``request`` (a WebSocket upgrade from ``peer``) proves, or the HTTP answer refusing it."""

@@ -1,8 +1,9 @@
 """What a monitor knows about the fleet: robots from their telemetry, replicas from status and tokens.
 
 It believes only what `servo.monitor.trust` vouches for: telemetry signed by an enrolled robot's
-key (a stranger's is refused before any signature check, and nothing of it is kept), readable
-with the monitor's identity, and newer than every record seen of that robot; replicas whose
+key (a stranger's is refused before any signature check, and nothing of it is kept; the checks
+themselves are budgeted per robot and for the fleet, so a forger cannot make the monitor verify
+without end), readable with the monitor's identity, and newer than every record seen of that robot; replicas whose
 signed status a trusted identity made (the collector verifies it). So the robots and replicas
 shown, and the ``/metrics`` series built from them, are bounded by what the fleet enrolled.
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servo.monitor.trust import RobotTrust
+from servo.server.admission import KeyedBuckets, TokenBucket
 from servo.wire import EdgeTelemetry, StatusReply, WireError, fingerprint, open_telemetry, telemetry_signer
 from servo.wire.telemetry import Reader, client_of_telemetry
 
@@ -51,6 +53,13 @@ REPLICA_FORGET_S = 300.0
 REFUSAL_EVENT_INTERVAL_S = 10.0
 #: Liveliness tokens remembered of replicas whose status was not verified yet (newest kept).
 PENDING_TOKENS = 1024
+#: Records checked (signature, decryption: the costly part) per second per robot, and at once: a
+#: robot sends one a second. A forger flooding under one name spends that name's budget only.
+CHECKS_PER_ROBOT_S = 10.0
+CHECK_BURST_PER_ROBOT = 20
+#: Records checked per second for the whole fleet, and at once (2,000 robots at one a second).
+CHECKS_PER_S = 2000.0
+CHECK_BURST = 4000
 
 
 @dataclass
@@ -116,7 +125,7 @@ class FleetView:
         self.robots: dict[str, RobotView] = {}
         self.replicas: dict[str, ReplicaView] = {}
         #: Records refused, by reason (malformed, unknown_robot, identity_changed, too_many_robots,
-        #: signature, unreadable, replay).
+        #: rate, signature, unreadable, replay).
         self.refused: dict[str, int] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=FLEET_EVENTS)
         #: The fleet's round trips over time, oldest first.
@@ -124,6 +133,8 @@ class FleetView:
         self._clock = clock
         self._wall = wall
         self._last_refusal: dict[tuple[str, str], float] = {}
+        self._checks = KeyedBuckets(CHECKS_PER_ROBOT_S, CHECK_BURST_PER_ROBOT, clock=clock)
+        self._all_checks = TokenBucket(CHECKS_PER_S, CHECK_BURST, clock)
 
     # ------------------------------------------------------------------ robots
     def on_telemetry(self, key: str, body: bytes, attachment: bytes | None) -> None:
@@ -138,6 +149,9 @@ class FleetView:
             self._refuse(robot, verdict, f"telemetry refused: {verdict.replace('_', ' ')}")
             if verdict == "identity_changed" and robot in self.robots:
                 self.robots[robot].identity_changed = True
+            return
+        if not (self._checks.take(robot) and self._all_checks.take()):
+            self._refuse(robot, "rate", "telemetry refused: more records than the monitor checks per second")
             return
         try:
             record = open_telemetry(key, body, attachment, self.reader)

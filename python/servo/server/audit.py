@@ -12,11 +12,11 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 import structlog
 
+from servo.private_files import private_opener
 from servo.wire import AuditEntry, AuditQuery
 
 #: Requests kept per client; clients kept of those nobody enrolled (the least recently served is
@@ -145,7 +145,8 @@ class AuditLog:
         if not path:
             self._log = None
             return
-        self._file = sys.stdout if path == "-" else Path(path).open("a", buffering=1)  # noqa: SIM115
+        # Every robot's requests: created readable by this user alone.
+        self._file = sys.stdout if path == "-" else open(path, "a", buffering=1, opener=private_opener)  # noqa: SIM115
         # An explicit, non-filtering wrapper: the audit trail must not follow the console log
         # level (`--log-level warning` would otherwise drop every line, `msg` being `info`).
         self._log = structlog.wrap_logger(

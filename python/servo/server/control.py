@@ -14,20 +14,20 @@ Who may do what (see `servo.server.auth` for the checks themselves):
 * reset and close must be encrypted with the session key (a fresh seq_id each); anything else is
   refused, counted in ``servo_control_rejected_total{reason}``, and changes nothing;
 * the replies to reset and close are encrypted too, so the client can tell them from a forgery;
-* trajectories are fetched by the robots the admission rule lets in, their answers encrypted to
-  the asker and signed by the replica, as are their refusals (`servo.server.trajectories`);
-* the audit trail is read by operators (the fleet) and robots (their own rows) only
-  (`servo.server.audit_door`).
+* the status, the trajectories and the audit trail are signed doors, bounded before they read a
+  query (`servo.server.signed_door`): trajectories are fetched by the robots the admission rule
+  lets in (`servo.server.trajectories`), the audit trail is read by operators (the fleet) and
+  robots (their own rows) only (`servo.server.audit_door`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import zenoh
-from zenoh.handlers import Callback
 
 from servo._core import MSG_CONTROL_ACK, Header, SessionKey
 from servo.access import Caller
@@ -40,8 +40,9 @@ from servo.server.auth import Refused, SessionAuth, accept_handshake, takeover, 
 from servo.server.manifest import LimitsSection
 from servo.server.robots import Refusal, RobotGate
 from servo.server.sessions import Session
+from servo.server.signed_door import MAX_STATUS_NONCE, DoorBudget, Signed, StatusDoor
 from servo.server.state import ServerState
-from servo.server.trajectories import Signed, TrajectoryDoor, TrajectoryLibrary
+from servo.server.trajectories import TrajectoryDoor, TrajectoryLibrary
 from servo.stages import LoopBridge
 from servo.transport import declare_action_publisher, direct
 from servo.wire import (
@@ -58,7 +59,6 @@ from servo.wire import (
     decode,
     encode,
     reply_header,
-    status_transcript,
 )
 from servo.wire.messages import RejectCode, SchemaVersions
 
@@ -66,8 +66,6 @@ log = get_logger(__name__)
 
 #: Largest control-plane request body (a session open with every field at its bound fits easily).
 MAX_CONTROL_BYTES = 64 * 1024
-#: Largest nonce a status query may carry (its payload).
-MAX_STATUS_NONCE = 32
 _THROTTLE = LogThrottle(1.0)
 
 
@@ -80,7 +78,7 @@ class Sealed:
     header: Header
 
 
-Handler = Callable[[zenoh.Query, zenoh.ZBytes], msgspec.Struct | Sealed | Signed]
+Handler = Callable[[zenoh.Query, zenoh.ZBytes], msgspec.Struct | Sealed | Signed | None]
 
 
 def body(payload: zenoh.ZBytes) -> bytes:
@@ -95,10 +93,7 @@ def body(payload: zenoh.ZBytes) -> bytes:
 
 
 class _Versions(msgspec.Struct):
-    """What any version of a session open carries: enough to refuse it by schema version.
-
-    Bounded like `SessionOpen`'s: the versions are echoed in the refusal.
-    """
+    """What any version of a session open carries, to refuse it by version (bounded: echoed in the refusal)."""
 
     schema_versions: SchemaVersions = []
 
@@ -137,29 +132,38 @@ class ControlPlane:
         self._takeover_idle_s = takeover_idle_s
         self._limits = limits
         self._max_observation_bytes = max_observation_bytes
-        replica = state.replica
-        prefix, name = replica.keys.prefix, replica.keys.replica
-        self._audit = AuditDoor(
-            state.recent, robots.nonces, robots.access, replica.identity, prefix=prefix, replica=name
-        )
-        self._trajectories = TrajectoryDoor(trajectories, robots.access, replica.identity, prefix=prefix, replica=name)
+        replica, metrics = state.replica, state.metrics
+        at = {"prefix": replica.keys.prefix, "replica": replica.keys.replica}
+        self._status = StatusDoor(state.status, robots.nonces.current, replica.identity, metrics, limits)
+        self._audit = AuditDoor(state.recent, robots.nonces, robots.access, replica.identity, metrics, limits, **at)
+        self._trajectories = TrajectoryDoor(trajectories, robots.access, replica.identity, metrics, limits, **at)
+        self._opens = DoorBudget("session", metrics, rate=limits.door_requests_per_s, burst=limits.door_request_burst)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
-        """Declare the queryables; their callbacks only hand the query to the event loop (`direct`)."""
+        """Declare the queryables; their callbacks only hand the query to the event loop (`direct`).
+
+        A signed door's callback (and the session opens') first asks its budget (`DoorBudget.knock`):
+        beyond it the query is dropped on Zenoh's thread, unread and unanswered.
+        """
         keys, z = self._state.replica.keys, self._zsession
 
-        def on(key: str, handler: Handler, reply_key: str | None) -> zenoh.Queryable[None]:
-            ask: Callback[zenoh.Query] = direct(lambda q: bridge.call(self.answer, handler, q, reply_key))
-            return z.declare_queryable(key, ask)
+        def on(key: str, handler: Handler, reply_key: str | None, budget: DoorBudget | None = None) -> Any:
+            def ask(q: zenoh.Query) -> None:
+                if budget is None or budget.knock():
+                    bridge.call(self.answer, handler, q, reply_key)
+                else:
+                    q.drop()
+
+            return z.declare_queryable(key, direct(ask))
 
         # Replies go out on our own concrete key: a discovery query's selector is a wildcard.
         return [
-            on(keys.status, self.status, keys.status),
-            on(keys.all_sessions, self.open, None),
-            on(f"{keys.prefix}/session", self.open_legacy, None),
+            on(keys.status, self.status, keys.status, self._status.budget),
+            on(keys.all_sessions, self.open, None, self._opens),
+            on(f"{keys.prefix}/session", self.open_legacy, None, self._opens),
             on(keys.all_control, self.control, None),
-            on(keys.trajectory, self.trajectory, keys.trajectory),
-            on(keys.audit, self.audit, keys.audit),
+            on(keys.trajectory, self.trajectory, keys.trajectory, self._trajectories.budget),
+            on(keys.audit, self.audit, keys.audit, self._audit.budget),
         ]
 
     def answer(self, handler: Handler, query: zenoh.Query, reply_key: str | None) -> None:
@@ -191,9 +195,7 @@ class ControlPlane:
         """Capabilities, load and identity of this replica, signed over the asker's nonce (the payload, if any)."""
         if len(payload) > MAX_STATUS_NONCE:
             return Rejection("bad_request", f"a status query carries at most a {MAX_STATUS_NONCE}-byte nonce")
-        body = encode(self._state.status(self._robots.nonces.current()))
-        signature = self._state.replica.identity.sign(status_transcript(payload.to_bytes(), body))
-        return Signed(body, signature)
+        return self._status.answer(payload.to_bytes())
 
     def _reject(self, code: RejectCode, reason: str, **context: object) -> Rejection:
         state = self._state
@@ -380,18 +382,17 @@ class ControlPlane:
             log.warning("control request refused", reason=reason, detail=message, suppressed=suppressed)
         return Rejection(code, message)
 
-    def audit(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
+    def audit(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection | None:
         """The replica's recent requests, for who may read them (`servo.server.audit_door`)."""
-        try:
-            request_body = body(payload)
-        except WireError as exc:
-            return Rejection("bad_request", str(exc))
-        return self._audit.answer(request_body)
+        return self._signed(self._audit, payload)
 
-    def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection:
+    def trajectory(self, query: zenoh.Query, payload: zenoh.ZBytes) -> Signed | Rejection | None:
         """A whole trajectory of the library (or the list of names), for who may fetch one (`TrajectoryDoor`)."""
+        return self._signed(self._trajectories, payload)
+
+    @staticmethod
+    def _signed(door: AuditDoor | TrajectoryDoor, payload: zenoh.ZBytes) -> Signed | Rejection | None:
         try:
-            request_body = body(payload)
+            return door.answer(body(payload))
         except WireError as exc:
             return Rejection("bad_request", str(exc))
-        return self._trajectories.answer(request_body)

@@ -111,6 +111,11 @@ class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise FieldError("pin_task", "needs serving.default_task to pin")
 
 
+#: A door budget's rate (per second) and burst (`servo.server.signed_door`).
+Rate = Annotated[PositiveFloat, msgspec.Meta(le=1e6)]
+Burst = Annotated[PositiveInt, msgspec.Meta(le=10**6)]
+
+
 class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[limits]``: bounds on everything a remote peer controls (`servo.server.admission`).
 
@@ -156,6 +161,26 @@ class LimitsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     idle_session_s: Annotated[
         Seconds, doc("A session without an authenticated observation for this long is closed (s).")
     ] = 60.0
+    # Door budgets (`servo.server.signed_door`): checked before a query is read; beyond, it is dropped unanswered.
+    status_queries_per_s: Annotated[Rate, doc("Signed status replies per second, all askers together.")] = 300.0
+    status_query_burst: Annotated[Burst, doc("Status replies at once (a fleet's discovery, a failover).")] = 3000
+    door_requests_per_s: Annotated[Rate, doc("Session opens, fetches or audit queries per second per door.")] = 100.0
+    door_request_burst: Annotated[Burst, doc("Session opens, fetches or audit queries at once per door.")] = 600
+    requester_requests_per_s: Annotated[Rate, doc("Trajectory fetches, or audit queries, per second per key.")] = 5.0
+    requester_request_burst: Annotated[Burst, doc("Trajectory fetches, or audit queries, at once per key.")] = 20
+
+    def check(self) -> None:
+        """One requester's budget fits in its door's: nobody takes a whole door alone."""
+        if self.requester_request_burst > self.door_request_burst:
+            raise FieldError(
+                "requester_request_burst",
+                f"larger than door_request_burst ({self.door_request_burst}): one requester could empty the door",
+            )
+        if self.requester_requests_per_s > self.door_requests_per_s:
+            raise FieldError(
+                "requester_requests_per_s",
+                f"larger than door_requests_per_s ({self.door_requests_per_s:g}): one requester could hold the door",
+            )
 
 
 class OpsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -16,6 +16,9 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _MS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
 #: Requests the status reply's recent queue wait and forward time look at.
 RECENT_WINDOW = 64
+#: The signed doors (`servo.server.signed_door`), each with series from the start (the session
+#: opens' door budget too: ``servo_door_dropped_total{door="session"}``).
+DOORS = ("status", "audit", "trajectory")
 
 
 class RecentHistogram(Histogram):
@@ -87,6 +90,22 @@ class ServerMetrics:
             "Keyless unknown_session notices sent to clients whose session this replica does not know",
             registry=r,
         )
+        self.door_signatures = Counter(
+            "servo_door_signatures",
+            "Replies (answers and refusals) signed by a signed door (status, audit, trajectory)",
+            ["door"],
+            registry=r,
+        )
+        self.door_dropped = Counter(
+            "servo_door_dropped",
+            "Queries to a signed door (or session opens) dropped unanswered beyond a budget (budget: door, requester)",
+            ["door", "budget"],
+            registry=r,
+        )
+        for door in DOORS:
+            self.door_signatures.labels(door)
+        for door, budget in (*((d, b) for d in DOORS for b in ("door", "requester")), ("session", "door")):
+            self.door_dropped.labels(door, budget)
         self.sessions_opened = Counter("servo_sessions_opened", "Session opens accepted", registry=r)
         self.sessions_rejected = Counter("servo_sessions_rejected", "Session opens rejected", ["code"], registry=r)
         self.sessions_collected = Counter(

@@ -1,7 +1,9 @@
 """Which robots may open a session, and how many opens each may ask for.
 
 Every session open is signed by the robot's Ed25519 identity (`servo.wire.trust.open_transcript`).
-`RobotGate.admit` decides, cheapest check first, before the open costs a slot or any shared budget:
+`RobotGate.admit` decides, cheapest check first, before the open costs a slot or any shared budget
+(the control plane let it in within the session door's budget for everybody, before reading it:
+`servo.server.signed_door.DoorBudget`):
 
 1. **Signed at all**: an open without a robot key and signature (a client older than robot
    identities) is refused (``unauthenticated``).

@@ -4,30 +4,30 @@ One request returns a whole trajectory (docs/design/replay.md: shipped once at a
 locally), never one frame per request. Every recording is read once, when the server starts (`load`, on a worker
 thread): the control plane answers from memory and never reads a file on the event loop.
 
-Who may fetch (`TrajectoryDoor`), cheapest check first: a request signed by a robot identity at
-all; a robot the server's one admission rule lets in (`servo.access.Access.robot`: enrolled
-robots under their own names, any robot only on an open door); within its budget (per robot
-key); and only then its signature checked (`servo.wire.trajectory`). Every answer is encrypted
+Who may fetch (`TrajectoryDoor`, a signed door: `servo.server.signed_door`), cheapest check
+first: within the door's budget (everybody together) and the robot key's; a request signed by a
+robot identity at all; a robot the server's one admission rule lets in now
+(`servo.access.Access.robot`: enrolled robots under their own names, any robot only on an open
+door); and only then its signature checked (`servo.wire.trajectory`). Every answer is encrypted
 to the request's ephemeral X25519 key (`seal_trajectory`: nobody on the link reads it) and signed
 by the replica's identity over the request's nonce (`servo.wire.sealed`, and
 `servo.wire.trust.rejection_transcript` for a refusal): a robot replays only what its own server
-sent for its own request, and obeys no refusal it cannot verify.
+sent for its own request, and obeys no refusal it cannot verify. Beyond a budget: silence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import msgspec
 
-from servo._core import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, AuthError, verify_signature
-from servo.access import Access, Denied
-from servo.identity import Identity
+from servo._core import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, AuthError
+from servo.access import Access, Caller, Denied
 from servo.logs import get_logger
 from servo.recording import read_recording
-from servo.server.admission import KeyedBuckets
-from servo.server.manifest import TrajectoryEntry
+from servo.server.manifest import LimitsSection, TrajectoryEntry
+from servo.server.metrics import ServerMetrics
+from servo.server.signed_door import Signed, SignedDoor
 from servo.wire import (
     NONCE_SIZE,
     TRAJECTORY_CONTEXT,
@@ -36,38 +36,22 @@ from servo.wire import (
     TrajectoryList,
     TrajectoryRequest,
     WireError,
-    decode,
     encode,
     encode_tensor,
     fingerprint,
     rejection_transcript,
     trajectory_request_transcript,
 )
-from servo.wire.sealed import seal_reply
+from servo.wire.sealed import Signer, seal_reply
 
 log = get_logger(__name__)
 
-#: Trajectory requests answered per second per robot key, and the burst.
-FETCHES_PER_S = 5.0
-FETCH_BURST = 20
 
-
-@dataclass(frozen=True)
-class Signed:
-    """A reply body and the attachment that proves it (the replica's signature and what it covers). Frozen."""
-
-    body: bytes
-    attachment: bytes
-
-
-def seal_trajectory(request: TrajectoryRequest, body: bytes, identity: Identity, replica: str) -> Signed | Rejection:
+def seal_trajectory(request: TrajectoryRequest, body: bytes, identity: Signer, replica: str) -> Signed | Rejection:
     """``body`` sealed to ``request.client_key`` (`servo.wire.sealed`), signed by ``identity`` for ``replica``.
 
-    A request without a usable key or nonce is refused (unsigned: it came from no client this
-    version makes).
+    A request without a usable key is refused (unsigned: it came from no client this version makes).
     """
-    if len(request.nonce) != NONCE_SIZE:
-        return Rejection("bad_request", f"a trajectory request carries a {NONCE_SIZE}-byte nonce")
     try:
         ciphertext, attachment = seal_reply(
             body,
@@ -130,59 +114,74 @@ class TrajectoryLibrary:
         return Rejection("bad_request", found) if isinstance(found, str) else found
 
 
-class TrajectoryDoor:
+class TrajectoryDoor(SignedDoor[TrajectoryRequest]):
     """Answers the trajectory queryable for the robots the admission rule lets in. Event loop.
+
+    A signed door (`servo.server.signed_door`): its answers and its refusals are signed (the
+    robot obeys no refusal it cannot verify), so nothing is signed before both budgets.
 
     Args:
         library: The trajectories.
         access: The server's admission rule.
         identity: The replica's identity (signs each answer and refusal).
+        metrics: Where its signatures and dropped queries are counted.
+        limits: ``[limits]``: the door's budgets.
         prefix: The replica's key prefix (bound into what the robot signs).
         replica: The replica's name (bound into what the replica signs).
-        rate: Requests answered per second per robot key (and ``burst`` at once).
     """
+
+    request_type = TrajectoryRequest
+    door = "trajectory"
 
     def __init__(
         self,
         library: TrajectoryLibrary,
         access: Access,
-        identity: Identity,
+        identity: Signer,
+        metrics: ServerMetrics,
+        limits: LimitsSection,
         *,
         prefix: str,
         replica: str,
-        rate: float = FETCHES_PER_S,
-        burst: int = FETCH_BURST,
     ) -> None:
-        self._library, self._access, self._identity = library, access, identity
-        self._prefix, self._replica = prefix, replica
-        self._budget, self._rate = KeyedBuckets(rate, burst), rate
+        super().__init__(identity, metrics, limits, prefix=prefix, replica=replica)
+        self._library, self._access = library, access
 
-    def answer(self, payload: bytes) -> Signed | Rejection:
-        """The sealed answer to a trajectory request (bounded by the caller), or its signed refusal."""
-        try:
-            request = decode(payload, TrajectoryRequest)
-        except WireError as exc:
-            return Rejection("bad_request", str(exc))
-        answer = self._admit(request) or self._library.lookup(request)
-        if isinstance(answer, Rejection):
-            transcript = rejection_transcript(request.nonce, self._replica, request.name, answer.code, answer.reason)
-            return msgspec.structs.replace(answer, signature=self._identity.sign(transcript))
-        return seal_trajectory(request, encode(answer), self._identity, self._replica)
-
-    def _admit(self, request: TrajectoryRequest) -> Rejection | None:
-        key = request.robot_key
-        if len(key) != PUBLIC_KEY_SIZE or len(request.signature) != SIGNATURE_SIZE or not request.client_id:
-            return Rejection(
-                "unauthenticated",
-                "a trajectory request is signed by the robot asking (since wire schema 3): upgrade the client",
-            )
-        caller = self._access.robot(request.client_id, key)
-        if isinstance(caller, Denied):
-            return Rejection("unauthenticated", caller.reason)
-        if not self._budget.take(key):
-            return Rejection("rate_limited", f"more than {self._rate:g} trajectory requests per second; retry")
-        if not verify_signature(key, trajectory_request_transcript(request, self._prefix), request.signature):
-            return Rejection(
-                "unauthenticated", f"the trajectory request's signature by {fingerprint(key)} does not verify"
+    def malformed(self, request: TrajectoryRequest) -> str | None:
+        """Why the request is not one this version's clients send (unsigned, or no nonce)."""
+        if (
+            len(request.robot_key) != PUBLIC_KEY_SIZE
+            or len(request.signature) != SIGNATURE_SIZE
+            or not request.client_id
+            or len(request.nonce) != NONCE_SIZE
+        ):
+            return (
+                "a trajectory request is signed by the robot asking and carries a "
+                f"{NONCE_SIZE}-byte nonce (since wire schema 3): upgrade the client"
             )
         return None
+
+    def signed(self, request: TrajectoryRequest) -> tuple[bytes, bytes, bytes]:
+        """The robot's key, the transcript it signs, its signature."""
+        return request.robot_key, trajectory_request_transcript(request, self.prefix), request.signature
+
+    def admit(self, request: TrajectoryRequest) -> Caller | Rejection:
+        """The robot, if the admission rule admits it now under the name it gives."""
+        caller = self._access.robot(request.client_id, request.robot_key)
+        return Rejection("unauthenticated", caller.reason) if isinstance(caller, Denied) else caller
+
+    def forged(self, request: TrajectoryRequest) -> str:
+        """Why a request whose signature does not verify is refused."""
+        return f"the trajectory request's signature by {fingerprint(request.robot_key)} does not verify"
+
+    def respond(self, request: TrajectoryRequest, caller: Caller) -> Signed | Rejection:
+        """The list of names or one whole trajectory, sealed to the robot; or why not, signed."""
+        answer = self._library.lookup(request)
+        if isinstance(answer, Rejection):
+            return self.refuse(request, answer)
+        return seal_trajectory(request, encode(answer), self.signer, self.replica)
+
+    def refuse(self, request: TrajectoryRequest, rejection: Rejection) -> Rejection:
+        """``rejection`` signed over the request's nonce (`servo.wire.trust.rejection_transcript`)."""
+        transcript = rejection_transcript(request.nonce, self.replica, request.name, rejection.code, rejection.reason)
+        return msgspec.structs.replace(rejection, signature=self.signer.sign(transcript))
