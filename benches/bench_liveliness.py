@@ -32,6 +32,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 from benches._edge_cli import EdgeRun, run_edge
 from benches._edge_rig import ServerProcess
 from benches._support import markdown, publish
+from servo.config import DEFAULT_LEASE_MS
 from testbed.load import CpuHogs
 from testbed.processes import free_port
 
@@ -52,10 +53,11 @@ def _env(pythonpath: str | None) -> dict[str, str] | None:
 
 
 def render(rows: list[dict[str, Any]], seconds: float, hogs: int, load: list[float]) -> str:
+    lease = f"{LEASE_MS} ms" if LEASE_MS else f"each code's default (this tree: {DEFAULT_LEASE_MS} ms)"
     title = (
         f"A streaming robot (servo-edge, sim arm, 2 x 480x640 cameras, default options) on servo-serve (reference "
         f"policy, 20 ms forwards), Zenoh TCP on 127.0.0.1, {seconds:g} s beside {hogs} busy loops of the bench's "
-        f"own on {os.cpu_count()} cores; Zenoh lease {LEASE_MS or 'default (1000)'} ms; 1-min load average "
+        f"own on {os.cpu_count()} cores; Zenoh lease {lease}; 1-min load average "
         f"{min(load):.1f}-{max(load):.1f} (mean {sum(load) / len(load):.1f}). The server never stops: every "
         "liveliness loss is false."
     )

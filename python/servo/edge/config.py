@@ -38,6 +38,7 @@ from servo.client.codec import AutoCodec, JpegQuality
 from servo.client.known import KnownServers
 from servo.client.verify import MAX_CHUNK_STEPS
 from servo.config import (
+    DEFAULT_LEASE_MS,
     ConfigError,
     FieldError,
     LeaseMs,
@@ -84,7 +85,9 @@ class LinkConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     zenoh_mode: Annotated[
         Literal["client", "peer"], doc("client: this robot dials out (fleets); peer: a direct link.")
     ] = "client"
-    lease_ms: Annotated[LeaseMs, doc("Zenoh lease this robot announces: how fast its death is noticed (ms).")] = 1000
+    lease_ms: Annotated[LeaseMs, doc("Zenoh lease this robot announces: how fast its freeze is noticed (ms).")] = (
+        DEFAULT_LEASE_MS
+    )
     connect_timeout_s: Annotated[Seconds, doc("How long to look for a server at start before giving up (s).")] = 10.0
     reconnect_initial_backoff_s: Annotated[
         Seconds, doc("First wait when no usable server answers (doubles; a server token ends it, s).")

@@ -43,7 +43,7 @@ from servo.server.sessions import Session
 from servo.server.state import ServerState
 from servo.server.trajectories import Signed, TrajectoryDoor, TrajectoryLibrary
 from servo.stages import LoopBridge
-from servo.transport import declare_action_publisher, direct
+from servo.transport import declare_action_publisher
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     CameraFeature,
@@ -145,11 +145,15 @@ class ControlPlane:
         self._trajectories = TrajectoryDoor(trajectories, robots.access, replica.identity, prefix=prefix, replica=name)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
-        """Declare the queryables; their callbacks only hand the query to the event loop (`direct`)."""
+        """Declare the queryables; their callbacks only hand the query to the event loop.
+
+        On zenoh-python's callback threads, never Zenoh's network thread: a query waiting there for
+        the GIL (a policy holding it) keeps Zenoh from reading its link (`servo.server.lanes`).
+        """
         keys, z = self._state.replica.keys, self._zsession
 
         def on(key: str, handler: Handler, reply_key: str | None) -> zenoh.Queryable[None]:
-            ask: Callback[zenoh.Query] = direct(lambda q: bridge.call(self.answer, handler, q, reply_key))
+            ask: Callback[zenoh.Query] = Callback(lambda q: bridge.call(self.answer, handler, q, reply_key))
             return z.declare_queryable(key, ask)
 
         # Replies go out on our own concrete key: a discovery query's selector is a wildcard.

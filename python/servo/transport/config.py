@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import zenoh
 
-from servo.config import FieldError, LeaseMs, NonEmptyStr, PositiveInt, doc
+from servo.config import DEFAULT_LEASE_MS, FieldError, LeaseMs, NonEmptyStr, PositiveInt, doc
 
 #: Where a server listens when the manifest names no endpoint: loopback only, so an out-of-the-box
 #: server never exposes itself on the network.
@@ -124,7 +124,9 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listen: Annotated[list[str], doc("Endpoints to listen on, e.g. tcp/127.0.0.1:7447.")] = []
     connect: Annotated[list[str], doc("Endpoints to connect to.")] = []
     multicast_scouting: Annotated[bool, doc("Find peers by multicast (off: explicit endpoints).")] = False
-    lease_ms: Annotated[LeaseMs, doc("Lease announced to peers: how fast this process's death is noticed (ms).")] = 1000
+    lease_ms: Annotated[LeaseMs, doc("Lease announced to peers: how fast this process's freeze is noticed (ms).")] = (
+        DEFAULT_LEASE_MS
+    )
     retry_init_ms: Annotated[PositiveInt, doc("First reconnect delay of a lost link (ms).")] = 100
     retry_max_ms: Annotated[PositiveInt, doc("Largest reconnect delay of a lost link (ms).")] = 1000
     shared_memory: Annotated[bool, doc("Move big payloads through /dev/shm between processes of one host.")] = True
