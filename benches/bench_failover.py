@@ -63,14 +63,13 @@ from pytest_benchmark.fixture import BenchmarkFixture
 
 from benches._support import markdown, percentiles_ms, results_table
 from servo.client import RemoteSession
-from servo.config import DEFAULT_LEASE_MS
 from servo.edge.config import load_edge_config
 from servo.edge.pipeline import MergeEvent
 from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.logs import configure_logging
 from servo.robots import RobotDescription
-from servo.transport import ZenohSettings, open_zsession
+from servo.transport import DEFAULT_LEASE_MS, ZenohSettings, open_zsession
 from testbed.load import CpuHogs
 from testbed.processes import free_port
 

@@ -34,7 +34,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 from benches._edge_cli import EdgeRun, run_edge
 from benches._edge_rig import ServerProcess
 from benches._support import markdown, publish
-from servo.config import DEFAULT_LEASE_MS
+from servo.transport import DEFAULT_LEASE_MS
 from testbed.load import CpuHogs
 from testbed.processes import free_port
 

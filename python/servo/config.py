@@ -77,11 +77,6 @@ Hertz = Annotated[float, msgspec.Meta(gt=0, le=1000)]
 Quality = Annotated[int, msgspec.Meta(ge=1, le=100)]
 #: A Zenoh lease (ms): below 100 ms a busy host declares its peers dead.
 LeaseMs = Annotated[int, msgspec.Meta(ge=100)]
-#: The lease servers and robots announce (ms): a frozen peer (SIGSTOP, power or cable cut) is
-#: noticed after it; a killed one on a reachable host when its sockets close, whatever the lease.
-#: 1 s let a link expire on a healthy, loaded host (a robot's process starved for a second at load
-#: 20-47 on 2 cores: 1-9 false losses in 10 min); 3 s gave none (benches/results/liveliness.md).
-DEFAULT_LEASE_MS = 3000
 #: A message or payload size limit (bytes): at least 1 KiB, so every control message fits.
 ByteLimit = Annotated[int, msgspec.Meta(ge=1024)]
 #: Text that must not be empty.

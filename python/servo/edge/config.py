@@ -38,7 +38,6 @@ from servo.client.codec import AutoCodec, JpegQuality
 from servo.client.known import KnownServers
 from servo.client.verify import MAX_CHUNK_STEPS
 from servo.config import (
-    DEFAULT_LEASE_MS,
     ConfigError,
     FieldError,
     LeaseMs,
@@ -58,6 +57,7 @@ from servo.edge.pipeline import PipelineConfig
 from servo.identity import Identity, robot_identity
 from servo.join import JoinToken, JoinTokenError
 from servo.transport import (
+    DEFAULT_LEASE_MS,
     DEFAULT_LOCAL_ENDPOINT,
     CertificateError,
     TlsSettings,

@@ -145,11 +145,7 @@ class ControlPlane:
         self._trajectories = TrajectoryDoor(trajectories, robots.access, replica.identity, prefix=prefix, replica=name)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
-        """Declare the queryables; their callbacks only hand the query to the event loop.
-
-        On zenoh-python's callback threads, never Zenoh's network thread: a query waiting there for
-        the GIL (a policy holding it) keeps Zenoh from reading its link (`servo.server.lanes`).
-        """
+        """Declare the queryables; their callbacks only hand the query to the event loop (`servo.server.lanes`)."""
         keys, z = self._state.replica.keys, self._zsession
 
         def on(key: str, handler: Handler, reply_key: str | None) -> zenoh.Queryable[None]:
