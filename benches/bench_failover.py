@@ -16,9 +16,12 @@ Rounds, all timed on the edge's monotonic clock:
   first chunk of that session merged (RTC replaces the queue: the next control tick executes
   it, so this is the first fresh action). Then the killed replica is started again.
   Also timed: kill → the edge's session *noticed* lost (its ``lost`` event, polled every 2 ms):
-  the kernel closes the dead replica's sockets, Zenoh drops its token, the session hears it.
+  the kernel closes the dead replica's sockets, Zenoh drops its token, the session hears it;
+  and kill → the replica *exited* (reaped): a dying process unmaps its memory, then closes its
+  sockets, then becomes a zombie, so this bounds from above when its sockets closed (at load,
+  seconds for a process of a few hundred MB).
 * **freeze** — SIGSTOP the replica the edge is on (a hung or unplugged server: no socket closes)
-  → its session noticed lost, which only the replica's Zenoh lease (1 s) can tell. Then the
+  → its session noticed lost, which only the replica's Zenoh lease (`lease_ms`) can tell. Then the
   frozen replica is killed and started again.
 * **restart** — SIGKILL both, start one: it is *ready* when its ``/healthz`` answers 200 (polled
   every 5 ms; the liveliness token is declared just before) → the edge's session on it → the
@@ -45,6 +48,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -65,7 +69,7 @@ from servo.edge.remote import RemoteEngine
 from servo.edge.runtime import EdgeRuntime, RunOptions
 from servo.logs import configure_logging
 from servo.robots import RobotDescription
-from servo.transport import ZenohSettings, open_zsession
+from servo.transport import DEFAULT_LEASE_MS, ZenohSettings, open_zsession
 from testbed.load import CpuHogs
 from testbed.processes import free_port
 
@@ -76,7 +80,7 @@ FRESH_TARGET_S = 0.5 + COMPUTE_MS / 1e3
 SESSION_TARGET_S = 0.2
 NOTICE_TARGET_S = 0.3
 #: The replicas' Zenoh lease (their manifests' default): a frozen replica is noticed after it.
-LEASE_S = 1.0
+LEASE_S = DEFAULT_LEASE_MS / 1000
 TOPOLOGIES = ("direct", "router")
 
 
@@ -114,6 +118,8 @@ listen_beside_router = true
         )
         self.log = workdir / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        #: When the last killed process exited (monotonic ns; None until it has).
+        self.exited_ns: int | None = None
 
     def start(self, timeout: float = 60.0) -> int:
         if self.proc is not None:
@@ -140,12 +146,22 @@ listen_beside_router = true
     def kill(self) -> int:
         """SIGKILL; returns the monotonic time (ns) of the kill.
 
-        Reaped by the next `start`, not here: a dying process at load takes seconds to exit, and
-        the edge's reaction is timed meanwhile (polled from the moment this returns).
+        Reaped by a thread of its own, not here: a dying process at load takes seconds to exit,
+        and the edge's reaction is timed meanwhile (polled from the moment this returns). The
+        moment it exited (`exited_ns`) bounds from above when the kernel closed its sockets: a
+        dying process closes its files after it unmapped its memory, and becomes a zombie after both.
         """
-        assert self.proc is not None
+        proc = self.proc
+        assert proc is not None
+        self.exited_ns = None
         killed = time.monotonic_ns()
-        self.proc.kill()
+        proc.kill()
+
+        def reap() -> None:
+            proc.wait()
+            self.exited_ns = time.monotonic_ns()
+
+        threading.Thread(target=reap, name="bench-reaper", daemon=True).start()
         return killed
 
     def freeze(self) -> int:
@@ -253,6 +269,11 @@ async def measure(workdir: Path, topology: str, rounds: dict[str, int], seed: in
             await until(session.lost.is_set, 20, "the loss noticed")
             return (time.monotonic_ns() - since) / 1e9
 
+        async def exit_of(replica: Replica) -> int:
+            await until(lambda: replica.exited_ns is not None, 60, "the killed replica's exit")
+            assert replica.exited_ns is not None
+            return replica.exited_ns
+
         async def start(replica: Replica) -> int:
             with hogs.paused():
                 return await anyio.to_thread.run_sync(replica.start)
@@ -272,6 +293,8 @@ async def measure(workdir: Path, topology: str, rounds: dict[str, int], seed: in
                 session_s, fresh_s = await recovery(killed, other)
                 times["kill_session"].append(session_s)
                 times["kill_fresh"].append(fresh_s)
+                exited = await exit_of(replicas[serving])
+                times["kill_exit"].append((exited - killed) / 1e9)
                 await start(replicas[serving])
             for _ in range(rounds["freezes"]):
                 await anyio.sleep(rng.uniform(0.0, 1.5))
@@ -295,7 +318,7 @@ async def measure(workdir: Path, topology: str, rounds: dict[str, int], seed: in
     return times
 
 
-NAMES = ("kill_notice", "kill_session", "kill_fresh", "freeze_notice", "ready_session", "ready_fresh")
+NAMES = ("kill_exit", "kill_notice", "kill_session", "kill_fresh", "freeze_notice", "ready_session", "ready_fresh")
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -307,14 +330,21 @@ def render(rows: list[dict[str, Any]]) -> str:
         + (f", {hogs} busy loops of the bench's own" if hogs else "")
         + ")."
     )
-    header = ["topology", "kills", "kill → noticed", "kill → session", "kill → first fresh chunk", "freezes"]
+    header = ["topology", "kills", "kill → exited", "kill → noticed", "kill → session", "kill → first fresh chunk"]
+    header.append("freezes")
     header += ["freeze → noticed", "restarts", "ready → session", "ready → first fresh chunk"]
     cells = []
     for r in rows:
         timed = {
             n: "n/a" if not r[n]["n"] else f"{r[n]['p50']:.3f} / {r[n]['p99']:.3f} / {r[n]['max']:.3f}" for n in NAMES
         }
-        kills = [r["kill_fresh"]["n"], timed["kill_notice"], timed["kill_session"], timed["kill_fresh"]]
+        kills = [
+            r["kill_fresh"]["n"],
+            timed["kill_exit"],
+            timed["kill_notice"],
+            timed["kill_session"],
+            timed["kill_fresh"],
+        ]
         freezes = [r["freeze_notice"]["n"], timed["freeze_notice"]]
         cells.append(
             [r["topology"], *kills, *freezes, r["ready_fresh"]["n"], timed["ready_session"], timed["ready_fresh"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
@@ -115,6 +116,12 @@ async def keep_sending(
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout} s sending until {what} ({sent} sent)") from None
     return sent
+
+
+def hold_gil(seconds: float) -> None:
+    """Sleep without releasing the GIL (a `ctypes.PyDLL` call keeps it): every other thread of
+    this process that needs it waits, as behind a thread starved while it holds the GIL."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
 
 
 #: The longest a `cpu_hog` busy loop runs if nobody stops it (the test process died).

@@ -12,7 +12,6 @@ action key every 10 ms; the session must survive and answer the next request.
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import pytest
 
 from servo.client import PolicyClient
 from testbed.processes import stop
-from tests.support import client_settings, eventually, make_manifest, running_server
+from tests.support import client_settings, eventually, hold_gil, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -57,12 +56,6 @@ def spamming(port: int, key: str) -> Iterator[None]:
             yield
         finally:
             stop(proc, grace_s=5)
-
-
-def hold_gil(seconds: float) -> None:
-    """Sleep without releasing the GIL (a `ctypes.PyDLL` call keeps it): every other thread of
-    this process that needs it waits, as behind a thread starved while it holds the GIL."""
-    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
 
 
 async def test_a_client_that_holds_the_gil_for_three_leases_keeps_its_session(port: int) -> None:

@@ -56,6 +56,7 @@ from servo.edge.pipeline import PipelineConfig
 from servo.identity import Identity, robot_identity
 from servo.join import JoinToken, JoinTokenError
 from servo.transport import (
+    DEFAULT_LEASE_MS,
     DEFAULT_LOCAL_ENDPOINT,
     CertificateError,
     TlsSettings,
@@ -84,7 +85,9 @@ class LinkConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     zenoh_mode: Annotated[
         Literal["client", "peer"], doc("client: this robot dials out (fleets); peer: a direct link.")
     ] = "client"
-    lease_ms: Annotated[LeaseMs, doc("Zenoh lease this robot announces: how fast its death is noticed (ms).")] = 1000
+    lease_ms: Annotated[LeaseMs, doc("Zenoh lease this robot announces: how fast its freeze is noticed (ms).")] = (
+        DEFAULT_LEASE_MS
+    )
     prefer_quic: Annotated[
         bool, doc("Dial quic/ at each tls/ endpoint's address first (same certificates), tls/ if it does not answer.")
     ] = True

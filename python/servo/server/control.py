@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import zenoh
+from zenoh.handlers import Callback
 
 from servo._core import MSG_CONTROL_ACK, Header, SessionKey
 from servo.access import Caller
@@ -44,7 +44,7 @@ from servo.server.signed_door import MAX_STATUS_NONCE, DoorBudget, Signed, Statu
 from servo.server.state import ServerState
 from servo.server.trajectories import TrajectoryDoor, TrajectoryLibrary
 from servo.stages import LoopBridge
-from servo.transport import declare_action_publisher, direct
+from servo.transport import declare_action_publisher
 from servo.wire import (
     SUPPORTED_SCHEMA_VERSIONS,
     CameraFeature,
@@ -140,21 +140,23 @@ class ControlPlane:
         self._opens = DoorBudget("session", metrics, rate=limits.door_requests_per_s, burst=limits.door_request_burst)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
-        """Declare the queryables; their callbacks only hand the query to the event loop (`direct`).
+        """Declare the queryables; their callbacks only hand the query to the event loop (`servo.server.lanes`).
 
         A signed door's callback (and the session opens') first asks its budget (`DoorBudget.knock`):
-        beyond it the query is dropped on Zenoh's thread, unread and unanswered.
+        beyond it the query is dropped on the callback thread, unread and unanswered.
         """
         keys, z = self._state.replica.keys, self._zsession
 
-        def on(key: str, handler: Handler, reply_key: str | None, budget: DoorBudget | None = None) -> Any:
+        def on(
+            key: str, handler: Handler, reply_key: str | None, budget: DoorBudget | None = None
+        ) -> zenoh.Queryable[None]:
             def ask(q: zenoh.Query) -> None:
                 if budget is None or budget.knock():
                     bridge.call(self.answer, handler, q, reply_key)
                 else:
                     q.drop()
 
-            return z.declare_queryable(key, direct(ask))
+            return z.declare_queryable(key, Callback(ask))
 
         # Replies go out on our own concrete key: a discovery query's selector is a wildcard.
         return [

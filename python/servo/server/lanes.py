@@ -9,12 +9,15 @@ keeps the callback thread for routing only and runs the work (`ObservationIntake
 picked from its key, so they are verified in the order they came: the replay check (a seq_id
 strictly above the last accepted) never refuses one that merely overtook another.
 
-Either way an observation crosses one thread boundary (`callback`): with lanes, Zenoh's network
-thread only routes (a hash and a FIFO put: `servo.transport.direct`) and the lane does the work;
-with one lane, zenoh-python's own callback thread does it, as on a single core another hop
-would only add a wake-up. A full lane (its FIFO holds `LANE_DEPTH` observations, as many as
-Zenoh's own callback queue) makes the routing thread do that observation itself: Zenoh's
-reception then waits for it, as it waits for a full callback queue without lanes, and
+Zenoh's network thread never runs any of it: the subscriber's callback runs on zenoh-python's
+callback thread, fed by a 256-deep queue that Zenoh fills without the GIL. A callback run on the
+network thread itself must take the GIL first, and Zenoh reads nothing from that link meanwhile;
+once that wait outlasts the robot's lease (a policy holding the GIL, or a starved thread holding it
+at load 20 on 2 cores), Zenoh closes the live link and both ends see the other vanish ("server
+liveliness lost", `tests/server/test_busy_server.py`). With lanes the callback thread only routes
+(a hash and a FIFO put) and the lane does the work; with one lane the callback thread does it.
+A full lane (its FIFO holds `LANE_DEPTH` observations, as many as zenoh-python's queue) makes the
+routing thread do that observation itself: zenoh-python's queue then fills, as without lanes, and
 congestion control decides.
 """
 
@@ -29,11 +32,10 @@ from zenoh.handlers import Callback
 
 from servo.logs import LogThrottle, get_logger
 from servo.stages import StageFull, StageThread
-from servo.transport import direct
 
 log = get_logger(__name__)
 
-#: Observations a lane holds beyond the one it works on (Zenoh's callback queue is as deep).
+#: Observations a lane holds beyond the one it works on (zenoh-python's callback queue is as deep).
 LANE_DEPTH = 256
 #: Most lanes ``serving.intake_threads = 0`` picks: past this the device, not the intake, bounds.
 MAX_AUTO_LANES = 8
@@ -51,8 +53,8 @@ def auto_lanes() -> int:
 class IntakeLanes:
     """Routes each observation sample to its session's lane (`callback` is the subscriber's).
 
-    Called on a Zenoh thread (`callback`); each lane thread runs ``handle`` for the
-    samples routed to it, in order. `close` (any thread) stops the lanes: samples still waiting
+    Called on zenoh-python's callback thread (`callback`); each lane thread runs ``handle`` for
+    the samples routed to it, in order. `close` (any thread) stops the lanes: samples still waiting
     are dropped (the server is going away).
 
     Args:
@@ -69,12 +71,8 @@ class IntakeLanes:
         self._throttle = LogThrottle(1.0)
 
     def callback(self) -> Callback[zenoh.Sample]:
-        """The observation subscriber's callback.
-
-        On Zenoh's own thread when it only routes (lanes); on a callback thread of its own when
-        it does the work (one lane).
-        """
-        return direct(self) if self._lanes else Callback(self)
+        """The observation subscriber's callback: on zenoh-python's callback thread, never Zenoh's own."""
+        return Callback(self)
 
     @property
     def lanes(self) -> int:
@@ -86,14 +84,14 @@ class IntakeLanes:
         return zlib.crc32(key.encode()) % self.lanes
 
     def __call__(self, sample: zenoh.Sample) -> None:
-        """A Zenoh thread: hand ``sample`` to its session's lane (one lane: work on it here)."""
+        """The callback thread: hand ``sample`` to its session's lane (one lane: work on it here)."""
         if not self._lanes:
             self._run(sample)
             return
         future = self._lanes[self.lane_of(str(sample.key_expr))].submit(self._run, sample)
         refused = future.exception(timeout=0) if future.done() else None  # a full lane refuses at once
         if isinstance(refused, StageFull):
-            self._run(sample)  # this thread works instead, and Zenoh's queue waits for it
+            self._run(sample)  # this thread works instead, and zenoh-python's queue waits for it
 
     def _run(self, sample: zenoh.Sample) -> None:
         try:

@@ -1,9 +1,10 @@
 """The policy server: one model on one device, serving many robots over Zenoh.
 
 Threads: the event loop owns Zenoh declarations, control-plane handlers, liveliness and the
-ops endpoint; Zenoh callback threads deposit queries and liveliness events onto the loop; the
-data plane is three stages of one thread each (see `servo.server.worker`): the observation
-callback thread authenticates, decodes and deposits (`servo.server.intake`), the inference
+ops endpoint; zenoh-python's callback threads (never Zenoh's network thread: `servo.server.lanes`)
+deposit queries and liveliness events onto the loop; the data plane is three stages of one thread
+each (see `servo.server.worker`): the observation intake authenticates, decodes and deposits
+(`servo.server.intake`, on the lanes of `servo.server.lanes`), the inference
 worker thread owns the policy and runs forwards, and a reply thread publishes chunks in order
 while the worker already runs the next forward.
 """
@@ -46,7 +47,7 @@ from servo.server.state import Replica, ServerState
 from servo.server.trajectories import TrajectoryLibrary
 from servo.server.worker import InferenceWorker
 from servo.stages import LoopBridge
-from servo.transport import Declared, direct, open_zsession
+from servo.transport import Declared, open_zsession
 from servo.wire import DrainNotice, PolicyInfo, ServerKeys, encode, fingerprint, slugify
 from servo.wire.keys import host_server_id
 
@@ -272,7 +273,8 @@ class PolicyServer:
                 limits=m.limits,
                 max_observation_bytes=m.serving.max_observation_bytes,
             )
-            on_client_alive: Callback[zenoh.Sample] = direct(lambda s: bridge.call(state.on_client_liveliness, s))
+            # zenoh-python's thread, never Zenoh's network thread (servo.server.lanes says why).
+            on_client_alive: Callback[zenoh.Sample] = Callback(lambda s: bridge.call(state.on_client_liveliness, s))
             declared += [
                 zsession.declare_subscriber(keys.all_obs, intake.callback()),  # servo.server.lanes
                 *control.declare(bridge),

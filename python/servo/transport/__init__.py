@@ -3,6 +3,7 @@
 from servo.transport.bridge import direct, query
 from servo.transport.certificate import CertificateError, common_name
 from servo.transport.config import (
+    DEFAULT_LEASE_MS,
     DEFAULT_LOCAL_ENDPOINT,
     TlsSettings,
     UsrPwdSettings,
@@ -17,6 +18,7 @@ from servo.transport.qos import declare_action_publisher, declare_obs_publisher
 from servo.transport.zsession import Declared, open_zsession, zenoh_message
 
 __all__ = [
+    "DEFAULT_LEASE_MS",
     "DEFAULT_LOCAL_ENDPOINT",
     "CertificateError",
     "Declared",

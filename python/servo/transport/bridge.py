@@ -36,7 +36,9 @@ def direct(fn: Callable[[T], None], drop: Callable[[], None] | None = None) -> C
     Only for rare samples (a query's replies, a matching status): Zenoh's receive task waits for
     the GIL while such a callback runs, and reads nothing meanwhile; a wait longer than the
     peer's lease (a starved process holding the GIL) makes Zenoh close a live link. A stream
-    (a session's chunks) and a liveliness token a session lives by get a thread of their own.
+    (a session's chunks) and a liveliness token a session lives by get a thread of their own,
+    and a server uses none at all: its policy may hold the GIL through a whole forward
+    (`servo.server.lanes`).
     """
     return Callback(fn, drop, indirect=False)
 

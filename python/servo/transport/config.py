@@ -20,6 +20,11 @@ from servo.config import FieldError, LeaseMs, NonEmptyStr, PositiveInt, doc
 #: Where a server listens when the manifest names no endpoint: loopback only, so an out-of-the-box
 #: server never exposes itself on the network.
 DEFAULT_LOCAL_ENDPOINT = "tcp/127.0.0.1:7447"
+#: The lease servers and robots announce (ms): a frozen peer (SIGSTOP, power or cable cut) is
+#: noticed after it; a killed one on a reachable host when its sockets close, whatever the lease.
+#: 1 s let a healthy robot's link expire at load 20-36 on 2 cores (its process sent nothing for a
+#: second): 15 false losses in 60 robot-minutes; 3 s: none in 25 (benches/results/liveliness.md).
+DEFAULT_LEASE_MS = 3000
 
 #: How long a DROP publisher waits for room in a link's transmit queue before dropping (µs).
 #: Zenoh's default of 1 ms lost the first observation of a freshly opened session in about one
@@ -154,7 +159,9 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listen: Annotated[list[str], doc("Endpoints to listen on, e.g. tcp/127.0.0.1:7447.")] = []
     connect: Annotated[list[str], doc("Endpoints to connect to.")] = []
     multicast_scouting: Annotated[bool, doc("Find peers by multicast (off: explicit endpoints).")] = False
-    lease_ms: Annotated[LeaseMs, doc("Lease announced to peers: how fast this process's death is noticed (ms).")] = 1000
+    lease_ms: Annotated[LeaseMs, doc("Lease announced to peers: how fast this process's freeze is noticed (ms).")] = (
+        DEFAULT_LEASE_MS
+    )
     retry_init_ms: Annotated[PositiveInt, doc("First reconnect delay of a lost link (ms).")] = 100
     retry_max_ms: Annotated[PositiveInt, doc("Largest reconnect delay of a lost link (ms).")] = 1000
     shared_memory: Annotated[bool, doc("Move big payloads through /dev/shm between processes of one host.")] = True
