@@ -13,9 +13,8 @@
     [local]      LocalConfig             the policy of the local engines (sync, rtc)
     [replay]     ReplayConfig            the trajectory the replay engine drains
 
-Each component takes only its section (`ChunkPipeline` the pipeline's, `FailSafe` the
-fail-safe's, the control loop the control section); an engine is where sections meet, so it
-takes the whole `EdgeConfig`.
+Each component takes only its section (`ChunkPipeline` the pipeline's, `FailSafe` the fail-safe's,
+the control loop the control section); an engine, where sections meet, takes the whole `EdgeConfig`.
 
 Precedence: defaults < ``--config edge.toml`` < command-line flags. Every field is also a flag
 named after it alone (``[pipeline] buffer_time_s`` -> ``--buffer-time-s``; names are unique
@@ -88,9 +87,7 @@ class LinkConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lease_ms: Annotated[LeaseMs, doc("Zenoh lease this robot announces: how fast its freeze is noticed (ms).")] = (
         DEFAULT_LEASE_MS
     )
-    prefer_quic: Annotated[
-        bool, doc("Dial quic/ at each tls/ endpoint's address first (same certificates), tls/ if it does not answer.")
-    ] = True
+    prefer_quic: Annotated[bool, doc("Dial quic/ at each tls/ endpoint first (same certificates), then tls/.")] = True
     connect_timeout_s: Annotated[Seconds, doc("How long to look for a server at start before giving up (s).")] = 10.0
     reconnect_initial_backoff_s: Annotated[
         Seconds, doc("First wait when no usable server answers (doubles; a server token ends it, s).")
