@@ -148,7 +148,7 @@ test-slow: setup
 
 ## test-hog: the Python suite of `make test`, beside $(SERVO_TEST_HOG) busy loops
 test-hog: setup
-	SERVO_TEST_HOG=$(SERVO_TEST_HOG) $(PY) -m pytest -q -m "not slow and not observability"
+	SERVO_TEST_HOG=$(SERVO_TEST_HOG) $(PY) -m pytest -q -m "not slow and not observability and not deploy and not image"
 
 ## fuzz: 10^6 coverage-guided inputs across every decoder; prints RSS before/after (FUZZ_RUNS=N to change)
 fuzz: setup
