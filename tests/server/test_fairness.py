@@ -93,8 +93,10 @@ async def test_greedy_client_cannot_starve_the_others(port: int) -> None:
 
     async def greedy(session: RemoteSession) -> None:
         nonlocal greedy_superseded, greedy_served
-        while greedy_served < 15:
-            for _ in range(4):  # four observations in a row: three of them are superseded
+        # Until something was superseded too: on a starved machine the server may take each of
+        # a burst before the next arrives, and then nothing waits to be superseded.
+        while greedy_served < 15 or not greedy_superseded:
+            for _ in range(4):  # four observations in a row: while one is served, the rest wait
                 seq = await session.send(*observation(9))
             result = await session.receive(seq, timeout=5)
             greedy_superseded += result.superseded
