@@ -172,7 +172,7 @@ class ServerState:
         self.metrics.active_sessions.set(len(self.registry))
         self.metrics.robots.attach(session.client_id)
         self._sessions_changed()
-        self._collect_later(session.session_id)
+        self._collect_later(session.session_id, opened=True)
 
     def collect(self, session: Session, reason: str) -> None:
         """Close a session (closed by its client, vanished, replaced, idle, shutdown); idempotent.
@@ -219,9 +219,9 @@ class ServerState:
         self._changed.set()
         self._changed = anyio.Event()
 
-    def _collect_later(self, session_id: str) -> None:
+    def _collect_later(self, session_id: str, *, opened: bool = False) -> None:
         assert self._tg is not None, "bind() first"
-        self._tg.start_soon(self._collect_if_gone, session_id)
+        self._tg.start_soon(self._collect_if_gone, session_id, opened)
 
     async def _evict_idle(self) -> None:
         # A quarter of the bound between sweeps: a session lives at most 1.25 x idle_session_s idle.
@@ -236,8 +236,15 @@ class ServerState:
                     log.info("session idle", session_id=session.session_id, client_id=session.client_id)
                     self.collect(session, "idle")
 
-    async def _collect_if_gone(self, session_id: str) -> None:
+    async def _collect_if_gone(self, session_id: str, opened: bool) -> None:
+        """After the grace, collect the session if its client's token is not there.
+
+        The timer started at the open is for a token that never came: one that came and went
+        since (``token_lost``) started its own timer, so the client gets its whole grace from then.
+        """
         await anyio.sleep(self._grace_s)
         session = self.registry.get(session_id)
-        if session is not None and not self.registry.client_alive(session.client_id):
+        if session is None or (opened and session.token_lost):
+            return
+        if not self.registry.client_alive(session.client_id):
             self.collect(session, "vanished")
