@@ -315,6 +315,20 @@ DOORS: tuple[Door, ...] = (
         _OWNER,
         "what the robot saw (camera frames) and did: created 0600 (an existing file keeps its mode)",
     ),
+    Door(
+        "servo-edge",
+        "file",
+        "--display-save FILE.rrd",
+        _OWNER,
+        "the live view (camera frames, joints): created 0600 (an existing file keeps its mode)",
+    ),
+    Door(
+        "servo-edge",
+        "file",
+        "--summary PATH",
+        _OWNER,
+        "the run's summary (why it stopped, faults, link figures): created 0600 (an existing file keeps its mode)",
+    ),
 )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import threading
@@ -148,14 +150,22 @@ def test_a_file_in_a_missing_directory_is_refused_before_anything_starts(tmp_pat
 
 
 def test_the_edge_shows_what_it_records(tmp_path: Path) -> None:
-    """End to end through servo-edge and its control process: the view is the recording."""
+    """End to end through servo-edge and its control process: the view is the recording. Every file
+    the run writes is this user's alone, whatever the umask (the view and the summary took 0644)."""
     replay = far_trajectory(tmp_path / "far.servo")
     record, view, summary = tmp_path / "out.servo", tmp_path / "run.rrd", tmp_path / "run.json"
-    result = run_edge(
-        f"--robot sim --robot-opt cameras=front:64x48 --replay {replay} --record {record} "
-        f"--display-save {view} --summary {summary} --log-level warning"
-    )
+    previous = os.umask(0o022)
+    try:
+        result = run_edge(
+            f"--robot sim --robot-opt cameras=front:64x48 --replay {replay} --record {record} "
+            f"--display-save {view} --summary {summary} --log-level warning"
+        )
+    finally:
+        os.umask(previous)
     assert result.returncode == 0, result.stderr
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in (record, view, summary)} == dict.fromkeys(
+        ("out.servo", "run.rrd", "run.json"), 0o600
+    )
     frames = read_recording(record).frames
     assert len(frames) == json.loads(summary.read_text())["ticks"] > 30
     entities = read_rrd(view)

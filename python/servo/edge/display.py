@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from servo.config import ConfigError, PositiveFloat, Quality, doc
 from servo.logs import get_logger
+from servo.private_files import private_opener
 from servo.robots.protocol import Cameras, RobotSpec
 from servo.wire.image import encode_image
 
@@ -299,6 +300,8 @@ class Display:
             path = Path(config.save)
             if not path.parent.is_dir():
                 raise ConfigError(f"--display-save: directory {str(path.parent)!r} does not exist")
+            # Rerun creates its file with the umask's mode; the camera frames in it are this user's alone.
+            os.close(private_opener(str(path), os.O_WRONLY | os.O_CREAT))
             sinks.append(rr.FileSink(str(path)))
         if config.connect:
             sinks.append(rr.GrpcSink(config.connect))

@@ -35,6 +35,7 @@ from servo.edge.safety import SafetyLimiter
 from servo.edge.status import show_status
 from servo.edge.telemetry import TelemetryPublisher
 from servo.logs import get_logger
+from servo.private_files import private_opener
 from servo.robots.protocol import Cameras
 from servo.robots.registry import RobotDescription
 
@@ -235,7 +236,7 @@ class EdgeRuntime:
                 sys.setswitchinterval(switch_interval)
         summary = self.summary(time.monotonic() - started, parked)
         if opts.summary_path:
-            await anyio.Path(opts.summary_path).write_text(summary.to_json())
+            await anyio.to_thread.run_sync(_write_summary, opts.summary_path, summary.to_json())
         return summary
 
     def _make_loop(self, channel: ControlChannel, cameras: Cameras, in_thread: bool) -> ControlLoop:
@@ -371,3 +372,9 @@ def _percentiles_ms(tracker: LatencyTracker | None, *points: tuple[str, float]) 
     if values is None:
         return {name: None for name, _ in points}
     return {name: round(ns / 1e6, 3) for (name, _), ns in zip(points, values, strict=True)}
+
+
+def _write_summary(path: str, text: str) -> None:
+    # Why a robot stopped, its faults and its link's figures are this user's alone, like --record.
+    with open(path, "w", encoding="utf-8", opener=private_opener) as file:
+        file.write(text)
