@@ -160,12 +160,15 @@ async def test_mtls_holds_over_quic_too(tmp_path: Path) -> None:
                 pass
 
 
-@pytest.mark.parametrize("mode", ["router", "peer"])
-async def test_a_robot_that_reached_a_router_dials_it_again_without_quic(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+@pytest.mark.parametrize(
+    ("mode", "quic_too"), [("router", False), ("peer", False), ("peer", True)], ids=["router", "udp-dropped", "quic"]
+)
+async def test_a_robot_linked_over_tls_dials_again_without_quic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, quic_too: bool
 ) -> None:
-    """A servo-router listens on TLS only: its robots would wait for a QUIC dial at every redial.
-    A server (a peer) is kept as dialled."""
+    """Zenoh dials QUIC first again at every reconnect: a robot whose QUIC went unanswered once (a
+    servo-router listens on TLS only; a firewall may drop UDP) would wait for it at every redial.
+    It opens its session again on TLS alone; one linked over QUIC keeps it."""
     pki, number = make_pki(tmp_path, "lab"), tcp_and_udp_port()
     dialled: list[list[str]] = []
     real = link.open_zsession
@@ -176,9 +179,14 @@ async def test_a_robot_that_reached_a_router_dials_it_again_without_quic(
 
     monkeypatch.setattr(link, "open_zsession", spy)
     flags = {"connect": [f"tls/127.0.0.1:{number}"], "tls_root_ca": pki["ca"]}
-    with listener(f"tls/127.0.0.1:{number}", pki["server_cert"], pki["server_key"], mode=mode) as remote:
+    endpoints = [f"tls/127.0.0.1:{number}", *([f"quic/127.0.0.1:{number}"] if quic_too else [])]
+    tls = TlsSettings(listen_certificate=pki["server_cert"], listen_private_key=pki["server_key"])
+    settings = ZenohSettings(mode=mode, listen=endpoints, tls=tls, quic_beside_tls=False, shared_memory=False)
+    with contextlib.closing(zenoh.open(settings.to_config())) as remote:
         async with contextlib.AsyncExitStack() as stack:
             zsession = await link.open_link(load_edge_config(flags=flags), stack)
             assert linked_to(zsession) == {str(remote.info.zid())}
-    again = [[f"tls/127.0.0.1:{number}"]] if mode == "router" else []
+            (used,) = [str(used.dst) for used in zsession.info.links()]
+    assert used.startswith("quic/" if quic_too else "tls/")
+    again = [] if quic_too else [[f"tls/127.0.0.1:{number}"]]
     assert dialled == [[f"quic/127.0.0.1:{number}", f"tls/127.0.0.1:{number}"], *again]

@@ -7,8 +7,8 @@
    and pinned when the token pins one and no ``--tls-root-ca`` is given (retried like the link).
 2. The Zenoh session opens, retried until ``connect_timeout_s`` (a Zenoh client's ``open`` fails
    at once while nothing listens: docs/design/zenoh.md §1).
-   A robot that dialled ``quic/`` first (``prefer_quic``) and reached a router dials again
-   without it: a servo-router listens on TLS only.
+   A robot that dialled ``quic/`` first (``prefer_quic``) and is linked over TLS all the same
+   (a servo-router listens on TLS only; a firewall may drop UDP) dials again without QUIC.
 3. A robot in ``peer`` mode that finds itself linked to a router is refused before it declares
    anything, unless ``--peer-beside-router``: the router announces every peer to every other
    one, and peers link directly, past the router's access control (another robot in peer mode
@@ -96,21 +96,27 @@ async def open_link(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zen
 
 
 async def _open(config: EdgeConfig, stack: contextlib.AsyncExitStack) -> zenoh.Session:
-    """The Zenoh session of ``config``; dialled again without QUIC if a router answered.
+    """The Zenoh session of ``config``; dialled again without QUIC if it is linked over TLS.
 
-    A servo-router listens on TLS only, so the QUIC dial before TLS (``prefer_quic``) only
-    timed out; the session is opened again without it, or every redial would wait as long.
+    Zenoh dials the whole list again at every reconnect: had QUIC not answered once (a router,
+    which listens on TLS only, or UDP dropped on the way), every redial of a lossy link would
+    first wait for it (`servo.transport.config.QUIC_OPEN_TIMEOUT_MS`). The session is opened
+    again without it instead.
     """
     settings = config.zenoh_settings()
     async with contextlib.AsyncExitStack() as first:
         zsession = await first.enter_async_context(open_zsession(settings))
-        if settings.connect == config.link.connect or not zsession.info.routers_zid():
+        if settings.connect == config.link.connect or _over_quic(zsession):
             stack.push_async_exit(first.pop_all())
             return zsession
-    log.info("linked to a router, which listens on TLS only: QUIC is not dialled again", connect=config.link.connect)
+    log.info("QUIC did not answer (a router, or UDP blocked): dialled again on TLS alone", connect=config.link.connect)
     return await stack.enter_async_context(
         open_zsession(msgspec.structs.replace(settings, connect=config.link.connect))
     )
+
+
+def _over_quic(zsession: zenoh.Session) -> bool:
+    return any(str(link.dst).startswith("quic/") for link in zsession.info.links())
 
 
 def no_server(config: EdgeConfig, problem: str) -> EdgeStartError:
