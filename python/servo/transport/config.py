@@ -39,6 +39,17 @@ DROP_WAIT_US = 10_000
 #: 1.0-1.1 ms and the round trip fell from 2.8 to 1.7-2.1 ms (bare zenoh, SHM off, 1.84 MB ping
 #: with a 1.3 kB echo; benches/results/link.md).
 DATA_QUEUE_BATCHES = 16
+#: Links a listener holds in their handshake at once (Zenoh's ``transport/unicast/accept_pending``).
+#: Zenoh's default of 100 let a stranger lock every new robot out of a server by holding 101
+#: connections open after their TLS handshake, sending nothing (measured: a robot's dial then
+#: timed out; one connection fewer, it linked in 25 ms). A pending link costs a socket and a
+#: task; 1024 of them, freed every `ACCEPT_TIMEOUT_MS`, make the lock-out cost the stranger ~200
+#: TLS handshakes a second instead of 10. Beyond a bound servo cannot see who holds them: mTLS
+#: or a firewall does (docs/guides/security.md).
+ACCEPT_PENDING = 1024
+#: How long a listener waits for a link's Zenoh handshake (ms; Zenoh's default 10 s): two round
+#: trips of a few hundred bytes, with room for several retransmissions each on a lossy link.
+ACCEPT_TIMEOUT_MS = 5000
 #: Zenoh's own limit on opening one link (its ``transport/unicast/open_timeout``, ms).
 OPEN_TIMEOUT_MS = 10_000
 #: ...when a quic/ endpoint is dialled before tls/ (ms): a QUIC handshake nobody answers (nothing
@@ -209,6 +220,8 @@ class ZenohSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "transport/link/tx/queue/congestion_control/drop/wait_before_drop": DROP_WAIT_US,
             "transport/link/tx/queue/size/data": DATA_QUEUE_BATCHES,
             "transport/unicast/open_timeout": self.open_timeout_ms,
+            "transport/unicast/accept_pending": ACCEPT_PENDING,
+            "transport/unicast/accept_timeout": ACCEPT_TIMEOUT_MS,
             # Sections whose default is null only accept whole objects (docs/design/zenoh.md §1).
             "connect/retry": {
                 "period_init_ms": self.retry_init_ms,

@@ -10,6 +10,7 @@ authenticated conversation with one replica, `servo.client.RemoteSession`).
 from __future__ import annotations
 
 import json
+import resource
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -18,12 +19,14 @@ import anyio
 import zenoh
 
 from servo.logs import get_logger
-from servo.transport.config import ZenohSettings
+from servo.transport.config import ACCEPT_PENDING, ZenohSettings
 
 log = get_logger(__name__)
 
 #: zenoh's own close gives up after 10 s (e.g. when a peer is wedged); we wait a little longer.
 CLOSE_TIMEOUT_S = 12.0
+#: Descriptors a listening process asks for (up to its hard limit): its pending links, with room to spare.
+OPEN_FILES = 8 * ACCEPT_PENDING
 
 
 @asynccontextmanager
@@ -38,6 +41,8 @@ async def open_zsession(settings: ZenohSettings | zenoh.Config) -> AsyncIterator
         zenoh.ZError: the Zenoh session could not be opened (a client with no reachable router).
     """
     config = settings.to_config() if isinstance(settings, ZenohSettings) else settings
+    if json.loads(config.get_json("listen/endpoints")):
+        _allow_open_files()
     zsession = await anyio.to_thread.run_sync(zenoh.open, config)
     log.debug("zenoh session open", zid=str(zsession.zid()), mode=json.loads(config.get_json("mode")))
     try:
@@ -45,6 +50,15 @@ async def open_zsession(settings: ZenohSettings | zenoh.Config) -> AsyncIterator
     finally:
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             await anyio.to_thread.run_sync(_close_quietly, zsession, abandon_on_cancel=True)
+
+
+def _allow_open_files() -> None:
+    # A listener may hold ACCEPT_PENDING links in their handshake beside its sessions and files: a
+    # soft limit of 1024 descriptors (common) would run out first, and then no robot gets in.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def zenoh_message(exc: zenoh.ZError) -> str:
