@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,14 +162,18 @@ async def test_mtls_holds_over_quic_too(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "quic_too"), [("router", False), ("peer", False), ("peer", True)], ids=["router", "udp-dropped", "quic"]
+    ("mode", "udp", "again"),
+    [("router", "", True), ("peer", "", True), ("peer", "quic", False), ("peer", "answers", False)],
+    ids=["router", "udp-dropped", "over-quic", "quic-lost-to-loss"],
 )
-async def test_a_robot_linked_over_tls_dials_again_without_quic(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, quic_too: bool
+async def test_a_robot_linked_over_tls_dials_again_without_quic_only_where_nothing_answers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, udp: str, again: bool
 ) -> None:
-    """Zenoh dials QUIC first again at every reconnect: a robot whose QUIC went unanswered once (a
-    servo-router listens on TLS only; a firewall may drop UDP) would wait for it at every redial.
-    It opens its session again on TLS alone; one linked over QUIC keeps it."""
+    """Zenoh dials QUIC first again at every reconnect: a robot whose QUIC goes unanswered (a
+    servo-router listens on TLS only; a firewall may drop UDP) would wait for it at every redial,
+    so it opens its session again on TLS alone. One linked over QUIC keeps it, and so does one
+    whose QUIC dial failed where something answers QUIC (here: version negotiation packets, as
+    a real server's would come back through a lossy link)."""
     pki, number = make_pki(tmp_path, "lab"), tcp_and_udp_port()
     dialled: list[list[str]] = []
     real = link.open_zsession
@@ -179,14 +184,50 @@ async def test_a_robot_linked_over_tls_dials_again_without_quic(
 
     monkeypatch.setattr(link, "open_zsession", spy)
     flags = {"connect": [f"tls/127.0.0.1:{number}"], "tls_root_ca": pki["ca"]}
-    endpoints = [f"tls/127.0.0.1:{number}", *([f"quic/127.0.0.1:{number}"] if quic_too else [])]
+    endpoints = [f"tls/127.0.0.1:{number}", *([f"quic/127.0.0.1:{number}"] if udp == "quic" else [])]
     tls = TlsSettings(listen_certificate=pki["server_cert"], listen_private_key=pki["server_key"])
     settings = ZenohSettings(mode=mode, listen=endpoints, tls=tls, quic_beside_tls=False, shared_memory=False)
-    with contextlib.closing(zenoh.open(settings.to_config())) as remote:
+    with (
+        contextlib.closing(zenoh.open(settings.to_config())) as remote,
+        negotiator(number) if udp == "answers" else contextlib.nullcontext(),
+    ):
         async with contextlib.AsyncExitStack() as stack:
             zsession = await link.open_link(load_edge_config(flags=flags), stack)
             assert linked_to(zsession) == {str(remote.info.zid())}
             (used,) = [str(used.dst) for used in zsession.info.links()]
-    assert used.startswith("quic/" if quic_too else "tls/")
-    again = [] if quic_too else [[f"tls/127.0.0.1:{number}"]]
-    assert dialled == [[f"quic/127.0.0.1:{number}", f"tls/127.0.0.1:{number}"], *again]
+    assert used.startswith("quic/" if udp == "quic" else "tls/")
+    first = [f"quic/127.0.0.1:{number}", f"tls/127.0.0.1:{number}"]
+    assert dialled == [first, [f"tls/127.0.0.1:{number}"]] if again else [first]
+
+
+def test_a_real_quic_listen_answers_the_probe_and_a_silent_port_does_not(tmp_path: Path) -> None:
+    pki, number = make_pki(tmp_path, "lab"), tcp_and_udp_port()
+    with listener(f"quic/127.0.0.1:{number}", pki["server_cert"], pki["server_key"]):
+        assert link._quic_answers([f"quic/127.0.0.1:{number}"])
+    assert not link._quic_answers([f"quic/127.0.0.1:{tcp_and_udp_port()}"])
+
+
+@contextlib.contextmanager
+def negotiator(number: int) -> Iterator[None]:
+    """A UDP port that answers every datagram with a QUIC version negotiation packet (RFC 9000 §17.2.1)."""
+    stop = threading.Event()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", number))
+        udp.settimeout(0.1)
+
+        def answer() -> None:
+            while not stop.is_set():
+                try:
+                    packet, peer = udp.recvfrom(2048)
+                except TimeoutError:
+                    continue
+                ids = packet[5 : 6 + packet[5]]
+                udp.sendto(bytes([0x80]) + bytes(4) + ids + bytes([0]) + bytes.fromhex("ff00001d"), peer)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(5)
