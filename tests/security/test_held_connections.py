@@ -11,8 +11,11 @@ and free a silent link after `ACCEPT_TIMEOUT_MS`.
 from __future__ import annotations
 
 import contextlib
+import resource
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +26,7 @@ import pytest
 
 from servo.server.manifest import parse_manifest
 from servo.transport.config import ACCEPT_PENDING, ACCEPT_TIMEOUT_MS
+from servo.transport.zsession import OPEN_FILES
 from tests.support import running_server
 from tests.transport.test_tls import edge_settings, infer_once, make_pki, tls_manifest
 
@@ -101,3 +105,20 @@ async def test_a_stranger_holding_connections_open_locks_no_robot_out(tmp_path: 
             stranger.stop.set()
             stranger.thread.join(30)
             assert await anyio.to_thread.run_sync(_closed_by_server, stranger.held[-1], ACCEPT_TIMEOUT_MS / 1000 + 10)
+
+
+def test_a_listening_process_raises_its_open_file_limit_to_hold_its_pending_links(port: int) -> None:
+    """A soft limit of 1024 descriptors (common) runs out before 1024 pending links do."""
+    code = f"""
+import resource, anyio
+from servo.transport import ZenohSettings, open_zsession
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+async def main():
+    async with open_zsession(ZenohSettings(listen=["tcp/127.0.0.1:{port}"])):
+        print(*resource.getrlimit(resource.RLIMIT_NOFILE))
+anyio.run(main)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    soft, hard = (int(n) for n in done.stdout.split())
+    wanted = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+    assert soft == wanted  # up to the hard limit, never above it

@@ -25,8 +25,9 @@ log = get_logger(__name__)
 
 #: zenoh's own close gives up after 10 s (e.g. when a peer is wedged); we wait a little longer.
 CLOSE_TIMEOUT_S = 12.0
-#: Descriptors a listening process asks for (up to its hard limit): its pending links, with room to spare.
-OPEN_FILES = 8 * ACCEPT_PENDING
+#: Descriptors a listening process asks for (up to its hard limit; the systemd unit's): its pending
+#: links, and every other door's pending connections (HTTP, the openpi door), many times over.
+OPEN_FILES = 64 * ACCEPT_PENDING
 
 
 @asynccontextmanager
