@@ -217,8 +217,8 @@ DOORS: tuple[Door, ...] = (
         "its quic/ dial beside a tls/ endpoint (an ephemeral UDP port; [link] prefer_quic)",
         "the server it dialled",
         "QUIC (TLS 1.3): the server's certificate checked as for tls/; datagrams of no connection it opened "
-        "are dropped; where QUIC did not link, five probes from another port (at most 1 s) whose answers "
-        "only decide whether QUIC is dialled again",
+        "are dropped; where QUIC did not link, five probes from another port (at most 1 s) whose answers, from "
+        "that address only, decide nothing but whether QUIC is dialled again",
     ),
     Door(
         "servo-edge",
