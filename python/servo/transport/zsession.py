@@ -10,7 +10,7 @@ authenticated conversation with one replica, `servo.client.RemoteSession`).
 from __future__ import annotations
 
 import json
-import resource
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -56,6 +56,10 @@ async def open_zsession(settings: ZenohSettings | zenoh.Config) -> AsyncIterator
 def _allow_open_files() -> None:
     # A listener may hold ACCEPT_PENDING links in their handshake beside its sessions and files: a
     # soft limit of 1024 descriptors (common) would run out first, and then no robot gets in.
+    if sys.platform == "win32":  # no descriptor limit to raise, and no `resource` module
+        return
+    import resource  # POSIX only: importing it at the top would break Windows
+
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
     if soft != resource.RLIM_INFINITY and soft < wanted:
