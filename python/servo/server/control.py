@@ -140,8 +140,9 @@ class ControlPlane:
         self._opens = DoorBudget("session", metrics, rate=limits.door_requests_per_s, burst=limits.door_request_burst)
 
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
-        """Declare the queryables; their callbacks only hand the query to the event loop (`servo.server.lanes`).
+        """Declare the queryables; their callbacks only hand the query to the event loop (`LoopBridge.call`).
 
+        Callbacks run on zenoh-python's callback thread, never Zenoh's network thread (`servo.server.lanes`).
         A signed door's callback (and the session opens') first asks its budget (`DoorBudget.knock`):
         beyond it the query is dropped on the callback thread, unread and unanswered.
         """
