@@ -1,8 +1,9 @@
 """The control plane: status, session open (the handshake), reset/close, trajectory and audit queryables.
 
-Handlers run on the event loop (Zenoh's queryable callbacks only hand queries over); each one
-returns a message, a `Sealed` message or a `Rejection`, and `answer` turns that into the reply.
-A bad request, or a bug in a handler, costs that one query — never the server.
+Handlers run on the event loop (the queryable callbacks, on zenoh-python's threads and never
+Zenoh's network thread, only hand queries over: `servo.server.lanes`); each one returns a message,
+a `Sealed` message or a `Rejection`, and `answer` turns that into the reply. A bad request, or a
+bug in a handler, costs that one query — never the server.
 
 Who may do what (see `servo.server.auth` for the checks themselves):
 
@@ -142,7 +143,6 @@ class ControlPlane:
     def declare(self, bridge: LoopBridge) -> list[zenoh.Queryable[None]]:
         """Declare the queryables; their callbacks only hand the query to the event loop (`LoopBridge.call`).
 
-        Callbacks run on zenoh-python's callback thread, never Zenoh's network thread (`servo.server.lanes`).
         A signed door's callback (and the session opens') first asks its budget (`DoorBudget.knock`):
         beyond it the query is dropped on the callback thread, unread and unanswered.
         """
