@@ -1,9 +1,8 @@
 """The control plane: status, session open (the handshake), reset/close, trajectory and audit queryables.
 
-Handlers run on the event loop (the queryable callbacks, on zenoh-python's threads and never
-Zenoh's network thread, only hand queries over: `servo.server.lanes`); each one returns a message,
-a `Sealed` message or a `Rejection`, and `answer` turns that into the reply. A bad request, or a
-bug in a handler, costs that one query — never the server.
+Handlers run on the event loop (callbacks, on zenoh-python's threads, never Zenoh's: `servo.server.lanes`,
+only hand queries over); each returns a message, a `Sealed` message or a `Rejection`, and `answer`
+turns that into the reply. A bad request, or a bug in a handler, costs that one query, never the server.
 
 Who may do what (see `servo.server.auth` for the checks themselves):
 
