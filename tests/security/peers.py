@@ -347,6 +347,7 @@ class EdgeRig:
     run: RuntimeRun
     merges: MergeLog
     record: Path
+    summary_file: Path
     summary: Any = None
 
     def recording(self) -> Recording:
@@ -365,13 +366,15 @@ async def edge_rig(
     """A real edge (remote engine, simulated arm, a recording of every tick, ``telemetry`` if given) on ``port``.
 
     The rig is stopped (and the arm parked) when the block ends; ``rig.summary`` then holds the
-    run summary.
+    run summary (also written to ``rig.summary_file``).
     """
     sim = small_sim()
     engine = RemoteEngine(edge_config(port, client_id=client_id, **config), sim.spec())
     merges = MergeLog.attach(engine)
     record = tmp_path / f"{client_id}-{time.monotonic_ns()}.servo"
-    async with running_edge(sim, engine, RunOptions(record_path=str(record), telemetry=telemetry)) as run:
-        rig = EdgeRig(engine, run, merges, record)
+    summary = record.with_suffix(".json")
+    options = RunOptions(record_path=str(record), summary_path=str(summary), telemetry=telemetry)
+    async with running_edge(sim, engine, options) as run:
+        rig = EdgeRig(engine, run, merges, record, summary)
         yield rig
         rig.summary = await run.stop()

@@ -166,10 +166,11 @@ def check_files(*directories: Path) -> set[tuple[str, str, str]]:
     return rows
 
 
-def check_placed(audit_log: Path, recording: Path) -> set[tuple[str, str, str]]:
+def check_placed(audit_log: Path, rig: EdgeRig) -> set[tuple[str, str, str]]:
     """The files servo writes where the operator says: created readable by this user alone."""
     rows = set()
-    for where, path in (("[ops] audit_log", audit_log), ("--record PATH", recording)):
+    placed = {"[ops] audit_log": audit_log, "--record PATH": rig.record, "--summary PATH": rig.summary_file}
+    for where, path in placed.items():
         (door,) = [d for d in DOORS if d.kind == "file" and d.where == where]
         assert stat.S_IMODE(path.lstat().st_mode) == 0o600, f"{path}: mode {stat.S_IMODE(path.lstat().st_mode):04o}"
         rows.add((door.component, door.kind, door.where))
@@ -228,7 +229,7 @@ async def test_a_lan_server_exposes_only_what_the_threat_model_names_and_strange
         await eventually(lambda: rig.engine.chunks_received >= received + 3, 30, "the robot streaming on")
         refused.add(("servo-edge", "socket", socket_row("its quic/ dial").where))
     refused |= check_files(config_dir(), tmp_path / "robot-7")
-    refused |= check_placed(tmp_path / "audit.jsonl", rig.record)
+    refused |= check_placed(tmp_path / "audit.jsonl", rig)
     assert {"servers/default.roster", "tls/server.key"} <= set(kept_files(config_dir()))
     assert rig.summary is not None
     assert not any(np.isclose(m.chunk_robot, FORGED).any() for m in rig.merges.merges)
