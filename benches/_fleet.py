@@ -180,7 +180,18 @@ async def _serve(args: argparse.Namespace) -> None:
 
     policy: Any = None
     model = 'source = "bench"\nwarmup = 2'
-    if args.source == "fixed":
+    if args.source == "fixed" and args.process == "separate":  # built by the policy process
+        model = "\n".join(
+            [
+                'source = "benches._fleet:FixedComputePolicy"',
+                "warmup = 2",
+                "[model.options]",
+                f"compute_ms = {args.compute_ms}",
+                f"height = {args.height}",
+                f"width = {args.width}",
+            ]
+        )
+    elif args.source == "fixed":
         policy = (
             CostModelPolicy(args.compute_ms, args.per_sample_ms, args.height, args.width)
             if args.per_sample_ms
@@ -237,6 +248,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--height", type=int, default=HEIGHT)
     parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--transport", choices=("tcp", "shm"), default="tcp", help="shm: Zenoh shared memory")
+    parser.add_argument(
+        "--process",
+        choices=("inline", "separate"),
+        default="inline",
+        help="serve --source fixed: the policy in this process, or in a policy process (model.process)",
+    )
     parser.add_argument("--source", default="fixed", help="serve: fixed (FixedComputePolicy) or a model.source")
     parser.add_argument("--options", default="", help="serve: body of [model.options] for --source")
     parser.add_argument("--device", default="cpu", help="serve: model.device for --source")

@@ -180,7 +180,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         )
     lines += _n1_verdict(rows)
     lines += _caller_table(caller_rounds)
-    mode = "smoke (--benchmark-disable)" if rows[0]["smoke"] else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
+    smoke = (rows or caller_rounds)[0]["smoke"]  # a run of the caller test alone has only its rounds
+    mode = "smoke (--benchmark-disable)" if smoke else f"{MEASURE_S:g} s windows after {WARMUP_S:g} s"
     lines.append(
         f"\n{COMPUTE_MS:g} ms compute, ideal {IDEAL_RPS:g}/s; {mode}. {TRANSPORT_NOTE} served/s = chunks "
         "received inside the window; RTT = observation stamp -> chunk received on Zenoh's callback thread; "
@@ -206,11 +207,12 @@ def _caller_table(rounds: list[dict[str, Any]]) -> list[str]:
     out = [
         "\nWhat the caller sees (`test_caller_overhead`: raw frames, queue wait excluded, p50 ms, median "
         "of the interleaved rounds): servo's figure stamped on Zenoh's callback thread and at the caller's "
-        "await, beside the floors at their caller.",
+        "await, beside the floors at their caller; the policy in the server's process (the bench's own, "
+        'injected), and in a policy process (`model.process = "separate"`, servo-serve\'s default).',
         "",
         "| transport | N | rounds | floor | floor + cipher | servo (callback) | servo (caller) | servo - floor | "
-        "servo - (floor + cipher) | load |",
-        "|" + "---|" * 10,
+        "servo - (floor + cipher) | policy process (caller) | load |",
+        "|" + "---|" * 11,
     ]
     for transport in TRANSPORTS:
         for n in CALLER_CLIENTS:
@@ -224,10 +226,11 @@ def _caller_table(rounds: list[dict[str, Any]]) -> list[str]:
             at_caller = "caller_ex_queue_ms_p50"
             bare, sealed = median("zenoh floor", at_caller), median("zenoh floor + AES-256-GCM", at_caller)
             callback, caller = median("servo", "overhead_ex_queue_ms_p50"), median("servo", at_caller)
+            separate = median("servo, policy process", at_caller)
             loads = [r["load"] for r in mine]
             out.append(
-                f"| {transport} | {n} | {len(mine) // 3} | {bare:.2f} | {sealed:.2f} | {callback:.2f} | "
-                f"**{caller:.2f}** | {caller - bare:+.2f} | {caller - sealed:+.2f} | "
+                f"| {transport} | {n} | {len(mine) // 4} | {bare:.2f} | {sealed:.2f} | {callback:.2f} | "
+                f"**{caller:.2f}** | {caller - bare:+.2f} | {caller - sealed:+.2f} | {separate:.2f} | "
                 f"{min(loads):.0f}-{max(loads):.0f} |"
             )
     return out
@@ -326,6 +329,7 @@ def test_transport_floor(
     assert stats["correct"], stats
 
 
+@pytest.mark.timeout(900)  # rounds x N x four servers, each its warm-up and window
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_caller_overhead(benchmark: BenchmarkFixture, table: list[dict[str, Any]], transport: str) -> None:
     """Issue 27: the overhead at the caller's await, servo beside the floors (bare, + cipher), raw
@@ -338,7 +342,11 @@ def test_caller_overhead(benchmark: BenchmarkFixture, table: list[dict[str, Any]
     benchmark.group = f"caller-{transport}"
     benchmark.name = f"caller-{transport}-raw"
     args = ("--compute-ms", str(COMPUTE_MS), "--transport", transport)
-    with spawn_server("serve", *args) as servo_port, spawn_server("echo", *args, module="benches._floor") as echo_port:
+    with (
+        spawn_server("serve", *args) as servo_port,
+        spawn_server("serve", *args, "--process", "separate") as separate_port,
+        spawn_server("echo", *args, module="benches._floor") as echo_port,
+    ):
 
         def interleaved() -> list[dict[str, Any]]:
             rows = []
@@ -347,6 +355,9 @@ def test_caller_overhead(benchmark: BenchmarkFixture, table: list[dict[str, Any]
                     floor = {"n_clients": n, "transport": transport, "compute_ms": COMPUTE_MS, **kwargs}
                     runs = {
                         "servo": lambda n=n: _run(run_fleet, (servo_port, transport), n, 0, smoke, CALLER_WARMUP_S),
+                        "servo, policy process": lambda n=n: _run(
+                            run_fleet, (separate_port, transport), n, 0, smoke, CALLER_WARMUP_S
+                        ),
                         "zenoh floor": lambda floor=floor: run_floor(echo_port, cipher=False, **floor),
                         "zenoh floor + AES-256-GCM": lambda floor=floor: run_floor(echo_port, cipher=True, **floor),
                     }

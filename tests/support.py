@@ -28,7 +28,12 @@ def client_settings(port: int) -> ZenohSettings:
 
 
 def make_manifest(
-    port: int, *, extra: str = "", options: str = "cameras = {front = [48, 64]}", zenoh: str = ""
+    port: int,
+    *,
+    extra: str = "",
+    options: str = "cameras = {front = [48, 64]}",
+    zenoh: str = "",
+    source: str = "reference",
 ) -> Manifest:
     """A manifest for an in-process test server on ``port`` (no health port, fast warm-up).
 
@@ -37,7 +42,7 @@ def make_manifest(
     return parse_manifest(
         f"""
 [model]
-source = "reference"
+source = "{source}"
 warmup = 1
 plan_forwards = 0
 [model.options]

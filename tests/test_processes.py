@@ -89,6 +89,7 @@ async def test_a_server_runs_one_inference_stage_one_reply_stage_and_a_decoder_p
         assert threads_since(before) == {
             "servo-inference": 1,  # the worker: the one thread on the device
             "servo-reply": 1,  # encode, seal, put every answer, in serving order
+            "servo-policy-watch": 1,  # waits on the policy process: its death ends the server
             # Observations, six queryables and the clients' tokens: never on Zenoh's receive task
             # (tests/server/test_busy_server.py).
             "zenoh-callback": 8,

@@ -103,6 +103,8 @@ class TextStream(Protocol):
 
 
 logging.getLogger("servo").addHandler(logging.NullHandler())
+#: What `configure_logging` was last given (level, json): a child process renders the same way.
+_configured: list[tuple[str, bool]] = []
 
 
 def get_logger(name: str) -> Logger:
@@ -145,6 +147,15 @@ def configure_logging(level: str = "info", *, json: bool = False, stream: TextSt
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    _configured[:] = [(level, json)]
+
+
+def logging_flags() -> list[str]:
+    """``--log-level`` (and ``--json-logs``) as this process was configured: for a child process of servo's."""
+    if not _configured:
+        return []
+    level, json = _configured[0]
+    return ["--log-level", level, *(["--json-logs"] if json else [])]
 
 
 class LogThrottle:

@@ -301,6 +301,14 @@ DOORS: tuple[Door, ...] = (
     Door("servo-edge", "file", "telemetry.run", _OWNER, f"the run counter (replays of old runs): {_PRIVATE}"),
     Door("servo-monitor", "file", "monitor.key", _OWNER, f"the operator identity: {_PRIVATE}"),
     Door("servo-monitor", "file", "monitor.state", _OWNER, f"runs seen and keys trusted: {_PRIVATE}"),
+    Door(
+        "servo-serve",
+        "socket",
+        'model.process = "separate": the policy link',
+        "the server and the policy process it started",
+        "an anonymous socketpair the policy process inherits: no path, no port, nothing listens; "
+        "the policy process holds no other socket",
+    ),
     # ---------------------------------------------------------------- files where the operator says
     Door(
         "servo-serve",

@@ -14,8 +14,10 @@ UDP sockets), not from servo's own account of them; files from the directories t
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import fnmatch
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -139,6 +141,22 @@ def listening_ports() -> set[tuple[int, str]]:
             out.add((conn.laddr.port, "tcp"))
         elif conn.type == 2 and conn.laddr:  # SOCK_DGRAM bound
             out.add((conn.laddr.port, "udp"))
+    return out
+
+
+def unix_sockets(pid: int) -> list[tuple[str, bool]]:
+    """The Unix sockets process ``pid`` holds: ``(path, listening)``, path "" for an anonymous one."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if (target := os.readlink(fd)).startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    out = []
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[6] in inodes:
+            listening = int(fields[3], 16) & 0x10000 != 0  # __SO_ACCEPTCON
+            out.append((fields[7] if len(fields) > 7 else "", listening))
     return out
 
 

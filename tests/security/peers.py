@@ -67,7 +67,7 @@ from servo.wire import (
     encode_tensor,
 )
 from tests.edge.harness import MergeLog, RuntimeRun, edge_config, running_edge, small_sim
-from tests.server.policies import make_spec
+from tests.server.policies import FixedComputePolicy, make_spec
 
 WAIT_S = 5.0
 #: The simulated arm of the rig: six SO-100 joints and one 48x64 camera.
@@ -87,6 +87,11 @@ def host_settings(port: int) -> ZenohSettings:
 def sim_policy_spec(**overrides: Any) -> dict[str, Any]:
     """`FixedComputePolicy` options that fit the rig's simulated arm."""
     return {"joints": tuple(SIM.joint_names), "cameras": {"front": (48, 64)}, **overrides}
+
+
+def make_sim_policy(compute_ms: float = 10.0, chunk_size: int = 20, **_: Any) -> FixedComputePolicy:
+    """A manifest's factory (``tests.security.peers:make_sim_policy``) of a policy fitting the rig's arm."""
+    return FixedComputePolicy(compute_ms=compute_ms, **sim_policy_spec(chunk_size=chunk_size))
 
 
 @dataclass(frozen=True)

@@ -48,11 +48,10 @@ from servo.transport import query
 from servo.wire import AuditQuery, EdgeTelemetry, Rejection, decode, fingerprint, seal_telemetry, telemetry_key
 from tests.frontends.helpers import aloha_obs, blocking
 from tests.router.harness import Credentials, fleet_toml
-from tests.security.census import Census, as_component, file_row, kept_files, listening_ports
+from tests.security.census import Census, as_component, file_row, kept_files, listening_ports, unix_sockets
 from tests.security.lan import certificate_of, lan_client, robot_files
-from tests.security.peers import ChunkForger, EdgeRig, closing, edge_rig, sim_policy_spec
+from tests.security.peers import ChunkForger, EdgeRig, closing, edge_rig
 from tests.server.helpers import metric, open_on, sample
-from tests.server.policies import FixedComputePolicy
 from tests.support import eventually, free_port
 
 pytestmark = [
@@ -72,7 +71,7 @@ def manifest_text(lan: bool, port: int, health: int, audit_log: Path) -> str:
     listen = f"tls/0.0.0.0:{port}" if lan else f"tcp/127.0.0.1:{port}"
     door = "0.0.0.0:0" if lan else "127.0.0.1:0"
     return (
-        f'[model]\nsource = "injected"\nwarmup = 1\n[zenoh]\nlisten = ["{listen}"]\n'
+        f'[model]\nsource = "tests.security.peers:make_sim_policy"\nwarmup = 1\n[zenoh]\nlisten = ["{listen}"]\n'
         f'[ops]\nhealth_port = {health}\naudit_log = "{audit_log}"\n[frontends.openpi]\nlisten = "{door}"\n'
     )
 
@@ -84,8 +83,8 @@ async def fleet(
     """Server (with its openpi door), a robot and a monitor that knows its key; yields them and the sockets they own."""
     port, health = free_port(), free_port()
     manifest, _ = secure_listen(parse_manifest(manifest_text(lan, port, health, tmp_path / "audit.jsonl")))
-    policy = FixedComputePolicy(compute_ms=10, **sim_policy_spec(chunk_size=20))
-    server = PolicyServer(manifest, policy=policy, frontends=frontends_of(manifest))
+    # Built by its policy process, as servo-serve runs it (model.process = "separate").
+    server = PolicyServer(manifest, frontends=frontends_of(manifest))
     scheme = "tls" if lan else "tcp"
     async with anyio.create_task_group() as tg:
         async with contextlib.AsyncExitStack() as stack:
@@ -130,6 +129,15 @@ async def fleet(
                 sockets |= dict.fromkeys(dials(), socket_row("its quic/ dial"))
             yield server, ready, rig, watching, sockets
         tg.cancel_scope.cancel()
+
+
+def check_policy_link(ready: ServerReady) -> tuple[str, str, str]:
+    """The policy process holds one socket, the anonymous half of its link: nothing to connect to."""
+    pid = ready.policy_pid
+    assert pid is not None
+    assert unix_sockets(pid) == [("", False)]
+    assert not psutil.Process(pid).net_connections(kind="inet")
+    return ("servo-serve", "socket", socket_row("model.process").where)
 
 
 def check_census(census: Census, sockets: dict[tuple[int, str], Door], *, loopback_only: bool) -> None:
@@ -228,6 +236,7 @@ async def test_a_lan_server_exposes_only_what_the_threat_model_names_and_strange
                 garbage.sendto(os.urandom(1200), ("127.0.0.1", dial))
         await eventually(lambda: rig.engine.chunks_received >= received + 3, 30, "the robot streaming on")
         refused.add(("servo-edge", "socket", socket_row("its quic/ dial").where))
+        refused.add(check_policy_link(ready))
     refused |= check_files(config_dir(), tmp_path / "robot-7")
     refused |= check_placed(tmp_path / "audit.jsonl", rig)
     assert {"servers/default.roster", "tls/server.key"} <= set(kept_files(config_dir()))

@@ -236,3 +236,21 @@ class CostCyclePolicy(FixedComputePolicy):
         time.sleep(self._costs_s[self._forwards % len(self._costs_s)])
         self._forwards += 1
         return super().predict_chunk(batch, inference_delay, prefix)
+
+
+# Factories for manifests (``source = "tests.server.policies:make_…"``): a policy process builds its own.
+
+
+def make_failing(**_: Any) -> FailingPolicy:
+    """`FailingPolicy` without cameras."""
+    return FailingPolicy(cameras={})
+
+
+def make_sticky(compute_ms: float = 0.0, **_: Any) -> StickyPolicy:
+    """`StickyPolicy` with the default spec (one 24x32 camera)."""
+    return StickyPolicy(compute_ms=compute_ms)
+
+
+def make_batching(compute_ms: float = 0.0, **_: Any) -> BatchingFixedPolicy:
+    """`BatchingFixedPolicy` without cameras."""
+    return BatchingFixedPolicy(compute_ms=compute_ms, cameras={})

@@ -169,7 +169,7 @@ async def test_second_sigterm_stops_without_waiting_for_a_hung_forward(tmp_path:
             assert await process.wait() == 0
         output = await lines.rest(timeout=5)
     assert any(is_event("drained")(line) and not json.loads(line)["in_flight_finished"] for line in output)
-    assert not any("Traceback" in line for line in output)
+    assert not any("Traceback" in line for line in output), "\n".join(output)
 
 
 BAD_MANIFESTS = {

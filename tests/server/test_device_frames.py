@@ -42,10 +42,10 @@ class FrameProbe(ReferencePolicy):
 
 def test_auto_decodes_onto_the_device_only_on_cuda_for_a_policy_that_takes_device_frames() -> None:
     reference, plain = ReferencePolicy(cameras=SMALL), FixedComputePolicy()
-    assert device_frames_for("host", "cuda", reference) is None
-    assert device_frames_for("auto", "cpu", reference) is None
-    assert device_frames_for("auto", "cuda:0", plain) is None  # its processor wants numpy frames
-    assert isinstance(device_frames_for("device", "cpu", reference), DeviceFrameDecoder)  # the CPU twin
+    assert device_frames_for("host", "cuda", reference.spec) is None
+    assert device_frames_for("auto", "cpu", reference.spec) is None
+    assert device_frames_for("auto", "cuda:0", plain.spec) is None  # its processor wants numpy frames
+    assert isinstance(device_frames_for("device", "cpu", reference.spec), DeviceFrameDecoder)  # the CPU twin
 
 
 @pytest.mark.parametrize("quality", [0, 90], ids=["raw", "jpeg90"])
@@ -56,6 +56,7 @@ async def test_a_server_decoding_onto_the_device_serves_the_host_paths_chunks(po
 source = "reference"
 warmup = 1
 frames = "device"
+process = "inline"
 cuda_graphs = true
 [model.options]
 cameras = {{front = [48, 64], wrist = [48, 64]}}

@@ -47,11 +47,12 @@ async def test_reference_relative_processor_anchors_each_chunk_on_its_own_state(
             np.testing.assert_allclose(offset, np.broadcast_to(state, offset.shape), atol=1e-3)
 
 
-async def test_processor_state_held_across_requests_stays_per_session(port: int) -> None:
+@pytest.mark.parametrize("process", ["inline", "separate"])
+async def test_processor_state_held_across_requests_stays_per_session(port: int, process: str) -> None:
     """A processor that keeps an anchor and a count across requests: each session's chunks show
-    only its own history, also after one of them resets its episode."""
-    policy = StickyPolicy(compute_ms=2)
-    manifest = make_manifest(port)
+    only its own history, also after one of them resets its episode (in the policy process too)."""
+    policy = StickyPolicy(compute_ms=2) if process == "inline" else None
+    manifest = make_manifest(port, source="tests.server.policies:make_sticky", options="compute_ms = 2")
     anchors = {"a": 100.0, "b": -500.0}
     results: dict[str, list[np.ndarray]] = {"a": [], "b": []}
 

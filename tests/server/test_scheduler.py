@@ -120,14 +120,17 @@ def test_cost_model_learns_a_line_and_is_pessimistic_from_one_size() -> None:
 
 
 def test_only_a_chunk_stateless_batching_policy_served_shared_is_batched() -> None:
-    batcher = scheduler_for(BatchingFixedPolicy(), exclusive=False, max_batch=8, linger_ms=3)
+    batcher = scheduler_for(BatchingFixedPolicy().spec, batching=True, exclusive=False, max_batch=8, linger_ms=3)
     assert isinstance(batcher, DeadlineBatcher)
     assert (batcher.max_batch, batcher.linger_ns) == (8, 3 * MS)
-    assert isinstance(scheduler_for(BatchingFixedPolicy(), exclusive=True, max_batch=8), RoundRobin)
-    assert isinstance(scheduler_for(BatchingFixedPolicy(), exclusive=False, max_batch=1), RoundRobin)
+    spec = BatchingFixedPolicy().spec
+    assert isinstance(scheduler_for(spec, batching=True, exclusive=True, max_batch=8), RoundRobin)
+    assert isinstance(scheduler_for(spec, batching=True, exclusive=False, max_batch=1), RoundRobin)
     stateful = BatchingFixedPolicy(chunk_stateless=False)
-    assert isinstance(scheduler_for(stateful, exclusive=False, max_batch=8), RoundRobin)
-    assert isinstance(scheduler_for(FixedComputePolicy(), exclusive=False, max_batch=8), RoundRobin)
+    assert isinstance(scheduler_for(stateful.spec, batching=True, exclusive=False, max_batch=8), RoundRobin)
+    assert isinstance(
+        scheduler_for(FixedComputePolicy().spec, batching=False, exclusive=False, max_batch=8), RoundRobin
+    )
 
 
 @dataclass(eq=False)

@@ -9,13 +9,21 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
 from servo.logs import LogThrottle, get_logger
 from servo.policy.errors import PolicyLoadError, PolicyOutputError
-from servo.policy.protocol import BatchingPolicy, DecodedObservation, FloatArray, Policy, Prepared, Processor
+from servo.policy.protocol import (
+    BatchingPolicy,
+    DecodedObservation,
+    FloatArray,
+    Policy,
+    PolicySpec,
+    Prepared,
+    Processor,
+)
 
 log = get_logger(__name__)
 #: A failing batched forward is logged once per second at most, with the count held back.
@@ -26,6 +34,43 @@ DType = Literal["float32", "bfloat16", "float16"]
 Request = tuple[Processor, DecodedObservation, int]
 #: The (model-space, robot-space) chunks of one request, or what made it fail.
 Outcome = tuple[FloatArray, FloatArray] | Exception
+
+
+class Forwards(Protocol):
+    """What serves a server's forwards: an `InferenceRunner` in its process, or its policy process.
+
+    Owned by the inference worker's thread, except `spec`, `batching` and `make_processor`.
+    """
+
+    @property
+    def spec(self) -> PolicySpec:
+        """The policy's spec."""
+        ...
+
+    @property
+    def batching(self) -> bool:
+        """Whether the policy predicts several sessions' chunks in one forward (`BatchingPolicy`)."""
+        ...
+
+    def make_processor(self) -> Processor:
+        """A new session's processor."""
+        ...
+
+    def reset_policy(self) -> None:
+        """Forget the policy's episode state (exclusive serving)."""
+        ...
+
+    def infer_batch(self, requests: Sequence[Request]) -> list[Outcome]:
+        """Serve ``requests`` (see `InferenceRunner.infer_batch`)."""
+        ...
+
+    def warmup(self, count: int, batch_sizes: Sequence[int] = ()) -> list[float]:
+        """Warm up (see `InferenceRunner.warmup`)."""
+        ...
+
+    def timed_forwards(self, count: int) -> list[float]:
+        """Time forwards (see `InferenceRunner.timed_forwards`)."""
+        ...
 
 
 class InferenceRunner:
@@ -61,6 +106,24 @@ class InferenceRunner:
             _policy_option(policy, "cuda_graphs", "use_cuda_graphs", "to capture graphs with")
         spec = policy.spec
         self._expected = (spec.chunk_size, len(spec.features.action_names))
+
+    @property
+    def spec(self) -> PolicySpec:
+        """The policy's spec."""
+        return self.policy.spec
+
+    @property
+    def batching(self) -> bool:
+        """Whether the policy is a `BatchingPolicy`."""
+        return isinstance(self.policy, BatchingPolicy)
+
+    def make_processor(self) -> Processor:
+        """A new session's processor."""
+        return self.policy.make_processor()
+
+    def reset_policy(self) -> None:
+        """Forget the policy's episode state."""
+        self.policy.reset()
 
     @contextlib.contextmanager
     def _torch_mode(self) -> Iterator[None]:

@@ -32,8 +32,8 @@ from zenoh.handlers import Callback
 from servo._core import MSG_CONTROL_ACK, Header, SessionKey
 from servo.access import Caller
 from servo.logs import LogThrottle, get_logger
-from servo.policy import Policy
 from servo.policy.compatibility import Admission, validate_open
+from servo.policy.runner import Forwards
 from servo.server.admission import ImageGate, TokenBucket, camera_shapes, input_sizes
 from servo.server.audit_door import AuditDoor
 from servo.server.auth import Refused, SessionAuth, accept_handshake, takeover, verify_control
@@ -117,7 +117,7 @@ class ControlPlane:
         self,
         state: ServerState,
         *,
-        policy: Policy,
+        policy: Forwards,
         zsession: zenoh.Session,
         trajectories: TrajectoryLibrary,
         robots: RobotGate,

@@ -21,7 +21,7 @@ import numpy as np
 
 from servo._core import Header
 from servo.logs import LogThrottle, get_logger
-from servo.policy import DecodedObservation, Policy, PolicySpec
+from servo.policy import DecodedObservation, PolicySpec
 from servo.policy.frames import DeviceFrameDecoder, is_cuda, jpeg_on_device_available
 from servo.policy.protocol import Frame
 from servo.policy.runner import clamp_delay
@@ -38,7 +38,7 @@ _THROTTLE = LogThrottle(1.0)
 FramesMode = Literal["auto", "host", "device"]
 
 
-def device_frames_for(mode: FramesMode, device: str, policy: Policy) -> DeviceFrameDecoder | None:
+def device_frames_for(mode: FramesMode, device: str, spec: PolicySpec) -> DeviceFrameDecoder | None:
     """The device decoder ``model.frames`` asks for, or None to decode on the host.
 
     ``auto`` decodes onto the device when it is CUDA, the policy's processors take device frames
@@ -51,7 +51,7 @@ def device_frames_for(mode: FramesMode, device: str, policy: Policy) -> DeviceFr
     if mode == "host":
         return None
     if mode == "auto":
-        if not (is_cuda(device) and policy.spec.device_frames):
+        if not (is_cuda(device) and spec.device_frames):
             return None
         if (problem := jpeg_on_device_available()) is not None:
             log.warning("decoding frames on the host", reason=problem)

@@ -61,6 +61,14 @@ class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "device is CUDA and the policy takes device frames; host = numpy on the CPU; device = always."
         ),
     ] = "auto"
+    process: Annotated[
+        Literal["separate", "inline"],
+        doc(
+            "Where the policy runs: separate = in a process of its own, so the server robots connect "
+            "to never maps torch and a killed one is gone at once; inline = in the server's process "
+            "(needed to decode frames onto the device)."
+        ),
+    ] = "separate"
     cuda_graphs: Annotated[
         bool,
         doc(
@@ -70,9 +78,11 @@ class ModelSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = False
 
     def check(self) -> None:
-        """The device string must name a torch device type servo can place a policy on."""
+        """A device servo can place a policy on; frames decoded on it only beside the policy."""
         if not _DEVICE.fullmatch(self.device):
             raise FieldError("device", "must be cpu, cuda, cuda:N or mps")
+        if self.frames == "device" and self.process == "separate":
+            raise FieldError("frames", '"device" decodes in the policy\'s process: set model.process = "inline"')
 
 
 class ServingSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from servo.policy import BatchingPolicy, Policy
+from servo.policy import PolicySpec
 
 #: Forward times remembered per batch size: exponential average with this weight on the newest.
 _COST_WEIGHT = 0.2
@@ -255,8 +255,10 @@ class DeadlineBatcher:
         self.cost.record(size, seconds)
 
 
-def scheduler_for(policy: Policy, *, exclusive: bool, max_batch: int, linger_ms: float = 0.0) -> Scheduler:
-    """Batches for a chunk-stateless `BatchingPolicy` served shared; round-robin otherwise."""
-    if exclusive or max_batch < 2 or not policy.spec.chunk_stateless or not isinstance(policy, BatchingPolicy):
+def scheduler_for(
+    spec: PolicySpec, *, batching: bool, exclusive: bool, max_batch: int, linger_ms: float = 0.0
+) -> Scheduler:
+    """Batches for a chunk-stateless ``batching`` policy (`BatchingPolicy`) served shared; round-robin otherwise."""
+    if exclusive or max_batch < 2 or not spec.chunk_stateless or not batching:
         return RoundRobin()
     return DeadlineBatcher(max_batch, linger_ms=linger_ms)

@@ -5,8 +5,8 @@ ops endpoint; zenoh-python's callback threads (never Zenoh's network thread: `se
 deposit queries and liveliness events onto the loop; the data plane is three stages of one thread
 each (see `servo.server.worker`): the observation intake authenticates, decodes and deposits
 (`servo.server.intake`, on the lanes of `servo.server.lanes`), the inference
-worker thread owns the policy and runs forwards, and a reply thread publishes chunks in order
-while the worker already runs the next forward.
+worker thread runs forwards (in the policy process by default: `servo.server.policy_process`),
+and a reply thread publishes chunks in order while the worker already runs the next forward.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from zenoh.handlers import Callback
 from servo._core import MSG_DRAIN
 from servo.identity import Identity
 from servo.logs import get_logger
-from servo.policy import Policy, load_policy
+from servo.policy import Policy, PolicySpec
 from servo.policy.compatibility import describe
 from servo.policy.frames import is_cuda
-from servo.policy.runner import InferenceRunner
+from servo.policy.runner import Forwards
 from servo.server.audit import AuditLog
 from servo.server.control import ControlPlane
 from servo.server.decoding import ObservationDecoder, device_frames_for
@@ -40,6 +40,7 @@ from servo.server.lanes import IntakeLanes, auto_lanes
 from servo.server.manifest import Manifest
 from servo.server.notices import KeylessNotices
 from servo.server.ops import OpsEndpoint
+from servo.server.policy_process import PolicyProcess, forwards_for
 from servo.server.robots import RobotGate
 from servo.server.scheduler import Scheduler, scheduler_for
 from servo.server.sessions import Session
@@ -79,8 +80,11 @@ class ServerReady:
     forward_s: list[float] = field(default_factory=list)
     #: The data-plane paths in use: ``device``, ``frames`` (host, or device: nvJPEG on CUDA),
     #: ``pinned`` (host frames copied through pinned buffers), ``dtype``, ``cuda_graphs``,
-    #: ``intake_threads`` (the observation lanes, `servo.server.lanes`).
+    #: ``intake_threads`` (the observation lanes, `servo.server.lanes`), ``process`` (separate:
+    #: the policy in its own process, or inline).
     paths: dict[str, str] = field(default_factory=dict)
+    #: The policy process's pid (None: the policy runs in this process).
+    policy_pid: int | None = None
     #: Robots enrolled (`servo.server.robots`).
     enrolled: int = 0
     #: Whether only enrolled robots may open sessions (`servo.server.enrolment.open_doors`).
@@ -183,17 +187,17 @@ class PolicyServer:
             doors = await anyio.to_thread.run_sync(open_doors, m, identity, enrolled)
             # Listening while the policy loads: an edge that lost this server links again meanwhile,
             # and re-handshakes the moment the liveliness token appears (nothing is declared before).
-            async with open_zsession(m.zenoh) as zsession:
-                policy = await anyio.to_thread.run_sync(self._load_policy)
+            async with (
+                open_zsession(m.zenoh) as zsession,
+                forwards_for(self.manifest.model, self._policy, self._search_path) as forwards,
+            ):
                 # Read once here: the control plane answers from memory, never from disk on the loop.
                 self._trajectories = await anyio.to_thread.run_sync(TrajectoryLibrary.load, m.trajectories)
                 model = m.model
-                runner = InferenceRunner(
-                    policy, device=model.device, dtype=model.dtype, compile=model.compile, cuda_graphs=model.cuda_graphs
-                )
-                replica = self._replica(policy, identity)
+                replica = self._replica(forwards.spec, identity)
                 scheduler = self._scheduler or scheduler_for(
-                    policy,
+                    forwards.spec,
+                    batching=forwards.batching,
                     exclusive=replica.exclusive,
                     max_batch=m.serving.max_batch,
                     linger_ms=m.serving.batch_linger_ms,
@@ -201,9 +205,9 @@ class PolicyServer:
                 # Every batch size the scheduler can form is warmed, not only a forward of one.
                 sizes = range(1, min(scheduler.max_batch, replica.max_sessions) + 1)
                 started = time.perf_counter()
-                self._warmup_s = await anyio.to_thread.run_sync(runner.warmup, model.warmup, sizes)
+                self._warmup_s = await anyio.to_thread.run_sync(forwards.warmup, model.warmup, sizes)
                 if model.warmup:
-                    self._forward_s = await anyio.to_thread.run_sync(runner.timed_forwards, model.plan_forwards)
+                    self._forward_s = await anyio.to_thread.run_sync(forwards.timed_forwards, model.plan_forwards)
                 log.info(
                     "policy warmed up",
                     warmup=model.warmup,
@@ -219,7 +223,7 @@ class PolicyServer:
                         self._zsession = zsession
                         robots = RobotGate(doors.access, doors.joins, m.limits, self.state.returning)
                         await self._serve(
-                            zsession, runner, scheduler, audit, task_status, health_port, frontends, robots, doors
+                            zsession, forwards, scheduler, audit, task_status, health_port, frontends, robots, doors
                         )
                 finally:
                     audit.close()
@@ -228,7 +232,7 @@ class PolicyServer:
     async def _serve(
         self,
         zsession: zenoh.Session,
-        runner: InferenceRunner,
+        runner: Forwards,
         scheduler: Scheduler,
         audit: AuditLog,
         task_status: TaskStatus[ServerReady],
@@ -241,10 +245,14 @@ class PolicyServer:
         keys, info = state.replica.keys, state.replica.info
         bridge = LoopBridge()
         self._worker = worker = InferenceWorker(runner, state, scheduler, audit)
-        device_frames = device_frames_for(m.model.frames, m.model.device, runner.policy)
+        device_frames = (
+            None
+            if isinstance(runner, PolicyProcess)
+            else device_frames_for(m.model.frames, m.model.device, runner.spec)
+        )
         lanes = m.serving.intake_threads or auto_lanes()
         decoder = ObservationDecoder(
-            runner.policy.spec,
+            runner.spec,
             max_observation_bytes=m.serving.max_observation_bytes,
             pin_task=info.pin_task,
             device_frames=device_frames,
@@ -253,7 +261,8 @@ class PolicyServer:
         paths = {
             "device": m.model.device,
             "frames": "host" if device_frames is None else "device",
-            "pinned": "on" if is_cuda(m.model.device) and runner.policy.spec.device_frames else "off",
+            "pinned": "on" if is_cuda(m.model.device) and runner.spec.device_frames else "off",
+            "process": "separate" if isinstance(runner, PolicyProcess) else "inline",
             "dtype": m.model.dtype,
             "cuda_graphs": "on" if m.model.cuda_graphs else "off",
             "intake_threads": str(lanes),
@@ -265,7 +274,7 @@ class PolicyServer:
         try:
             control = ControlPlane(
                 state,
-                policy=runner.policy,
+                policy=runner,
                 zsession=zsession,
                 trajectories=self._trajectories,
                 robots=robots,
@@ -297,6 +306,7 @@ class PolicyServer:
                 enrolled=len(robots.enrolled),
                 closed=doors.closed,
                 **paths,
+                policy_pid=runner.pid if isinstance(runner, PolicyProcess) else None,
             )
             if not doors.closed:
                 log.warning("any robot may connect: none is required to be enrolled")
@@ -317,6 +327,7 @@ class PolicyServer:
                 enrolled=len(robots.enrolled),
                 closed=doors.closed,
                 join_token="" if doors.join_token is None else str(doors.join_token),
+                policy_pid=runner.pid if isinstance(runner, PolicyProcess) else None,
             )
             task_status.started(ready)
             await self._stop.wait()
@@ -343,16 +354,9 @@ class PolicyServer:
                     state.collect(session, "shutdown")
                 log.info("drained", in_flight_finished=finished)
 
-    def _load_policy(self) -> Policy:
-        model = self.manifest.model
-        if self._policy is None:
-            log.info("loading policy", source=model.source, device=model.device)
-            self._policy = load_policy(model.source, model.options, device=model.device, search_path=self._search_path)
-        return self._policy
-
-    def _replica(self, policy: Policy, identity: Identity) -> Replica:
+    def _replica(self, spec: PolicySpec, identity: Identity) -> Replica:
         """What this replica serves; the one place the serving mode and capacity are decided."""
-        spec, serving = policy.spec, self.manifest.serving
+        serving = self.manifest.serving
         exclusive = serving.mode == "exclusive" or not spec.chunk_stateless
         if exclusive and serving.mode == "shared":
             log.warning(

@@ -1,4 +1,4 @@
-"""The inference worker: the one thread that owns the policy and the device.
+"""The inference worker: the one thread that runs forwards (here, or in the policy process).
 
 The worker's loop is the server's throughput: every microsecond it spends on something other
 than a forward pass is device time lost for every client. The data plane is three stages, one
@@ -35,7 +35,8 @@ from collections.abc import Hashable
 from concurrent.futures import Future
 
 from servo.logs import get_logger
-from servo.policy.runner import InferenceRunner
+from servo.policy.channel import ChannelClosed
+from servo.policy.runner import Forwards
 from servo.server.audit import AuditLog
 from servo.server.replies import Reply, ReplyStage, queue_wait_ms
 from servo.server.scheduler import Scheduler, ServiceOrder
@@ -82,18 +83,19 @@ class _Entry:
 class InferenceWorker:
     """Serves decoded observations, alone or in batches, in the order the scheduler picks.
 
-    Owns the `InferenceRunner` (policy, device), every session's processor and the reply stage;
+    Owns the `Forwards` (the policy on its device, here or in its process), every session's
+    processor and the reply stage;
     runs as the one long job of its own stage thread, so the event loop never waits on a forward.
     Started and stopped by the event loop (`stop` from a worker thread of the loop: it joins).
     """
 
-    def __init__(self, runner: InferenceRunner, state: ServerState, scheduler: Scheduler, audit: AuditLog) -> None:
+    def __init__(self, runner: Forwards, state: ServerState, scheduler: Scheduler, audit: AuditLog) -> None:
         self._runner = runner
         self._registry = state.registry
         self._scheduler = scheduler
         self._metrics = state.metrics
         self._exclusive = state.replica.exclusive
-        self._fps = runner.policy.spec.fps
+        self._fps = runner.spec.fps
         self._state = state
         self._audit = audit
         self._stage: StageThread | None = None
@@ -193,7 +195,7 @@ class InferenceWorker:
         if claim.reset or new_episode:
             session.processor.reset()
             if self._exclusive:
-                self._runner.policy.reset()
+                self._runner.reset_policy()
         if isinstance(item, Decoded):
             session.served_episode = item.header.episode_id
 
@@ -214,7 +216,12 @@ class InferenceWorker:
                 queue_wait_ms=round(waits[-1], 3),
                 batch=len(served),
             )
-        outcomes = self._runner.infer_batch(requests)
+        try:
+            outcomes = self._runner.infer_batch(requests)
+        except ChannelClosed:
+            if self._stopping.is_set():  # abandoned at stop, its policy process closed under it
+                return
+            raise
         self._device_free_ns = time.monotonic_ns()
         inference_ms = (self._device_free_ns - start_ns) / 1e6
         self._scheduler.record(len(served), inference_ms / 1e3)

@@ -1,0 +1,180 @@
+"""``model.process = "separate"``: the policy in a process of its own, served as if it were inline.
+
+In process: the chunks equal a local runner's, errors read as they would inline (a load failure:
+``tests/server/test_cli.py``, servo-serve's one-line errors). As processes, the way a user runs
+``servo-serve``: the server maps no torch, a killed server takes its policy process with it, and
+a server whose policy process dies exits at once (status 70) so its robots move on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from servo.client import RemoteSession, ServerError
+from servo.policy.channel import Body, Channel, ChannelClosed, Infer
+from servo.policy.reference import ReferencePolicy
+from servo.policy.runner import InferenceRunner, synthetic_observation
+from servo.server.manifest import parse_manifest
+from servo.server.policy_process import POLICY_LOST_STATUS
+from tests.edge.harness import Proc, write_manifest
+from tests.server.helpers import connected, metric, observation, open_on
+from tests.support import camera_frames, eventually, free_port, make_manifest, running_server
+
+pytestmark = pytest.mark.anyio
+
+SMALL = {"front": (48, 64), "wrist": (48, 64)}
+#: Far beyond any start-up (a child importing torch on a loaded machine): reaching it fails the test.
+START_S = 180.0
+
+
+async def test_a_policy_process_serves_the_chunks_a_local_runner_computes(port: int) -> None:
+    manifest = make_manifest(port, options="cameras = {front = [48, 64], wrist = [48, 64]}")
+    assert manifest.model.process == "separate"  # the default
+    local = ReferencePolicy(cameras=SMALL)  # same seed: the expected chunks
+    runner = InferenceRunner(local)
+    async with running_server(manifest) as (_, ready), connected(port, "robot") as client:
+        assert ready.paths["process"] == "separate"
+        assert ready.policy_pid is not None
+        session = await open_on(client, ready)
+        for seed in range(3):
+            frames = camera_frames(48, 64, seed=seed)
+            state = np.linspace(-5, 5, 6, dtype=np.float32) * (seed + 1)
+            result = await session.infer(state, frames, timeout=30)
+            obs = synthetic_observation(local)
+            obs.state, obs.images = state, frames
+            model, robot = runner.infer(local.make_processor(), obs, 0)
+            np.testing.assert_allclose(result.chunk_model, model, atol=1e-5)
+            np.testing.assert_allclose(result.chunk_robot, robot, atol=1e-5)
+        await session.close()
+
+
+async def test_a_failing_forward_reads_as_it_would_inline_and_the_next_one_is_served(port: int) -> None:
+    manifest = make_manifest(port, source="tests.server.policies:make_failing", options="")
+    async with running_server(manifest) as (_, ready), connected(port, "robot") as client:
+        session = await open_on(client, ready)
+        with pytest.raises(ServerError) as info:
+            await session.infer(*observation(-1.0, cameras={}), timeout=30)
+        assert (info.value.code, info.value.message) == (
+            "inference_failed",
+            "RuntimeError: policy bug on negative input",
+        )
+        result = await session.infer(*observation(3.0, cameras={}), timeout=30)
+        assert result.chunk_robot[0][0] == 3  # its own processor: the state it cached, added back
+        await session.close()
+
+
+async def test_sessions_queued_behind_a_forward_are_batched_in_the_policy_process(port: int) -> None:
+    # 4 robots send at once while a 0.3 s forward runs: what queued behind it is one batch.
+    manifest = make_manifest(port, source="tests.server.policies:make_batching", options="compute_ms = 300")
+    async with running_server(manifest) as (server, ready), AsyncExitStack() as stack:
+        sessions = [await open_on(await stack.enter_async_context(connected(port, f"r{i}")), ready) for i in range(4)]
+        results: dict[int, np.ndarray] = {}
+
+        async def robot(i: int, session: RemoteSession) -> None:
+            results[i] = (await session.infer(*observation(float(i + 1), cameras={}), timeout=30)).chunk_robot
+
+        async with anyio.create_task_group() as tg:
+            for i, session in enumerate(sessions):
+                tg.start_soon(robot, i, session)
+        for i, chunk in results.items():
+            assert chunk[0][0] == i + 1  # each on its own processor's state
+        served = metric(server, "servo_batch_size_sum")
+        assert served == 4
+        assert metric(server, "servo_batch_size_count") < served  # a forward served two or more
+        for session in sessions:
+            await session.close()
+
+
+def test_frames_decoded_on_the_device_need_the_policy_inline() -> None:
+    text = '[model]\nsource = "reference"\nframes = "device"\n'
+    with pytest.raises(Exception, match=r'model\.process = "inline"'):
+        parse_manifest(text)
+    assert parse_manifest(text.replace("[model]\n", '[model]\nprocess = "inline"\n')).model.frames == "device"
+
+
+def test_the_link_refuses_what_is_not_a_message_before_allocating_it() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall((64).to_bytes(4, "little") + (1 << 40).to_bytes(8, "little"))
+        with pytest.raises(ChannelClosed, match="too large"):
+            Channel(ours).receive()
+        theirs.sendall((3).to_bytes(4, "little") + (0).to_bytes(8, "little") + b"\xc1\x00\x00")
+        with pytest.raises(ChannelClosed, match="malformed"):
+            Channel(ours).receive()
+        theirs.close()
+        with pytest.raises(ChannelClosed, match="closed"):
+            Channel(ours).receive()
+
+
+def test_arrays_cross_the_link_unchanged() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        obs = synthetic_observation(ReferencePolicy(cameras=SMALL))
+        obs.state = np.arange(6, dtype=np.float32)
+        obs.images = camera_frames(48, 64)
+        obs.prefix_robot = np.ones((4, 6), np.float32)
+        body = Body()
+        Channel(theirs).send(Infer([body.observation(7, obs, 3)]), body)
+        message, arrays = Channel(ours).receive()
+        assert isinstance(message, Infer)
+        (request,) = message.requests
+        got = arrays.observation(request)
+        assert (request.processor, request.delay, got.prefix_model) == (7, 3, None)
+        np.testing.assert_array_equal(got.state, obs.state)
+        np.testing.assert_array_equal(got.prefix_robot, obs.prefix_robot)
+        for name, frame in obs.images.items():
+            np.testing.assert_array_equal(got.images[name], frame)
+
+
+def _serve(tmp_path: Path) -> tuple[Proc, int]:
+    """``servo-serve`` as a user runs it, ready; and its policy process's pid."""
+    manifest = write_manifest(tmp_path / "manifest.toml", free_port())
+    proc = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest)], env={"HOME": str(tmp_path)})
+    proc.wait_line("ready", START_S)
+    children = Path(f"/proc/{proc.popen.pid}/task/{proc.popen.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return proc, int(children[0])
+
+
+def _maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+async def test_a_killed_server_maps_no_torch_and_takes_its_policy_process_with_it(tmp_path: Path) -> None:
+    proc, child = _serve(tmp_path)
+    try:
+        assert "libtorch" not in _maps(proc.popen.pid)
+        assert "libtorch" in _maps(child)
+        proc.kill()
+        await eventually(lambda: _gone(child), 30, "the policy process to die with its server")
+    finally:
+        proc.kill()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_server_whose_policy_process_dies_exits_at_once(tmp_path: Path) -> None:
+    proc, child = _serve(tmp_path)
+    try:
+        os.kill(child, signal.SIGKILL)
+        assert proc.wait(60) == POLICY_LOST_STATUS
+        assert "policy process lost" in proc.output
+    finally:
+        proc.kill()
