@@ -138,7 +138,9 @@ def test_arrays_cross_the_link_unchanged() -> None:
 def _serve(tmp_path: Path) -> tuple[Proc, int]:
     """``servo-serve`` as a user runs it, ready; and its policy process's pid."""
     manifest = write_manifest(tmp_path / "manifest.toml", free_port())
-    proc = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest)], env={"HOME": str(tmp_path)})
+    # As under systemd (nothing listens there: the server's notifier only sends).
+    env = {"HOME": str(tmp_path), "NOTIFY_SOCKET": str(tmp_path / "notify")}
+    proc = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest)], env=env)
     proc.wait_line("ready", START_S)
     children = Path(f"/proc/{proc.popen.pid}/task/{proc.popen.pid}/children").read_text().split()
     assert len(children) == 1, children
@@ -147,6 +149,10 @@ def _serve(tmp_path: Path) -> tuple[Proc, int]:
 
 def _maps(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
+
+
+def _environ(pid: int) -> str:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
 
 
 def _gone(pid: int) -> bool:
@@ -163,6 +169,7 @@ async def test_a_killed_server_maps_no_torch_and_takes_its_policy_process_with_i
     try:
         assert "libtorch" not in _maps(proc.popen.pid)
         assert "libtorch" in _maps(child)
+        assert "NOTIFY_SOCKET=" not in _environ(child)  # the service is the server, not its policy process
         proc.kill()
         await eventually(lambda: _gone(child), 30, "the policy process to die with its server")
     finally:

@@ -103,7 +103,8 @@ class PolicyProcess:
     def spawn(cls) -> PolicyProcess:
         """Start the child (it waits for `load`)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ)
+        # systemd's notify socket and watchdog are the server's: the policy process is not the service.
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
         # The child imports this very servo: from a checkout put on sys.path by hand too (an
         # installed one it finds by itself). The policy's own module comes with `load`.
         package_dir = str(Path(__file__).resolve().parents[2])
