@@ -8,8 +8,9 @@ whatever runs on the loop and ended by it (after 10 s idle), so they belong to n
 
 As processes, the command-line tools as a user runs them: each exits within a second of SIGTERM
 (the edge within a second of the end of its safe teardown, which parks the arm first), also with
-16 busy loops loading the 2-core machine (slow; there the kernel's teardown of the server's
-address space is bounded apart, see the test).
+16 busy loops loading the 2-core machine (slow; there the kernel's teardown of the policy
+process's address space, which holds torch, is bounded apart, see the test). The server's policy
+process is gone within that second too on a quiet machine.
 """
 
 from __future__ import annotations
@@ -180,16 +181,32 @@ LAST_LINES = {
 }
 
 
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def stop_all(procs: dict[str, Proc]) -> dict[str, tuple[float, float]]:
     """SIGTERM to every process at once: per process, (s from the signal to its last line, s from
-    that line to the process reaped): its stop, then what the exit itself costs."""
+    that line to the process reaped): its stop, then what the exit itself costs. The server's
+    policy process (``policy``, not ours to reap) counts from the signal to its pid being gone."""
     reaped: dict[str, float] = {}
+    server = procs["serve"].popen.pid
+    (policy,) = map(int, Path(f"/proc/{server}/task/{server}/children").read_text().split())
 
     def reap(name: str, proc: Proc) -> None:
         proc.popen.wait(60)
         reaped[name] = time.monotonic()
 
+    def gone() -> None:
+        while _running(policy):  # not our child: nothing tells us of its end but /proc
+            time.sleep(0.005)
+        reaped["policy"] = time.monotonic()
+
     reapers = [threading.Thread(target=reap, args=item) for item in procs.items()]
+    reapers.append(threading.Thread(target=gone))
     for reaper in reapers:
         reaper.start()
     sent = time.monotonic()
@@ -202,6 +219,7 @@ def stop_all(procs: dict[str, Proc]) -> dict[str, tuple[float, float]]:
         assert proc.wait(0) == 0, proc.output
         last = proc.seen_at[proc.lines.index(proc.wait_line(LAST_LINES[name], 0))]
         times[name] = (last - sent, reaped[name] - last)
+    times["policy"] = (reaped["policy"] - sent, 0.0)
     return times
 
 
@@ -218,9 +236,12 @@ def test_every_servo_process_exits_within_a_second_of_sigterm_at_load_16(tmp_pat
     with fleet_processes(tmp_path) as procs, CpuHogs(16):
         times = stop_all(procs)
     assert times["edge"][0] < PARK_TIMEOUT_S + EXIT_S, times
-    assert all(stop < EXIT_S for name, (stop, _) in times.items() if name != "edge"), times
+    assert all(stop < EXIT_S for name, (stop, _) in times.items() if name not in ("edge", "policy")), times
     # What follows the last line is the kernel tearing the process down. For the server that
     # holds torch it is seconds at 1/17 of a core (3.5 s after a bare `import torch; os._exit(0)`
     # beside 16 busy loops, 0.2 s after `import numpy`): bounded, never a hang.
-    assert all(exit < EXIT_S for name, (_, exit) in times.items() if name != "serve"), times
-    assert times["serve"][1] < 10.0, times
+    assert all(exit < EXIT_S for name, (_, exit) in times.items()), times
+    # The policy process ends when the server closes its link; then the kernel tears torch down,
+    # which takes seconds at 1/17 of a core (3.5 s after a bare `import torch; os._exit(0)` beside
+    # 16 busy loops, 0.2 s after `import numpy`): bounded, never a hang.
+    assert times["policy"][0] < 10.0, times
