@@ -58,6 +58,8 @@ def decode(buf: bytes | memoryview, kind: Any, *, max_bytes: int = MAX_MESSAGE_B
     except msgspec.ValidationError as exc:
         raise WireError(f"invalid {name}: {exc}") from exc
     except msgspec.DecodeError as exc:
+        if "UTF-8" in str(exc):  # msgspec >= 0.23 says it ("Invalid UTF-8 encoded string"): one servo wording
+            raise WireError(f"malformed {name}: a string is not valid UTF-8") from None
         raise WireError(f"malformed {name}: {exc}") from exc
-    except UnicodeDecodeError as exc:  # msgspec lets invalid UTF-8 in a str escape as this
+    except UnicodeDecodeError as exc:  # msgspec < 0.23 lets invalid UTF-8 in a str escape as this
         raise WireError(f"malformed {name}: a string is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
