@@ -73,8 +73,10 @@ async def test_a_failing_forward_reads_as_it_would_inline_and_the_next_one_is_se
 
 
 async def test_sessions_queued_behind_a_forward_are_batched_in_the_policy_process(port: int) -> None:
-    # 4 robots send at once while a 0.3 s forward runs: what queued behind it is one batch.
-    manifest = make_manifest(port, source="tests.server.policies:make_batching", options="compute_ms = 300")
+    # 4 robots send at once; the first one's forward takes 1 s (a busy machine still sends the other
+    # three within it): what queued behind it is served in one forward. Warm-up: batches of 1 to 4.
+    source, serving = "tests.server.policies:make_batching", "[serving]\nmax_sessions = 4\n"
+    manifest = make_manifest(port, source=source, options="compute_ms = 1000", extra=serving)
     async with running_server(manifest) as (server, ready), AsyncExitStack() as stack:
         sessions = [await open_on(await stack.enter_async_context(connected(port, f"r{i}")), ready) for i in range(4)]
         results: dict[int, np.ndarray] = {}
