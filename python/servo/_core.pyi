@@ -105,7 +105,8 @@ class Provenance:
     carries its own ``step`` (the chunk's plus the action's index in it), so a recording shows
     which control step every executed action was meant for. Iterating, indexing and ``len``
     behave like the tuple ``(session_id, seq_id, episode_id, obs_mono_ns, step)``; instances are
-    hashable and picklable.
+    hashable, and ``__reduce__`` rebuilds one from that tuple (``copy``, multiprocessing within one
+    host). No servo wire format carries Python objects: messages are typed msgpack.
 
     The session id is the wire's 16-byte id; in Python it is its 32-character lowercase hex text
     (``bytes.hex()``), as in logs, audit lines, recordings and summaries. Any case is accepted.

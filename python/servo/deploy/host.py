@@ -3,7 +3,7 @@
 A cluster engine's worker process (a Ray actor) answers its engine's calls on threads the engine
 owns; it cannot run servo's event loop there. `ReplicaHost` runs a `PolicyServer` beside them
 and offers what a supervisor needs: wait until ready, wait until stopped, drain. What it reports
-crosses the engine as msgpack bytes (`encode_status` / `decode_status`), never as pickled objects.
+crosses the engine as typed msgpack bytes (`encode_status` / `decode_status`), never as Python objects.
 """
 
 from __future__ import annotations

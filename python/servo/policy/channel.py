@@ -1,4 +1,4 @@
-"""The link between a server and its policy process: typed messages with numpy arrays, no pickle.
+"""The link between a server and its policy process: typed msgpack messages and raw numpy arrays.
 
 One message on the stream is ``<u32 header length><u64 body length>``, a msgpack header (one of
 `Message`) and a body holding the header's arrays back to back, in the order their `ArrayRef`

@@ -3,7 +3,7 @@
 openpi (Physical Intelligence) serves policies over a WebSocket: the server sends a metadata dict
 on connect, then answers each msgpack observation dict with ``{"actions": (T, A) array, ...}``.
 Arrays travel as msgpack maps with bytes keys, ``{b"__ndarray__": True, b"data": raw bytes,
-b"dtype": "<f4", b"shape": [T, A]}`` (numpy scalars as ``b"__npgeneric__"``); nothing is pickled.
+b"dtype": "<f4", b"shape": [T, A]}`` (numpy scalars as ``b"__npgeneric__"``): plain data only.
 This module reads and writes that format with msgspec, and maps an observation dict onto a
 policy's features:
 
