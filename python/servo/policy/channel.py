@@ -12,10 +12,11 @@ still checked, so a broken peer gives a clear error instead of a huge allocation
 
 from __future__ import annotations
 
+import math
 import socket
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -23,6 +24,7 @@ import numpy.typing as npt
 
 from servo.errors import PolicyError
 from servo.policy.protocol import DecodedObservation, PolicySpec
+from servo.policy.runner import DType
 
 _PREFIX = struct.Struct("<IQ")
 #: Headers carry names, shapes and error messages: far below this.
@@ -31,7 +33,8 @@ MAX_HEADER_BYTES = 16 << 20
 MAX_BODY_BYTES = 8 << 30
 #: Send and receive buffer asked of the kernel for each end.
 SOCKET_BUFFER_BYTES = 4 << 20
-_DTYPES = frozenset({"uint8", "float32", "float64", "int64"})
+#: Frames and float vectors (state, prefixes, chunks): all the link carries.
+_DTYPES = frozenset({"uint8", "float32"})
 
 
 class ChannelClosed(PolicyError, ConnectionError):
@@ -39,11 +42,15 @@ class ChannelClosed(PolicyError, ConnectionError):
 
 
 class ArrayRef(msgspec.Struct, array_like=True, frozen=True):
-    """Where an array is in the message body: its dtype, shape and size."""
+    """An array of the message body: its dtype and shape (its size follows from them)."""
 
     dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
+    shape: tuple[Annotated[int, msgspec.Meta(ge=0)], ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes it takes in the body."""
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 class Load(msgspec.Struct, tag=True, frozen=True):
@@ -52,7 +59,7 @@ class Load(msgspec.Struct, tag=True, frozen=True):
     source: str
     options: dict[str, Any]
     device: str
-    dtype: str
+    dtype: DType
     compile: bool
     cuda_graphs: bool
     search_path: str | None
@@ -152,7 +159,7 @@ class Body:
         if array.dtype.name not in _DTYPES:
             raise TypeError(f"cannot send a {array.dtype} array to the policy process")
         self.buffers.append(array.reshape(-1).view(np.uint8).data)
-        return ArrayRef(array.dtype.name, tuple(array.shape), array.nbytes)
+        return ArrayRef(array.dtype.name, tuple(array.shape))
 
     def observation(self, processor: int, obs: DecodedObservation, delay: int) -> Request:
         """A request for ``obs`` (its ``extras`` stay behind: the server's decoder sets none)."""

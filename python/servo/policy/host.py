@@ -44,7 +44,7 @@ from servo.policy.channel import (
     Warmup,
 )
 from servo.policy.loader import load_policy
-from servo.policy.protocol import BatchingPolicy, Processor
+from servo.policy.protocol import Processor
 from servo.policy.runner import InferenceRunner
 
 log = get_logger(__name__)
@@ -100,14 +100,14 @@ class PolicyHost:
             policy = load_policy(
                 message.source, message.options, device=message.device, search_path=message.search_path
             )
-            self._runner = InferenceRunner(
+            runner = self._runner = InferenceRunner(
                 policy,
                 device=message.device,
-                dtype=message.dtype,  # type: ignore[arg-type]  # the manifest's Literal, checked there
+                dtype=message.dtype,
                 compile=message.compile,
                 cuda_graphs=message.cuda_graphs,
             )
-            reply = Loaded(policy.spec, isinstance(policy, BatchingPolicy))
+            reply = Loaded(runner.spec, runner.batching)
         except Exception as exc:
             log.debug("loading the policy failed", exc_info=exc)
             reply = Failed(_failure(exc))

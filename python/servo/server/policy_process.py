@@ -95,9 +95,8 @@ class PolicyProcess:
         self.dropped: list[int] = []
         self._reset_policy = False
         self._closed = threading.Event()
-        # A child that dies while the server is idle ends the server too, not only a forward.
-        self._watch = StageThread("servo-policy-watch")
-        self._watch.submit(self._watch_child)
+        #: Started once the policy is loaded (a child dying before that is a start error of `load`).
+        self._watch: StageThread | None = None
 
     @classmethod
     def spawn(cls) -> PolicyProcess:
@@ -146,6 +145,9 @@ class PolicyProcess:
         reply = self._ask(load)
         assert isinstance(reply, channel.Loaded)
         self._spec, self.batching = reply.spec, reply.batching
+        # From now on a child that dies ends the server, also while no forward is asked of it.
+        self._watch = StageThread("servo-policy-watch")
+        self._watch.submit(self._watch_child)
         return reply.spec
 
     def warmup(self, count: int, batch_sizes: Sequence[int] = ()) -> list[float]:
@@ -208,13 +210,18 @@ class PolicyProcess:
             return self._proc.returncode
         self._closed.set()
         self._channel.close()
+        status = self._ended(timeout)
+        if self._watch is not None:
+            self._watch.close()
+        return status
+
+    def _ended(self, timeout: float) -> int | None:
+        """The child's exit status within ``timeout`` s; past it, it is killed (not waited for) and None."""
         try:
             return self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             return None
-        finally:
-            self._watch.close()
 
     def _watch_child(self) -> None:
         status = self._proc.wait()
@@ -225,9 +232,9 @@ class PolicyProcess:
         try:
             self._channel.send(message)
             reply, _ = self._channel.receive()
-        except ChannelClosed as exc:
-            status = self._proc.wait()
-            raise PolicyLoadError(f"the policy process exited (status {status}) before answering: {exc}") from None
+        except ChannelClosed as exc:  # it exited, or (a bug) broke the link: it ends either way
+            status = self._ended(_EXIT_WAIT_S)
+            raise PolicyLoadError(f"the policy process ended (status {status}) before answering: {exc}") from None
         if isinstance(reply, channel.Failed):
             raise _exception(reply.failure)  # a bug stays a bug: the command line says so, as it would inline
         return reply

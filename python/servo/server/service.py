@@ -245,10 +245,10 @@ class PolicyServer:
         keys, info = state.replica.keys, state.replica.info
         bridge = LoopBridge()
         self._worker = worker = InferenceWorker(runner, state, scheduler, audit)
+        # Frames decoded onto the device only beside the policy; never in a server without torch.
+        policy_pid = runner.pid if isinstance(runner, PolicyProcess) else None
         device_frames = (
-            None
-            if isinstance(runner, PolicyProcess)
-            else device_frames_for(m.model.frames, m.model.device, runner.spec)
+            None if policy_pid is not None else device_frames_for(m.model.frames, m.model.device, runner.spec)
         )
         lanes = m.serving.intake_threads or auto_lanes()
         decoder = ObservationDecoder(
@@ -262,7 +262,7 @@ class PolicyServer:
             "device": m.model.device,
             "frames": "host" if device_frames is None else "device",
             "pinned": "on" if is_cuda(m.model.device) and runner.spec.device_frames else "off",
-            "process": "separate" if isinstance(runner, PolicyProcess) else "inline",
+            "process": "inline" if policy_pid is None else "separate",
             "dtype": m.model.dtype,
             "cuda_graphs": "on" if m.model.cuda_graphs else "off",
             "intake_threads": str(lanes),
@@ -306,7 +306,7 @@ class PolicyServer:
                 enrolled=len(robots.enrolled),
                 closed=doors.closed,
                 **paths,
-                policy_pid=runner.pid if isinstance(runner, PolicyProcess) else None,
+                policy_pid=policy_pid,
             )
             if not doors.closed:
                 log.warning("any robot may connect: none is required to be enrolled")
@@ -327,7 +327,7 @@ class PolicyServer:
                 enrolled=len(robots.enrolled),
                 closed=doors.closed,
                 join_token="" if doors.join_token is None else str(doors.join_token),
-                policy_pid=runner.pid if isinstance(runner, PolicyProcess) else None,
+                policy_pid=policy_pid,
             )
             task_status.started(ready)
             await self._stop.wait()
