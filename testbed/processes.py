@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import subprocess
 from pathlib import Path
@@ -18,6 +20,21 @@ def stop(proc: subprocess.Popen[Any], grace_s: float = 30) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+def ended(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` (any process, not only a child of ours) has ended within ``timeout`` s.
+
+    Waits on a pidfd (Linux): readable once the process has exited, zombie or reaped.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
 
 
 def rss_mb(pid: int | None = None) -> float:

@@ -15,6 +15,7 @@ process is gone within that second too on a quiet machine.
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
@@ -33,6 +34,7 @@ from servo.monitor import MonitorConfig, run_monitor
 from servo.router import load_fleet
 from servo.router.service import run_router
 from testbed.load import CpuHogs
+from testbed.processes import ended
 from tests.edge.harness import Proc, edge_argv, edge_config, running_edge, small_sim, write_manifest
 from tests.router.harness import ROBOTS, SERVERS, fleet_toml
 from tests.support import eventually, free_port, make_manifest, running_server
@@ -181,13 +183,6 @@ LAST_LINES = {
 }
 
 
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def stop_all(procs: dict[str, Proc]) -> dict[str, tuple[float, float]]:
     """SIGTERM to every process at once: per process, (s from the signal to its last line, s from
     that line to the process reaped): its stop, then what the exit itself costs. The server's
@@ -200,10 +195,8 @@ def stop_all(procs: dict[str, Proc]) -> dict[str, tuple[float, float]]:
         proc.popen.wait(60)
         reaped[name] = time.monotonic()
 
-    def gone() -> None:
-        while _running(policy):  # not our child: nothing tells us of its end but /proc
-            time.sleep(0.005)
-        reaped["policy"] = time.monotonic()
+    def gone() -> None:  # not our child to reap: its pidfd says when it ends (never: inf, and the test fails)
+        reaped["policy"] = time.monotonic() if ended(policy, 60) else math.inf
 
     reapers = [threading.Thread(target=reap, args=item) for item in procs.items()]
     reapers.append(threading.Thread(target=gone))

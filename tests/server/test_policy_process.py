@@ -25,9 +25,10 @@ from servo.policy.reference import ReferencePolicy
 from servo.policy.runner import InferenceRunner, synthetic_observation
 from servo.server.manifest import parse_manifest
 from servo.server.policy_process import POLICY_LOST_STATUS
+from testbed.processes import ended
 from tests.edge.harness import Proc, write_manifest
 from tests.server.helpers import connected, metric, observation, open_on
-from tests.support import camera_frames, eventually, free_port, make_manifest, running_server
+from tests.support import camera_frames, free_port, make_manifest, running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -137,13 +138,16 @@ def test_arrays_cross_the_link_unchanged() -> None:
             np.testing.assert_array_equal(got.images[name], frame)
 
 
-def _serve(tmp_path: Path) -> tuple[Proc, int]:
-    """``servo-serve`` as a user runs it, ready; and its policy process's pid."""
-    manifest = write_manifest(tmp_path / "manifest.toml", free_port())
+def _serve(tmp_path: Path, port: int, *, options: str = "cameras = {front = [48, 64]}") -> tuple[Proc, int]:
+    """``servo-serve`` as a user runs it, ready, and its policy process's pid.
+
+    One session at most: a slow forward is warmed once, not once per batch size.
+    """
+    manifest = write_manifest(tmp_path / "manifest.toml", port, options=options, extra="[serving]\nmax_sessions = 1")
     # As under systemd (nothing listens there: the server's notifier only sends).
     env = {"HOME": str(tmp_path), "NOTIFY_SOCKET": str(tmp_path / "notify")}
-    proc = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest)], env=env)
-    proc.wait_line("ready", START_S)
+    proc = Proc([sys.executable, "-m", "servo.cli.serve", str(manifest), "--log-level", "debug"], env=env)
+    proc.wait_line("servo-serve: ready", START_S)
     children = Path(f"/proc/{proc.popen.pid}/task/{proc.popen.pid}/children").read_text().split()
     assert len(children) == 1, children
     return proc, int(children[0])
@@ -157,33 +161,40 @@ def _environ(pid: int) -> str:
     return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 async def test_a_killed_server_maps_no_torch_and_takes_its_policy_process_with_it(tmp_path: Path) -> None:
-    proc, child = _serve(tmp_path)
+    proc, child = _serve(tmp_path, free_port())
     try:
         assert "libtorch" not in _maps(proc.popen.pid)
         assert "libtorch" in _maps(child)
         assert "NOTIFY_SOCKET=" not in _environ(child)  # the service is the server, not its policy process
         proc.kill()
-        await eventually(lambda: _gone(child), 30, "the policy process to die with its server")
+        assert await anyio.to_thread.run_sync(ended, child, 30), "the policy process outlived its server"
     finally:
         proc.kill()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-def test_a_server_whose_policy_process_dies_exits_at_once(tmp_path: Path) -> None:
-    proc, child = _serve(tmp_path)
+@pytest.mark.parametrize("moment", ["idle", "mid-forward"])
+async def test_a_server_whose_policy_process_dies_exits_at_once_and_its_robot_sees_it(
+    tmp_path: Path, moment: str
+) -> None:
+    port = free_port()
+    # A 2 s forward: the kill lands inside it, not between requests.
+    proc, child = _serve(tmp_path, port, options="cameras = {front = [48, 64]}\ncompute_ms = 2000")
     try:
-        os.kill(child, signal.SIGKILL)
-        assert proc.wait(60) == POLICY_LOST_STATUS
+        async with connected(port, "robot") as client:
+            (server,) = await client.discover()
+            session = await client.open_session(
+                server, features=server.status.policy.features, fps=server.status.policy.fps
+            )
+            if moment == "mid-forward":
+                await session.send(*observation(1.0, cameras={"front": (48, 64)}))
+                await anyio.to_thread.run_sync(proc.wait_line, "inference started", 60.0)
+            os.kill(child, signal.SIGKILL)
+            assert await anyio.to_thread.run_sync(proc.wait, 60.0) == POLICY_LOST_STATUS
+            with anyio.fail_after(30):
+                await session.lost.wait()  # the server went with its policy: the robot moves on
         assert "policy process lost" in proc.output
     finally:
         proc.kill()
