@@ -12,7 +12,9 @@ still checked, so a broken peer gives a clear error instead of a huge allocation
 
 from __future__ import annotations
 
+import contextlib
 import math
+import select
 import socket
 import struct
 from collections.abc import Sequence
@@ -247,6 +249,18 @@ class Channel:
     def close(self) -> None:
         """Close this end: the other end's next receive raises `ChannelClosed`."""
         self._sock.close()
+
+    def finish(self, timeout: float) -> bool:
+        """Tell the other end nothing more comes, and wait until it has closed its end.
+
+        Never reads: a reply still on its way stays for whoever waits on it. False when the other
+        end has not closed within ``timeout`` s.
+        """
+        with contextlib.suppress(OSError):  # already gone
+            self._sock.shutdown(socket.SHUT_WR)
+        poller = select.poll()
+        poller.register(self._sock, 0)  # hang-up and errors are reported whatever the mask
+        return bool(poller.poll(timeout * 1000))
 
     def _read(self, size: int) -> memoryview:
         # Not a bytearray: that zero-fills every byte before the kernel overwrites it.

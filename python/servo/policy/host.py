@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
         PolicyHost(channel).serve()
     except ChannelClosed as exc:
         log.debug("policy process ends", reason=str(exc))
+    # Closed here, not by the exit: the kernel closes a dead process's sockets only after unmapping
+    # its memory, and the server waits for this close, not for that.
+    channel.close()
     # The interpreter's teardown is skipped, as the command-line tools do (servo.cli.lifecycle).
     sys.stderr.flush()
     os._exit(0)

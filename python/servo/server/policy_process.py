@@ -199,21 +199,23 @@ class PolicyProcess:
             for o in reply.outcomes
         ]
 
-    def close(self, timeout: float = _EXIT_WAIT_S) -> int | None:
-        """Close the link: the child ends (at once, or after its forward in flight).
+    def close(self, timeout: float = _EXIT_WAIT_S) -> None:
+        """End the link: the child finishes its forward in flight, closes its end and exits.
 
-        Returns its exit status, or None when it had not exited within ``timeout`` s: then it is
-        killed and not waited for. A policy process that has left its loop is only the kernel
-        tearing torch down, which beside busy loops takes longer than a server's stop may.
+        Waits for that close (at most ``timeout`` s, then the child is killed), never for the
+        kernel to tear the child down: beside busy loops unmapping torch takes longer than a
+        server's stop may, and the child has nothing left to do by then.
         """
         if self._closed.is_set():
-            return self._proc.returncode
+            return
         self._closed.set()
-        self._channel.close()
-        status = self._ended(timeout)
         if self._watch is not None:
-            self._watch.close()
-        return status
+            self._watch.close()  # it ends once the child is reaped
+        if not self._channel.finish(timeout):
+            self._proc.kill()
+        self._channel.close()
+        if self._watch is None:  # it never served (a failed start): nobody else reaps it
+            self._ended(timeout)
 
     def _ended(self, timeout: float) -> int | None:
         """The child's exit status within ``timeout`` s; past it, it is killed (not waited for) and None."""
@@ -224,6 +226,7 @@ class PolicyProcess:
             return None
 
     def _watch_child(self) -> None:
+        # Also reaps the child after `close`: its thread ends once the kernel has torn the child down.
         status = self._proc.wait()
         if not self._closed.is_set():
             self._lost(ChannelClosed(f"it exited with status {status}"))
