@@ -307,7 +307,8 @@ DOORS: tuple[Door, ...] = (
         'model.process = "separate": the policy link',
         "the server and the policy process it started",
         "an anonymous socketpair the policy process inherits: no path, no port, nothing listens; "
-        "the policy process holds no other socket",
+        "the policy process holds no other socket; frames cross in the server's memfd (no name on "
+        "any file system), which the policy process gets read-only over that socketpair",
     ),
     # ---------------------------------------------------------------- files where the operator says
     Door(

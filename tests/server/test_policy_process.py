@@ -37,17 +37,19 @@ SMALL = {"front": (48, 64), "wrist": (48, 64)}
 START_S = 180.0
 
 
-async def test_a_policy_process_serves_the_chunks_a_local_runner_computes(port: int) -> None:
-    manifest = make_manifest(port, options="cameras = {front = [48, 64], wrist = [48, 64]}")
+@pytest.mark.parametrize(("height", "width"), [(48, 64), (480, 640)], ids=["on-the-stream", "through-the-arena"])
+async def test_a_policy_process_serves_the_chunks_a_local_runner_computes(port: int, height: int, width: int) -> None:
+    size = f"[{height}, {width}]"
+    manifest = make_manifest(port, options=f"cameras = {{front = {size}, wrist = {size}}}")
     assert manifest.model.process == "separate"  # the default
-    local = ReferencePolicy(cameras=SMALL)  # same seed: the expected chunks
+    local = ReferencePolicy(cameras={"front": (height, width), "wrist": (height, width)})  # same seed
     runner = InferenceRunner(local)
     async with running_server(manifest) as (_, ready), connected(port, "robot") as client:
         assert ready.paths["process"] == "separate"
         assert ready.policy_pid is not None
         session = await open_on(client, ready)
         for seed in range(3):
-            frames = camera_frames(48, 64, seed=seed)
+            frames = camera_frames(height, width, seed=seed)
             state = np.linspace(-5, 5, 6, dtype=np.float32) * (seed + 1)
             result = await session.infer(state, frames, timeout=30)
             obs = synthetic_observation(local)
@@ -55,7 +57,22 @@ async def test_a_policy_process_serves_the_chunks_a_local_runner_computes(port: 
             model, robot = runner.infer(local.make_processor(), obs, 0)
             np.testing.assert_allclose(result.chunk_model, model, atol=1e-5)
             np.testing.assert_allclose(result.chunk_robot, robot, atol=1e-5)
+        arenas = [line.split()[1] for line in _maps(ready.policy_pid).splitlines() if "servo-policy-link" in line]
+        # Frames of 2 x 921 kB come through the server's arena, which the child can only read.
+        assert arenas == (["r--s"] if height == 480 else [])
+        modes = [_access_mode(ready.policy_pid, fd) for fd in _memfds(ready.policy_pid)]
+        assert modes == ([os.O_RDONLY] if height == 480 else [])  # not even remapped for writing
         await session.close()
+
+
+def _memfds(pid: int) -> list[str]:
+    """The descriptors of memfds that process ``pid`` holds."""
+    return [fd for fd in os.listdir(f"/proc/{pid}/fd") if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:")]
+
+
+def _access_mode(pid: int, fd: str) -> int:
+    flags = next(line for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines() if line.startswith("flags"))
+    return int(flags.split()[1], 8) & os.O_ACCMODE
 
 
 async def test_a_failing_forward_reads_as_it_would_inline_and_the_next_one_is_served(port: int) -> None:
@@ -107,10 +124,10 @@ def test_frames_decoded_on_the_device_need_the_policy_inline() -> None:
 def test_the_link_refuses_what_is_not_a_message_before_allocating_it() -> None:
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        theirs.sendall((64).to_bytes(4, "little") + (1 << 40).to_bytes(8, "little"))
+        theirs.sendall((64).to_bytes(4, "little") + (1 << 40).to_bytes(8, "little") + b"\x00")
         with pytest.raises(ChannelClosed, match="too large"):
             Channel(ours).receive()
-        theirs.sendall((3).to_bytes(4, "little") + (0).to_bytes(8, "little") + b"\xc1\x00\x00")
+        theirs.sendall((3).to_bytes(4, "little") + (0).to_bytes(8, "little") + b"\x00" + b"\xc1\x00\x00")
         with pytest.raises(ChannelClosed, match="malformed"):
             Channel(ours).receive()
         theirs.close()

@@ -1,9 +1,11 @@
 """The link between a server and its policy process: typed msgpack messages and raw numpy arrays.
 
-One message on the stream is ``<u32 header length><u64 body length>``, a msgpack header (one of
-`Message`) and a body holding the header's arrays back to back, in the order their `ArrayRef`
-appear. Arrays are sent from their own buffers and received into one buffer per message, so a
-frame is copied once by the kernel on each side and never by Python.
+One message on the stream is ``<u32 header length><u64 body length><u8 where>``, a msgpack
+header (one of `Message`) and a body holding the header's arrays back to back, in the order their
+`ArrayRef` appear. A small body follows on the stream (sent from the arrays' own buffers); a
+large one (frames) is in the sender's arena (`servo.policy.arena`: shared memory whose descriptor
+rides with the first message that needs it). Either way it is received into one buffer per
+message of the receiver's own.
 
 The two ends are the halves of an anonymous ``socketpair`` the child inherits: no path on disk,
 no port, nothing another process can connect to. Both ends are servo's own code; the sizes are
@@ -12,8 +14,10 @@ still checked, so a broken peer gives a clear error instead of a huge allocation
 
 from __future__ import annotations
 
+import array
 import contextlib
 import math
+import os
 import select
 import socket
 import struct
@@ -25,10 +29,13 @@ import numpy as np
 import numpy.typing as npt
 
 from servo.errors import PolicyError
+from servo.policy import arena
 from servo.policy.protocol import DecodedObservation, PolicySpec
 from servo.policy.runner import DType
 
-_PREFIX = struct.Struct("<IQ")
+_PREFIX = struct.Struct("<IQB")
+#: Where a message's body is: on the stream after the header, or in the sender's arena.
+_ON_STREAM, _IN_ARENA = 0, 1
 #: Headers carry names, shapes and error messages: far below this.
 MAX_HEADER_BYTES = 16 << 20
 #: A batch of observations with several full-HD cameras fits many times over.
@@ -210,6 +217,8 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self._outgoing = arena.Outgoing()
+        self._incoming = arena.Incoming()
         # Frames cross in a few large writes rather than many wake-ups of the other side (the
         # kernel caps the size at its net.core limits): a 1.8 MB round trip took half the time.
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -224,12 +233,23 @@ class Channel:
         header = _encoder.encode(message)
         buffers: Sequence[memoryview] = body.buffers if body is not None else ()
         length = sum(b.nbytes for b in buffers)
+        in_arena = arena.AVAILABLE and length >= arena.ARENA_MIN_BYTES
+        new_arena = self._outgoing.place(buffers, length) if in_arena else None
+        prefix = _PREFIX.pack(len(header), length, _IN_ARENA if in_arena else _ON_STREAM)
         try:
-            self._sock.sendall(_PREFIX.pack(len(header), length) + header)
-            for buffer in buffers:
-                self._sock.sendall(buffer)
+            if new_arena is None:
+                self._sock.sendall(prefix + header)
+            else:  # the descriptor rides with the prefix's bytes
+                sent = socket.send_fds(self._sock, [prefix + header], [new_arena])
+                self._sock.sendall(memoryview(prefix + header)[sent:])
+            if not in_arena:
+                for buffer in buffers:
+                    self._sock.sendall(buffer)
         except OSError as exc:
             raise ChannelClosed(f"policy link closed: {exc}") from None
+        finally:
+            if new_arena is not None:
+                arena.Outgoing.release(new_arena)
 
     def receive(self) -> tuple[Message, Arrays]:
         """The next message and its arrays.
@@ -237,18 +257,38 @@ class Channel:
         Raises:
             ChannelClosed: the other end is gone, or sent something that is not a message.
         """
-        header_len, body_len = _PREFIX.unpack(self._read(_PREFIX.size))
-        if header_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
-            raise ChannelClosed(f"policy link sent a {header_len} B header / {body_len} B body: too large")
+        prefix, fds = self._read_prefix()
+        header_len, body_len, where = _PREFIX.unpack(prefix)
+        try:
+            if header_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
+                raise ChannelClosed(f"policy link sent a {header_len} B header / {body_len} B body: too large")
+            if len(fds) > 1:
+                raise ChannelClosed(f"policy link sent {len(fds)} descriptors with one message")
+            if where not in (_ON_STREAM, _IN_ARENA) or (fds and where != _IN_ARENA):
+                raise ChannelClosed(f"policy link sent a body at {where} with {len(fds)} descriptors")
+            if fds:
+                self._incoming.adopt(fds.pop())
+        except arena.ArenaError as exc:
+            raise ChannelClosed(str(exc)) from None
+        finally:
+            for fd in fds:
+                os.close(fd)
         try:
             message = _decoder.decode(self._read(header_len))
         except msgspec.DecodeError as exc:
             raise ChannelClosed(f"policy link sent a malformed message: {exc}") from None
-        return message, Arrays(self._read(body_len))
+        if where == _ON_STREAM:
+            return message, Arrays(self._read(body_len))
+        try:
+            return message, Arrays(self._incoming.copy_out(body_len))
+        except arena.ArenaError as exc:
+            raise ChannelClosed(str(exc)) from None
 
     def close(self) -> None:
         """Close this end: the other end's next receive raises `ChannelClosed`."""
         self._sock.close()
+        self._outgoing.close()
+        self._incoming.close()
 
     def finish(self, timeout: float) -> bool:
         """Tell the other end nothing more comes, and wait until it has closed its end.
@@ -261,6 +301,27 @@ class Channel:
         poller = select.poll()
         poller.register(self._sock, 0)  # hang-up and errors are reported whatever the mask
         return bool(poller.poll(timeout * 1000))
+
+    def _read_prefix(self) -> tuple[bytes, list[int]]:
+        """A message's prefix, and the descriptors that came with it (at most one: more is refused)."""
+        prefix = bytearray(_PREFIX.size)
+        view, fds = memoryview(prefix), array.array("i")
+        while view.nbytes:
+            try:
+                got, ancillary, flags, _ = self._sock.recvmsg_into(
+                    [view], socket.CMSG_SPACE(fds.itemsize), socket.MSG_CMSG_CLOEXEC
+                )
+            except OSError as exc:
+                raise ChannelClosed(f"policy link closed: {exc}") from None
+            for level, kind, data in ancillary:
+                if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+            if flags & socket.MSG_CTRUNC or got == 0:
+                for fd in fds:
+                    os.close(fd)
+                raise ChannelClosed("policy link sent too many descriptors" if got else "policy link closed")
+            view = view[got:]
+        return bytes(prefix), list(fds)
 
     def _read(self, size: int) -> memoryview:
         # Not a bytearray: that zero-fills every byte before the kernel overwrites it.
