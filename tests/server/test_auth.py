@@ -100,6 +100,25 @@ def test_an_observation_passes_every_check_once() -> None:
     assert auth.last_obs_seq == 1
 
 
+@pytest.mark.parametrize("tamper", [False, True], ids=["as-sent", "a-byte-changed"])
+def test_an_observation_in_zenoh_shared_memory_is_opened_and_a_changed_one_refused(tamper: bool) -> None:
+    auth, key = handshake()
+    attachment, ciphertext = key.encrypt(obs(auth, 1), b"observation" * 1000)
+    provider = zenoh.shm.ShmProvider.default_backend(1 << 20)
+    sent = bytearray(ciphertext)
+    sent[7] ^= tamper
+    shared = provider.alloc(len(sent), zenoh.shm.BlockOn(zenoh.shm.GarbageCollect()))
+    shared[0 : len(sent)] = sent
+    payload = zenoh.ZBytes(shared)
+    assert payload.as_shm() is not None  # as a sample from a same-host sender arrives
+    if tamper:
+        with pytest.raises(Refused) as info:
+            verify_observation(auth, attachment, payload, max_bytes=1 << 20)
+        assert info.value.reason == "mac"
+    else:
+        assert verify_observation(auth, attachment, payload, max_bytes=1 << 20)[1] == b"observation" * 1000
+
+
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
