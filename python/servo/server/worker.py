@@ -235,7 +235,8 @@ class InferenceWorker:
 
     def _reply(self, replies: list[Reply]) -> None:
         assert self._replies is not None
-        self._replies.submit(replies)
+        # Nothing waits for the device: this thread answers (`servo.server.replies`).
+        self._replies.submit(replies, here=not self._queue and not self._registry.has_ready())
 
 
 def _crashed(done: Future[None]) -> None:
