@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,9 +56,10 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from benches._fleet import FleetResult, run_fleet, spawn_server, window
+from benches._fleet import FleetResult, run_fleet, run_process_fleet, spawn_server, window
 from benches._floor import run_echo_fleet, run_floor
-from benches._support import percentiles_ms, results_table
+from benches._support import percentiles_ms, ready_process, results_table
+from testbed.load import CpuHogs
 
 COMPUTE_MS = 20.0
 IDEAL_RPS = 1000.0 / COMPUTE_MS
@@ -67,6 +69,8 @@ CALLER_CLIENTS = (1, 16)
 CALLER_ROUNDS = 3
 CALLER_WARMUP_S = 1.0
 CALLER_MEASURE_S = 4.0
+#: (transport, busy loops beside it) of `test_caller_overhead`.
+CALLER_CASES = [("tcp", 0), ("shm", 0), ("tcp", 2)]
 SMOKE_CLIENTS = (1, 2)
 SMOKE_REQUESTS = 8
 WARMUP_S = 1.5
@@ -208,29 +212,36 @@ def _caller_table(rounds: list[dict[str, Any]]) -> list[str]:
         "\nWhat the caller sees (`test_caller_overhead`: raw frames, queue wait excluded, p50 ms, median "
         "of the interleaved rounds): servo's figure stamped on Zenoh's callback thread and at the caller's "
         "await, beside the floors at their caller; the policy in the server's process (the bench's own, "
-        'injected), and in a policy process (`model.process = "separate"`, servo-serve\'s default).',
+        'injected), and in a policy process (`model.process = "separate"`, servo-serve\'s default); openpi: '
+        "its protocol server (`benches._openpi`) and openpi-client's `WebsocketClientPolicy` in a process "
+        "of its own, the same payload, N = 1 over TCP. Busy loops: that many `testbed.load.CpuHogs` "
+        "beside the whole run.",
         "",
-        "| transport | N | rounds | floor | floor + cipher | servo (callback) | servo (caller) | servo - floor | "
-        "servo - (floor + cipher) | policy process (caller) | load |",
-        "|" + "---|" * 11,
+        "| transport | busy loops | N | rounds | floor | floor + cipher | servo (callback) | servo (caller) | "
+        "servo - floor | servo - (floor + cipher) | policy process (caller) | openpi (caller) | servo / openpi | "
+        "load |",
+        "|" + "---|" * 14,
     ]
-    for transport in TRANSPORTS:
+    for transport, hogs in CALLER_CASES:
         for n in CALLER_CLIENTS:
-            mine = [r for r in rounds if r["transport"] == transport and r["clients"] == n]
+            mine = [r for r in rounds if (r["transport"], r.get("hogs", 0), r["clients"]) == (transport, hogs, n)]
             if not mine:
                 continue
 
             def median(server: str, key: str, rows: list[dict[str, Any]] = mine) -> float:
-                return float(np.median([r[key] for r in rows if r["server"] == server]))
+                got = [r[key] for r in rows if r["server"] == server]
+                return float(np.median(got)) if got else float("nan")
 
             at_caller = "caller_ex_queue_ms_p50"
             bare, sealed = median("zenoh floor", at_caller), median("zenoh floor + AES-256-GCM", at_caller)
             callback, caller = median("servo", "overhead_ex_queue_ms_p50"), median("servo", at_caller)
-            separate = median("servo, policy process", at_caller)
+            separate, openpi = median("servo, policy process", at_caller), median("openpi", at_caller)
             loads = [r["load"] for r in mine]
+            versus = "-" if np.isnan(openpi) else f"{caller / openpi:.2f}"
             out.append(
-                f"| {transport} | {n} | {len(mine) // 4} | {bare:.2f} | {sealed:.2f} | {callback:.2f} | "
-                f"**{caller:.2f}** | {caller - bare:+.2f} | {caller - sealed:+.2f} | {separate:.2f} | "
+                f"| {transport} | {hogs} | {n} | {len({r['round'] for r in mine})} | {bare:.2f} | {sealed:.2f} | "
+                f"{callback:.2f} | **{caller:.2f}** | {caller - bare:+.2f} | {caller - sealed:+.2f} | "
+                f"{separate:.2f} | {'-' if np.isnan(openpi) else f'{openpi:.2f}'} | {versus} | "
                 f"{min(loads):.0f}-{max(loads):.0f} |"
             )
     return out
@@ -329,24 +340,29 @@ def test_transport_floor(
     assert stats["correct"], stats
 
 
-@pytest.mark.timeout(900)  # rounds x N x four servers, each its warm-up and window
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_caller_overhead(benchmark: BenchmarkFixture, table: list[dict[str, Any]], transport: str) -> None:
-    """Issue 27: the overhead at the caller's await, servo beside the floors (bare, + cipher), raw
-    frames, N = 1 and N = 16, in interleaved rounds (servo, floor, floor + cipher, next N, next
-    round) against servers that run side by side, so a load that changes during the run hits
-    all three alike."""
+@pytest.mark.timeout(1200)  # rounds x N x five servers, each its warm-up and window
+@pytest.mark.parametrize(("transport", "hogs"), CALLER_CASES, ids=["tcp", "shm", "tcp-beside-2-busy-loops"])
+def test_caller_overhead(benchmark: BenchmarkFixture, table: list[dict[str, Any]], transport: str, hogs: int) -> None:
+    """Issue 27: the overhead at the caller's await, servo beside the floors (bare, + cipher) and,
+    over TCP at N = 1, openpi (its protocol server and its own client, in a process of its own),
+    raw frames, N = 1 and N = 16, in interleaved rounds (servo, floor, floor + cipher, openpi, next
+    N, next round) against servers that run side by side, so a load that changes during the run
+    hits all alike; once more beside ``hogs`` busy loops (`testbed.load.CpuHogs`)."""
     smoke = benchmark.disabled
     rounds, ns = (1, SMOKE_CLIENTS[:1]) if smoke else (CALLER_ROUNDS, CALLER_CLIENTS)
     kwargs = window(smoke, smoke_requests=SMOKE_REQUESTS, warmup_s=CALLER_WARMUP_S, measure_s=CALLER_MEASURE_S)
     benchmark.group = f"caller-{transport}"
-    benchmark.name = f"caller-{transport}-raw"
+    benchmark.name = f"caller-{transport}-raw" + (f"-{hogs}-hogs" if hogs else "")
     args = ("--compute-ms", str(COMPUTE_MS), "--transport", transport)
+    openpi = [sys.executable, "-m", "benches._openpi", "baseline", "--compute-ms", str(COMPUTE_MS)]
     with (
         spawn_server("serve", *args) as servo_port,
         spawn_server("serve", *args, "--process", "separate") as separate_port,
         spawn_server("echo", *args, module="benches._floor") as echo_port,
+        ready_process(openpi, "openpi-protocol server") as (_, ready_line),
+        CpuHogs(hogs, enabled=hogs > 0 and not smoke),
     ):
+        openpi_port = int(ready_line[1])
 
         def interleaved() -> list[dict[str, Any]]:
             rows = []
@@ -361,9 +377,15 @@ def test_caller_overhead(benchmark: BenchmarkFixture, table: list[dict[str, Any]
                         "zenoh floor": lambda floor=floor: run_floor(echo_port, cipher=False, **floor),
                         "zenoh floor + AES-256-GCM": lambda floor=floor: run_floor(echo_port, cipher=True, **floor),
                     }
+                    if transport == "tcp" and n == 1:  # openpi has no shared memory; N > 1 queues on its loop
+                        runs["openpi"] = lambda: run_process_fleet(
+                            openpi_port, 1, quality=0, client="benches._openpi", **kwargs
+                        )
                     for server, run in runs.items():
                         stats = summarize(run())
-                        rows.append({**stats, "server": server, "round": turn, "load": os.getloadavg()[0]})
+                        rows.append(
+                            {**stats, "server": server, "round": turn, "load": os.getloadavg()[0], "hogs": hogs}
+                        )
             return rows
 
         rows = benchmark.pedantic(interleaved, rounds=1, iterations=1)

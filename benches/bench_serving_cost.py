@@ -8,14 +8,16 @@ everything measured is serving: transport, authentication, decoding, scheduling 
   (``shared_memory = false``: what a robot reaching a GPU box uses), frames raw and JPEG q90,
   clients ``python -m benches._fleet client`` (a `PolicyClient` session each); its observation
   intake spread over one lane per core (`servo.server.lanes`), and on one thread as before
-  (``servo 1 lane``, ``serving.intake_threads = 1``): the same-run before/after.
+  (``servo 1 lane``, ``serving.intake_threads = 1``): the same-run before/after. ``servo, policy
+  process`` is ``servo-serve``'s default layout: the policy in a process of its own
+  (`servo.server.policy_process`), whose CPU counts with the server's.
 - ``openpi``: the openpi protocol server of `benches._openpi` (``websockets`` + openpi-client's
   msgpack-numpy, the forward on the event loop, as openpi's ``WebsocketPolicyServer`` runs it;
   openpi's server package is not on PyPI, its client is), clients ``openpi_client``'s own
   ``WebsocketClientPolicy``. openpi sends frames raw only.
 
 Per row: ``served_rps`` (replies received inside the window), ``server_cpu_us`` (the server
-process's CPU time over the window, all threads, per served request) and ``rps_per_core``
+process's CPU time over the window, all threads and its policy process, per served request) and ``rps_per_core``
 (= 1e6 / server_cpu_us: requests one core of server CPU serves), the caller's overhead p50 (its
 wall clock around the request minus the server-reported forward), and the machine's load. On a
 shared 2-core machine the clients compete with the server for the cores, so ``served_rps`` is
@@ -33,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,9 +56,15 @@ SMOKE_CLIENTS = 2
 SMOKE_REQUESTS = 5
 WARMUP_S = 3.0
 MEASURE_S = 8.0
-#: Servers: servo with its observation intake on one thread (before issue 27) and with a lane
-#: per core (``serving.intake_threads = 0``), and the openpi-protocol server.
-SERVERS = {"servo 1 lane": "1", "servo": "0", "openpi": None}
+#: Servers (their ``benches._fleet serve`` flags): servo with its observation intake on one thread
+#: (before issue 27), with a lane per core (``serving.intake_threads = 0``), and with the policy in
+#: a process of its own as well (servo-serve's default); and the openpi-protocol server.
+SERVERS: dict[str, tuple[str, ...] | None] = {
+    "servo 1 lane": ("--intake-threads", "1"),
+    "servo": ("--intake-threads", "0"),
+    "servo, policy process": ("--intake-threads", "0", "--process", "separate"),
+    "openpi": None,
+}
 #: payload -> JPEG quality of the clients (0: raw); openpi's protocol sends frames raw only.
 PAYLOADS = {"raw": 0, "jpeg90": 90}
 
@@ -63,11 +72,11 @@ PAYLOADS = {"raw": 0, "jpeg90": 90}
 @pytest.fixture(scope="module", params=list(SERVERS))
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int, int]]:
     """(name, port, pid) of a server whose forward takes no time."""
-    lanes = SERVERS[request.param]
-    if lanes is not None:
+    flags = SERVERS[request.param]
+    if flags is not None:
         port = free_port()
         command = [sys.executable, "-m", "benches._fleet", "serve", "--port", str(port), "--transport", "tcp"]
-        with ready_process([*command, "--compute-ms", "0", "--intake-threads", lanes], "servo server") as (proc, _):
+        with ready_process([*command, "--compute-ms", "0", *flags], "servo server") as (proc, _):
             yield request.param, port, proc.pid
     else:
         command = [sys.executable, "-m", "benches._openpi", "baseline", "--compute-ms", "0"]
@@ -81,7 +90,8 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
 
 
 class ServerCpu:
-    """The server process's CPU seconds between two monotonic instants (sampled on its own thread)."""
+    """The server's CPU seconds between two monotonic instants, its child processes' included
+    (sampled on its own thread)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -91,9 +101,11 @@ class ServerCpu:
     def window(self, start: float, end: float) -> None:
         def sample() -> None:
             time.sleep(max(0.0, start - time.monotonic()))
-            before = CpuWatch.process_jiffies(self.pid)
+            pids = [self.pid, *_children(self.pid)]  # the policy process starts before the server serves
+            before = sum(CpuWatch.process_jiffies(pid) for pid in pids)
             time.sleep(max(0.0, end - time.monotonic()))
-            self.seconds = (CpuWatch.process_jiffies(self.pid) - before) / os.sysconf("SC_CLK_TCK")
+            after = sum(CpuWatch.process_jiffies(pid) for pid in pids)
+            self.seconds = (after - before) / os.sysconf("SC_CLK_TCK")
 
         if end != float("inf"):
             self._thread = threading.Thread(target=sample, daemon=True)
@@ -103,6 +115,10 @@ class ServerCpu:
         if self._thread is not None:
             self._thread.join(10)
         return self.seconds
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def summarize(result: FleetResult, cpu_s: float | None, smoke: bool) -> dict[str, Any]:
@@ -138,7 +154,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         f"Pure serving cost: 0 ms policy, N = {rows[0]['clients']} client processes, two 480x640 frames + "
         f"state, one request in flight each; {mode}; server in its own process on 127.0.0.1 (servo: Zenoh "
         "TCP, shared_memory = false; openpi: WebSocket + msgpack-numpy). server CPU = the server process's "
-        "user + system time over the window per served request; requests/s per core = 1e6 / that; "
+        "(and its policy process's) user + system time over the window per served request; requests/s per "
+        "core = 1e6 / that; "
         "caller overhead = the client's wall clock per request - the server-reported forward. "
         "load = 1-min load average at the row's end (the machine has "
         f"{os.cpu_count()} cores, shared with the clients and other work)."
