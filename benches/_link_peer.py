@@ -14,7 +14,7 @@ from servo.policy.channel import Body, Channel, ChannelClosed, Chunk, Infer, Out
 def main() -> None:
     fd, buffer_bytes = int(sys.argv[1]), int(sys.argv[2])
     sock = socket.socket(fileno=fd)
-    channel = Channel(sock)
+    channel = Channel(sock, arena="reads")
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):  # as a kernel with lower limits grants
         sock.setsockopt(socket.SOL_SOCKET, option, buffer_bytes)
     chunk = np.ones((50, 6), np.float32)

@@ -65,7 +65,7 @@ def install_client(monkeypatch: pytest.MonkeyPatch) -> None:
 
     patch = monkeypatch.setattr
     _wrap(session.RemoteSession, "infer", "infer called", "infer returned", patch)
-    _wrap(uplink.Uplink, "_send", "uplink thread", "put returned", patch)
+    _wrap(uplink.Uplink, "_send", "uplink thread", None, patch)
     _wrap(uplink, "encode_into", None, "packed", patch)
     _wrap(session.RemoteSession, "_on_action", "answer on callback thread", None, patch)
     _wrap(session.RemoteSession, "_on_message", "answer on event loop", None, patch)
@@ -85,7 +85,6 @@ def install_server(events: str) -> None:
     _wrap(lanes.IntakeLanes, "_run", "intake lane", None, patch)
     _wrap(intake, "verify_observation", None, "verified", patch)
     _wrap(decoding.ObservationDecoder, "__call__", None, "decoded", patch)
-    _wrap(intake.ObservationIntake, "on_sample", None, "deposited", patch)
     _wrap(worker.InferenceWorker, "_forward", "worker took it", None, patch)
     _wrap(worker.InferenceWorker, "_reply", "forward done", None, patch)
     _wrap(sessions.Session, "publish", "answer sealed and put", None, patch)

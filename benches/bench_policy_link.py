@@ -59,7 +59,7 @@ def round_trips(use_arena: bool, buffer_bytes: int, trips: int) -> tuple[list[fl
     command = [sys.executable, "-m", "benches._link_peer", str(theirs.fileno()), str(buffer_bytes)]
     peer = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=bench_env())
     theirs.close()
-    channel = Channel(ours)
+    channel = Channel(ours, arena="writes")
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         ours.setsockopt(socket.SOL_SOCKET, option, buffer_bytes)
     obs, took = observation(), []

@@ -31,17 +31,17 @@ from benches._support import markdown, percentiles_ms, ready_process, results_ta
 from testbed.processes import free_port
 
 COMPUTE_MS = 20.0
-#: (first mark, next mark, what happens between them), in the order a request goes.
+#: (first mark, next mark, what happens between them), in the order a request goes. Each mark
+#: happens after the one before it whatever the scheduling: a put may return after the server
+#: has the observation, and the worker may take it before its lane returns from the deposit.
 STAGES = [
     ("infer called", "uplink thread", "client: the event loop builds the request, the uplink thread takes it"),
     ("uplink thread", "packed", "client: the frames packed into one message"),
-    ("packed", "put returned", "client: sealed (AES-256-GCM) and put into Zenoh"),
-    ("put returned", "server callback thread", "Zenoh: the rest of the transfer, to the server's callback thread"),
+    ("packed", "server callback thread", "client: sealed (AES-256-GCM) and put; Zenoh to the server's callback"),
     ("server callback thread", "intake lane", "server: routed to the session's intake lane"),
     ("intake lane", "verified", "server: copied out of Zenoh and opened"),
     ("verified", "decoded", "server: admitted and decoded"),
-    ("decoded", "deposited", "server: deposited in the session's mailbox"),
-    ("deposited", "worker took it", "server: the inference worker wakes and takes it"),
+    ("decoded", "worker took it", "server: deposited in the session's mailbox; the worker wakes and takes it"),
     ("worker took it", "forward done", "server: the forward (the server's own time, not overhead)"),
     ("forward done", "answer sealed and put", "server: the answer built"),
     ("answer sealed and put", "answer on callback thread", "sealed, put, through Zenoh to the client's callback"),

@@ -308,7 +308,8 @@ DOORS: tuple[Door, ...] = (
         "the server and the policy process it started",
         "an anonymous socketpair the policy process inherits: no path, no port, nothing listens; "
         "the policy process holds no other socket; frames cross in the server's memfd (no name on "
-        "any file system), which the policy process gets read-only over that socketpair",
+        "any file system), which the policy process gets read-only over that socketpair and nobody but "
+        "the server can write (sealed); the server takes no descriptor from the policy process",
     ),
     # ---------------------------------------------------------------- files where the operator says
     Door(

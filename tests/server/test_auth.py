@@ -111,12 +111,26 @@ def test_an_observation_in_zenoh_shared_memory_is_opened_and_a_changed_one_refus
     shared[0 : len(sent)] = sent
     payload = zenoh.ZBytes(shared)
     assert payload.as_shm() is not None  # as a sample from a same-host sender arrives
+    auth.key = opened = Opened(auth.key)
     if tamper:
         with pytest.raises(Refused) as info:
             verify_observation(auth, attachment, payload, max_bytes=1 << 20)
         assert info.value.reason == "mac"
     else:
         assert verify_observation(auth, attachment, payload, max_bytes=1 << 20)[1] == b"observation" * 1000
+    assert opened.given == [zenoh.shm.ZShm]  # read out of the shared memory, not through Zenoh's copy
+
+
+class Opened:
+    """A session key that records what it was given to decrypt."""
+
+    def __init__(self, key: SessionKey) -> None:
+        self._key = key
+        self.given: list[type] = []
+
+    def decrypt(self, attachment: bytes, ciphertext: object) -> tuple[Header, bytes]:
+        self.given.append(type(ciphertext))
+        return self._key.decrypt(attachment, ciphertext)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

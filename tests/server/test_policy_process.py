@@ -8,6 +8,7 @@ a server whose policy process dies exits at once (status 70) so its robots move 
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import socket
@@ -60,8 +61,15 @@ async def test_a_policy_process_serves_the_chunks_a_local_runner_computes(port: 
         arenas = [line.split()[1] for line in _maps(ready.policy_pid).splitlines() if "servo-policy-link" in line]
         # Frames of 2 x 921 kB come through the server's arena, which the child can only read.
         assert arenas == (["r--s"] if height == 480 else [])
-        modes = [_access_mode(ready.policy_pid, fd) for fd in _memfds(ready.policy_pid)]
-        assert modes == ([os.O_RDONLY] if height == 480 else [])  # not even remapped for writing
+        held = _memfds(ready.policy_pid)
+        assert [_access_mode(ready.policy_pid, fd) for fd in held] == ([os.O_RDONLY] if height == 480 else [])
+        for fd in held:  # opened again for writing, as the child itself could: still not writable
+            again = os.open(f"/proc/{ready.policy_pid}/fd/{fd}", os.O_RDWR)
+            try:
+                with pytest.raises(PermissionError):
+                    mmap.mmap(again, mmap.PAGESIZE)
+            finally:
+                os.close(again)
         await session.close()
 
 
@@ -126,13 +134,13 @@ def test_the_link_refuses_what_is_not_a_message_before_allocating_it() -> None:
     with ours, theirs:
         theirs.sendall((64).to_bytes(4, "little") + (1 << 40).to_bytes(8, "little") + b"\x00")
         with pytest.raises(ChannelClosed, match="too large"):
-            Channel(ours).receive()
+            Channel(ours, arena="writes").receive()
         theirs.sendall((3).to_bytes(4, "little") + (0).to_bytes(8, "little") + b"\x00" + b"\xc1\x00\x00")
         with pytest.raises(ChannelClosed, match="malformed"):
-            Channel(ours).receive()
+            Channel(ours, arena="writes").receive()
         theirs.close()
         with pytest.raises(ChannelClosed, match="closed"):
-            Channel(ours).receive()
+            Channel(ours, arena="writes").receive()
 
 
 def test_arrays_cross_the_link_unchanged() -> None:
@@ -143,8 +151,8 @@ def test_arrays_cross_the_link_unchanged() -> None:
         obs.images = camera_frames(48, 64)
         obs.prefix_robot = np.ones((4, 6), np.float32)
         body = Body()
-        Channel(theirs).send(Infer([body.observation(7, obs, 3)]), body)
-        message, arrays = Channel(ours).receive()
+        Channel(theirs, arena="writes").send(Infer([body.observation(7, obs, 3)]), body)
+        message, arrays = Channel(ours, arena="reads").receive()
         assert isinstance(message, Infer)
         (request,) = message.requests
         got = arrays.observation(request)

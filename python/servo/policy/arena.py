@@ -13,9 +13,13 @@ stream, a 1.8 MB round trip took half the CPU and lost its multi-millisecond tai
   other's answer to its last message, and a receiver copies a body out before it answers, so an
   arena is never rewritten while the other end reads it.
 * **No door.** A memfd has no name in any file system (only a label in ``/proc/<pid>/maps``). A
-  read-only descriptor of it crosses the socketpair, which only the server and its child hold,
-  so the receiver can map it only for reading. It is sealed against resizing, so a peer cannot
-  make the reader fault (``SIGBUS``) by truncating it under the reader's feet.
+  read-only descriptor of it crosses the socketpair, which only the server and its child hold.
+  Once the writer has mapped it, it is sealed against resizing and against any later write but
+  the writer's own mapping (``F_SEAL_FUTURE_WRITE``): the reader cannot map it writable, not even
+  by opening ``/proc/self/fd/N`` again, nor make itself fault (``SIGBUS``) by truncating it.
+* **One way only.** The server writes, the policy process reads (`servo.policy.channel.Channel`'s
+  ``arena``): the policy process runs the user's model code, and the server maps nothing it
+  sends (a hugetlbfs memfd, say, can lose its pages under a reader even when sealed).
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ ARENA_MIN_BYTES = 64 << 10
 FIRST_ARENA_BYTES = 16 << 20
 #: Seals every arena carries: its size can no longer change, nor its seals.
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+#: No write but through the mappings made before it (Linux 5.1; Python's fcntl does not name it).
+_SEAL_FUTURE_WRITE = 0x0010
+#: The largest arena a reader maps (a body is at most `servo.policy.channel.MAX_BODY_BYTES`).
+MAX_ARENA_BYTES = 8 << 30
 #: Whether this system has memfds (Linux); elsewhere every body crosses on the stream.
 AVAILABLE = hasattr(os, "memfd_create")
 
@@ -60,11 +68,12 @@ class Outgoing:
         fd = None
         if self._view is None or self._view.nbytes < length:
             fd = self._grow(length)
-        assert self._view is not None
+        view = self._view
+        assert view is not None
         at = 0
         for buffer in buffers:
             # numpy copies with the GIL released.
-            self._view[at : at + buffer.nbytes] = np.frombuffer(buffer, np.uint8)
+            view[at : at + buffer.nbytes] = np.frombuffer(buffer, np.uint8)
             at += buffer.nbytes
         return fd
 
@@ -87,9 +96,13 @@ class Outgoing:
         fd = os.memfd_create("servo-policy-link", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
             memory = mmap.mmap(fd, size)  # it keeps a descriptor of its own
-            readonly = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS | _SEAL_FUTURE_WRITE)
+                readonly = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+            except BaseException:
+                memory.close()
+                raise
         finally:
             os.close(fd)
         self.close()
@@ -118,6 +131,8 @@ class Incoming:
             if seals & _SEALS != _SEALS:
                 raise ArenaError("the policy link sent an arena that is not sealed against resizing")
             size = os.fstat(fd).st_size
+            if size > MAX_ARENA_BYTES:
+                raise ArenaError(f"the policy link sent a {size} B arena: too large")
             memory = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
         finally:
             os.close(fd)
@@ -131,11 +146,12 @@ class Incoming:
         Raises:
             ArenaError: no arena came, or it is shorter than ``length``.
         """
-        if self._view is None or self._view.nbytes < length:
-            have = 0 if self._view is None else self._view.nbytes
+        view = self._view  # read once: `close` may run on another thread (a forward abandoned at stop)
+        if view is None or view.nbytes < length:
+            have = 0 if view is None else view.nbytes
             raise ArenaError(f"the policy link said a {length} B body is in its {have} B arena")
         body = np.empty(length, np.uint8)  # not zero-filled: every byte is written below
-        body[:] = self._view[:length]
+        body[:] = view[:length]
         return body.data
 
     def close(self) -> None:

@@ -22,16 +22,19 @@ import select
 import socket
 import struct
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from servo.errors import PolicyError
-from servo.policy import arena
+from servo.logs import get_logger
+from servo.policy import arena as _arena
 from servo.policy.protocol import DecodedObservation, PolicySpec
 from servo.policy.runner import DType
+
+log = get_logger(__name__)
 
 _PREFIX = struct.Struct("<IQB")
 #: Where a message's body is: on the stream after the header, or in the sender's arena.
@@ -213,12 +216,20 @@ class Arrays:
 
 
 class Channel:
-    """One end of the link. Owned by one thread at a time (sends and receives alternate)."""
+    """One end of the link. Owned by one thread at a time (sends and receives alternate).
 
-    def __init__(self, sock: socket.socket) -> None:
+    ``arena`` says which way shared memory goes: the server's end ``"writes"`` its large bodies
+    (frames) into an arena of its own and takes no descriptor from the policy process, which runs
+    the user's model code and must not be able to hand the server memory that faults under it; the
+    policy process's end ``"reads"`` the server's arena and sends its own bodies (chunks) on the
+    stream.
+    """
+
+    def __init__(self, sock: socket.socket, *, arena: Literal["writes", "reads"]) -> None:
         self._sock = sock
-        self._outgoing = arena.Outgoing()
-        self._incoming = arena.Incoming()
+        self._writes = arena == "writes"
+        self._outgoing = _arena.Outgoing()
+        self._incoming = _arena.Incoming()
         # Frames cross in a few large writes rather than many wake-ups of the other side (the
         # kernel caps the size at its net.core limits): a 1.8 MB round trip took half the time.
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -233,8 +244,13 @@ class Channel:
         header = _encoder.encode(message)
         buffers: Sequence[memoryview] = body.buffers if body is not None else ()
         length = sum(b.nbytes for b in buffers)
-        in_arena = arena.AVAILABLE and length >= arena.ARENA_MIN_BYTES
-        new_arena = self._outgoing.place(buffers, length) if in_arena else None
+        in_arena, new_arena = self._writes and _arena.AVAILABLE and length >= _arena.ARENA_MIN_BYTES, None
+        if in_arena:
+            try:
+                new_arena = self._outgoing.place(buffers, length)
+            except OSError as exc:  # no memfd now (descriptors exhausted): this body takes the stream
+                log.warning("policy link: frames on the socket", reason=str(exc))
+                in_arena = False
         prefix = _PREFIX.pack(len(header), length, _IN_ARENA if in_arena else _ON_STREAM)
         try:
             if new_arena is None:
@@ -249,7 +265,7 @@ class Channel:
             raise ChannelClosed(f"policy link closed: {exc}") from None
         finally:
             if new_arena is not None:
-                arena.Outgoing.release(new_arena)
+                _arena.Outgoing.release(new_arena)
 
     def receive(self) -> tuple[Message, Arrays]:
         """The next message and its arrays.
@@ -262,14 +278,16 @@ class Channel:
         try:
             if header_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
                 raise ChannelClosed(f"policy link sent a {header_len} B header / {body_len} B body: too large")
+            if fds and self._writes:
+                raise ChannelClosed(f"policy link sent {len(fds)} descriptors to the end that takes none")
             if len(fds) > 1:
                 raise ChannelClosed(f"policy link sent {len(fds)} descriptors with one message")
-            if where not in (_ON_STREAM, _IN_ARENA) or (fds and where != _IN_ARENA):
+            if where not in (_ON_STREAM, _IN_ARENA) or (fds and where != _IN_ARENA) or (self._writes and where):
                 raise ChannelClosed(f"policy link sent a body at {where} with {len(fds)} descriptors")
             if fds:
                 self._incoming.adopt(fds.pop())
-        except arena.ArenaError as exc:
-            raise ChannelClosed(str(exc)) from None
+        except (_arena.ArenaError, OSError) as exc:  # OSError: the kernel would not map it
+            raise ChannelClosed(f"policy link sent an unusable arena: {exc}") from None
         finally:
             for fd in fds:
                 os.close(fd)
@@ -281,7 +299,7 @@ class Channel:
             return message, Arrays(self._read(body_len))
         try:
             return message, Arrays(self._incoming.copy_out(body_len))
-        except arena.ArenaError as exc:
+        except _arena.ArenaError as exc:
             raise ChannelClosed(str(exc)) from None
 
     def close(self) -> None:
@@ -312,6 +330,8 @@ class Channel:
                     [view], socket.CMSG_SPACE(fds.itemsize), socket.MSG_CMSG_CLOEXEC
                 )
             except OSError as exc:
+                for fd in fds:  # came with the prefix's first bytes
+                    os.close(fd)
                 raise ChannelClosed(f"policy link closed: {exc}") from None
             for level, kind, data in ancillary:
                 if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):

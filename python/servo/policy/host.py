@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     configure_logging(args.log_level, json=args.json_logs)
-    channel = Channel(socket.socket(fileno=args.fd))
+    channel = Channel(socket.socket(fileno=args.fd), arena="reads")
     try:
         PolicyHost(channel).serve()
     except ChannelClosed as exc:

@@ -118,7 +118,7 @@ class PolicyProcess:
             )
         finally:
             theirs.close()
-        return cls(proc, Channel(ours))
+        return cls(proc, Channel(ours, arena="writes"))
 
     @property
     def pid(self) -> int:

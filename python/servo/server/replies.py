@@ -1,11 +1,11 @@
 """The reply stage of the data plane: chunks and errors leave in the order they were served.
 
-One `StageThread` ("servo-reply"): the inference worker hands over what each forward produced
-(`Reply`) and goes straight to the next forward; this thread encodes, encrypts and puts every
-answer, then accounts for it (metrics, audit). The stage's FIFO keeps the answers in serving
-order, and the put of one answer never holds the device. Answers the stage could not take (its
-FIFO full behind a stuck put, or closed) are counted ``undeliverable`` and logged, never lost
-without a word.
+One `StageThread` ("servo-reply"): while requests wait for the device, the inference worker hands
+over what each forward produced (`Reply`) and goes straight to the next forward; this thread
+encodes, encrypts and puts every answer, then accounts for it (metrics, audit). The stage's FIFO
+keeps the answers in serving order, and the put of one answer never holds a device that has work
+waiting. Answers the stage could not take (its FIFO full behind a stuck put, or closed) are
+counted ``undeliverable`` and logged, never lost without a word.
 
 When nothing waits for the device and no earlier answer is still on its way, the worker answers
 itself (``here``): handing over would only cost the robot the reply thread's wake-up (0.14 ms a
@@ -62,10 +62,10 @@ class Reply:
 
 
 class ReplyStage:
-    """Publishes every answer in the order it was submitted, on its own stage thread.
+    """Publishes every answer in the order it was submitted: on its stage thread, or ``here``.
 
-    Created and fed (`submit`) by the inference worker, closed by whoever stops the worker; the
-    stage thread owns everything after `submit`.
+    Created and fed (`submit`) by the inference worker, closed by whoever stops the worker (after
+    the worker's thread has ended); what is handed to the stage thread is its own after `submit`.
     """
 
     def __init__(self, state: ServerState, audit: AuditLog) -> None:

@@ -14,7 +14,8 @@ path and one thread each:
   session takes the held one's turn; a reset episode or a closed session drops it) and run
   the forward;
 * **reply** (the "servo-reply" thread, `servo.server.replies`): encode, encrypt, put, account, in
-  the order the forwards were served, while this thread already runs the next one.
+  the order the forwards were served, while this thread already runs the next one; with no
+  request waiting for the device, this thread publishes the answers itself.
 
 An entry in the worker's queue (every item arrives decoded, or rejected by its decoder)::
 
