@@ -15,7 +15,7 @@ that answers at once with a 50x6 chunk (`benches._link_peer`), through servo's `
   (`servo.policy.arena`), only the header on the socket.
 
 Per round trip: the caller's wall clock (p50, p99) and the CPU both processes used. Target
-(reported): the arena halves the CPU of a round trip and has no multi-millisecond tail.
+(reported): the arena at least halves the CPU of a round trip and shortens its tail.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Over the socketpair alone, a 1.8 MB observation costs the kernel a copy on each 
 a stock kernel's socket buffers (about 208 kB), nine wake-ups of the reader per message. Through
 an arena the sender copies its arrays into shared memory of its own, only the message's header
 crosses the socket, and the receiver copies the body out into a buffer of its own. Beside the
-stream, a 1.8 MB round trip took half the CPU and lost its multi-millisecond tail
+stream, a 1.8 MB round trip took half the CPU or less, and a shorter tail
 (``benches/bench_policy_link.py``).
 
 * **The receiver copies.** A policy may keep an observation's arrays after its forward (a queue
