@@ -14,9 +14,10 @@ import inspect
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import pytest
+if TYPE_CHECKING:  # the server's side runs without pytest
+    import pytest
 
 #: (mark, monotonic ns) recorded in this process (the client's).
 EVENTS: list[tuple[str, int]] = []

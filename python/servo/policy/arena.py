@@ -42,8 +42,6 @@ FIRST_ARENA_BYTES = 16 << 20
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 #: No write but through the mappings made before it (Linux 5.1; Python's fcntl does not name it).
 _SEAL_FUTURE_WRITE = 0x0010
-#: The largest arena a reader maps (a body is at most `servo.policy.channel.MAX_BODY_BYTES`).
-MAX_ARENA_BYTES = 8 << 30
 #: Whether this system has memfds (Linux); elsewhere every body crosses on the stream.
 AVAILABLE = hasattr(os, "memfd_create")
 
@@ -52,18 +50,35 @@ class ArenaError(PolicyError, ConnectionError):
     """The other end's arena is missing, unsealed or too small for what it says it holds."""
 
 
-class Outgoing:
-    """This end's arena: it writes message bodies here. Owned by the thread that sends."""
+class _Mapped:
+    """An arena mapped in this process (none before the first)."""
 
     def __init__(self) -> None:
         self._memory: mmap.mmap | None = None
         self._view: np.ndarray | None = None
 
+    def close(self) -> None:
+        """Unmap the arena."""
+        self._view = None
+        if self._memory is not None:
+            with contextlib.suppress(BufferError):  # a view still held: the collector unmaps it
+                self._memory.close()
+            self._memory = None
+
+    def _hold(self, memory: mmap.mmap | None) -> None:
+        self.close()
+        if memory is not None:
+            self._memory, self._view = memory, np.frombuffer(memory, np.uint8)
+
+
+class Outgoing(_Mapped):
+    """This end's arena: it writes message bodies here. Owned by the thread that sends."""
+
     def place(self, buffers: Sequence[memoryview], length: int) -> int | None:
         """Copy ``buffers`` (``length`` bytes) to the arena's start.
 
         Returns a read-only descriptor of a new arena when the body did not fit the last one (or
-        there was none): send it with this message, then `release` it.
+        there was none): send it with this message, then close it (the mapping stays).
         """
         fd = None
         if self._view is None or self._view.nbytes < length:
@@ -76,19 +91,6 @@ class Outgoing:
             view[at : at + buffer.nbytes] = np.frombuffer(buffer, np.uint8)
             at += buffer.nbytes
         return fd
-
-    @staticmethod
-    def release(fd: int) -> None:
-        """Close the descriptor `place` returned, once it was sent (the mapping stays)."""
-        os.close(fd)
-
-    def close(self) -> None:
-        """Unmap the arena."""
-        self._view = None
-        if self._memory is not None:
-            with contextlib.suppress(BufferError):  # a view still held: the collector unmaps it
-                self._memory.close()
-            self._memory = None
 
     def _grow(self, length: int) -> int:
         size = max(length, FIRST_ARENA_BYTES, 2 * (0 if self._view is None else self._view.nbytes))
@@ -105,23 +107,18 @@ class Outgoing:
                 raise
         finally:
             os.close(fd)
-        self.close()
-        self._memory, self._view = memory, np.frombuffer(memory, np.uint8)
+        self._hold(memory)
         return readonly
 
 
-class Incoming:
+class Incoming(_Mapped):
     """The other end's arena, mapped read-only. Owned by the thread that receives."""
 
-    def __init__(self) -> None:
-        self._memory: mmap.mmap | None = None
-        self._view: np.ndarray | None = None
-
-    def adopt(self, fd: int) -> None:
+    def adopt(self, fd: int, max_bytes: int) -> None:
         """Map the arena the other end sent (replacing the last), read-only, and close ``fd``.
 
         Raises:
-            ArenaError: ``fd`` is not a sealed memfd.
+            ArenaError: ``fd`` is not a sealed memfd, or it is larger than ``max_bytes``.
         """
         try:
             try:
@@ -131,14 +128,12 @@ class Incoming:
             if seals & _SEALS != _SEALS:
                 raise ArenaError("the policy link sent an arena that is not sealed against resizing")
             size = os.fstat(fd).st_size
-            if size > MAX_ARENA_BYTES:
+            if size > max_bytes:
                 raise ArenaError(f"the policy link sent a {size} B arena: too large")
             memory = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
         finally:
             os.close(fd)
-        self.close()
-        if memory is not None:
-            self._memory, self._view = memory, np.frombuffer(memory, np.uint8)
+        self._hold(memory)
 
     def copy_out(self, length: int) -> memoryview:
         """The arena's first ``length`` bytes, copied into a buffer of the caller's own.
@@ -153,11 +148,3 @@ class Incoming:
         body = np.empty(length, np.uint8)  # not zero-filled: every byte is written below
         body[:] = view[:length]
         return body.data
-
-    def close(self) -> None:
-        """Unmap the arena."""
-        self._view = None
-        if self._memory is not None:
-            with contextlib.suppress(BufferError):
-                self._memory.close()
-            self._memory = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import array
 import contextlib
 import math
+import mmap
 import os
 import select
 import socket
@@ -244,7 +245,8 @@ class Channel:
         header = _encoder.encode(message)
         buffers: Sequence[memoryview] = body.buffers if body is not None else ()
         length = sum(b.nbytes for b in buffers)
-        in_arena, new_arena = self._writes and _arena.AVAILABLE and length >= _arena.ARENA_MIN_BYTES, None
+        in_arena = self._writes and _arena.AVAILABLE and length >= _arena.ARENA_MIN_BYTES
+        new_arena = None
         if in_arena:
             try:
                 new_arena = self._outgoing.place(buffers, length)
@@ -265,7 +267,7 @@ class Channel:
             raise ChannelClosed(f"policy link closed: {exc}") from None
         finally:
             if new_arena is not None:
-                _arena.Outgoing.release(new_arena)
+                os.close(new_arena)  # sent (or not): the mapping stays
 
     def receive(self) -> tuple[Message, Arrays]:
         """The next message and its arrays.
@@ -278,14 +280,15 @@ class Channel:
         try:
             if header_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
                 raise ChannelClosed(f"policy link sent a {header_len} B header / {body_len} B body: too large")
-            if fds and self._writes:
-                raise ChannelClosed(f"policy link sent {len(fds)} descriptors to the end that takes none")
+            if self._writes and (fds or where != _ON_STREAM):
+                raise ChannelClosed(f"policy link sent {len(fds)} descriptors, body at {where}, to an end taking none")
             if len(fds) > 1:
                 raise ChannelClosed(f"policy link sent {len(fds)} descriptors with one message")
-            if where not in (_ON_STREAM, _IN_ARENA) or (fds and where != _IN_ARENA) or (self._writes and where):
+            if where not in (_ON_STREAM, _IN_ARENA) or (fds and where != _IN_ARENA):
                 raise ChannelClosed(f"policy link sent a body at {where} with {len(fds)} descriptors")
             if fds:
-                self._incoming.adopt(fds.pop())
+                # The body bound, in whole pages: the most of an arena a body can use.
+                self._incoming.adopt(fds.pop(), MAX_BODY_BYTES + mmap.PAGESIZE)
         except (_arena.ArenaError, OSError) as exc:  # OSError: the kernel would not map it
             raise ChannelClosed(f"policy link sent an unusable arena: {exc}") from None
         finally:
