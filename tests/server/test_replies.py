@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any, cast
@@ -18,17 +19,19 @@ class Recording(ReplyStage):
     def __init__(self) -> None:
         super().__init__(cast(ServerState, SimpleNamespace(metrics=None)), cast(AuditLog, None))
         self.published: list[tuple[str, str]] = []
+        self.accounted: list[tuple[str, str]] = []
         self.release = threading.Event()
         self.done = threading.Event()
         self.settled = threading.Event()
 
-    def _publish_all(self, replies: list[Reply]) -> None:
+    def _answer_all(self, replies: list[Reply]) -> list[Callable[[], None]]:
         (name,) = cast(list[Any], replies)
         if name == "stuck":
             assert self.release.wait(30)
         self.published.append((name, threading.current_thread().name))
         if name == "last":
             self.done.set()
+        return [lambda: self.accounted.append((name, threading.current_thread().name))]
 
     def _settled(self, done: Future[None], replies: list[Reply]) -> None:
         super()._settled(done, replies)
@@ -49,7 +52,9 @@ def test_with_nothing_waiting_the_caller_answers_itself() -> None:
     assert stage.done.wait(30)
     assert [name for name, _ in stage.published] == ["a", "b", "last"]
     assert stage.published[1][1] == "servo-reply"
-    assert stage.close(timeout=5)
+    assert stage.close(timeout=30)  # what is queued runs first
+    # Every answer accounted for, in serving order, on the reply thread (the audit line is a write).
+    assert stage.accounted == [("a", "servo-reply"), ("b", "servo-reply"), ("last", "servo-reply")]
 
 
 def test_answers_still_on_their_way_keep_the_next_ones_behind_them() -> None:

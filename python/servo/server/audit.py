@@ -135,8 +135,8 @@ def _aged(entry: AuditEntry, age_ns: int) -> AuditEntry:
 class AuditLog:
     """Appends JSON lines to a file (or stdout for ``"-"``; disabled for ``""``) and to ``recent``.
 
-    Written from the inference worker and reply threads (the underlying WriteLogger serialises
-    lines under a lock); closed by the event loop once both have stopped.
+    Written from the reply thread (`servo.server.replies`; the underlying WriteLogger serialises
+    lines under a lock); closed by the event loop once it has stopped.
     """
 
     def __init__(self, path: str, recent: RecentRequests | None = None) -> None:

@@ -10,7 +10,8 @@ counted ``undeliverable`` and logged, never lost without a word.
 When nothing waits for the device and no earlier answer is still on its way, the worker answers
 itself (``here``): handing over would only cost the robot the reply thread's wake-up (0.14 ms a
 request on a quiet 2-core machine, more on a busy one), and a put that blocks holds a device that
-has nothing to do.
+has nothing to do. The accounting (metrics, the audit line: a file write) still goes to the reply
+thread, after the robot has its answer.
 
 Accounting is one place for the served and the refused, so the fleet-wide metrics, the per-robot
 metrics (`servo.server.robot_metrics`) and the audit log never disagree. Each answer's staleness
@@ -20,8 +21,10 @@ robot's staleness bound sees of the server.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -88,7 +91,8 @@ class ReplyStage:
             if not here:
                 self._on_their_way += 1
         if here:
-            self._publish_all(replies)
+            accounts = self._answer_all(replies)
+            self._stage.submit(_account_all, accounts).add_done_callback(_unaccounted)
             return
         self._stage.submit(self._publish_all, replies).add_done_callback(lambda done: self._settled(done, replies))
 
@@ -97,11 +101,17 @@ class ReplyStage:
         return self._stage.close(finish=True, timeout=timeout)
 
     def _publish_all(self, replies: list[Reply]) -> None:
+        _account_all(self._answer_all(replies))
+
+    def _answer_all(self, replies: list[Reply]) -> list[Callable[[], None]]:
+        """Publish every answer; what is left to account for each, in the same order."""
+        accounts = []
         for reply in replies:
             try:
-                self._publish(reply)
+                accounts.append(self._answer_one(reply))
             except Exception:  # a bug here must cost one reply, never the others
                 log.exception("publishing a reply failed")
+        return accounts
 
     def _settled(self, done: Future[None], replies: list[Reply]) -> None:
         """Any thread: a forward's answers are settled; those the stage never published are counted and logged."""
@@ -114,20 +124,25 @@ class ReplyStage:
         if (suppressed := _THROTTLE.allow("undeliverable")) is not None:
             log.warning("answers not published", reason=str(error), count=len(replies), suppressed=suppressed)
 
-    def _publish(self, reply: Reply) -> None:
+    def _answer_one(self, reply: Reply) -> Callable[[], None]:
+        """Publish one answer; returns its accounting (run after, on the reply thread)."""
         session, item = reply.session, reply.claim.item
         if isinstance(item, Rejected):
-            self._fail(session, item.header, item.code, item.message, reply)
-        elif isinstance(reply.outcome, Exception):
+            return self._fail(session, item.header, item.code, item.message, reply)
+        if isinstance(reply.outcome, Exception):
             exc = reply.outcome
-            if (suppressed := _THROTTLE.allow("inference_failed")) is not None:
-                _bound(session, item.header).error(
-                    "inference failed", exc_info=exc, batch=reply.batch, suppressed=suppressed
-                )
-            self._fail(session, item.header, "inference_failed", f"{type(exc).__name__}: {exc}", reply)
-        else:
-            assert reply.outcome is not None
-            self._chunk(session, item, reply, *reply.outcome)
+            account = self._fail(session, item.header, "inference_failed", f"{type(exc).__name__}: {exc}", reply)
+
+            def logged() -> None:
+                if (suppressed := _THROTTLE.allow("inference_failed")) is not None:
+                    _bound(session, item.header).error(
+                        "inference failed", exc_info=exc, batch=reply.batch, suppressed=suppressed
+                    )
+                account()
+
+            return logged
+        assert reply.outcome is not None
+        return self._chunk(session, item, reply, *reply.outcome)
 
     def _chunk(
         self,
@@ -136,7 +151,7 @@ class ReplyStage:
         reply: Reply,
         chunk_model: FloatArray,
         chunk_robot: FloatArray,
-    ) -> None:
+    ) -> Callable[[], None]:
         header, claim = item.header, reply.claim
         # Identity post-processing ships one tensor (the edge then uses chunk_robot for both).
         same = chunk_model is chunk_robot or np.array_equal(chunk_model, chunk_robot)
@@ -151,7 +166,10 @@ class ReplyStage:
         # Publish first (the client is waiting), account after; an inference whose session was
         # closed meanwhile is still audited, as undeliverable.
         outcome = "ok" if self._answer(session, MSG_CHUNK, encode(body), header) else "undeliverable"
-        staleness_ms = (time.monotonic_ns() - item.received_ns) / 1e6
+        return functools.partial(self._account_chunk, session, item, reply, outcome, _staleness_ms(reply))
+
+    def _account_chunk(self, session: Session, item: Decoded, reply: Reply, outcome: str, staleness_ms: float) -> None:
+        header, claim = item.header, reply.claim
         self._metrics.requests.labels(outcome).inc()
         self._metrics.superseded.inc(claim.superseded)
         self._metrics.queue_wait_ms.observe(reply.queue_wait_ms)
@@ -176,9 +194,13 @@ class ReplyStage:
             replica=self._state.replica.keys.replica,
         )
 
-    def _fail(self, session: Session, header: Header, code: str, message: str, reply: Reply) -> None:
+    def _fail(self, session: Session, header: Header, code: str, message: str, reply: Reply) -> Callable[[], None]:
         self._answer(session, MSG_ERROR, encode(ErrorEvent(code, message)), header)
-        staleness_ms = (time.monotonic_ns() - reply.claim.item.received_ns) / 1e6
+        return functools.partial(self._account_failure, session, header, code, message, reply, _staleness_ms(reply))
+
+    def _account_failure(
+        self, session: Session, header: Header, code: str, message: str, reply: Reply, staleness_ms: float
+    ) -> None:
         self._metrics.requests.labels(code).inc()
         self._metrics.robots.served(session.client_id, code, reply.queue_wait_ms, reply.inference_ms, staleness_ms, 0)
         if code != "inference_failed" and (suppressed := _THROTTLE.allow(code)) is not None:
@@ -208,6 +230,25 @@ class ReplyStage:
         for copy in copies:
             session.publish(msg_type, body, copy)
         return True
+
+
+def _staleness_ms(reply: Reply) -> float:
+    """How old the answered observation is as its answer leaves (arrival to publish)."""
+    return (time.monotonic_ns() - reply.claim.item.received_ns) / 1e6
+
+
+def _account_all(accounts: list[Callable[[], None]]) -> None:
+    for account in accounts:
+        try:
+            account()
+        except Exception:  # a bug here must cost one line of accounting, never the others
+            log.exception("accounting for a reply failed")
+
+
+def _unaccounted(done: Future[None]) -> None:
+    """Any thread: answers that left but the reply thread could not take their accounting (full, closed)."""
+    if (error := done.exception()) is not None and (suppressed := _THROTTLE.allow("unaccounted")) is not None:
+        log.warning("answers sent without metrics or audit lines", reason=str(error), suppressed=suppressed)
 
 
 def _bound(session: Session, header: Header) -> Logger:
